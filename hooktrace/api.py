@@ -1,0 +1,113 @@
+"""``hooktrace.trace``: record a log from Python code (tests, notebooks, the ``run`` command)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+import torch
+from torch import nn
+
+from hooktrace import __version__, schema
+from hooktrace.logio import LogWriter
+from hooktrace.options import DEFAULT_MAX_EVENTS, Steps, TraceOptions
+from hooktrace.tracer import Tracer
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+class Trace:
+    """A tracing session writing one log. Use as a context manager, or call start()/stop()."""
+
+    def __init__(self, path: str | os.PathLike[str], models: Sequence[nn.Module] | None,
+                 options: TraceOptions, argv: Sequence[str] | None = None) -> None:
+        self.path = Path(path)
+        self._options = options
+        self._models = models
+        self._argv = list(sys.argv if argv is None else argv)
+        self._writer: LogWriter | None = None
+        self._tracer: Tracer | None = None
+        self.end: schema.End | None = None
+
+    @property
+    def events(self) -> int:
+        return self._tracer.events if self._tracer else 0
+
+    @property
+    def steps(self) -> int:
+        return self._tracer.steps if self._tracer else 0
+
+    def start(self) -> Trace:
+        if self._writer is not None:
+            raise RuntimeError("this trace was started already; make a new hooktrace.trace()")
+        self._writer = LogWriter(self.path)
+        self._writer.write(schema.Header(
+            schema=schema.SCHEMA_VERSION, hooktrace=__version__, torch=torch.__version__,
+            python=platform.python_version(), argv=self._argv, pid=os.getpid(),
+            rank=_env_int("RANK", 0), local_rank=_env_int("LOCAL_RANK", 0),
+            world_size=_env_int("WORLD_SIZE", 1), hostname=socket.gethostname(),
+            started=round(time.time(), 3), options=self._options.to_header(),
+        ))
+        self._writer.flush()
+        self._tracer = Tracer(self._writer, self._options, self._models).start()
+        return self
+
+    def stop(self, status: str = "ok", error: BaseException | None = None,
+             exit_code: int | None = None) -> schema.End:
+        """Remove the hooks and write the end record. A second call returns the first's record."""
+        if self.end is not None:
+            return self.end
+        if self._tracer is None or self._writer is None:
+            raise RuntimeError("this trace was never started")
+        self._tracer.stop()
+        self.end = schema.End(
+            status=status, events=self._tracer.events, steps=self._tracer.steps,
+            exit_code=exit_code,
+            error={"type": type(error).__name__, "message": str(error)} if error else None,
+            dropped=self._tracer.dropped or None, tracer_error=self._tracer.error,
+        )
+        self._writer.write(self.end)
+        self._writer.close()
+        return self.end
+
+    def __enter__(self) -> Trace:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if error is None:
+            self.stop("ok")
+        elif isinstance(error, KeyboardInterrupt):
+            self.stop("interrupted", error)
+        else:
+            self.stop("error", error)
+
+
+def trace(
+    path: str | os.PathLike[str] = "hooktrace.jsonl",
+    model: nn.Module | Sequence[nn.Module] | None = None,
+    *,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    steps: str | None = None,
+    max_events: int = DEFAULT_MAX_EVENTS,
+) -> Trace:
+    """Trace every module call (or those of ``model`` only) into the JSONL log at ``path``.
+
+    >>> with hooktrace.trace("log.jsonl", model=net):
+    ...     net(x).sum().backward()
+    """
+    models = [model] if isinstance(model, nn.Module) else (list(model) if model else None)
+    options = TraceOptions(tuple(include), tuple(exclude), Steps.parse(steps), max_events)
+    return Trace(path, models, options)

@@ -1,0 +1,13 @@
+"""The project's error types: each carries a one-line message and an exit code for the CLI."""
+
+from __future__ import annotations
+
+
+class HooktraceError(Exception):
+    """Bad input or usage: shown as one line on stderr, exit status 2."""
+
+    exit_code = 2
+
+
+class LogError(HooktraceError):
+    """A log file that cannot be read or written as a hooktrace log."""

@@ -1,0 +1,190 @@
+"""Which model a module belongs to and its fqn, found once per module and cached weakly.
+
+A module first called outside any other traced module is a top-level *model*: its whole tree is
+named at that moment (``named_modules()`` names, wrapper prefixes such as DDP's ``module.``
+removed) and written as ``model`` + ``module`` records. A module first seen inside another's
+forward (one built inside ``forward``, or never registered) is named under its caller as
+``caller.(ClassName)``. ``id()`` is never used as identity: ids of freed modules are reused.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import torch
+from torch import nn
+
+from hooktrace import schema
+
+# wrapper class name -> attribute holding the wrapped module; the wrapper itself is not traced
+WRAPPERS = {
+    "DistributedDataParallel": "module",
+    "DataParallel": "module",
+    "OptimizedModule": "_orig_mod",
+    "FullyShardedDataParallel": "_fsdp_wrapped_module",
+    "CheckpointWrapper": "_checkpoint_wrapped_module",
+    "OffloadWrapper": "_checkpoint_wrapped_module",
+}
+
+_TORCH_DIR = str(Path(torch.__file__).parent)
+_OWN_DIR = str(Path(__file__).parent)
+
+
+@dataclass(slots=True, eq=False)  # identity hash: a key of per-step call counters
+class ModInfo:
+    model: int
+    name: str
+    cls: str
+    traced: bool  # False: named (its children nest under it) but filtered out by include/exclude
+
+
+def _wrapped(module: nn.Module) -> nn.Module | None:
+    attr = WRAPPERS.get(type(module).__name__)
+    inner = module._modules.get(attr) if attr else None
+    return inner
+
+
+def _walk(
+    module: nn.Module, prefix: str, seen: set[int]
+) -> Iterator[tuple[str, nn.Module | None, nn.Module]]:
+    """(fqn, None, module) in named_modules() order, (fqn, wrapper, inner) for a skipped wrapper.
+
+    A module reached a second time is yielded again (an alias) but its children are not walked.
+    """
+    inner = _wrapped(module)
+    if inner is not None:
+        yield prefix, module, inner
+        yield from _walk(inner, prefix, seen)
+        return
+    yield prefix, None, module
+    if id(module) in seen:  # ids are stable here: every module of the tree is alive
+        return
+    seen.add(id(module))
+    for child_name, child in module._modules.items():
+        if child is not None:
+            yield from _walk(child, f"{prefix}.{child_name}" if prefix else child_name, seen)
+
+
+def _own_params(module: nn.Module) -> tuple[int, int]:
+    total = trainable = 0
+    for p in module.parameters(recurse=False):
+        total += p.numel()
+        if p.requires_grad:
+            trainable += p.numel()
+    return total, trainable
+
+
+def _user_frames(limit: int = 4) -> Iterator[FrameType]:
+    frame: FrameType | None = sys._getframe(1)
+    found = 0
+    while frame is not None and found < limit:
+        filename = frame.f_code.co_filename
+        if not filename.startswith((_TORCH_DIR, _OWN_DIR)):
+            found += 1
+            yield frame
+        frame = frame.f_back
+
+
+def variable_name(module: nn.Module) -> str | None:
+    """The name the calling code has for ``module`` (``generator``, ``self.teacher``), if any."""
+    for frame in _user_frames():
+        for scope, prefix in ((frame.f_locals, ""), (frame.f_globals, "")):
+            for key, value in scope.items():
+                if value is module and not key.startswith("_"):
+                    return prefix + key
+        owner = frame.f_locals.get("self")
+        attrs = getattr(owner, "__dict__", None)
+        if isinstance(attrs, dict):
+            for key, value in attrs.items():
+                if value is module and not key.startswith("_"):
+                    return f"self.{key}"
+    return None
+
+
+class Naming:
+    """Names modules on first sight and emits their ``model``/``module`` records."""
+
+    def __init__(
+        self,
+        emit: Callable[[schema.Model | schema.Module], None],
+        matches: Callable[[str], bool],
+        scope: Sequence[nn.Module] | None = None,
+    ) -> None:
+        self._emit = emit
+        self._matches = matches
+        self._scoped = scope is not None
+        # None marks a module that is not traced at all (a wrapper, or outside the scope)
+        self._infos: weakref.WeakKeyDictionary[nn.Module, ModInfo | None] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._model_names: list[str] = []
+        self._written: set[tuple[int, str]] = set()
+        for model in scope or ():
+            self.add_model(model)
+
+    def _new_model_index(self, module: nn.Module, name: str | None) -> int:
+        base = name or type(module).__name__
+        unique, n = base, 1
+        while unique in self._model_names:
+            unique, n = f"{base}#{n}", n + 1
+        self._model_names.append(unique)
+        index = len(self._model_names) - 1
+        self._emit(schema.Model(model=index, name=unique, cls=type(module).__name__))
+        return index
+
+    def add_model(self, module: nn.Module, name: str | None = None) -> ModInfo | None:
+        """Register ``module`` as a new top-level model and name its whole tree."""
+        model = self._new_model_index(module, name or variable_name(module))
+        return self._name_tree(module, model, "")
+
+    def _name_tree(self, root: nn.Module, model: int, prefix: str) -> ModInfo | None:
+        records: dict[str, schema.Module] = {}
+        for fqn, wrapper, module in _walk(root, prefix, set()):
+            if wrapper is not None:
+                self._infos[wrapper] = None
+                continue
+            known = self._infos.get(module)
+            if known is not None and fqn not in records and known.name != "":
+                # shared with a model named earlier, or a second path inside this one: one identity
+                first = records.get(known.name) if known.model == model else None
+                if first is not None:
+                    first.aliases = [*(first.aliases or []), fqn]
+                continue
+            info = ModInfo(model, fqn, type(module).__name__, self._matches(fqn))
+            self._infos[module] = info  # a former top-level model found inside this one is adopted
+            params, trainable = _own_params(module)
+            records[fqn] = schema.Module(model, fqn, info.cls, params, trainable)
+        for fqn, record in records.items():
+            if (model, fqn) not in self._written:
+                self._written.add((model, fqn))
+                self._emit(record)
+        return self._infos.get(_unwrap(root))
+
+    def lookup(self, module: nn.Module, caller: ModInfo | None) -> ModInfo | None:
+        """The module's identity, naming it first if new. ``caller``: the traced module whose
+        forward is running, None at top level. None means: do not trace this module."""
+        try:
+            return self._infos[module]
+        except KeyError:
+            pass
+        if caller is None:
+            if self._scoped:
+                self._infos[module] = None
+                return None
+            return self.add_model(module)
+        prefix = f"{caller.name}.({type(module).__name__})" if caller.name else (
+            f"({type(module).__name__})"
+        )
+        return self._name_tree(module, caller.model, prefix)
+
+
+def _unwrap(module: nn.Module) -> nn.Module:
+    inner = _wrapped(module)
+    while inner is not None:
+        module, inner = inner, _wrapped(inner)
+    return module

@@ -1,0 +1,71 @@
+"""Tensor leaves of nested module inputs/outputs, and their shape/dtype summaries.
+
+Handles tensors, tuples/lists (namedtuples too), dicts (HF ``ModelOutput`` is one), dataclasses
+and None; other leaves are ignored. ``torch.utils._pytree`` misses dataclasses, hence this walk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+MAX_LEAVES = 64  # tensor leaves kept per side of a call; more are counted, not listed
+_MAX_DEPTH = 8
+
+_dtype_names: dict[torch.dtype, str] = {}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = _dtype_names.get(dtype)
+    if name is None:
+        name = _dtype_names[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+def _walk(obj: Any, out: list[torch.Tensor], depth: int) -> int:
+    """Append tensor leaves of ``obj`` to ``out`` (up to MAX_LEAVES); return how many were seen."""
+    if isinstance(obj, torch.Tensor):
+        if len(out) < MAX_LEAVES:
+            out.append(obj)
+        return 1
+    if depth >= _MAX_DEPTH or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
+        return 0
+    if isinstance(obj, (list, tuple)):
+        items: Any = obj
+    elif isinstance(obj, dict):
+        items = obj.values()
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        items = (getattr(obj, f.name, None) for f in dataclasses.fields(obj))
+    else:
+        return 0
+    seen = 0
+    for item in items:
+        seen += _walk(item, out, depth + 1)
+    return seen
+
+
+def leaves(*objs: Any) -> tuple[list[torch.Tensor], int]:
+    """Tensor leaves of ``objs`` in order, and how many leaves there were in all."""
+    out: list[torch.Tensor] = []
+    seen = 0
+    for obj in objs:
+        if isinstance(obj, torch.Tensor):  # the common case, without the walk
+            if len(out) < MAX_LEAVES:
+                out.append(obj)
+            seen += 1
+        elif obj is not None:
+            seen += _walk(obj, out, 0)
+    return out, seen
+
+
+def shape_of(t: torch.Tensor) -> list[int]:
+    try:
+        return list(t.shape)
+    except RuntimeError:  # nested/jagged tensors have no single shape
+        return []
+
+
+def summarize(tensors: list[torch.Tensor]) -> tuple[list[list[int]], list[str]]:
+    return [shape_of(t) for t in tensors], [dtype_name(t.dtype) for t in tensors]

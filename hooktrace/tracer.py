@@ -1,0 +1,367 @@
+"""Hooks every module call, pairs each backward with its forward call, and emits records.
+
+Technique (PyTorch's ModuleTracker's, see DESIGN.md): global forward pre/post hooks, and for the
+backward, *prehooks on the autograd nodes* that produced a call's output tensors (its backward
+starts when one of them first receives gradient) and input tensors (its grad_input). Full module
+backward hooks are never used: they break in-place ops (ResNet's ReLU(inplace=True)).
+
+* One dispatcher per autograd node, kept in ``node.metadata``: it calls the callbacks of all
+  module calls sharing that tensor, latest registered first, so a parent's backward starts
+  before its last child's (hooks on one node would otherwise run in registration order).
+  Input hooks are registered in the pre-hook, before the module runs: an in-place module
+  replaces its input's node, and the old node still yields the gradient of the old value.
+* A backward event takes its ``seq`` when it starts; events of a backward pass are buffered and
+  written in ``seq`` order when the pass ends (an engine callback), which also closes the step.
+* The tracer never raises into the user's program: an internal error is reported once on
+  stderr and tracing stops; the script goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from torch.autograd.variable import Variable
+from torch.nn.modules import module as nn_module
+
+from hooktrace import schema
+from hooktrace.naming import ModInfo, Naming
+from hooktrace.options import TraceOptions
+from hooktrace.tensors import leaves, shape_of, summarize
+
+_MAX_LEAF_HANDLES = 4096  # hooks on leaf tensors outlive a step when no backward comes; bound them
+
+
+class Sink(Protocol):
+    def write(self, record: Any) -> None: ...
+    def flush(self) -> None: ...
+
+
+class _Call:
+    """One recorded module call, waiting for its backward."""
+
+    __slots__ = ("info", "fwd", "step", "call", "n_in", "n_out", "recompute", "bwd", "inputs",
+                 "more")
+
+    def __init__(self, info: ModInfo, inputs: list[torch.Tensor], seen: int) -> None:
+        self.info = info
+        self.n_in = len(inputs)
+        self.more = seen - len(inputs)  # tensor leaves past MAX_LEAVES: counted, not listed
+        self.inputs = summarize(inputs)  # shapes as the call began (an in-place op may change them)
+        self.n_out = 0
+        self.fwd = self.step = self.call = -1
+        self.recompute = False
+        self.bwd: schema.BackwardEvent | None = None
+
+
+_GradCallback = Callable[[_Call, int, torch.Tensor], None]
+
+
+class _NodeDispatch:
+    """The one prehook a tracer puts on an autograd node."""
+
+    __slots__ = ("tracer", "callbacks")
+
+    def __init__(self, tracer: Tracer) -> None:
+        self.tracer = tracer
+        self.callbacks: list[tuple[_GradCallback, int, _Call, int]] = []
+
+    def __call__(self, grad_outputs: Sequence[torch.Tensor | None]) -> None:
+        tracer = self.tracer
+        if not tracer._active:
+            return None
+        try:
+            tracer._backward_activity()
+            for callback, output_nr, call, index in reversed(self.callbacks):
+                grad = grad_outputs[output_nr]
+                if grad is not None:
+                    callback(call, index, grad)
+        except Exception as e:  # never break the user's backward
+            tracer._fail(e)
+        return None
+
+
+class _Local(threading.local):
+    def __init__(self) -> None:
+        # frames of the module calls running in this thread: (module, info, call or None, grad on)
+        self.stack: list[tuple[nn.Module, ModInfo, _Call | None, bool]] = []
+
+
+_live_tracers: weakref.WeakSet[Tracer] = weakref.WeakSet()
+
+
+def _stop_in_forked_child() -> None:
+    for tracer in list(_live_tracers):  # a DataLoader worker must not record into the parent's log
+        tracer._active = False
+
+
+os.register_at_fork(after_in_child=_stop_in_forked_child)
+
+
+class Tracer:
+    """Records every module call of every model (or of ``models`` only) into ``sink``."""
+
+    def __init__(
+        self,
+        sink: Sink,
+        options: TraceOptions | None = None,
+        models: Sequence[nn.Module] | None = None,
+    ) -> None:
+        self._sink = sink
+        self._options = options or TraceOptions()
+        self._models = models
+        self._local = _Local()
+        self._lock = threading.Lock()
+        self._handles: list[Any] = []
+        self._leaf_handles: list[Any] = []
+        self._active = False
+        self._open_tasks: set[int] = set()
+        self._pending: list[schema.ForwardEvent | schema.BackwardEvent] = []
+        self._calls: dict[tuple[ModInfo, bool], int] = {}
+        self._seq = 0
+        self._step = 0
+        self._step_counts = [0, 0]  # forward, backward events recorded in the current step
+        self.events = 0
+        self.dropped = 0
+        self.error: str | None = None
+        self._recording = 0 in self._options.steps
+        self._naming: Naming | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def steps(self) -> int:
+        """Backward passes completed while tracing."""
+        return self._step
+
+    def start(self) -> Tracer:
+        self._naming = Naming(self._sink.write, self._options.matches, self._models)
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(self._pre),
+            nn_module.register_module_forward_hook(self._post, with_kwargs=True, always_call=True),
+        ]
+        self._active = True
+        _live_tracers.add(self)
+        return self
+
+    def stop(self) -> None:
+        """Remove every hook and write what is buffered. Safe to call twice."""
+        self._active = False
+        self._remove_hooks()
+        if self._pending:  # a backward that never finished (it raised, or we stop inside it)
+            self._write_pending()
+        self._sink.flush()
+        _live_tracers.discard(self)
+
+    def _remove_hooks(self) -> None:
+        for handle in (*self._handles, *self._leaf_handles):
+            handle.remove()
+        self._handles.clear()
+        self._leaf_handles.clear()
+
+    def _fail(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = f"{type(error).__name__}: {error}"
+            print(f"hooktrace: internal error, tracing stopped (your script goes on): "
+                  f"{self.error}", file=sys.stderr)
+        self._active = False
+
+    # -- forward ---------------------------------------------------------------------------
+    def _pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        if not self._active:
+            return None
+        try:
+            stack = self._local.stack
+            assert self._naming is not None
+            info = self._naming.lookup(module, stack[-1][1] if stack else None)
+            if info is None:
+                return None
+            grad = torch.is_grad_enabled()
+            call = None
+            if self._recording and info.traced:
+                inputs, seen = leaves(args)
+                call = _Call(info, inputs, seen)
+                if grad:
+                    for i, t in enumerate(inputs):
+                        if t.requires_grad:
+                            self._attach(t, self._on_grad_input, call, i)
+            stack.append((module, info, call, grad))
+        except Exception as e:
+            self._fail(e)
+        return None
+
+    def _post(self, module: nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
+        if not self._active:
+            return None
+        try:
+            stack = self._local.stack
+            if not stack or stack[-1][0] is not module:
+                if not any(frame[0] is module for frame in stack):
+                    return None  # not pushed: a wrapper, or a module outside the traced models
+                while stack[-1][0] is not module:  # calls that ended without a post-hook
+                    stack.pop()
+            frame = stack.pop()
+            if len(rest) != 2:  # forward raised: always_call hooks get no kwargs and no output
+                return None
+            kwargs, output = rest
+            _, info, call, grad = frame
+            if call is not None:
+                self._record_forward(call, info, grad, kwargs, output)
+            elif grad and not stack:
+                # not recorded, yet top-level: its outputs still tell when a backward pass ends
+                for t in leaves(output)[0]:
+                    if t.requires_grad and t.grad_fn is not None:
+                        self._attach(t, None, None, 0)
+        except Exception as e:
+            self._fail(e)
+        return None
+
+    def _record_forward(self, call: _Call, info: ModInfo, grad: bool, kwargs: dict[str, Any],
+                        output: Any) -> None:
+        in_shapes, in_dtypes = call.inputs
+        kw_inputs, kw_seen = leaves(kwargs) if kwargs else ([], 0)
+        if kw_inputs:
+            kw_shapes, kw_dtypes = summarize(kw_inputs)
+            in_shapes, in_dtypes = in_shapes + kw_shapes, in_dtypes + kw_dtypes
+        outputs, n_out = leaves(output)
+        out_shapes, out_dtypes = summarize(outputs)
+        recompute = torch._C._current_graph_task_id() != -1
+        key = (info, recompute)
+        index = self._calls.get(key, 0)
+        self._calls[key] = index + 1
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+        if not self._count_event(0):
+            return
+        n_args = call.n_in
+        call.fwd, call.step, call.call, call.recompute = seq, self._step, index, recompute
+        call.n_in = n_args + len(kw_inputs)
+        call.n_out = len(outputs)
+        self._emit(schema.ForwardEvent(
+            seq, self._step, info.model, info.name, index, in_shapes, in_dtypes, out_shapes,
+            out_dtypes, no_grad=not grad, recompute=recompute,
+            inputs_more=(call.more + kw_seen - len(kw_inputs)) or None, outputs_more=(n_out - len(outputs)) or None,
+        ))
+        if grad:
+            for j, t in enumerate(kw_inputs):
+                if t.requires_grad:
+                    self._attach(t, self._on_grad_input, call, n_args + j)
+            for i, t in enumerate(outputs):
+                if t.requires_grad:
+                    self._attach(t, self._on_grad_output, call, i)
+
+    # -- backward --------------------------------------------------------------------------
+    def _attach(self, t: torch.Tensor, callback: _GradCallback | None, call: _Call | None,
+                index: int) -> None:
+        node = t.grad_fn
+        if node is None:  # a leaf that requires grad: a plain tensor hook, removed after the step
+            if callback is not None and call is not None:
+                self._leaf_handles.append(t.register_hook(
+                    lambda g, cb=callback, c=call, i=index: self._on_leaf_grad(cb, c, i, g)))
+                if len(self._leaf_handles) > _MAX_LEAF_HANDLES:
+                    for handle in self._leaf_handles[: _MAX_LEAF_HANDLES // 2]:
+                        handle.remove()
+                    del self._leaf_handles[: _MAX_LEAF_HANDLES // 2]
+            return
+        metadata = node.metadata
+        dispatch = metadata.get(self)
+        if dispatch is None:
+            dispatch = metadata[self] = _NodeDispatch(self)
+            node.register_prehook(dispatch)
+        if callback is not None and call is not None:
+            dispatch.callbacks.append((callback, t.output_nr, call, index))
+
+    def _on_leaf_grad(self, callback: _GradCallback, call: _Call, index: int,
+                      grad: torch.Tensor) -> None:
+        if not self._active:
+            return
+        try:
+            self._backward_activity()
+            callback(call, index, grad)
+        except Exception as e:
+            self._fail(e)
+
+    def _backward_activity(self) -> None:
+        task = torch._C._current_graph_task_id()
+        if task not in self._open_tasks:
+            self._open_tasks.add(task)
+            Variable._execution_engine.queue_callback(lambda: self._task_done(task))
+
+    def _on_grad_output(self, call: _Call, index: int, grad: torch.Tensor) -> None:
+        bwd = call.bwd
+        if bwd is None or bwd.step != self._step:  # first gradient of this pass: backward starts
+            if not self._recording or not self._count_event(1):
+                return
+            with self._lock:
+                self._seq += 1
+                seq = self._seq
+            info = call.info
+            bwd = call.bwd = schema.BackwardEvent(
+                seq, self._step, info.model, info.name, call.call, call.fwd,
+                grad_input_len=call.n_in, grad_output_len=call.n_out,
+                grad_input_shapes=[None] * call.n_in, grad_output_shapes=[None] * call.n_out,
+                recompute=call.recompute,
+            )
+            self._pending.append(bwd)
+        bwd.grad_output_shapes[index] = shape_of(grad)
+
+    def _on_grad_input(self, call: _Call, index: int, grad: torch.Tensor) -> None:
+        bwd = call.bwd
+        if bwd is not None and bwd.step == self._step:
+            bwd.grad_input_shapes[index] = shape_of(grad)
+
+    def _task_done(self, task: int) -> None:
+        try:
+            self._open_tasks.discard(task)
+            if not self._open_tasks and self._active:  # the outermost backward pass ended
+                self._end_step()
+        except Exception as e:
+            self._fail(e)
+
+    def _end_step(self) -> None:
+        self._write_pending()
+        if self._recording:
+            forward, backward = self._step_counts
+            self._sink.write(schema.Step(self._step, forward, backward))
+        self._sink.flush()
+        for handle in self._leaf_handles:
+            handle.remove()
+        self._leaf_handles.clear()
+        self._step += 1
+        self._step_counts = [0, 0]
+        self._calls.clear()
+        self._recording = self._step in self._options.steps and self.dropped == 0
+        last = self._options.steps.last
+        if last is not None and self._step > last:
+            self._remove_hooks()  # nothing more to record: the rest of the run pays nothing
+
+    # -- output ----------------------------------------------------------------------------
+    def _count_event(self, phase: int) -> bool:
+        if self.events >= self._options.max_events:
+            if self.dropped == 0:
+                print(f"hooktrace: --max-events {self._options.max_events} reached at step "
+                      f"{self._step}; recording stopped, the log stays valid", file=sys.stderr)
+            self.dropped += 1
+            self._recording = False
+            return False
+        self.events += 1
+        self._step_counts[phase] += 1
+        return True
+
+    def _emit(self, event: schema.ForwardEvent | schema.BackwardEvent) -> None:
+        if self._open_tasks:  # inside backward: written in seq order when the pass ends
+            self._pending.append(event)
+        else:
+            self._sink.write(event)
+
+    def _write_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        pending.sort(key=lambda e: e.seq)
+        for event in pending:
+            self._sink.write(event)

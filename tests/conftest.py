@@ -1,0 +1,51 @@
+"""Shared helpers: read a log back, run the real ``hooktrace`` command in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hooktrace import schema
+from hooktrace.logio import LogReader
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "samples"
+
+
+def read_log(path: str | os.PathLike[str]) -> list[schema.Record]:
+    """Every record of a log, header first."""
+    reader = LogReader(path)
+    return [reader.header, *reader]
+
+
+def events(path: str | os.PathLike[str], phase: str | None = None, step: int | None = None
+           ) -> list[schema.ForwardEvent | schema.BackwardEvent]:
+    """The log's events in file order, optionally of one phase and/or one step."""
+    out = []
+    for record in LogReader(path):
+        if isinstance(record, (schema.ForwardEvent, schema.BackwardEvent)):
+            if (phase is None or record.phase == phase) and (step is None or record.step == step):
+                out.append(record)
+    return out
+
+
+def names(path: str | os.PathLike[str], phase: str, step: int = 0) -> list[str]:
+    return [e.name for e in events(path, phase, step)]
+
+
+def hooktrace_cmd(*args: str | os.PathLike[str], cwd: str | os.PathLike[str] | None = None,
+                  timeout: float = 300, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m hooktrace ARGS`` for real and capture its output."""
+    return subprocess.run(
+        [sys.executable, "-m", "hooktrace", *map(str, args)], cwd=cwd, capture_output=True,
+        text=True, timeout=timeout, **kwargs,  # type: ignore[call-overload]
+    )
+
+
+@pytest.fixture
+def log_path(tmp_path: Path) -> Path:
+    return tmp_path / "trace.jsonl"
