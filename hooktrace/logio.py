@@ -62,7 +62,9 @@ class LogWriter:
         if self.path.is_dir():
             raise LogError(f"{self.path} is a directory; give a file name for the log")
         if self.path.exists() and not is_hooktrace_log(self.path):
-            raise LogError(f"{self.path} exists and is not a hooktrace log; refusing to overwrite it")
+            raise LogError(
+                f"{self.path} exists and is not a hooktrace log; refusing to overwrite it"
+            )
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file: IO[bytes] | None = self.path.open("wb", buffering=_BUFFER_BYTES)

@@ -163,7 +163,7 @@ class Naming:
             if (model, fqn) not in self._written:
                 self._written.add((model, fqn))
                 self._emit(record)
-        return self._infos.get(_unwrap(root))
+        return self._infos.get(root)  # None for a wrapper: only what it wraps is traced
 
     def lookup(self, module: nn.Module, caller: ModInfo | None) -> ModInfo | None:
         """The module's identity, naming it first if new. ``caller``: the traced module whose
@@ -182,9 +182,3 @@ class Naming:
         )
         return self._name_tree(module, caller.model, prefix)
 
-
-def _unwrap(module: nn.Module) -> nn.Module:
-    inner = _wrapped(module)
-    while inner is not None:
-        module, inner = inner, _wrapped(inner)
-    return module

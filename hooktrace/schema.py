@@ -135,10 +135,12 @@ class ForwardEvent:
 class BackwardEvent:
     """Backward of one forward call (``fwd`` is that call's ``seq``).
 
-    ``grad_output_shapes[i]`` is the gradient reaching the i-th tensor output, ``grad_input_shapes[i]``
-    the gradient of the i-th tensor input (``None`` where none flowed). Lengths count tensor leaves
-    of the flattened outputs/inputs, kwargs included; for a module whose inputs and outputs are plain
-    tensors this equals what ``register_full_backward_hook`` reports.
+    ``grad_output_shapes[i]`` is the gradient reaching the i-th tensor output,
+    ``grad_input_shapes[i]`` the gradient of the i-th tensor input (``None`` where none flowed).
+    Lengths count tensor leaves of the flattened outputs/inputs, kwargs included; for a module
+    whose inputs and outputs are plain tensors this equals what ``register_full_backward_hook``
+    reports. ``grad_input`` is the input tensor's *total* gradient: where an input also feeds
+    another branch (a residual), it includes that branch's share.
     """
 
     TYPE: ClassVar[str] = "event"

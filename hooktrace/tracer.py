@@ -35,6 +35,7 @@ from hooktrace.naming import ModInfo, Naming
 from hooktrace.options import TraceOptions
 from hooktrace.tensors import leaves, shape_of, summarize
 
+_is_compiling = torch.compiler.is_compiling
 _MAX_LEAF_HANDLES = 4096  # hooks on leaf tensors outlive a step when no backward comes; bound them
 
 
@@ -132,6 +133,7 @@ class Tracer:
         self.error: str | None = None
         self._recording = 0 in self._options.steps
         self._naming: Naming | None = None
+        self._compiled_noted = False
 
     # -- lifecycle -------------------------------------------------------------------------
     @property
@@ -173,13 +175,18 @@ class Tracer:
 
     # -- forward ---------------------------------------------------------------------------
     def _pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
-        if not self._active:
+        if _is_compiling() or not self._active:  # inside torch.compile: stay out of the graph
             return None
         try:
             stack = self._local.stack
             assert self._naming is not None
             info = self._naming.lookup(module, stack[-1][1] if stack else None)
             if info is None:
+                if type(module).__name__ == "OptimizedModule" and not self._compiled_noted:
+                    self._compiled_noted = True
+                    print("hooktrace: a torch.compile'd model runs compiled code without module "
+                          "hooks; to trace it, run eagerly (TORCHDYNAMO_DISABLE=1)",
+                          file=sys.stderr)
                 return None
             grad = torch.is_grad_enabled()
             call = None
@@ -196,7 +203,7 @@ class Tracer:
         return None
 
     def _post(self, module: nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
-        if not self._active:
+        if _is_compiling() or not self._active:
             return None
         try:
             stack = self._local.stack
@@ -246,7 +253,8 @@ class Tracer:
         self._emit(schema.ForwardEvent(
             seq, self._step, info.model, info.name, index, in_shapes, in_dtypes, out_shapes,
             out_dtypes, no_grad=not grad, recompute=recompute,
-            inputs_more=(call.more + kw_seen - len(kw_inputs)) or None, outputs_more=(n_out - len(outputs)) or None,
+            inputs_more=(call.more + kw_seen - len(kw_inputs)) or None,
+            outputs_more=(n_out - len(outputs)) or None,
         ))
         if grad:
             for j, t in enumerate(kw_inputs):
@@ -262,14 +270,14 @@ class Tracer:
         node = t.grad_fn
         if node is None:  # a leaf that requires grad: a plain tensor hook, removed after the step
             if callback is not None and call is not None:
-                self._leaf_handles.append(t.register_hook(
+                self._leaf_handles.append(t.register_hook(  # type: ignore[no-untyped-call]
                     lambda g, cb=callback, c=call, i=index: self._on_leaf_grad(cb, c, i, g)))
                 if len(self._leaf_handles) > _MAX_LEAF_HANDLES:
                     for handle in self._leaf_handles[: _MAX_LEAF_HANDLES // 2]:
                         handle.remove()
                     del self._leaf_handles[: _MAX_LEAF_HANDLES // 2]
             return
-        metadata = node.metadata
+        metadata: dict[Any, Any] = node.metadata  # type: ignore[assignment]  # a dict at runtime
         dispatch = metadata.get(self)
         if dispatch is None:
             dispatch = metadata[self] = _NodeDispatch(self)

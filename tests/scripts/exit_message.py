@@ -1,0 +1,4 @@
+import sys
+
+print("exiting with a message")
+sys.exit("bye")

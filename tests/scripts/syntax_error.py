@@ -1,0 +1,2 @@
+print("this line is fine")
+x = (1,

@@ -1,0 +1,3 @@
+import helper_mod
+
+print(helper_mod.GREETING)
