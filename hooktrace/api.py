@@ -102,6 +102,7 @@ def trace(
     exclude: Sequence[str] = (),
     steps: str | None = None,
     max_events: int = DEFAULT_MAX_EVENTS,
+    stats: bool = True,
 ) -> Trace:
     """Trace every module call (or those of ``model`` only) into the JSONL log at ``path``.
 
@@ -109,5 +110,5 @@ def trace(
     ...     net(x).sum().backward()
     """
     models = [model] if isinstance(model, nn.Module) else (list(model) if model else None)
-    options = TraceOptions(tuple(include), tuple(exclude), Steps.parse(steps), max_events)
+    options = TraceOptions(tuple(include), tuple(exclude), Steps.parse(steps), max_events, stats)
     return Trace(path, models, options)

@@ -50,14 +50,17 @@ def cli() -> None:
               help="Steps (backward passes) to record, e.g. 0:3 or 0,10:12. Default: all.")
 @click.option("--max-events", type=click.IntRange(min=1), default=DEFAULT_MAX_EVENTS,
               show_default=True, help="Stop recording after this many events.")
+@click.option("--no-stats", is_flag=True,
+              help="Record no gradient norms, NaN/Inf checks or parameter-gradient norms.")
 @click.argument("target")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[str, ...],
-        steps: str | None, max_events: int, target: str, args: tuple[str, ...]) -> None:
+        steps: str | None, max_events: int, no_stats: bool, target: str,
+        args: tuple[str, ...]) -> None:
     """Run the python script TARGET with ARGS, recording every module call to a log."""
     from hooktrace import runner  # imports torch: only this command needs it
 
-    options = TraceOptions(include, exclude, Steps.parse(steps), max_events)
+    options = TraceOptions(include, exclude, Steps.parse(steps), max_events, not no_stats)
     sys.exit(runner.run(runner.Target(target, args, as_module), output, options))
 
 

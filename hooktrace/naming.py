@@ -41,6 +41,8 @@ class ModInfo:
     name: str
     cls: str
     traced: bool  # False: named (its children nest under it) but filtered out by include/exclude
+    ref: weakref.ReferenceType[nn.Module]
+    has_params: bool  # parameters registered directly on it
 
 
 def _wrapped(module: nn.Module) -> nn.Module | None:
@@ -155,9 +157,10 @@ class Naming:
                 if first is not None:
                     first.aliases = [*(first.aliases or []), fqn]
                 continue
-            info = ModInfo(model, fqn, type(module).__name__, self._matches(fqn))
-            self._infos[module] = info  # a former top-level model found inside this one is adopted
             params, trainable = _own_params(module)
+            info = ModInfo(model, fqn, type(module).__name__, self._matches(fqn),
+                           weakref.ref(module), params > 0)
+            self._infos[module] = info  # a former top-level model found inside this one is adopted
             records[fqn] = schema.Module(model, fqn, info.cls, params, trainable)
         for fqn, record in records.items():
             if (model, fqn) not in self._written:

@@ -54,6 +54,7 @@ class TraceOptions:
     exclude: Sequence[str] = ()
     steps: Steps = field(default_factory=Steps)
     max_events: int = DEFAULT_MAX_EVENTS
+    stats: bool = True  # gradient norms, NaN/Inf checks, parameter-gradient norms
 
     def __post_init__(self) -> None:
         if self.max_events < 1:
@@ -66,7 +67,7 @@ class TraceOptions:
 
     def to_header(self) -> dict[str, Any]:
         """The filters in force, for the log header (absent = everything recorded)."""
-        out: dict[str, Any] = {"max_events": self.max_events}
+        out: dict[str, Any] = {"max_events": self.max_events, "stats": self.stats}
         if self.include:
             out["include"] = list(self.include)
         if self.exclude:

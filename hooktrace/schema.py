@@ -9,6 +9,7 @@ A log is JSON Lines, UTF-8, one record per line, each with a ``"type"`` key:
 ``event``   one module call: ``phase`` is ``"forward"`` (written when the call returns, in
             execution order) or ``"backward"`` (ordered by when its outputs first received
             gradient, i.e. when autograd started its backward).
+``params``  after a backward pass: the gradient norm of each module's own parameters.
 ``step``    closes a step: written when a backward pass ends.
 ``end``     last line: ``ok``, ``error`` or ``interrupted``, with counts.
 
@@ -22,17 +23,61 @@ imports only the standard library: the renderer and the checker read logs withou
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
 
 SCHEMA_VERSION = 1
 
 Shape = list[int]
-Record = Union["Header", "Model", "Module", "ForwardEvent", "BackwardEvent", "Step", "End"]
+Record = Union[
+    "Header", "Model", "Module", "ForwardEvent", "BackwardEvent", "ParamGrads", "Step", "End"
+]
 
 
 class SchemaError(ValueError):
     """A record does not have the shape the schema defines."""
+
+
+def encode_number(x: float) -> float | str:
+    """4 significant digits (enough to compare magnitudes, and lines stay short). JSON has no
+    NaN/Inf: they are written as the strings "nan", "inf", "-inf"."""
+    if math.isfinite(x):
+        return float(f"{x:.4g}")
+    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+
+
+def decode_number(x: Any) -> float:
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return float(x)
+    if x in ("nan", "inf", "-inf"):
+        return float(x)
+    raise SchemaError(f"{x!r} is not a number")
+
+
+#: Statistics of one gradient tensor: [norm, absmax] and, when the norm is not finite,
+#: [norm, absmax, nan_count, inf_count]. None where no gradient flowed.
+GradStat = list[float]
+
+
+def _encode_stats(stats: list[GradStat | None] | None) -> list[Any] | None:
+    if stats is None:
+        return None
+    return [None if s is None else [encode_number(float(v)) for v in s] for s in stats]
+
+
+def _decode_stats(d: dict[str, Any], key: str) -> list[GradStat | None] | None:
+    value = d.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise SchemaError(f"key {key!r} has the wrong type ({type(value).__name__})")
+    out: list[GradStat | None] = []
+    for s in value:
+        if s is not None and (not isinstance(s, list) or len(s) not in (2, 4)):
+            raise SchemaError(f"key {key!r} holds something that is not a gradient statistic")
+        out.append(None if s is None else [decode_number(v) for v in s])
+    return out
 
 
 def _compact(d: dict[str, Any]) -> dict[str, Any]:
@@ -115,6 +160,9 @@ class ForwardEvent:
     recompute: bool = False  # re-run inside backward by activation checkpointing
     inputs_more: int | None = None  # tensor leaves beyond the ones listed (huge containers)
     outputs_more: int | None = None
+    #: outputs holding NaN/Inf, as [output index, nan count, inf count]; absent when all finite
+    #: (or when statistics are off)
+    output_nonfinite: list[list[int]] | None = None
 
     @property
     def phase(self) -> str:
@@ -128,6 +176,7 @@ class ForwardEvent:
             "output_shapes": self.output_shapes, "output_dtypes": self.output_dtypes,
             "no_grad": self.no_grad, "recompute": self.recompute,
             "inputs_more": self.inputs_more, "outputs_more": self.outputs_more,
+            "output_nonfinite": self.output_nonfinite or None,
         })
 
 
@@ -156,6 +205,9 @@ class BackwardEvent:
     grad_input_shapes: list[Shape | None] = field(default_factory=list)
     grad_output_shapes: list[Shape | None] = field(default_factory=list)
     recompute: bool = False
+    #: per gradient, like the shapes: [norm, absmax(, nan, inf)] or None; absent with --no-stats
+    grad_input_stats: list[GradStat | None] | None = None
+    grad_output_stats: list[GradStat | None] | None = None
 
     @property
     def phase(self) -> str:
@@ -168,7 +220,25 @@ class BackwardEvent:
             "grad_input_len": self.grad_input_len, "grad_output_len": self.grad_output_len,
             "grad_input_shapes": self.grad_input_shapes,
             "grad_output_shapes": self.grad_output_shapes, "recompute": self.recompute,
+            "grad_input_stats": _encode_stats(self.grad_input_stats),
+            "grad_output_stats": _encode_stats(self.grad_output_stats),
         })
+
+
+@dataclass(slots=True)
+class ParamGrads:
+    """After backward pass ``step``: per module with trainable parameters that took part in the
+    step, the norm of its own parameters' ``.grad`` (None: no parameter had a gradient)."""
+
+    TYPE: ClassVar[str] = "params"
+    step: int
+    model: int
+    grad_norm: dict[str, float | None] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.TYPE, "step": self.step, "model": self.model,
+                "grad_norm": {k: None if v is None else encode_number(v)
+                              for k, v in self.grad_norm.items()}}
 
 
 @dataclass(slots=True)
@@ -249,6 +319,7 @@ def _event_from_dict(d: dict[str, Any]) -> ForwardEvent | BackwardEvent:
             no_grad=_get(d, "no_grad", bool, False), recompute=_get(d, "recompute", bool, False),
             inputs_more=_get(d, "inputs_more", int, None),
             outputs_more=_get(d, "outputs_more", int, None),
+            output_nonfinite=_shapes(d, "output_nonfinite") or None,
         )
     if phase == "backward":
         return BackwardEvent(
@@ -258,6 +329,8 @@ def _event_from_dict(d: dict[str, Any]) -> ForwardEvent | BackwardEvent:
             grad_input_shapes=_shapes(d, "grad_input_shapes", allow_none=True),
             grad_output_shapes=_shapes(d, "grad_output_shapes", allow_none=True),
             recompute=_get(d, "recompute", bool, False),
+            grad_input_stats=_decode_stats(d, "grad_input_stats"),
+            grad_output_stats=_decode_stats(d, "grad_output_stats"),
         )
     raise SchemaError(f"unknown event phase {phase!r}")
 
@@ -289,6 +362,10 @@ def from_dict(d: Any) -> Record | None:
         return Module(model=_get(d, "model", int), name=_get(d, "name", str),
                       cls=_get(d, "class", str, "?"), params=_get(d, "params", int, 0),
                       trainable=_get(d, "trainable", int, 0), aliases=aliases)
+    if kind == "params":
+        norms = _get(d, "grad_norm", dict, {})
+        return ParamGrads(step=_get(d, "step", int), model=_get(d, "model", int), grad_norm={
+            str(k): None if v is None else decode_number(v) for k, v in norms.items()})
     if kind == "step":
         return Step(step=_get(d, "step", int), forward=_get(d, "forward", int, 0),
                     backward=_get(d, "backward", int, 0))

@@ -7,6 +7,8 @@ and None; other leaves are ignored. ``torch.utils._pytree`` misses dataclasses, 
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -69,3 +71,91 @@ def shape_of(t: torch.Tensor) -> list[int]:
 
 def summarize(tensors: list[torch.Tensor]) -> tuple[list[list[int]], list[str]]:
     return [shape_of(t) for t in tensors], [dtype_name(t.dtype) for t in tensors]
+
+
+class Stats:
+    """Gradient norms / absolute maxima and NaN/Inf checks, with one device sync per step.
+
+    On CPU a number is read at once (``.item()`` costs no sync there); on an accelerator the
+    reductions stay on the device and ``resolve()`` brings all of a step's numbers to the host in
+    one transfer per device. On CPU, NaN/Inf are counted only when a cheap reduction is not
+    finite (they propagate into it).
+    """
+
+    def __init__(self) -> None:
+        # device tensors of numbers, each with what to do with their values on the host
+        self._deferred: list[tuple[torch.Tensor, Callable[[list[float]], None]]] = []
+
+    @property
+    def deferred(self) -> bool:
+        return bool(self._deferred)
+
+    def grad(self, grad: torch.Tensor, target: list[Any], index: int) -> None:
+        """Set ``target[index]`` to [norm, absmax] (+ [nan, inf] counts when not finite)."""
+        if not grad.is_floating_point() and not grad.is_complex():
+            return
+        norm = torch.linalg.vector_norm(grad)
+        absmax = torch.linalg.vector_norm(grad, ord=math.inf) if grad.numel() else norm
+        if grad.device.type == "cpu":
+            n, m = norm.item(), absmax.item()
+            target[index] = [n, m] if math.isfinite(n) else [n, m, *_count_nonfinite(grad)]
+            return
+
+        def fill(values: list[float]) -> None:
+            n, m, nan, inf = values
+            target[index] = [n, m] if math.isfinite(n) else [n, m, int(nan), int(inf)]
+
+        self._deferred.append((torch.stack([
+            norm.float(), absmax.float(), torch.isnan(grad).sum().float(),
+            torch.isinf(grad).sum().float()]), fill))
+
+    def nonfinite(self, t: torch.Tensor, target: list[list[int]], index: int) -> None:
+        """Append [index, nan, inf] to ``target`` when ``t`` holds NaN or Inf."""
+        if not t.is_floating_point() or t.numel() == 0:
+            return
+        if t.device.type == "cpu":
+            if not math.isfinite(torch.sum(t, dtype=torch.float32).item()):
+                nan, inf = _count_nonfinite(t)
+                if nan or inf:
+                    target.append([index, nan, inf])
+            return
+
+        def fill(values: list[float]) -> None:
+            if values[0] or values[1]:
+                target.append([index, int(values[0]), int(values[1])])
+
+        self._deferred.append(
+            (torch.stack([torch.isnan(t).sum(), torch.isinf(t).sum()]).float(), fill))
+
+    def param_norm(self, grads: list[torch.Tensor], target: dict[str, Any], key: str) -> None:
+        """Set ``target[key]`` to the norm of all of ``grads`` together (None when empty)."""
+        if not grads:
+            target[key] = None
+            return
+        norm = torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(g).float() for g in grads]))
+        if norm.device.type == "cpu":
+            target[key] = norm.item()
+            return
+
+        def fill(values: list[float]) -> None:
+            target[key] = values[0]
+
+        self._deferred.append((norm.reshape(1), fill))
+
+    def resolve(self) -> None:
+        """Fill in every deferred number: one device-to-host transfer per device."""
+        deferred, self._deferred = self._deferred, []
+        by_device: dict[torch.device, list[tuple[torch.Tensor, Callable[[list[float]], None]]]] = {}
+        for entry in deferred:
+            by_device.setdefault(entry[0].device, []).append(entry)
+        for entries in by_device.values():
+            flat = torch.cat([numbers for numbers, _ in entries]).tolist()
+            pos = 0
+            for numbers, fill in entries:
+                fill(flat[pos: pos + numbers.numel()])
+                pos += numbers.numel()
+
+
+def _count_nonfinite(t: torch.Tensor) -> tuple[int, int]:
+    return int(torch.isnan(t).sum().item()), int(torch.isinf(t).sum().item())

@@ -33,10 +33,11 @@ from torch.nn.modules import module as nn_module
 from hooktrace import schema
 from hooktrace.naming import ModInfo, Naming
 from hooktrace.options import TraceOptions
-from hooktrace.tensors import leaves, shape_of, summarize
+from hooktrace.tensors import Stats, leaves, shape_of, summarize
 
 _is_compiling = torch.compiler.is_compiling
 _MAX_LEAF_HANDLES = 4096  # hooks on leaf tensors outlive a step when no backward comes; bound them
+_MAX_PENDING = 8192  # events held for deferred statistics before a forced write (no backward)
 
 
 class Sink(Protocol):
@@ -134,6 +135,9 @@ class Tracer:
         self._recording = 0 in self._options.steps
         self._naming: Naming | None = None
         self._compiled_noted = False
+        self._stats = Stats() if self._options.stats else None
+        self._step_params: dict[ModInfo, None] = {}  # modules with parameters in this step
+        self._last_checked: list[tuple[weakref.ref[torch.Tensor], int]] = []
 
     # -- lifecycle -------------------------------------------------------------------------
     @property
@@ -246,16 +250,21 @@ class Tracer:
             seq = self._seq
         if not self._count_event(0):
             return
+        if info.has_params:
+            self._step_params[info] = None
         n_args = call.n_in
         call.fwd, call.step, call.call, call.recompute = seq, self._step, index, recompute
         call.n_in = n_args + len(kw_inputs)
         call.n_out = len(outputs)
-        self._emit(schema.ForwardEvent(
+        event = schema.ForwardEvent(
             seq, self._step, info.model, info.name, index, in_shapes, in_dtypes, out_shapes,
             out_dtypes, no_grad=not grad, recompute=recompute,
             inputs_more=(call.more + kw_seen - len(kw_inputs)) or None,
             outputs_more=(n_out - len(outputs)) or None,
-        ))
+        )
+        if self._stats is not None:
+            event.output_nonfinite = self._check_outputs(outputs)
+        self._emit(event)
         if grad:
             for j, t in enumerate(kw_inputs):
                 if t.requires_grad:
@@ -263,6 +272,21 @@ class Tracer:
             for i, t in enumerate(outputs):
                 if t.requires_grad:
                     self._attach(t, self._on_grad_output, call, i)
+
+    def _check_outputs(self, outputs: list[torch.Tensor]) -> list[list[int]]:
+        """NaN/Inf in the outputs; a tensor just checked (a parent returning its last child's
+        output) is not checked twice."""
+        assert self._stats is not None
+        found: list[list[int]] = []
+        last = self._last_checked
+        checked = []
+        for i, t in enumerate(outputs):
+            version = t._version
+            if not any(ref() is t and v == version for ref, v in last):
+                self._stats.nonfinite(t, found, i)
+            checked.append((weakref.ref(t), version))
+        self._last_checked = checked
+        return found
 
     # -- backward --------------------------------------------------------------------------
     def _attach(self, t: torch.Tensor, callback: _GradCallback | None, call: _Call | None,
@@ -316,13 +340,22 @@ class Tracer:
                 grad_input_shapes=[None] * call.n_in, grad_output_shapes=[None] * call.n_out,
                 recompute=call.recompute,
             )
+            if self._stats is not None:
+                bwd.grad_input_stats = [None] * call.n_in
+                bwd.grad_output_stats = [None] * call.n_out
+            if info.has_params:
+                self._step_params[info] = None
             self._pending.append(bwd)
         bwd.grad_output_shapes[index] = shape_of(grad)
+        if bwd.grad_output_stats is not None and self._stats is not None:
+            self._stats.grad(grad, bwd.grad_output_stats, index)
 
     def _on_grad_input(self, call: _Call, index: int, grad: torch.Tensor) -> None:
         bwd = call.bwd
         if bwd is not None and bwd.step == self._step:
             bwd.grad_input_shapes[index] = shape_of(grad)
+            if bwd.grad_input_stats is not None and self._stats is not None:
+                self._stats.grad(grad, bwd.grad_input_stats, index)
 
     def _task_done(self, task: int) -> None:
         try:
@@ -333,7 +366,10 @@ class Tracer:
             self._fail(e)
 
     def _end_step(self) -> None:
+        params = self._param_grads() if self._recording and self._stats is not None else []
         self._write_pending()
+        for record in params:
+            self._sink.write(record)
         if self._recording:
             forward, backward = self._step_counts
             self._sink.write(schema.Step(self._step, forward, backward))
@@ -344,10 +380,30 @@ class Tracer:
         self._step += 1
         self._step_counts = [0, 0]
         self._calls.clear()
+        self._step_params.clear()
+        self._last_checked = []
         self._recording = self._step in self._options.steps and self.dropped == 0
         last = self._options.steps.last
         if last is not None and self._step > last:
             self._remove_hooks()  # nothing more to record: the rest of the run pays nothing
+
+    def _param_grads(self) -> list[schema.ParamGrads]:
+        """Norms of the parameter gradients of the modules that took part in this step."""
+        assert self._stats is not None
+        records: dict[int, schema.ParamGrads] = {}
+        for info in self._step_params:
+            module = info.ref()
+            if module is None:
+                continue
+            trainable = [p for p in module.parameters(recurse=False) if p.requires_grad]
+            if not trainable:
+                continue  # frozen: the module record says so
+            record = records.get(info.model)
+            if record is None:
+                record = records[info.model] = schema.ParamGrads(self._step, info.model)
+            grads = [p.grad for p in trainable if p.grad is not None]
+            self._stats.param_norm(grads, record.grad_norm, info.name)
+        return [records[m] for m in sorted(records)]
 
     # -- output ----------------------------------------------------------------------------
     def _count_event(self, phase: int) -> bool:
@@ -363,12 +419,17 @@ class Tracer:
         return True
 
     def _emit(self, event: schema.ForwardEvent | schema.BackwardEvent) -> None:
-        if self._open_tasks:  # inside backward: written in seq order when the pass ends
+        # inside backward, or while statistics wait for the device: held, then written in seq order
+        if self._open_tasks or self._pending or (self._stats is not None and self._stats.deferred):
             self._pending.append(event)
+            if len(self._pending) > _MAX_PENDING and not self._open_tasks:
+                self._write_pending()  # forward-only code (inference): no backward will come
         else:
             self._sink.write(event)
 
     def _write_pending(self) -> None:
+        if self._stats is not None:
+            self._stats.resolve()
         pending, self._pending = self._pending, []
         pending.sort(key=lambda e: e.seq)
         for event in pending:

@@ -1,0 +1,122 @@
+"""Real torchvision models (random weights): traced forward + backward without error, and every
+module call that ran forward also gets its backward."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torchvision.models as tvm
+from torch import nn
+
+import hooktrace
+from hooktrace import schema
+
+from conftest import events, read_log
+
+pytestmark = pytest.mark.slow
+
+# name -> (builder, input shape, output -> tensor the loss is taken from, names without backward)
+MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...], Callable[[Any], torch.Tensor],
+                        str | None]] = {
+    "resnet50": (lambda: tvm.resnet50(weights=None), (1, 3, 224, 224), lambda o: o, None),
+    "mobilenet_v2": (lambda: tvm.mobilenet_v2(weights=None), (1, 3, 224, 224), lambda o: o, None),
+    "densenet121": (lambda: tvm.densenet121(weights=None), (1, 3, 224, 224), lambda o: o, None),
+    "efficientnet_b0": (lambda: tvm.efficientnet_b0(weights=None), (1, 3, 224, 224),
+                        lambda o: o, None),
+    # batch 2: in training mode the aux head's BatchNorm sees a 1x1 map and needs > 1 value
+    "inception_v3": (lambda: tvm.inception_v3(weights=None, aux_logits=True, init_weights=False),
+                     (2, 3, 299, 299), lambda o: o.logits, "AuxLogits"),
+    "vit_b_16": (lambda: tvm.vit_b_16(weights=None), (1, 3, 224, 224), lambda o: o, None),
+    "convnext_tiny": (lambda: tvm.convnext_tiny(weights=None), (1, 3, 224, 224),
+                      lambda o: o, None),
+}
+
+# modules registered but never called: MultiheadAttention's out_proj (its weight is used
+# functionally), StochasticDepth of blocks without a residual connection
+IDLE = {
+    "vit_b_16": ".self_attention.out_proj",
+    "efficientnet_b0": ".0.stochastic_depth",
+}
+
+
+def calls(path: Path, phase: str) -> set[tuple[str, int]]:
+    return {(e.name, e.call) for e in events(path, phase)}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_torchvision_forward_backward(log_path: Path, name: str) -> None:
+    build, shape, pick, no_backward = MODELS[name]
+    torch.manual_seed(0)
+    model = build().train()
+    x = torch.randn(*shape)
+    with hooktrace.trace(log_path, model=model):
+        pick(model(x)).sum().backward()
+
+    records = read_log(log_path)
+    end = records[-1]
+    assert isinstance(end, schema.End)
+    assert (end.status, end.steps, end.tracer_error, end.dropped) == ("ok", 1, None, None)
+    assert [(r.model, r.cls) for r in records if isinstance(r, schema.Model)] == [
+        (0, type(model).__name__)]
+
+    forward = calls(log_path, "forward")
+    backward = calls(log_path, "backward")
+    # every registered module ran, except the few that torchvision never calls: these models
+    # build nothing inside forward, so no other name may appear
+    idle = IDLE.get(name)
+    assert {n for n, _ in model.named_modules()} - {n for n, _ in forward} == {
+        n for n, _ in model.named_modules() if idle and n.endswith(idle)}
+    assert {n for n, _ in forward} <= {n for n, _ in model.named_modules()}
+    if no_backward is None:
+        assert backward == forward
+    else:
+        excluded = {c for c in forward if c[0] == no_backward or c[0].startswith(no_backward + ".")}
+        assert excluded, f"{no_backward} did not run"
+        assert backward == forward - excluded
+
+    fwd = events(log_path, "forward")
+    bwd = events(log_path, "backward")
+    assert len(fwd) == len(forward) and len(bwd) == len(backward)  # no duplicates
+    assert all(e.step == 0 for e in fwd + bwd)
+    assert end.events == len(fwd) + len(bwd)
+    by_seq = {e.seq: e for e in fwd}
+    for b in bwd:
+        f = by_seq[b.fwd]
+        assert (f.name, f.call) == (b.name, b.call)
+        assert len(b.grad_output_shapes) == b.grad_output_len == len(f.output_shapes)
+        assert len(b.grad_input_shapes) == b.grad_input_len == len(f.input_shapes)
+    # the root starts the backward pass
+    assert bwd[0].name == ""
+    assert bwd[0].grad_input_shapes == [None]
+    assert bwd[0].grad_output_shapes[0] == fwd[-1].output_shapes[0]
+
+
+def test_resnet50_feature_shapes(log_path: Path) -> None:
+    torch.manual_seed(0)
+    model = tvm.resnet50(weights=None)
+    x = torch.randn(1, 3, 224, 224)
+    with hooktrace.trace(log_path, model=model):
+        out = model(x)
+        out[0][0].backward()
+    fwd = {e.name: e for e in events(log_path, "forward")}
+    bwd = {e.name: e for e in events(log_path, "backward")}
+    assert fwd["layer3"].output_shapes == [[1, 1024, 14, 14]]
+    assert fwd["layer4"].input_shapes == [[1, 1024, 14, 14]]
+    assert fwd["layer4"].output_shapes == [[1, 2048, 7, 7]]
+    assert fwd["fc"].output_shapes == [[1, 1000]]
+    assert fwd[""].output_shapes == [[1, 1000]]
+    assert bwd["layer4"].grad_output_shapes == [[1, 2048, 7, 7]]
+    assert bwd["layer4"].grad_input_shapes == [[1, 1024, 14, 14]]
+    assert bwd["fc"].grad_output_shapes == [[1, 1000]]
+    assert bwd["avgpool"].grad_output_shapes == [[1, 2048, 1, 1]]
+    assert bwd["conv1"].grad_input_shapes == [None]
+    order = [e.name for e in events(log_path, "backward")]
+    assert order[:3] == ["", "fc", "avgpool"]
+    assert order.index("layer4") < order.index("layer3") < order.index("layer2")
+    assert order.index("layer1") < order.index("maxpool") < order.index("relu")
+    assert order.index("relu") < order.index("bn1") < order.index("conv1")
+    assert order[-1] == "conv1"
