@@ -66,3 +66,25 @@ def run(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[
 
 def main() -> None:
     cli(prog_name="hooktrace")
+
+
+@cli.command()
+@click.argument("log", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+@click.option("--step", type=int, help="Check one step only.")
+@click.option("--vanishing", type=float, default=1e-7, show_default=True,
+              help="Flag parameter-gradient norms below this.")
+@click.option("--exploding", type=float, default=1e4, show_default=True,
+              help="Flag parameter-gradient norms above this.")
+@click.option("--orders", type=float, default=4.0, show_default=True,
+              help="Flag gradient norms that grow or fall by this many orders of magnitude "
+                   "across the network.")
+def check(log: Path, as_json: bool, step: int | None, vanishing: float, exploding: float,
+          orders: float) -> None:
+    """Find gradient-flow problems in LOG: NaN/Inf, no gradient, frozen or unused modules,
+    vanishing or exploding gradients. Exit status 1 when problems are found."""
+    from hooktrace import checks, report
+
+    result = checks.run_checks(log, step, checks.Thresholds(vanishing, exploding, orders))
+    click.echo(report.to_json(result) if as_json else report.to_text(result, str(log)))
+    sys.exit(1 if result.problems else 0)

@@ -1,0 +1,437 @@
+"""Gradient-flow diagnostics: a log in, a list of findings out. Pure: no printing, no torch.
+
+``collect`` streams a log once into per-module aggregates (memory grows with the number of
+modules and the events of one step, not with the length of the run); each ``check_*`` function
+turns the aggregates into findings. The CLI prints them with ``hooktrace.report``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hooktrace import schema
+from hooktrace.logio import LogReader
+
+ERROR, WARNING, INFO = "error", "warning", "info"
+SEVERITY_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
+CONTAINERS = {"ModuleList", "ModuleDict", "ParameterList", "ParameterDict"}  # never called
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    vanishing: float = 1e-7  # a parameter-gradient norm below this (but not 0 by design)
+    exploding: float = 1e4  # a parameter-gradient norm above this
+    orders: float = 4.0  # activation-gradient norms across the network differing by this many
+
+
+@dataclass
+class Finding:
+    kind: str  # nonfinite-forward, nonfinite-backward, no-grad, no-grad-under-no_grad, frozen,
+    # vanishing, exploding, unused, called-several-times, backward-order
+    severity: str
+    model: str
+    module: str
+    step: int | None
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    hint: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class _Module:
+    model: int
+    name: str
+    cls: str
+    params: int = 0
+    trainable: int = 0
+    first_seq: int | None = None  # first forward call: execution order
+    calls: int = 0
+    max_calls_per_step: int = 0
+    grad_calls: dict[int, int] = field(default_factory=dict)  # step -> calls with grad on
+    no_grad_steps: set[int] = field(default_factory=set)
+    backward_for: dict[int, int] = field(default_factory=dict)  # forward's step -> backwards
+
+
+@dataclass
+class _Nonfinite:
+    step: int
+    model: int
+    name: str
+    evidence: dict[str, Any]
+
+
+@dataclass
+class Collected:
+    """What the checks need from a log, gathered in one streaming pass."""
+
+    header: schema.Header
+    models: dict[int, str] = field(default_factory=dict)
+    modules: dict[tuple[int, str], _Module] = field(default_factory=dict)
+    backward_steps: set[int] = field(default_factory=set)
+    first_forward_nonfinite: _Nonfinite | None = None
+    forward_nonfinite_steps: set[int] = field(default_factory=set)
+    first_backward_nonfinite: _Nonfinite | None = None
+    backward_nonfinite_steps: set[int] = field(default_factory=set)
+    param_norms: dict[int, dict[tuple[int, str], float | None]] = field(default_factory=dict)
+    # per step: activation-gradient norms (grad_output) of modules with parameters, backward order
+    profiles: dict[int, list[tuple[int, str, float]]] = field(default_factory=dict)
+    backward_orders: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
+    forward_orders: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    end: schema.End | None = None
+
+    def model_name(self, model: int) -> str:
+        return self.models.get(model, str(model))
+
+
+def _finite(stat: list[float] | None) -> bool:
+    return stat is None or math.isfinite(stat[0])
+
+
+def _nonfinite_counts(stats: Iterable[list[float] | None]) -> list[dict[str, Any]]:
+    out = []
+    for i, s in enumerate(stats):
+        if s is not None and not math.isfinite(s[0]):
+            out.append({"index": i, "nan": int(s[2]) if len(s) > 2 else None,
+                        "inf": int(s[3]) if len(s) > 3 else None})
+    return out
+
+
+class _Collector:
+    def __init__(self, reader: LogReader, step: int | None) -> None:
+        self.c = Collected(header=reader.header)
+        self._only = step
+        self._fwd_step: dict[int, int] = {}  # forward seq -> its step, for recent steps only
+        self._calls_this_step: dict[tuple[int, str], int] = {}
+        self._step = -1
+
+    def feed(self, records: Iterator[schema.Record]) -> Collected:
+        for r in records:
+            if isinstance(r, schema.ForwardEvent):
+                self._forward(r)
+            elif isinstance(r, schema.BackwardEvent):
+                self._backward(r)
+            elif isinstance(r, schema.Module):
+                self.c.modules.setdefault((r.model, r.name), _Module(
+                    r.model, r.name, r.cls, r.params, r.trainable))
+            elif isinstance(r, schema.Model):
+                self.c.models[r.model] = r.name
+            elif isinstance(r, schema.ParamGrads):
+                if self._wanted(r.step):
+                    self._param_grads(r)
+            elif isinstance(r, schema.End):
+                self.c.end = r
+        return self.c
+
+    def _wanted(self, step: int) -> bool:
+        return self._only is None or step == self._only
+
+    def _module(self, model: int, name: str) -> _Module:
+        key = (model, name)
+        m = self.c.modules.get(key)
+        if m is None:  # a module made inside forward: no module record
+            m = self.c.modules[key] = _Module(model, name, "?")
+        return m
+
+    def _new_step(self, step: int) -> None:
+        if step != self._step:
+            self._step = step
+            self._calls_this_step.clear()
+            # a forward call is paired within a step or two (a GAN's generator); forget older ones
+            for seq in [s for s, st in self._fwd_step.items() if st < step - 2]:
+                del self._fwd_step[seq]
+
+    def _forward(self, e: schema.ForwardEvent) -> None:
+        self._new_step(e.step)
+        self._fwd_step[e.seq] = e.step
+        if not self._wanted(e.step) or e.recompute:
+            return
+        m = self._module(e.model, e.name)
+        if m.first_seq is None:
+            m.first_seq = e.seq
+        m.calls += 1
+        key = (e.model, e.name)
+        n = self._calls_this_step[key] = self._calls_this_step.get(key, 0) + 1
+        m.max_calls_per_step = max(m.max_calls_per_step, n)
+        if e.no_grad:
+            m.no_grad_steps.add(e.step)
+        else:
+            m.grad_calls[e.step] = m.grad_calls.get(e.step, 0) + 1
+        if n == 1:
+            self.c.forward_orders.setdefault(e.step, []).append(key)
+        if e.output_nonfinite:
+            self.c.forward_nonfinite_steps.add(e.step)
+            if self.c.first_forward_nonfinite is None:
+                self.c.first_forward_nonfinite = _Nonfinite(e.step, e.model, e.name, {
+                    "call": e.call, "outputs": [
+                        {"index": i, "shape": e.output_shapes[i] if i < len(e.output_shapes)
+                         else None, "nan": nan, "inf": inf}
+                        for i, nan, inf in e.output_nonfinite],
+                })
+
+    def _backward(self, e: schema.BackwardEvent) -> None:
+        if not self._wanted(e.step):
+            return
+        self.c.backward_steps.add(e.step)
+        fwd_step = self._fwd_step.get(e.fwd, e.step)
+        m = self._module(e.model, e.name)
+        m.backward_for[fwd_step] = m.backward_for.get(fwd_step, 0) + 1
+        order = self.c.backward_orders.setdefault(e.step, [])
+        if (e.model, e.name) not in order[-1:]:
+            order.append((e.model, e.name))
+        outs = e.grad_output_stats or []
+        if m.trainable and outs and outs[0] is not None and math.isfinite(outs[0][0]):
+            self.c.profiles.setdefault(e.step, []).append((e.model, e.name, outs[0][0]))
+        received = not all(_finite(s) for s in outs)
+        produced = not received and not all(_finite(s) for s in e.grad_input_stats or [])
+        if received or produced:
+            self.c.backward_nonfinite_steps.add(e.step)
+            if self.c.first_backward_nonfinite is None:
+                self.c.first_backward_nonfinite = _Nonfinite(e.step, e.model, e.name, {
+                    "call": e.call, "produced": produced,
+                    "grad_output": _nonfinite_counts(outs),
+                    "grad_input": _nonfinite_counts(e.grad_input_stats or []),
+                })
+
+    def _param_grads(self, r: schema.ParamGrads) -> None:
+        norms = self.c.param_norms.setdefault(r.step, {})
+        for name, norm in r.grad_norm.items():
+            norms[(r.model, name)] = norm
+        if any(v is not None and not math.isfinite(v) for v in r.grad_norm.values()):
+            self.c.backward_nonfinite_steps.add(r.step)
+            if self.c.first_backward_nonfinite is None:
+                name = next(k for k, v in r.grad_norm.items()
+                            if v is not None and not math.isfinite(v))
+                self.c.first_backward_nonfinite = _Nonfinite(r.step, r.model, name, {
+                    "produced": True, "parameter_grad_norm": str(r.grad_norm[name])})
+
+
+def collect(path: str | os.PathLike[str], step: int | None = None) -> Collected:
+    reader = LogReader(path)
+    collected = _Collector(reader, step).feed(iter(reader))
+    collected.warnings.extend(reader.warnings)
+    return collected
+
+
+# -- the checks: each returns findings -------------------------------------------------------
+
+def _steps_text(steps: list[int]) -> str:
+    shown = ", ".join(map(str, steps[:5]))
+    return shown + (f" and {len(steps) - 5} more" if len(steps) > 5 else "")
+
+
+def check_nonfinite(c: Collected) -> list[Finding]:
+    out = []
+    first = c.first_forward_nonfinite
+    if first is not None:
+        later = sorted(c.forward_nonfinite_steps - {first.step})
+        out.append(Finding(
+            "nonfinite-forward", ERROR, c.model_name(first.model), first.name, first.step,
+            f"first NaN/Inf in a forward output: {first.name or '(root)'} at step {first.step}"
+            + (f" (again in steps {_steps_text(later)})" if later else ""),
+            first.evidence,
+            "modules before it produced finite outputs: look inside this module's forward, or at "
+            "the functional code that feeds it (log of <= 0, division by 0, overflow in fp16)",
+        ))
+    first = c.first_backward_nonfinite
+    if first is not None:
+        produced = first.evidence.get("produced")
+        where = ("produced by" if produced else "first reached")
+        out.append(Finding(
+            "nonfinite-backward", ERROR, c.model_name(first.model), first.name, first.step,
+            f"first NaN/Inf gradient {where} {first.name or '(root)'} at step {first.step}",
+            first.evidence,
+            "its backward turned finite gradients into NaN/Inf (e.g. sqrt or log near 0, a "
+            "division by a tiny norm)" if produced else
+            "the gradient was already NaN/Inf when it reached this module: it comes from the "
+            "loss or from functional code after the last module",
+        ))
+    return out
+
+
+def _siblings(c: Collected, m: _Module) -> list[_Module]:
+    parent = m.name.rpartition(".")[0]
+    return [o for o in c.modules.values()
+            if o is not m and o.model == m.model and o.name.rpartition(".")[0] == parent
+            and o.name != "" and o.params]
+
+
+def check_no_grad(c: Collected) -> list[Finding]:
+    out = []
+    for m in c.modules.values():
+        if not m.params or not m.calls:
+            continue
+        if not m.trainable:
+            trainable_twins = [o.name for o in _siblings(c, m) if o.cls == m.cls and o.trainable]
+            out.append(Finding(
+                "frozen", WARNING if trainable_twins else INFO, c.model_name(m.model), m.name,
+                None,
+                f"{m.name} ({m.cls}): parameters frozen (requires_grad=False)"
+                + (f", while {', '.join(trainable_twins[:3])} beside it train" if trainable_twins
+                   else ""),
+                {"params": m.params, "trainable_siblings": trainable_twins},
+                "call .requires_grad_(True) on it if it should train" if trainable_twins else "",
+            ))
+            continue
+        detached = sorted(s for s, n in m.grad_calls.items()
+                          if n and s in c.backward_steps and not m.backward_for.get(s))
+        if detached:
+            out.append(Finding(
+                "no-grad", WARNING, c.model_name(m.model), m.name, detached[0],
+                f"{m.name or '(root)'} ({m.cls}) ran forward but no gradient reached it: "
+                f"detached or not on the loss path (steps {_steps_text(detached)})",
+                {"steps": detached[:20], "trainable": m.trainable},
+                "look for .detach(), .data, .item()/numpy round trips, or an output the loss "
+                "does not use",
+            ))
+        no_grad_only = sorted(s for s in m.no_grad_steps
+                              if s in c.backward_steps and not m.grad_calls.get(s)
+                              and _model_trained_in(c, m.model, s))
+        if no_grad_only:
+            out.append(Finding(
+                "no-grad-under-no_grad", WARNING, c.model_name(m.model), m.name, no_grad_only[0],
+                f"{m.name or '(root)'} ({m.cls}) ran under torch.no_grad while the rest of its "
+                f"model trained: its {m.trainable} trainable parameters get no gradient",
+                {"steps": no_grad_only[:20]},
+                "move it out of torch.no_grad(), or freeze it explicitly with "
+                ".requires_grad_(False)",
+            ))
+    return out
+
+
+def _model_trained_in(c: Collected, model: int, step: int) -> bool:
+    return any(o.model == model and o.grad_calls.get(step) and o.backward_for.get(step)
+               for o in c.modules.values())
+
+
+def check_magnitudes(c: Collected, t: Thresholds) -> list[Finding]:
+    out: list[Finding] = []
+    flagged: set[tuple[int, str]] = set()
+    for step in sorted(c.param_norms):
+        for key, norm in c.param_norms[step].items():
+            if norm is None or not math.isfinite(norm) or key in flagged:
+                continue
+            kind = "vanishing" if norm < t.vanishing else "exploding" if norm > t.exploding else ""
+            if kind:
+                flagged.add(key)
+                m = c.modules.get(key)
+                out.append(Finding(
+                    kind, WARNING, c.model_name(key[0]), key[1], step,
+                    f"{key[1]} ({m.cls if m else '?'}): parameter-gradient norm {norm:.3g} is "
+                    f"{'below' if kind == 'vanishing' else 'above'} "
+                    f"{t.vanishing if kind == 'vanishing' else t.exploding:g}",
+                    {"grad_norm": norm},
+                    "check initialisation, normalisation layers and the learning-rate scale",
+                ))
+    for step in sorted(c.profiles):
+        profile = c.profiles[step]  # backward order: output side first
+        if len(profile) < 3:
+            continue
+        first, last = profile[0][2], profile[-1][2]
+        if first <= 0 or last <= 0:
+            continue
+        orders = math.log10(last / first)
+        if abs(orders) >= t.orders:
+            kind = "exploding" if orders > 0 else "vanishing"
+            model, name, _ = profile[-1]
+            out.append(Finding(
+                kind, WARNING, c.model_name(model), name, step,
+                f"gradient norms {'grow' if orders > 0 else 'fall'} by {abs(orders):.1f} orders of "
+                f"magnitude from {profile[0][1] or '(root)'} ({first:.3g}) back to {name} "
+                f"({last:.3g}) at step {step}",
+                {"profile": [{"module": n, "grad_output_norm": v} for _, n, v in profile]},
+                "deep stacks without normalisation or residual connections, or a too large/small "
+                "initialisation",
+            ))
+            break  # the first step that shows it is enough
+    return out
+
+
+def check_unused(c: Collected) -> list[Finding]:
+    options = c.header.options
+    if options.get("include") or options.get("exclude"):
+        return []  # filtered-out modules would look unused
+    called_models = {m.model for m in c.modules.values() if m.calls}
+    unused = [m for m in c.modules.values()
+              if m.model in called_models and not m.calls and m.cls not in CONTAINERS]
+    names = {(m.model, m.name) for m in unused}
+    out = []
+    for m in unused:
+        parent = m.name.rpartition(".")[0]
+        if m.name and (m.model, parent) in names:
+            continue  # reported with its unused parent
+        below = [o for o in unused if o.model == m.model and o.name.startswith(m.name + ".")]
+        trainable = m.trainable + sum(o.trainable for o in below)
+        out.append(Finding(
+            "unused", WARNING if trainable else INFO, c.model_name(m.model), m.name, None,
+            f"{m.name} ({m.cls}) is registered but never called"
+            + (f" ({len(below)} submodules, {trainable} trainable parameters)" if below
+               else f" ({trainable} trainable parameters)" if trainable else ""),
+            {"submodules": len(below), "trainable": trainable},
+            "DDP needs find_unused_parameters=True for it; remove it if it is not needed"
+            if trainable else "",
+        ))
+    return out
+
+
+def check_info(c: Collected) -> list[Finding]:
+    out = []
+    for model in sorted({m.model for m in c.modules.values()}):
+        several = sorted((m for m in c.modules.values()
+                          if m.model == model and m.max_calls_per_step > 1),
+                         key=lambda m: m.first_seq or 0)
+        if several:
+            listed = ", ".join(f"{m.name or '(root)'} x{m.max_calls_per_step}" for m in several)
+            out.append(Finding(
+                "called-several-times", INFO, c.model_name(model), several[0].name, None,
+                f"{len(several)} modules are called several times per step: "
+                f"{listed if len(listed) < 200 else listed[:200] + '...'}",
+                {"modules": {m.name: m.max_calls_per_step for m in several}},
+                "expected for shared modules and reused activations; their gradients add up"))
+    for step in sorted(c.backward_orders):
+        forward = [k for k in c.forward_orders.get(step, []) if k in c.backward_orders[step]]
+        backward = [k for k in c.backward_orders[step] if k in set(forward)]
+        mirrored = list(reversed(forward))
+        if backward != mirrored:
+            at = next(i for i, (a, b) in enumerate(zip(backward, mirrored, strict=False))
+                      if a != b) if any(a != b for a, b in zip(backward, mirrored,
+                                                                strict=False)) else 0
+            model, name = backward[at] if at < len(backward) else (0, "")
+            out.append(Finding(
+                "backward-order", INFO, c.model_name(model), name, step,
+                f"backward order does not mirror forward at step {step}, from {name or '(root)'} "
+                "(normal for residual and parallel branches)", {"position": at}))
+            break
+    return out
+
+
+@dataclass
+class Report:
+    findings: list[Finding]
+    warnings: list[str]
+    steps: int
+    events: int
+
+    @property
+    def problems(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity != INFO]
+
+
+def run_checks(path: str | os.PathLike[str], step: int | None = None,
+               thresholds: Thresholds | None = None) -> Report:
+    c = collect(path, step)
+    t = thresholds or Thresholds()
+    findings = [*check_nonfinite(c), *check_no_grad(c), *check_magnitudes(c, t),
+                *check_unused(c), *check_info(c)]
+    order = {m.name: m.first_seq or 0 for m in c.modules.values()}
+    findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1,
+                                 order.get(f.module, 0), f.kind))
+    events = c.end.events if c.end else sum(m.calls for m in c.modules.values())
+    return Report(findings, c.warnings, len(c.backward_steps), events)

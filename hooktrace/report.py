@@ -1,0 +1,68 @@
+"""Findings of ``hooktrace check`` as text for a person, or as JSON for a program."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from hooktrace.checks import ERROR, INFO, WARNING, Finding, Report
+
+_TITLES = {ERROR: "Errors", WARNING: "Warnings", INFO: "Notes"}
+
+
+def _evidence(evidence: dict[str, Any]) -> str:
+    parts = []
+    for key, value in evidence.items():
+        if key == "profile":
+            value = " -> ".join(f"{p['module'] or '(root)'} {p['grad_output_norm']:.2g}"
+                                for p in _thin(value))
+        parts.append(f"{key}: {value}")
+    return "; ".join(parts)
+
+
+def _thin(profile: list[dict[str, Any]], keep: int = 8) -> list[dict[str, Any]]:
+    if len(profile) <= keep:
+        return profile
+    step = (len(profile) - 1) / (keep - 1)
+    return [profile[round(i * step)] for i in range(keep)]
+
+
+def _finding(f: Finding) -> list[str]:
+    where = f"step {f.step}" if f.step is not None else "all steps"
+    module = f.module or "(root)"
+    lines = [f"  [{f.kind}] {f.model}: {module}, {where}", f"    {f.message}"]
+    if f.evidence and f.severity != INFO:  # a note's message says it all
+        lines.append(f"    evidence: {_evidence(f.evidence)}")
+    if f.hint:
+        lines.append(f"    hint: {f.hint}")
+    return lines
+
+
+def to_text(report: Report, path: str) -> str:
+    lines = [f"hooktrace check {path}: {report.steps} steps with a backward pass, "
+             f"{report.events} events"]
+    lines += [f"warning: {w}" for w in report.warnings]
+    for severity in (ERROR, WARNING, INFO):
+        found = [f for f in report.findings if f.severity == severity]
+        if found:
+            lines += ["", f"{_TITLES[severity]} ({len(found)})"]
+            for f in found:
+                lines += _finding(f)
+    errors = sum(f.severity == ERROR for f in report.findings)
+    warnings = sum(f.severity == WARNING for f in report.findings)
+    notes = sum(f.severity == INFO for f in report.findings)
+    lines.append("")
+    if errors or warnings:
+        lines.append(f"{errors + warnings} problems ({errors} errors, {warnings} warnings), "
+                     f"{notes} notes")
+    else:
+        lines.append(f"No problems found ({notes} notes).")
+    return "\n".join(lines)
+
+
+def to_json(report: Report) -> str:
+    return orjson.dumps({
+        "problems": len(report.problems), "steps": report.steps, "events": report.events,
+        "warnings": report.warnings, "findings": [f.to_dict() for f in report.findings],
+    }, option=orjson.OPT_INDENT_2).decode()
