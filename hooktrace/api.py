@@ -103,12 +103,17 @@ def trace(
     steps: str | None = None,
     max_events: int = DEFAULT_MAX_EVENTS,
     stats: bool = True,
+    watch: bool = True,
 ) -> Trace:
     """Trace every module call (or those of ``model`` only) into the JSONL log at ``path``.
+
+    ``steps`` (default ``"0:10"``, or ``"all"``) are recorded in full; with ``watch``, later steps
+    still write anomaly records (NaN/Inf, lost gradients). ``stats``: gradient norms and checks.
 
     >>> with hooktrace.trace("log.jsonl", model=net):
     ...     net(x).sum().backward()
     """
     models = [model] if isinstance(model, nn.Module) else (list(model) if model else None)
-    options = TraceOptions(tuple(include), tuple(exclude), Steps.parse(steps), max_events, stats)
+    options = TraceOptions(tuple(include), tuple(exclude), Steps.parse(steps), max_events, stats,
+                           watch)
     return Trace(path, models, options)

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hooktrace import schema
+from hooktrace.errors import HooktraceError
 from hooktrace.logio import LogReader
 
 ERROR, WARNING, INFO = "error", "warning", "info"
@@ -84,6 +85,8 @@ class Collected:
     profiles: dict[int, list[tuple[int, str, float]]] = field(default_factory=dict)
     backward_orders: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
     forward_orders: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
+    steps_seen: set[int] = field(default_factory=set)
+    lost_gradient: dict[tuple[int, str], list[int]] = field(default_factory=dict)  # watched
     warnings: list[str] = field(default_factory=list)
     end: schema.End | None = None
 
@@ -126,9 +129,28 @@ class _Collector:
             elif isinstance(r, schema.ParamGrads):
                 if self._wanted(r.step):
                     self._param_grads(r)
+            elif isinstance(r, schema.Anomaly):
+                if self._wanted(r.step):
+                    self._anomaly(r)
             elif isinstance(r, schema.End):
                 self.c.end = r
         return self.c
+
+    def _anomaly(self, r: schema.Anomaly) -> None:
+        """A watched step's record: the same findings as from events, without the events."""
+        found = _Nonfinite(r.step, r.model, r.name, {"call": r.call, **r.detail})
+        if r.kind == "nonfinite-forward":
+            self.c.forward_nonfinite_steps.add(r.step)
+            first = self.c.first_forward_nonfinite
+            if first is None or r.step < first.step:
+                self.c.first_forward_nonfinite = found
+        elif r.kind == "nonfinite-backward":
+            self.c.backward_nonfinite_steps.add(r.step)
+            first = self.c.first_backward_nonfinite
+            if first is None or r.step < first.step:
+                self.c.first_backward_nonfinite = found
+        elif r.kind == "no-grad":
+            self.c.lost_gradient.setdefault((r.model, r.name), []).append(r.step)
 
     def _wanted(self, step: int) -> bool:
         return self._only is None or step == self._only
@@ -151,6 +173,7 @@ class _Collector:
     def _forward(self, e: schema.ForwardEvent) -> None:
         self._new_step(e.step)
         self._fwd_step[e.seq] = e.step
+        self.c.steps_seen.add(e.step)
         if not self._wanted(e.step) or e.recompute:
             return
         m = self._module(e.model, e.name)
@@ -227,31 +250,40 @@ def _steps_text(steps: list[int]) -> str:
     return shown + (f" and {len(steps) - 5} more" if len(steps) > 5 else "")
 
 
+def _label(c: Collected, model: int, name: str) -> str:
+    m = c.modules.get((model, name))
+    return f"{name or '(root)'} ({m.cls})" if m and m.cls != "?" else (name or "(root)")
+
+
 def check_nonfinite(c: Collected) -> list[Finding]:
     out = []
-    first = c.first_forward_nonfinite
-    if first is not None:
-        later = sorted(c.forward_nonfinite_steps - {first.step})
+    forward = c.first_forward_nonfinite
+    if forward is not None:
+        later = sorted(c.forward_nonfinite_steps - {forward.step})
         out.append(Finding(
-            "nonfinite-forward", ERROR, c.model_name(first.model), first.name, first.step,
-            f"first NaN/Inf in a forward output: {first.name or '(root)'} at step {first.step}"
-            + (f" (again in steps {_steps_text(later)})" if later else ""),
-            first.evidence,
-            "modules before it produced finite outputs: look inside this module's forward, or at "
-            "the functional code that feeds it (log of <= 0, division by 0, overflow in fp16)",
+            "nonfinite-forward", ERROR, c.model_name(forward.model), forward.name, forward.step,
+            f"first NaN/Inf in a forward output: {_label(c, forward.model, forward.name)} at "
+            f"step {forward.step}" + (f" (again in steps {_steps_text(later)})" if later else ""),
+            forward.evidence,
+            "the modules before it gave finite outputs: look inside its forward, or at the "
+            "functional code that feeds it (log or sqrt of <= 0, division by 0, fp16 overflow)",
         ))
-    first = c.first_backward_nonfinite
-    if first is not None:
-        produced = first.evidence.get("produced")
-        where = ("produced by" if produced else "first reached")
+    backward = c.first_backward_nonfinite
+    if backward is not None:
+        produced = backward.evidence.get("produced")
+        follows = forward is not None and forward.step <= backward.step
+        label = _label(c, backward.model, backward.name)
         out.append(Finding(
-            "nonfinite-backward", ERROR, c.model_name(first.model), first.name, first.step,
-            f"first NaN/Inf gradient {where} {first.name or '(root)'} at step {first.step}",
-            first.evidence,
-            "its backward turned finite gradients into NaN/Inf (e.g. sqrt or log near 0, a "
-            "division by a tiny norm)" if produced else
-            "the gradient was already NaN/Inf when it reached this module: it comes from the "
-            "loss or from functional code after the last module",
+            "nonfinite-backward", ERROR, c.model_name(backward.model), backward.name,
+            backward.step,
+            f"first NaN/Inf gradient {'produced by' if produced else 'reached'} {label} at step "
+            f"{backward.step}" + (" (follows from the forward NaN/Inf)" if follows else ""),
+            backward.evidence,
+            "fix the forward NaN/Inf first" if follows else
+            "its backward turned finite gradients into NaN/Inf (sqrt or log near 0, division by "
+            "a tiny norm)" if produced else
+            "the gradient was NaN/Inf when it reached this module: it comes from the loss or "
+            "from functional code after the last module",
         ))
     return out
 
@@ -303,6 +335,20 @@ def check_no_grad(c: Collected) -> list[Finding]:
                 "move it out of torch.no_grad(), or freeze it explicitly with "
                 ".requires_grad_(False)",
             ))
+    return out
+
+
+def check_lost_gradient(c: Collected) -> list[Finding]:
+    out = []
+    for (model, name), steps in c.lost_gradient.items():
+        m = c.modules.get((model, name))
+        out.append(Finding(
+            "no-grad", WARNING, c.model_name(model), name, steps[0],
+            f"{name or '(root)'} ({m.cls if m else '?'}) received gradient in earlier steps, then "
+            f"none from step {steps[0]} on (steps {_steps_text(steps)})",
+            {"steps": steps[:20]},
+            "something started detaching it or stopped using its output in the loss",
+        ))
     return out
 
 
@@ -427,11 +473,17 @@ class Report:
 def run_checks(path: str | os.PathLike[str], step: int | None = None,
                thresholds: Thresholds | None = None) -> Report:
     c = collect(path, step)
+    if step is not None and step not in c.steps_seen | c.backward_steps:
+        seen = sorted(c.steps_seen | c.backward_steps)
+        have = f"{seen[0]}..{seen[-1]}" if seen else "none"
+        raise HooktraceError(f"step {step} is not in {path} (recorded steps: {have})")
     t = thresholds or Thresholds()
-    findings = [*check_nonfinite(c), *check_no_grad(c), *check_magnitudes(c, t),
+    findings = [*check_nonfinite(c), *check_no_grad(c), *check_lost_gradient(c),
+                *check_magnitudes(c, t),
                 *check_unused(c), *check_info(c)]
     order = {m.name: m.first_seq or 0 for m in c.modules.values()}
     findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1,
                                  order.get(f.module, 0), f.kind))
     events = c.end.events if c.end else sum(m.calls for m in c.modules.values())
-    return Report(findings, c.warnings, len(c.backward_steps), events)
+    steps = c.end.steps if c.end and step is None else len(c.backward_steps)
+    return Report(findings, c.warnings, steps, events)

@@ -14,7 +14,7 @@ import click
 
 from hooktrace import __version__
 from hooktrace.errors import HooktraceError
-from hooktrace.options import DEFAULT_MAX_EVENTS, Steps, TraceOptions
+from hooktrace.options import DEFAULT_MAX_EVENTS, DEFAULT_STEPS, Steps, TraceOptions
 
 
 class _UserError(click.ClickException):
@@ -46,22 +46,71 @@ def cli() -> None:
               help="Record only modules whose fqn matches (repeatable), e.g. 'layer4*'.")
 @click.option("--exclude", multiple=True, metavar="GLOB",
               help="Do not record modules whose fqn matches (repeatable).")
-@click.option("--steps", metavar="RANGES",
-              help="Steps (backward passes) to record, e.g. 0:3 or 0,10:12. Default: all.")
+@click.option("--steps", metavar="RANGES", default=DEFAULT_STEPS, show_default=True,
+              help="Steps (backward passes) to record in full, e.g. 0:3, 0,100:102, or all.")
 @click.option("--max-events", type=click.IntRange(min=1), default=DEFAULT_MAX_EVENTS,
               show_default=True, help="Stop recording after this many events.")
 @click.option("--no-stats", is_flag=True,
               help="Record no gradient norms, NaN/Inf checks or parameter-gradient norms.")
+@click.option("--no-watch", is_flag=True,
+              help="After the recorded steps, stop tracing instead of watching every step for "
+                   "NaN/Inf and modules that lose their gradient.")
 @click.argument("target")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[str, ...],
-        steps: str | None, max_events: int, no_stats: bool, target: str,
+        steps: str, max_events: int, no_stats: bool, no_watch: bool, target: str,
         args: tuple[str, ...]) -> None:
     """Run the python script TARGET with ARGS, recording every module call to a log."""
     from hooktrace import runner  # imports torch: only this command needs it
 
-    options = TraceOptions(include, exclude, Steps.parse(steps), max_events, not no_stats)
+    options = TraceOptions(include, exclude, Steps.parse(steps), max_events, not no_stats,
+                           not no_watch)
     sys.exit(runner.run(runner.Target(target, args, as_module), output, options))
+
+
+@cli.command()
+@click.argument("log", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path),
+              help="Where to write the picture. Default: the log's name with the format's "
+                   "extension.")
+@click.option("--format", "fmt", metavar="dot|svg|png|pdf",
+              help="Default: the extension of -o, else svg. svg/png/pdf need Graphviz dot.")
+@click.option("--step", type=int, help="The step (backward pass) to draw. Default: the first "
+                                       "with a backward.")
+@click.option("--model", metavar="NAME", help="Draw this model only (as named in the log).")
+@click.option("--depth", type=click.IntRange(min=0),
+              help="Fold calls deeper than D into one node per module at depth D. Default: the "
+                   "deepest that keeps the picture readable.")
+@click.option("--phase", type=click.Choice(["forward", "backward", "both"]), default="both",
+              show_default=True, help="The edges to draw.")
+def render(log: Path, output: Path | None, fmt: str | None, step: int | None,
+           model: str | None, depth: int | None, phase: str) -> None:
+    """Draw one step of LOG as a call graph: forward order and backward order."""
+    from hooktrace.render import write_picture
+
+    written = write_picture(log, output, fmt, step=step, model=model, depth=depth, phase=phase)
+    for warning in written.picture.warnings:
+        click.echo(f"hooktrace: warning: {warning}", err=True)
+    click.echo(f"hooktrace: {written.summary()}")
+
+
+@cli.command()
+@click.argument("log", type=click.Path(path_type=Path))
+@click.option("--step", type=int, help="The step (backward pass) to show. Default: the first "
+                                       "with a backward.")
+@click.option("--phase", type=click.Choice(["forward", "backward"]),
+              help="Show one phase only. Default: both.")
+@click.option("--model", metavar="NAME", help="Show this model only (as named in the log).")
+@click.option("--limit", type=click.IntRange(min=0), default=100, show_default=True,
+              help="Print at most this many events; 0 prints them all.")
+def show(log: Path, step: int | None, phase: str | None, model: str | None, limit: int) -> None:
+    """Print the events of one step of LOG in order, as an indented table."""
+    from hooktrace.render.text import show as show_step
+
+    shown = show_step(log, step, phase, model, limit)
+    for warning in shown.warnings:
+        click.echo(f"hooktrace: warning: {warning}", err=True)
+    click.echo(shown.text, nl=False)
 
 
 def main() -> None:

@@ -9,7 +9,8 @@ from typing import Any
 
 from hooktrace.errors import HooktraceError
 
-DEFAULT_MAX_EVENTS = 1_000_000  # ~100 MB of log; a safety cap, not a target
+DEFAULT_MAX_EVENTS = 1_000_000  # ~200 MB of log; a safety cap, not a target
+DEFAULT_STEPS = "0:10"  # steps recorded in full; later ones are watched for anomalies
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,9 @@ class Steps:
     @classmethod
     def parse(cls, text: str | None) -> Steps:
         if text is None or not text.strip():
-            return cls()
+            text = DEFAULT_STEPS
+        if text.strip() == "all":
+            return cls(((0, None),), "all")
         ranges: list[tuple[int, int | None]] = []
         for part in text.split(","):
             start_s, colon, stop_s = part.strip().partition(":")
@@ -52,9 +55,10 @@ class Steps:
 class TraceOptions:
     include: Sequence[str] = ()  # fqn globs; empty = every module
     exclude: Sequence[str] = ()
-    steps: Steps = field(default_factory=Steps)
+    steps: Steps = field(default_factory=lambda: Steps.parse(DEFAULT_STEPS))
     max_events: int = DEFAULT_MAX_EVENTS
     stats: bool = True  # gradient norms, NaN/Inf checks, parameter-gradient norms
+    watch: bool = True  # after the recorded steps, write anomaly records (needs stats)
 
     def __post_init__(self) -> None:
         if self.max_events < 1:
@@ -67,7 +71,8 @@ class TraceOptions:
 
     def to_header(self) -> dict[str, Any]:
         """The filters in force, for the log header (absent = everything recorded)."""
-        out: dict[str, Any] = {"max_events": self.max_events, "stats": self.stats}
+        out: dict[str, Any] = {"max_events": self.max_events, "stats": self.stats,
+                               "watch": self.watch and self.stats}
         if self.include:
             out["include"] = list(self.include)
         if self.exclude:

@@ -14,7 +14,10 @@ _TITLES = {ERROR: "Errors", WARNING: "Warnings", INFO: "Notes"}
 def _evidence(evidence: dict[str, Any]) -> str:
     parts = []
     for key, value in evidence.items():
-        if key == "profile":
+        if key == "outputs":
+            value = ", ".join(f"output {o['index']}" + (f" {o['shape']}" if o.get("shape") else "")
+                              + f": {o['nan']} NaN, {o['inf']} Inf" for o in value)
+        elif key == "profile":
             value = " -> ".join(f"{p['module'] or '(root)'} {p['grad_output_norm']:.2g}"
                                 for p in _thin(value))
         parts.append(f"{key}: {value}")
@@ -40,8 +43,7 @@ def _finding(f: Finding) -> list[str]:
 
 
 def to_text(report: Report, path: str) -> str:
-    lines = [f"hooktrace check {path}: {report.steps} steps with a backward pass, "
-             f"{report.events} events"]
+    lines = [f"hooktrace check {path}: {report.steps} steps, {report.events} events"]
     lines += [f"warning: {w}" for w in report.warnings]
     for severity in (ERROR, WARNING, INFO):
         found = [f for f in report.findings if f.severity == severity]

@@ -10,6 +10,7 @@ A log is JSON Lines, UTF-8, one record per line, each with a ``"type"`` key:
             execution order) or ``"backward"`` (ordered by when its outputs first received
             gradient, i.e. when autograd started its backward).
 ``params``  after a backward pass: the gradient norm of each module's own parameters.
+``anomaly`` in a watched step (outside ``--steps``): a NaN/Inf or a module that lost its gradient.
 ``step``    closes a step: written when a backward pass ends.
 ``end``     last line: ``ok``, ``error`` or ``interrupted``, with counts.
 
@@ -31,7 +32,8 @@ SCHEMA_VERSION = 1
 
 Shape = list[int]
 Record = Union[
-    "Header", "Model", "Module", "ForwardEvent", "BackwardEvent", "ParamGrads", "Step", "End"
+    "Header", "Model", "Module", "ForwardEvent", "BackwardEvent", "ParamGrads", "Anomaly", "Step",
+    "End",
 ]
 
 
@@ -242,6 +244,27 @@ class ParamGrads:
 
 
 @dataclass(slots=True)
+class Anomaly:
+    """In a watched step (outside ``--steps``, where events are not written): the first module
+    whose forward output held NaN/Inf (``nonfinite-forward``), the first whose backward produced
+    or received a NaN/Inf gradient (``nonfinite-backward``), or a module that received gradient
+    before and no longer does (``no-grad``)."""
+
+    TYPE: ClassVar[str] = "anomaly"
+    KINDS: ClassVar[tuple[str, ...]] = ("nonfinite-forward", "nonfinite-backward", "no-grad")
+    step: int
+    model: int
+    name: str
+    kind: str
+    call: int = 0
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.TYPE, "step": self.step, "model": self.model, "name": self.name,
+                "kind": self.kind, "call": self.call, "detail": self.detail}
+
+
+@dataclass(slots=True)
 class Step:
     """Written when backward pass ``step`` ends; counts the events recorded in that step."""
 
@@ -366,6 +389,13 @@ def from_dict(d: Any) -> Record | None:
         norms = _get(d, "grad_norm", dict, {})
         return ParamGrads(step=_get(d, "step", int), model=_get(d, "model", int), grad_norm={
             str(k): None if v is None else decode_number(v) for k, v in norms.items()})
+    if kind == "anomaly":
+        anomaly = _get(d, "kind", str)
+        if anomaly not in Anomaly.KINDS:
+            return None  # a kind from a newer version: skipped like an unknown record
+        return Anomaly(step=_get(d, "step", int), model=_get(d, "model", int),
+                       name=_get(d, "name", str), kind=anomaly, call=_get(d, "call", int, 0),
+                       detail=_get(d, "detail", dict, {}))
     if kind == "step":
         return Step(step=_get(d, "step", int), forward=_get(d, "forward", int, 0),
                     backward=_get(d, "backward", int, 0))

@@ -34,6 +34,7 @@ from hooktrace import schema
 from hooktrace.naming import ModInfo, Naming
 from hooktrace.options import TraceOptions
 from hooktrace.tensors import Stats, leaves, shape_of, summarize
+from hooktrace.watch import Watch
 
 _is_compiling = torch.compiler.is_compiling
 _MAX_LEAF_HANDLES = 4096  # hooks on leaf tensors outlive a step when no backward comes; bound them
@@ -132,10 +133,12 @@ class Tracer:
         self.events = 0
         self.dropped = 0
         self.error: str | None = None
+        self._stats = Stats() if self._options.stats else None
+        self._watch = Watch() if self._stats is not None and self._options.watch else None
         self._recording = 0 in self._options.steps
+        self._watching = not self._recording and self._watch is not None
         self._naming: Naming | None = None
         self._compiled_noted = False
-        self._stats = Stats() if self._options.stats else None
         self._step_params: dict[ModInfo, None] = {}  # modules with parameters in this step
         self._last_checked: list[tuple[weakref.ref[torch.Tensor], int]] = []
 
@@ -161,6 +164,10 @@ class Tracer:
         self._remove_hooks()
         if self._pending:  # a backward that never finished (it raised, or we stop inside it)
             self._write_pending()
+        if self._watching and self._watch is not None and self._stats is not None:
+            self._stats.resolve()  # a NaN seen in a step that never reached its backward
+            for anomaly in self._watch.end_step(self._step):
+                self._sink.write(anomaly)
         self._sink.flush()
         _live_tracers.discard(self)
 
@@ -194,7 +201,7 @@ class Tracer:
                 return None
             grad = torch.is_grad_enabled()
             call = None
-            if self._recording and info.traced:
+            if (self._recording or self._watching) and info.traced:
                 inputs, seen = leaves(args)
                 call = _Call(info, inputs, seen)
                 if grad:
@@ -245,6 +252,9 @@ class Tracer:
         key = (info, recompute)
         index = self._calls.get(key, 0)
         self._calls[key] = index + 1
+        if not self._recording:
+            self._watch_forward(call, info, grad, index, recompute, kw_inputs, outputs)
+            return
         with self._lock:
             self._seq += 1
             seq = self._seq
@@ -266,12 +276,35 @@ class Tracer:
             event.output_nonfinite = self._check_outputs(outputs)
         self._emit(event)
         if grad:
-            for j, t in enumerate(kw_inputs):
-                if t.requires_grad:
-                    self._attach(t, self._on_grad_input, call, n_args + j)
-            for i, t in enumerate(outputs):
-                if t.requires_grad:
-                    self._attach(t, self._on_grad_output, call, i)
+            self._attach_grads(call, n_args, kw_inputs, outputs)
+
+    def _watch_forward(self, call: _Call, info: ModInfo, grad: bool, index: int,
+                       recompute: bool, kw_inputs: list[torch.Tensor],
+                       outputs: list[torch.Tensor]) -> None:
+        """A watched step: no event, but the same checks and gradient hooks."""
+        assert self._watch is not None
+        call.step, call.call, call.recompute = self._step, index, recompute
+        n_args = call.n_in
+        call.n_in, call.n_out = n_args + len(kw_inputs), len(outputs)
+        self._watch.forward(info, index, self._check_outputs(outputs))
+        if self._watch.full and not self._open_tasks:
+            assert self._stats is not None
+            self._stats.resolve()
+            for anomaly in self._watch.forward_anomalies(self._step):
+                self._sink.write(anomaly)
+        if grad:
+            if info.has_params:
+                self._watch.param_call(info, index, self._step, call)
+            self._attach_grads(call, n_args, kw_inputs, outputs)
+
+    def _attach_grads(self, call: _Call, n_args: int, kw_inputs: list[torch.Tensor],
+                      outputs: list[torch.Tensor]) -> None:
+        for j, t in enumerate(kw_inputs):
+            if t.requires_grad:
+                self._attach(t, self._on_grad_input, call, n_args + j)
+        for i, t in enumerate(outputs):
+            if t.requires_grad:
+                self._attach(t, self._on_grad_output, call, i)
 
     def _check_outputs(self, outputs: list[torch.Tensor]) -> list[list[int]]:
         """NaN/Inf in the outputs; a tensor just checked (a parent returning its last child's
@@ -328,11 +361,16 @@ class Tracer:
     def _on_grad_output(self, call: _Call, index: int, grad: torch.Tensor) -> None:
         bwd = call.bwd
         if bwd is None or bwd.step != self._step:  # first gradient of this pass: backward starts
-            if not self._recording or not self._count_event(1):
+            if self._recording:
+                if not self._count_event(1):
+                    return
+                with self._lock:
+                    self._seq += 1
+                    seq = self._seq
+            elif self._watching:
+                seq = 0  # a watched step writes no event
+            else:
                 return
-            with self._lock:
-                self._seq += 1
-                seq = self._seq
             info = call.info
             bwd = call.bwd = schema.BackwardEvent(
                 seq, self._step, info.model, info.name, call.call, call.fwd,
@@ -345,7 +383,12 @@ class Tracer:
                 bwd.grad_output_stats = [None] * call.n_out
             if info.has_params:
                 self._step_params[info] = None
-            self._pending.append(bwd)
+            if self._watch is not None:
+                self._watch.had_grad.add(info)
+            if self._recording:
+                self._pending.append(bwd)
+            elif self._watch is not None:
+                self._watch.backward(bwd)
         bwd.grad_output_shapes[index] = shape_of(grad)
         if bwd.grad_output_stats is not None and self._stats is not None:
             self._stats.grad(grad, bwd.grad_output_stats, index)
@@ -370,6 +413,9 @@ class Tracer:
         self._write_pending()
         for record in params:
             self._sink.write(record)
+        if self._watching and self._watch is not None:
+            for anomaly in self._watch.end_step(self._step):
+                self._sink.write(anomaly)
         if self._recording:
             forward, backward = self._step_counts
             self._sink.write(schema.Step(self._step, forward, backward))
@@ -383,8 +429,9 @@ class Tracer:
         self._step_params.clear()
         self._last_checked = []
         self._recording = self._step in self._options.steps and self.dropped == 0
+        self._watching = not self._recording and self._watch is not None
         last = self._options.steps.last
-        if last is not None and self._step > last:
+        if last is not None and self._step > last and self._watch is None:
             self._remove_hooks()  # nothing more to record: the rest of the run pays nothing
 
     def _param_grads(self) -> list[schema.ParamGrads]:
@@ -413,6 +460,7 @@ class Tracer:
                       f"{self._step}; recording stopped, the log stays valid", file=sys.stderr)
             self.dropped += 1
             self._recording = False
+            self._watching = self._watch is not None
             return False
         self.events += 1
         self._step_counts[phase] += 1
