@@ -1,14 +1,12 @@
 """Hooks every module call, pairs each backward with its forward call, and emits records.
 
 Technique (PyTorch's ModuleTracker's, see DESIGN.md): global forward pre/post hooks, and for the
-backward, *prehooks on the autograd nodes* that produced a call's output tensors (its backward
-starts when one of them first receives gradient) and input tensors (its grad_input). Full module
-backward hooks are never used: they break in-place ops (ResNet's ReLU(inplace=True)).
+backward, gradient hooks (``gradhooks``) on the autograd nodes that made a call's output tensors
+(its backward starts when one of them first receives gradient) and input tensors (its
+grad_input). Full module backward hooks are never used: they break in-place ops (ResNet's
+ReLU(inplace=True)).
 
-* One dispatcher per autograd node, kept in ``node.metadata``: it calls the callbacks of all
-  module calls sharing that tensor, latest registered first, so a parent's backward starts
-  before its last child's (hooks on one node would otherwise run in registration order).
-  Input hooks are registered in the pre-hook, before the module runs: an in-place module
+* Input hooks are registered in the pre-hook, before the module runs: an in-place module
   replaces its input's node, and the old node still yields the gradient of the old value.
 * A backward event takes its ``seq`` when it starts; events of a backward pass are buffered and
   written in ``seq`` order when the pass ends (an engine callback), which also closes the step.
@@ -22,22 +20,21 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
 from torch import nn
-from torch.autograd.variable import Variable
 from torch.nn.modules import module as nn_module
 
 from hooktrace import schema
+from hooktrace.gradhooks import GradHooks
 from hooktrace.naming import ModInfo, Naming
 from hooktrace.options import TraceOptions
 from hooktrace.tensors import Stats, leaves, shape_of, summarize
 from hooktrace.watch import Watch
 
 _is_compiling = torch.compiler.is_compiling
-_MAX_LEAF_HANDLES = 4096  # hooks on leaf tensors outlive a step when no backward comes; bound them
 _MAX_PENDING = 8192  # events held for deferred statistics before a forced write (no backward)
 
 
@@ -63,33 +60,6 @@ class _Call:
         self.bwd: schema.BackwardEvent | None = None
 
 
-_GradCallback = Callable[[_Call, int, torch.Tensor], None]
-
-
-class _NodeDispatch:
-    """The one prehook a tracer puts on an autograd node."""
-
-    __slots__ = ("tracer", "callbacks")
-
-    def __init__(self, tracer: Tracer) -> None:
-        self.tracer = tracer
-        self.callbacks: list[tuple[_GradCallback, int, _Call, int]] = []
-
-    def __call__(self, grad_outputs: Sequence[torch.Tensor | None]) -> None:
-        tracer = self.tracer
-        if not tracer._active:
-            return None
-        try:
-            tracer._backward_activity()
-            for callback, output_nr, call, index in reversed(self.callbacks):
-                grad = grad_outputs[output_nr]
-                if grad is not None:
-                    callback(call, index, grad)
-        except Exception as e:  # never break the user's backward
-            tracer._fail(e)
-        return None
-
-
 class _Local(threading.local):
     def __init__(self) -> None:
         # frames of the module calls running in this thread: (module, info, call or None, grad on)
@@ -101,7 +71,7 @@ _live_tracers: weakref.WeakSet[Tracer] = weakref.WeakSet()
 
 def _stop_in_forked_child() -> None:
     for tracer in list(_live_tracers):  # a DataLoader worker must not record into the parent's log
-        tracer._active = False
+        tracer._active = tracer._grads.active = False
 
 
 os.register_at_fork(after_in_child=_stop_in_forked_child)
@@ -122,9 +92,8 @@ class Tracer:
         self._local = _Local()
         self._lock = threading.Lock()
         self._handles: list[Any] = []
-        self._leaf_handles: list[Any] = []
+        self._grads = GradHooks(self._end_step, self._fail)
         self._active = False
-        self._open_tasks: set[int] = set()
         self._pending: list[schema.ForwardEvent | schema.BackwardEvent] = []
         self._calls: dict[tuple[ModInfo, bool], int] = {}
         self._seq = 0
@@ -160,7 +129,7 @@ class Tracer:
 
     def stop(self) -> None:
         """Remove every hook and write what is buffered. Safe to call twice."""
-        self._active = False
+        self._active = self._grads.active = False
         self._remove_hooks()
         if self._pending:  # a backward that never finished (it raised, or we stop inside it)
             self._write_pending()
@@ -172,17 +141,17 @@ class Tracer:
         _live_tracers.discard(self)
 
     def _remove_hooks(self) -> None:
-        for handle in (*self._handles, *self._leaf_handles):
+        for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self._leaf_handles.clear()
+        self._grads.remove_leaf_hooks()
 
     def _fail(self, error: BaseException) -> None:
         if self.error is None:
             self.error = f"{type(error).__name__}: {error}"
             print(f"hooktrace: internal error, tracing stopped (your script goes on): "
                   f"{self.error}", file=sys.stderr)
-        self._active = False
+        self._active = self._grads.active = False
 
     # -- forward ---------------------------------------------------------------------------
     def _pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
@@ -207,7 +176,7 @@ class Tracer:
                 if grad:
                     for i, t in enumerate(inputs):
                         if t.requires_grad:
-                            self._attach(t, self._on_grad_input, call, i)
+                            self._grads.attach(t, self._on_grad_input, call, i)
             stack.append((module, info, call, grad))
         except Exception as e:
             self._fail(e)
@@ -234,7 +203,7 @@ class Tracer:
                 # not recorded, yet top-level: its outputs still tell when a backward pass ends
                 for t in leaves(output)[0]:
                     if t.requires_grad and t.grad_fn is not None:
-                        self._attach(t, None, None, 0)
+                        self._grads.attach(t)
         except Exception as e:
             self._fail(e)
         return None
@@ -287,7 +256,7 @@ class Tracer:
         n_args = call.n_in
         call.n_in, call.n_out = n_args + len(kw_inputs), len(outputs)
         self._watch.forward(info, index, self._check_outputs(outputs))
-        if self._watch.full and not self._open_tasks:
+        if self._watch.full and not self._grads.in_backward:
             assert self._stats is not None
             self._stats.resolve()
             for anomaly in self._watch.forward_anomalies(self._step):
@@ -301,10 +270,10 @@ class Tracer:
                       outputs: list[torch.Tensor]) -> None:
         for j, t in enumerate(kw_inputs):
             if t.requires_grad:
-                self._attach(t, self._on_grad_input, call, n_args + j)
+                self._grads.attach(t, self._on_grad_input, call, n_args + j)
         for i, t in enumerate(outputs):
             if t.requires_grad:
-                self._attach(t, self._on_grad_output, call, i)
+                self._grads.attach(t, self._on_grad_output, call, i)
 
     def _check_outputs(self, outputs: list[torch.Tensor]) -> list[list[int]]:
         """NaN/Inf in the outputs; a tensor just checked (a parent returning its last child's
@@ -322,42 +291,6 @@ class Tracer:
         return found
 
     # -- backward --------------------------------------------------------------------------
-    def _attach(self, t: torch.Tensor, callback: _GradCallback | None, call: _Call | None,
-                index: int) -> None:
-        node = t.grad_fn
-        if node is None:  # a leaf that requires grad: a plain tensor hook, removed after the step
-            if callback is not None and call is not None:
-                self._leaf_handles.append(t.register_hook(  # type: ignore[no-untyped-call]
-                    lambda g, cb=callback, c=call, i=index: self._on_leaf_grad(cb, c, i, g)))
-                if len(self._leaf_handles) > _MAX_LEAF_HANDLES:
-                    for handle in self._leaf_handles[: _MAX_LEAF_HANDLES // 2]:
-                        handle.remove()
-                    del self._leaf_handles[: _MAX_LEAF_HANDLES // 2]
-            return
-        metadata: dict[Any, Any] = node.metadata  # type: ignore[assignment]  # a dict at runtime
-        dispatch = metadata.get(self)
-        if dispatch is None:
-            dispatch = metadata[self] = _NodeDispatch(self)
-            node.register_prehook(dispatch)
-        if callback is not None and call is not None:
-            dispatch.callbacks.append((callback, t.output_nr, call, index))
-
-    def _on_leaf_grad(self, callback: _GradCallback, call: _Call, index: int,
-                      grad: torch.Tensor) -> None:
-        if not self._active:
-            return
-        try:
-            self._backward_activity()
-            callback(call, index, grad)
-        except Exception as e:
-            self._fail(e)
-
-    def _backward_activity(self) -> None:
-        task = torch._C._current_graph_task_id()
-        if task not in self._open_tasks:
-            self._open_tasks.add(task)
-            Variable._execution_engine.queue_callback(lambda: self._task_done(task))
-
     def _on_grad_output(self, call: _Call, index: int, grad: torch.Tensor) -> None:
         bwd = call.bwd
         if bwd is None or bwd.step != self._step:  # first gradient of this pass: backward starts
@@ -400,14 +333,6 @@ class Tracer:
             if bwd.grad_input_stats is not None and self._stats is not None:
                 self._stats.grad(grad, bwd.grad_input_stats, index)
 
-    def _task_done(self, task: int) -> None:
-        try:
-            self._open_tasks.discard(task)
-            if not self._open_tasks and self._active:  # the outermost backward pass ended
-                self._end_step()
-        except Exception as e:
-            self._fail(e)
-
     def _end_step(self) -> None:
         params = self._param_grads() if self._recording and self._stats is not None else []
         self._write_pending()
@@ -420,9 +345,7 @@ class Tracer:
             forward, backward = self._step_counts
             self._sink.write(schema.Step(self._step, forward, backward))
         self._sink.flush()
-        for handle in self._leaf_handles:
-            handle.remove()
-        self._leaf_handles.clear()
+        self._grads.remove_leaf_hooks()
         self._step += 1
         self._step_counts = [0, 0]
         self._calls.clear()
@@ -468,9 +391,10 @@ class Tracer:
 
     def _emit(self, event: schema.ForwardEvent | schema.BackwardEvent) -> None:
         # inside backward, or while statistics wait for the device: held, then written in seq order
-        if self._open_tasks or self._pending or (self._stats is not None and self._stats.deferred):
+        deferred = self._stats is not None and self._stats.deferred
+        if self._grads.in_backward or self._pending or deferred:
             self._pending.append(event)
-            if len(self._pending) > _MAX_PENDING and not self._open_tasks:
+            if len(self._pending) > _MAX_PENDING and not self._grads.in_backward:
                 self._write_pending()  # forward-only code (inference): no backward will come
         else:
             self._sink.write(event)
