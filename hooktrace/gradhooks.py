@@ -3,7 +3,8 @@
 One prehook per autograd node (kept in ``node.metadata``), shared by every module call that has
 a tensor made by that node: it calls their callbacks latest-registered first, so a parent's
 backward starts before its last child's (hooks on one node would run in registration order).
-A leaf tensor has no node: it gets a plain tensor hook, removed when the pass ends.
+A leaf tensor has no node: it gets one tensor hook with the same dispatch, kept while the tensor
+lives (a graph can be backpropagated twice), its old calls dropped after each pass.
 
 The first gradient seen in an autograd graph task queues an engine callback; when the outermost
 task ends (nested ones come from reentrant checkpointing), ``on_pass_end`` runs: one call per
@@ -12,6 +13,7 @@ backward pass.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,7 +22,7 @@ from torch.autograd.variable import Variable
 
 GradCallback = Callable[[Any, int, torch.Tensor], None]  # (call, tensor index, gradient)
 
-_MAX_LEAF_HANDLES = 4096  # leaf hooks outlive a step when no backward comes: bound them
+_MAX_LEAVES = 4096  # leaf tensors hooked at once; forward-only code never ends a pass: bound it
 
 
 class _NodeDispatch:
@@ -52,7 +54,8 @@ class GradHooks:
         self.on_error = on_error
         self._on_pass_end = on_pass_end
         self._open_tasks: set[int] = set()
-        self._leaf_handles: list[Any] = []
+        # id(leaf) -> (weak reference, dispatch, hook handle)
+        self._leaves: dict[int, tuple[weakref.ref[torch.Tensor], _NodeDispatch, Any]] = {}
 
     @property
     def in_backward(self) -> bool:
@@ -77,17 +80,22 @@ class GradHooks:
 
     def _attach_leaf(self, t: torch.Tensor, callback: GradCallback, call: Any,
                      index: int) -> None:
-        def on_grad(grad: torch.Tensor) -> None:
-            if self.active:
-                try:
-                    self.activity()
-                    callback(call, index, grad)
-                except Exception as e:
-                    self.on_error(e)
+        entry = self._leaves.get(id(t))
+        if entry is None or entry[0]() is not t:
+            if len(self._leaves) >= _MAX_LEAVES:
+                self.remove_leaf_hooks()
+            dispatch = _NodeDispatch(self)
+            handle = t.register_hook(lambda g: dispatch((g,)))  # type: ignore[no-untyped-call]
+            entry = self._leaves[id(t)] = (weakref.ref(t), dispatch, handle)
+        entry[1].callbacks.append((callback, 0, call, index))
 
-        self._leaf_handles.append(t.register_hook(on_grad))  # type: ignore[no-untyped-call]
-        if len(self._leaf_handles) > _MAX_LEAF_HANDLES:
-            self.remove_leaf_hooks(_MAX_LEAF_HANDLES // 2)
+    def prune_leaf_hooks(self, keep: Callable[[Any], bool]) -> None:
+        """Drop the callbacks of calls ``keep`` rejects, and the hooks of freed leaves."""
+        for key, (ref, dispatch, handle) in list(self._leaves.items()):
+            dispatch.callbacks = [c for c in dispatch.callbacks if keep(c[2])]
+            if ref() is None or not dispatch.callbacks:
+                handle.remove()
+                del self._leaves[key]
 
     def activity(self) -> None:
         task = torch._C._current_graph_task_id()
@@ -103,8 +111,7 @@ class GradHooks:
         except Exception as e:
             self.on_error(e)
 
-    def remove_leaf_hooks(self, count: int | None = None) -> None:
-        handles = self._leaf_handles[:count] if count else self._leaf_handles
-        for handle in handles:
+    def remove_leaf_hooks(self) -> None:
+        for _, _, handle in self._leaves.values():
             handle.remove()
-        del self._leaf_handles[: len(handles)]
+        self._leaves.clear()

@@ -126,6 +126,7 @@ class Naming:
         )
         self._model_names: list[str] = []
         self._written: set[tuple[int, str]] = set()
+        self._by_name: dict[tuple[int, str], ModInfo] = {}  # one identity per (model, fqn)
         for model in scope or ():
             self.add_model(model)
 
@@ -158,8 +159,13 @@ class Naming:
                     first.aliases = [*(first.aliases or []), fqn]
                 continue
             params, trainable = _own_params(module)
-            info = ModInfo(model, fqn, type(module).__name__, self._matches(fqn),
-                           weakref.ref(module), params > 0)
+            info = self._by_name.get((model, fqn))
+            if info is not None and info.cls == type(module).__name__:
+                info.ref = weakref.ref(module)  # a module built anew in each forward: same name
+            else:
+                info = ModInfo(model, fqn, type(module).__name__, self._matches(fqn),
+                               weakref.ref(module), params > 0)
+                self._by_name[(model, fqn)] = info
             self._infos[module] = info  # a former top-level model found inside this one is adopted
             records[fqn] = schema.Module(model, fqn, info.cls, params, trainable)
         for fqn, record in records.items():

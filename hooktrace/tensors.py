@@ -85,6 +85,9 @@ class Stats:
     def __init__(self) -> None:
         # device tensors of numbers, each with what to do with their values on the host
         self._deferred: list[tuple[torch.Tensor, Callable[[list[float]], None]]] = []
+        # the last gradient and its numbers: one gradient is often both a module's grad_output
+        # and the next module's grad_input, and is reduced once
+        self._last: tuple[torch.Tensor | None, Any] = (None, None)
 
     @property
     def deferred(self) -> bool:
@@ -94,20 +97,32 @@ class Stats:
         """Set ``target[index]`` to [norm, absmax] (+ [nan, inf] counts when not finite)."""
         if not grad.is_floating_point() and not grad.is_complex():
             return
-        norm = torch.linalg.vector_norm(grad)
-        absmax = torch.linalg.vector_norm(grad, ord=math.inf) if grad.numel() else norm
-        if grad.device.type == "cpu":
-            n, m = norm.item(), absmax.item()
-            target[index] = [n, m] if math.isfinite(n) else [n, m, *_count_nonfinite(grad)]
+        last, numbers = self._last
+        if last is not grad:
+            numbers = self._reduce(grad)
+            self._last = (grad, numbers)
+        if isinstance(numbers, list):
+            target[index] = numbers
             return
 
         def fill(values: list[float]) -> None:
             n, m, nan, inf = values
             target[index] = [n, m] if math.isfinite(n) else [n, m, int(nan), int(inf)]
 
-        self._deferred.append((torch.stack([
-            norm.float(), absmax.float(), torch.isnan(grad).sum().float(),
-            torch.isinf(grad).sum().float()]), fill))
+        self._deferred.append((numbers, fill))
+
+    def _reduce(self, grad: torch.Tensor) -> list[float] | torch.Tensor:
+        """[norm, absmax(, nan, inf)] on CPU; on a device, a tensor of the four numbers."""
+        norm = torch.linalg.vector_norm(grad)
+        absmax = torch.linalg.vector_norm(grad, ord=math.inf) if grad.numel() else norm
+        if grad.device.type == "cpu":
+            n, m = norm.item(), absmax.item()
+            return [n, m] if math.isfinite(n) else [n, m, *_count_nonfinite(grad)]
+        return torch.stack([norm.float(), absmax.float(), torch.isnan(grad).sum().float(),
+                            torch.isinf(grad).sum().float()])
+
+    def end_pass(self) -> None:
+        self._last = (None, None)  # do not keep a gradient alive past its backward pass
 
     def nonfinite(self, t: torch.Tensor, target: list[list[int]], index: int) -> None:
         """Append [index, nan, inf] to ``target`` when ``t`` holds NaN or Inf."""

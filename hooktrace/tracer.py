@@ -143,6 +143,8 @@ class Tracer:
     def _remove_hooks(self) -> None:
         for handle in self._handles:
             handle.remove()
+            # torch's handle leaves this entry behind; a stale one makes torch.compile warn
+            nn_module._global_forward_hooks_with_kwargs.pop(handle.id, None)
         self._handles.clear()
         self._grads.remove_leaf_hooks()
 
@@ -157,6 +159,8 @@ class Tracer:
     def _pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         if _is_compiling() or not self._active:  # inside torch.compile: stay out of the graph
             return None
+        if self.dropped:  # past --max-events: count what is not recorded
+            self.dropped += 1
         try:
             stack = self._local.stack
             assert self._naming is not None
@@ -173,6 +177,7 @@ class Tracer:
             if (self._recording or self._watching) and info.traced:
                 inputs, seen = leaves(args)
                 call = _Call(info, inputs, seen)
+                call.step = self._step
                 if grad:
                     for i, t in enumerate(inputs):
                         if t.requires_grad:
@@ -283,7 +288,10 @@ class Tracer:
         last = self._last_checked
         checked = []
         for i, t in enumerate(outputs):
-            version = t._version
+            try:
+                version = t._version
+            except RuntimeError:  # an inference-mode tensor has no version counter
+                version = -1
             if not any(ref() is t and v == version for ref, v in last):
                 self._stats.nonfinite(t, found, i)
             checked.append((weakref.ref(t), version))
@@ -334,6 +342,8 @@ class Tracer:
                 self._stats.grad(grad, bwd.grad_input_stats, index)
 
     def _end_step(self) -> None:
+        if self._stats is not None:
+            self._stats.end_pass()
         params = self._param_grads() if self._recording and self._stats is not None else []
         self._write_pending()
         for record in params:
@@ -345,8 +355,10 @@ class Tracer:
             forward, backward = self._step_counts
             self._sink.write(schema.Step(self._step, forward, backward))
         self._sink.flush()
-        self._grads.remove_leaf_hooks()
         self._step += 1
+        # a graph may be backpropagated again (retain_graph, a gradient penalty): keep the
+        # previous step's calls listening on leaf inputs, forget older ones
+        self._grads.prune_leaf_hooks(lambda call: call.step >= self._step - 1)
         self._step_counts = [0, 0]
         self._calls.clear()
         self._step_params.clear()

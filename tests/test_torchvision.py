@@ -10,12 +10,11 @@ from typing import Any
 import pytest
 import torch
 import torchvision.models as tvm
+from conftest import events, read_log
 from torch import nn
 
 import hooktrace
 from hooktrace import schema
-
-from conftest import events, read_log
 
 pytestmark = pytest.mark.slow
 

@@ -16,16 +16,15 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import SAMPLES, events, names, read_log
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import hooktrace
 from hooktrace import schema
 
-from conftest import SAMPLES, events, names, read_log
-
 sys.path.insert(0, str(SAMPLES))
-from mnist_net import Net as MnistNet  # noqa: E402
+from mnist_net import Net as MnistNet
 
 MNIST_FORWARD = ["conv1", "conv2", "dropout1", "fc1", "dropout2", "fc2", ""]
 MNIST_BACKWARD = ["", "fc2", "dropout2", "fc1", "dropout1", "conv2", "conv1"]
@@ -351,11 +350,9 @@ def test_first_layer_without_input_grad_gets_backward(log_path: Path) -> None:
 
 def test_no_grad_and_eval_give_forward_only(log_path: Path) -> None:
     model = nested_seq().eval()
-    with hooktrace.trace(log_path, model=model):
-        with torch.no_grad():
-            model(torch.randn(2, 4))
-        with torch.inference_mode():
-            model(torch.randn(1, 4))
+    with hooktrace.trace(log_path, model=model), torch.no_grad():
+        model(torch.randn(2, 4))
+        model(torch.randn(1, 4))
     fwd = events(log_path, "forward")
     order = ["0", "1.0", "1.1.0", "1.1.1", "1.1", "1", "2", ""]
     assert [e.name for e in fwd] == order + order
@@ -366,7 +363,22 @@ def test_no_grad_and_eval_give_forward_only(log_path: Path) -> None:
     assert events(log_path, "backward") == []
     assert records_of(log_path, schema.Step) == []
     end = end_of(log_path)
-    assert (end.status, end.events, end.steps) == ("ok", 16, 0)
+    assert (end.status, end.events, end.steps, end.tracer_error) == ("ok", 16, 0, None)
+
+
+@pytest.mark.parametrize("stats", [False, True])
+def test_inference_mode_gives_forward_only(log_path: Path, stats: bool) -> None:
+    model = nested_seq().eval()
+    with hooktrace.trace(log_path, model=model, stats=stats), torch.inference_mode():
+        model(torch.randn(2, 4))
+        model(torch.randn(1, 4))
+    end = end_of(log_path)
+    assert end.tracer_error is None
+    fwd = events(log_path, "forward")
+    order = ["0", "1.0", "1.1.0", "1.1.1", "1.1", "1", "2", ""]
+    assert [(e.name, e.call, e.no_grad) for e in fwd] == [
+        (n, c, True) for c in (0, 1) for n in order]
+    assert events(log_path, "backward") == []
 
 
 def test_no_grad_flag_only_where_grad_is_off(log_path: Path) -> None:
@@ -660,7 +672,8 @@ def _shapes(grads: tuple[torch.Tensor | None, ...]) -> list[list[int] | None]:
 
 
 def full_hook_reference(model: nn.Module, x: torch.Tensor) -> tuple[list[str], dict]:
-    """(order in which backward starts per full pre-hooks, name -> lens and shapes per full hooks)"""
+    """The order in which backward starts (full pre-hooks), and name -> grad lens and shapes
+    (full hooks)."""
     started: list[str] = []
     seen: dict[str, tuple] = {}
     handles = []
@@ -696,13 +709,11 @@ def test_agrees_with_full_backward_hooks(log_path: Path, make) -> None:  # type:
                      e.grad_output_shapes) for e in bwd}
     assert ours == seen
     # and identical parameter gradients: the hooks changed nothing
-    for (n, p), (_, q) in zip(model.named_parameters(), reference_model.named_parameters()):
+    for (n, p), (_, q) in zip(model.named_parameters(), reference_model.named_parameters(),
+                                      strict=True):
         assert torch.equal(p.grad, q.grad), n
 
 
-@pytest.mark.xfail(strict=True, reason="hooktrace bug: a module returning its leaf input "
-                   "unchanged (nn.Identity) gets grad_input None; leaf tensor hooks run in "
-                   "registration order, so the input hook fires before the backward event exists")
 def test_identity_on_leaf_input_agrees_with_full_hook(log_path: Path) -> None:
     model = nn.Sequential(nn.Identity(), nn.Linear(3, 2))
     x = torch.randn(2, 3, requires_grad=True)
@@ -736,7 +747,7 @@ def test_double_backward_gradient_penalty(log_path: Path) -> None:
     with hooktrace.trace(log_path, model=model):
         got = step(model)
     assert torch.equal(got, expected)
-    for p, q in zip(model.parameters(), reference.parameters()):
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         assert torch.equal(p.grad, q.grad)
     end = end_of(log_path)
     assert (end.status, end.tracer_error) == ("ok", None)
@@ -752,10 +763,6 @@ def test_double_backward_gradient_penalty(log_path: Path) -> None:
         [[2, 1]], [[2, 1]], [[2, 8]], [[2, 8]]]
 
 
-@pytest.mark.xfail(strict=True, reason="hooktrace bug: tensor hooks on leaf inputs are removed when "
-                   "the first backward pass ends, so a second backward over the same graph "
-                   "(retain_graph=True, or loss.backward() after autograd.grad(create_graph=True)) "
-                   "reports grad_input None for leaf inputs that do receive gradient")
 def test_second_backward_keeps_leaf_grad_input(log_path: Path) -> None:
     model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
     x = torch.randn(2, 3, requires_grad=True)

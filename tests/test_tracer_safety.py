@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from pathlib import Path
 
 import pytest
 import torch
 import torchvision.models as tvm
+from conftest import events, names, read_log
 from torch import nn
 from torch.nn.modules import module as nn_module
 
 import hooktrace
 from hooktrace import schema
-
-from conftest import events, names, read_log
 
 
 def end_of(path: Path) -> schema.End:
@@ -29,14 +29,13 @@ def global_hooks() -> dict[str, int]:
         "forward": len(nn_module._global_forward_hooks),
         "forward_pre": len(nn_module._global_forward_pre_hooks),
         "forward_always_called": len(nn_module._global_forward_hooks_always_called),
-        "forward_with_kwargs": len(nn_module._global_forward_hooks_with_kwargs),
         "backward": len(nn_module._global_backward_hooks),
         "backward_pre": len(nn_module._global_backward_pre_hooks),
     }
 
 
 NO_GLOBAL_HOOKS = {"forward": 0, "forward_pre": 0, "forward_always_called": 0,
-                   "forward_with_kwargs": 0, "backward": 0, "backward_pre": 0}
+                   "backward": 0, "backward_pre": 0}
 
 
 def assert_no_hooks(*models: nn.Module) -> None:
@@ -70,7 +69,7 @@ def train_resnet18(path: Path | None, steps: int = 2) -> tuple[list[torch.Tensor
     outputs = []
 
     def run() -> None:
-        for x, t in zip(inputs, targets):
+        for x, t in zip(inputs, targets, strict=True):
             optimizer.zero_grad()
             out = model(x)
             nn.functional.cross_entropy(out, t).backward()
@@ -90,7 +89,7 @@ def test_resnet18_bit_identical(log_path: Path) -> None:
     plain_out, plain = train_resnet18(None)
     traced_out, traced = train_resnet18(log_path)
     assert len(traced_out) == len(plain_out) == 2
-    for a, b in zip(plain_out, traced_out):
+    for a, b in zip(plain_out, traced_out, strict=True):
         assert torch.equal(a, b)
     plain_params = dict(plain.named_parameters())
     for name, p in traced.named_parameters():
@@ -145,7 +144,7 @@ def test_dropout_model_bit_identical(log_path: Path) -> None:
     out_b, grads_b, rng_b = run_dropnet(log_path)
     assert torch.equal(out_a, out_b)
     assert len(grads_a) == len(grads_b) == 7
-    for g, h in zip(grads_a, grads_b):
+    for g, h in zip(grads_a, grads_b, strict=True):
         assert torch.equal(g, h)
     # the tracer draws no random numbers
     assert torch.equal(rng_a, rng_b)
@@ -174,6 +173,14 @@ def test_no_hooks_after_exit(log_path: Path, scoped: bool) -> None:
     assert end_of(log_path).status == "ok"
 
 
+def test_no_global_hook_bookkeeping_left(log_path: Path) -> None:
+    before = dict(nn_module._global_forward_hooks_with_kwargs)
+    model = small_model()
+    with hooktrace.trace(log_path, model=model):
+        model(torch.randn(2, 4)).sum().backward()
+    assert dict(nn_module._global_forward_hooks_with_kwargs) == before
+
+
 class Boom(RuntimeError):
     pass
 
@@ -184,33 +191,35 @@ class Exploding(nn.Module):
         self.ok = nn.Linear(4, 4)
         self.inner = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
         self.message = message
+        self.raised: list[Boom] = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.inner(self.ok(x))
-        raise Boom(self.message)
+        self.inner(self.ok(x))
+        self.raised.append(Boom(self.message))
+        raise self.raised[-1]
 
 
 def test_no_hooks_after_exception(log_path: Path) -> None:
     model = small_model()
-    with pytest.raises(ValueError, match="^user code failed$"):
-        with hooktrace.trace(log_path, model=model):
-            model(torch.randn(2, 4)).sum().backward()
-            raise ValueError("user code failed")
+    with pytest.raises(ValueError, match=r"^user code failed$"), hooktrace.trace(
+            log_path, model=model):
+        model(torch.randn(2, 4)).sum().backward()
+        raise ValueError("user code failed")
     assert_no_hooks(model)
     end = end_of(log_path)
     assert end.status == "error"
     assert end.error == {"type": "ValueError", "message": "user code failed"}
     assert end.steps == 1
-    assert end.events == 8
+    assert end.events == 10
     assert end.tracer_error is None
 
 
 def test_module_exception_propagates_unchanged(log_path: Path) -> None:
     model = nn.Sequential(nn.Linear(4, 4), Exploding())
     raised = Boom("kaboom: shape [2, 4] is wrong")
-    with pytest.raises(Boom) as info:
-        with hooktrace.trace(log_path):
-            model(torch.randn(2, 4, requires_grad=True))
+    with pytest.raises(Boom) as info, hooktrace.trace(log_path):
+        model(torch.randn(2, 4, requires_grad=True))
+    assert info.value is model[1].raised[0]  # the very object raised, not a re-wrapped copy
     assert type(info.value) is Boom
     assert str(info.value) == str(raised)
     assert info.value.args == raised.args
@@ -231,10 +240,8 @@ def test_exception_caught_inside_trace_keeps_tracing_right(log_path: Path) -> No
     good = small_model()
     with hooktrace.trace(log_path, model=[bad, good]):
         for _ in range(2):
-            try:
+            with contextlib.suppress(Boom):
                 bad(torch.randn(2, 4))
-            except Boom:
-                pass
         good(torch.randn(2, 4)).sum().backward()
     end = end_of(log_path)
     assert (end.status, end.error, end.tracer_error) == ("ok", None, None)
@@ -268,9 +275,9 @@ def test_exception_in_backward_propagates(log_path: Path) -> None:
             return self.b(FailingGrad.apply(self.a(x)))
 
     model = Net()
-    with pytest.raises(Boom, match="^no gradient for you$"):
-        with hooktrace.trace(log_path, model=model):
-            model(torch.randn(2, 3)).sum().backward()
+    with pytest.raises(Boom, match=r"^no gradient for you$"), hooktrace.trace(
+            log_path, model=model):
+        model(torch.randn(2, 3)).sum().backward()
     assert_no_hooks(model)
     end = end_of(log_path)
     assert end.status == "error"
@@ -282,10 +289,9 @@ def test_exception_in_backward_propagates(log_path: Path) -> None:
 
 def test_keyboard_interrupt_is_interrupted(log_path: Path) -> None:
     model = small_model()
-    with pytest.raises(KeyboardInterrupt):
-        with hooktrace.trace(log_path, model=model):
-            model(torch.randn(2, 4))
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), hooktrace.trace(log_path, model=model):
+        model(torch.randn(2, 4))
+        raise KeyboardInterrupt
     assert_no_hooks(model)
     assert end_of(log_path).status == "interrupted"
 
@@ -299,7 +305,7 @@ def test_backward_after_exit_records_nothing_and_works(log_path: Path) -> None:
     size = log_path.stat().st_size
     out.sum().backward()  # the graph still carries the tracer's node hooks: they must be inert
     reference(x).sum().backward()
-    for p, q in zip(model.parameters(), reference.parameters()):
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         assert torch.equal(p.grad, q.grad)
     assert log_path.stat().st_size == size
     assert events(log_path, "backward") == []
@@ -311,11 +317,13 @@ def test_backward_after_exit_records_nothing_and_works(log_path: Path) -> None:
 
 def test_second_trace_in_same_process(tmp_path: Path) -> None:
     model = small_model()
+    x = torch.randn(2, 4)
     logs = []
     for i in range(2):
         path = tmp_path / f"trace{i}.jsonl"
+        model.zero_grad()
         with hooktrace.trace(path, model=model):
-            model(torch.randn(2, 4)).sum().backward()
+            model(x).sum().backward()
         assert_no_hooks(model)
         logs.append([r for r in read_log(path) if not isinstance(r, schema.Header)])
     assert logs[0] == logs[1]
