@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from hooktrace import __version__, schema
+from hooktrace.errors import HooktraceError
 from hooktrace.logio import LogWriter
 from hooktrace.options import DEFAULT_MAX_EVENTS, Steps, TraceOptions
 from hooktrace.tracer import Tracer
@@ -104,6 +105,7 @@ def trace(
     max_events: int = DEFAULT_MAX_EVENTS,
     stats: bool = True,
     watch: bool = True,
+    break_on: str | None = None,
 ) -> Trace:
     """Trace every module call (or those of ``model`` only) into the JSONL log at ``path``.
 
@@ -114,6 +116,8 @@ def trace(
     ...     net(x).sum().backward()
     """
     models = [model] if isinstance(model, nn.Module) else (list(model) if model else None)
+    if break_on not in (None, "nan"):
+        raise HooktraceError(f"break_on={break_on!r}: only 'nan' is supported")
     options = TraceOptions(tuple(include), tuple(exclude), Steps.parse(steps), max_events, stats,
-                           watch)
+                           watch, break_on == "nan")
     return Trace(path, models, options)

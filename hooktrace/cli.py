@@ -55,16 +55,19 @@ def cli() -> None:
 @click.option("--no-watch", is_flag=True,
               help="After the recorded steps, stop tracing instead of watching every step for "
                    "NaN/Inf and modules that lose their gradient.")
+@click.option("--break-on", type=click.Choice(["nan"]),
+              help="Stop at the first module whose output or backward is NaN/Inf: pdb opens "
+                   "there (or, without a terminal, an error is raised).")
 @click.argument("target")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[str, ...],
-        steps: str, max_events: int, no_stats: bool, no_watch: bool, target: str,
-        args: tuple[str, ...]) -> None:
+        steps: str, max_events: int, no_stats: bool, no_watch: bool, break_on: str | None,
+        target: str, args: tuple[str, ...]) -> None:
     """Run the python script TARGET with ARGS, recording every module call to a log."""
     from hooktrace import runner  # imports torch: only this command needs it
 
     options = TraceOptions(include, exclude, Steps.parse(steps), max_events, not no_stats,
-                           not no_watch)
+                           not no_watch, break_on == "nan")
     sys.exit(runner.run(runner.Target(target, args, as_module), output, options))
 
 
@@ -91,7 +94,7 @@ def render(log: Path, output: Path | None, fmt: str | None, step: int | None,
     written = write_picture(log, output, fmt, step=step, model=model, depth=depth, phase=phase)
     for warning in written.picture.warnings:
         click.echo(f"hooktrace: warning: {warning}", err=True)
-    click.echo(f"hooktrace: {written.summary()}")
+    click.echo(f"hooktrace: {written.summary()}", err=True)
 
 
 @cli.command()

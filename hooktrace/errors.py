@@ -11,3 +11,7 @@ class HooktraceError(Exception):
 
 class LogError(HooktraceError):
     """A log file that cannot be read or written as a hooktrace log."""
+
+
+class NonFiniteError(RuntimeError):
+    """Raised into the traced program by ``--break-on nan`` when there is no terminal for pdb."""

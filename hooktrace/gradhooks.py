@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch.autograd.variable import Variable
 
+from hooktrace.errors import NonFiniteError
+
 GradCallback = Callable[[Any, int, torch.Tensor], None]  # (call, tensor index, gradient)
 
 _MAX_LEAVES = 4096  # leaf tensors hooked at once; forward-only code never ends a pass: bound it
@@ -42,6 +44,8 @@ class _NodeDispatch:
                 grad = grad_outputs[output_nr]
                 if grad is not None:
                     callback(call, index, grad)
+        except NonFiniteError:
+            raise  # --break-on nan: stopping the program is what the user asked for
         except Exception as e:  # never break the user's backward
             hooks.on_error(e)
         return None

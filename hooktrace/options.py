@@ -59,6 +59,7 @@ class TraceOptions:
     max_events: int = DEFAULT_MAX_EVENTS
     stats: bool = True  # gradient norms, NaN/Inf checks, parameter-gradient norms
     watch: bool = True  # after the recorded steps, write anomaly records (needs stats)
+    break_on_nan: bool = False  # stop at the first module producing NaN/Inf (pdb, or raise)
 
     def __post_init__(self) -> None:
         if self.max_events < 1:
@@ -77,6 +78,8 @@ class TraceOptions:
             out["include"] = list(self.include)
         if self.exclude:
             out["exclude"] = list(self.exclude)
+        if self.break_on_nan:
+            out["break_on"] = "nan"
         if self.steps.text:
             out["steps"] = self.steps.text
         return out

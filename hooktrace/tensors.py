@@ -82,7 +82,8 @@ class Stats:
     finite (they propagate into it).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, immediate: bool = False) -> None:
+        self._immediate = immediate  # read every number at once, also on a device (--break-on)
         # device tensors of numbers, each with what to do with their values on the host
         self._deferred: list[tuple[torch.Tensor, Callable[[list[float]], None]]] = []
         # the last gradient and its numbers: one gradient is often both a module's grad_output
@@ -115,7 +116,7 @@ class Stats:
         """[norm, absmax(, nan, inf)] on CPU; on a device, a tensor of the four numbers."""
         norm = torch.linalg.vector_norm(grad)
         absmax = torch.linalg.vector_norm(grad, ord=math.inf) if grad.numel() else norm
-        if grad.device.type == "cpu":
+        if grad.device.type == "cpu" or self._immediate:
             n, m = norm.item(), absmax.item()
             return [n, m] if math.isfinite(n) else [n, m, *_count_nonfinite(grad)]
         return torch.stack([norm.float(), absmax.float(), torch.isnan(grad).sum().float(),
@@ -128,7 +129,7 @@ class Stats:
         """Append [index, nan, inf] to ``target`` when ``t`` holds NaN or Inf."""
         if not t.is_floating_point() or t.numel() == 0:
             return
-        if t.device.type == "cpu":
+        if t.device.type == "cpu" or self._immediate:
             if not math.isfinite(torch.sum(t, dtype=torch.float32).item()):
                 nan, inf = _count_nonfinite(t)
                 if nan or inf:

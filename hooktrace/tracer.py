@@ -16,6 +16,7 @@ ReLU(inplace=True)).
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -28,6 +29,7 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 from hooktrace import schema
+from hooktrace.errors import NonFiniteError
 from hooktrace.gradhooks import GradHooks
 from hooktrace.naming import ModInfo, Naming
 from hooktrace.options import TraceOptions
@@ -102,7 +104,8 @@ class Tracer:
         self.events = 0
         self.dropped = 0
         self.error: str | None = None
-        self._stats = Stats() if self._options.stats else None
+        self._stats = Stats(self._options.break_on_nan) if self._options.stats else None
+        self._break_on_nan = self._options.break_on_nan and self._stats is not None
         self._watch = Watch() if self._stats is not None and self._options.watch else None
         self._recording = 0 in self._options.steps
         self._watching = not self._recording and self._watch is not None
@@ -190,6 +193,7 @@ class Tracer:
     def _post(self, module: nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
         if _is_compiling() or not self._active:
             return None
+        stop = None
         try:
             stack = self._local.stack
             if not stack or stack[-1][0] is not module:
@@ -203,7 +207,10 @@ class Tracer:
             kwargs, output = rest
             _, info, call, grad = frame
             if call is not None:
-                self._record_forward(call, info, grad, kwargs, output)
+                found = self._record_forward(call, info, grad, kwargs, output)
+                if found and self._break_on_nan:
+                    self._break_on_nan = False
+                    stop = (module, info, args, kwargs, output, found)
             elif grad and not stack:
                 # not recorded, yet top-level: its outputs still tell when a backward pass ends
                 for t in leaves(output)[0]:
@@ -211,10 +218,14 @@ class Tracer:
                         self._grads.attach(t)
         except Exception as e:
             self._fail(e)
+            return None
+        if stop is not None:
+            _break_nonfinite(self._step, *stop)  # outside the try: meant to reach the program
         return None
 
     def _record_forward(self, call: _Call, info: ModInfo, grad: bool, kwargs: dict[str, Any],
-                        output: Any) -> None:
+                        output: Any) -> list[list[int]] | None:
+        """Write the call's forward event (or watch it); return its NaN/Inf outputs."""
         in_shapes, in_dtypes = call.inputs
         kw_inputs, kw_seen = leaves(kwargs) if kwargs else ([], 0)
         if kw_inputs:
@@ -227,13 +238,12 @@ class Tracer:
         index = self._calls.get(key, 0)
         self._calls[key] = index + 1
         if not self._recording:
-            self._watch_forward(call, info, grad, index, recompute, kw_inputs, outputs)
-            return
+            return self._watch_forward(call, info, grad, index, recompute, kw_inputs, outputs)
         with self._lock:
             self._seq += 1
             seq = self._seq
         if not self._count_event(0):
-            return
+            return None
         if info.has_params:
             self._step_params[info] = None
         n_args = call.n_in
@@ -251,16 +261,18 @@ class Tracer:
         self._emit(event)
         if grad:
             self._attach_grads(call, n_args, kw_inputs, outputs)
+        return event.output_nonfinite
 
     def _watch_forward(self, call: _Call, info: ModInfo, grad: bool, index: int,
                        recompute: bool, kw_inputs: list[torch.Tensor],
-                       outputs: list[torch.Tensor]) -> None:
+                       outputs: list[torch.Tensor]) -> list[list[int]]:
         """A watched step: no event, but the same checks and gradient hooks."""
         assert self._watch is not None
         call.step, call.call, call.recompute = self._step, index, recompute
         n_args = call.n_in
         call.n_in, call.n_out = n_args + len(kw_inputs), len(outputs)
-        self._watch.forward(info, index, self._check_outputs(outputs))
+        found = self._check_outputs(outputs)
+        self._watch.forward(info, index, found)
         if self._watch.full and not self._grads.in_backward:
             assert self._stats is not None
             self._stats.resolve()
@@ -270,6 +282,7 @@ class Tracer:
             if info.has_params:
                 self._watch.param_call(info, index, self._step, call)
             self._attach_grads(call, n_args, kw_inputs, outputs)
+        return found
 
     def _attach_grads(self, call: _Call, n_args: int, kw_inputs: list[torch.Tensor],
                       outputs: list[torch.Tensor]) -> None:
@@ -340,6 +353,11 @@ class Tracer:
             bwd.grad_input_shapes[index] = shape_of(grad)
             if bwd.grad_input_stats is not None and self._stats is not None:
                 self._stats.grad(grad, bwd.grad_input_stats, index)
+                if self._break_on_nan and _produced_nonfinite(bwd, index):
+                    self._break_on_nan = False
+                    raise NonFiniteError(
+                        f"hooktrace --break-on nan: the backward of {info_label(call.info)} "
+                        f"produced a NaN/Inf gradient for its input {index} at step {self._step}")
 
     def _end_step(self) -> None:
         if self._stats is not None:
@@ -418,3 +436,31 @@ class Tracer:
         pending.sort(key=lambda e: e.seq)
         for event in pending:
             self._sink.write(event)
+
+
+def info_label(info: ModInfo) -> str:
+    return f"{info.name or '(root)'} ({info.cls})"
+
+
+def _produced_nonfinite(bwd: schema.BackwardEvent, index: int) -> bool:
+    """The grad_input ``index`` is NaN/Inf while every grad_output reaching the call was finite."""
+    stat = (bwd.grad_input_stats or [None])[index]
+    if stat is None or math.isfinite(stat[0]):
+        return False
+    return all(s is None or math.isfinite(s[0]) for s in bwd.grad_output_stats or [])
+
+
+def _break_nonfinite(step: int, module: nn.Module, info: ModInfo, inputs: tuple[Any, ...],
+                     kwargs: dict[str, Any], output: Any, found: list[list[int]]) -> None:
+    """--break-on nan: open pdb here, with the module and its tensors in reach; without a
+    terminal, raise instead."""
+    where = ", ".join(f"output {i}: {nan} NaN, {inf} Inf" for i, nan, inf in found)
+    message = (f"hooktrace --break-on nan: {info_label(info)} produced NaN/Inf at step {step} "
+               f"({where})")
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise NonFiniteError(message)
+    print(f"{message}\nhooktrace: in reach: module, inputs, kwargs, output; 'c' continues",
+          file=sys.stderr)
+    import pdb
+
+    pdb.Pdb().set_trace()
