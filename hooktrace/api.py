@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from hooktrace import __version__, schema
+from hooktrace.capture import Capture
 from hooktrace.errors import HooktraceError
 from hooktrace.logio import LogWriter
 from hooktrace.options import DEFAULT_MAX_EVENTS, Steps, TraceOptions
@@ -39,6 +40,7 @@ class Trace:
         self._argv = list(sys.argv if argv is None else argv)
         self._writer: LogWriter | None = None
         self._tracer: Tracer | None = None
+        self._capture: Capture | None = None
         self.end: schema.End | None = None
 
     @property
@@ -61,7 +63,9 @@ class Trace:
             started=round(time.time(), 3), options=self._options.to_header(),
         ))
         self._writer.flush()
-        self._tracer = Tracer(self._writer, self._options, self._models).start()
+        capture = Capture(self.path, self._options.capture) if self._options.capture else None
+        self._tracer = Tracer(self._writer, self._options, self._models, capture).start()
+        self._capture = capture
         return self
 
     def stop(self, status: str = "ok", error: BaseException | None = None,
@@ -77,6 +81,7 @@ class Trace:
             exit_code=exit_code,
             error={"type": type(error).__name__, "message": str(error)} if error else None,
             dropped=self._tracer.dropped or None, tracer_error=self._tracer.error,
+            captured=self._capture.files if self._capture else None,
         )
         self._writer.write(self.end)
         self._writer.close()
@@ -106,6 +111,7 @@ def trace(
     stats: bool = True,
     watch: bool = True,
     break_on: str | None = None,
+    capture: Sequence[str] = (),
 ) -> Trace:
     """Trace every module call (or those of ``model`` only) into the JSONL log at ``path``.
 
@@ -119,5 +125,5 @@ def trace(
     if break_on not in (None, "nan"):
         raise HooktraceError(f"break_on={break_on!r}: only 'nan' is supported")
     options = TraceOptions(tuple(include), tuple(exclude), Steps.parse(steps), max_events, stats,
-                           watch, break_on == "nan")
+                           watch, break_on == "nan", tuple(capture))
     return Trace(path, models, options)

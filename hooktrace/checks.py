@@ -245,9 +245,14 @@ def collect(path: str | os.PathLike[str], step: int | None = None) -> Collected:
 
 # -- the checks: each returns findings -------------------------------------------------------
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def _steps_text(steps: list[int]) -> str:
     shown = ", ".join(map(str, steps[:5]))
-    return shown + (f" and {len(steps) - 5} more" if len(steps) > 5 else "")
+    more = f" and {len(steps) - 5} more" if len(steps) > 5 else ""
+    return ("step " if len(steps) == 1 else "steps ") + shown + more
 
 
 def _label(c: Collected, model: int, name: str) -> str:
@@ -263,7 +268,7 @@ def check_nonfinite(c: Collected) -> list[Finding]:
         out.append(Finding(
             "nonfinite-forward", ERROR, c.model_name(forward.model), forward.name, forward.step,
             f"first NaN/Inf in a forward output: {_label(c, forward.model, forward.name)} at "
-            f"step {forward.step}" + (f" (again in steps {_steps_text(later)})" if later else ""),
+            f"step {forward.step}" + (f" (again in {_steps_text(later)})" if later else ""),
             forward.evidence,
             "the modules before it gave finite outputs: look inside its forward, or at the "
             "functional code that feeds it (log or sqrt of <= 0, division by 0, fp16 overflow)",
@@ -296,7 +301,8 @@ def _siblings(c: Collected, m: _Module) -> list[_Module]:
 
 
 def check_no_grad(c: Collected) -> list[Finding]:
-    out = []
+    out: list[Finding] = []
+    detached: list[tuple[_Module, Finding]] = []
     for m in c.modules.values():
         if not m.params or not m.calls:
             continue
@@ -312,17 +318,17 @@ def check_no_grad(c: Collected) -> list[Finding]:
                 "call .requires_grad_(True) on it if it should train" if trainable_twins else "",
             ))
             continue
-        detached = sorted(s for s, n in m.grad_calls.items()
-                          if n and s in c.backward_steps and not m.backward_for.get(s))
-        if detached:
-            out.append(Finding(
-                "no-grad", WARNING, c.model_name(m.model), m.name, detached[0],
+        steps = sorted(s for s, n in m.grad_calls.items()
+                       if n and s in c.backward_steps and not m.backward_for.get(s))
+        if steps:
+            detached.append((m, Finding(
+                "no-grad", WARNING, c.model_name(m.model), m.name, steps[0],
                 f"{m.name or '(root)'} ({m.cls}) ran forward but no gradient reached it: "
-                f"detached or not on the loss path (steps {_steps_text(detached)})",
-                {"steps": detached[:20], "trainable": m.trainable},
+                f"detached or not on the loss path ({_steps_text(steps)})",
+                {"steps": steps[:20], "trainable": m.trainable},
                 "look for .detach(), .data, .item()/numpy round trips, or an output the loss "
                 "does not use",
-            ))
+            )))
         no_grad_only = sorted(s for s in m.no_grad_steps
                               if s in c.backward_steps and not m.grad_calls.get(s)
                               and _model_trained_in(c, m.model, s))
@@ -335,7 +341,7 @@ def check_no_grad(c: Collected) -> list[Finding]:
                 "move it out of torch.no_grad(), or freeze it explicitly with "
                 ".requires_grad_(False)",
             ))
-    return out
+    return _group_subtrees(c, detached) + out
 
 
 def check_lost_gradient(c: Collected) -> list[Finding]:
@@ -345,10 +351,47 @@ def check_lost_gradient(c: Collected) -> list[Finding]:
         out.append(Finding(
             "no-grad", WARNING, c.model_name(model), name, steps[0],
             f"{name or '(root)'} ({m.cls if m else '?'}) received gradient in earlier steps, then "
-            f"none from step {steps[0]} on (steps {_steps_text(steps)})",
+            f"none from step {steps[0]} on ({_steps_text(steps)})",
             {"steps": steps[:20]},
             "something started detaching it or stopped using its output in the loss",
         ))
+    return out
+
+
+def _ancestors(name: str) -> list[str]:
+    """Outermost first: "a.b.c" -> ["", "a", "a.b"]."""
+    parts = name.split(".") if name else []
+    return [".".join(parts[:i]) for i in range(len(parts))]
+
+
+def _group_subtrees(c: Collected, found: list[tuple[_Module, Finding]]) -> list[Finding]:
+    """One finding for a module all of whose trainable modules below got no gradient (a whole
+    detached branch), instead of one per layer."""
+    flagged = {(m.model, m.name): f for m, f in found}
+    trained = [m for m in c.modules.values() if m.trainable and m.calls]
+    out: list[Finding] = []
+    grouped: set[tuple[int, str]] = set()
+    for (model, name), finding in flagged.items():
+        if (model, name) in grouped:
+            continue
+        for top in _ancestors(name):
+            below = [m for m in trained if m.model == model
+                     and (top == "" or m.name.startswith(top + "."))]
+            if len(below) >= 2 and all((m.model, m.name) in flagged for m in below):
+                break
+        else:
+            out.append(finding)
+            continue
+        grouped.update((m.model, m.name) for m in below)
+        names = ", ".join(m.name for m in below[:6]) + (", ..." if len(below) > 6 else "")
+        out.append(Finding(
+            finding.kind, finding.severity, finding.model, top, finding.step,
+            f"{_label(c, model, top)}: no gradient reached any of its {len(below)} trainable "
+            f"modules ({names}): detached or not on the loss path "
+            f"({_steps_text(finding.evidence['steps'])})",
+            {"modules": [m.name for m in below], "steps": finding.evidence["steps"],
+             "trainable": sum(m.trainable for m in below)},
+            finding.hint))
     return out
 
 
@@ -359,39 +402,47 @@ def _model_trained_in(c: Collected, model: int, step: int) -> bool:
 
 def check_magnitudes(c: Collected, t: Thresholds) -> list[Finding]:
     out: list[Finding] = []
-    flagged: set[tuple[int, str]] = set()
+    flagged: dict[str, dict[tuple[int, str], tuple[int, float]]] = {"vanishing": {},
+                                                                     "exploding": {}}
     for step in sorted(c.param_norms):
         for key, norm in c.param_norms[step].items():
-            if norm is None or not math.isfinite(norm) or key in flagged:
+            if norm is None or not math.isfinite(norm):
                 continue
             kind = "vanishing" if norm < t.vanishing else "exploding" if norm > t.exploding else ""
-            if kind:
-                flagged.add(key)
-                m = c.modules.get(key)
-                out.append(Finding(
-                    kind, WARNING, c.model_name(key[0]), key[1], step,
-                    f"{key[1]} ({m.cls if m else '?'}): parameter-gradient norm {norm:.3g} is "
-                    f"{'below' if kind == 'vanishing' else 'above'} "
-                    f"{t.vanishing if kind == 'vanishing' else t.exploding:g}",
-                    {"grad_norm": norm},
-                    "check initialisation, normalisation layers and the learning-rate scale",
-                ))
+            if kind and key not in flagged[kind]:
+                flagged[kind][key] = (step, norm)
+    for kind, modules in flagged.items():
+        if not modules:
+            continue
+        order = sorted(modules, key=lambda k: c.modules[k].first_seq or 0
+                       if k in c.modules else 0)
+        first = order[0]
+        limit = t.vanishing if kind == "vanishing" else t.exploding
+        listed = ", ".join(f"{k[1] or '(root)'} {modules[k][1]:.2g}" for k in order[:6])
+        out.append(Finding(
+            kind, WARNING, c.model_name(first[0]), first[1], modules[first][0],
+            f"{_plural(len(order), 'module')} with a parameter-gradient norm "
+            f"{'below' if kind == 'vanishing' else 'above'} {limit:g}: {listed}"
+            + (f" and {len(order) - 6} more" if len(order) > 6 else ""),
+            {"grad_norm": {k[1]: modules[k][1] for k in order}},
+            "check initialisation, normalisation layers and the learning-rate scale",
+        ))
     for step in sorted(c.profiles):
         profile = c.profiles[step]  # backward order: output side first
         if len(profile) < 3:
             continue
-        first, last = profile[0][2], profile[-1][2]
-        if first <= 0 or last <= 0:
+        top, bottom = profile[0][2], profile[-1][2]
+        if top <= 0 or bottom <= 0:
             continue
-        orders = math.log10(last / first)
+        orders = math.log10(bottom / top)
         if abs(orders) >= t.orders:
             kind = "exploding" if orders > 0 else "vanishing"
             model, name, _ = profile[-1]
             out.append(Finding(
                 kind, WARNING, c.model_name(model), name, step,
                 f"gradient norms {'grow' if orders > 0 else 'fall'} by {abs(orders):.1f} orders of "
-                f"magnitude from {profile[0][1] or '(root)'} ({first:.3g}) back to {name} "
-                f"({last:.3g}) at step {step}",
+                f"magnitude from {profile[0][1] or '(root)'} ({top:.3g}) back to {name} "
+                f"({bottom:.3g}) at step {step}",
                 {"profile": [{"module": n, "grad_output_norm": v} for _, n, v in profile]},
                 "deep stacks without normalisation or residual connections, or a too large/small "
                 "initialisation",

@@ -58,16 +58,19 @@ def cli() -> None:
 @click.option("--break-on", type=click.Choice(["nan"]),
               help="Stop at the first module whose output or backward is NaN/Inf: pdb opens "
                    "there (or, without a terminal, an error is raised).")
+@click.option("--capture", multiple=True, metavar="GLOB",
+              help="Save inputs, outputs and gradients of matching modules (recorded steps) "
+                   "with torch.save into LOG's .capture folder, e.g. 'layer4*'.")
 @click.argument("target")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[str, ...],
         steps: str, max_events: int, no_stats: bool, no_watch: bool, break_on: str | None,
-        target: str, args: tuple[str, ...]) -> None:
+        capture: tuple[str, ...], target: str, args: tuple[str, ...]) -> None:
     """Run the python script TARGET with ARGS, recording every module call to a log."""
     from hooktrace import runner  # imports torch: only this command needs it
 
     options = TraceOptions(include, exclude, Steps.parse(steps), max_events, not no_stats,
-                           not no_watch, break_on == "nan")
+                           not no_watch, break_on == "nan", capture)
     sys.exit(runner.run(runner.Target(target, args, as_module), output, options))
 
 
@@ -81,7 +84,7 @@ def run(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[
 @click.option("--step", type=int, help="The step (backward pass) to draw. Default: the first "
                                        "with a backward.")
 @click.option("--model", metavar="NAME", help="Draw this model only (as named in the log).")
-@click.option("--depth", type=click.IntRange(min=0),
+@click.option("--depth", type=click.IntRange(min=0), metavar="D",
               help="Fold calls deeper than D into one node per module at depth D. Default: the "
                    "deepest that keeps the picture readable.")
 @click.option("--phase", type=click.Choice(["forward", "backward", "both"]), default="both",

@@ -39,14 +39,14 @@ os.register_at_fork(before=_flush_before_fork, after_in_child=_detach_in_child)
 
 
 def is_hooktrace_log(path: Path) -> bool:
-    """True when the file's first line is a hooktrace header (an empty file counts as one)."""
+    """True when the file's first line is a hooktrace header, or the file is empty."""
     try:
+        if path.stat().st_size == 0:
+            return True
         with path.open("rb") as f:
             first = f.readline(MAX_LINE_BYTES)
     except OSError:
         return False
-    if not first.strip():
-        return True
     try:
         d = orjson.loads(first)
     except orjson.JSONDecodeError:
@@ -141,7 +141,11 @@ class LogReader:
 
     def __iter__(self) -> Iterator[schema.Record]:
         """Yield every record after the header, in file order."""
-        with self.path.open("rb") as f:
+        try:
+            f = self.path.open("rb")
+        except OSError as e:
+            raise LogError(f"cannot read {self.path}: {e.strerror or e}") from None
+        with f:
             f.readline(MAX_LINE_BYTES + 1)
             number = 1
             pending_error: str | None = None  # a bad line is only forgiven when it is the last

@@ -60,6 +60,7 @@ class TraceOptions:
     stats: bool = True  # gradient norms, NaN/Inf checks, parameter-gradient norms
     watch: bool = True  # after the recorded steps, write anomaly records (needs stats)
     break_on_nan: bool = False  # stop at the first module producing NaN/Inf (pdb, or raise)
+    capture: Sequence[str] = ()  # fqn globs whose calls' tensors are saved next to the log
 
     def __post_init__(self) -> None:
         if self.max_events < 1:
@@ -80,6 +81,8 @@ class TraceOptions:
             out["exclude"] = list(self.exclude)
         if self.break_on_nan:
             out["break_on"] = "nan"
+        if self.capture:
+            out["capture"] = list(self.capture)
         if self.steps.text:
             out["steps"] = self.steps.text
         return out

@@ -14,6 +14,8 @@ _TITLES = {ERROR: "Errors", WARNING: "Warnings", INFO: "Notes"}
 def _evidence(evidence: dict[str, Any]) -> str:
     parts = []
     for key, value in evidence.items():
+        if key == "grad_norm" and isinstance(value, dict):
+            continue  # listed in the message
         if key == "outputs":
             value = ", ".join(f"output {o['index']}" + (f" {o['shape']}" if o.get("shape") else "")
                               + f": {o['nan']} NaN, {o['inf']} Inf" for o in value)
@@ -35,8 +37,9 @@ def _finding(f: Finding) -> list[str]:
     where = f"step {f.step}" if f.step is not None else "all steps"
     module = f.module or "(root)"
     lines = [f"  [{f.kind}] {f.model}: {module}, {where}", f"    {f.message}"]
-    if f.evidence and f.severity != INFO:  # a note's message says it all
-        lines.append(f"    evidence: {_evidence(f.evidence)}")
+    evidence = _evidence(f.evidence) if f.severity != INFO else ""  # a note's message says it
+    if evidence:
+        lines.append(f"    evidence: {evidence}")
     if f.hint:
         lines.append(f"    hint: {f.hint}")
     return lines
@@ -55,11 +58,13 @@ def to_text(report: Report, path: str) -> str:
     warnings = sum(f.severity == WARNING for f in report.findings)
     notes = sum(f.severity == INFO for f in report.findings)
     lines.append("")
+    noted = f"{notes} note" + ("" if notes == 1 else "s")
     if errors or warnings:
-        lines.append(f"{errors + warnings} problems ({errors} errors, {warnings} warnings), "
-                     f"{notes} notes")
+        lines.append(f"{errors + warnings} problem{'' if errors + warnings == 1 else 's'} "
+                     f"({errors} error{'' if errors == 1 else 's'}, "
+                     f"{warnings} warning{'' if warnings == 1 else 's'}), {noted}")
     else:
-        lines.append(f"No problems found ({notes} notes).")
+        lines.append(f"No problems found ({noted}).")
     return "\n".join(lines)
 
 

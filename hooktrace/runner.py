@@ -9,21 +9,26 @@ an uncaught exception prints python's traceback (hooktrace's frames trimmed) and
 from __future__ import annotations
 
 import atexit
+import builtins
+import importlib.machinery
 import importlib.util
 import os
 import runpy
 import signal
 import sys
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import FrameType
 
 from hooktrace.api import Trace
 from hooktrace.errors import HooktraceError
 from hooktrace.options import TraceOptions
 
-_RUNNER_FILES = (str(Path(__file__).parent), str(Path(runpy.__file__).with_suffix("")))
+# frames of hooktrace and runpy ("<frozen runpy>" where runpy is frozen): python shows none
+_RUNNER_FILES = (str(Path(__file__).parent), str(Path(runpy.__file__).with_suffix("")),
+                 "<frozen runpy>")
 
 
 @dataclass
@@ -34,6 +39,7 @@ class Target:
 
 
 def _check_target(target: Target, output: Path) -> None:
+    """Call after ``_set_path``: a module is looked up where python -m would look."""
     if target.as_module:
         try:
             found = importlib.util.find_spec(target.name) is not None
@@ -51,22 +57,45 @@ def _check_target(target: Target, output: Path) -> None:
         raise HooktraceError(f"the log would overwrite the script {target.name}; choose another -o")
 
 
-def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
-    """Drop the leading frames of hooktrace and runpy: the traceback python itself would print."""
+def _print_exception(e: BaseException) -> None:
+    """Print ``e`` as python would: without the leading frames of hooktrace and runpy."""
+    tb = e.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_RUNNER_FILES):
         tb = tb.tb_next
-    return tb
+    sys.excepthook(type(e), e.with_traceback(tb), tb)  # the hook prints e's own traceback
+
+
+def _set_path(target: Target) -> None:
+    """sys.path[0] as python sets it: the script's folder, or the current one with -m."""
+    first = os.getcwd() if target.as_module else os.path.dirname(os.path.realpath(target.name))
+    if sys.path:
+        sys.path[0] = first  # hooktrace's own entry (its bin folder, or the current folder)
+    else:
+        sys.path.insert(0, first)
+
+
+def _run_script(name: str) -> None:
+    """Run a script file as python's main program: argv[0] as typed, an absolute __file__
+    (python 3.9+), a fresh ``__main__`` module that stays (pickling, multiprocessing)."""
+    path = os.path.abspath(name)
+    with open(path, "rb") as f:
+        source = f.read()
+    code = compile(source, path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins, __spec__=None,
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", path))
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
 
 
 def _exec(target: Target) -> None:
+    sys.argv = [target.name, *target.args]  # as typed; run_module puts the module's file there
     if target.as_module:
-        sys.argv = [target.name, *target.args]  # run_module puts the module's file in argv[0]
-        sys.path.insert(0, os.getcwd())
         runpy.run_module(target.name, run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = [target.name, *target.args]
-        sys.path.insert(0, os.path.dirname(os.path.realpath(target.name)))
+    elif os.path.isdir(target.name):  # a folder with __main__.py, as python runs it
         runpy.run_path(target.name, run_name="__main__")
+    else:
+        _run_script(target.name)
 
 
 def _exit_code(code: object) -> int:
@@ -82,7 +111,7 @@ def _summary(session: Trace) -> None:
     end = session.end
     if end is None:
         return
-    dropped = f", {end.dropped} calls past --max-events not recorded" if end.dropped else ""
+    dropped = f", {end.dropped} more not written (--max-events)" if end.dropped else ""
     print(f"hooktrace: {end.events} events, {end.steps} steps{dropped} -> {session.path}\n"
           f"hooktrace: next: hooktrace show {session.path}", file=sys.stderr)
 
@@ -97,6 +126,7 @@ def _die_by(signum: int) -> None:
 
 def run(target: Target, output: Path, options: TraceOptions) -> int:
     """Run ``target`` traced; return its exit status (Ctrl-C / SIGTERM end the process)."""
+    _set_path(target)
     _check_target(target, output)
     session = Trace(output, None, options, argv=[target.name, *target.args])
     session.start()
@@ -116,14 +146,14 @@ def run(target: Target, output: Path, options: TraceOptions) -> int:
         code = _exit_code(e.code)
         session.stop("ok" if code == 0 else "error", None if code == 0 else e, exit_code=code)
     except KeyboardInterrupt as e:
-        sys.excepthook(type(e), e, _user_traceback(e.__traceback__))
+        _print_exception(e)
         session.stop("interrupted", e, exit_code=-signal.SIGINT)
         _summary(session)
         atexit._run_exitfuncs()
         _die_by(signal.SIGINT)
         return 130  # not reached: the signal ends the process
     except BaseException as e:
-        sys.excepthook(type(e), e, _user_traceback(e.__traceback__))
+        _print_exception(e)
         session.stop("error", e, exit_code=1)
     else:
         session.stop("ok", exit_code=0)

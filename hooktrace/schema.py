@@ -286,14 +286,17 @@ class End:
     steps: int = 0  # backward passes completed
     exit_code: int | None = None
     error: dict[str, str] | None = None  # {"type": ..., "message": ...}
-    dropped: int | None = None  # events not written because --max-events was reached
+    dropped: int | None = None  # events not written because --max-events was reached (while
+    # hooks stayed on: with --no-watch they are removed after the last selected step)
     tracer_error: str | None = None  # the tracer failed and stopped; the script went on
+    captured: int | None = None  # files written by --capture into <log>.capture/
 
     def to_dict(self) -> dict[str, Any]:
         return _compact({
             "type": self.TYPE, "status": self.status, "events": self.events,
             "steps": self.steps, "exit_code": self.exit_code, "error": self.error,
             "dropped": self.dropped, "tracer_error": self.tracer_error,
+            "captured": self.captured,
         })
 
 
@@ -406,5 +409,6 @@ def from_dict(d: Any) -> Record | None:
         return End(status=status, events=_get(d, "events", int, 0), steps=_get(d, "steps", int, 0),
                    exit_code=_get(d, "exit_code", int, None), error=_get(d, "error", dict, None),
                    dropped=_get(d, "dropped", int, None),
-                   tracer_error=_get(d, "tracer_error", str, None))
+                   tracer_error=_get(d, "tracer_error", str, None),
+                   captured=_get(d, "captured", int, None))
     return None

@@ -29,6 +29,7 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 from hooktrace import schema
+from hooktrace.capture import Capture
 from hooktrace.errors import NonFiniteError
 from hooktrace.gradhooks import GradHooks
 from hooktrace.naming import ModInfo, Naming
@@ -49,7 +50,7 @@ class _Call:
     """One recorded module call, waiting for its backward."""
 
     __slots__ = ("info", "fwd", "step", "call", "n_in", "n_out", "recompute", "bwd", "inputs",
-                 "more")
+                 "more", "saved")
 
     def __init__(self, info: ModInfo, inputs: list[torch.Tensor], seen: int) -> None:
         self.info = info
@@ -60,6 +61,7 @@ class _Call:
         self.fwd = self.step = self.call = -1
         self.recompute = False
         self.bwd: schema.BackwardEvent | None = None
+        self.saved: dict[str, list[torch.Tensor | None]] | None = None  # --capture
 
 
 class _Local(threading.local):
@@ -87,6 +89,7 @@ class Tracer:
         sink: Sink,
         options: TraceOptions | None = None,
         models: Sequence[nn.Module] | None = None,
+        capture: Capture | None = None,
     ) -> None:
         self._sink = sink
         self._options = options or TraceOptions()
@@ -110,6 +113,9 @@ class Tracer:
         self._recording = 0 in self._options.steps
         self._watching = not self._recording and self._watch is not None
         self._naming: Naming | None = None
+        self._capture = capture
+        self._capture_match: dict[ModInfo, bool] = {}
+        self._captured: list[_Call] = []  # calls holding gradients to save when the pass ends
         self._compiled_noted = False
         self._step_params: dict[ModInfo, None] = {}  # modules with parameters in this step
         self._last_checked: list[tuple[weakref.ref[torch.Tensor], int]] = []
@@ -162,8 +168,6 @@ class Tracer:
     def _pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         if _is_compiling() or not self._active:  # inside torch.compile: stay out of the graph
             return None
-        if self.dropped:  # past --max-events: count what is not recorded
-            self.dropped += 1
         try:
             stack = self._local.stack
             assert self._naming is not None
@@ -175,12 +179,16 @@ class Tracer:
                           "hooks; to trace it, run eagerly (TORCHDYNAMO_DISABLE=1)",
                           file=sys.stderr)
                 return None
+            if self.dropped and info.traced:
+                self.dropped += 1  # past --max-events: a forward event not written
             grad = torch.is_grad_enabled()
             call = None
             if (self._recording or self._watching) and info.traced:
                 inputs, seen = leaves(args)
                 call = _Call(info, inputs, seen)
                 call.step = self._step
+                if self._capture is not None and self._recording and self._captures(info):
+                    call.saved = {"inputs": list(inputs)}  # before an in-place op changes them
                 if grad:
                     for i, t in enumerate(inputs):
                         if t.requires_grad:
@@ -259,6 +267,10 @@ class Tracer:
         if self._stats is not None:
             event.output_nonfinite = self._check_outputs(outputs)
         self._emit(event)
+        if call.saved is not None and self._capture is not None:
+            self._capture.save(self._step, info.name, index, "forward", {
+                "inputs": [*call.saved["inputs"], *kw_inputs], "outputs": list(outputs)})
+            call.saved = {"grad_inputs": [None] * call.n_in, "grad_outputs": [None] * call.n_out}
         if grad:
             self._attach_grads(call, n_args, kw_inputs, outputs)
         return event.output_nonfinite
@@ -323,6 +335,8 @@ class Tracer:
                     seq = self._seq
             elif self._watching:
                 seq = 0  # a watched step writes no event
+                if self.dropped:
+                    self.dropped += 1  # past --max-events: a backward event not written
             else:
                 return
             info = call.info
@@ -341,9 +355,13 @@ class Tracer:
                 self._watch.had_grad.add(info)
             if self._recording:
                 self._pending.append(bwd)
+                if call.saved is not None:
+                    self._captured.append(call)
             elif self._watch is not None:
                 self._watch.backward(bwd)
         bwd.grad_output_shapes[index] = shape_of(grad)
+        if call.saved is not None:
+            call.saved["grad_outputs"][index] = grad.detach().to("cpu", copy=True)
         if bwd.grad_output_stats is not None and self._stats is not None:
             self._stats.grad(grad, bwd.grad_output_stats, index)
 
@@ -351,6 +369,8 @@ class Tracer:
         bwd = call.bwd
         if bwd is not None and bwd.step == self._step:
             bwd.grad_input_shapes[index] = shape_of(grad)
+            if call.saved is not None:
+                call.saved["grad_inputs"][index] = grad.detach().to("cpu", copy=True)
             if bwd.grad_input_stats is not None and self._stats is not None:
                 self._stats.grad(grad, bwd.grad_input_stats, index)
                 if self._break_on_nan and _produced_nonfinite(bwd, index):
@@ -362,6 +382,7 @@ class Tracer:
     def _end_step(self) -> None:
         if self._stats is not None:
             self._stats.end_pass()
+        self._save_captured()
         params = self._param_grads() if self._recording and self._stats is not None else []
         self._write_pending()
         for record in params:
@@ -369,7 +390,7 @@ class Tracer:
         if self._watching and self._watch is not None:
             for anomaly in self._watch.end_step(self._step):
                 self._sink.write(anomaly)
-        if self._recording:
+        if self._recording or self._step_counts != [0, 0]:  # also the step the cap cut short
             forward, backward = self._step_counts
             self._sink.write(schema.Step(self._step, forward, backward))
         self._sink.flush()
@@ -386,6 +407,20 @@ class Tracer:
         last = self._options.steps.last
         if last is not None and self._step > last and self._watch is None:
             self._remove_hooks()  # nothing more to record: the rest of the run pays nothing
+
+    def _captures(self, info: ModInfo) -> bool:
+        match = self._capture_match.get(info)
+        if match is None:
+            assert self._capture is not None
+            match = self._capture_match[info] = self._capture.matches(info.name)
+        return match
+
+    def _save_captured(self) -> None:
+        captured, self._captured = self._captured, []
+        for call in captured:
+            if call.saved is not None and self._capture is not None:
+                self._capture.save(self._step, call.info.name, call.call, "backward", call.saved)
+                call.saved = None
 
     def _param_grads(self) -> list[schema.ParamGrads]:
         """Norms of the parameter gradients of the modules that took part in this step."""

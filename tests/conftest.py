@@ -25,12 +25,9 @@ def read_log(path: str | os.PathLike[str]) -> list[schema.Record]:
 def events(path: str | os.PathLike[str], phase: str | None = None, step: int | None = None
            ) -> list[schema.ForwardEvent | schema.BackwardEvent]:
     """The log's events in file order, optionally of one phase and/or one step."""
-    out = []
-    for record in LogReader(path):
-        if isinstance(record, (schema.ForwardEvent, schema.BackwardEvent)):
-            if (phase is None or record.phase == phase) and (step is None or record.step == step):
-                out.append(record)
-    return out
+    return [r for r in LogReader(path)
+            if isinstance(r, (schema.ForwardEvent, schema.BackwardEvent))
+            and (phase is None or r.phase == phase) and (step is None or r.step == step)]
 
 
 def names(path: str | os.PathLike[str], phase: str, step: int = 0) -> list[str]:

@@ -24,7 +24,6 @@ from hooktrace.logio import LogReader
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TRAIN = SCRIPTS / "train_small.py"
 RAISE = SCRIPTS / "raise_error.py"
-SYNTAX = SCRIPTS / "syntax_error.py"
 LOOP = SCRIPTS / "loop_forever.py"
 
 Run = subprocess.CompletedProcess[str]
@@ -51,7 +50,7 @@ def from_script_frame(lines: list[str], script_name: str) -> list[str]:
 
 
 def summary(events_: int, steps: int, log: str, dropped: int = 0) -> list[str]:
-    more = f", {dropped} calls past --max-events not recorded" if dropped else ""
+    more = f", {dropped} more not written (--max-events)" if dropped else ""
     return [f"hooktrace: {events_} events, {steps} steps{more} -> {log}",
             f"hooktrace: next: hooktrace show {log}"]
 
@@ -94,7 +93,8 @@ def test_run_log_header_first(train_run: tuple[Run, Path]) -> None:
     assert isinstance(header, schema.Header)
     assert header.schema == schema.SCHEMA_VERSION == 1
     assert header.argv == [str(TRAIN), "3"]
-    assert header.options == {"max_events": 1_000_000}
+    assert header.options["max_events"] == 1_000_000
+    assert not {"include", "exclude"} & header.options.keys()
     assert header.pid > 0 and header.world_size == 1 and header.rank == 0
 
 
@@ -148,12 +148,11 @@ def test_run_default_output_and_argv_passthrough(tmp_path: Path) -> None:
     assert result.stderr.splitlines() == summary(0, 0, "hooktrace.jsonl")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hooktrace.jsonl"]
     header = read_log(tmp_path / "hooktrace.jsonl")[0]
-    assert isinstance(header, schema.Header) and header.argv == [str(SCRIPTS / "show_argv.py"), *args]
+    assert isinstance(header, schema.Header)
+    assert header.argv == [str(SCRIPTS / "show_argv.py"), *args]
     assert end_of(tmp_path / "hooktrace.jsonl") == schema.End(status="ok", exit_code=0)
 
 
-@pytest.mark.xfail(strict=True, reason="hooktrace bug: a relative script path reaches runpy as "
-                   "is, so __file__ is relative where python (3.9+) makes it absolute")
 def test_run_relative_script_path_file_is_absolute_as_in_python(tmp_path: Path) -> None:
     result = hooktrace_cmd("run", "-o", tmp_path / "log.jsonl", "show_argv.py", "z",
                            cwd=SCRIPTS)
@@ -200,9 +199,6 @@ def test_exception_traceback_and_exit_code_as_python(raise_runs: tuple[Run, Run,
     assert traced.stderr.splitlines()[-2:] == summary(0, 0, "log.jsonl")
 
 
-@pytest.mark.xfail(strict=True, reason="hooktrace bug: runner frames and '<frozen runpy>' frames "
-                   "are printed: sys.excepthook ignores its tb argument when the exception has "
-                   "__traceback__, and frozen runpy frames do not match _RUNNER_FILES")
 def test_exception_traceback_has_no_hooktrace_or_runpy_frames(
         raise_runs: tuple[Run, Run, Path]) -> None:
     traced, plain, _ = raise_runs
@@ -215,8 +211,6 @@ def test_exception_end_record(raise_runs: tuple[Run, Run, Path]) -> None:
                                      error={"type": "ValueError", "message": "bad value 42"})
 
 
-@pytest.mark.xfail(strict=True, reason="hooktrace bug: a relative script path gives relative "
-                   "filenames in the traceback; python prints the absolute path")
 def test_exception_traceback_relative_script_path(tmp_path: Path) -> None:
     traced = hooktrace_cmd("run", "-o", tmp_path / "log.jsonl", "raise_error.py", cwd=SCRIPTS)
     plain = python("raise_error.py", cwd=SCRIPTS)
@@ -248,18 +242,21 @@ def test_sys_exit_message(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def syntax_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Run, Path]:
+def syntax_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Run, Path, Path]:
+    # written here, not kept in tests/scripts: `ruff check tests` would fail on it
     cwd = tmp_path_factory.mktemp("syntax")
-    traced = hooktrace_cmd("run", "-o", "log.jsonl", SYNTAX, cwd=cwd)
-    return traced, python(SYNTAX, cwd=cwd), cwd / "log.jsonl"
+    script = cwd / "syntax_error.py"
+    script.write_text('print("this line is fine")\nx = (1,\n')
+    traced = hooktrace_cmd("run", "-o", "log.jsonl", script, cwd=cwd)
+    return traced, python(script, cwd=cwd), cwd / "log.jsonl", script
 
 
-def test_syntax_error_as_python(syntax_runs: tuple[Run, Run, Path]) -> None:
-    traced, plain, log = syntax_runs
+def test_syntax_error_as_python(syntax_runs: tuple[Run, Run, Path, Path]) -> None:
+    traced, plain, log, script = syntax_runs
     assert traced.returncode == plain.returncode == 1
     assert traced.stdout == plain.stdout == ""
     expected = plain.stderr.splitlines()
-    assert expected[0] == f'  File "{SYNTAX}", line 2'
+    assert expected[0] == f'  File "{script}", line 2'
     assert expected[-1] == "SyntaxError: '(' was never closed"
     assert from_script_frame(script_stderr(traced.stderr), "syntax_error.py") == expected
     end = end_of(log)
@@ -267,10 +264,8 @@ def test_syntax_error_as_python(syntax_runs: tuple[Run, Run, Path]) -> None:
     assert end.error is not None and end.error["type"] == "SyntaxError"
 
 
-@pytest.mark.xfail(strict=True, reason="hooktrace bug: a SyntaxError of the script is printed "
-                   "under 'Traceback' with hooktrace runner and runpy frames; python prints none")
-def test_syntax_error_no_traceback_header(syntax_runs: tuple[Run, Run, Path]) -> None:
-    traced, plain, _ = syntax_runs
+def test_syntax_error_no_traceback_header(syntax_runs: tuple[Run, Run, Path, Path]) -> None:
+    traced, plain, _, _ = syntax_runs
     assert script_stderr(traced.stderr) == plain.stderr.splitlines()
 
 
@@ -300,9 +295,6 @@ def test_module_mode_package_main(tmp_path: Path) -> None:
     assert end_of(log) == schema.End(status="ok", exit_code=0)
 
 
-@pytest.mark.xfail(strict=True, reason="hooktrace bug: _check_target looks the module up before "
-                   "the current directory is put on sys.path, so the `hooktrace` console script "
-                   "(whose sys.path[0] is its bin folder) says 'no module named pkg.mod'")
 def test_module_mode_with_console_script(tmp_path: Path) -> None:
     exe = Path(sys.executable).parent / "hooktrace"
     if not exe.exists():
@@ -373,9 +365,6 @@ def test_max_events_caps_the_log(capped_run: tuple[Run, Path]) -> None:
     assert lines[1:] == summary(5, 3, "log.jsonl", dropped=end.dropped)
 
 
-@pytest.mark.xfail(strict=True, reason="hooktrace bug: End.dropped is documented as the events not "
-                   "written because --max-events was reached (24 - 5 = 19 here) but counts only "
-                   "the calls already in flight when the cap hit (1)")
 def test_max_events_dropped_counts_every_unrecorded_event(capped_run: tuple[Run, Path]) -> None:
     _, log = capped_run
     assert end_of(log).dropped == 3 * 8 - 5
@@ -421,8 +410,9 @@ def test_sigint_ends_interrupted_and_dies_by_sigint(tmp_path: Path) -> None:
     assert end.error == {"type": "KeyboardInterrupt", "message": ""}
     assert end.steps >= 1
     assert end.events == len(events(log))
-    assert len([r for r in read_log(log) if isinstance(r, schema.Step)]) == end.steps
-    assert lines[-2:] == summary(end.events, end.steps, "log.jsonl")
+    steps = [r.step for r in read_log(log) if isinstance(r, schema.Step)]
+    assert steps == list(range(len(steps))) and 1 <= len(steps) <= end.steps
+    assert lines[-2:] == summary(end.events, end.steps, str(log))
 
 
 def test_sigterm_ends_interrupted_and_dies_by_sigterm(tmp_path: Path) -> None:
@@ -435,7 +425,7 @@ def test_sigterm_ends_interrupted_and_dies_by_sigterm(tmp_path: Path) -> None:
     assert (end.status, end.exit_code, end.error) == ("interrupted", -15, None)
     assert end.steps >= 1
     assert end.events == len(events(log))
-    assert err.splitlines() == summary(end.events, end.steps, "log.jsonl")
+    assert err.splitlines() == summary(end.events, end.steps, str(log))
 
 
 def test_sigkill_leaves_a_readable_log(tmp_path: Path) -> None:
@@ -464,20 +454,21 @@ def test_sigkill_leaves_a_readable_log(tmp_path: Path) -> None:
     (["-m", "no_such_module_xyz"], "no module named no_such_module_xyz"),
     (["-m", "pkg.no_such_mod"], "no module named pkg.no_such_mod"),
     (["-m", "no_such_pkg_xyz.sub"], "no module named no_such_pkg_xyz.sub"),
-    (["-o", "syntax_error.py", "syntax_error.py"],
-     "the log would overwrite the script syntax_error.py; choose another -o"),
-    (["-o", "./pkg/../syntax_error.py", "syntax_error.py"],
-     "the log would overwrite the script syntax_error.py; choose another -o"),
-    (["-o", "helper_mod.py", "syntax_error.py"],
+    (["-o", "exit_code.py", "exit_code.py"],
+     "the log would overwrite the script exit_code.py; choose another -o"),
+    (["-o", "./pkg/../exit_code.py", "exit_code.py"],
+     "the log would overwrite the script exit_code.py; choose another -o"),
+    (["-o", "helper_mod.py", "exit_code.py"],
      "helper_mod.py exists and is not a hooktrace log; refusing to overwrite it"),
     (["-o", "pkg/mod.py", "-m", "pkg.mod"],
      "pkg/mod.py exists and is not a hooktrace log; refusing to overwrite it"),
-    (["-o", "pkg", "syntax_error.py"], "pkg is a directory; give a file name for the log"),
-    (["--steps", "3:1", "syntax_error.py"], "--steps '3:1': '3:1' selects no step"),
+    (["-o", "pkg", "exit_code.py"], "pkg is a directory; give a file name for the log"),
+    (["--steps", "3:1", "exit_code.py"], "--steps '3:1': '3:1' selects no step"),
 ])
 def test_bad_input_is_one_line_exit_2(args: list[str], message: str) -> None:
-    before = {p: p.read_bytes() for p in SCRIPTS.rglob("*.py")}
+    files = [SCRIPTS / "exit_code.py", SCRIPTS / "helper_mod.py", SCRIPTS / "pkg" / "mod.py"]
+    before = [p.read_bytes() for p in files]
     result = hooktrace_cmd("run", *args, cwd=SCRIPTS)
     assert_user_error(result, message)
-    assert {p: p.read_bytes() for p in SCRIPTS.rglob("*.py")} == before
+    assert [p.read_bytes() for p in files] == before
     assert not (SCRIPTS / "hooktrace.jsonl").exists()

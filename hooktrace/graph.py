@@ -1,0 +1,418 @@
+"""One step of a log as a call graph: what ran, nested how, in which order forward and backward.
+
+``load_step`` streams a log and keeps the events of one step only (by default the first step
+that has a backward event). ``build`` turns them into a ``View``: the nodes to draw, the clusters
+they nest in (the fqn hierarchy, ``layer1`` > ``layer1.0``), and the numbered forward and backward
+edges between them, held in networkx graphs. Standard library and networkx only: no torch.
+
+Node model: one node per module *call*, not one node per module with numbered visits. ResNet's
+blocks call their ``relu`` three times; as three nodes the forward order is a path that only
+moves on (``bn1 -> relu -> conv2 -> ... -> relu``), so ``dot`` ranks the picture top to bottom in
+execution order and every call keeps its own shapes and its own backward, or lack of one. One
+node with visits turns each shared module into a hub with three edges in and three out that cross
+the block, and cannot show that only its second call got no gradient.
+
+Which calls become nodes: the module tree of the step's calls is rebuilt from fqns and ``seq``
+(a call belongs to the nearest ancestor module's call that returned after it; forward events are
+written on return). Calls with child calls become clusters, the others nodes. ``depth`` D folds
+every call deeper than D into one node per call of its ancestor at depth D, labelled with the
+number of calls folded into it. Recomputes (activation checkpointing) are drawn on the call they
+re-ran, not as more nodes. The default depth is the deepest whose picture has at most
+``AUTO_MAX_NODES`` nodes: the whole MNIST net, a two-layer transformer encoder to its Linear and
+LayerNorm calls, and resnet50 at depth 2 (stem, 16 Bottleneck nodes in four layer clusters, fc).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import networkx as nx  # type: ignore[import-untyped]  # networkx ships no type hints
+
+from hooktrace import schema
+from hooktrace.errors import HooktraceError, LogError
+from hooktrace.logio import LogReader
+
+Event = schema.ForwardEvent | schema.BackwardEvent
+ModuleKey = tuple[int, str]  # (model, fqn)
+NodeKey = tuple[int, str, int]  # (model, fqn, call); call -1: folded calls, no own call
+
+PHASES = ("forward", "backward", "both")
+AUTO_MAX_NODES = 40  # resnet50: 22 nodes at depth 2, 154 at depth 3
+
+
+class SelectionError(HooktraceError):
+    """``--step`` or ``--model`` names something the log does not hold."""
+
+
+def depth_of(fqn: str) -> int:
+    """0 for a model's root (``""``), 1 for ``layer1``, 3 for ``layer1.0.conv1``."""
+    return fqn.count(".") + 1 if fqn else 0
+
+
+def ancestors(fqn: str) -> list[str]:
+    """The fqns above ``fqn``, nearest first: ``a.b.c`` -> ``a.b``, ``a``, ``""``."""
+    out = []
+    while fqn:
+        fqn = fqn.rpartition(".")[0]
+        out.append(fqn)
+    return out
+
+
+def ranges(numbers: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"`` (steps in messages)."""
+    runs: list[list[int]] = []
+    for n in sorted(numbers):
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+@dataclass(slots=True)
+class StepLog:
+    """What ``load_step`` kept: one step's events of the chosen models, and the module records."""
+
+    path: Path
+    step: int
+    steps: list[int]  # every step of the chosen models that has events
+    models: dict[int, str]  # model index -> name, from the ``model`` records
+    classes: dict[ModuleKey, str]  # from the ``module`` records
+    events: list[Event]  # this step's, in seq order
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def has_backward(self) -> bool:
+        return any(e.phase == "backward" for e in self.events)
+
+    def cls(self, model: int, fqn: str) -> str:
+        return self.classes.get((model, fqn), "?")
+
+
+class _Keeper:
+    """Keeps the events of the requested step, or of the first step with a backward event."""
+
+    def __init__(self, step: int | None) -> None:
+        self.step = step
+        self.kept: dict[int, list[Event]] = {}
+        self.steps: set[int] = set()
+        self.first_backward: int | None = None
+
+    def add(self, e: Event) -> None:
+        self.steps.add(e.step)
+        if self.step is not None:
+            if e.step == self.step:
+                self.kept.setdefault(e.step, []).append(e)
+            return
+        if e.phase == "backward" and (self.first_backward is None or e.step < self.first_backward):
+            self.first_backward = e.step
+            self.kept = {e.step: self.kept.get(e.step, [])}  # earlier steps had no backward
+        if self.first_backward is None or e.step == self.first_backward:
+            # until a backward shows up every step is a candidate; that is one step in practice
+            self.kept.setdefault(e.step, []).append(e)
+
+    def chosen(self) -> int:
+        if self.step is not None:
+            return self.step
+        return self.first_backward if self.first_backward is not None else min(self.steps)
+
+
+def load_step(path: str | os.PathLike[str], step: int | None = None,
+              model: str | None = None) -> StepLog:
+    """Stream the log at ``path`` and keep step ``step`` (default: the first with a backward
+    event) of the model named ``model`` (default: all). Raises LogError / SelectionError."""
+    reader = LogReader(path)
+    models: dict[int, str] = {}
+    classes: dict[ModuleKey, str] = {}
+    keeper = _Keeper(step)
+    any_events = False
+    for record in reader:
+        if isinstance(record, (schema.ForwardEvent, schema.BackwardEvent)):
+            any_events = True
+            if model is None or models.get(record.model) == model:
+                keeper.add(record)
+        elif isinstance(record, schema.Module):
+            classes[(record.model, record.name)] = record.cls
+        elif isinstance(record, schema.Model):
+            models[record.model] = record.name
+    if not any_events:
+        raise LogError(f"{reader.path} has no events: no module call was recorded")
+    if model is not None and model not in models.values():
+        names = ", ".join(repr(n) for n in sorted(models.values()))
+        raise SelectionError(f"no model {model!r} in {reader.path}; its models: {names}")
+    if not keeper.steps:
+        raise SelectionError(f"model {model!r} has no events in {reader.path}")
+    chosen = keeper.chosen()
+    if chosen not in keeper.steps:
+        raise SelectionError(f"no step {chosen} in {reader.path}; its steps: "
+                             f"{ranges(sorted(keeper.steps))}")
+    events = sorted(keeper.kept.get(chosen, []), key=lambda e: e.seq)
+    return StepLog(reader.path, chosen, sorted(keeper.steps), models, classes, events,
+                   reader.warnings)
+
+
+@dataclass(slots=True)
+class Call:
+    """One forward call of one module in the step, with its backward event if it had one."""
+
+    model: int
+    fqn: str
+    call: int
+    cls: str
+    seq: int
+    output_shapes: list[schema.Shape]
+    no_grad: bool
+    recomputed: bool = False  # activation checkpointing re-ran it inside backward
+    backward: schema.BackwardEvent | None = None
+    parent: NodeKey | None = None  # the call of an ancestor module it ran inside
+    children: int = 0
+
+    @property
+    def key(self) -> NodeKey:
+        return (self.model, self.fqn, self.call)
+
+    @property
+    def depth(self) -> int:
+        return depth_of(self.fqn)
+
+
+def calls_of(log: StepLog) -> tuple[dict[NodeKey, Call], list[tuple[Call, schema.BackwardEvent]]]:
+    """The step's forward calls in seq order, linked to their parents, and the backward events
+    paired to them in backward order. A recompute maps to the call it re-ran."""
+    calls: dict[NodeKey, Call] = {}
+    by_seq: dict[int, NodeKey] = {}
+    for e in log.events:
+        if isinstance(e, schema.ForwardEvent):
+            key = (e.model, e.name, e.call)
+            by_seq[e.seq] = key
+            if e.recompute:
+                if key in calls:
+                    calls[key].recomputed = True
+            elif key not in calls:
+                calls[key] = Call(e.model, e.name, e.call, log.cls(e.model, e.name), e.seq,
+                                  e.output_shapes, e.no_grad)
+    backward: list[tuple[Call, schema.BackwardEvent]] = []
+    for e in log.events:
+        if isinstance(e, schema.BackwardEvent):
+            found = calls.get(by_seq.get(e.fwd, (e.model, e.name, e.call)))
+            if found is not None:
+                found.backward = found.backward or e
+                backward.append((found, e))
+    _link_parents(calls)
+    return calls, backward
+
+
+def _link_parents(calls: dict[NodeKey, Call]) -> None:
+    seqs: dict[ModuleKey, list[int]] = {}
+    for c in calls.values():  # seq order, so every list is sorted
+        seqs.setdefault((c.model, c.fqn), []).append(c.seq)
+    call_at = {c.seq: c for c in calls.values()}
+    for c in calls.values():
+        for fqn in ancestors(c.fqn):
+            above = seqs.get((c.model, fqn), [])
+            i = bisect.bisect_right(above, c.seq)  # the first call of it to return after c
+            if i < len(above):
+                parent = call_at[above[i]]
+                c.parent = parent.key
+                parent.children += 1
+                break
+
+
+def node_key(c: Call, calls: dict[NodeKey, Call], depth: int) -> NodeKey | None:
+    """The node that shows call ``c`` at ``depth``; None when ``c`` is a cluster."""
+    if c.depth == depth or (c.depth < depth and c.children == 0):
+        return c.key
+    if c.depth < depth:
+        return None
+    top = ".".join(c.fqn.split(".")[:depth])
+    parent = c.parent
+    while parent is not None and depth_of(parent[1]) >= depth:
+        if parent[1] == top:
+            return parent
+        parent = calls[parent].parent
+    return (c.model, top, -1)
+
+
+def auto_depth(calls: dict[NodeKey, Call]) -> int:
+    """The deepest depth whose picture has at most AUTO_MAX_NODES nodes (at least 1)."""
+    deepest = max((c.depth for c in calls.values()), default=0)
+    chosen = min(1, deepest)
+    for depth in range(2, deepest + 1):
+        if len({node_key(c, calls, depth) for c in calls.values()} - {None}) > AUTO_MAX_NODES:
+            break
+        chosen = depth
+    return chosen
+
+
+@dataclass(slots=True)
+class Node:
+    """A box in the picture: one call, or the calls folded into one call at the depth limit."""
+
+    key: NodeKey
+    cls: str
+    seq: int  # the first forward seq among its calls: the order nodes are written in
+    output_shapes: list[schema.Shape]
+    module_calls: int  # calls of this module in the step, for "call 2/3"
+    folded: int = 0  # calls below it folded into this node
+    grad_calls: int = 0  # its calls (own and folded) that ran with gradient recording on
+    missing: int = 0  # ... of which got no backward event
+    backward: schema.BackwardEvent | None = None
+    recomputed: bool = False
+
+
+@dataclass(slots=True)
+class Cluster:
+    """A box around the nodes of one module's descendants."""
+
+    key: ModuleKey
+    cls: str
+    seq: int
+    calls: int
+    output_shapes: list[schema.Shape]  # of its only call; [] when called 0 or several times
+    missing: bool  # a call of it ran with gradient on and got no backward event
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    src: NodeKey
+    dst: NodeKey
+    phase: str
+    order: int  # 1..n in the order the phase ran
+    grad_input_len: int = 0  # backward: of dst's backward event as it started
+    grad_output_len: int = 0
+    mirrored: bool = True  # backward: forward ran the same edge the other way
+
+
+@dataclass(slots=True)
+class View:
+    """What to draw for one step: nodes and edges (``graph``), the cluster tree (``clusters``)."""
+
+    log: StepLog
+    depth: int
+    auto_depth: bool
+    deepest: int  # the depth of the deepest call: --depth beyond it changes nothing
+    phase: str
+    checked: bool  # the step had a backward and it is drawn: a node without one is marked
+    graph: nx.MultiDiGraph  # NodeKey nodes with attribute "node"; edges with attribute "edge"
+    # containment: ModuleKey clusters (attribute "cluster") -> the clusters and NodeKey nodes
+    # (attribute "node") directly inside them; nodes and clusters outside any have no parent
+    tree: nx.DiGraph
+    backward_start: tuple[NodeKey, schema.BackwardEvent] | None = None
+
+    def nodes(self) -> list[Node]:
+        return sorted((d["node"] for _, d in self.graph.nodes(data=True)),
+                      key=lambda n: (n.seq, n.key))
+
+    def edges(self) -> list[Edge]:
+        found: list[Edge] = [d["edge"] for _, _, d in self.graph.edges(data=True)]
+        return sorted(found, key=lambda e: (e.phase != "forward", e.order))
+
+    def inside(self, cluster: ModuleKey | None) -> list[Cluster | Node]:
+        """The clusters and nodes directly inside ``cluster`` (None: the top), in forward order."""
+        if cluster is None:
+            keys = [k for k, degree in self.tree.in_degree() if degree == 0]
+        else:
+            keys = list(self.tree.successors(cluster))
+        found: list[Cluster | Node] = [
+            self.tree.nodes[k].get("cluster") or self.tree.nodes[k]["node"] for k in keys]
+        return sorted(found, key=lambda x: (x.seq, x.key))
+
+
+def build(log: StepLog, depth: int | None = None, phase: str = "both") -> View:
+    """The picture's model: ``depth`` None picks one (see the module docstring)."""
+    if phase not in PHASES:
+        raise HooktraceError(f"unknown phase {phase!r}; choose one of {', '.join(PHASES)}")
+    calls, backward = calls_of(log)
+    chosen = auto_depth(calls) if depth is None else depth
+    keys = {key: node_key(c, calls, chosen) for key, c in calls.items()}
+    view = View(log, chosen, depth is None, max((c.depth for c in calls.values()), default=0),
+                phase, log.has_backward and phase != "forward", nx.MultiDiGraph(), nx.DiGraph())
+    _add_nodes(view, calls, keys)
+    _add_clusters(view, calls)
+    forward = _chain([(keys[c.key], None) for c in calls.values()])
+    if phase != "backward":
+        for order, (src, dst, _) in enumerate(forward, 1):
+            view.graph.add_edge(src, dst, key=("forward", order),
+                                edge=Edge(src, dst, "forward", order))
+    visits = [(keys[c.key], e) for c, e in backward]
+    if phase != "forward":
+        mirrors = {(dst, src) for src, dst, _ in forward}
+        for order, (src, dst, e) in enumerate(_chain(visits), 1):
+            assert e is not None
+            view.graph.add_edge(src, dst, key=("backward", order), edge=Edge(
+                src, dst, "backward", order, e.grad_input_len, e.grad_output_len,
+                (src, dst) in mirrors))
+        view.backward_start = next(((k, e) for k, e in visits if k is not None and e), None)
+    return view
+
+
+_Link = tuple[NodeKey, NodeKey, schema.BackwardEvent | None]
+
+
+def _chain(visits: Sequence[tuple[NodeKey | None, schema.BackwardEvent | None]]) -> list[_Link]:
+    """Edges between consecutive distinct nodes of ``visits`` (None: a cluster, skipped), each
+    with the event of the visit that entered its destination."""
+    links: list[_Link] = []
+    last: NodeKey | None = None
+    for key, event in visits:
+        if key is None or key == last:
+            continue
+        if last is not None:
+            links.append((last, key, event))
+        last = key
+    return links
+
+
+def _add_nodes(view: View, calls: dict[NodeKey, Call], keys: dict[NodeKey, NodeKey | None]
+               ) -> None:
+    members: dict[NodeKey, list[Call]] = {}
+    per_module: dict[ModuleKey, int] = {}
+    for c in calls.values():
+        per_module[(c.model, c.fqn)] = per_module.get((c.model, c.fqn), 0) + 1
+        key = keys[c.key]
+        if key is not None:
+            members.setdefault(key, []).append(c)
+    for key, group in members.items():
+        own = calls.get(key)
+        with_backward = [c.backward for c in group if c.backward is not None]
+        first = min(with_backward, key=lambda e: e.seq, default=None)
+        node = Node(
+            key, own.cls if own else view.log.cls(key[0], key[1]), min(c.seq for c in group),
+            own.output_shapes if own else [], per_module.get((key[0], key[1]), 0),
+            folded=sum(c.key != key for c in group),
+            grad_calls=sum(not c.no_grad for c in group),
+            missing=sum(not c.no_grad and c.backward is None for c in group),
+            backward=own.backward if own and own.backward else first,
+            recomputed=any(c.recomputed for c in group))
+        view.graph.add_node(key, node=node)
+
+
+def _add_clusters(view: View, calls: dict[NodeKey, Call]) -> None:
+    """Put every node in the tree, under the cluster of its module or of the nearest one above."""
+    tree = view.tree
+    for node in view.nodes():
+        model, fqn, _ = node.key
+        for above in ancestors(fqn):
+            if (model, above) not in tree:
+                tree.add_node((model, above), cluster=Cluster(
+                    (model, above), view.log.cls(model, above), node.seq, 0, [], False))
+    for c in calls.values():
+        if (c.model, c.fqn) in tree:
+            cluster: Cluster = tree.nodes[(c.model, c.fqn)]["cluster"]
+            cluster.calls += 1
+            cluster.output_shapes = c.output_shapes if cluster.calls == 1 else []
+            cluster.missing |= view.checked and not c.no_grad and c.backward is None
+    for model, fqn in list(tree):
+        if fqn:
+            tree.add_edge((model, ancestors(fqn)[0]), (model, fqn))
+    for node in view.nodes():
+        model, fqn, _ = node.key
+        tree.add_node(node.key, node=node)
+        if (model, fqn) in tree:
+            tree.add_edge((model, fqn), node.key)
+        elif fqn:
+            tree.add_edge((model, ancestors(fqn)[0]), node.key)

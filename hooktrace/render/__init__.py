@@ -1,0 +1,164 @@
+"""Pictures of one step of a log: ``render`` for Python and notebooks, ``write_picture`` for
+``hooktrace render``. Reading a log and drawing it never imports torch.
+
+    >>> picture = hooktrace.render.render("hooktrace.jsonl")   # Jupyter shows it inline
+    >>> print(picture.source)                                  # the DOT text
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, Union
+
+from hooktrace.errors import HooktraceError
+from hooktrace.graph import build, load_step
+from hooktrace.render import dot
+
+FORMATS = ("dot", "svg", "png", "pdf")
+
+
+class _HasPath(Protocol):
+    @property
+    def path(self) -> Path: ...
+
+
+LogLike = Union[str, "os.PathLike[str]", _HasPath]  # a path, or a hooktrace.trace() session
+
+
+@dataclass(slots=True)
+class Picture:
+    """The DOT source of one step's call graph; a notebook shows it as SVG."""
+
+    source: str
+    step: int
+    depth: int
+    auto_depth: bool
+    nodes: int
+    forward_edges: int
+    backward_edges: int
+    warnings: list[str] = field(default_factory=list)
+
+    def pipe(self, format: str = "svg") -> bytes:
+        """The picture laid out by Graphviz ``dot`` as svg, png or pdf."""
+        return dot.run_dot(self.source, format)
+
+    def svg(self) -> str:
+        return self.pipe("svg").decode("utf-8")
+
+    def _repr_svg_(self) -> str:
+        return self.svg()
+
+    def summary(self) -> str:
+        depth = f"depth {self.depth}{' (auto)' if self.auto_depth else ''}"
+        edges = self.forward_edges + self.backward_edges
+        return (f"step {self.step}, {depth}: {self.nodes} modules, {edges} edges "
+                f"({self.forward_edges} forward, {self.backward_edges} backward)")
+
+
+def _log_path(log: LogLike) -> Path:
+    return Path(log.path if hasattr(log, "path") else log)
+
+
+def picture(log: LogLike, *, step: int | None = None, model: str | None = None,
+            depth: int | None = None, phase: str = "both") -> Picture:
+    """The call graph of one step of ``log``; see ``hooktrace render --help`` for the options."""
+    loaded = load_step(_log_path(log), step, model)
+    view = build(loaded, depth, phase)
+    edges = view.edges()
+    forward = sum(e.phase == "forward" for e in edges)
+    return Picture(dot.to_dot(view), loaded.step, view.depth, view.auto_depth,
+                   view.graph.number_of_nodes(), forward, len(edges) - forward, loaded.warnings)
+
+
+def render(log: LogLike, *, step: int | None = None, model: str | None = None,
+           depth: int | None = None, phase: str = "both") -> Picture:
+    """For notebooks: ``picture()``, with the log's warnings (a missing end record) raised as
+    Python warnings. Displaying the result needs the Graphviz ``dot`` program."""
+    result = picture(log, step=step, model=model, depth=depth, phase=phase)
+    for message in result.warnings:
+        warnings.warn(message, stacklevel=2)
+    return result
+
+
+@dataclass(slots=True)
+class Written:
+    path: Path
+    format: str
+    picture: Picture
+
+    def summary(self) -> str:
+        return f"wrote {self.path}: {self.picture.summary()}"
+
+
+def _format(fmt: str | None, output: Path | None) -> str:
+    suffix = output.suffix.lstrip(".").lower() if output else ""
+    chosen = (fmt or suffix or "svg").lower()
+    if chosen not in FORMATS:
+        raise HooktraceError(f"unknown format {chosen!r}; choose one of {', '.join(FORMATS)}")
+    if fmt and suffix in FORMATS and suffix != chosen:
+        raise HooktraceError(f"the output {output} has the extension of {suffix}, not {chosen}")
+    return chosen
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def _refuse_log(path: Path, log: Path) -> None:
+    if _same_file(path, log):
+        raise HooktraceError(f"refusing to write the picture over the log {log}; "
+                             "give another output path")
+
+
+def _write(path: Path, data: bytes, log: Path) -> None:
+    """Write ``data`` to ``path`` whole or not at all; never over the log. A device or pipe
+    (``/dev/stdout``) is written into, never replaced."""
+    _refuse_log(path, log)
+    if path.is_dir():
+        raise HooktraceError(f"{path} is a directory; give a file name for the picture")
+    target = path.resolve() if path.is_symlink() else path  # replace the file, not the link
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        if path.exists() and not path.is_file():
+            with path.open("wb") as f:
+                f.write(data)
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_bytes(data)
+        os.replace(temporary, target)
+    except OSError as e:
+        temporary.unlink(missing_ok=True)
+        raise HooktraceError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def write_picture(log: str | os.PathLike[str], output: str | os.PathLike[str] | None = None,
+                  fmt: str | None = None, *, step: int | None = None, model: str | None = None,
+                  depth: int | None = None, phase: str = "both") -> Written:
+    """``hooktrace render``: draw one step of ``log`` into ``output`` (default: the log's name
+    with the format's extension). Without the ``dot`` program the DOT text is written to a
+    ``.dot`` file next to ``output`` and DotMissingError says so."""
+    log = Path(log)
+    out = Path(output) if output is not None else None
+    if out is not None:
+        _refuse_log(out, log)  # before anything else: the clearest message for this mistake
+    chosen = _format(fmt, out)
+    out = out or log.with_suffix(f".{chosen}")
+    _refuse_log(out, log)  # a log named x.svg
+    result = picture(log, step=step, model=model, depth=depth, phase=phase)
+    if chosen == "dot":
+        data = result.source.encode("utf-8")
+    else:
+        try:
+            data = result.pipe(chosen)
+        except dot.DotMissingError as e:
+            dot_file = out.with_suffix(".dot")
+            _write(dot_file, result.source.encode("utf-8"), log)
+            raise dot.DotMissingError(f"wrote {dot_file} only: {e}") from None
+    _write(out, data, log)
+    return Written(out, chosen, result)

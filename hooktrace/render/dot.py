@@ -1,0 +1,222 @@
+"""A ``View`` as DOT text, and the Graphviz ``dot`` program for svg/png/pdf.
+
+The only module that imports ``graphviz`` (the Python package builds the DOT source; the ``dot``
+program lays it out), and only when a picture is made. Output is deterministic: nodes and
+clusters are written in forward order (``seq``), edges by phase and number, and node ids come
+from the model index, the fqn and the call index, never ``id()``.
+
+Every name is text from the user's model: labels are HTML-like labels built here with every
+``&``, ``<`` and ``>`` escaped and control characters written as escapes; node and cluster ids
+are percent-encoded (``"``, ``\\``, ``:`` and newlines cannot end up in them).
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+from urllib.parse import quote
+
+from hooktrace.errors import HooktraceError
+from hooktrace.graph import Cluster, Edge, Node, NodeKey, View
+from hooktrace.render.text import printable, shapes_text
+
+FORWARD_COLOUR = "#303030"
+BACKWARD_COLOUR = "#1f63c6"
+# node state -> (fill colour, what the legend says); gradient health adds its states here
+STATES = {
+    "ok": ("#ffffff", ""),
+    "no backward": ("#c4c4c4", "ran forward with gradients on, got no backward"),
+    "no_grad": ("#e2eaf5", "ran under no_grad: no backward expected"),
+}
+TIMES = "\N{MULTIPLICATION SIGN}"  # shapes read 8x3x224x224 with it
+_CLUSTER_FILLS = ("#f7f7f7", "#eeeeee")
+_FONT = "Helvetica"
+_SMALL = 9
+
+
+class DotMissingError(HooktraceError):
+    """The Graphviz ``dot`` program is not installed."""
+
+
+def _graphviz() -> Any:  # the graphviz module; it has no type hints
+    try:
+        import graphviz  # type: ignore[import-untyped]  # graphviz ships no type hints
+    except ImportError:
+        raise HooktraceError("the graphviz Python package is missing: "
+                             "pip install graphviz") from None
+    return graphviz
+
+
+def node_state(node: Node, checked: bool) -> str:
+    """The state a node is coloured by (a key of STATES). The one place to add gradient health
+    (no gradient / NaN-Inf / vanishing / exploding) once the log carries gradient statistics."""
+    if not checked or node.backward is not None:
+        return "ok"
+    return "no_grad" if node.grad_calls == 0 else "no backward"
+
+
+def _node_id(key: NodeKey) -> str:
+    model, fqn, call = key
+    return f"m{model}/{quote(fqn, safe='._()-')}#{call if call >= 0 else '*'}"
+
+
+def _cluster_id(model: int, fqn: str) -> str:
+    return f"cluster_m{model}/{quote(fqn, safe='._()-')}"
+
+
+def _html(text: str) -> str:
+    return html.escape(printable(text), quote=False)
+
+
+def _small(text: str, colour: str = "#505050") -> str:
+    return f'<FONT POINT-SIZE="{_SMALL}" COLOR="{colour}">{text}</FONT>'
+
+
+def node_label(node: Node, view: View) -> str:
+    """fqn, class (and which call), output shapes, folded calls, and what backward did."""
+    model, fqn, call = node.key
+    name = _html(fqn) if fqn else _html(view.log.models.get(model, f"model {model}"))
+    kind = _html(node.cls)
+    if node.module_calls > 1 and call >= 0:
+        kind += f" · call {call + 1}/{node.module_calls}"
+    lines = [f"<B>{name}</B>", kind]
+    if node.output_shapes:
+        lines.append(_small(_html(shapes_text(node.output_shapes, TIMES))))
+    if node.folded:
+        lines.append(_small(f"+{node.folded} calls inside"))
+    state = node_state(node, view.checked)
+    if state != "ok":
+        lines.append(_small(f"<I>{state}</I>", "#303030"))
+    elif view.checked and node.missing:
+        lines.append(_small(f"<I>{node.missing} of {node.grad_calls} calls got no backward</I>"))
+    if node.recomputed:
+        lines.append(_small("<I>recomputed in backward</I>"))
+    return "<" + "<BR/>".join(lines) + ">"
+
+
+def cluster_label(cluster: Cluster, view: View) -> str:
+    model, fqn = cluster.key
+    name = _html(fqn) if fqn else _html(view.log.models.get(model, f"model {model}"))
+    parts = [f"<B>{name}</B>", _html(cluster.cls)]
+    if cluster.calls > 1:
+        parts.append(f"{cluster.calls} calls")
+    if cluster.output_shapes:
+        parts.append(_html(shapes_text(cluster.output_shapes, TIMES)))
+    if cluster.missing:
+        parts.append("<I>no backward</I>")
+    return "<" + " · ".join(parts) + ">"
+
+
+def _edge(edge: Edge, view: View) -> tuple[str, str, dict[str, str]]:
+    """(tail id, head id, attributes). A backward edge that goes back up the forward order is
+    written head first with ``dir=back``: dot then lays it beside the forward edge it mirrors,
+    labels apart, and it keeps the ranks forward gave."""
+    src, dst = _node_id(edge.src), _node_id(edge.dst)
+    if edge.phase == "forward":
+        return src, dst, {"label": str(edge.order), "color": FORWARD_COLOUR}
+    attrs = {
+        "label": f"{edge.order} · gi {edge.grad_input_len} go {edge.grad_output_len}",
+        "style": "dashed", "color": BACKWARD_COLOUR, "fontcolor": BACKWARD_COLOUR,
+    }
+    if not edge.mirrored:
+        attrs["penwidth"] = "2"
+    seq = {key: view.graph.nodes[key]["node"].seq for key in (edge.src, edge.dst)}
+    if seq[edge.dst] < seq[edge.src]:
+        return dst, src, {**attrs, "dir": "back"}
+    return src, dst, {**attrs, "constraint": "false"}
+
+
+def _legend(view: View, states: set[str]) -> str:
+    rows = []
+    if view.phase != "backward":
+        rows.append((f'<FONT COLOR="{FORWARD_COLOUR}">——▶ 1, 2, …</FONT>',
+                     "forward: calls in execution order"))
+    if view.phase != "forward" and view.backward_start is not None:
+        rows.append((f'<FONT COLOR="{BACKWARD_COLOUR}">- - ▶ 1, 2, …</FONT>',
+                     "backward: in the order it ran"))
+        rows.append((f'<FONT COLOR="{BACKWARD_COLOUR}">gi 1 go 1</FONT>',
+                     "its grad_input / grad_output tensor counts"))
+    if any(not e.mirrored for e in view.edges()):
+        rows.append((f'<FONT COLOR="{BACKWARD_COLOUR}"><B>- - ▶</B></FONT>',
+                     "bold: a backward step that forward did not take the other way"))
+    swatches = {}
+    for state in sorted(states - {"ok"}):
+        fill, text = STATES[state]
+        swatches[len(rows)] = f' BGCOLOR="{fill}" BORDER="1"'
+        rows.append(("", text))
+    if any(n.folded for n in view.nodes()):
+        rows.append(("+N calls inside", f"calls deeper than depth {view.depth} folded in "
+                     "(--depth)"))
+    cells = "".join(f'<TR><TD ALIGN="LEFT"{swatches.get(i, "")}>{a}</TD>'
+                    f'<TD ALIGN="LEFT">{b}</TD></TR>' for i, (a, b) in enumerate(rows))
+    return (f'<<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="0" CELLPADDING="2">'
+            f'<TR><TD ALIGN="LEFT" COLSPAN="2"><B>legend</B></TD></TR>{cells}</TABLE>>')
+
+
+def _title(view: View) -> str:
+    log = view.log
+    models = sorted({key[0] for key in view.graph.nodes})
+    names = ", ".join(_html(f"{log.models.get(m, f'model {m}')} ({log.cls(m, '')})")
+                      for m in models)
+    phase = "forward and backward" if view.phase == "both" else f"{view.phase} only"
+    depth = f"depth {view.depth} of {view.deepest}{' (auto)' if view.auto_depth else ''}"
+    return f"<<B>{names}</B> · step {log.step} · {phase} · {depth}>"
+
+
+def to_dot(view: View) -> str:
+    """The DOT text of ``view``: the same view gives the same text, byte for byte."""
+    graphviz = _graphviz()
+    g = graphviz.Digraph("hooktrace", graph_attr={
+        "rankdir": "TB", "newrank": "true", "fontname": _FONT, "fontsize": "11",
+        "labelloc": "t", "labeljust": "l", "label": _title(view), "nodesep": "0.25",
+        "ranksep": "0.3"})
+    g.attr("node", shape="box", style="rounded,filled", fontname=_FONT, fontsize="10",
+           margin="0.1,0.04", penwidth="0.8")
+    g.attr("edge", fontname=_FONT, fontsize="8", arrowsize="0.6", penwidth="0.8")
+    states: set[str] = set()
+    _emit(g, None, view, states)
+    if view.backward_start is not None:
+        key, event = view.backward_start
+        g.node("backward start", label="", shape="point", width="0.08",
+               color=BACKWARD_COLOUR)
+        g.edge("backward start", _node_id(key),
+               label=f"backward starts · gi {event.grad_input_len} go {event.grad_output_len}",
+               style="dashed", color=BACKWARD_COLOUR, fontcolor=BACKWARD_COLOUR)
+    for edge in view.edges():
+        tail, head, attrs = _edge(edge, view)
+        g.edge(tail, head, **attrs)
+    g.node("legend", label=_legend(view, states), shape="plaintext", style="", fontsize="9")
+    source: str = g.source
+    return source
+
+
+def _emit(graph: Any, cluster: Cluster | None, view: View, states: set[str]) -> None:
+    """Write the clusters and nodes inside ``cluster`` into ``graph`` (a graphviz.Digraph or a
+    subgraph of one), nested, in forward order."""
+    for item in view.inside(cluster.key if cluster else None):
+        if isinstance(item, Node):
+            state = node_state(item, view.checked)
+            states.add(state)
+            graph.node(_node_id(item.key), label=node_label(item, view),
+                       fillcolor=STATES[state][0])
+            continue
+        model, fqn = item.key
+        fill = _CLUSTER_FILLS[fqn.count(".") % 2 if fqn else 0]
+        with graph.subgraph(name=_cluster_id(model, fqn)) as sub:
+            sub.attr(label=cluster_label(item, view), style="rounded,filled", fillcolor=fill,
+                     color="#b0b0b0", fontsize="10", labeljust="l", penwidth="0.8")
+            _emit(sub, item, view, states)
+
+
+def run_dot(source: str, fmt: str) -> bytes:
+    """Lay out ``source`` with the ``dot`` program into ``fmt`` (svg, png, pdf)."""
+    graphviz = _graphviz()
+    try:
+        data: bytes = graphviz.pipe("dot", fmt, source.encode("utf-8"), quiet=True)
+    except graphviz.ExecutableNotFound:
+        raise DotMissingError(f"the Graphviz `dot` program, needed for {fmt}, is not installed: "
+                              "apt-get install graphviz") from None
+    except graphviz.CalledProcessError as e:
+        stderr = (e.stderr or b"").decode("utf-8", "replace").strip().splitlines()
+        raise HooktraceError(f"dot failed on the picture: {stderr[0] if stderr else e}") from None
+    return data

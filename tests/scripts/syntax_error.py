@@ -1,2 +1,0 @@
-print("this line is fine")
-x = (1,

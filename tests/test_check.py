@@ -1,0 +1,311 @@
+"""``hooktrace check`` on real logs: each defect sample in samples/ is traced with the real
+``hooktrace run`` and checked with the real ``hooktrace check`` (subprocesses), and the report must
+name exactly that defect: its kind, module and step, and no other problem (severity error or
+warning) unless the defect causes it. Healthy training scripts must give no problem at all.
+
+Each traced run imports torch (a few seconds), so every sample is traced once per module
+(the ``*_log`` fixtures) and its log shared by the tests that read it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import SAMPLES, hooktrace_cmd
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+PROBLEM = ("error", "warning")
+REPORT_KEYS = {"problems", "steps", "events", "warnings", "findings"}
+FINDING_KEYS = {"kind", "severity", "model", "module", "step", "message", "evidence", "hint"}
+
+Run = subprocess.CompletedProcess[str]
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+def trace(cwd: Path, script: Path, *args: str, name: str | None = None) -> Path:
+    """``hooktrace run -o LOG SCRIPT ARGS`` in ``cwd``; the run must succeed."""
+    log = cwd / f"{name or script.stem}.jsonl"
+    result = hooktrace_cmd("run", "-o", log, script, *args, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert "step 0:" in result.stdout  # the script itself ran
+    return log
+
+
+def check(log: Path, *args: str | int) -> Run:
+    return hooktrace_cmd("check", log, *map(str, args))
+
+
+def check_json(log: Path, *args: str | int) -> tuple[int, dict[str, Any]]:
+    """Exit status and parsed report of ``hooktrace check LOG --json ARGS``."""
+    result = check(log, "--json", *args)
+    assert result.returncode in (0, 1), result.stderr
+    assert "Traceback" not in result.stderr
+    report = json.loads(result.stdout)
+    assert set(report) == REPORT_KEYS, report.keys()
+    for finding in report["findings"]:
+        assert set(finding) == FINDING_KEYS, finding.keys()
+        assert finding["severity"] in ("error", "warning", "info")
+    # the count of problems agrees with the findings and with the exit status
+    assert report["problems"] == len(problems(report))
+    assert result.returncode == (1 if report["problems"] else 0)
+    return result.returncode, report
+
+
+def problems(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for f in report["findings"] if f["severity"] in PROBLEM]
+
+
+def summary(findings: list[dict[str, Any]]) -> set[tuple[str, str, str, int | None]]:
+    """(kind, severity, module, step) of each finding: what a test compares."""
+    return {(f["kind"], f["severity"], f["module"], f["step"]) for f in findings}
+
+
+def assert_user_error(result: Run) -> None:
+    """Bad input: exit 2, one line ``hooktrace: error: ...`` on stderr, no traceback."""
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("hooktrace: error: "), lines[0]
+    assert result.stdout == ""
+
+
+# -- the traced samples, once per module --------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def logs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("check")
+
+
+@pytest.fixture(scope="module")
+def detached_log(logs_dir: Path) -> Path:
+    return trace(logs_dir, SAMPLES / "detached_branch.py")
+
+
+@pytest.fixture(scope="module")
+def frozen_log(logs_dir: Path) -> Path:
+    return trace(logs_dir, SAMPLES / "frozen_by_mistake.py")
+
+
+@pytest.fixture(scope="module")
+def nan_log(logs_dir: Path) -> Path:
+    return trace(logs_dir, SAMPLES / "nan_layer.py")
+
+
+@pytest.fixture(scope="module")
+def exploding_log(logs_dir: Path) -> Path:
+    return trace(logs_dir, SAMPLES / "exploding.py")
+
+
+@pytest.fixture(scope="module")
+def unused_log(logs_dir: Path) -> Path:
+    return trace(logs_dir, SAMPLES / "unused_module.py")
+
+
+@pytest.fixture(scope="module")
+def mnist_log(logs_dir: Path) -> Path:
+    return trace(logs_dir, SAMPLES / "mnist_net.py")  # 3 steps
+
+
+# -- one defect each -----------------------------------------------------------------------------
+
+def test_detached_branch(detached_log: Path) -> None:
+    status, report = check_json(detached_log)
+    assert status == 1
+    assert report["steps"] == 3
+    # one finding for the whole branch: both Linear layers of branch_b (the ReLU and the
+    # Sequential have no parameters) got no gradient, from the first step on; nothing about
+    # branch_a, which trains normally
+    assert summary(problems(report)) == {("no-grad", "warning", "branch_b", 0)}
+    (finding,) = problems(report)
+    assert finding["model"] == "model"
+    assert finding["evidence"]["modules"] == ["branch_b.0", "branch_b.2"]
+    assert finding["evidence"]["steps"] == [0, 1, 2]  # every step, not only the first
+
+
+def test_frozen_by_mistake(frozen_log: Path) -> None:
+    status, report = check_json(frozen_log)
+    assert status == 1
+    # a warning (not a note): its siblings of the same class train; frozen is not per step
+    assert summary(problems(report)) == {("frozen", "warning", "layers.2", None)}
+    [finding] = problems(report)
+    assert sorted(finding["evidence"]["trainable_siblings"]) == ["layers.0", "layers.1",
+                                                                 "layers.3"]
+
+
+def test_nan_layer(nan_log: Path) -> None:
+    status, report = check_json(nan_log)
+    assert status == 1
+    forward = [f for f in problems(report) if f["kind"] == "nonfinite-forward"]
+    assert summary(forward) == {("nonfinite-forward", "error", "compress", 3)}
+    assert forward[0]["evidence"]["outputs"][0]["nan"] > 0
+    # The NaN output makes the loss NaN, so the backward pass of step 3 is NaN too: a second,
+    # natural finding. Its gradient is NaN as soon as it leaves the loss, so it is first seen on
+    # the path from the loss back to compress (today: the root module); never an earlier step.
+    # Nothing else: the NaN weights of steps 4.. are "again in steps ..." of the same findings.
+    backward = [f for f in problems(report) if f["kind"] == "nonfinite-backward"]
+    assert [(f["severity"], f["step"]) for f in backward] == [("error", 3)]
+    assert backward[0]["module"] in ("", "fc2", "compress")
+    assert len(problems(report)) == 2
+
+
+def test_exploding(exploding_log: Path) -> None:
+    status, report = check_json(exploding_log)
+    assert status == 1
+    found = problems(report)
+    assert found
+    # only exploding gradients, seen at the first step (clipping keeps the run finite), all in
+    # the 30-layer stack; and no vanishing/NaN misreading of the same stack
+    assert {(f["kind"], f["severity"], f["step"]) for f in found} == {("exploding", "warning", 0)}
+    layers = {f"layers.{i}" for i in range(30)}
+    assert {f["module"] for f in found} <= layers
+    # the gradient grows from the output side back to the input side: the finding that compares
+    # layers points at the first layer, where the gradient is largest
+    profile = [f for f in found if "profile" in f["evidence"]]
+    assert [f["module"] for f in profile] == ["layers.0"]
+    norms = [p["grad_output_norm"] for p in profile[0]["evidence"]["profile"]]
+    assert norms[-1] / norms[0] > 1e4
+
+
+def test_unused_module(unused_log: Path) -> None:
+    status, report = check_json(unused_log)
+    assert status == 1
+    assert summary(problems(report)) == {("unused", "warning", "aux_head", None)}
+    [finding] = problems(report)
+    assert finding["evidence"]["trainable"] == 32 * 2 + 2
+
+
+# -- the text report -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("fixture", "kind", "module", "step"), [
+    ("detached_log", "no-grad", "branch_b", 0),
+    ("frozen_log", "frozen", "layers.2", None),
+    ("nan_log", "nonfinite-forward", "compress", 3),
+    ("exploding_log", "exploding", "layers.0", 0),
+    ("unused_log", "unused", "aux_head", None),
+])
+def test_text_report_names_module_and_step(request: pytest.FixtureRequest, fixture: str,
+                                           kind: str, module: str, step: int | None) -> None:
+    log = request.getfixturevalue(fixture)
+    result = check(log)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr == ""
+    # the finding's first line: its kind, the module (a whole word) and the step
+    word = re.compile(rf"(?<![\w.]){re.escape(module)}(?![\w.])")
+    lines = [line for line in result.stdout.splitlines()
+             if f"[{kind}]" in line and word.search(line)]
+    assert lines, result.stdout
+    if step is not None:
+        assert any(re.search(rf"\bstep {step}\b", line) for line in lines), lines
+    assert "No problems found" not in result.stdout
+    assert re.match(r"\d+ problems? \(\d+ errors?, \d+ warnings?\)", result.stdout.splitlines()[-1])
+
+
+# -- healthy runs --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def resnet18_log(logs_dir: Path) -> Path:
+    return trace(logs_dir, SCRIPTS / "resnet18_train.py")
+
+
+@pytest.mark.parametrize("fixture", ["mnist_log", pytest.param("resnet18_log",
+                                                               marks=pytest.mark.slow)])
+def test_healthy_run_has_no_problems(request: pytest.FixtureRequest, fixture: str) -> None:
+    log = request.getfixturevalue(fixture)
+    status, report = check_json(log)
+    assert problems(report) == [], problems(report)
+    assert status == 0
+    assert report["steps"] == (3 if fixture == "mnist_log" else 2)
+    text = check(log)
+    assert text.returncode == 0, text.stderr
+    assert "No problems found" in text.stdout.splitlines()[-1]
+
+
+# -- --step --------------------------------------------------------------------------------------
+
+def test_step_restricts_to_one_step(nan_log: Path) -> None:
+    # before the NaN: nothing to report
+    status, report = check_json(nan_log, "--step", 2)
+    assert (status, problems(report)) == (0, [])
+    text = check(nan_log, "--step", 2)
+    assert text.returncode == 0
+    assert "No problems found" in text.stdout
+    # the step of the NaN itself
+    status, report = check_json(nan_log, "--step", 3)
+    assert status == 1
+    assert ("nonfinite-forward", "error", "compress", 3) in summary(problems(report))
+    # one step later the SGD update has put NaN into fc1's weights: within step 4 alone, fc1 is
+    # the first module with a NaN output, and nothing of step 3 may leak in
+    status, report = check_json(nan_log, "--step", 4)
+    assert status == 1
+    assert ("nonfinite-forward", "error", "fc1", 4) in summary(problems(report))
+    assert {f["step"] for f in report["findings"]} <= {4, None}
+
+
+def test_step_not_in_log_is_an_error(mnist_log: Path) -> None:
+    assert_user_error(check(mnist_log, "--step", 999))
+    assert_user_error(check(mnist_log, "--json", "--step", 999))
+
+
+# -- bad input -----------------------------------------------------------------------------------
+
+BAD_INPUTS = {
+    "missing": None,
+    "directory": None,
+    "empty": b"",
+    "text": b"hello\nthis is not a log\n",
+    "json-not-lines": b'{\n  "type": "header",\n  "schema": 1\n}\n',
+    "json-array": b'[{"type": "header", "schema": 1}]\n',
+    "binary": bytes(range(256)) * 4,
+    "broken-line-inside": (b'{"type": "header", "schema": 1, "hooktrace": "0.1.0"}\n'
+                           b'{"type": "model", "model": 0, "name": "m", "class": "M"}\n'
+                           b'this line is not JSON\n'
+                           b'{"type": "step", "step": 0}\n'
+                           b'{"type": "end", "status": "ok"}\n'),
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD_INPUTS))
+@pytest.mark.parametrize("as_json", [False, True])
+def test_bad_input(tmp_path: Path, kind: str, as_json: bool) -> None:
+    path = tmp_path / f"{kind}.jsonl"
+    if kind == "directory":
+        path.mkdir()
+    elif kind != "missing":
+        path.write_bytes(BAD_INPUTS[kind])  # type: ignore[arg-type]
+    assert_user_error(check(path, *(["--json"] if as_json else [])))
+
+
+# -- a long run: full events for the first steps, then anomalies only ---------------------------
+
+@pytest.mark.slow
+def test_long_run_finds_late_nan_in_small_log(logs_dir: Path) -> None:
+    start = time.monotonic()
+    log = trace(logs_dir, SAMPLES / "long_run.py")  # 2000 steps, NaN from step 1800
+    elapsed = time.monotonic() - start
+    assert elapsed < 60, f"the traced long run took {elapsed:.0f} s"
+    # the default recording keeps the log small: full events for the first steps only
+    assert log.stat().st_size < 2 * 1024 * 1024, log.stat().st_size
+
+    status, report = check_json(log)
+    assert status == 1
+    assert report["steps"] == 2000
+    forward = [f for f in problems(report) if f["kind"] == "nonfinite-forward"]
+    assert summary(forward) == {("nonfinite-forward", "error", "norm", 1800)}
+    # as in nan_layer: the NaN loss makes step 1800's backward NaN too; nothing else (the steps
+    # past the fully recorded ones must not look like modules without gradient)
+    assert {f["kind"] for f in problems(report)} == {"nonfinite-forward", "nonfinite-backward"}
+    backward = [f for f in problems(report) if f["kind"] == "nonfinite-backward"]
+    assert [f["step"] for f in backward] == [1800]
+
+    text = check(log)
+    assert text.returncode == 1
+    assert any("[nonfinite-forward]" in line and "norm" in line and "step 1800" in line
+               for line in text.stdout.splitlines()), text.stdout

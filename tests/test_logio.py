@@ -1,0 +1,333 @@
+"""The log reader and writer: round trip, a cut-off tail tolerated, LogError for anything else."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hooktrace import schema
+from hooktrace.errors import LogError
+from hooktrace.logio import MAX_LINE_BYTES, LogReader, LogWriter
+
+HEADER = schema.Header(schema=schema.SCHEMA_VERSION, hooktrace="0.1.0", torch="2.15.0",
+                       python="3.11.7", argv=["train.py", "--lr", "0.1"], pid=4242,
+                       hostname="box", started=1700000000.5, options={"max_events": 10})
+HEADER_LINE = orjson.dumps(HEADER.to_dict()) + b"\n"
+
+RECORDS: list[Any] = [
+    schema.Model(model=0, name="net", cls="Net"),
+    schema.Module(model=0, name="", cls="Net"),
+    schema.Module(model=0, name="fc1", cls="Linear", params=40, trainable=40,
+                  aliases=["shared.fc1"]),
+    schema.ForwardEvent(seq=1, step=0, model=0, name="fc1", call=0, input_shapes=[[5, 4]],
+                        input_dtypes=["float32"], output_shapes=[[5, 8]],
+                        output_dtypes=["float32"], output_nonfinite=[[0, 1, 2]]),
+    schema.ForwardEvent(seq=2, step=0, model=0, name="", call=0, no_grad=True, recompute=True,
+                        inputs_more=3, outputs_more=1),
+    schema.BackwardEvent(seq=3, step=0, model=0, name="fc1", call=0, fwd=1, grad_input_len=2,
+                         grad_output_len=1, grad_input_shapes=[None, [5, 4]],
+                         grad_output_shapes=[[5, 8]], grad_input_stats=[None, [1.5, 0.25]],
+                         grad_output_stats=[[math.inf, 2.0, 0.0, 3.0]]),
+    schema.ParamGrads(step=0, model=0, grad_norm={"fc1": 0.5, "": None}),
+    schema.Step(step=0, forward=2, backward=1),
+    schema.End(status="error", events=3, steps=1, exit_code=1,
+               error={"type": "ValueError", "message": "bad"}, dropped=2,
+               tracer_error="RuntimeError: x"),
+]
+
+KNOWN_TYPES = tuple(
+    getattr(schema, n) for n in ("Header", "Model", "Module", "ForwardEvent", "BackwardEvent",
+                                 "ParamGrads", "Step", "End") if hasattr(schema, n))
+
+
+def lines(*records: Any) -> bytes:
+    return b"".join(orjson.dumps(r.to_dict()) + b"\n" for r in records)
+
+
+def write_log(path: Path, records: list[Any]) -> None:
+    writer = LogWriter(path)
+    for record in [HEADER, *records]:
+        writer.write(record)
+    writer.close()
+
+
+def read_all(path: Path) -> tuple[LogReader, list[Any]]:
+    reader = LogReader(path)
+    return reader, list(reader)
+
+
+# -- round trip ----------------------------------------------------------------------------------
+
+def test_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    write_log(path, RECORDS)
+    assert path.read_bytes().startswith(b'{"type":"header","schema":1,')
+    assert path.read_bytes().count(b"\n") == 1 + len(RECORDS)
+    reader, records = read_all(path)
+    assert reader.header == HEADER
+    assert records == RECORDS
+    assert reader.end == RECORDS[-1]
+    assert reader.warnings == []
+
+
+def test_reader_skips_unknown_records_keys_and_blank_lines(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    step = schema.Step(step=0, forward=1, backward=0).to_dict()
+    path.write_bytes(HEADER_LINE + b'{"type":"from_the_future","x":[1,2]}\n\n   \n'
+                     + orjson.dumps({**step, "new_key": {"a": 1}}) + b"\n"
+                     + lines(schema.End(status="ok")))
+    reader, records = read_all(path)
+    assert records == [schema.Step(step=0, forward=1, backward=0), schema.End(status="ok")]
+    assert reader.warnings == []
+
+
+def test_reader_streams_lazily(tmp_path: Path) -> None:
+    """Records before a bad line are yielded before the error is raised."""
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(HEADER_LINE + lines(RECORDS[0]) + b'{"type":"model"}\n' + lines(RECORDS[-1]))
+    it = iter(LogReader(path))
+    assert next(it) == RECORDS[0]
+    with pytest.raises(LogError, match=r"line 3: missing key 'model'"):
+        next(it)
+
+
+# -- a log cut off ---------------------------------------------------------------------------------
+
+def test_truncated_last_line_is_a_warning(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    write_log(path, RECORDS)
+    data = path.read_bytes()
+    end_line = lines(RECORDS[-1])
+    path.write_bytes(data[: len(data) - len(end_line) // 2])  # cut inside the end record
+    reader, records = read_all(path)
+    assert records == RECORDS[:-1]
+    assert reader.end is None
+    n = 1 + len(RECORDS)  # the line number of the cut-off end record
+    assert len(reader.warnings) == 2
+    assert f"partial line {n}" in reader.warnings[0]
+    assert "no end record" in reader.warnings[1]
+
+
+def test_truncated_after_whole_lines_warns_no_end(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    write_log(path, RECORDS[:-1])
+    reader, records = read_all(path)
+    assert records == RECORDS[:-1]
+    assert reader.warnings == [f"{path} has no end record: the run did not finish"]
+
+
+def test_header_only_log(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(HEADER_LINE[:-1])  # no newline at all
+    reader, records = read_all(path)
+    assert reader.header == HEADER
+    assert records == []
+    assert len(reader.warnings) == 1 and "no end record" in reader.warnings[0]
+
+
+@pytest.mark.parametrize("bad", [b"{not json", b'{"type":"event"}', b"[1,2]", b"\xff\xfe\x00",
+                                 b'{"type":"end","status":"maybe"}'])
+def test_bad_line_in_the_middle_names_its_line(tmp_path: Path, bad: bytes) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(HEADER_LINE + lines(*RECORDS[:2]) + bad + b"\n" + lines(*RECORDS[2:]))
+    with pytest.raises(LogError, match=r"\bline 4\b"):
+        read_all(path)
+
+
+# -- not a log: always LogError ------------------------------------------------------------------
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(LogError, match="no such log"):
+        LogReader(tmp_path / "nope.jsonl")
+
+
+def test_directory(tmp_path: Path) -> None:
+    with pytest.raises(LogError, match="is a directory"):
+        LogReader(tmp_path)
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"", "is empty"),
+    (b"\n\n  \n", "is empty"),
+    (bytes(range(256)) * 8, "not a hooktrace log"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "not a hooktrace log"),
+    (b"[1,2]\n", "not a hooktrace log"),
+    (b'"header"\n', "not a hooktrace log"),
+    (b'{"type":"event"}\n', "not a hooktrace log"),
+    (lines(RECORDS[0]), "not a hooktrace log"),
+    (b'{"type":"header"}\n', "line 1: missing key 'schema'"),
+    (b'{"type":"header","schema":"1"}\n', "line 1: key 'schema' has the wrong type"),
+    (b'{"type":"header","schema":1,"argv":"train.py"}\n', "line 1: key 'argv'"),
+    (b'{"type":"header","schema":99,"hooktrace":"9.0"}\n', "schema 99, newer than"),
+])
+def test_not_a_log(tmp_path: Path, content: bytes, message: str) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(LogError, match=message):
+        read_all(path)
+
+
+def test_newer_schema_says_upgrade(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(b'{"type":"header","schema":99,"hooktrace":"9.0","some_new_key":1}\n'
+                     + lines(*RECORDS))
+    with pytest.raises(LogError) as info:
+        LogReader(path)
+    assert str(info.value) == (f"{path} has log schema 99, newer than this hooktrace reads "
+                               f"({schema.SCHEMA_VERSION}): upgrade hooktrace")
+
+
+def test_line_over_16_mb(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    huge = b'{"type":"model","model":0,"class":"X","name":"' + b"a" * MAX_LINE_BYTES + b'"}\n'
+    path.write_bytes(HEADER_LINE + lines(RECORDS[0]) + huge + lines(RECORDS[-1]))
+    it = iter(LogReader(path))
+    assert next(it) == RECORDS[0]
+    with pytest.raises(LogError, match="line 3 is longer than 16 MB"):
+        next(it)
+
+
+def test_first_line_over_16_mb(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(b'{"type":"header","schema":1,"x":"' + b"a" * MAX_LINE_BYTES + b'"}\n')
+    with pytest.raises(LogError, match="not a hooktrace log"):
+        read_all(path)
+
+
+def test_log_removed_after_open_is_a_log_error(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    write_log(path, RECORDS)
+    reader = LogReader(path)
+    path.unlink()
+    with pytest.raises(LogError):
+        list(reader)
+
+
+# -- fuzz: records or LogError, nothing else -----------------------------------------------------
+
+def check_reads_or_log_error(path: Path) -> None:
+    try:
+        reader = LogReader(path)
+        for record in reader:
+            assert isinstance(record, KNOWN_TYPES)
+    except LogError:
+        return
+    assert all(isinstance(w, str) for w in reader.warnings)
+    assert isinstance(reader.header, schema.Header)
+
+
+FUZZ = settings(max_examples=150, deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=10) | st.sampled_from(["nan", "inf", "forward", "backward", "ok"]),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=12,
+)
+KEYS = ["type", "phase", "seq", "step", "model", "name", "call", "fwd", "class", "status",
+        "input_shapes", "output_shapes", "input_dtypes", "grad_input_shapes", "grad_output_len",
+        "grad_input_stats", "grad_output_stats", "output_nonfinite", "grad_norm", "error",
+        "exit_code", "events", "aliases", "params", "no_grad", "schema", "argv", "options"]
+records_like = st.dictionaries(st.sampled_from(KEYS), json_values, max_size=10).flatmap(
+    lambda d: st.sampled_from(["event", "model", "module", "step", "end", "params", "header",
+                               "other"]).map(lambda t: {**d, "type": t}))
+json_lines = st.lists(st.one_of(json_values, records_like), max_size=8).map(
+    lambda values: b"".join(json.dumps(v).encode() + b"\n" for v in values))
+
+
+@FUZZ
+@given(tail=st.binary(max_size=300))
+def test_fuzz_bytes_after_header(tmp_path: Path, tail: bytes) -> None:
+    path = tmp_path / "fuzz.jsonl"
+    path.write_bytes(HEADER_LINE + tail)
+    check_reads_or_log_error(path)
+
+
+@FUZZ
+@given(body=json_lines, tail=st.binary(max_size=40))
+def test_fuzz_json_lines_after_header(tmp_path: Path, body: bytes, tail: bytes) -> None:
+    path = tmp_path / "fuzz.jsonl"
+    path.write_bytes(HEADER_LINE + body + tail)
+    check_reads_or_log_error(path)
+
+
+@FUZZ
+@given(first=st.one_of(json_values, records_like), rest=json_lines)
+def test_fuzz_first_line(tmp_path: Path, first: Any, rest: bytes) -> None:
+    path = tmp_path / "fuzz.jsonl"
+    path.write_bytes(json.dumps(first).encode() + b"\n" + rest)
+    check_reads_or_log_error(path)
+
+
+@FUZZ
+@given(data=st.binary(max_size=300))
+def test_fuzz_any_bytes(tmp_path: Path, data: bytes) -> None:
+    path = tmp_path / "fuzz.jsonl"
+    path.write_bytes(data)
+    check_reads_or_log_error(path)
+
+
+# -- writer ----------------------------------------------------------------------------------------
+
+def test_writer_refuses_a_file_that_is_not_a_log(tmp_path: Path) -> None:
+    path = tmp_path / "train.py"
+    content = b"import torch\nprint('precious')\n"
+    path.write_bytes(content)
+    with pytest.raises(LogError, match="exists and is not a hooktrace log; refusing"):
+        LogWriter(path)
+    assert path.read_bytes() == content
+
+
+def test_writer_refuses_a_file_starting_with_a_blank_line(tmp_path: Path) -> None:
+    path = tmp_path / "notes.py"
+    content = b"\nprint('precious')\n"
+    path.write_bytes(content)
+    with pytest.raises(LogError, match="not a hooktrace log"):
+        LogWriter(path)
+    assert path.read_bytes() == content
+
+
+def test_writer_refuses_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(LogError, match="is a directory"):
+        LogWriter(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_writer_overwrites_a_log(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    write_log(path, RECORDS)
+    write_log(path, [schema.End(status="ok")])
+    assert path.read_bytes() == HEADER_LINE + lines(schema.End(status="ok"))
+    assert read_all(path)[1] == [schema.End(status="ok")]
+
+
+def test_writer_overwrites_a_cut_off_log_and_an_empty_file(tmp_path: Path) -> None:
+    cut = tmp_path / "cut.jsonl"
+    cut.write_bytes(HEADER_LINE + b'{"type":"ev')
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    for path in (cut, empty):
+        write_log(path, [])
+        assert path.read_bytes() == HEADER_LINE
+
+
+def test_writer_creates_parent_folders(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "log.jsonl"
+    write_log(path, RECORDS[:1])
+    assert read_all(path)[1] == RECORDS[:1]
+
+
+def test_writer_cannot_create_is_a_log_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_bytes(b"x")
+    with pytest.raises(LogError, match="cannot write the log"):
+        LogWriter(tmp_path / "file" / "log.jsonl")
+    assert (tmp_path / "file").read_bytes() == b"x"

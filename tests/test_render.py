@@ -1,0 +1,435 @@
+"""``hooktrace render``: golden DOT, the real ``dot`` program, depth folding, bad input.
+
+Goldens live in tests/golden/; after an intended change regenerate them with
+``HOOKTRACE_REGEN_GOLDEN=1 python -m pytest tests/test_render.py tests/test_show.py`` and review
+the diff.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import runpy
+import subprocess
+import sys
+import threading
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import SAMPLES, hooktrace_cmd
+from torch import nn
+
+import hooktrace
+from hooktrace import schema
+from hooktrace.cli import cli
+from hooktrace.graph import View, build, load_step
+from hooktrace.logio import LogWriter
+from hooktrace.render import picture, render, write_picture
+from hooktrace.render.dot import node_state
+from hooktrace.render.text import printable
+
+GOLDEN = Path(__file__).parent / "golden"
+REGEN = os.environ.get("HOOKTRACE_REGEN_GOLDEN") == "1"
+ODD_NAMES = ['q"uote', "<lt>", "a&b", "{brace}", "p|ipe", "back\\slash", "new\nline", "end\\"]
+
+
+def assert_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if REGEN:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        return
+    assert path.exists(), f"no golden {path}: run with HOOKTRACE_REGEN_GOLDEN=1"
+    assert text == path.read_text(encoding="utf-8"), (
+        f"differs from {path}; if intended, regenerate with HOOKTRACE_REGEN_GOLDEN=1")
+
+
+def run_sample(log: Path, script: str, *args: str) -> None:
+    """Trace a sample script the way ``hooktrace run`` does, in this process."""
+    argv = sys.argv
+    sys.argv = [script, *args]
+    try:
+        with hooktrace.trace(log):
+            runpy.run_path(str(SAMPLES / script), run_name="__main__")
+    finally:
+        sys.argv = argv
+
+
+class Branchy(nn.Module):
+    """A residual, a module called twice, a detached branch and a no_grad branch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(4, 8)
+        self.act = nn.ReLU()
+        self.block = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        self.side = nn.Linear(8, 8)
+        self.frozen = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.stem(x))
+        h = h + self.block(h)
+        h = h + self.side(h).detach()  # runs with gradients on, gets no backward
+        with torch.no_grad():
+            self.frozen(h)
+        return self.head(self.act(h))
+
+
+def odd_model() -> nn.Module:
+    inner = nn.Sequential()
+    for name in ODD_NAMES:
+        inner.add_module(name, nn.Linear(3, 3))
+    model = nn.Sequential()
+    model.add_module('<outer "x">', inner)
+    model.add_module("node", nn.Tanh())  # a DOT keyword
+    return model
+
+
+@pytest.fixture(scope="module")
+def mnist_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    log = tmp_path_factory.mktemp("mnist") / "mnist.jsonl"
+    run_sample(log, "mnist_net.py", "--steps", "2")
+    return log
+
+
+@pytest.fixture(scope="module")
+def branchy_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    log = tmp_path_factory.mktemp("branchy") / "branchy.jsonl"
+    torch.manual_seed(0)
+    model = Branchy()
+    with hooktrace.trace(log, model=model):
+        model(torch.randn(2, 4)).sum().backward()
+    return log
+
+
+@pytest.fixture(scope="module")
+def odd_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    log = tmp_path_factory.mktemp("odd") / "odd.jsonl"
+    model = odd_model()
+    with hooktrace.trace(log, model=model):
+        model(torch.randn(2, 3)).sum().backward()
+    return log
+
+
+@pytest.fixture(scope="module")
+def resnet50_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torchvision = pytest.importorskip("torchvision")
+    log = tmp_path_factory.mktemp("resnet50") / "resnet50.jsonl"
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50(weights=None)
+    with hooktrace.trace(log, model=model):
+        model(torch.randn(1, 3, 224, 224))[0, 0].backward()
+    return log
+
+
+def view_of(log: Path, depth: int | None = None, phase: str = "both") -> View:
+    return build(load_step(log), depth, phase)
+
+
+def edges_of(view: View) -> list[tuple[str, int, str, str]]:
+    return [(e.phase, e.order, e.src[1], e.dst[1]) for e in view.edges()]
+
+
+def write_log(path: Path, events: list[schema.Record], end: bool = True) -> Path:
+    """A log written by the real writer from hand-made records: model 0 is a Sequential of two."""
+    writer = LogWriter(path)
+    writer.write(schema.Header(schema=schema.SCHEMA_VERSION, hooktrace="0.1.0"))
+    writer.write(schema.Model(model=0, name="net", cls="Sequential"))
+    for name, cls in (("", "Sequential"), ("0", "Linear"), ("1", "Tanh")):
+        writer.write(schema.Module(model=0, name=name, cls=cls))
+    for record in events:
+        writer.write(record)
+    if end:
+        writer.write(schema.End(status="ok"))
+    writer.close()
+    return path
+
+
+def chain_step(step: int, seq: int, backward: bool = True) -> list[schema.Record]:
+    """One step of the Sequential: forward 0, 1, root; then backward root, 1, 0."""
+    fwd = [schema.ForwardEvent(seq + i, step, 0, name, 0, [[2, 3]], ["float32"], [[2, 3]],
+                               ["float32"]) for i, name in enumerate(["0", "1", ""])]
+    if not backward:
+        return list(fwd)
+    bwd = [schema.BackwardEvent(seq + 3 + i, step, 0, name, 0, seq + 2 - i, 1, 1, [[2, 3]],
+                                [[2, 3]]) for i, name in enumerate(["", "1", "0"])]
+    return [*fwd, *bwd, schema.Step(step, 3, 3)]
+
+
+# -- what the picture holds -------------------------------------------------------------------
+
+
+def test_mnist_golden_dot(mnist_log: Path) -> None:
+    assert_golden("mnist.dot", picture(mnist_log).source)
+
+
+def test_mnist_forward_chain_and_reversed_backward(mnist_log: Path) -> None:
+    view = view_of(mnist_log)
+    assert (view.log.step, view.depth, view.auto_depth) == (0, 1, True)
+    chain = ["conv1", "conv2", "dropout1", "fc1", "dropout2", "fc2"]
+    assert [n.key[1] for n in view.nodes()] == chain
+    pairs = list(itertools.pairwise(chain))
+    assert edges_of(view) == [
+        *[("forward", i, a, b) for i, (a, b) in enumerate(pairs, 1)],
+        *[("backward", i, b, a) for i, (a, b) in enumerate(reversed(pairs), 1)],
+    ]
+    assert all(e.mirrored and (e.grad_input_len, e.grad_output_len) == (1, 1)
+               for e in view.edges() if e.phase == "backward")
+    assert view.backward_start is not None and view.backward_start[0][1] == "fc2"
+
+
+def test_branching_model_golden_dot(branchy_log: Path) -> None:
+    assert_golden("branchy.dot", picture(branchy_log).source)
+
+
+def test_branching_model_nodes_edges_and_states(branchy_log: Path) -> None:
+    view = view_of(branchy_log)
+    assert [n.key[1:] for n in view.nodes()] == [
+        ("stem", 0), ("act", 0), ("block.0", 0), ("block.1", 0), ("side", 0), ("frozen", 0),
+        ("act", 1), ("head", 0)]
+    assert {n.key[1:]: node_state(n, view.checked) for n in view.nodes()} == {
+        ("stem", 0): "ok", ("act", 0): "ok", ("block.0", 0): "ok", ("block.1", 0): "ok",
+        ("side", 0): "no backward", ("frozen", 0): "no_grad", ("act", 1): "ok",
+        ("head", 0): "ok"}
+    backward = [(e.src[1:], e.dst[1:], e.mirrored) for e in view.edges()
+                if e.phase == "backward"]
+    assert backward == [
+        (("head", 0), ("act", 1), True),
+        (("act", 1), ("block.1", 0), False),  # forward went block.1 -> side -> frozen -> act
+        (("block.1", 0), ("block.0", 0), True),
+        (("block.0", 0), ("act", 0), True),
+        (("act", 0), ("stem", 0), True)]
+    assert [type(x).__name__ for x in view.inside((0, ""))] == [
+        "Node", "Node", "Cluster", "Node", "Node", "Node", "Node"]
+    dot = picture(branchy_log).source
+    assert "call 1/2" in dot and "call 2/2" in dot and "penwidth=2" in dot
+
+
+def test_phase_forward_or_backward_only(branchy_log: Path) -> None:
+    forward = view_of(branchy_log, phase="forward")
+    assert {e.phase for e in forward.edges()} == {"forward"} and not forward.checked
+    assert forward.backward_start is None
+    backward = view_of(branchy_log, phase="backward")
+    assert {e.phase for e in backward.edges()} == {"backward"} and len(backward.edges()) == 5
+
+
+def test_same_log_gives_the_same_dot_bytes(branchy_log: Path, tmp_path: Path) -> None:
+    first = picture(branchy_log).source
+    assert picture(branchy_log).source == first
+    for seed in ("1", "2"):  # another process, another hash seed: no set or id() order leaks
+        out = tmp_path / f"seed{seed}.dot"
+        done = hooktrace_cmd("render", branchy_log, "-o", out,
+                             env={**os.environ, "PYTHONHASHSEED": seed})
+        assert done.returncode == 0, done.stderr
+        assert out.read_text(encoding="utf-8") == first
+
+
+def test_several_models_and_model_option(tmp_path: Path) -> None:
+    log = tmp_path / "two.jsonl"
+    gen = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    disc = nn.Sequential(nn.Linear(4, 1))
+    with hooktrace.trace(log, model=[gen, disc]):
+        disc(gen(torch.randn(2, 4)).detach()).sum().backward()
+    view = view_of(log)
+    assert {n.key[0] for n in view.nodes()} == {0, 1}
+    assert [node_state(n, view.checked) for n in view.nodes()] == ["no backward"] * 2 + ["ok"]
+    only = build(load_step(log, model="disc"))
+    assert [n.key for n in only.nodes()] == [(1, "0", 0)]
+    runner = CliRunner()
+    result = runner.invoke(cli, ["render", str(log), "--model", "critic"])
+    assert result.exit_code == 2
+    assert result.stderr == (f"hooktrace: error: no model 'critic' in {log}; "
+                             "its models: 'disc', 'gen'\n")
+
+
+def test_default_step_is_the_first_with_a_backward(tmp_path: Path) -> None:
+    log = write_log(tmp_path / "steps.jsonl",
+                    [*chain_step(0, 1, backward=False), *chain_step(1, 10), *chain_step(2, 20)])
+    loaded = load_step(log)
+    assert (loaded.step, loaded.steps) == (1, [0, 1, 2])
+    assert {e.step for e in loaded.events} == {1}  # only the chosen step is kept
+    assert [e.seq for e in load_step(log, step=2).events] == list(range(20, 26))
+
+
+# -- the real dot program ---------------------------------------------------------------------
+
+
+def svg_texts(path: Path) -> list[str]:
+    root = ET.parse(path).getroot()
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    return [e.text or "" for e in root.iter("{http://www.w3.org/2000/svg}text")]
+
+
+def test_cli_writes_svg_next_to_the_log(mnist_log: Path) -> None:
+    done = hooktrace_cmd("render", mnist_log)
+    assert done.returncode == 0, done.stderr
+    out = mnist_log.with_suffix(".svg")
+    assert done.stderr == (f"hooktrace: wrote {out}: step 0, depth 1 (auto): 6 modules, "
+                           "10 edges (5 forward, 5 backward)\n")
+    texts = svg_texts(out)
+    for name in ["conv1", "conv2", "dropout1", "fc1", "dropout2", "fc2", "legend"]:
+        assert name in texts
+
+
+def test_png_and_pdf(branchy_log: Path, tmp_path: Path) -> None:
+    png = write_picture(branchy_log, tmp_path / "b.png")
+    pdf = write_picture(branchy_log, tmp_path / "b.out", "pdf")
+    assert (png.format, pdf.format) == ("png", "pdf")
+    assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "b.out").read_bytes()[:5] == b"%PDF-"
+
+
+def test_odd_module_names_are_escaped(odd_log: Path, tmp_path: Path) -> None:
+    source = picture(odd_log).source
+    assert "\n" not in "".join(line for line in source.splitlines())  # no raw newline in a label
+    out = write_picture(odd_log, tmp_path / "odd.svg").path
+    texts = svg_texts(out)  # the real dot made it, and it parses as XML
+    for name in ODD_NAMES:
+        assert f'<outer "x">.{printable(name)}' in texts
+    assert '<outer "x">.new\\nline' in texts and "node" in texts
+
+
+def test_notebook_object(branchy_log: Path) -> None:
+    class Session:  # what hooktrace.trace() returns: anything with .path
+        path = branchy_log
+
+    shown = render(Session())
+    assert shown.source.startswith("digraph hooktrace {")
+    svg = shown._repr_svg_()
+    assert "<svg" in svg and "block.0" in svg
+
+
+def test_writes_into_a_pipe_without_replacing_it(branchy_log: Path, tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    write_picture(branchy_log, fifo, "dot")
+    reader.join(10)
+    assert received == [picture(branchy_log).source.encode()]
+    assert fifo.is_fifo()
+
+
+# -- resnet50: depth folding and dot's time ---------------------------------------------------
+
+
+@pytest.mark.slow
+def test_resnet50_depth_folding(resnet50_log: Path) -> None:
+    counts = {depth: view_of(resnet50_log, depth=depth).graph.number_of_nodes()
+              for depth in range(6)}
+    # 0: the model; 1: stem, 4 layers, avgpool, fc; 2: 16 Bottlenecks; 3: their 9-10 calls;
+    # 4: the 4 downsample Sequentials unfold into conv + bn
+    assert counts == {0: 1, 1: 10, 2: 22, 3: 154, 4: 158, 5: 158}
+    default = view_of(resnet50_log)
+    assert (default.depth, default.auto_depth, default.deepest) == (2, True, 4)
+    folded = {n.key[1]: n.folded for n in default.nodes()}
+    assert folded["layer3.0"] == 12 and folded["layer3.1"] == 9 and folded["fc"] == 0
+    assert [c.key[1] for c in default.inside((0, ""))
+            if type(c).__name__ == "Cluster"] == ["layer1", "layer2", "layer3", "layer4"]
+
+
+@pytest.mark.slow
+def test_resnet50_default_picture_renders(resnet50_log: Path, tmp_path: Path) -> None:
+    written = write_picture(resnet50_log, tmp_path / "r50.svg")
+    assert written.picture.nodes == 22
+    texts = svg_texts(written.path)
+    assert "layer3" in texts and "layer3.5" in texts
+
+
+# -- bad input: one line on stderr, exit 2, nothing overwritten --------------------------------
+
+
+def bad_inputs(tmp: Path, log: Path) -> dict[str, tuple[list[str], str]]:
+    (tmp / "empty.jsonl").write_bytes(b"")
+    (tmp / "text.jsonl").write_text("hello\n")
+    (tmp / "dir.jsonl").mkdir()
+    write_log(tmp / "no_events.jsonl", [])
+    return {
+        "missing": (["render", str(tmp / "nope.jsonl")], "no such log"),
+        "directory": (["render", str(tmp / "dir.jsonl")], "is a directory, not a log"),
+        "empty": (["render", str(tmp / "empty.jsonl")], "is empty, not a hooktrace log"),
+        "not jsonl": (["render", str(tmp / "text.jsonl")], "is not a hooktrace log"),
+        "no events": (["render", str(tmp / "no_events.jsonl")], "has no events"),
+        "step": (["render", str(log), "--step", "7"], "no step 7 in"),
+        "model": (["render", str(log), "--model", "nope"], "its models: 'net'"),
+        "format": (["render", str(log), "--format", "jpg"],
+                   "unknown format 'jpg'; choose one of dot, svg, png, pdf"),
+        "extension": (["render", str(log), "-o", str(tmp / "x.jpg")], "unknown format 'jpg'"),
+        "output is the log": (["render", str(log), "-o", str(log)],
+                              "refusing to write the picture over the log"),
+        "show step": (["show", str(log), "--step", "7"], "its steps: 0-1"),
+    }
+
+
+@pytest.mark.parametrize("case", [
+    "missing", "directory", "empty", "not jsonl", "no events", "step", "model", "format",
+    "extension", "output is the log", "show step"])
+def test_bad_input(case: str, tmp_path: Path) -> None:
+    log = write_log(tmp_path / "good.jsonl", [*chain_step(0, 1), *chain_step(1, 10)])
+    before = log.read_bytes()
+    args, message = bad_inputs(tmp_path, log)[case]
+    out = tmp_path / "picture.svg"
+    out.write_text("keep me")
+    if case not in ("output is the log", "extension", "show step"):
+        args += ["-o", str(out)]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    assert result.stderr.startswith("hooktrace: error: ") and result.stderr.count("\n") == 1
+    assert message in result.stderr
+    assert out.read_text() == "keep me" and log.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix in (".svg", ".dot")) == [
+        "picture.svg"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_unreadable_log(tmp_path: Path) -> None:
+    log = write_log(tmp_path / "secret.jsonl", chain_step(0, 1))
+    log.chmod(0)
+    result = CliRunner().invoke(cli, ["render", str(log)])
+    assert result.exit_code == 2
+    assert result.stderr == f"hooktrace: error: cannot read {log}: permission denied\n"
+
+
+def test_log_without_end_record_renders_with_a_warning(tmp_path: Path) -> None:
+    log = write_log(tmp_path / "crashed.jsonl", chain_step(0, 1), end=False)
+    result = CliRunner().invoke(cli, ["render", str(log), "--format", "dot"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [
+        f"hooktrace: warning: {log} has no end record: the run did not finish",
+        f"hooktrace: wrote {log.with_suffix('.dot')}: step 0, depth 1 (auto): 2 modules, "
+        "2 edges (1 forward, 1 backward)"]
+    with pytest.warns(UserWarning, match="no end record"):
+        render(log)
+
+
+def test_without_dot_writes_the_dot_file_and_exits_2(branchy_log: Path, tmp_path: Path) -> None:
+    out = tmp_path / "b.svg"
+    out.write_text("keep me")
+    done = hooktrace_cmd("render", branchy_log, "-o", out,
+                         env={**os.environ, "PATH": str(tmp_path)})  # no dot on this PATH
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"hooktrace: error: wrote {tmp_path / 'b.dot'} only: the Graphviz `dot` program, "
+        "needed for svg, is not installed: apt-get install graphviz\n")
+    assert (tmp_path / "b.dot").read_text(encoding="utf-8") == picture(branchy_log).source
+    assert out.read_text() == "keep me"
+
+
+def test_render_and_show_do_not_import_torch(branchy_log: Path, tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from hooktrace.cli import cli\n"
+        f"cli.main(['render', {str(branchy_log)!r}, '-o', {str(tmp_path / 'x.svg')!r}],"
+        " standalone_mode=False)\n"
+        f"cli.main(['show', {str(branchy_log)!r}], standalone_mode=False)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]"
