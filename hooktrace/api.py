@@ -63,7 +63,8 @@ class Trace:
             started=round(time.time(), 3), options=self._options.to_header(),
         ))
         self._writer.flush()
-        capture = Capture(self.path, self._options.capture) if self._options.capture else None
+        capture = (Capture(self.path, self._options.capture, self._options.capture_max_mb * 2**20)
+                   if self._options.capture else None)
         self._tracer = Tracer(self._writer, self._options, self._models, capture).start()
         self._capture = capture
         return self
@@ -112,6 +113,7 @@ def trace(
     watch: bool = True,
     break_on: str | None = None,
     capture: Sequence[str] = (),
+    capture_max_mb: int = 256,
 ) -> Trace:
     """Trace every module call (or those of ``model`` only) into the JSONL log at ``path``.
 
@@ -125,5 +127,5 @@ def trace(
     if break_on not in (None, "nan"):
         raise HooktraceError(f"break_on={break_on!r}: only 'nan' is supported")
     options = TraceOptions(tuple(include), tuple(exclude), Steps.parse(steps), max_events, stats,
-                           watch, break_on == "nan", tuple(capture))
+                           watch, break_on == "nan", tuple(capture), capture_max_mb)
     return Trace(path, models, options)

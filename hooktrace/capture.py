@@ -20,13 +20,10 @@ from typing import Any
 import torch
 
 from hooktrace.errors import HooktraceError
+from hooktrace.logio import capture_dir
 
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 _MARKER = ".hooktrace-capture"
-
-
-def capture_dir(log: Path) -> Path:
-    return log.with_name(log.stem + ".capture")
 
 
 def _safe(name: str) -> str:

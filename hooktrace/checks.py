@@ -11,11 +11,12 @@ import math
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hooktrace import schema
 from hooktrace.errors import HooktraceError
-from hooktrace.logio import LogReader
+from hooktrace.logio import LogReader, capture_dir
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 SEVERITY_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
@@ -515,6 +516,7 @@ class Report:
     warnings: list[str]
     steps: int
     events: int
+    captured: str | None = None  # the --capture folder and its file count, when there is one
 
     @property
     def problems(self) -> list[Finding]:
@@ -537,4 +539,7 @@ def run_checks(path: str | os.PathLike[str], step: int | None = None,
                                  order.get(f.module, 0), f.kind))
     events = c.end.events if c.end else sum(m.calls for m in c.modules.values())
     steps = c.end.steps if c.end and step is None else len(c.backward_steps)
-    return Report(findings, c.warnings, steps, events)
+    captured = None
+    if c.end is not None and c.end.captured:
+        captured = f"{capture_dir(Path(path))} ({c.end.captured} files)"
+    return Report(findings, c.warnings, steps, events, captured)

@@ -61,16 +61,19 @@ def cli() -> None:
 @click.option("--capture", multiple=True, metavar="GLOB",
               help="Save inputs, outputs and gradients of matching modules (recorded steps) "
                    "with torch.save into LOG's .capture folder, e.g. 'layer4*'.")
+@click.option("--capture-max-mb", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Stop capturing once the saved tensors reach this size.")
 @click.argument("target")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[str, ...],
         steps: str, max_events: int, no_stats: bool, no_watch: bool, break_on: str | None,
-        capture: tuple[str, ...], target: str, args: tuple[str, ...]) -> None:
+        capture: tuple[str, ...], capture_max_mb: int, target: str,
+        args: tuple[str, ...]) -> None:
     """Run the python script TARGET with ARGS, recording every module call to a log."""
     from hooktrace import runner  # imports torch: only this command needs it
 
     options = TraceOptions(include, exclude, Steps.parse(steps), max_events, not no_stats,
-                           not no_watch, break_on == "nan", capture)
+                           not no_watch, break_on == "nan", capture, capture_max_mb)
     sys.exit(runner.run(runner.Target(target, args, as_module), output, options))
 
 
@@ -119,10 +122,6 @@ def show(log: Path, step: int | None, phase: str | None, model: str | None, limi
     click.echo(shown.text, nl=False)
 
 
-def main() -> None:
-    cli(prog_name="hooktrace")
-
-
 @cli.command()
 @click.argument("log", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
@@ -143,3 +142,7 @@ def check(log: Path, as_json: bool, step: int | None, vanishing: float, explodin
     result = checks.run_checks(log, step, checks.Thresholds(vanishing, exploding, orders))
     click.echo(report.to_json(result) if as_json else report.to_text(result, str(log)))
     sys.exit(1 if result.problems else 0)
+
+
+def main() -> None:
+    cli(prog_name="hooktrace")

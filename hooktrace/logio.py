@@ -38,6 +38,11 @@ def _detach_in_child() -> None:
 os.register_at_fork(before=_flush_before_fork, after_in_child=_detach_in_child)
 
 
+def capture_dir(log: Path) -> Path:
+    """Where ``--capture`` saves tensors for the log ``log``: ``run.jsonl`` -> ``run.capture/``."""
+    return log.with_name(log.stem + ".capture")
+
+
 def is_hooktrace_log(path: Path) -> bool:
     """True when the file's first line is a hooktrace header, or the file is empty."""
     try:

@@ -61,6 +61,7 @@ class TraceOptions:
     watch: bool = True  # after the recorded steps, write anomaly records (needs stats)
     break_on_nan: bool = False  # stop at the first module producing NaN/Inf (pdb, or raise)
     capture: Sequence[str] = ()  # fqn globs whose calls' tensors are saved next to the log
+    capture_max_mb: int = 256  # stop capturing past this size
 
     def __post_init__(self) -> None:
         if self.max_events < 1:

@@ -48,6 +48,8 @@ def _finding(f: Finding) -> list[str]:
 def to_text(report: Report, path: str) -> str:
     lines = [f"hooktrace check {path}: {report.steps} steps, {report.events} events"]
     lines += [f"warning: {w}" for w in report.warnings]
+    if report.captured:
+        lines.append(f"captured tensors (torch.load): {report.captured}")
     for severity in (ERROR, WARNING, INFO):
         found = [f for f in report.findings if f.severity == severity]
         if found:

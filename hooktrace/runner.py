@@ -24,6 +24,7 @@ from types import FrameType
 
 from hooktrace.api import Trace
 from hooktrace.errors import HooktraceError
+from hooktrace.logio import capture_dir
 from hooktrace.options import TraceOptions
 
 # frames of hooktrace and runpy ("<frozen runpy>" where runpy is frozen): python shows none
@@ -112,8 +113,11 @@ def _summary(session: Trace) -> None:
     if end is None:
         return
     dropped = f", {end.dropped} more not written (--max-events)" if end.dropped else ""
-    print(f"hooktrace: {end.events} events, {end.steps} steps{dropped} -> {session.path}\n"
-          f"hooktrace: next: hooktrace show {session.path}", file=sys.stderr)
+    captured = (f", {end.captured} tensor files in {capture_dir(session.path)}"
+                if end.captured else "")
+    print(f"hooktrace: {end.events} events, {end.steps} steps{dropped}{captured} -> "
+          f"{session.path}\nhooktrace: next: hooktrace render {session.path}; "
+          f"hooktrace check {session.path}", file=sys.stderr)
 
 
 def _die_by(signum: int) -> None:

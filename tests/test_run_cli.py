@@ -52,7 +52,7 @@ def from_script_frame(lines: list[str], script_name: str) -> list[str]:
 def summary(events_: int, steps: int, log: str, dropped: int = 0) -> list[str]:
     more = f", {dropped} more not written (--max-events)" if dropped else ""
     return [f"hooktrace: {events_} events, {steps} steps{more} -> {log}",
-            f"hooktrace: next: hooktrace show {log}"]
+            f"hooktrace: next: hooktrace render {log}; hooktrace check {log}"]
 
 
 def end_of(path: Path) -> schema.End:

@@ -1,0 +1,109 @@
+"""--capture saves tensors next to the log; --break-on nan stops at the first NaN/Inf module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import SAMPLES, hooktrace_cmd, read_log
+from torch import nn
+
+import hooktrace
+from hooktrace import schema
+from hooktrace.errors import HooktraceError, NonFiniteError
+
+
+def _net() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(inplace=True), nn.Linear(8, 2))
+
+
+def test_capture_saves_forward_and_backward_tensors(log_path: Path) -> None:
+    net = _net()
+    x = torch.randn(3, 4)
+    with hooktrace.trace(log_path, model=net, capture=["0", "2"]):
+        net(x).sum().backward()
+    folder = log_path.with_name("trace.capture")
+    assert sorted(p.name for p in (folder / "step0").iterdir()) == [
+        "0.call0.backward.pt", "0.call0.forward.pt", "2.call0.backward.pt", "2.call0.forward.pt"]
+    forward = torch.load(folder / "step0" / "0.call0.forward.pt")
+    assert (forward["module"], forward["step"], forward["call"]) == ("0", 0, 0)
+    assert torch.equal(forward["inputs"][0], x)
+    # the output as the module returned it, before the in-place ReLU changed it
+    assert torch.equal(forward["outputs"][0], net[0](x).detach())
+    backward = torch.load(folder / "step0" / "2.call0.backward.pt")
+    assert torch.equal(backward["grad_outputs"][0], torch.ones(3, 2))
+    assert backward["grad_inputs"][0].shape == (3, 8)
+    first = torch.load(folder / "step0" / "0.call0.backward.pt")
+    assert first["grad_inputs"] == [None]  # x needs no gradient
+    end = read_log(log_path)[-1]
+    assert isinstance(end, schema.End) and end.captured == 4
+
+
+def test_capture_is_mentioned_by_run_and_check(tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
+    result = hooktrace_cmd("run", "-o", log, "--capture", "fc*", SAMPLES / "mnist_net.py",
+                           "--steps", "2")
+    assert result.returncode == 0, result.stderr
+    # fc1 and fc2, forward and backward, two steps
+    assert f"8 tensor files in {tmp_path / 'log.capture'}" in result.stderr.splitlines()[-2]
+    checked = hooktrace_cmd("check", log)
+    assert f"captured tensors (torch.load): {tmp_path / 'log.capture'} (8 files)" in checked.stdout
+
+
+def test_capture_stops_at_its_size_cap(log_path: Path) -> None:
+    net = nn.Sequential(nn.Linear(256, 256), nn.Linear(256, 256))  # 256 KiB per 256x256 tensor
+    with hooktrace.trace(log_path, model=net, capture=["*"], capture_max_mb=1):
+        for _ in range(3):
+            net(torch.randn(256, 256)).sum().backward()
+    files = list(log_path.with_name("trace.capture").rglob("*.pt"))
+    sizes = sum(f.stat().st_size for f in files)
+    end = read_log(log_path)[-1]
+    assert isinstance(end, schema.End) and end.captured == len(files)
+    assert 0 < len(files) < 18 and sizes < 1.1 * 2**20
+
+
+def test_capture_never_writes_into_a_folder_it_did_not_make(log_path: Path) -> None:
+    folder = log_path.with_name("trace.capture")
+    folder.mkdir()
+    (folder / "mine.txt").write_text("precious")
+    with pytest.raises(HooktraceError, match="not made by hooktrace"):
+        hooktrace.trace(log_path, model=_net(), capture=["*"]).start()
+    assert (folder / "mine.txt").read_text() == "precious"
+
+
+class _Sqrt(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sqrt(x - 10)  # NaN for the inputs below
+
+
+def test_break_on_nan_raises_without_a_terminal(log_path: Path) -> None:
+    net = nn.Sequential(nn.Linear(4, 4), _Sqrt(), nn.Linear(4, 1))
+    with pytest.raises(NonFiniteError, match=r"1 \(_Sqrt\) produced NaN/Inf at step 0"), \
+            hooktrace.trace(log_path, model=net, break_on="nan"):
+        net(torch.randn(2, 4))
+    end = read_log(log_path)[-1]
+    assert isinstance(end, schema.End)
+    assert (end.status, end.error and end.error["type"]) == ("error", "NonFiniteError")
+
+
+def test_break_on_nan_in_backward(log_path: Path) -> None:
+    class GradBomb(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
+            return grad * float("nan")
+
+    class Bomb(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return GradBomb.apply(x)  # type: ignore[no-any-return]
+
+    net = nn.Sequential(nn.Linear(4, 4), Bomb(), nn.Linear(4, 1))
+    with hooktrace.trace(log_path, model=net, break_on="nan"):
+        out = net(torch.randn(2, 4)).sum()
+        with pytest.raises(NonFiniteError, match=r"backward of 1 \(Bomb\) produced a NaN/Inf"):
+            out.backward()
