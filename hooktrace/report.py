@@ -14,8 +14,13 @@ _TITLES = {ERROR: "Errors", WARNING: "Warnings", INFO: "Notes"}
 def _evidence(evidence: dict[str, Any]) -> str:
     parts = []
     for key, value in evidence.items():
-        if key == "grad_norm" and isinstance(value, dict):
-            continue  # listed in the message
+        if (key == "grad_norm" and isinstance(value, dict)) or value == [] or key == "produced":
+            continue  # listed in the message, or nothing to say
+        if key in ("grad_output", "grad_input"):
+            value = ", ".join(f"{key} {g['index']}: {g['nan']} NaN, {g['inf']} Inf"
+                              for g in value)
+            parts.append(value)
+            continue
         if key == "outputs":
             value = ", ".join(f"output {o['index']}" + (f" {o['shape']}" if o.get("shape") else "")
                               + f": {o['nan']} NaN, {o['inf']} Inf" for o in value)
@@ -36,7 +41,7 @@ def _thin(profile: list[dict[str, Any]], keep: int = 8) -> list[dict[str, Any]]:
 def _finding(f: Finding) -> list[str]:
     where = f"step {f.step}" if f.step is not None else "all steps"
     module = f.module or "(root)"
-    lines = [f"  [{f.kind}] {f.model}: {module}, {where}", f"    {f.message}"]
+    lines = [f"  [{f.kind}] {module} · model '{f.model}' · {where}", f"    {f.message}"]
     evidence = _evidence(f.evidence) if f.severity != INFO else ""  # a note's message says it
     if evidence:
         lines.append(f"    evidence: {evidence}")
