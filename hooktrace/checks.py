@@ -1,22 +1,20 @@
 """Gradient-flow diagnostics: a log in, a list of findings out. Pure: no printing, no torch.
 
-``collect`` streams a log once into per-module aggregates (memory grows with the number of
-modules and the events of one step, not with the length of the run); each ``check_*`` function
-turns the aggregates into findings. The CLI prints them with ``hooktrace.report``.
+``collect`` streams the log once into per-module aggregates; each ``check_*`` function turns
+them into findings; the CLI prints them with ``hooktrace.report``.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hooktrace import schema
+from hooktrace.collect import Collected, ModuleStats, collect
 from hooktrace.errors import HooktraceError
-from hooktrace.logio import LogReader, capture_dir
+from hooktrace.logio import capture_dir
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 SEVERITY_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
@@ -44,204 +42,6 @@ class Finding:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass
-class _Module:
-    model: int
-    name: str
-    cls: str
-    params: int = 0
-    trainable: int = 0
-    first_seq: int | None = None  # first forward call: execution order
-    calls: int = 0
-    max_calls_per_step: int = 0
-    grad_calls: dict[int, int] = field(default_factory=dict)  # step -> calls with grad on
-    no_grad_steps: set[int] = field(default_factory=set)
-    backward_for: dict[int, int] = field(default_factory=dict)  # forward's step -> backwards
-
-
-@dataclass
-class _Nonfinite:
-    step: int
-    model: int
-    name: str
-    evidence: dict[str, Any]
-
-
-@dataclass
-class Collected:
-    """What the checks need from a log, gathered in one streaming pass."""
-
-    header: schema.Header
-    models: dict[int, str] = field(default_factory=dict)
-    modules: dict[tuple[int, str], _Module] = field(default_factory=dict)
-    backward_steps: set[int] = field(default_factory=set)
-    first_forward_nonfinite: _Nonfinite | None = None
-    forward_nonfinite_steps: set[int] = field(default_factory=set)
-    first_backward_nonfinite: _Nonfinite | None = None
-    backward_nonfinite_steps: set[int] = field(default_factory=set)
-    param_norms: dict[int, dict[tuple[int, str], float | None]] = field(default_factory=dict)
-    # per step: activation-gradient norms (grad_output) of modules with parameters, backward order
-    profiles: dict[int, list[tuple[int, str, float]]] = field(default_factory=dict)
-    backward_orders: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
-    forward_orders: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
-    steps_seen: set[int] = field(default_factory=set)
-    lost_gradient: dict[tuple[int, str], list[int]] = field(default_factory=dict)  # watched
-    warnings: list[str] = field(default_factory=list)
-    end: schema.End | None = None
-
-    def model_name(self, model: int) -> str:
-        return self.models.get(model, str(model))
-
-
-def _finite(stat: list[float] | None) -> bool:
-    return stat is None or math.isfinite(stat[0])
-
-
-def _nonfinite_counts(stats: Iterable[list[float] | None]) -> list[dict[str, Any]]:
-    out = []
-    for i, s in enumerate(stats):
-        if s is not None and not math.isfinite(s[0]):
-            out.append({"index": i, "nan": int(s[2]) if len(s) > 2 else None,
-                        "inf": int(s[3]) if len(s) > 3 else None})
-    return out
-
-
-class _Collector:
-    def __init__(self, reader: LogReader, step: int | None) -> None:
-        self.c = Collected(header=reader.header)
-        self._only = step
-        self._fwd_step: dict[int, int] = {}  # forward seq -> its step, for recent steps only
-        self._calls_this_step: dict[tuple[int, str], int] = {}
-        self._step = -1
-
-    def feed(self, records: Iterator[schema.Record]) -> Collected:
-        for r in records:
-            if isinstance(r, schema.ForwardEvent):
-                self._forward(r)
-            elif isinstance(r, schema.BackwardEvent):
-                self._backward(r)
-            elif isinstance(r, schema.Module):
-                self.c.modules.setdefault((r.model, r.name), _Module(
-                    r.model, r.name, r.cls, r.params, r.trainable))
-            elif isinstance(r, schema.Model):
-                self.c.models[r.model] = r.name
-            elif isinstance(r, schema.ParamGrads):
-                if self._wanted(r.step):
-                    self._param_grads(r)
-            elif isinstance(r, schema.Anomaly):
-                if self._wanted(r.step):
-                    self._anomaly(r)
-            elif isinstance(r, schema.End):
-                self.c.end = r
-        return self.c
-
-    def _anomaly(self, r: schema.Anomaly) -> None:
-        """A watched step's record: the same findings as from events, without the events."""
-        found = _Nonfinite(r.step, r.model, r.name, {"call": r.call, **r.detail})
-        if r.kind == "nonfinite-forward":
-            self.c.forward_nonfinite_steps.add(r.step)
-            first = self.c.first_forward_nonfinite
-            if first is None or r.step < first.step:
-                self.c.first_forward_nonfinite = found
-        elif r.kind == "nonfinite-backward":
-            self.c.backward_nonfinite_steps.add(r.step)
-            first = self.c.first_backward_nonfinite
-            if first is None or r.step < first.step:
-                self.c.first_backward_nonfinite = found
-        elif r.kind == "no-grad":
-            self.c.lost_gradient.setdefault((r.model, r.name), []).append(r.step)
-
-    def _wanted(self, step: int) -> bool:
-        return self._only is None or step == self._only
-
-    def _module(self, model: int, name: str) -> _Module:
-        key = (model, name)
-        m = self.c.modules.get(key)
-        if m is None:  # a module made inside forward: no module record
-            m = self.c.modules[key] = _Module(model, name, "?")
-        return m
-
-    def _new_step(self, step: int) -> None:
-        if step != self._step:
-            self._step = step
-            self._calls_this_step.clear()
-            # a forward call is paired within a step or two (a GAN's generator); forget older ones
-            for seq in [s for s, st in self._fwd_step.items() if st < step - 2]:
-                del self._fwd_step[seq]
-
-    def _forward(self, e: schema.ForwardEvent) -> None:
-        self._new_step(e.step)
-        self._fwd_step[e.seq] = e.step
-        self.c.steps_seen.add(e.step)
-        if not self._wanted(e.step) or e.recompute:
-            return
-        m = self._module(e.model, e.name)
-        if m.first_seq is None:
-            m.first_seq = e.seq
-        m.calls += 1
-        key = (e.model, e.name)
-        n = self._calls_this_step[key] = self._calls_this_step.get(key, 0) + 1
-        m.max_calls_per_step = max(m.max_calls_per_step, n)
-        if e.no_grad:
-            m.no_grad_steps.add(e.step)
-        else:
-            m.grad_calls[e.step] = m.grad_calls.get(e.step, 0) + 1
-        if n == 1:
-            self.c.forward_orders.setdefault(e.step, []).append(key)
-        if e.output_nonfinite:
-            self.c.forward_nonfinite_steps.add(e.step)
-            if self.c.first_forward_nonfinite is None:
-                self.c.first_forward_nonfinite = _Nonfinite(e.step, e.model, e.name, {
-                    "call": e.call, "outputs": [
-                        {"index": i, "shape": e.output_shapes[i] if i < len(e.output_shapes)
-                         else None, "nan": nan, "inf": inf}
-                        for i, nan, inf in e.output_nonfinite],
-                })
-
-    def _backward(self, e: schema.BackwardEvent) -> None:
-        if not self._wanted(e.step):
-            return
-        self.c.backward_steps.add(e.step)
-        fwd_step = self._fwd_step.get(e.fwd, e.step)
-        m = self._module(e.model, e.name)
-        m.backward_for[fwd_step] = m.backward_for.get(fwd_step, 0) + 1
-        order = self.c.backward_orders.setdefault(e.step, [])
-        if (e.model, e.name) not in order[-1:]:
-            order.append((e.model, e.name))
-        outs = e.grad_output_stats or []
-        if m.trainable and outs and outs[0] is not None and math.isfinite(outs[0][0]):
-            self.c.profiles.setdefault(e.step, []).append((e.model, e.name, outs[0][0]))
-        received = not all(_finite(s) for s in outs)
-        produced = not received and not all(_finite(s) for s in e.grad_input_stats or [])
-        if received or produced:
-            self.c.backward_nonfinite_steps.add(e.step)
-            if self.c.first_backward_nonfinite is None:
-                self.c.first_backward_nonfinite = _Nonfinite(e.step, e.model, e.name, {
-                    "call": e.call, "produced": produced,
-                    "grad_output": _nonfinite_counts(outs),
-                    "grad_input": _nonfinite_counts(e.grad_input_stats or []),
-                })
-
-    def _param_grads(self, r: schema.ParamGrads) -> None:
-        norms = self.c.param_norms.setdefault(r.step, {})
-        for name, norm in r.grad_norm.items():
-            norms[(r.model, name)] = norm
-        if any(v is not None and not math.isfinite(v) for v in r.grad_norm.values()):
-            self.c.backward_nonfinite_steps.add(r.step)
-            if self.c.first_backward_nonfinite is None:
-                name = next(k for k, v in r.grad_norm.items()
-                            if v is not None and not math.isfinite(v))
-                self.c.first_backward_nonfinite = _Nonfinite(r.step, r.model, name, {
-                    "produced": True, "parameter_grad_norm": str(r.grad_norm[name])})
-
-
-def collect(path: str | os.PathLike[str], step: int | None = None) -> Collected:
-    reader = LogReader(path)
-    collected = _Collector(reader, step).feed(iter(reader))
-    collected.warnings.extend(reader.warnings)
-    return collected
 
 
 # -- the checks: each returns findings -------------------------------------------------------
@@ -294,7 +94,7 @@ def check_nonfinite(c: Collected) -> list[Finding]:
     return out
 
 
-def _siblings(c: Collected, m: _Module) -> list[_Module]:
+def _siblings(c: Collected, m: ModuleStats) -> list[ModuleStats]:
     parent = m.name.rpartition(".")[0]
     return [o for o in c.modules.values()
             if o is not m and o.model == m.model and o.name.rpartition(".")[0] == parent
@@ -303,7 +103,7 @@ def _siblings(c: Collected, m: _Module) -> list[_Module]:
 
 def check_no_grad(c: Collected) -> list[Finding]:
     out: list[Finding] = []
-    detached: list[tuple[_Module, Finding]] = []
+    detached: list[tuple[ModuleStats, Finding]] = []
     for m in c.modules.values():
         if not m.params or not m.calls:
             continue
@@ -365,7 +165,7 @@ def _ancestors(name: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(len(parts))]
 
 
-def _group_subtrees(c: Collected, found: list[tuple[_Module, Finding]]) -> list[Finding]:
+def _group_subtrees(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> list[Finding]:
     """One finding for a module all of whose trainable modules below got no gradient (a whole
     detached branch), instead of one per layer."""
     flagged = {(m.model, m.name): f for m, f in found}
