@@ -17,7 +17,7 @@ from torch import nn
 from hooktrace import __version__, schema
 from hooktrace.capture import Capture
 from hooktrace.errors import HooktraceError
-from hooktrace.logio import LogWriter
+from hooktrace.logio import LogWriter, rank_path
 from hooktrace.options import DEFAULT_MAX_EVENTS, Steps, TraceOptions
 from hooktrace.tracer import Tracer
 
@@ -54,12 +54,14 @@ class Trace:
     def start(self) -> Trace:
         if self._writer is not None:
             raise RuntimeError("this trace was started already; make a new hooktrace.trace()")
+        rank, world_size = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+        self.path = rank_path(self.path, rank, world_size)  # torchrun: no rank writes another's
         self._writer = LogWriter(self.path)
         self._writer.write(schema.Header(
             schema=schema.SCHEMA_VERSION, hooktrace=__version__, torch=torch.__version__,
             python=platform.python_version(), argv=self._argv, pid=os.getpid(),
-            rank=_env_int("RANK", 0), local_rank=_env_int("LOCAL_RANK", 0),
-            world_size=_env_int("WORLD_SIZE", 1), hostname=socket.gethostname(),
+            rank=rank, local_rank=_env_int("LOCAL_RANK", 0),
+            world_size=world_size, hostname=socket.gethostname(),
             started=round(time.time(), 3), options=self._options.to_header(),
         ))
         self._writer.flush()

@@ -38,6 +38,13 @@ def _detach_in_child() -> None:
 os.register_at_fork(before=_flush_before_fork, after_in_child=_detach_in_child)
 
 
+def rank_path(log: Path, rank: int, world_size: int) -> Path:
+    """One log per process under a launcher: ``run.jsonl`` -> ``run.rank3.jsonl``."""
+    if world_size <= 1:
+        return log
+    return log.with_name(f"{log.stem}.rank{rank}{log.suffix}")
+
+
 def capture_dir(log: Path) -> Path:
     """Where ``--capture`` saves tensors for the log ``log``: ``run.jsonl`` -> ``run.capture/``."""
     return log.with_name(log.stem + ".capture")
