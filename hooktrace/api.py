@@ -18,7 +18,7 @@ from hooktrace import __version__, schema
 from hooktrace.capture import Capture
 from hooktrace.errors import HooktraceError
 from hooktrace.logio import LogWriter, rank_path
-from hooktrace.options import DEFAULT_MAX_EVENTS, Steps, TraceOptions
+from hooktrace.options import DEFAULT_MAX_EVENTS, DEFAULT_STEPS, Steps, TraceOptions
 from hooktrace.tracer import Tracer
 
 
@@ -109,7 +109,7 @@ def trace(
     *,
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
-    steps: str | None = None,
+    steps: str = DEFAULT_STEPS,
     max_events: int = DEFAULT_MAX_EVENTS,
     stats: bool = True,
     watch: bool = True,

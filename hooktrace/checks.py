@@ -201,33 +201,8 @@ def _model_trained_in(c: Collected, model: int, step: int) -> bool:
                for o in c.modules.values())
 
 
-def check_magnitudes(c: Collected, t: Thresholds) -> list[Finding]:
-    out: list[Finding] = []
-    flagged: dict[str, dict[tuple[int, str], tuple[int, float]]] = {"vanishing": {},
-                                                                     "exploding": {}}
-    for step in sorted(c.param_norms):
-        for key, norm in c.param_norms[step].items():
-            if norm is None or not math.isfinite(norm):
-                continue
-            kind = "vanishing" if norm < t.vanishing else "exploding" if norm > t.exploding else ""
-            if kind and key not in flagged[kind]:
-                flagged[kind][key] = (step, norm)
-    for kind, modules in flagged.items():
-        if not modules:
-            continue
-        order = sorted(modules, key=lambda k: c.modules[k].first_seq or 0
-                       if k in c.modules else 0)
-        first = order[0]
-        limit = t.vanishing if kind == "vanishing" else t.exploding
-        listed = ", ".join(f"{k[1] or '(root)'} {modules[k][1]:.2g}" for k in order[:6])
-        out.append(Finding(
-            kind, WARNING, c.model_name(first[0]), first[1], modules[first][0],
-            f"{_plural(len(order), 'module')} with a parameter-gradient norm "
-            f"{'below' if kind == 'vanishing' else 'above'} {limit:g}: {listed}"
-            + (f" and {len(order) - 6} more" if len(order) > 6 else ""),
-            {"grad_norm": {k[1]: modules[k][1] for k in order}},
-            "check initialisation, normalisation layers and the learning-rate scale",
-        ))
+def _profile_finding(c: Collected, t: Thresholds) -> Finding | None:
+    """Activation-gradient norms (grad_output) that grow or fall across the network."""
     for step in sorted(c.profiles):
         profile = c.profiles[step]  # backward order: output side first
         if len(profile) < 3:
@@ -237,18 +212,57 @@ def check_magnitudes(c: Collected, t: Thresholds) -> list[Finding]:
             continue
         orders = math.log10(bottom / top)
         if abs(orders) >= t.orders:
-            kind = "exploding" if orders > 0 else "vanishing"
             model, name, _ = profile[-1]
-            out.append(Finding(
-                kind, WARNING, c.model_name(model), name, step,
+            return Finding(
+                "exploding" if orders > 0 else "vanishing", WARNING, c.model_name(model), name,
+                step,
                 f"gradient norms {'grow' if orders > 0 else 'fall'} by {abs(orders):.1f} orders of "
                 f"magnitude from {profile[0][1] or '(root)'} ({top:.3g}) back to {name} "
                 f"({bottom:.3g}) at step {step}",
                 {"profile": [{"module": n, "grad_output_norm": v} for _, n, v in profile]},
                 "deep stacks without normalisation or residual connections, or a too large/small "
-                "initialisation",
-            ))
-            break  # the first step that shows it is enough
+                "initialisation")
+    return None
+
+
+def check_magnitudes(c: Collected, t: Thresholds) -> list[Finding]:
+    """Parameter-gradient norms past the thresholds, and the profile across the network: one
+    finding per kind (vanishing, exploding)."""
+    flagged: dict[str, dict[tuple[int, str], tuple[int, float]]] = {"vanishing": {},
+                                                                     "exploding": {}}
+    for step in sorted(c.param_norms):
+        for key, norm in c.param_norms[step].items():
+            if norm is None or not math.isfinite(norm):
+                continue
+            kind = "vanishing" if norm < t.vanishing else "exploding" if norm > t.exploding else ""
+            if kind and key not in flagged[kind]:
+                flagged[kind][key] = (step, norm)
+    profile = _profile_finding(c, t)
+    out: list[Finding] = []
+    for kind, modules in flagged.items():
+        finding = profile if profile is not None and profile.kind == kind else None
+        if not modules:
+            if finding is not None:
+                out.append(finding)
+            continue
+        order = sorted(modules, key=lambda k: c.modules[k].first_seq or 0
+                       if k in c.modules else 0)
+        limit = t.vanishing if kind == "vanishing" else t.exploding
+        listed = ", ".join(f"{k[1] or '(root)'} {modules[k][1]:.2g}" for k in order[:6])
+        about = (f"{_plural(len(order), 'module')} with a parameter-gradient norm "
+                 f"{'below' if kind == 'vanishing' else 'above'} {limit:g}: {listed}"
+                 + (f" and {len(order) - 6} more" if len(order) > 6 else ""))
+        norms = {k[1]: modules[k][1] for k in order}
+        if finding is None:
+            first = order[0]
+            finding = Finding(kind, WARNING, c.model_name(first[0]), first[1],
+                              modules[first][0], about, {},
+                              "check initialisation, normalisation layers and the "
+                              "learning-rate scale")
+        else:
+            finding.message += f"; {about}"
+        finding.evidence["grad_norm"] = norms
+        out.append(finding)
     return out
 
 
@@ -286,27 +300,21 @@ def check_info(c: Collected) -> list[Finding]:
                           if m.model == model and m.max_calls_per_step > 1),
                          key=lambda m: m.first_seq or 0)
         if several:
-            listed = ", ".join(f"{m.name or '(root)'} x{m.max_calls_per_step}" for m in several)
+            listed = ", ".join(f"{m.name or '(root)'} x{m.max_calls_per_step}"
+                               for m in several[:8])
+            more = f" and {len(several) - 8} more" if len(several) > 8 else ""
             out.append(Finding(
                 "called-several-times", INFO, c.model_name(model), several[0].name, None,
-                f"{len(several)} modules are called several times per step: "
-                f"{listed if len(listed) < 200 else listed[:200] + '...'}",
+                f"{_plural(len(several), 'module')} called several times per step: "
+                f"{listed}{more}",
                 {"modules": {m.name: m.max_calls_per_step for m in several}},
                 "expected for shared modules and reused activations; their gradients add up"))
-    for step in sorted(c.backward_orders):
-        forward = [k for k in c.forward_orders.get(step, []) if k in c.backward_orders[step]]
-        backward = [k for k in c.backward_orders[step] if k in set(forward)]
-        mirrored = list(reversed(forward))
-        if backward != mirrored:
-            at = next(i for i, (a, b) in enumerate(zip(backward, mirrored, strict=False))
-                      if a != b) if any(a != b for a, b in zip(backward, mirrored,
-                                                                strict=False)) else 0
-            model, name = backward[at] if at < len(backward) else (0, "")
-            out.append(Finding(
-                "backward-order", INFO, c.model_name(model), name, step,
-                f"backward order does not mirror forward at step {step}, from {name or '(root)'} "
-                "(normal for residual and parallel branches)", {"position": at}))
-            break
+    if c.order_mismatch is not None:
+        step, model, name = c.order_mismatch
+        out.append(Finding(
+            "backward-order", INFO, c.model_name(model), name, step,
+            f"backward order does not mirror forward at step {step}, from "
+            f"{_label(c, model, name)} (normal for residual and parallel branches)"))
     return out
 
 
@@ -328,8 +336,8 @@ def run_checks(path: str | os.PathLike[str], step: int | None = None,
     c = collect(path, step)
     if step is not None and step not in c.steps_seen | c.backward_steps:
         seen = sorted(c.steps_seen | c.backward_steps)
-        have = f"{seen[0]}..{seen[-1]}" if seen else "none"
-        raise HooktraceError(f"step {step} is not in {path} (recorded steps: {have})")
+        have = f"{seen[0]}-{seen[-1]}" if seen else "none"
+        raise HooktraceError(f"no step {step} in {path}; its steps: {have}")
     t = thresholds or Thresholds()
     findings = [*check_nonfinite(c), *check_no_grad(c), *check_lost_gradient(c),
                 *check_magnitudes(c, t),

@@ -107,16 +107,16 @@ def render(log: Path, output: Path | None, fmt: str | None, step: int | None,
 @click.argument("log", type=click.Path(path_type=Path))
 @click.option("--step", type=int, help="The step (backward pass) to show. Default: the first "
                                        "with a backward.")
-@click.option("--phase", type=click.Choice(["forward", "backward"]),
-              help="Show one phase only. Default: both.")
+@click.option("--phase", type=click.Choice(["forward", "backward", "both"]), default="both",
+              show_default=True, help="The events to show.")
 @click.option("--model", metavar="NAME", help="Show this model only (as named in the log).")
 @click.option("--limit", type=click.IntRange(min=0), default=100, show_default=True,
               help="Print at most this many events; 0 prints them all.")
-def show(log: Path, step: int | None, phase: str | None, model: str | None, limit: int) -> None:
+def show(log: Path, step: int | None, phase: str, model: str | None, limit: int) -> None:
     """Print the events of one step of LOG in order, as an indented table."""
     from hooktrace.render.text import show as show_step
 
-    shown = show_step(log, step, phase, model, limit)
+    shown = show_step(log, step, None if phase == "both" else phase, model, limit)
     for warning in shown.warnings:
         click.echo(f"hooktrace: warning: {warning}", err=True)
     click.echo(shown.text, nl=False)

@@ -54,8 +54,9 @@ class Collected:
     param_norms: dict[int, dict[tuple[int, str], float | None]] = field(default_factory=dict)
     # per step: activation-gradient norms (grad_output) of modules with parameters, backward order
     profiles: dict[int, list[tuple[int, str, float]]] = field(default_factory=dict)
-    backward_orders: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
-    forward_orders: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
+    # the first step whose backward does not run the calls in the reverse of their forward
+    # order: (step, model, fqn of the first call out of place)
+    order_mismatch: tuple[int, int, str] | None = None
     steps_seen: set[int] = field(default_factory=set)
     lost_gradient: dict[tuple[int, str], list[int]] = field(default_factory=dict)  # watched
     warnings: list[str] = field(default_factory=list)
@@ -85,6 +86,8 @@ class _Collector:
         self._fwd_step: dict[int, int] = {}  # forward seq -> its step, for recent steps only
         self._calls_this_step: dict[tuple[int, str], int] = {}
         self._step = -1
+        self._forward_seqs: dict[int, tuple[int, str]] = {}  # this step's calls, in order
+        self._backward_fwds: list[int] = []  # the forward seq of this step's backward events
 
     def feed(self, records: Iterator[schema.Record]) -> Collected:
         for r in records:
@@ -105,7 +108,21 @@ class _Collector:
                     self._anomaly(r)
             elif isinstance(r, schema.End):
                 self.c.end = r
+        self._compare_orders()
         return self.c
+
+    def _compare_orders(self) -> None:
+        """Does the step's backward run its calls in the reverse of their forward order?"""
+        if self.c.order_mismatch is None and self._backward_fwds:
+            backward = [f for f in self._backward_fwds if f in self._forward_seqs]
+            mirrored = sorted(set(backward), reverse=True)  # seqs grow in forward order
+            for got, expected in zip(backward, mirrored, strict=False):
+                if got != expected:
+                    model, name = self._forward_seqs[got]
+                    self.c.order_mismatch = (self._step, model, name)
+                    break
+        self._forward_seqs.clear()
+        self._backward_fwds.clear()
 
     def _anomaly(self, r: schema.Anomaly) -> None:
         """A watched step's record: the same findings as from events, without the events."""
@@ -135,6 +152,7 @@ class _Collector:
 
     def _new_step(self, step: int) -> None:
         if step != self._step:
+            self._compare_orders()
             self._step = step
             self._calls_this_step.clear()
             # a forward call is paired within a step or two (a GAN's generator); forget older ones
@@ -158,8 +176,7 @@ class _Collector:
             m.no_grad_steps.add(e.step)
         else:
             m.grad_calls[e.step] = m.grad_calls.get(e.step, 0) + 1
-        if n == 1:
-            self.c.forward_orders.setdefault(e.step, []).append(key)
+        self._forward_seqs[e.seq] = key
         if e.output_nonfinite:
             self.c.forward_nonfinite_steps.add(e.step)
             if self.c.first_forward_nonfinite is None:
@@ -177,9 +194,7 @@ class _Collector:
         fwd_step = self._fwd_step.get(e.fwd, e.step)
         m = self._module(e.model, e.name)
         m.backward_for[fwd_step] = m.backward_for.get(fwd_step, 0) + 1
-        order = self.c.backward_orders.setdefault(e.step, [])
-        if (e.model, e.name) not in order[-1:]:
-            order.append((e.model, e.name))
+        self._backward_fwds.append(e.fwd)
         outs = e.grad_output_stats or []
         if m.trainable and outs and outs[0] is not None and math.isfinite(outs[0][0]):
             self.c.profiles.setdefault(e.step, []).append((e.model, e.name, outs[0][0]))

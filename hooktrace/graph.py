@@ -84,6 +84,9 @@ class StepLog:
     classes: dict[ModuleKey, str]  # from the ``module`` records
     events: list[Event]  # this step's, in seq order
     warnings: list[str] = field(default_factory=list)
+    # forward seq -> step of its backward, for calls whose backward ran in a later step (a GAN's
+    # generator: its forward in the discriminator's step, its backward in the next)
+    later: dict[int, int] = field(default_factory=dict)
 
     @property
     def has_backward(self) -> bool:
@@ -130,9 +133,14 @@ def load_step(path: str | os.PathLike[str], step: int | None = None,
     classes: dict[ModuleKey, str] = {}
     keeper = _Keeper(step)
     any_events = False
+    step_starts: dict[int, int] = {}  # step -> its first seq
+    later: dict[int, int] = {}
     for record in reader:
         if isinstance(record, (schema.ForwardEvent, schema.BackwardEvent)):
             any_events = True
+            step_starts.setdefault(record.step, record.seq)
+            if isinstance(record, schema.BackwardEvent) and record.fwd < step_starts[record.step]:
+                later[record.fwd] = record.step
             if model is None or models.get(record.model) == model:
                 keeper.add(record)
         elif isinstance(record, schema.Module):
@@ -151,8 +159,15 @@ def load_step(path: str | os.PathLike[str], step: int | None = None,
         raise SelectionError(f"no step {chosen} in {reader.path}; its steps: "
                              f"{ranges(sorted(keeper.steps))}")
     events = sorted(keeper.kept.get(chosen, []), key=lambda e: e.seq)
+    forward = {e.seq for e in events if isinstance(e, schema.ForwardEvent)}
+    earlier = {models.get(e.model, str(e.model)) for e in events
+               if isinstance(e, schema.BackwardEvent) and e.fwd not in forward}
+    warnings = list(reader.warnings)
+    if earlier:
+        warnings.append(f"step {chosen} also runs the backward of calls made in an earlier step "
+                        f"(model {', '.join(sorted(earlier))}); they are drawn in that step")
     return StepLog(reader.path, chosen, sorted(keeper.steps), models, classes, events,
-                   reader.warnings)
+                   warnings, {f: s for f, s in later.items() if f in forward})
 
 
 @dataclass(slots=True)
@@ -168,6 +183,7 @@ class Call:
     no_grad: bool
     recomputed: bool = False  # activation checkpointing re-ran it inside backward
     backward: schema.BackwardEvent | None = None
+    later: int | None = None  # the step its backward ran in, when not this one
     parent: NodeKey | None = None  # the call of an ancestor module it ran inside
     children: int = 0
 
@@ -194,7 +210,7 @@ def calls_of(log: StepLog) -> tuple[dict[NodeKey, Call], list[tuple[Call, schema
                     calls[key].recomputed = True
             elif key not in calls:
                 calls[key] = Call(e.model, e.name, e.call, log.cls(e.model, e.name), e.seq,
-                                  e.output_shapes, e.no_grad)
+                                  e.output_shapes, e.no_grad, later=log.later.get(e.seq))
     backward: list[tuple[Call, schema.BackwardEvent]] = []
     for e in log.events:
         if isinstance(e, schema.BackwardEvent):
@@ -259,8 +275,9 @@ class Node:
     module_calls: int  # calls of this module in the step, for "call 2/3"
     folded: int = 0  # calls below it folded into this node
     grad_calls: int = 0  # its calls (own and folded) that ran with gradient recording on
-    missing: int = 0  # ... of which got no backward event
+    missing: int = 0  # ... of which got no backward event, in this step or a later one
     backward: schema.BackwardEvent | None = None
+    later: int | None = None  # the step its backward ran in, when a later one
     recomputed: bool = False
 
 
@@ -385,8 +402,9 @@ def _add_nodes(view: View, calls: dict[NodeKey, Call], keys: dict[NodeKey, NodeK
             own.output_shapes if own else [], per_module.get((key[0], key[1]), 0),
             folded=sum(c.key != key for c in group),
             grad_calls=sum(not c.no_grad for c in group),
-            missing=sum(not c.no_grad and c.backward is None for c in group),
+            missing=sum(not c.no_grad and c.backward is None and c.later is None for c in group),
             backward=own.backward if own and own.backward else first,
+            later=min((c.later for c in group if c.later is not None), default=None),
             recomputed=any(c.recomputed for c in group))
         view.graph.add_node(key, node=node)
 
@@ -405,7 +423,8 @@ def _add_clusters(view: View, calls: dict[NodeKey, Call]) -> None:
             cluster: Cluster = tree.nodes[(c.model, c.fqn)]["cluster"]
             cluster.calls += 1
             cluster.output_shapes = c.output_shapes if cluster.calls == 1 else []
-            cluster.missing |= view.checked and not c.no_grad and c.backward is None
+            cluster.missing |= (view.checked and not c.no_grad and c.backward is None
+                                and c.later is None)
     for model, fqn in list(tree):
         if fqn:
             tree.add_edge((model, ancestors(fqn)[0]), (model, fqn))

@@ -11,6 +11,10 @@ from hooktrace.checks import ERROR, INFO, WARNING, Finding, Report
 _TITLES = {ERROR: "Errors", WARNING: "Warnings", INFO: "Notes"}
 
 
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def _evidence(evidence: dict[str, Any]) -> str:
     parts = []
     for key, value in evidence.items():
@@ -51,7 +55,8 @@ def _finding(f: Finding) -> list[str]:
 
 
 def to_text(report: Report, path: str) -> str:
-    lines = [f"hooktrace check {path}: {report.steps} steps, {report.events} events"]
+    lines = [f"hooktrace check {path}: {_count(report.steps, 'step')}, "
+             f"{_count(report.events, 'event')}"]
     lines += [f"warning: {w}" for w in report.warnings]
     if report.captured:
         lines.append(f"captured tensors (torch.load): {report.captured}")

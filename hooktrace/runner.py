@@ -115,9 +115,14 @@ def _summary(session: Trace) -> None:
     dropped = f", {end.dropped} more not written (--max-events)" if end.dropped else ""
     captured = (f", {end.captured} tensor files in {capture_dir(session.path)}"
                 if end.captured else "")
-    print(f"hooktrace: {end.events} events, {end.steps} steps{dropped}{captured} -> "
+    print(f"hooktrace: {_count(end.events, 'event')}, {_count(end.steps, 'step')}{dropped}"
+          f"{captured} -> "
           f"{session.path}\nhooktrace: next: hooktrace render {session.path}; "
           f"hooktrace check {session.path}", file=sys.stderr)
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def _die_by(signum: int) -> None:

@@ -51,7 +51,8 @@ def from_script_frame(lines: list[str], script_name: str) -> list[str]:
 
 def summary(events_: int, steps: int, log: str, dropped: int = 0) -> list[str]:
     more = f", {dropped} more not written (--max-events)" if dropped else ""
-    return [f"hooktrace: {events_} events, {steps} steps{more} -> {log}",
+    plural = "" if steps == 1 else "s"
+    return [f"hooktrace: {events_} events, {steps} step{plural}{more} -> {log}",
             f"hooktrace: next: hooktrace render {log}; hooktrace check {log}"]
 
 

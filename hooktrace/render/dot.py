@@ -27,6 +27,7 @@ STATES = {
     "ok": ("#ffffff", ""),
     "no backward": ("#c4c4c4", "ran forward with gradients on, got no backward"),
     "no_grad": ("#e2eaf5", "ran under no_grad: no backward expected"),
+    "backward later": ("#fff1cc", "got its backward in a later step (a GAN's generator)"),
 }
 TIMES = "\N{MULTIPLICATION SIGN}"  # shapes read 8x3x224x224 with it
 _CLUSTER_FILLS = ("#f7f7f7", "#eeeeee")
@@ -52,6 +53,8 @@ def node_state(node: Node, checked: bool) -> str:
     (no gradient / NaN-Inf / vanishing / exploding) once the log carries gradient statistics."""
     if not checked or node.backward is not None:
         return "ok"
+    if node.later is not None:
+        return "backward later"
     return "no_grad" if node.grad_calls == 0 else "no backward"
 
 
@@ -85,7 +88,9 @@ def node_label(node: Node, view: View) -> str:
     if node.folded:
         lines.append(_small(f"+{node.folded} calls inside"))
     state = node_state(node, view.checked)
-    if state != "ok":
+    if state == "backward later":
+        lines.append(_small(f"<I>backward in step {node.later}</I>", "#303030"))
+    elif state != "ok":
         lines.append(_small(f"<I>{state}</I>", "#303030"))
     elif view.checked and node.missing:
         lines.append(_small(f"<I>{node.missing} of {node.grad_calls} calls got no backward</I>"))
