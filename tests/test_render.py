@@ -433,3 +433,19 @@ def test_render_and_show_do_not_import_torch(branchy_log: Path, tmp_path: Path) 
                           timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "[]"
+
+
+def test_gan_generator_backward_in_the_next_step(tmp_path: Path) -> None:
+    """The generator runs forward in the discriminator's step and gets its backward in the
+    next one: step 0 draws it as 'backward in step 1', not as a module without gradient."""
+    log = tmp_path / "gan.jsonl"
+    run_sample(log, "gan.py", "--iterations", "1")
+    step0 = build(load_step(log, 0))
+    generator = [n for n in step0.nodes() if n.key[0] == 0]
+    assert len(generator) == 4
+    assert {(node_state(n, step0.checked), n.later) for n in generator} == {
+        ("backward later", 1)}
+    assert "backward in step 1" in picture(log, step=0).source
+    step1 = load_step(log, 1)
+    assert any("backward of calls made in an earlier step (model generator)" in w
+               for w in step1.warnings)
