@@ -25,6 +25,7 @@ LayerNorm calls, and resnet50 at depth 2 (stem, 16 Bottleneck nodes in four laye
 from __future__ import annotations
 
 import bisect
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ import networkx as nx  # type: ignore[import-untyped]  # networkx ships no type 
 
 from hooktrace import schema
 from hooktrace.errors import HooktraceError, LogError
-from hooktrace.logio import LogReader
+from hooktrace.logio import LogReader, capture_dir
 
 Event = schema.ForwardEvent | schema.BackwardEvent
 ModuleKey = tuple[int, str]  # (model, fqn)
@@ -87,6 +88,7 @@ class StepLog:
     # forward seq -> step of its backward, for calls whose backward ran in a later step (a GAN's
     # generator: its forward in the discriminator's step, its backward in the next)
     later: dict[int, int] = field(default_factory=dict)
+    captured: str | None = None  # "<folder> (N files)" when the run used --capture
 
     @property
     def has_backward(self) -> bool:
@@ -166,8 +168,10 @@ def load_step(path: str | os.PathLike[str], step: int | None = None,
     if earlier:
         warnings.append(f"step {chosen} also runs the backward of calls made in an earlier step "
                         f"(model {', '.join(sorted(earlier))}); they are drawn in that step")
+    captured = (f"{capture_dir(reader.path)} ({reader.end.captured} files)"
+                if reader.end is not None and reader.end.captured else None)
     return StepLog(reader.path, chosen, sorted(keeper.steps), models, classes, events,
-                   warnings, {f: s for f, s in later.items() if f in forward})
+                   warnings, {f: s for f, s in later.items() if f in forward}, captured)
 
 
 @dataclass(slots=True)
@@ -184,6 +188,7 @@ class Call:
     recomputed: bool = False  # activation checkpointing re-ran it inside backward
     backward: schema.BackwardEvent | None = None
     later: int | None = None  # the step its backward ran in, when not this one
+    nonfinite: bool = False  # an output held NaN/Inf
     parent: NodeKey | None = None  # the call of an ancestor module it ran inside
     children: int = 0
 
@@ -210,7 +215,8 @@ def calls_of(log: StepLog) -> tuple[dict[NodeKey, Call], list[tuple[Call, schema
                     calls[key].recomputed = True
             elif key not in calls:
                 calls[key] = Call(e.model, e.name, e.call, log.cls(e.model, e.name), e.seq,
-                                  e.output_shapes, e.no_grad, later=log.later.get(e.seq))
+                                  e.output_shapes, e.no_grad, later=log.later.get(e.seq),
+                                  nonfinite=bool(e.output_nonfinite))
     backward: list[tuple[Call, schema.BackwardEvent]] = []
     for e in log.events:
         if isinstance(e, schema.BackwardEvent):
@@ -278,6 +284,9 @@ class Node:
     missing: int = 0  # ... of which got no backward event, in this step or a later one
     backward: schema.BackwardEvent | None = None
     later: int | None = None  # the step its backward ran in, when a later one
+    nonfinite: bool = False  # an output of its calls held NaN/Inf
+    nonfinite_grad: bool = False  # a gradient of its calls held NaN/Inf
+    grad_norm: float | None = None  # the largest grad_output norm of its calls (statistics)
     recomputed: bool = False
 
 
@@ -405,8 +414,27 @@ def _add_nodes(view: View, calls: dict[NodeKey, Call], keys: dict[NodeKey, NodeK
             missing=sum(not c.no_grad and c.backward is None and c.later is None for c in group),
             backward=own.backward if own and own.backward else first,
             later=min((c.later for c in group if c.later is not None), default=None),
+            nonfinite=any(c.nonfinite for c in group),
+            nonfinite_grad=any(_nonfinite_grads(c.backward) for c in group),
+            grad_norm=max((n for c in group if (n := _grad_norm(c.backward)) is not None),
+                          default=None),
             recomputed=any(c.recomputed for c in group))
         view.graph.add_node(key, node=node)
+
+
+def _stats(e: schema.BackwardEvent | None) -> list[list[float] | None]:
+    if e is None:
+        return []
+    return [*(e.grad_output_stats or []), *(e.grad_input_stats or [])]
+
+
+def _nonfinite_grads(e: schema.BackwardEvent | None) -> bool:
+    return any(s is not None and not math.isfinite(s[0]) for s in _stats(e))
+
+
+def _grad_norm(e: schema.BackwardEvent | None) -> float | None:
+    norms = [s[0] for s in (e.grad_output_stats or []) if s is not None] if e else []
+    return max(norms) if norms and all(math.isfinite(n) for n in norms) else None
 
 
 def _add_clusters(view: View, calls: dict[NodeKey, Call]) -> None:

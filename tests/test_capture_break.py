@@ -50,6 +50,10 @@ def test_capture_is_mentioned_by_run_and_check(tmp_path: Path) -> None:
     assert f"8 tensor files in {tmp_path / 'log.capture'}" in result.stderr.splitlines()[-2]
     checked = hooktrace_cmd("check", log)
     assert f"captured tensors (torch.load): {tmp_path / 'log.capture'} (8 files)" in checked.stdout
+    rendered = hooktrace_cmd("render", log, "--format", "dot")
+    assert rendered.returncode == 0, rendered.stderr
+    assert rendered.stderr.rstrip().endswith(
+        f"; captured tensors: {tmp_path / 'log.capture'} (8 files)")
 
 
 def test_capture_stops_at_its_size_cap(log_path: Path) -> None:

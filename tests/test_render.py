@@ -449,3 +449,23 @@ def test_gan_generator_backward_in_the_next_step(tmp_path: Path) -> None:
     step1 = load_step(log, 1)
     assert any("backward of calls made in an earlier step (model generator)" in w
                for w in step1.warnings)
+
+
+def test_nodes_coloured_by_gradient_health(tmp_path: Path) -> None:
+    """nan_layer's compress makes NaN at step 3: it and what follows have NaN outputs; the
+    layers before it only see NaN gradients; at step 2 everything is healthy."""
+    log = tmp_path / "nan.jsonl"
+    run_sample(log, "nan_layer.py")
+    states = {n.key[1]: node_state(n, True) for n in build(load_step(log, 3)).nodes()}
+    assert states == {"fc1": "nan/inf gradient", "act": "nan/inf gradient",
+                      "compress": "nan/inf output", "fc2": "nan/inf output"}
+    assert {node_state(n, True) for n in build(load_step(log, 2)).nodes()} == {"ok"}
+    source = picture(log, step=3).source
+    assert "an output held NaN/Inf" in source and "nan/inf output" in source
+
+
+def test_exploding_gradients_coloured(tmp_path: Path) -> None:
+    log = tmp_path / "exploding.jsonl"
+    run_sample(log, "exploding.py")
+    states = [node_state(n, True) for n in build(load_step(log, 0), depth=2).nodes()]
+    assert states.count("exploding") >= 10 and "vanishing" not in states

@@ -40,6 +40,7 @@ class Picture:
     forward_edges: int
     backward_edges: int
     warnings: list[str] = field(default_factory=list)
+    captured: str | None = None  # the run's --capture folder, "<folder> (N files)"
 
     def pipe(self, format: str = "svg") -> bytes:
         """The picture laid out by Graphviz ``dot`` as svg, png or pdf."""
@@ -54,8 +55,9 @@ class Picture:
     def summary(self) -> str:
         depth = f"depth {self.depth}{' (auto)' if self.auto_depth else ''}"
         edges = self.forward_edges + self.backward_edges
+        captured = f"; captured tensors: {self.captured}" if self.captured else ""
         return (f"step {self.step}, {depth}: {self.nodes} modules, {edges} edges "
-                f"({self.forward_edges} forward, {self.backward_edges} backward)")
+                f"({self.forward_edges} forward, {self.backward_edges} backward){captured}")
 
 
 def _log_path(log: LogLike) -> Path:
@@ -70,7 +72,8 @@ def picture(log: LogLike, *, step: int | None = None, model: str | None = None,
     edges = view.edges()
     forward = sum(e.phase == "forward" for e in edges)
     return Picture(dot.to_dot(view), loaded.step, view.depth, view.auto_depth,
-                   view.graph.number_of_nodes(), forward, len(edges) - forward, loaded.warnings)
+                   view.graph.number_of_nodes(), forward, len(edges) - forward, loaded.warnings,
+                   loaded.captured)
 
 
 def render(log: LogLike, *, step: int | None = None, model: str | None = None,

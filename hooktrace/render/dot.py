@@ -16,6 +16,7 @@ import html
 from typing import Any
 from urllib.parse import quote
 
+from hooktrace.checks import Thresholds
 from hooktrace.errors import HooktraceError
 from hooktrace.graph import Cluster, Edge, Node, NodeKey, View
 from hooktrace.render.text import printable, shapes_text
@@ -23,11 +24,16 @@ from hooktrace.render.text import printable, shapes_text
 FORWARD_COLOUR = "#303030"
 BACKWARD_COLOUR = "#1f63c6"
 # node state -> (fill colour, what the legend says); gradient health adds its states here
+VANISHING, EXPLODING = Thresholds().vanishing, Thresholds().exploding  # the same as check's
 STATES = {
     "ok": ("#ffffff", ""),
     "no backward": ("#c4c4c4", "ran forward with gradients on, got no backward"),
     "no_grad": ("#e2eaf5", "ran under no_grad: no backward expected"),
     "backward later": ("#fff1cc", "got its backward in a later step (a GAN's generator)"),
+    "nan/inf output": ("#f08080", "an output held NaN/Inf"),
+    "nan/inf gradient": ("#f9d0d0", "a gradient held NaN/Inf (its outputs were finite)"),
+    "vanishing": ("#d9d2ef", f"grad_output norm below {VANISHING:g}"),
+    "exploding": ("#ffd0a0", f"grad_output norm above {EXPLODING:g}"),
 }
 TIMES = "\N{MULTIPLICATION SIGN}"  # shapes read 8x3x224x224 with it
 _CLUSTER_FILLS = ("#f7f7f7", "#eeeeee")
@@ -49,9 +55,17 @@ def _graphviz() -> Any:  # the graphviz module; it has no type hints
 
 
 def node_state(node: Node, checked: bool) -> str:
-    """The state a node is coloured by (a key of STATES). The one place to add gradient health
-    (no gradient / NaN-Inf / vanishing / exploding) once the log carries gradient statistics."""
+    """The state a node is coloured by (a key of STATES): gradient health first (from the
+    statistics in the log, when it has them), then whether a backward reached it."""
+    if node.nonfinite:
+        return "nan/inf output"
+    if node.nonfinite_grad:
+        return "nan/inf gradient"
     if not checked or node.backward is not None:
+        if node.grad_norm is not None and node.grad_norm < VANISHING:
+            return "vanishing"
+        if node.grad_norm is not None and node.grad_norm > EXPLODING:
+            return "exploding"
         return "ok"
     if node.later is not None:
         return "backward later"
