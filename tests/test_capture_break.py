@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -111,3 +117,48 @@ def test_break_on_nan_in_backward(log_path: Path) -> None:
         out = net(torch.randn(2, 4)).sum()
         with pytest.raises(NonFiniteError, match=r"backward of 1 \(Bomb\) produced a NaN/Inf"):
             out.backward()
+
+
+def test_break_on_nan_opens_pdb_on_a_terminal(tmp_path: Path) -> None:
+    """On a terminal (a real pty here) pdb opens at the module, with its tensors in reach."""
+    script = tmp_path / "nan_script.py"
+    script.write_text(
+        "import torch\nfrom torch import nn\n"
+        "class Sqrt(nn.Module):\n"
+        "    def forward(self, x):\n        return torch.sqrt(x - 10)\n"
+        "net = nn.Sequential(nn.Linear(4, 4), Sqrt())\n"
+        "net(torch.randn(2, 4)).sum().backward()\nprint('script finished')\n")
+    primary, secondary = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hooktrace", "run", "--break-on", "nan", "-o",
+         str(tmp_path / "log.jsonl"), str(script)],
+        stdin=secondary, stdout=secondary, stderr=secondary, close_fds=True)
+    os.close(secondary)
+    output = b""
+
+    def read_until(marker: bytes, timeout: float = 120) -> None:
+        nonlocal output
+        deadline = time.monotonic() + timeout
+        while marker not in output and time.monotonic() < deadline:
+            ready, _, _ = select.select([primary], [], [], 0.5)
+            if ready:
+                try:
+                    output += os.read(primary, 4096)
+                except OSError:
+                    break
+
+    try:
+        read_until(b"(Pdb) ")
+        os.write(primary, b"p type(module).__name__, tuple(output.shape)\n")
+        read_until(b"(2, 4))")
+        os.write(primary, b"c\n")
+        read_until(b"script finished")
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        os.close(primary)
+    text = output.decode(errors="replace")
+    assert "hooktrace --break-on nan: 1 (Sqrt) produced NaN/Inf at step 0" in text
+    assert "('Sqrt', (2, 4))" in text
+    assert "script finished" in text
