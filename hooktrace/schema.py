@@ -171,15 +171,24 @@ class ForwardEvent:
         return self.PHASE
 
     def to_dict(self) -> dict[str, Any]:
-        return _compact({
-            "type": self.TYPE, "seq": self.seq, "step": self.step, "phase": self.PHASE,
+        # built by hand, not with _compact: this runs once per module call
+        d: dict[str, Any] = {
+            "type": "event", "seq": self.seq, "step": self.step, "phase": "forward",
             "model": self.model, "name": self.name, "call": self.call,
             "input_shapes": self.input_shapes, "input_dtypes": self.input_dtypes,
             "output_shapes": self.output_shapes, "output_dtypes": self.output_dtypes,
-            "no_grad": self.no_grad, "recompute": self.recompute,
-            "inputs_more": self.inputs_more, "outputs_more": self.outputs_more,
-            "output_nonfinite": self.output_nonfinite or None,
-        })
+        }
+        if self.no_grad:
+            d["no_grad"] = True
+        if self.recompute:
+            d["recompute"] = True
+        if self.inputs_more:
+            d["inputs_more"] = self.inputs_more
+        if self.outputs_more:
+            d["outputs_more"] = self.outputs_more
+        if self.output_nonfinite:
+            d["output_nonfinite"] = self.output_nonfinite
+        return d
 
 
 @dataclass(slots=True)
@@ -216,15 +225,20 @@ class BackwardEvent:
         return self.PHASE
 
     def to_dict(self) -> dict[str, Any]:
-        return _compact({
-            "type": self.TYPE, "seq": self.seq, "step": self.step, "phase": self.PHASE,
+        d: dict[str, Any] = {
+            "type": "event", "seq": self.seq, "step": self.step, "phase": "backward",
             "model": self.model, "name": self.name, "call": self.call, "fwd": self.fwd,
             "grad_input_len": self.grad_input_len, "grad_output_len": self.grad_output_len,
             "grad_input_shapes": self.grad_input_shapes,
-            "grad_output_shapes": self.grad_output_shapes, "recompute": self.recompute,
-            "grad_input_stats": _encode_stats(self.grad_input_stats),
-            "grad_output_stats": _encode_stats(self.grad_output_stats),
-        })
+            "grad_output_shapes": self.grad_output_shapes,
+        }
+        if self.recompute:
+            d["recompute"] = True
+        if self.grad_input_stats is not None:
+            d["grad_input_stats"] = _encode_stats(self.grad_input_stats)
+        if self.grad_output_stats is not None:
+            d["grad_output_stats"] = _encode_stats(self.grad_output_stats)
+        return d
 
 
 @dataclass(slots=True)

@@ -48,8 +48,19 @@ def _walk(obj: Any, out: list[torch.Tensor], depth: int) -> int:
     return seen
 
 
+_Tensor = torch.Tensor
+
+
 def leaves(*objs: Any) -> tuple[list[torch.Tensor], int]:
     """Tensor leaves of ``objs`` in order, and how many leaves there were in all."""
+    if len(objs) == 1:
+        obj = objs[0]
+        if type(obj) is tuple and len(obj) <= MAX_LEAVES:
+            # the common case, a module's positional args: plain tensors, no walk needed
+            if all(type(x) is _Tensor for x in obj):
+                return list(obj), len(obj)
+        elif type(obj) is _Tensor:
+            return [obj], 1
     out: list[torch.Tensor] = []
     seen = 0
     for obj in objs:
@@ -70,7 +81,15 @@ def shape_of(t: torch.Tensor) -> list[int]:
 
 
 def summarize(tensors: list[torch.Tensor]) -> tuple[list[list[int]], list[str]]:
-    return [shape_of(t) for t in tensors], [dtype_name(t.dtype) for t in tensors]
+    try:
+        shapes = [list(t.shape) for t in tensors]
+    except RuntimeError:  # a nested tensor among them
+        shapes = [shape_of(t) for t in tensors]
+    names = _dtype_names
+    try:
+        return shapes, [names[t.dtype] for t in tensors]
+    except KeyError:
+        return shapes, [dtype_name(t.dtype) for t in tensors]
 
 
 class Stats:
@@ -115,12 +134,18 @@ class Stats:
     def _reduce(self, grad: torch.Tensor) -> list[float] | torch.Tensor:
         """[norm, absmax(, nan, inf)] on CPU; on a device, a tensor of the four numbers."""
         norm = torch.linalg.vector_norm(grad)
-        absmax = torch.linalg.vector_norm(grad, ord=math.inf) if grad.numel() else norm
+        if not grad.numel():
+            return [0.0, 0.0]
+        if grad.is_complex():
+            low, high = -norm, torch.linalg.vector_norm(grad, ord=math.inf)
+        else:
+            low, high = torch.aminmax(grad)  # one pass; 4x cheaper than the inf-norm on CPU
         if grad.device.type == "cpu" or self._immediate:
-            n, m = norm.item(), absmax.item()
+            n = norm.item()
+            m = max(-low.item(), high.item())
             return [n, m] if math.isfinite(n) else [n, m, *_count_nonfinite(grad)]
-        return torch.stack([norm.float(), absmax.float(), torch.isnan(grad).sum().float(),
-                            torch.isinf(grad).sum().float()])
+        return torch.stack([norm.float(), torch.maximum(-low, high).float(),
+                            torch.isnan(grad).sum().float(), torch.isinf(grad).sum().float()])
 
     def end_pass(self) -> None:
         self._last = (None, None)  # do not keep a gradient alive past its backward pass

@@ -16,6 +16,7 @@ ReLU(inplace=True)).
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import sys
@@ -95,13 +96,12 @@ class Tracer:
         self._options = options or TraceOptions()
         self._models = models
         self._local = _Local()
-        self._lock = threading.Lock()
         self._handles: list[Any] = []
         self._grads = GradHooks(self._end_step, self._fail)
         self._active = False
         self._pending: list[schema.ForwardEvent | schema.BackwardEvent] = []
         self._calls: dict[tuple[ModInfo, bool], int] = {}
-        self._seq = 0
+        self._seq = itertools.count(1)
         self._step = 0
         self._step_counts = [0, 0]  # forward, backward events recorded in the current step
         self.events = 0
@@ -247,9 +247,7 @@ class Tracer:
         self._calls[key] = index + 1
         if not self._recording:
             return self._watch_forward(call, info, grad, index, recompute, kw_inputs, outputs)
-        with self._lock:
-            self._seq += 1
-            seq = self._seq
+        seq = next(self._seq)  # atomic under the GIL: backward may run in another thread
         if not self._count_event(0):
             return None
         if info.has_params:
@@ -330,9 +328,7 @@ class Tracer:
             if self._recording:
                 if not self._count_event(1):
                     return
-                with self._lock:
-                    self._seq += 1
-                    seq = self._seq
+                seq = next(self._seq)
             elif self._watching:
                 seq = 0  # a watched step writes no event
                 if self.dropped:
