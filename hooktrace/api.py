@@ -16,7 +16,7 @@ from torch import nn
 
 from hooktrace import __version__, schema
 from hooktrace.capture import Capture
-from hooktrace.errors import HooktraceError
+from hooktrace.errors import HooktraceError, LogWriteError
 from hooktrace.logio import LogWriter, rank_path
 from hooktrace.options import DEFAULT_MAX_EVENTS, DEFAULT_STEPS, Steps, TraceOptions
 from hooktrace.tracer import Tracer
@@ -56,7 +56,7 @@ class Trace:
             raise RuntimeError("this trace was started already; make a new hooktrace.trace()")
         rank, world_size = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
         self.path = rank_path(self.path, rank, world_size)  # torchrun: no rank writes another's
-        self._writer = LogWriter(self.path)
+        self._writer = LogWriter(self.path)  # an unwritable path fails here, before the run
         self._writer.write(schema.Header(
             schema=schema.SCHEMA_VERSION, hooktrace=__version__, torch=torch.__version__,
             python=platform.python_version(), argv=self._argv, pid=os.getpid(),
@@ -78,17 +78,32 @@ class Trace:
             return self.end
         if self._tracer is None or self._writer is None:
             raise RuntimeError("this trace was never started")
-        self._tracer.stop()
+        tracer = self._tracer
+        try:
+            tracer.stop()  # hooks are removed before anything is written
+        except LogWriteError as e:
+            self._write_failed(e)
         self.end = schema.End(
-            status=status, events=self._tracer.events, steps=self._tracer.steps,
-            exit_code=exit_code,
+            status=status, events=tracer.events, steps=tracer.steps, exit_code=exit_code,
             error={"type": type(error).__name__, "message": str(error)} if error else None,
-            dropped=self._tracer.dropped or None, tracer_error=self._tracer.error,
+            dropped=tracer.dropped or None, tracer_error=tracer.error,
             captured=self._capture.files if self._capture else None,
         )
-        self._writer.write(self.end)
-        self._writer.close()
+        try:
+            self._writer.write(self.end)
+            self._writer.close()
+        except LogWriteError as e:
+            self._write_failed(e)
         return self.end
+
+    def _write_failed(self, error: LogWriteError) -> None:
+        """The log could not be finished: say so once, unless strict, where it is raised."""
+        assert self._tracer is not None
+        if self._options.strict:
+            raise error
+        if self._tracer.error is None:
+            self._tracer.error = str(error)
+            print(f"hooktrace: {error}; the log ends early", file=sys.stderr)
 
     def __enter__(self) -> Trace:
         return self.start()
@@ -116,6 +131,7 @@ def trace(
     break_on: str | None = None,
     capture: Sequence[str] = (),
     capture_max_mb: int = 256,
+    strict: bool = False,
 ) -> Trace:
     """Trace every module call (or those of ``model`` only) into the JSONL log at ``path``.
 
@@ -129,5 +145,5 @@ def trace(
     if break_on not in (None, "nan"):
         raise HooktraceError(f"break_on={break_on!r}: only 'nan' is supported")
     options = TraceOptions(tuple(include), tuple(exclude), Steps.parse(steps), max_events, stats,
-                           watch, break_on == "nan", tuple(capture), capture_max_mb)
+                           watch, break_on == "nan", tuple(capture), capture_max_mb, strict)
     return Trace(path, models, options)

@@ -63,17 +63,20 @@ def cli() -> None:
                    "with torch.save into LOG's .capture folder, e.g. 'layer4*'.")
 @click.option("--capture-max-mb", type=click.IntRange(min=1), default=256, show_default=True,
               help="Stop capturing once the saved tensors reach this size.")
+@click.option("--strict", is_flag=True,
+              help="If the log cannot be written (disk full), raise the error into the script "
+                   "instead of stopping tracing and letting it run on.")
 @click.argument("target")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[str, ...],
         steps: str, max_events: int, no_stats: bool, no_watch: bool, break_on: str | None,
-        capture: tuple[str, ...], capture_max_mb: int, target: str,
+        capture: tuple[str, ...], capture_max_mb: int, strict: bool, target: str,
         args: tuple[str, ...]) -> None:
     """Run the python script TARGET with ARGS, recording every module call to a log."""
     from hooktrace import runner  # imports torch: only this command needs it
 
     options = TraceOptions(include, exclude, Steps.parse(steps), max_events, not no_stats,
-                           not no_watch, break_on == "nan", capture, capture_max_mb)
+                           not no_watch, break_on == "nan", capture, capture_max_mb, strict)
     sys.exit(runner.run(runner.Target(target, args, as_module), output, options))
 
 

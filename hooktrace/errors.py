@@ -13,5 +13,9 @@ class LogError(HooktraceError):
     """A log file that cannot be read or written as a hooktrace log."""
 
 
+class LogWriteError(LogError):
+    """Writing the log failed while the program ran (disk full, file system gone)."""
+
+
 class NonFiniteError(RuntimeError):
     """Raised into the traced program by ``--break-on nan`` when there is no terminal for pdb."""

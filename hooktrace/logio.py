@@ -16,7 +16,7 @@ from typing import IO, Any
 import orjson
 
 from hooktrace import schema
-from hooktrace.errors import LogError
+from hooktrace.errors import LogError, LogWriteError
 
 MAX_LINE_BYTES = 16 * 1024 * 1024  # no record comes near this; a longer line is not a hooktrace log
 _BUFFER_BYTES = 1 << 20
@@ -86,11 +86,28 @@ class LogWriter:
 
     def write(self, record: Any) -> None:
         if self._file is not None:
-            self._file.write(orjson.dumps(record.to_dict()) + b"\n")
+            try:
+                self._file.write(orjson.dumps(record.to_dict()) + b"\n")
+            except OSError as e:
+                self._failed(e)
 
     def flush(self) -> None:
         if self._file is not None:
-            self._file.flush()
+            try:
+                self._file.flush()
+            except OSError as e:
+                self._failed(e)
+
+    def _failed(self, error: OSError) -> None:
+        """Stop writing (the file stays valid up to its last whole line) and say why, once."""
+        f, self._file = self._file, None
+        try:
+            if f is not None:
+                f.close()
+        except OSError:
+            pass  # the buffer cannot go anywhere either
+        raise LogWriteError(f"cannot write the log {self.path}: "
+                            f"{error.strerror or error}") from None
 
     def detach(self) -> None:
         """Forget the file without writing (a forked child must not touch the parent's log)."""
@@ -99,7 +116,12 @@ class LogWriter:
     def close(self) -> None:
         if self._file is not None:
             f, self._file = self._file, None
-            f.close()
+            try:
+                f.close()
+            except OSError as e:
+                _open_writers.discard(self)
+                raise LogWriteError(f"cannot write the log {self.path}: "
+                                    f"{e.strerror or e}") from None
         _open_writers.discard(self)
 
 

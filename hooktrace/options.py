@@ -62,6 +62,7 @@ class TraceOptions:
     break_on_nan: bool = False  # stop at the first module producing NaN/Inf (pdb, or raise)
     capture: Sequence[str] = ()  # fqn globs whose calls' tensors are saved next to the log
     capture_max_mb: int = 256  # stop capturing past this size
+    strict: bool = False  # a failed log write is raised into the program instead of stopping
 
     def __post_init__(self) -> None:
         if self.max_events < 1:

@@ -115,8 +115,9 @@ def _summary(session: Trace) -> None:
     dropped = f", {end.dropped} more not written (--max-events)" if end.dropped else ""
     captured = (f", {end.captured} tensor files in {capture_dir(session.path)}"
                 if end.captured else "")
+    stopped = " (tracing stopped early, see above)" if end.tracer_error else ""
     print(f"hooktrace: {_count(end.events, 'event')}, {_count(end.steps, 'step')}{dropped}"
-          f"{captured} -> "
+          f"{captured}{stopped} -> "
           f"{session.path}\nhooktrace: next: hooktrace render {session.path}; "
           f"hooktrace check {session.path}", file=sys.stderr)
 

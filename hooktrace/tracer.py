@@ -31,7 +31,7 @@ from torch.nn.modules import module as nn_module
 
 from hooktrace import schema
 from hooktrace.capture import Capture
-from hooktrace.errors import NonFiniteError
+from hooktrace.errors import LogWriteError, NonFiniteError
 from hooktrace.gradhooks import GradHooks
 from hooktrace.naming import ModInfo, Naming
 from hooktrace.options import TraceOptions
@@ -158,11 +158,22 @@ class Tracer:
         self._grads.remove_leaf_hooks()
 
     def _fail(self, error: BaseException) -> None:
-        if self.error is None:
+        """Stop tracing, say why once; the program goes on (with --strict, a failed log write
+        is raised into it instead)."""
+        first = self.error is None
+        self._active = self._grads.active = False
+        if isinstance(error, LogWriteError):
+            if first:
+                self.error = str(error)
+                print(f"hooktrace: {error}; tracing stopped (your script goes on)",
+                      file=sys.stderr)
+            if self._options.strict:
+                raise error
+            return
+        if first:
             self.error = f"{type(error).__name__}: {error}"
             print(f"hooktrace: internal error, tracing stopped (your script goes on): "
                   f"{self.error}", file=sys.stderr)
-        self._active = self._grads.active = False
 
     # -- forward ---------------------------------------------------------------------------
     def _pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:

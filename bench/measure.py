@@ -1,0 +1,135 @@
+"""Interleaved timing: every variant runs in every round, so drift and the other load on a shared
+machine hit all of them alike, and only ratios between them are trusted.
+
+A round opens each variant's session in turn (rotating the order from round to round), runs
+``warmup`` untimed steps in it (the first step of a session names the model and fills caches),
+then ``block`` timed steps, and closes it. Sessions cannot stay open across the other variants'
+steps: every variant hooks every module call in the process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import cProfile
+import gc
+import io
+import pstats
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.logtools import LogSummary, summarize_log
+from bench.variants import Variant
+from bench.workloads import Workload
+
+
+class GcClock:
+    """Time spent in garbage collection, and how many full (generation 2) collections ran.
+
+    A full collection with torch imported takes 0.1-0.3 s; it lands in whichever step is
+    running, so it shows in means, not in medians."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.full = 0
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._start
+        if info["generation"] == 2:
+            self.full += 1
+
+    def __enter__(self) -> GcClock:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+
+@dataclass
+class Samples:
+    """What one variant measured on one workload, in seconds per timed step."""
+
+    cpu: list[float] = field(default_factory=list)  # process CPU time (one thread: no overlap)
+    wall: list[float] = field(default_factory=list)
+    gc: list[float] = field(default_factory=list)  # garbage collection inside the step
+    full_gcs: int = 0
+    session: list[float] = field(default_factory=list)  # opening + closing it (wall), no steps
+    logs: list[LogSummary] = field(default_factory=list)
+
+
+def _timed_step(step: Callable[[], None], sync: Callable[[], None], clock: GcClock,
+                into: Samples) -> None:
+    gc_seconds, full = clock.seconds, clock.full
+    wall, cpu = time.perf_counter(), time.process_time()
+    step()
+    sync()
+    into.cpu.append(time.process_time() - cpu)
+    into.wall.append(time.perf_counter() - wall)
+    into.gc.append(clock.seconds - gc_seconds)
+    into.full_gcs += clock.full - full
+
+
+def _session(workload: Workload, variant: Variant, log: Path, warmup: int, block: int,
+             sync: Callable[[], None], clock: GcClock, into: Samples | None) -> None:
+    """Open the variant, run warm-up then timed steps, close it; ``into=None``: time nothing."""
+    with contextlib.ExitStack() as session:
+        start = time.perf_counter()
+        session.enter_context(variant.open(workload.model, log))
+        opening = time.perf_counter() - start
+        for _ in range(warmup):
+            workload.step()
+        sync()
+        for _ in range(block):
+            if into is None:
+                workload.step()
+            else:
+                _timed_step(workload.step, sync, clock, into)
+        start = time.perf_counter()
+    closing = time.perf_counter() - start
+    if into is not None:
+        into.session.append(opening + closing)
+        if variant.writes_log:
+            into.logs.append(summarize_log(log))
+    log.unlink(missing_ok=True)
+
+
+def interleave(workload: Workload, variants: Sequence[Variant], rounds: int, folder: Path,
+               sync: Callable[[], None]) -> dict[str, Samples]:
+    """Run ``rounds`` rounds of every variant after one unmeasured round (first-use costs:
+    the profiler takes ~1 s to start the first time)."""
+    schedule = workload.schedule
+    samples = {v.name: Samples() for v in variants}
+    with GcClock() as clock:
+        for variant in variants:
+            _session(workload, variant, folder / "prime.jsonl", schedule.warmup, 1, sync,
+                     clock, None)
+        gc.collect()  # the garbage of building the models is not any variant's
+        for r in range(rounds):
+            k = r % len(variants)
+            for variant in [*variants[k:], *variants[:k]]:
+                log = folder / f"{workload.name}-{variant.name}-{r}.jsonl"
+                _session(workload, variant, log, schedule.warmup, schedule.block, sync, clock,
+                         samples[variant.name])
+    return samples
+
+
+def cprofile(workload: Workload, variant: Variant, steps: int, folder: Path,
+             top: int = 25) -> str:
+    """The functions that dominate ``steps`` steps under ``variant`` (by own time), as text."""
+    profile = cProfile.Profile()
+    with variant.open(workload.model, folder / "cprofile.jsonl"):
+        workload.step()  # naming the model is a once-per-session cost
+        profile.enable()
+        for _ in range(steps):
+            workload.step()
+        profile.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profile, stream=out)
+    stats.sort_stats("tottime").print_stats(top)
+    return out.getvalue()

@@ -1,0 +1,80 @@
+"""The results as markdown: one table per workload, the log-tools table, the target verdicts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_HEAD = ("| variant | median ms | mean ms | x untraced (med / mean) | added us/event (med / mean) "
+         "| x floor's added (med / mean) | GC ms/step | full GCs | session ms | log B/event |")
+
+
+def _pair(row: dict[str, Any], key: str, fmt: str) -> str:
+    return f"{row[key + '_median']:{fmt}} / {row[key + '_mean']:{fmt}}"
+
+
+def _variant_line(name: str, row: dict[str, Any]) -> str:
+    no_floor = name in ("untraced", "floor")
+    size = row.get("log_bytes_per_event")
+    cells = [
+        row["label"], f"{row['median_ms']:.1f}", f"{row['mean_ms']:.1f}",
+        _pair(row, "x_untraced", ".3f"),
+        "" if name == "untraced" else _pair(row, "added_us_per_event", ".1f"),
+        "" if no_floor else _pair(row, "x_floor_added", ".2f"),
+        f"{row['gc_ms_per_step']:.1f}", str(row["full_gcs"]), f"{row['session_ms']:.1f}",
+        "" if size is None else f"{size:.0f}",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def workload_table(name: str, w: dict[str, Any]) -> str:
+    timer = "CPU time" if w["timer"] == "cpu" else "wall time"
+    lines = [
+        f"### {name}: {w['description']}",
+        "",
+        f"{w['events_per_step']:.0f} module events per step; {w['rounds']} interleaved rounds, "
+        f"{w['block']} timed step(s) per variant per round after {w['warmup']} warm-up step(s); "
+        f"{timer} per training step. torch.profiler's export_chrome_trace of "
+        f"{w['profiler_export_steps']} steps: {w['profiler_export_s']:.2f} s.",
+        "",
+        _HEAD,
+        "|" + "---|" * _HEAD.count(" | ") + "---|",
+    ]
+    lines += [_variant_line(n, row) for n, row in w["variants"].items()]
+    return "\n".join(lines)
+
+
+def tools_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "### check and render on generated logs (W2 records), against a bare orjson parse",
+        "",
+        "| events | file MB | command | CPU s | wall s | x parse (CPU) | peak MB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['events']:,} | {r['file_mb']:.1f} | {r['tool']} | {r['cpu_s']:.2f} "
+                     f"| {r['wall_s']:.2f} | {r['x_parse']:.2f} | {r['peak_mb']:.0f} |")
+    return "\n".join(lines)
+
+
+def targets_list(verdicts: list[dict[str, Any]]) -> str:
+    words = {True: "**met**", False: "**NOT MET**", None: "not measured"}
+    lines = ["### Targets", ""]
+    lines += [f"- {words[v['met']]}: {v['target']}: {v['measured']}" for v in verdicts]
+    return "\n".join(lines)
+
+
+def document(results: dict[str, Any]) -> str:
+    meta = results["meta"]
+    parts = [
+        f"## hooktrace benchmark ({'quick' if meta['quick'] else 'full'} run)",
+        "",
+        f"{meta['date']}, commit {meta['commit']}, torch {meta['torch']}, python "
+        f"{meta['python']}, {meta['device']}, {meta['threads']} thread, {meta['cpus']} CPUs, "
+        f"load average {meta['load_before']} before / {meta['load_after']} after; "
+        f"{meta['seconds']:.0f} s.",
+    ]
+    parts += [workload_table(n, w) for n, w in results["workloads"].items()]
+    if results["log_tools"]:
+        parts.append(tools_table(results["log_tools"]))
+    parts.append(targets_list(results["targets"]))
+    return "\n\n".join(parts) + "\n"

@@ -1,0 +1,112 @@
+"""The targets of issue 6 / DESIGN.md, judged on one run's results: met, not met, or not measured.
+
+A ratio target is met only when both the median and the mean are within it: the mean is where
+per-step garbage (full collections of 0.1-0.3 s) shows, and the median is what noise spares.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Verdict = dict[str, Any]  # {"target": str, "met": bool | None, "measured": str}
+
+
+def _verdict(target: str, met: bool | None, measured: str) -> Verdict:
+    return {"target": target, "met": met, "measured": measured}
+
+
+def _row(results: dict[str, Any], workload: str, variant: str) -> dict[str, Any] | None:
+    row: dict[str, Any] | None = (
+        results["workloads"].get(workload, {}).get("variants", {}).get(variant))
+    return row
+
+
+def _vs_floor(results: dict[str, Any], variant: str, limit: float) -> Verdict:
+    row = _row(results, "W1", variant)
+    target = (f"W1: {'stats on' if variant == 'hooktrace' else 'stats off'} adds "
+              f"<= {limit}x the floor's added time")
+    if row is None:
+        return _verdict(target, None, "not measured (W1 not run)")
+    median, mean = row["x_floor_added_median"], row["x_floor_added_mean"]
+    low, high = row["x_floor_added_median_ci90"]
+    return _verdict(target, median <= limit and mean <= limit,
+                    f"{median:.2f}x median (90% interval {low:.2f}-{high:.2f}), {mean:.2f}x mean")
+
+
+def _below_tracker(results: dict[str, Any]) -> Verdict:
+    target = "W1: hooktrace adds less than ModuleTracker, stats on and off"
+    rows = {v: _row(results, "W1", v) for v in ("hooktrace", "hooktrace_nostats", "moduletracker")}
+    if any(r is None for r in rows.values()):
+        return _verdict(target, None, "not measured (W1 not run)")
+    met, parts = True, []
+    for name, row in rows.items():
+        assert row is not None
+        med, mean = row["added_us_per_event_median"], row["added_us_per_event_mean"]
+        parts.append(f"{name} {med:.1f} / {mean:.1f}")
+        if name != "moduletracker":
+            tracker = rows["moduletracker"]
+            assert tracker is not None
+            met = met and med < tracker["added_us_per_event_median"] \
+                and mean < tracker["added_us_per_event_mean"]
+    return _verdict(target, met, "added us/event (median / mean): " + ", ".join(parts))
+
+
+def _vs_untraced(results: dict[str, Any], workload: str, limit: float) -> Verdict:
+    row, off = _row(results, workload, "hooktrace"), _row(results, workload, "hooktrace_nostats")
+    target = f"{workload}: traced step (stats on) <= {limit:.2f}x untraced"
+    if row is None or off is None:
+        return _verdict(target, None, f"not measured ({workload} not run)")
+    median, mean = row["x_untraced_median"], row["x_untraced_mean"]
+    low, high = row["x_untraced_median_ci90"]
+    return _verdict(target, median <= limit and mean <= limit,
+                    f"{median:.3f}x median (90% interval {low:.3f}-{high:.3f}), {mean:.3f}x mean; "
+                    f"stats off {off['x_untraced_median']:.3f}x / {off['x_untraced_mean']:.3f}x")
+
+
+def _log_size(results: dict[str, Any]) -> Verdict:
+    row = _row(results, "W2", "hooktrace")
+    target = "W2: <= 120 bytes of log per event (stats on)"
+    if row is None:
+        return _verdict(target, None, "not measured (W2 not run)")
+    size = row["log_bytes_per_event"]
+    return _verdict(target, size <= 120,
+                    f"{size:.0f} B/event in per-step records (events, params, step); event "
+                    f"lines alone {row['event_line_bytes']:.0f} B; plus "
+                    f"{row['log_one_off_kb']:.0f} kB once per log (header, modules)")
+
+
+def _tool(results: dict[str, Any], tool: str) -> Verdict:
+    target = f"{tool} on 1e6 events: peak memory < 300 MB, time <= 2x a bare orjson parse"
+    rows = [r for r in results["log_tools"] if r["events"] >= 1_000_000]
+    mine = [r for r in rows if r["tool"] == tool]
+    if not mine:
+        return _verdict(target, None, "not measured (no log of 1e6 events in this run)")
+    row, parse = mine[-1], [r for r in rows if r["tool"] == "parse"][-1]
+    return _verdict(target, row["peak_mb"] < 300 and row["x_parse"] <= 2,
+                    f"{row['peak_mb']:.0f} MB peak, {row['x_parse']:.2f}x the parse's CPU time "
+                    f"({row['cpu_s']:.2f} s vs {parse['cpu_s']:.2f} s)")
+
+
+def _gpu(results: dict[str, Any]) -> Verdict:
+    target = "GPU, W4: statistics on cost <= 5% steps/s; no per-module device sync"
+    on, off = _row(results, "W4", "hooktrace"), _row(results, "W4", "hooktrace_nostats")
+    if results["meta"]["device"] != "cuda" or on is None or off is None:
+        return _verdict(target, None, "not measured (no CUDA run)")
+    cost = on["median_ms"] / off["median_ms"] - 1
+    return _verdict(target, cost <= 0.05, f"stats on costs {cost:.1%} steps/s (median); "
+                    "device syncs are not counted by this benchmark")
+
+
+def evaluate(results: dict[str, Any]) -> list[Verdict]:
+    return [
+        _vs_floor(results, "hooktrace_nostats", 1.5),
+        _vs_floor(results, "hooktrace", 2.0),
+        _below_tracker(results),
+        _vs_untraced(results, "W4", 1.03),
+        _vs_untraced(results, "W2", 1.10),
+        _vs_untraced(results, "W3", 1.10),
+        _log_size(results),
+        _tool(results, "check"),
+        _tool(results, "render"),
+        _gpu(results),
+    ]
