@@ -75,12 +75,13 @@ def _progress(message: str) -> None:
 
 def bench_workload(name: str, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     """Measure every variant on one workload, interleaved; summarise."""
+    started = time.perf_counter()
     device = torch.device(args.device)
     workload = workloads.build(name, device)
     schedule = workload.schedule
     rounds = args.rounds or (schedule.quick_rounds if args.quick else schedule.rounds)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    timer = "wall" if device.type == "cuda" else "cpu"  # CPU time hides the other engineer
+    timer = "wall" if device.type == "cuda" else "cpu"  # the issue quotes CPU time; GPU: wall
     _progress(f"{name}: {rounds} rounds of {len(variants.VARIANTS)} variants")
     samples = measure.interleave(workload, variants.VARIANTS, rounds, folder, sync)
     per_step = report.events_per_step(samples)
@@ -92,7 +93,7 @@ def bench_workload(name: str, args: argparse.Namespace, folder: Path) -> dict[st
         "block": schedule.block, "warmup": schedule.warmup, "timer": timer,
         "profiler_export_steps": _EXPORT_STEPS,
         "profiler_export_s": variants.export_cost(workload.step, _EXPORT_STEPS, folder),
-        "variants": rows,
+        "variants": rows, "seconds": time.perf_counter() - started,
         "samples_ms": {n: {"cpu": [round(t * 1e3, 4) for t in s.cpu],
                            "wall": [round(t * 1e3, 4) for t in s.wall],
                            "gc": [round(t * 1e3, 4) for t in s.gc]} for n, s in samples.items()},
@@ -130,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
         results: dict[str, Any] = {"meta": _meta(args), "workloads": {}, "log_tools": []}
         for name in args.workloads:
             results["workloads"][name] = bench_workload(name, args, folder)
+            _progress(f"{name}: {results['workloads'][name]['seconds']:.0f} s")
         if not args.skip_logs:
             results["log_tools"] = bench_logs(args, folder)
     results["meta"]["load_after"] = round(os.getloadavg()[0], 2)

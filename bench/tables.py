@@ -7,6 +7,12 @@ from typing import Any
 _HEAD = ("| variant | median ms | mean ms | x untraced (med / mean) | added us/event (med / mean) "
          "| x floor's added (med / mean) | GC ms/step | full GCs | session ms | log B/event |")
 
+_REFERENCE = {  # what issue 6 measured, for comparison (its floor hooked differently, see README)
+    "W1": "Issue 6 reference (W1, CPU time, one thread): untraced 15.4 ms/step; added us/event: "
+          "floor 10.5 (1.55x), ModuleTracker 23.5, torch.profiler(record_shapes) 11.8 "
+          "(+0.4 s per export).",
+}
+
 
 def _pair(row: dict[str, Any], key: str, fmt: str) -> str:
     return f"{row[key + '_median']:{fmt}} / {row[key + '_mean']:{fmt}}"
@@ -40,6 +46,8 @@ def workload_table(name: str, w: dict[str, Any]) -> str:
         "|" + "---|" * _HEAD.count(" | ") + "---|",
     ]
     lines += [_variant_line(n, row) for n, row in w["variants"].items()]
+    if name in _REFERENCE:
+        lines += ["", _REFERENCE[name]]
     return "\n".join(lines)
 
 

@@ -77,11 +77,11 @@ _SPECS = {
     # name: (description, builder, schedule); W1 is cheap per step, so it gets many rounds
     "W1": ("200 x (Linear(64,64)+ReLU), batch 32", _mlp, Schedule(150, 20, block=2)),
     "W2": ("torchvision resnet18, batch 8 at 64x64",
-           lambda d: _resnet("resnet18", 8, 64, d), Schedule(30, 4, block=2)),
+           lambda d: _resnet("resnet18", 8, 64, d), Schedule(40, 4, block=2)),
     "W3": ("TransformerEncoder, 4 layers, d_model 128, 4 heads, seq 64, batch 8",
-           _transformer, Schedule(30, 4, block=2)),
+           _transformer, Schedule(40, 4, block=2)),
     "W4": ("torchvision resnet50, batch 2 at 224x224",
-           lambda d: _resnet("resnet50", 2, 224, d), Schedule(20, 2, block=1)),
+           lambda d: _resnet("resnet50", 2, 224, d), Schedule(30, 2, block=1)),
 }
 
 NAMES = tuple(_SPECS)

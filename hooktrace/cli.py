@@ -81,7 +81,9 @@ def run(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[
 
 
 @cli.command()
-@click.argument("log", type=click.Path(path_type=Path))
+@click.argument("logs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--rank", type=int, help="With the logs of several ranks: the rank to draw "
+                                       "(default 0).")
 @click.option("-o", "--output", type=click.Path(path_type=Path),
               help="Where to write the picture. Default: the log's name with the format's "
                    "extension.")
@@ -95,12 +97,15 @@ def run(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[
                    "deepest that keeps the picture readable.")
 @click.option("--phase", type=click.Choice(["forward", "backward", "both"]), default="both",
               show_default=True, help="The edges to draw.")
-def render(log: Path, output: Path | None, fmt: str | None, step: int | None,
-           model: str | None, depth: int | None, phase: str) -> None:
-    """Draw one step of LOG as a call graph: forward order and backward order."""
+def render(logs: tuple[Path, ...], rank: int | None, output: Path | None, fmt: str | None,
+           step: int | None, model: str | None, depth: int | None, phase: str) -> None:
+    """Draw one step of LOG as a call graph: forward order and backward order. Several logs (or
+    a quoted glob) are the ranks of one run: --rank picks the one to draw."""
+    from hooktrace.ranks import pick_rank
     from hooktrace.render import write_picture
 
-    written = write_picture(log, output, fmt, step=step, model=model, depth=depth, phase=phase)
+    written = write_picture(pick_rank(logs, rank), output, fmt, step=step, model=model,
+                            depth=depth, phase=phase)
     for warning in written.picture.warnings:
         click.echo(f"hooktrace: warning: {warning}", err=True)
     click.echo(f"hooktrace: {written.summary()}", err=True)
@@ -126,7 +131,7 @@ def show(log: Path, step: int | None, phase: str, model: str | None, limit: int)
 
 
 @cli.command()
-@click.argument("log", type=click.Path(path_type=Path))
+@click.argument("logs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
 @click.option("--step", type=int, help="Check one step only.")
 @click.option("--vanishing", type=float, default=1e-7, show_default=True,
@@ -136,14 +141,17 @@ def show(log: Path, step: int | None, phase: str, model: str | None, limit: int)
 @click.option("--orders", type=float, default=4.0, show_default=True,
               help="Flag gradient norms that grow or fall by this many orders of magnitude "
                    "across the network.")
-def check(log: Path, as_json: bool, step: int | None, vanishing: float, exploding: float,
-          orders: float) -> None:
-    """Find gradient-flow problems in LOG: NaN/Inf, no gradient, frozen or unused modules,
-    vanishing or exploding gradients. Exit status 1 when problems are found."""
+def check(logs: tuple[Path, ...], as_json: bool, step: int | None, vanishing: float,
+          exploding: float, orders: float) -> None:
+    """Find gradient-flow problems in LOGS: NaN/Inf, no gradient, frozen or unused modules,
+    vanishing or exploding gradients. Several logs (or a quoted glob, 'run.rank*.jsonl') are the
+    ranks of one run: they are also compared step by step. Exit status 1 when problems are
+    found."""
     from hooktrace import checks, report
 
-    result = checks.run_checks(log, step, checks.Thresholds(vanishing, exploding, orders))
-    click.echo(report.to_json(result) if as_json else report.to_text(result, str(log)))
+    result = checks.run_checks_ranks(logs, step, checks.Thresholds(vanishing, exploding, orders))
+    names = " ".join(map(str, logs))
+    click.echo(report.to_json(result) if as_json else report.to_text(result, names))
     sys.exit(1 if result.problems else 0)
 
 

@@ -18,7 +18,8 @@ def _count(n: int, word: str) -> str:
 def _evidence(evidence: dict[str, Any]) -> str:
     parts = []
     for key, value in evidence.items():
-        if (key == "grad_norm" and isinstance(value, dict)) or value == [] or key == "produced":
+        if (key in ("grad_norm", "ranks") and isinstance(value, dict)) or value == [] \
+                or key == "produced":
             continue  # listed in the message, or nothing to say
         if key in ("grad_output", "grad_input"):
             value = ", ".join(f"{key} {g['index']}: {g['nan']} NaN, {g['inf']} Inf"
@@ -45,7 +46,13 @@ def _thin(profile: list[dict[str, Any]], keep: int = 8) -> list[dict[str, Any]]:
 def _finding(f: Finding) -> list[str]:
     where = f"step {f.step}" if f.step is not None else "all steps"
     module = f.module or "(root)"
-    lines = [f"  [{f.kind}] {module} · model '{f.model}' · {where}", f"    {f.message}"]
+    ranks = ""
+    if f.ranks is not None:
+        listed = ", ".join(map(str, f.ranks))
+        ranks = f" · rank{'s' if len(f.ranks) > 1 else ''} {listed}"
+        ranks += "" if f.kind == "rank-divergence" else " only"
+    model = f" · model '{f.model}'" if f.model else ""
+    lines = [f"  [{f.kind}] {module}{model} · {where}{ranks}", f"    {f.message}"]
     evidence = _evidence(f.evidence) if f.severity != INFO else ""  # a note's message says it
     if evidence:
         lines.append(f"    evidence: {evidence}")
@@ -84,4 +91,4 @@ def to_json(report: Report) -> str:
     return orjson.dumps({
         "problems": len(report.problems), "steps": report.steps, "events": report.events,
         "warnings": report.warnings, "findings": [f.to_dict() for f in report.findings],
-    }, option=orjson.OPT_INDENT_2).decode()
+    }, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,10 +15,11 @@ from hooktrace import schema
 SCRIPT = ROOT / "tests" / "scripts" / "ddp_train.py"
 
 
-def _torchrun(tmp_path: Path, nproc: int, port: int) -> subprocess.CompletedProcess[str]:
+def _torchrun(tmp_path: Path, nproc: int, *script_args: str) -> subprocess.CompletedProcess[str]:
+    # --standalone: a rendezvous on a free local port, so runs never collide on a fixed one
     return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-         "--master_port", str(port), "-m", "hooktrace", "run", "-o", "ddp.jsonl", str(SCRIPT)],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+         str(nproc), "-m", "hooktrace", "run", "-o", "ddp.jsonl", str(SCRIPT), *script_args],
         cwd=tmp_path, capture_output=True, text=True, timeout=300)
 
 
@@ -27,7 +29,7 @@ def _order(path: Path) -> list[tuple[int, str, str, int]]:
 
 @pytest.mark.slow
 def test_two_ranks_write_one_log_each_named_as_single_process(tmp_path: Path) -> None:
-    result = _torchrun(tmp_path, 2, 29541)
+    result = _torchrun(tmp_path, 2)
     assert result.returncode == 0, result.stderr
     single = tmp_path / "single.jsonl"
     assert hooktrace_cmd("run", "-o", single, SCRIPT).returncode == 0
@@ -46,7 +48,57 @@ def test_two_ranks_write_one_log_each_named_as_single_process(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_four_ranks_complete(tmp_path: Path) -> None:
-    result = _torchrun(tmp_path, 4, 29542)
+    result = _torchrun(tmp_path, 4)
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in tmp_path.glob("ddp.rank*.jsonl")) == [
         f"ddp.rank{r}.jsonl" for r in range(4)]
+
+
+@pytest.mark.slow
+def test_healthy_ranks_agree(tmp_path: Path) -> None:
+    run = _torchrun(tmp_path, 2)
+    assert run.returncode == 0, run.stderr
+    result = hooktrace_cmd("check", "--json", tmp_path / "ddp.rank*.jsonl")
+    report = json.loads(result.stdout)
+    # the ranks agree; the one problem is the script's: `extra` is never called, on any rank
+    assert [(f["kind"], f["module"], f["ranks"]) for f in report["findings"]] == [
+        ("unused", "extra", None)]
+
+
+@pytest.mark.slow
+def test_rank_taking_another_branch_at_step_2_is_found(tmp_path: Path) -> None:
+    result = _torchrun(tmp_path, 2, "--diverge", "1")
+    assert result.returncode == 0, result.stderr
+    checked = hooktrace_cmd("check", "--json", tmp_path / "ddp.rank0.jsonl",
+                            tmp_path / "ddp.rank1.jsonl")
+    assert checked.returncode == 1
+    report = json.loads(checked.stdout)
+    divergence = [f for f in report["findings"] if f["kind"] == "rank-divergence"]
+    assert len(divergence) == 1
+    found = divergence[0]
+    # rank 1 ran `extra` where rank 0 went on to fc2: step 2, second forward event
+    assert (found["severity"], found["step"], found["module"]) == ("error", 2, "extra")
+    assert found["evidence"]["position"] == 1
+    assert found["evidence"]["ranks"]["1"].startswith("forward of extra call 0")
+    assert found["evidence"]["ranks"]["0"].startswith("forward of fc2 call 0")
+    # rank-local: only rank 0 never called `extra`
+    unused = [f for f in report["findings"] if f["kind"] == "unused"]
+    assert [(f["module"], f["ranks"]) for f in unused] == [("extra", [0])]
+    text = hooktrace_cmd("check", tmp_path / "ddp.rank*.jsonl").stdout
+    assert "[rank-divergence] extra · model 'model' · step 2 · ranks 0, 1" in text
+    # render --rank draws one rank; rank 1 has the extra module at step 2
+    drawn = hooktrace_cmd("render", "--format", "dot", "--step", "2", "--rank", "1",
+                          "-o", tmp_path / "r1.dot", tmp_path / "ddp.rank*.jsonl")
+    assert drawn.returncode == 0, drawn.stderr
+    assert "extra" in (tmp_path / "r1.dot").read_text()
+
+
+def test_logs_of_different_runs_are_refused(tmp_path: Path) -> None:
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    for log in (first, second):
+        assert hooktrace_cmd("run", "-o", log, SCRIPT, "--steps", "1").returncode == 0
+    for command in ("check", "render"):
+        result = hooktrace_cmd(command, first, second)
+        assert result.returncode == 2
+        assert result.stderr.strip() == (
+            "hooktrace: error: the logs are not the ranks of one run: two logs are rank 0")
