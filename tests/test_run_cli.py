@@ -446,6 +446,13 @@ def test_sigkill_leaves_a_readable_log(tmp_path: Path) -> None:
     assert [r.step for r in steps] == list(range(len(steps)))
     evs = [r for r in records if isinstance(r, (schema.ForwardEvent, schema.BackwardEvent))]
     assert len(evs) >= 8 * len(steps)
+    # check and render work on it, and say the run did not finish
+    checked = hooktrace_cmd("check", log)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "has no end record: the run did not finish" in checked.stdout
+    rendered = hooktrace_cmd("render", "--format", "dot", log)
+    assert rendered.returncode == 0, rendered.stderr
+    assert "has no end record: the run did not finish" in rendered.stderr
 
 
 # -- bad input -------------------------------------------------------------------------------------
