@@ -1,7 +1,7 @@
 """Interleaved timing: every variant runs in every round, so drift and the other load on a shared
 machine hit all of them alike, and only ratios between them are trusted.
 
-A round opens each variant's session in turn (rotating the order from round to round), runs
+A round opens each variant's session in turn (a balanced order, see balanced_order), runs
 ``warmup`` untimed steps in it (the first step of a session names the model and fills caches),
 then ``block`` timed steps, and closes it. Sessions cannot stay open across the other variants'
 steps: every variant hooks every module call in the process.
@@ -99,6 +99,21 @@ def _session(workload: Workload, variant: Variant, log: Path, warmup: int, block
     log.unlink(missing_ok=True)
 
 
+def balanced_order(n: int, r: int) -> list[int]:
+    """Round ``r``'s order of ``n`` variants: a Williams Latin square (0 1 n-1 2 n-2 ..., plus
+    r). Over n rounds (n even) each variant comes right after each other variant once, so what
+    one variant leaves behind (freed memory, a cold cache, a pending collection) does not
+    always fall on the same next variant, as it would if the order only rotated."""
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    return [(i + r) % n for i in first]
+
+
 def interleave(workload: Workload, variants: Sequence[Variant], rounds: int, folder: Path,
                sync: Callable[[], None]) -> dict[str, Samples]:
     """Run ``rounds`` rounds of every variant after one unmeasured round (first-use costs:
@@ -111,8 +126,7 @@ def interleave(workload: Workload, variants: Sequence[Variant], rounds: int, fol
                      clock, None)
         gc.collect()  # the garbage of building the models is not any variant's
         for r in range(rounds):
-            k = r % len(variants)
-            for variant in [*variants[k:], *variants[:k]]:
+            for variant in (variants[i] for i in balanced_order(len(variants), r)):
                 log = folder / f"{workload.name}-{variant.name}-{r}.jsonl"
                 _session(workload, variant, log, schedule.warmup, schedule.block, sync, clock,
                          samples[variant.name])
@@ -121,15 +135,30 @@ def interleave(workload: Workload, variants: Sequence[Variant], rounds: int, fol
 
 def cprofile(workload: Workload, variant: Variant, steps: int, folder: Path,
              top: int = 25) -> str:
-    """The functions that dominate ``steps`` steps under ``variant`` (by own time), as text."""
-    profile = cProfile.Profile()
-    with variant.open(workload.model, folder / "cprofile.jsonl"):
+    """The functions that dominate ``steps`` steps under ``variant`` (by own time), as text.
+
+    Profiled with the garbage collector off: cProfile bills a collection to whichever function
+    happened to allocate, which ranks innocent functions first. The collections' cost is
+    measured apart, over as many steps without the profiler, and printed first."""
+    with variant.open(workload.model, folder / "cprofile.jsonl"), GcClock() as clock:
         workload.step()  # naming the model is a once-per-session cost
-        profile.enable()
+        start = time.process_time()
         for _ in range(steps):
             workload.step()
-        profile.disable()
+        seconds = time.process_time() - start
+        profile = cProfile.Profile()
+        gc.disable()
+        try:
+            profile.enable()
+            for _ in range(steps):
+                workload.step()
+            profile.disable()
+        finally:
+            gc.enable()
     out = io.StringIO()
-    stats = pstats.Stats(profile, stream=out)
-    stats.sort_stats("tottime").print_stats(top)
+    print(f"{variant.name} on {workload.name}, {steps} steps without the profiler: "
+          f"{seconds:.3f} s CPU, of which {clock.seconds:.3f} s garbage collection "
+          f"({clock.full} full collections). Profile below: {steps} more steps, GC off.",
+          file=out)
+    pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(top)
     return out.getvalue()

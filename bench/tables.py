@@ -75,7 +75,6 @@ def document(results: dict[str, Any]) -> str:
     meta = results["meta"]
     parts = [
         f"## hooktrace benchmark ({'quick' if meta['quick'] else 'full'} run)",
-        "",
         f"{meta['date']}, commit {meta['commit']}, torch {meta['torch']}, python "
         f"{meta['python']}, {meta['device']}, {meta['threads']} thread, {meta['cpus']} CPUs, "
         f"load average {meta['load_before']} before / {meta['load_after']} after; "

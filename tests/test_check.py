@@ -22,7 +22,8 @@ from conftest import SAMPLES, hooktrace_cmd
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 PROBLEM = ("error", "warning")
 REPORT_KEYS = {"problems", "steps", "events", "warnings", "findings"}
-FINDING_KEYS = {"kind", "severity", "model", "module", "step", "message", "evidence", "hint"}
+FINDING_KEYS = {"kind", "severity", "model", "module", "step", "message", "evidence", "hint",
+                "ranks"}
 
 Run = subprocess.CompletedProcess[str]
 
