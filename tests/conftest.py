@@ -14,6 +14,19 @@ from hooktrace.logio import LogReader
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
+GOLDEN = ROOT / "tests" / "golden"
+
+
+def assert_golden(name: str, text: str) -> None:
+    """Compare with the text golden tests/golden/NAME; HOOKTRACE_REGEN_GOLDEN=1 rewrites it."""
+    path = GOLDEN / name
+    if os.environ.get("HOOKTRACE_REGEN_GOLDEN") == "1":
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        return
+    assert path.exists(), f"no golden {path}: run with HOOKTRACE_REGEN_GOLDEN=1"
+    assert text == path.read_text(encoding="utf-8"), (
+        f"differs from {path}; if intended, regenerate with HOOKTRACE_REGEN_GOLDEN=1")
 
 
 def read_log(path: str | os.PathLike[str]) -> list[schema.Record]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import SAMPLES, hooktrace_cmd
+from conftest import SAMPLES, assert_golden, hooktrace_cmd
 from torch import nn
 
 import hooktrace
@@ -31,20 +31,7 @@ from hooktrace.render import picture, render, write_picture
 from hooktrace.render.dot import node_state
 from hooktrace.render.text import printable
 
-GOLDEN = Path(__file__).parent / "golden"
-REGEN = os.environ.get("HOOKTRACE_REGEN_GOLDEN") == "1"
 ODD_NAMES = ['q"uote', "<lt>", "a&b", "{brace}", "p|ipe", "back\\slash", "new\nline", "end\\"]
-
-
-def assert_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if REGEN:
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        return
-    assert path.exists(), f"no golden {path}: run with HOOKTRACE_REGEN_GOLDEN=1"
-    assert text == path.read_text(encoding="utf-8"), (
-        f"differs from {path}; if intended, regenerate with HOOKTRACE_REGEN_GOLDEN=1")
 
 
 def run_sample(log: Path, script: str, *args: str) -> None:

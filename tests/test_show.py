@@ -5,7 +5,6 @@ The MNIST golden lives in tests/golden/; regenerate it with ``HOOKTRACE_REGEN_GO
 
 from __future__ import annotations
 
-import os
 import runpy
 import sys
 from pathlib import Path
@@ -13,25 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import SAMPLES
+from conftest import SAMPLES, assert_golden
 from torch import nn
 
 import hooktrace
 from hooktrace.cli import cli
-
-GOLDEN = Path(__file__).parent / "golden"
-REGEN = os.environ.get("HOOKTRACE_REGEN_GOLDEN") == "1"
-
-
-def assert_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if REGEN:
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        return
-    assert path.exists(), f"no golden {path}: run with HOOKTRACE_REGEN_GOLDEN=1"
-    assert text == path.read_text(encoding="utf-8"), (
-        f"differs from {path}; if intended, regenerate with HOOKTRACE_REGEN_GOLDEN=1")
 
 
 @pytest.fixture(scope="module")
