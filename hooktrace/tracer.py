@@ -10,8 +10,11 @@ ReLU(inplace=True)).
   replaces its input's node, and the old node still yields the gradient of the old value.
 * A backward event takes its ``seq`` when it starts; events of a backward pass are buffered and
   written in ``seq`` order when the pass ends (an engine callback), which also closes the step.
-* The tracer never raises into the user's program: an internal error is reported once on
-  stderr and tracing stops; the script goes on.
+* The tracer never raises into the user's program: an internal error (or a log it cannot
+  write) is reported once on stderr and tracing stops; the script goes on. The exceptions are
+  the ones asked for: ``--break-on nan`` (NonFiniteError) and ``--strict`` (LogWriteError).
+* Steps outside ``--steps`` are watched (``watch``): the same hooks and statistics, and only
+  anomaly records written.
 """
 
 from __future__ import annotations
