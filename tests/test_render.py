@@ -456,3 +456,21 @@ def test_exploding_gradients_coloured(tmp_path: Path) -> None:
     run_sample(log, "exploding.py")
     states = [node_state(n, True) for n in build(load_step(log, 0), depth=2).nodes()]
     assert states.count("exploding") >= 10 and "vanishing" not in states
+
+
+def test_transformer_encoder_default_picture(tmp_path: Path) -> None:
+    """A transformers-style encoder: the default depth keeps it readable (at most 40 nodes, down
+    to the layers' Linear/LayerNorm calls), and the real dot lays it out."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, batch_first=True)
+    encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+    log = tmp_path / "encoder.jsonl"
+    with hooktrace.trace(log, model=encoder):
+        encoder(torch.randn(2, 8, 32)).sum().backward()
+    view = build(load_step(log))
+    names = {n.key[1] for n in view.nodes()}
+    assert view.graph.number_of_nodes() <= 40
+    assert {"layers.0.linear1", "layers.0.norm2", "layers.1.self_attn"} <= names
+    written = write_picture(log, tmp_path / "encoder.svg")
+    texts = svg_texts(written.path)
+    assert "layers.1.linear2" in texts
