@@ -347,7 +347,72 @@ def _strs(d: dict[str, Any], key: str) -> list[str]:
     return value  # type: ignore[no-any-return]
 
 
+def _shapes_ok(value: Any, allow_none: bool = False) -> bool:
+    if type(value) is not list:
+        return False
+    for shape in value:
+        if type(shape) is list:
+            for n in shape:
+                if type(n) is not int:
+                    return False
+        elif not (allow_none and shape is None):
+            return False
+    return True
+
+
+def _stats_ok(value: Any) -> bool:
+    if value is None:
+        return True
+    if type(value) is not list:
+        return False
+    for stat in value:
+        if stat is not None:
+            if type(stat) is not list or len(stat) != 2:
+                return False  # 4 numbers (NaN/Inf counts) take the careful path
+            for x in stat:
+                if type(x) is not float and type(x) is not int:
+                    return False
+    return True
+
+
+_FORWARD_KEYS = 11  # type seq step phase model name call input_/output_ shapes and dtypes
+_BACKWARD_KEYS = (12, 14)  # ... fwd, two lengths, two shape lists (and two stats lists)
+
+
+def _event_fast(d: dict[str, Any]) -> ForwardEvent | BackwardEvent | None:
+    """The common event in one pass with cheap type checks, or None for the careful path (an
+    optional key, a NaN, a wrong type): reading a million events is mostly this function."""
+    get = d.get
+    seq, step, model, call, name = get("seq"), get("step"), get("model"), get("call"), get("name")
+    if (type(seq) is not int or type(step) is not int or type(model) is not int
+            or type(call) is not int or type(name) is not str):
+        return None
+    phase = get("phase")
+    if phase == "forward" and len(d) == _FORWARD_KEYS:
+        ins: Any = get("input_shapes")
+        outs: Any = get("output_shapes")
+        in_types, out_types = get("input_dtypes"), get("output_dtypes")
+        if (_shapes_ok(ins) and _shapes_ok(outs) and type(in_types) is list
+                and type(out_types) is list and all(type(t) is str for t in in_types)
+                and all(type(t) is str for t in out_types)):
+            return ForwardEvent(seq, step, model, name, call, ins, in_types, outs, out_types)
+    elif phase == "backward" and len(d) in _BACKWARD_KEYS:
+        fwd, n_in, n_out = get("fwd"), get("grad_input_len"), get("grad_output_len")
+        grad_ins: Any = get("grad_input_shapes")
+        grad_outs: Any = get("grad_output_shapes")
+        in_stats, out_stats = get("grad_input_stats"), get("grad_output_stats")
+        if (type(fwd) is int and type(n_in) is int and type(n_out) is int
+                and _shapes_ok(grad_ins, True) and _shapes_ok(grad_outs, True)
+                and _stats_ok(in_stats) and _stats_ok(out_stats)):
+            return BackwardEvent(seq, step, model, name, call, fwd, n_in, n_out, grad_ins,
+                                 grad_outs, False, in_stats, out_stats)
+    return None
+
+
 def _event_from_dict(d: dict[str, Any]) -> ForwardEvent | BackwardEvent:
+    fast = _event_fast(d)
+    if fast is not None:
+        return fast
     phase = _get(d, "phase", str)
     common = dict(seq=_get(d, "seq", int), step=_get(d, "step", int), model=_get(d, "model", int),
                   name=_get(d, "name", str), call=_get(d, "call", int))
