@@ -49,7 +49,8 @@ class Finding:
 
 # -- the checks: each returns findings -------------------------------------------------------
 
-def _plural(n: int, word: str) -> str:
+def plural(n: int, word: str) -> str:
+    """``1 step``, ``3 steps``: the counts every report prints."""
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
@@ -252,7 +253,7 @@ def check_magnitudes(c: Collected, t: Thresholds) -> list[Finding]:
                        if k in c.modules else 0)
         limit = t.vanishing if kind == "vanishing" else t.exploding
         listed = ", ".join(f"{k[1] or '(root)'} {modules[k][1]:.2g}" for k in order[:6])
-        about = (f"{_plural(len(order), 'module')} with a parameter-gradient norm "
+        about = (f"{plural(len(order), 'module')} with a parameter-gradient norm "
                  f"{'below' if kind == 'vanishing' else 'above'} {limit:g}: {listed}"
                  + (f" and {len(order) - 6} more" if len(order) > 6 else ""))
         norms = {k[1]: modules[k][1] for k in order}
@@ -308,7 +309,7 @@ def check_info(c: Collected) -> list[Finding]:
             more = f" and {len(several) - 8} more" if len(several) > 8 else ""
             out.append(Finding(
                 "called-several-times", INFO, c.model_name(model), several[0].name, None,
-                f"{_plural(len(several), 'module')} called several times per step: "
+                f"{plural(len(several), 'module')} called several times per step: "
                 f"{listed}{more}",
                 {"modules": {m.name: m.max_calls_per_step for m in several}},
                 "expected for shared modules and reused activations; their gradients add up"))

@@ -95,10 +95,10 @@ def _user_frames(limit: int = 4) -> Iterator[FrameType]:
 def variable_name(module: nn.Module) -> str | None:
     """The name the calling code has for ``module`` (``generator``, ``self.teacher``), if any."""
     for frame in _user_frames():
-        for scope, prefix in ((frame.f_locals, ""), (frame.f_globals, "")):
+        for scope in (frame.f_locals, frame.f_globals):
             for key, value in scope.items():
                 if value is module and not key.startswith("_"):
-                    return prefix + key
+                    return key
         owner = frame.f_locals.get("self")
         attrs = getattr(owner, "__dict__", None)
         if isinstance(attrs, dict):

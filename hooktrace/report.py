@@ -6,13 +6,9 @@ from typing import Any
 
 import orjson
 
-from hooktrace.checks import ERROR, INFO, WARNING, Finding, Report
+from hooktrace.checks import ERROR, INFO, WARNING, Finding, Report, plural
 
 _TITLES = {ERROR: "Errors", WARNING: "Warnings", INFO: "Notes"}
-
-
-def _count(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def _evidence(evidence: dict[str, Any]) -> str:
@@ -62,8 +58,8 @@ def _finding(f: Finding) -> list[str]:
 
 
 def to_text(report: Report, path: str) -> str:
-    lines = [f"hooktrace check {path}: {_count(report.steps, 'step')}, "
-             f"{_count(report.events, 'event')}"]
+    lines = [f"hooktrace check {path}: {plural(report.steps, 'step')}, "
+             f"{plural(report.events, 'event')}"]
     lines += [f"warning: {w}" for w in report.warnings]
     if report.captured:
         lines.append(f"captured tensors (torch.load): {report.captured}")

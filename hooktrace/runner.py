@@ -24,6 +24,7 @@ from pathlib import Path
 from types import FrameType
 
 from hooktrace.api import Trace
+from hooktrace.checks import plural
 from hooktrace.errors import HooktraceError
 from hooktrace.logio import capture_dir
 from hooktrace.options import TraceOptions
@@ -117,14 +118,10 @@ def _summary(session: Trace) -> None:
     captured = (f", {end.captured} tensor files in {capture_dir(session.path)}"
                 if end.captured else "")
     stopped = " (tracing stopped early, see above)" if end.tracer_error else ""
-    print(f"hooktrace: {_count(end.events, 'event')}, {_count(end.steps, 'step')}{dropped}"
+    print(f"hooktrace: {plural(end.events, 'event')}, {plural(end.steps, 'step')}{dropped}"
           f"{captured}{stopped} -> "
           f"{session.path}\nhooktrace: next: hooktrace render {session.path}; "
           f"hooktrace check {session.path}", file=sys.stderr)
-
-
-def _count(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def _die_by(signum: int) -> None:
