@@ -23,7 +23,7 @@ import orjson
 import hooktrace
 from hooktrace import schema
 
-_ONE_OFF = ("header", "model", "module", "end")  # written once per log, not per step
+_ONE_OFF = ("header", "model", "module", "tensors", "end")  # written once per log, not per step
 _PARSE = (
     "import sys, orjson\n"
     "with open(sys.argv[1], 'rb') as f:\n"
@@ -64,7 +64,7 @@ def summarize_log(path: Path) -> LogSummary:
                 end = record
             if kind not in _ONE_OFF:
                 step_bytes += len(line)
-            if kind == "event":
+            if kind in ("forward", "backward"):
                 event_bytes += len(line)
     if end is None:
         raise RuntimeError(f"{path} has no end record: the session did not close")
@@ -89,12 +89,12 @@ def make_template(model: Any, step: Any, folder: Path) -> Template:
     records: list[dict[str, Any]] = []
     for line in log.read_bytes().splitlines():
         record = orjson.loads(line)
-        if record["type"] in ("header", "model", "module"):
+        if record["type"] in ("header", "model", "module", "tensors"):
             head.append(line)
         elif record["type"] != "end" and record.get("step") == 1:
             records.append(record)
     log.unlink()
-    seqs = [r["seq"] for r in records if r["type"] == "event"]
+    seqs = [r["seq"] for r in records if r["type"] in ("forward", "backward")]
     return Template(head, records, len(seqs), min(seqs))
 
 

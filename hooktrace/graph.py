@@ -183,7 +183,7 @@ class Call:
     call: int
     cls: str
     seq: int
-    output_shapes: list[schema.Shape]
+    output_shapes: Sequence[schema.Shape]
     no_grad: bool
     recomputed: bool = False  # activation checkpointing re-ran it inside backward
     backward: schema.BackwardEvent | None = None
@@ -277,7 +277,7 @@ class Node:
     key: NodeKey
     cls: str
     seq: int  # the first forward seq among its calls: the order nodes are written in
-    output_shapes: list[schema.Shape]
+    output_shapes: Sequence[schema.Shape]
     module_calls: int  # calls of this module in the step, for "call 2/3"
     folded: int = 0  # calls below it folded into this node
     grad_calls: int = 0  # its calls (own and folded) that ran with gradient recording on
@@ -298,7 +298,7 @@ class Cluster:
     cls: str
     seq: int
     calls: int
-    output_shapes: list[schema.Shape]  # of its only call; [] when called 0 or several times
+    output_shapes: Sequence[schema.Shape]  # of its only call; [] when called 0 or several times
     missing: bool  # a call of it ran with gradient on and got no backward event
 
 

@@ -82,12 +82,14 @@ class LogWriter:
             self._file: IO[bytes] | None = self.path.open("wb", buffering=_BUFFER_BYTES)
         except OSError as e:
             raise LogError(f"cannot write the log {self.path}: {e.strerror or e}") from None
+        self._encoder = schema.Encoder()
         _open_writers.add(self)
 
     def write(self, record: Any) -> None:
         if self._file is not None:
             try:
-                self._file.write(orjson.dumps(record.to_dict()) + b"\n")
+                for d in self._encoder.wire(record):
+                    self._file.write(orjson.dumps(d, option=orjson.OPT_APPEND_NEWLINE))
             except OSError as e:
                 self._failed(e)
 
@@ -166,6 +168,12 @@ class LogReader:
                 f"{self.path} has log schema {version}, newer than this hooktrace reads "
                 f"({schema.SCHEMA_VERSION}): upgrade hooktrace"
             )
+        if isinstance(version, int) and version < schema.SCHEMA_VERSION:
+            raise LogError(
+                f"{self.path} has log schema {version}, written by an older hooktrace "
+                f"({d.get('hooktrace', '?')}); this one reads schema {schema.SCHEMA_VERSION}: "
+                "trace the run again"
+            )
         try:
             record = schema.from_dict(d)
         except schema.SchemaError as e:
@@ -179,6 +187,7 @@ class LogReader:
             f = self.path.open("rb")
         except OSError as e:
             raise LogError(f"cannot read {self.path}: {e.strerror or e}") from None
+        decode = schema.Decoder().decode
         with f:
             f.readline(MAX_LINE_BYTES + 1)
             number = 1
@@ -202,7 +211,7 @@ class LogReader:
                     truncated_at = number
                     continue
                 try:
-                    record = schema.from_dict(d)
+                    record = decode(d)
                 except schema.SchemaError as e:
                     raise LogError(f"{self.path} line {number}: {e}") from None
                 if record is None:

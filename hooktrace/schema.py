@@ -2,17 +2,23 @@
 
 A log is JSON Lines, UTF-8, one record per line, each with a ``"type"`` key:
 
-``header``  first line: schema version, versions, argv, pid, rank, filters in force.
-``model``   a top-level model seen by the tracer (``model`` index, a name, its class).
-``module``  one per named submodule, written once when its model is first seen:
-            class, own parameter counts, other names of a shared module.
-``event``   one module call: ``phase`` is ``"forward"`` (written when the call returns, in
-            execution order) or ``"backward"`` (ordered by when its outputs first received
-            gradient, i.e. when autograd started its backward).
-``params``  after a backward pass: the gradient norm of each module's own parameters.
-``anomaly`` in a watched step (outside ``--steps``): a NaN/Inf or a module that lost its gradient.
-``step``    closes a step: written when a backward pass ends.
-``end``     last line: ``ok``, ``error`` or ``interrupted``, with counts.
+``header``   first line: schema version, versions, argv, pid, rank, filters in force.
+``model``    a top-level model seen by the tracer (``model`` index, a name, its class).
+``module``   one per named submodule, written once when its model is first seen: its ``id``
+             (events refer to it), class, own parameter counts, other names of a shared module.
+``tensors``  a tensor signature, written before the first event that uses its ``id``: the
+             shapes of a call's tensor leaves in order, with their dtypes for a forward one (for
+             gradients, ``null`` where none flowed).
+``forward``  one module call, written when it returns, in execution order.
+``backward`` the backward of one call, ordered by when its outputs first received gradient
+             (when autograd started its backward); ``in``/``out`` are its gradients' signatures.
+``params``   after a backward pass: the gradient norm of each module's own parameters.
+``anomaly``  in a watched step (outside ``--steps``): a NaN/Inf or a module that lost its gradient.
+``step``     closes a step: written when a backward pass ends.
+``end``      last line: ``ok``, ``error`` or ``interrupted``, with counts.
+
+Events name modules and tensor signatures by id, which keeps a log near 100 bytes per event; the
+reader resolves the ids, so the records it yields carry names and shapes.
 
 ``seq`` is global and increasing in file order. ``step`` counts backward passes: forward calls
 before the first backward are step 0, the first backward pass is step 0 too, and the forward
@@ -25,12 +31,13 @@ imports only the standard library: the renderer and the checker read logs withou
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
-Shape = list[int]
+Shape = Sequence[int]
 Record = Union[
     "Header", "Model", "Module", "ForwardEvent", "BackwardEvent", "ParamGrads", "Anomaly", "Step",
     "End",
@@ -147,17 +154,20 @@ class Module:
 
 @dataclass(slots=True)
 class ForwardEvent:
-    TYPE: ClassVar[str] = "event"
-    PHASE: ClassVar[str] = "forward"
+    """One module call, written when it returns. On the wire: ``{"type":"forward", "seq",
+    "step", "module": id, "call", "in": id, "out": id}``, ids of module and tensors records."""
+
+    TYPE: ClassVar[str] = "forward"
     seq: int
     step: int
     model: int
     name: str
     call: int
-    input_shapes: list[Shape] = field(default_factory=list)  # tensor leaves of args then kwargs
-    input_dtypes: list[str] = field(default_factory=list)
-    output_shapes: list[Shape] = field(default_factory=list)
-    output_dtypes: list[str] = field(default_factory=list)
+    # tensor leaves of args then kwargs (tuples as the tracer makes them, lists when read)
+    input_shapes: Sequence[Shape] = field(default_factory=list)
+    input_dtypes: Sequence[str] = field(default_factory=list)
+    output_shapes: Sequence[Shape] = field(default_factory=list)
+    output_dtypes: Sequence[str] = field(default_factory=list)
     no_grad: bool = False  # ran with gradient recording off (torch.no_grad, inference_mode)
     recompute: bool = False  # re-run inside backward by activation checkpointing
     inputs_more: int | None = None  # tensor leaves beyond the ones listed (huge containers)
@@ -168,32 +178,14 @@ class ForwardEvent:
 
     @property
     def phase(self) -> str:
-        return self.PHASE
-
-    def to_dict(self) -> dict[str, Any]:
-        # built by hand, not with _compact: this runs once per module call
-        d: dict[str, Any] = {
-            "type": "event", "seq": self.seq, "step": self.step, "phase": "forward",
-            "model": self.model, "name": self.name, "call": self.call,
-            "input_shapes": self.input_shapes, "input_dtypes": self.input_dtypes,
-            "output_shapes": self.output_shapes, "output_dtypes": self.output_dtypes,
-        }
-        if self.no_grad:
-            d["no_grad"] = True
-        if self.recompute:
-            d["recompute"] = True
-        if self.inputs_more:
-            d["inputs_more"] = self.inputs_more
-        if self.outputs_more:
-            d["outputs_more"] = self.outputs_more
-        if self.output_nonfinite:
-            d["output_nonfinite"] = self.output_nonfinite
-        return d
+        return "forward"
 
 
 @dataclass(slots=True)
 class BackwardEvent:
-    """Backward of one forward call (``fwd`` is that call's ``seq``).
+    """Backward of one forward call (``fwd`` is that call's ``seq``). On the wire:
+    ``{"type":"backward", "seq", "step", "module", "call", "fwd", "in": id, "out": id}`` plus
+    ``in_stats``/``out_stats`` when statistics are on.
 
     ``grad_output_shapes[i]`` is the gradient reaching the i-th tensor output,
     ``grad_input_shapes[i]`` the gradient of the i-th tensor input (``None`` where none flowed).
@@ -203,8 +195,7 @@ class BackwardEvent:
     another branch (a residual), it includes that branch's share.
     """
 
-    TYPE: ClassVar[str] = "event"
-    PHASE: ClassVar[str] = "backward"
+    TYPE: ClassVar[str] = "backward"
     seq: int
     step: int
     model: int
@@ -222,39 +213,19 @@ class BackwardEvent:
 
     @property
     def phase(self) -> str:
-        return self.PHASE
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "type": "event", "seq": self.seq, "step": self.step, "phase": "backward",
-            "model": self.model, "name": self.name, "call": self.call, "fwd": self.fwd,
-            "grad_input_len": self.grad_input_len, "grad_output_len": self.grad_output_len,
-            "grad_input_shapes": self.grad_input_shapes,
-            "grad_output_shapes": self.grad_output_shapes,
-        }
-        if self.recompute:
-            d["recompute"] = True
-        if self.grad_input_stats is not None:
-            d["grad_input_stats"] = _encode_stats(self.grad_input_stats)
-        if self.grad_output_stats is not None:
-            d["grad_output_stats"] = _encode_stats(self.grad_output_stats)
-        return d
+        return "backward"
 
 
 @dataclass(slots=True)
 class ParamGrads:
     """After backward pass ``step``: per module with trainable parameters that took part in the
-    step, the norm of its own parameters' ``.grad`` (None: no parameter had a gradient)."""
+    step, the norm of its own parameters' ``.grad`` (None: no parameter had a gradient). Keyed
+    by fqn here, by module id (as a string: a JSON key) on the wire."""
 
     TYPE: ClassVar[str] = "params"
     step: int
     model: int
     grad_norm: dict[str, float | None] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "step": self.step, "model": self.model,
-                "grad_norm": {k: None if v is None else encode_number(v)
-                              for k, v in self.grad_norm.items()}}
 
 
 @dataclass(slots=True)
@@ -347,19 +318,6 @@ def _strs(d: dict[str, Any], key: str) -> list[str]:
     return value  # type: ignore[no-any-return]
 
 
-def _shapes_ok(value: Any, allow_none: bool = False) -> bool:
-    if type(value) is not list:
-        return False
-    for shape in value:
-        if type(shape) is list:
-            for n in shape:
-                if type(n) is not int:
-                    return False
-        elif not (allow_none and shape is None):
-            return False
-    return True
-
-
 def _stats_ok(value: Any) -> bool:
     if value is None:
         return True
@@ -375,69 +333,199 @@ def _stats_ok(value: Any) -> bool:
     return True
 
 
-_FORWARD_KEYS = 11  # type seq step phase model name call input_/output_ shapes and dtypes
-_BACKWARD_KEYS = (12, 14)  # ... fwd, two lengths, two shape lists (and two stats lists)
+def _hashable(shapes: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(None if s is None else tuple(s) for s in shapes)
 
 
-def _event_fast(d: dict[str, Any]) -> ForwardEvent | BackwardEvent | None:
-    """The common event in one pass with cheap type checks, or None for the careful path (an
-    optional key, a NaN, a wrong type): reading a million events is mostly this function."""
-    get = d.get
-    seq, step, model, call, name = get("seq"), get("step"), get("model"), get("call"), get("name")
-    if (type(seq) is not int or type(step) is not int or type(model) is not int
-            or type(call) is not int or type(name) is not str):
-        return None
-    phase = get("phase")
-    if phase == "forward" and len(d) == _FORWARD_KEYS:
-        ins: Any = get("input_shapes")
-        outs: Any = get("output_shapes")
-        in_types, out_types = get("input_dtypes"), get("output_dtypes")
-        if (_shapes_ok(ins) and _shapes_ok(outs) and type(in_types) is list
-                and type(out_types) is list and all(type(t) is str for t in in_types)
-                and all(type(t) is str for t in out_types)):
-            return ForwardEvent(seq, step, model, name, call, ins, in_types, outs, out_types)
-    elif phase == "backward" and len(d) in _BACKWARD_KEYS:
-        fwd, n_in, n_out = get("fwd"), get("grad_input_len"), get("grad_output_len")
-        grad_ins: Any = get("grad_input_shapes")
-        grad_outs: Any = get("grad_output_shapes")
-        in_stats, out_stats = get("grad_input_stats"), get("grad_output_stats")
-        if (type(fwd) is int and type(n_in) is int and type(n_out) is int
-                and _shapes_ok(grad_ins, True) and _shapes_ok(grad_outs, True)
-                and _stats_ok(in_stats) and _stats_ok(out_stats)):
-            return BackwardEvent(seq, step, model, name, call, fwd, n_in, n_out, grad_ins,
-                                 grad_outs, False, in_stats, out_stats)
-    return None
+class Encoder:
+    """Records -> the dicts written as lines. Events name their module and their tensors by
+    id: a ``module`` record (with its ``id``) and a ``tensors`` record (shapes, and dtypes for
+    forward ones) are written once, before the first line that uses them. This keeps an event
+    near 70 bytes (forward) and 130 (backward, with statistics)."""
+
+    def __init__(self) -> None:
+        self._modules: dict[tuple[int, str], int] = {}
+        self._tensors: dict[tuple[Any, Any], int] = {}
+
+    def wire(self, record: Any) -> list[dict[str, Any]]:
+        kind = type(record)
+        if kind is ForwardEvent:
+            return self._forward(record)
+        if kind is BackwardEvent:
+            return self._backward(record)
+        out: list[dict[str, Any]] = []
+        if kind is Module:
+            self._module(record.model, record.name, out, record)
+        elif kind is ParamGrads:
+            model = record.model
+            norms = {str(self._module(model, name, out)): None if v is None else encode_number(v)
+                     for name, v in record.grad_norm.items()}
+            out.append({"type": "params", "step": record.step, "model": model,
+                        "grad_norm": norms})
+        else:
+            out.append(record.to_dict())
+        return out
+
+    def _module(self, model: int, name: str, out: list[dict[str, Any]],
+                record: Module | None = None) -> int:
+        key = (model, name)
+        ident = self._modules.get(key)
+        if ident is None:  # an event of a module without a record: a record that says only that
+            ident = self._modules[key] = len(self._modules)
+            d: dict[str, Any] = {"type": "module", "id": ident}
+            d.update((record or Module(model, name, "?")).to_dict())
+            out.append(d)
+        return ident
+
+    def _ids(self, shapes: Sequence[Any], dtypes: Sequence[str] | None,
+             out: list[dict[str, Any]]) -> int:
+        try:
+            key = (shapes if type(shapes) is tuple else tuple(shapes), dtypes)
+            ident = self._tensors.get(key)
+        except TypeError:  # shapes as lists (the tracer gives torch.Size, a tuple)
+            key = (_hashable(shapes), None if dtypes is None else tuple(dtypes))
+            ident = self._tensors.get(key)
+        if ident is None:
+            ident = self._tensors[key] = len(self._tensors)
+            d: dict[str, Any] = {"type": "tensors", "id": ident,
+                                 "shapes": [None if s is None else list(s) for s in shapes]}
+            if dtypes is not None:
+                d["dtypes"] = list(dtypes)
+            out.append(d)
+        return ident
+
+    def _forward(self, e: ForwardEvent) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        dtypes = e.input_dtypes if type(e.input_dtypes) is tuple else tuple(e.input_dtypes)
+        d: dict[str, Any] = {
+            "type": "forward", "seq": e.seq, "step": e.step,
+            "module": self._module(e.model, e.name, out), "call": e.call,
+            "in": self._ids(e.input_shapes, dtypes, out),
+            "out": self._ids(e.output_shapes, e.output_dtypes if type(e.output_dtypes) is tuple
+                             else tuple(e.output_dtypes), out),
+        }
+        if e.no_grad:
+            d["no_grad"] = True
+        if e.recompute:
+            d["recompute"] = True
+        if e.inputs_more:
+            d["inputs_more"] = e.inputs_more
+        if e.outputs_more:
+            d["outputs_more"] = e.outputs_more
+        if e.output_nonfinite:
+            d["output_nonfinite"] = e.output_nonfinite
+        out.append(d)
+        return out
+
+    def _backward(self, e: BackwardEvent) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        d: dict[str, Any] = {
+            "type": "backward", "seq": e.seq, "step": e.step,
+            "module": self._module(e.model, e.name, out), "call": e.call, "fwd": e.fwd,
+            "in": self._ids(e.grad_input_shapes, None, out),
+            "out": self._ids(e.grad_output_shapes, None, out),
+        }
+        if e.recompute:
+            d["recompute"] = True
+        if e.grad_input_stats is not None:
+            d["in_stats"] = _encode_stats(e.grad_input_stats)
+        if e.grad_output_stats is not None:
+            d["out_stats"] = _encode_stats(e.grad_output_stats)
+        out.append(d)
+        return out
 
 
-def _event_from_dict(d: dict[str, Any]) -> ForwardEvent | BackwardEvent:
-    fast = _event_fast(d)
-    if fast is not None:
-        return fast
-    phase = _get(d, "phase", str)
-    common = dict(seq=_get(d, "seq", int), step=_get(d, "step", int), model=_get(d, "model", int),
-                  name=_get(d, "name", str), call=_get(d, "call", int))
-    if phase == "forward":
-        return ForwardEvent(
-            **common,
-            input_shapes=_shapes(d, "input_shapes"), input_dtypes=_strs(d, "input_dtypes"),
-            output_shapes=_shapes(d, "output_shapes"), output_dtypes=_strs(d, "output_dtypes"),
-            no_grad=_get(d, "no_grad", bool, False), recompute=_get(d, "recompute", bool, False),
-            inputs_more=_get(d, "inputs_more", int, None),
-            outputs_more=_get(d, "outputs_more", int, None),
-            output_nonfinite=_shapes(d, "output_nonfinite") or None,
-        )
-    if phase == "backward":
-        return BackwardEvent(
-            **common, fwd=_get(d, "fwd", int, -1),
-            grad_input_len=_get(d, "grad_input_len", int, 0),
-            grad_output_len=_get(d, "grad_output_len", int, 0),
-            grad_input_shapes=_shapes(d, "grad_input_shapes", allow_none=True),
-            grad_output_shapes=_shapes(d, "grad_output_shapes", allow_none=True),
-            recompute=_get(d, "recompute", bool, False),
-            grad_input_stats=_decode_stats(d, "grad_input_stats"),
-            grad_output_stats=_decode_stats(d, "grad_output_stats"),
-        )
-    raise SchemaError(f"unknown event phase {phase!r}")
+_FORWARD_KEYS = 7  # type seq step module call in out: no optional key
+
+
+class Decoder:
+    """Parsed lines -> records, resolving the ids of ``module`` and ``tensors`` records. One
+    decoder per pass over a log; ``tensors`` records are consumed here, not returned."""
+
+    def __init__(self) -> None:
+        self._modules: dict[int, tuple[int, str]] = {}
+        self._tensors: dict[int, tuple[list[Any], list[str]]] = {}
+
+    def decode(self, d: Any) -> Record | None:
+        """The record of one parsed line; None for a line that is not one (``tensors``, or a
+        type this version does not know). Raises SchemaError for a malformed record."""
+        kind = d.get("type") if type(d) is dict else None
+        if kind == "forward":
+            return self._forward(d)
+        if kind == "backward":
+            return self._backward(d)
+        if kind == "tensors":
+            shapes = _shapes(d, "shapes", allow_none=True)
+            self._tensors[_get(d, "id", int)] = (shapes, _strs(d, "dtypes"))
+            return None
+        if kind == "params":
+            return self._params(d)
+        record = from_dict(d)
+        if type(record) is Module:
+            self._modules[_get(d, "id", int)] = (record.model, record.name)
+        return record
+
+    def _params(self, d: dict[str, Any]) -> ParamGrads:
+        norms: dict[str, float | None] = {}
+        for key, value in _get(d, "grad_norm", dict, {}).items():
+            found = self._modules.get(int(key)) if key.isascii() and key.isdigit() else None
+            if found is None:
+                raise SchemaError(f"key 'grad_norm' holds {key!r}, not the id of a module record")
+            norms[found[1]] = None if value is None else decode_number(value)
+        return ParamGrads(step=_get(d, "step", int), model=_get(d, "model", int),
+                          grad_norm=norms)
+
+    def _module(self, d: dict[str, Any]) -> tuple[int, str]:
+        ident = d.get("module")
+        found = self._modules.get(ident) if type(ident) is int else None
+        if found is None:
+            raise SchemaError(f"key 'module' is not the id of a module record ({ident!r})")
+        return found
+
+    def _ids(self, d: dict[str, Any], key: str) -> tuple[list[Any], list[str]]:
+        ident = d.get(key)
+        if ident is None:
+            return [], []
+        found = self._tensors.get(ident) if type(ident) is int else None
+        if found is None:
+            raise SchemaError(f"key {key!r} is not the id of a tensors record ({ident!r})")
+        return found
+
+    def _common(self, d: dict[str, Any]) -> tuple[int, int, int]:
+        seq, step, call = d.get("seq"), d.get("step"), d.get("call")
+        if type(seq) is int and type(step) is int and type(call) is int:
+            return seq, step, call
+        return _get(d, "seq", int), _get(d, "step", int), _get(d, "call", int)
+
+    def _forward(self, d: dict[str, Any]) -> ForwardEvent:
+        seq, step, call = self._common(d)
+        model, name = self._module(d)
+        ins, in_types = self._ids(d, "in")
+        outs, out_types = self._ids(d, "out")
+        event = ForwardEvent(seq, step, model, name, call, ins, in_types, outs, out_types)
+        if len(d) > _FORWARD_KEYS:
+            event.no_grad = _get(d, "no_grad", bool, False)
+            event.recompute = _get(d, "recompute", bool, False)
+            event.inputs_more = _get(d, "inputs_more", int, None)
+            event.outputs_more = _get(d, "outputs_more", int, None)
+            event.output_nonfinite = _shapes(d, "output_nonfinite") or None
+        return event
+
+    def _backward(self, d: dict[str, Any]) -> BackwardEvent:
+        seq, step, call = self._common(d)
+        model, name = self._module(d)
+        fwd = d.get("fwd", -1)
+        if type(fwd) is not int:
+            fwd = _get(d, "fwd", int, -1)
+        grad_ins, grad_outs = self._ids(d, "in")[0], self._ids(d, "out")[0]
+        in_stats, out_stats = d.get("in_stats"), d.get("out_stats")
+        if not _stats_ok(in_stats):
+            in_stats = _decode_stats(d, "in_stats")
+        if not _stats_ok(out_stats):
+            out_stats = _decode_stats(d, "out_stats")
+        return BackwardEvent(seq, step, model, name, call, fwd, len(grad_ins), len(grad_outs),
+                             grad_ins, grad_outs, _get(d, "recompute", bool, False), in_stats,
+                             out_stats)
 
 
 def from_dict(d: Any) -> Record | None:
@@ -448,8 +536,6 @@ def from_dict(d: Any) -> Record | None:
     if not isinstance(d, dict):
         raise SchemaError(f"a record must be a JSON object, not {type(d).__name__}")
     kind = _get(d, "type", str)
-    if kind == "event":
-        return _event_from_dict(d)
     if kind == "header":
         return Header(
             schema=_get(d, "schema", int), hooktrace=_get(d, "hooktrace", str, "?"),
@@ -467,10 +553,6 @@ def from_dict(d: Any) -> Record | None:
         return Module(model=_get(d, "model", int), name=_get(d, "name", str),
                       cls=_get(d, "class", str, "?"), params=_get(d, "params", int, 0),
                       trainable=_get(d, "trainable", int, 0), aliases=aliases)
-    if kind == "params":
-        norms = _get(d, "grad_norm", dict, {})
-        return ParamGrads(step=_get(d, "step", int), model=_get(d, "model", int), grad_norm={
-            str(k): None if v is None else decode_number(v) for k, v in norms.items()})
     if kind == "anomaly":
         anomaly = _get(d, "kind", str)
         if anomaly not in Anomaly.KINDS:

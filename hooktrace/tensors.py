@@ -73,23 +73,26 @@ def leaves(*objs: Any) -> tuple[list[torch.Tensor], int]:
     return out, seen
 
 
-def shape_of(t: torch.Tensor) -> list[int]:
+def shape_of(t: torch.Tensor) -> tuple[int, ...]:
+    """``t.shape``: a torch.Size is a tuple, hashable, so the log interns it as it is."""
     try:
-        return list(t.shape)
+        return t.shape
     except RuntimeError:  # nested/jagged tensors have no single shape
-        return []
+        return ()
 
 
-def summarize(tensors: list[torch.Tensor]) -> tuple[list[list[int]], list[str]]:
+def summarize(tensors: list[torch.Tensor]) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]:
+    """Shapes and dtype names of ``tensors``, as tuples (the log interns them)."""
+    shapes: tuple[tuple[int, ...], ...]
     try:
-        shapes = [list(t.shape) for t in tensors]
+        shapes = tuple([t.shape for t in tensors])
     except RuntimeError:  # a nested tensor among them
-        shapes = [shape_of(t) for t in tensors]
+        shapes = tuple([shape_of(t) for t in tensors])
     names = _dtype_names
     try:
-        return shapes, [names[t.dtype] for t in tensors]
+        return shapes, tuple([names[t.dtype] for t in tensors])
     except KeyError:
-        return shapes, [dtype_name(t.dtype) for t in tensors]
+        return shapes, tuple([dtype_name(t.dtype) for t in tensors])
 
 
 class Stats:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +48,11 @@ KNOWN_TYPES = tuple(
                                  "ParamGrads", "Step", "End") if hasattr(schema, n))
 
 
-def lines(*records: Any) -> bytes:
-    return b"".join(orjson.dumps(r.to_dict()) + b"\n" for r in records)
+def lines(*records: Any, encoder: schema.Encoder | None = None) -> bytes:
+    """Records as the writer writes them (events need the module records' ids: pass one
+    encoder to calls that make one log)."""
+    encoder = encoder or schema.Encoder()
+    return b"".join(orjson.dumps(d) + b"\n" for r in records for d in encoder.wire(r))
 
 
 def write_log(path: Path, records: list[Any]) -> None:
@@ -68,8 +72,11 @@ def read_all(path: Path) -> tuple[LogReader, list[Any]]:
 def test_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
     write_log(path, RECORDS)
-    assert path.read_bytes().startswith(b'{"type":"header","schema":1,')
-    assert path.read_bytes().count(b"\n") == 1 + len(RECORDS)
+    data = path.read_bytes()
+    assert data.startswith(b'{"type":"header","schema":2,')
+    # 3 tensor signatures for the forward events (one of them empty), 2 for the backward one
+    assert data.count(b'{"type":"tensors",') == 5
+    assert data.count(b"\n") == 1 + len(RECORDS) + 5
     reader, records = read_all(path)
     assert reader.header == HEADER
     assert records == RECORDS
@@ -109,7 +116,7 @@ def test_truncated_last_line_is_a_warning(tmp_path: Path) -> None:
     reader, records = read_all(path)
     assert records == RECORDS[:-1]
     assert reader.end is None
-    n = 1 + len(RECORDS)  # the line number of the cut-off end record
+    n = data.count(b"\n")  # the line number of the cut-off end record
     assert len(reader.warnings) == 2
     assert f"partial line {n}" in reader.warnings[0]
     assert "no end record" in reader.warnings[1]
@@ -132,11 +139,13 @@ def test_header_only_log(tmp_path: Path) -> None:
     assert len(reader.warnings) == 1 and "no end record" in reader.warnings[0]
 
 
-@pytest.mark.parametrize("bad", [b"{not json", b'{"type":"event"}', b"[1,2]", b"\xff\xfe\x00",
+@pytest.mark.parametrize("bad", [b"{not json", b'{"type":"forward"}', b"[1,2]", b"\xff\xfe\x00",
                                  b'{"type":"end","status":"maybe"}'])
 def test_bad_line_in_the_middle_names_its_line(tmp_path: Path, bad: bytes) -> None:
     path = tmp_path / "log.jsonl"
-    path.write_bytes(HEADER_LINE + lines(*RECORDS[:2]) + bad + b"\n" + lines(*RECORDS[2:]))
+    encoder = schema.Encoder()
+    path.write_bytes(HEADER_LINE + lines(*RECORDS[:2], encoder=encoder) + bad + b"\n"
+                     + lines(*RECORDS[2:], encoder=encoder))
     with pytest.raises(LogError, match=r"\bline 4\b"):
         read_all(path)
 
@@ -164,7 +173,7 @@ def test_directory(tmp_path: Path) -> None:
     (lines(RECORDS[0]), "not a hooktrace log"),
     (b'{"type":"header"}\n', "line 1: missing key 'schema'"),
     (b'{"type":"header","schema":"1"}\n', "line 1: key 'schema' has the wrong type"),
-    (b'{"type":"header","schema":1,"argv":"train.py"}\n', "line 1: key 'argv'"),
+    (b'{"type":"header","schema":2,"argv":"train.py"}\n', "line 1: key 'argv'"),
     (b'{"type":"header","schema":99,"hooktrace":"9.0"}\n', "schema 99, newer than"),
 ])
 def test_not_a_log(tmp_path: Path, content: bytes, message: str) -> None:
@@ -184,6 +193,54 @@ def test_newer_schema_says_upgrade(tmp_path: Path) -> None:
                                f"({schema.SCHEMA_VERSION}): upgrade hooktrace")
 
 
+def test_older_schema_says_trace_again(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(b'{"type":"header","schema":1,"hooktrace":"0.1.0"}\n'
+                     b'{"type":"event","phase":"forward","seq":1}\n')
+    with pytest.raises(LogError) as info:
+        LogReader(path)
+    assert str(info.value) == (f"{path} has log schema 1, written by an older hooktrace (0.1.0); "
+                               f"this one reads schema 2: trace the run again")
+
+
+def test_events_name_modules_and_tensors_by_id(tmp_path: Path) -> None:
+    """The wire form: ids of module and tensors records, each written once, before its use."""
+    path = tmp_path / "log.jsonl"
+    again = schema.ForwardEvent(seq=4, step=0, model=0, name="fc1", call=1,
+                                input_shapes=[[5, 4]], input_dtypes=["float32"],
+                                output_shapes=[[5, 8]], output_dtypes=["float32"])
+    write_log(path, [*RECORDS[:4], again])
+    wire = path.read_bytes().splitlines()[3:]
+    assert wire == [
+        b'{"type":"module","id":1,"model":0,"name":"fc1","class":"Linear","params":40,'
+        b'"trainable":40,"aliases":["shared.fc1"]}',
+        b'{"type":"tensors","id":0,"shapes":[[5,4]],"dtypes":["float32"]}',
+        b'{"type":"tensors","id":1,"shapes":[[5,8]],"dtypes":["float32"]}',
+        b'{"type":"forward","seq":1,"step":0,"module":1,"call":0,"in":0,"out":1,'
+        b'"output_nonfinite":[[0,1,2]]}',
+        b'{"type":"forward","seq":4,"step":0,"module":1,"call":1,"in":0,"out":1}',
+    ]
+    assert list(LogReader(path))[-1] == again
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    (b'{"type":"forward","seq":9,"step":0,"module":7,"call":0,"in":0,"out":0}',
+     "key 'module' is not the id of a module record (7)"),
+    (b'{"type":"backward","seq":9,"step":0,"module":1,"call":0,"fwd":1,"in":42,"out":0}',
+     "key 'in' is not the id of a tensors record (42)"),
+    (b'{"type":"tensors","id":3,"shapes":[["x"]]}', "key 'shapes' holds something that is not"),
+    (b'{"type":"params","step":0,"model":0,"grad_norm":{"9":1.0}}',
+     "key 'grad_norm' holds '9', not the id of a module record"),
+])
+def test_dangling_ids_name_the_line(tmp_path: Path, line: bytes, message: str) -> None:
+    path = tmp_path / "log.jsonl"
+    write_log(path, RECORDS[:4])
+    with path.open("ab") as f:
+        f.write(line + b"\n")
+    with pytest.raises(LogError, match="line 8: " + re.escape(message)):
+        read_all(path)
+
+
 def test_line_over_16_mb(tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
     huge = b'{"type":"model","model":0,"class":"X","name":"' + b"a" * MAX_LINE_BYTES + b'"}\n'
@@ -196,7 +253,7 @@ def test_line_over_16_mb(tmp_path: Path) -> None:
 
 def test_first_line_over_16_mb(tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
-    path.write_bytes(b'{"type":"header","schema":1,"x":"' + b"a" * MAX_LINE_BYTES + b'"}\n')
+    path.write_bytes(b'{"type":"header","schema":2,"x":"' + b"a" * MAX_LINE_BYTES + b'"}\n')
     with pytest.raises(LogError, match="not a hooktrace log"):
         read_all(path)
 
@@ -233,13 +290,15 @@ json_values = st.recursive(
     | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=12,
 )
-KEYS = ["type", "phase", "seq", "step", "model", "name", "call", "fwd", "class", "status",
-        "input_shapes", "output_shapes", "input_dtypes", "grad_input_shapes", "grad_output_len",
-        "grad_input_stats", "grad_output_stats", "output_nonfinite", "grad_norm", "error",
-        "exit_code", "events", "aliases", "params", "no_grad", "schema", "argv", "options"]
-records_like = st.dictionaries(st.sampled_from(KEYS), json_values, max_size=10).flatmap(
-    lambda d: st.sampled_from(["event", "model", "module", "step", "end", "params", "header",
-                               "other"]).map(lambda t: {**d, "type": t}))
+KEYS = ["type", "seq", "step", "model", "module", "name", "call", "fwd", "class", "status", "id",
+        "in", "out", "shapes", "dtypes", "in_stats", "out_stats", "output_nonfinite",
+        "grad_norm", "error", "exit_code", "events", "aliases", "params", "no_grad", "schema",
+        "argv", "options"]
+small_ints = st.integers(min_value=-1, max_value=3)
+records_like = st.dictionaries(st.sampled_from(KEYS), json_values | small_ints,
+                               max_size=10).flatmap(
+    lambda d: st.sampled_from(["forward", "backward", "tensors", "model", "module", "step", "end",
+                               "params", "header", "other"]).map(lambda t: {**d, "type": t}))
 json_lines = st.lists(st.one_of(json_values, records_like), max_size=8).map(
     lambda values: b"".join(json.dumps(v).encode() + b"\n" for v in values))
 

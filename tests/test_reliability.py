@@ -15,7 +15,7 @@ from conftest import ROOT, SAMPLES, events, read_log
 from hooktrace import schema
 from hooktrace.logio import LogReader
 
-LIMIT = 20_000  # bytes a file may grow to in the "disk full" runs
+LIMIT = 8_000  # bytes a file may grow to in the "disk full" runs
 
 
 def _small_disk() -> None:

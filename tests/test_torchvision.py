@@ -119,3 +119,25 @@ def test_resnet50_feature_shapes(log_path: Path) -> None:
     assert order.index("layer1") < order.index("maxpool") < order.index("relu")
     assert order.index("relu") < order.index("bn1") < order.index("conv1")
     assert order[-1] == "conv1"
+
+
+def test_resnet18_log_is_small(log_path: Path) -> None:
+    """Issue 6's size target: <= 120 bytes per event on resnet18 (batch 8 at 64x64, training
+    steps with statistics on), counting every record written per step."""
+    torch.manual_seed(0)
+    model = tvm.resnet18(weights=None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(8, 3, 64, 64)
+    with hooktrace.trace(log_path, model=model, steps="all"):
+        for _ in range(3):
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+    per_step = events_count = 0
+    for line in log_path.read_bytes().splitlines(keepends=True):
+        kind = line[9:line.index(b'"', 9)]
+        if kind not in (b"header", b"model", b"module", b"tensors", b"end"):
+            per_step += len(line)
+        events_count += kind in (b"forward", b"backward")
+    assert events_count == 3 * 152
+    assert per_step / events_count <= 120
