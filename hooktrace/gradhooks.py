@@ -22,17 +22,22 @@ from torch.autograd.variable import Variable
 
 from hooktrace.errors import NonFiniteError
 
-GradCallback = Callable[[Any, int, torch.Tensor], None]  # (call, tensor index, gradient)
+#: (call, index, gradient): ``index`` >= 0 is the call's output ``index``, < 0 its input ``~index``
+GradCallback = Callable[[Any, int, torch.Tensor], None]
 
 _MAX_LEAVES = 4096  # leaf tensors hooked at once; forward-only code never ends a pass: bound it
 
 
-class _NodeDispatch:
-    __slots__ = ("hooks", "callbacks")
+class _NodeDispatch(list[Any]):
+    """The prehook of one autograd node: a flat list of (output_nr, call, index) triples, so
+    that a registration allocates no tuple and no bound method. These objects live as long as
+    the graph (often into the next step): the fewer, the rarer Python's full collections."""
+
+    __slots__ = ("hooks",)
 
     def __init__(self, hooks: GradHooks) -> None:
+        super().__init__()
         self.hooks = hooks
-        self.callbacks: list[tuple[GradCallback, int, Any, int]] = []
 
     def __call__(self, grad_outputs: Sequence[torch.Tensor | None]) -> None:
         hooks = self.hooks
@@ -40,10 +45,11 @@ class _NodeDispatch:
             return None
         try:
             hooks.activity()
-            for callback, output_nr, call, index in reversed(self.callbacks):
-                grad = grad_outputs[output_nr]
+            on_grad = hooks.on_grad
+            for k in range(len(self) - 3, -1, -3):  # latest registered first
+                grad = grad_outputs[self[k]]
                 if grad is not None:
-                    callback(call, index, grad)
+                    on_grad(self[k + 1], self[k + 2], grad)
         except NonFiniteError:
             raise  # --break-on nan: stopping the program is what the user asked for
         except Exception as e:  # never break the user's backward
@@ -52,9 +58,10 @@ class _NodeDispatch:
 
 
 class GradHooks:
-    def __init__(self, on_pass_end: Callable[[], None],
+    def __init__(self, on_grad: GradCallback, on_pass_end: Callable[[], None],
                  on_error: Callable[[BaseException], None]) -> None:
         self.active = True
+        self.on_grad = on_grad
         self.on_error = on_error
         self._on_pass_end = on_pass_end
         self._open_tasks: set[int] = set()
@@ -65,25 +72,23 @@ class GradHooks:
     def in_backward(self) -> bool:
         return bool(self._open_tasks)
 
-    def attach(self, t: torch.Tensor, callback: GradCallback | None = None, call: Any = None,
-               index: int = 0) -> None:
-        """Call ``callback(call, index, grad)`` when ``t`` receives its gradient; with no
-        callback, only follow the backward pass (for its end)."""
+    def attach(self, t: torch.Tensor, call: Any = None, index: int = 0) -> None:
+        """Call ``on_grad(call, index, grad)`` when ``t`` receives its gradient; with no call,
+        only follow the backward pass (for its end)."""
         node = t.grad_fn
         if node is None:
-            if callback is not None:
-                self._attach_leaf(t, callback, call, index)
+            if call is not None:
+                self._attach_leaf(t, call, index)
             return
         metadata: dict[Any, Any] = node.metadata  # type: ignore[assignment]  # a dict at runtime
         dispatch = metadata.get(self)
         if dispatch is None:
             dispatch = metadata[self] = _NodeDispatch(self)
             node.register_prehook(dispatch)
-        if callback is not None:
-            dispatch.callbacks.append((callback, t.output_nr, call, index))
+        if call is not None:
+            dispatch.extend((t.output_nr, call, index))
 
-    def _attach_leaf(self, t: torch.Tensor, callback: GradCallback, call: Any,
-                     index: int) -> None:
+    def _attach_leaf(self, t: torch.Tensor, call: Any, index: int) -> None:
         entry = self._leaves.get(id(t))
         if entry is None or entry[0]() is not t:
             if len(self._leaves) >= _MAX_LEAVES:
@@ -91,13 +96,14 @@ class GradHooks:
             dispatch = _NodeDispatch(self)
             handle = t.register_hook(lambda g: dispatch((g,)))  # type: ignore[no-untyped-call]
             entry = self._leaves[id(t)] = (weakref.ref(t), dispatch, handle)
-        entry[1].callbacks.append((callback, 0, call, index))
+        entry[1].extend((0, call, index))
 
     def prune_leaf_hooks(self, keep: Callable[[Any], bool]) -> None:
         """Drop the callbacks of calls ``keep`` rejects, and the hooks of freed leaves."""
         for key, (ref, dispatch, handle) in list(self._leaves.items()):
-            dispatch.callbacks = [c for c in dispatch.callbacks if keep(c[2])]
-            if ref() is None or not dispatch.callbacks:
+            dispatch[:] = [x for k in range(0, len(dispatch), 3) if keep(dispatch[k + 1])
+                           for x in dispatch[k: k + 3]]
+            if ref() is None or not dispatch:
                 handle.remove()
                 del self._leaves[key]
 

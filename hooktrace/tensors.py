@@ -7,6 +7,7 @@ and None; other leaves are ignored. ``torch.utils._pytree`` misses dataclasses, 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -74,9 +75,10 @@ def leaves(*objs: Any) -> tuple[list[torch.Tensor], int]:
 
 
 def shape_of(t: torch.Tensor) -> tuple[int, ...]:
-    """``t.shape``: a torch.Size is a tuple, hashable, so the log interns it as it is."""
+    """A plain tuple, not the torch.Size: a tuple of ints is hashable (the log interns shapes)
+    and Python's garbage collector stops tracking it, where it keeps tracking a Size."""
     try:
-        return t.shape
+        return tuple(t.shape)
     except RuntimeError:  # nested/jagged tensors have no single shape
         return ()
 
@@ -85,7 +87,7 @@ def summarize(tensors: list[torch.Tensor]) -> tuple[tuple[tuple[int, ...], ...],
     """Shapes and dtype names of ``tensors``, as tuples (the log interns them)."""
     shapes: tuple[tuple[int, ...], ...]
     try:
-        shapes = tuple([t.shape for t in tensors])
+        shapes = tuple([tuple(t.shape) for t in tensors])
     except RuntimeError:  # a nested tensor among them
         shapes = tuple([shape_of(t) for t in tensors])
     names = _dtype_names
@@ -117,28 +119,29 @@ class Stats:
         return bool(self._deferred)
 
     def grad(self, grad: torch.Tensor, target: list[Any], index: int) -> None:
-        """Set ``target[index]`` to [norm, absmax] (+ [nan, inf] counts when not finite)."""
+        """Set ``target[index]`` to (norm, absmax) (+ (nan, inf) counts when not finite)."""
         if not grad.is_floating_point() and not grad.is_complex():
             return
         last, numbers = self._last
         if last is not grad:
             numbers = self._reduce(grad)
             self._last = (grad, numbers)
-        if isinstance(numbers, list):
+        if isinstance(numbers, tuple):
             target[index] = numbers
             return
 
         def fill(values: list[float]) -> None:
             n, m, nan, inf = values
-            target[index] = [n, m] if math.isfinite(n) else [n, m, int(nan), int(inf)]
+            target[index] = (n, m) if math.isfinite(n) else (n, m, int(nan), int(inf))
 
         self._deferred.append((numbers, fill))
 
-    def _reduce(self, grad: torch.Tensor) -> list[float] | torch.Tensor:
-        """[norm, absmax(, nan, inf)] on CPU; on a device, a tensor of the four numbers."""
+    def _reduce(self, grad: torch.Tensor) -> tuple[float, ...] | torch.Tensor:
+        """(norm, absmax(, nan, inf)) on CPU (a tuple of numbers: not tracked by the garbage
+        collector); on a device, a tensor of the four numbers."""
         norm = torch.linalg.vector_norm(grad)
         if not grad.numel():
-            return [0.0, 0.0]
+            return (0.0, 0.0)
         if grad.is_complex():
             low, high = -norm, torch.linalg.vector_norm(grad, ord=math.inf)
         else:
@@ -146,7 +149,7 @@ class Stats:
         if grad.device.type == "cpu" or self._immediate:
             n = norm.item()
             m = max(-low.item(), high.item())
-            return [n, m] if math.isfinite(n) else [n, m, *_count_nonfinite(grad)]
+            return (n, m) if math.isfinite(n) else (n, m, *_count_nonfinite(grad))
         return torch.stack([norm.float(), torch.maximum(-low, high).float(),
                             torch.isnan(grad).sum().float(), torch.isinf(grad).sum().float()])
 
@@ -171,21 +174,40 @@ class Stats:
         self._deferred.append(
             (torch.stack([torch.isnan(t).sum(), torch.isinf(t).sum()]).float(), fill))
 
-    def param_norm(self, grads: list[torch.Tensor], target: dict[str, Any], key: str) -> None:
-        """Set ``target[key]`` to the norm of all of ``grads`` together (None when empty)."""
-        if not grads:
+    def param_norms(self, groups: list[tuple[dict[str, Any], str, list[torch.Tensor]]]) -> None:
+        """For each (target, key, grads): ``target[key]`` = the norm of all of ``grads``
+        together, None when there are none. One fused norm per device and dtype for the whole
+        step (``torch._foreach_norm``), not one per parameter."""
+        squares = [0.0] * len(groups)
+        batches: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[int]]] = {}
+        for i, (target, key, grads) in enumerate(groups):
             target[key] = None
-            return
-        norm = torch.linalg.vector_norm(
-            torch.stack([torch.linalg.vector_norm(g).float() for g in grads]))
-        if norm.device.type == "cpu":
-            target[key] = norm.item()
-            return
+            for g in grads:
+                batch = batches.setdefault((g.device, g.dtype), ([], []))
+                batch[0].append(g)
+                batch[1].append(i)
+        left = len(batches)
 
-        def fill(values: list[float]) -> None:
-            target[key] = values[0]
+        def fill(owners: list[int], values: list[float]) -> None:
+            nonlocal left
+            for i, norm in zip(owners, values, strict=True):
+                squares[i] += norm * norm
+            left -= 1
+            if left == 0:  # every batch is in: the modules' norms
+                for (target, key, grads), square in zip(groups, squares, strict=True):
+                    if grads:
+                        target[key] = math.sqrt(square)
 
-        self._deferred.append((norm.reshape(1), fill))
+        for grads, owners in batches.values():
+            if any(g.is_sparse for g in grads):
+                norms = torch.stack([torch.linalg.vector_norm(g.coalesce().values())
+                                     for g in grads]).float()
+            else:
+                norms = torch.stack(torch._foreach_norm(grads)).float()
+            if norms.device.type == "cpu":
+                fill(owners, norms.tolist())
+            else:
+                self._deferred.append((norms, functools.partial(fill, owners)))
 
     def resolve(self) -> None:
         """Fill in every deferred number: one device-to-host transfer per device."""

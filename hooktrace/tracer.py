@@ -42,6 +42,7 @@ from hooktrace.tensors import Stats, leaves, shape_of, summarize
 from hooktrace.watch import Watch
 
 _is_compiling = torch.compiler.is_compiling
+_NO_TENSORS: tuple[tuple[tuple[int, ...], ...], tuple[str, ...]] = ((), ())
 _MAX_PENDING = 8192  # events held for deferred statistics before a forced write (no backward)
 
 
@@ -100,10 +101,12 @@ class Tracer:
         self._models = models
         self._local = _Local()
         self._handles: list[Any] = []
-        self._grads = GradHooks(self._end_step, self._fail)
+        self._grads = GradHooks(self._on_grad, self._end_step, self._fail)
         self._active = False
         self._pending: list[schema.ForwardEvent | schema.BackwardEvent] = []
-        self._calls: dict[tuple[ModInfo, bool], int] = {}
+        # calls of each module in this step, and of recomputations (activation checkpointing)
+        self._calls: dict[ModInfo, int] = {}
+        self._recomputed: dict[ModInfo, int] = {}
         self._seq = itertools.count(1)
         self._step = 0
         self._step_counts = [0, 0]  # forward, backward events recorded in the current step
@@ -119,6 +122,7 @@ class Tracer:
         self._capture = capture
         self._capture_match: dict[ModInfo, bool] = {}
         self._captured: list[_Call] = []  # calls holding gradients to save when the pass ends
+        self._in_pass: list[_Call] = []  # calls with a backward event in this pass
         self._compiled_noted = False
         self._step_params: dict[ModInfo, None] = {}  # modules with parameters in this step
         self._last_checked: list[tuple[weakref.ref[torch.Tensor], int]] = []
@@ -206,7 +210,7 @@ class Tracer:
                 if grad:
                     for i, t in enumerate(inputs):
                         if t.requires_grad:
-                            self._grads.attach(t, self._on_grad_input, call, i)
+                            self._grads.attach(t, call, ~i)
             stack.append((module, info, call, grad))
         except Exception as e:
             self._fail(e)
@@ -249,6 +253,7 @@ class Tracer:
                         output: Any) -> list[list[int]] | None:
         """Write the call's forward event (or watch it); return its NaN/Inf outputs."""
         in_shapes, in_dtypes = call.inputs
+        call.inputs = _NO_TENSORS  # what outlives the forward call, the fewer objects the better
         kw_inputs, kw_seen = leaves(kwargs) if kwargs else ([], 0)
         if kw_inputs:
             kw_shapes, kw_dtypes = summarize(kw_inputs)
@@ -256,9 +261,9 @@ class Tracer:
         outputs, n_out = leaves(output)
         out_shapes, out_dtypes = summarize(outputs)
         recompute = torch._C._current_graph_task_id() != -1
-        key = (info, recompute)
-        index = self._calls.get(key, 0)
-        self._calls[key] = index + 1
+        calls = self._recomputed if recompute else self._calls
+        index = calls.get(info, 0)
+        calls[info] = index + 1
         if not self._recording:
             return self._watch_forward(call, info, grad, index, recompute, kw_inputs, outputs)
         seq = next(self._seq)  # atomic under the GIL: backward may run in another thread
@@ -312,10 +317,10 @@ class Tracer:
                       outputs: list[torch.Tensor]) -> None:
         for j, t in enumerate(kw_inputs):
             if t.requires_grad:
-                self._grads.attach(t, self._on_grad_input, call, n_args + j)
+                self._grads.attach(t, call, ~(n_args + j))
         for i, t in enumerate(outputs):
             if t.requires_grad:
-                self._grads.attach(t, self._on_grad_output, call, i)
+                self._grads.attach(t, call, i)
 
     def _check_outputs(self, outputs: list[torch.Tensor]) -> list[list[int]]:
         """NaN/Inf in the outputs; a tensor just checked (a parent returning its last child's
@@ -336,6 +341,12 @@ class Tracer:
         return found
 
     # -- backward --------------------------------------------------------------------------
+    def _on_grad(self, call: _Call, index: int, grad: torch.Tensor) -> None:
+        if index >= 0:
+            self._on_grad_output(call, index, grad)
+        else:
+            self._on_grad_input(call, ~index, grad)
+
     def _on_grad_output(self, call: _Call, index: int, grad: torch.Tensor) -> None:
         bwd = call.bwd
         if bwd is None or bwd.step != self._step:  # first gradient of this pass: backward starts
@@ -365,6 +376,7 @@ class Tracer:
                 self._watch.had_grad.add(info)
             if self._recording:
                 self._pending.append(bwd)
+                self._in_pass.append(call)
                 if call.saved is not None:
                     self._captured.append(call)
             elif self._watch is not None:
@@ -395,6 +407,9 @@ class Tracer:
         self._save_captured()
         params = self._param_grads() if self._recording and self._stats is not None else []
         self._write_pending()
+        for call in self._in_pass:
+            call.bwd = None  # written: let it go now, not when the graph is freed (a step later)
+        self._in_pass.clear()
         for record in params:
             self._sink.write(record)
         if self._watching and self._watch is not None:
@@ -410,6 +425,7 @@ class Tracer:
         self._grads.prune_leaf_hooks(lambda call: call.step >= self._step - 1)
         self._step_counts = [0, 0]
         self._calls.clear()
+        self._recomputed.clear()
         self._step_params.clear()
         self._last_checked = []
         self._recording = self._step in self._options.steps and self.dropped == 0
@@ -436,18 +452,22 @@ class Tracer:
         """Norms of the parameter gradients of the modules that took part in this step."""
         assert self._stats is not None
         records: dict[int, schema.ParamGrads] = {}
+        groups: list[tuple[dict[str, Any], str, list[torch.Tensor]]] = []
         for info in self._step_params:
             module = info.ref()
             if module is None:
                 continue
-            trainable = [p for p in module.parameters(recurse=False) if p.requires_grad]
+            # _parameters, not parameters(recurse=False): the generator costs more than the norm
+            trainable = [p for p in module._parameters.values()
+                         if p is not None and p.requires_grad]
             if not trainable:
                 continue  # frozen: the module record says so
             record = records.get(info.model)
             if record is None:
                 record = records[info.model] = schema.ParamGrads(self._step, info.model)
-            grads = [p.grad for p in trainable if p.grad is not None]
-            self._stats.param_norm(grads, record.grad_norm, info.name)
+            groups.append((record.grad_norm, info.name,
+                           [p.grad for p in trainable if p.grad is not None]))
+        self._stats.param_norms(groups)
         return [records[m] for m in sorted(records)]
 
     # -- output ----------------------------------------------------------------------------

@@ -1,0 +1,100 @@
+"""Gradient statistics in the log equal what torch computes for the same step: per-call
+gradient norms and absolute maxima, parameter-gradient norms, NaN/Inf counts."""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import events, read_log
+from torch import nn
+
+import hooktrace
+from hooktrace import schema
+
+REL = 1e-3  # the log keeps 4 significant digits
+
+
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3, bias=False))
+
+
+def _reference(model: nn.Sequential, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Gradients of every intermediate tensor, and of every parameter, by retain_grad."""
+    h1 = model[0](x)
+    h2 = model[1](h1)
+    out = model[2](h2)
+    for t in (h1, h2, out):
+        t.retain_grad()
+    (out * torch.arange(3.0)).sum().backward()
+    assert h1.grad is not None and h2.grad is not None and out.grad is not None
+    return {"0.out": h1.grad, "1.out": h2.grad, "2.out": out.grad}
+
+
+def _close(logged: float, expected: float) -> bool:
+    return math.isclose(logged, expected, rel_tol=REL, abs_tol=1e-12)
+
+
+def test_gradient_statistics_match_torch(log_path: Path) -> None:
+    model = _model()
+    twin = copy.deepcopy(model)
+    x = torch.randn(5, 4)
+    reference = _reference(twin, x)
+    with hooktrace.trace(log_path, model=model):
+        (model(x) * torch.arange(3.0)).sum().backward()
+
+    bwd = {e.name: e for e in events(log_path, "backward")}
+    for name in ("0", "1", "2"):
+        grad = reference[f"{name}.out"]
+        stats = bwd[name].grad_output_stats
+        assert stats is not None and stats[0] is not None
+        norm, absmax = stats[0]
+        assert _close(norm, grad.norm().item()), name
+        assert _close(absmax, grad.abs().max().item()), name
+    # a module's grad_input is its input tensor's gradient: the previous module's output
+    for name, previous in (("1", "0"), ("2", "1")):
+        stats = bwd[name].grad_input_stats
+        assert stats is not None and stats[0] is not None
+        assert _close(stats[0][0], reference[f"{previous}.out"].norm().item())
+    assert bwd["0"].grad_input_stats == [None]  # x needs no gradient
+
+    params = [r for r in read_log(log_path) if isinstance(r, schema.ParamGrads)]
+    assert len(params) == 1
+    norms = params[0].grad_norm
+    assert set(norms) == {"0", "2"}  # Tanh has no parameters
+    first = torch.cat([twin[0].weight.grad.flatten(), twin[0].bias.grad])  # type: ignore[union-attr]
+    assert _close(norms["0"] or 0.0, first.norm().item())
+    assert _close(norms["2"] or 0.0, twin[2].weight.grad.norm().item())  # type: ignore[union-attr]
+
+
+def test_parameters_without_gradient_are_none(log_path: Path) -> None:
+    """A module that ran with trainable parameters but whose parameters got no .grad."""
+    model = _model()
+    x = torch.randn(5, 4)
+    with hooktrace.trace(log_path, model=model):
+        out = model(x)
+        model[2].weight.grad = None
+        torch.autograd.grad(out.sum(), [model[0].weight])  # no .grad is set anywhere
+    params = [r for r in read_log(log_path) if isinstance(r, schema.ParamGrads)]
+    assert params and params[0].grad_norm == {"0": None, "2": None}
+
+
+@pytest.mark.parametrize(("bad", "nan", "inf"), [(math.nan, 2, 0), (math.inf, 0, 2)])
+def test_nonfinite_gradients_are_counted(log_path: Path, bad: float, nan: int, inf: int) -> None:
+    model = _model()
+    x = torch.randn(5, 4)
+    weights = torch.ones(5, 3)
+    weights[0, 0] = weights[1, 2] = bad
+    with hooktrace.trace(log_path, model=model):
+        (model(x) * weights).sum().backward()
+    bwd = {e.name: e for e in events(log_path, "backward")}
+    stats = bwd["2"].grad_output_stats
+    assert stats is not None and stats[0] is not None
+    assert len(stats[0]) == 4 and not math.isfinite(stats[0][0])
+    assert stats[0][2:] == [nan, inf]
+    params = next(r for r in read_log(log_path) if isinstance(r, schema.ParamGrads))
+    assert not math.isfinite(params.grad_norm["2"] or 0.0)
