@@ -361,15 +361,12 @@ class Tracer:
             else:
                 return
             info = call.info
+            n_in, n_out = call.n_in, call.n_out
+            stats = self._stats is not None
             bwd = call.bwd = schema.BackwardEvent(
-                seq, self._step, info.model, info.name, call.call, call.fwd,
-                grad_input_len=call.n_in, grad_output_len=call.n_out,
-                grad_input_shapes=[None] * call.n_in, grad_output_shapes=[None] * call.n_out,
-                recompute=call.recompute,
-            )
-            if self._stats is not None:
-                bwd.grad_input_stats = [None] * call.n_in
-                bwd.grad_output_stats = [None] * call.n_out
+                seq, self._step, info.model, info.name, call.call, call.fwd, n_in, n_out,
+                [None] * n_in, [None] * n_out, call.recompute,
+                [None] * n_in if stats else None, [None] * n_out if stats else None)
             if info.has_params:
                 self._step_params[info] = None
             if self._watch is not None:
