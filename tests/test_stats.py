@@ -98,3 +98,32 @@ def test_nonfinite_gradients_are_counted(log_path: Path, bad: float, nan: int, i
     assert stats[0][2:] == [nan, inf]
     params = next(r for r in read_log(log_path) if isinstance(r, schema.ParamGrads))
     assert not math.isfinite(params.grad_norm["2"] or 0.0)
+
+
+@pytest.mark.parametrize("scale", [1e-25, 1e25])
+def test_tiny_and_huge_gradients_keep_their_norm(log_path: Path, scale: float) -> None:
+    """Squares of such values under/overflow float32: the norm must still be the true one."""
+    model = _model()
+    twin = copy.deepcopy(model)
+    x = torch.randn(5, 4)
+    weights = torch.full((5, 3), scale)
+    out = twin(x)
+    out.retain_grad()
+    (out * weights).sum().backward()
+    assert out.grad is not None
+    with hooktrace.trace(log_path, model=model):
+        (model(x) * weights).sum().backward()
+    stats = next(e for e in events(log_path, "backward") if e.name == "2").grad_output_stats
+    assert stats is not None and stats[0] is not None
+    assert _close(stats[0][0], torch.linalg.vector_norm(out.grad.double()).item())
+    assert _close(stats[0][1], scale)
+
+
+def test_huge_parameter_gradients_keep_their_norm(log_path: Path) -> None:
+    model = _model()
+    x = torch.randn(5, 4)
+    with hooktrace.trace(log_path, model=model):
+        (model(x) * 1e25).sum().backward()
+    params = next(r for r in read_log(log_path) if isinstance(r, schema.ParamGrads))
+    expected = torch.linalg.vector_norm(model[2].weight.grad.double()).item()  # type: ignore[union-attr]
+    assert math.isfinite(expected) and _close(params.grad_norm["2"] or 0.0, expected)
