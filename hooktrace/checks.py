@@ -10,13 +10,16 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from itertools import repeat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hooktrace.collect import Collected, ModuleStats, collect
 from hooktrace.errors import HooktraceError
 from hooktrace.logio import LogReader, capture_dir
 from hooktrace.ranks import first_divergence, open_ranks
+
+if TYPE_CHECKING:  # the DOT renderer imports this module for Thresholds, and starts faster
+    from hooktrace.collect import Collected, Keys, ModuleKey, ModuleStats
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 SEVERITY_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
@@ -105,9 +108,39 @@ def _siblings(c: Collected, m: ModuleStats) -> list[ModuleStats]:
             and o.name != "" and o.params]
 
 
+def _detached(c: Collected) -> dict[ModuleKey, list[int]]:
+    """Per module, the steps it ran forward with gradient recording on, in a step with a
+    backward, and none of its calls got a backward."""
+    out: dict[ModuleKey, list[int]] = {}
+    found: dict[tuple[Keys, Keys], Keys] = {}  # the sets are shared between steps
+    for step in sorted(c.grad):
+        if step in c.backward_steps:
+            pair = (c.grad[step], c.backward.get(step, frozenset()))
+            if pair not in found:
+                found[pair] = pair[0] - pair[1]
+            for key in found[pair]:
+                out.setdefault(key, []).append(step)
+    return out
+
+
+def _no_grad_only(c: Collected) -> dict[ModuleKey, list[int]]:
+    """Per module, the steps it ran only under no_grad while its model trained (another of its
+    modules ran with gradient recording on and got a backward)."""
+    out: dict[ModuleKey, list[int]] = {}
+    for step in sorted(c.no_grad):
+        if step in c.backward_steps:
+            grad = c.grad.get(step, frozenset())
+            trained = {key[0] for key in grad & c.backward.get(step, frozenset())}
+            for key in c.no_grad[step]:
+                if key not in grad and key[0] in trained:
+                    out.setdefault(key, []).append(step)
+    return out
+
+
 def check_no_grad(c: Collected) -> list[Finding]:
     out: list[Finding] = []
     detached: list[tuple[ModuleStats, Finding]] = []
+    no_backward, no_grad_only = _detached(c), _no_grad_only(c)
     for m in c.modules.values():
         if not m.params or not m.calls:
             continue
@@ -123,8 +156,7 @@ def check_no_grad(c: Collected) -> list[Finding]:
                 "call .requires_grad_(True) on it if it should train" if trainable_twins else "",
             ))
             continue
-        steps = sorted(s for s, n in m.grad_calls.items()
-                       if n and s in c.backward_steps and not m.backward_for.get(s))
+        steps = no_backward.get((m.model, m.name))
         if steps:
             detached.append((m, Finding(
                 "no-grad", WARNING, c.model_name(m.model), m.name, steps[0],
@@ -134,15 +166,13 @@ def check_no_grad(c: Collected) -> list[Finding]:
                 "look for .detach(), .data, .item()/numpy round trips, or an output the loss "
                 "does not use",
             )))
-        no_grad_only = sorted(s for s in m.no_grad_steps
-                              if s in c.backward_steps and not m.grad_calls.get(s)
-                              and _model_trained_in(c, m.model, s))
-        if no_grad_only:
+        steps = no_grad_only.get((m.model, m.name))
+        if steps:
             out.append(Finding(
-                "no-grad-under-no_grad", WARNING, c.model_name(m.model), m.name, no_grad_only[0],
+                "no-grad-under-no_grad", WARNING, c.model_name(m.model), m.name, steps[0],
                 f"{m.name or '(root)'} ({m.cls}) ran under torch.no_grad while the rest of its "
                 f"model trained: its {m.trainable} trainable parameters get no gradient",
-                {"steps": no_grad_only[:20]},
+                {"steps": steps[:20]},
                 "move it out of torch.no_grad(), or freeze it explicitly with "
                 ".requires_grad_(False)",
             ))
@@ -200,47 +230,53 @@ def _group_subtrees(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> l
     return out
 
 
-def _model_trained_in(c: Collected, model: int, step: int) -> bool:
-    return any(o.model == model and o.grad_calls.get(step) and o.backward_for.get(step)
-               for o in c.modules.values())
-
-
 def _profile_finding(c: Collected, t: Thresholds) -> Finding | None:
     """Activation-gradient norms (grad_output) that grow or fall across the network."""
     for step in sorted(c.profiles):
-        profile = c.profiles[step]  # backward order: output side first
-        if len(profile) < 3:
+        modules, norms = c.profiles[step]  # backward order: output side first
+        if len(norms) < 3:
             continue
-        top, bottom = profile[0][2], profile[-1][2]
+        top, bottom = norms[0], norms[-1]
         if top <= 0 or bottom <= 0:
             continue
         orders = math.log10(bottom / top)
         if abs(orders) >= t.orders:
-            model, name, _ = profile[-1]
+            model, name = modules[-1]
             return Finding(
                 "exploding" if orders > 0 else "vanishing", WARNING, c.model_name(model), name,
                 step,
                 f"gradient norms {'grow' if orders > 0 else 'fall'} by {abs(orders):.1f} orders of "
-                f"magnitude from {profile[0][1] or '(root)'} ({top:.3g}) back to {name} "
+                f"magnitude from {modules[0][1] or '(root)'} ({top:.3g}) back to {name} "
                 f"({bottom:.3g}) at step {step}",
-                {"profile": [{"module": n, "grad_output_norm": v} for _, n, v in profile]},
+                {"profile": [{"module": n, "grad_output_norm": v}
+                             for (_, n), v in zip(modules, norms, strict=True)]},
                 "deep stacks without normalisation or residual connections, or a too large/small "
                 "initialisation")
     return None
 
 
-def check_magnitudes(c: Collected, t: Thresholds) -> list[Finding]:
-    """Parameter-gradient norms past the thresholds, and the profile across the network: one
-    finding per kind (vanishing, exploding)."""
-    flagged: dict[str, dict[tuple[int, str], tuple[int, float]]] = {"vanishing": {},
-                                                                     "exploding": {}}
+def _past_thresholds(c: Collected, t: Thresholds
+                     ) -> dict[str, dict[ModuleKey, tuple[int, float]]]:
+    """Per kind (vanishing, exploding), the modules whose parameter-gradient norm passed the
+    threshold: the first step it did, and the norm then."""
+    flagged: dict[str, dict[ModuleKey, tuple[int, float]]] = {"vanishing": {}, "exploding": {}}
     for step in sorted(c.param_norms):
-        for key, norm in c.param_norms[step].items():
+        norms: dict[ModuleKey, float | None] = {}  # a later record of a module overrides
+        for model, names, values in c.param_norms[step]:
+            norms.update(zip(zip(repeat(model), names), values, strict=True))
+        for key, norm in norms.items():
             if norm is None or not math.isfinite(norm):
                 continue
             kind = "vanishing" if norm < t.vanishing else "exploding" if norm > t.exploding else ""
             if kind and key not in flagged[kind]:
                 flagged[kind][key] = (step, norm)
+    return flagged
+
+
+def check_magnitudes(c: Collected, t: Thresholds) -> list[Finding]:
+    """Parameter-gradient norms past the thresholds, and the profile across the network: one
+    finding per kind (vanishing, exploding)."""
+    flagged = _past_thresholds(c, t)
     profile = _profile_finding(c, t)
     out: list[Finding] = []
     for kind, modules in flagged.items():
@@ -337,6 +373,8 @@ class Report:
 
 def run_checks(path: str | os.PathLike[str], step: int | None = None,
                thresholds: Thresholds | None = None) -> Report:
+    from hooktrace.collect import collect
+
     c = collect(path, step)
     if step is not None and step not in c.steps_seen | c.backward_steps:
         seen = sorted(c.steps_seen | c.backward_steps)

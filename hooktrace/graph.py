@@ -3,7 +3,7 @@
 ``load_step`` streams a log and keeps the events of one step only (by default the first step
 that has a backward event). ``build`` turns them into a ``View``: the nodes to draw, the clusters
 they nest in (the fqn hierarchy, ``layer1`` > ``layer1.0``), and the numbered forward and backward
-edges between them, held in networkx graphs. Standard library and networkx only: no torch.
+edges between them. Standard library only (``View.graph`` gives networkx graphs): no torch.
 
 Node model: one node per module *call*, not one node per module with numbered visits. ResNet's
 blocks call their ``relu`` three times; as three nodes the forward order is a path that only
@@ -30,8 +30,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import networkx as nx  # type: ignore[import-untyped]  # networkx ships no type hints
+from typing import Any
 
 from hooktrace import schema
 from hooktrace.errors import HooktraceError, LogError
@@ -107,18 +106,19 @@ class _Keeper:
         self.steps: set[int] = set()
         self.first_backward: int | None = None
 
-    def add(self, e: Event) -> None:
-        self.steps.add(e.step)
+    def target(self, step: int, backward: bool) -> list[Event] | None:
+        """The list to keep an event of ``step`` in, or None. Only a backward event of an
+        earlier step than the first seen with one changes the answer for the events after it."""
+        self.steps.add(step)
         if self.step is not None:
-            if e.step == self.step:
-                self.kept.setdefault(e.step, []).append(e)
-            return
-        if e.phase == "backward" and (self.first_backward is None or e.step < self.first_backward):
-            self.first_backward = e.step
-            self.kept = {e.step: self.kept.get(e.step, [])}  # earlier steps had no backward
-        if self.first_backward is None or e.step == self.first_backward:
+            return self.kept.setdefault(step, []) if step == self.step else None
+        if backward and (self.first_backward is None or step < self.first_backward):
+            self.first_backward = step
+            self.kept = {step: self.kept.get(step, [])}  # earlier steps had no backward
+        if self.first_backward is None or step == self.first_backward:
             # until a backward shows up every step is a candidate; that is one step in practice
-            self.kept.setdefault(e.step, []).append(e)
+            return self.kept.setdefault(step, [])
+        return None
 
     def chosen(self) -> int:
         if self.step is not None:
@@ -126,30 +126,73 @@ class _Keeper:
         return self.first_backward if self.first_backward is not None else min(self.steps)
 
 
+class _Loader:
+    """What ``load_step`` gathers in its pass over the log."""
+
+    def __init__(self, step: int | None, model: str | None, decoder: schema.Decoder) -> None:
+        self.keeper = _Keeper(step)
+        self.model = model
+        self.decoder = decoder
+        self.models: dict[int, str] = {}
+        self.classes: dict[ModuleKey, str] = {}
+        self.any_events = False
+        self.step_starts: dict[int, int] = {}  # step -> its first seq
+        self.later: dict[int, int] = {}
+        self._step: int | None = None  # of the last event, and its step's first seq:
+        self._start = 0
+
+    def plain(self, events: list[dict[str, Any]]) -> None:
+        """Plain events of one type, in a loop that does little for the steps not kept: nearly
+        all of them."""
+        self.any_events = True
+        backward = events[0]["type"] == "backward"
+        model, models, modules = self.model, self.models, self.decoder.modules
+        run: int | None = None  # the step of the events kept in target
+        target: list[Event] | None = None
+        for d in events:
+            step = d["step"]
+            if step != self._step:
+                self._step, self._start = step, self.step_starts.setdefault(step, d["seq"])
+            if backward and d["fwd"] < self._start:
+                self.later[d["fwd"]] = step
+            if model is not None and models.get(modules[d["module"]][0]) != model:
+                continue
+            if step != run:
+                run, target = step, self.keeper.target(step, backward)
+            if target is not None:
+                target.append(self.decoder.event(d))
+
+    def record(self, record: Any) -> None:
+        if isinstance(record, (schema.ForwardEvent, schema.BackwardEvent)):
+            self.any_events = True
+            step = record.step
+            if step != self._step:
+                self._step, self._start = step, self.step_starts.setdefault(step, record.seq)
+            if isinstance(record, schema.BackwardEvent) and record.fwd < self._start:
+                self.later[record.fwd] = step
+            if self.model is None or self.models.get(record.model) == self.model:
+                target = self.keeper.target(step, isinstance(record, schema.BackwardEvent))
+                if target is not None:
+                    target.append(record)
+        elif isinstance(record, schema.Module):
+            self.classes[(record.model, record.name)] = record.cls
+        elif isinstance(record, schema.Model):
+            self.models[record.model] = record.name
+
+
 def load_step(path: str | os.PathLike[str], step: int | None = None,
               model: str | None = None) -> StepLog:
     """Stream the log at ``path`` and keep step ``step`` (default: the first with a backward
     event) of the model named ``model`` (default: all). Raises LogError / SelectionError."""
     reader = LogReader(path)
-    models: dict[int, str] = {}
-    classes: dict[ModuleKey, str] = {}
-    keeper = _Keeper(step)
-    any_events = False
-    step_starts: dict[int, int] = {}  # step -> its first seq
-    later: dict[int, int] = {}
-    for record in reader:
-        if isinstance(record, (schema.ForwardEvent, schema.BackwardEvent)):
-            any_events = True
-            step_starts.setdefault(record.step, record.seq)
-            if isinstance(record, schema.BackwardEvent) and record.fwd < step_starts[record.step]:
-                later[record.fwd] = record.step
-            if model is None or models.get(record.model) == model:
-                keeper.add(record)
-        elif isinstance(record, schema.Module):
-            classes[(record.model, record.name)] = record.cls
-        elif isinstance(record, schema.Model):
-            models[record.model] = record.name
-    if not any_events:
+    loaded = _Loader(step, model, schema.Decoder())
+    for item in reader.scan(loaded.decoder):
+        if type(item) is list:
+            loaded.plain(item)
+        else:
+            loaded.record(item)
+    keeper, models = loaded.keeper, loaded.models
+    if not loaded.any_events:
         raise LogError(f"{reader.path} has no events: no module call was recorded")
     if model is not None and model not in models.values():
         names = ", ".join(repr(n) for n in sorted(models.values()))
@@ -170,8 +213,8 @@ def load_step(path: str | os.PathLike[str], step: int | None = None,
                         f"(model {', '.join(sorted(earlier))}); they are drawn in that step")
     captured = (f"{capture_dir(reader.path)} ({reader.end.captured} files)"
                 if reader.end is not None and reader.end.captured else None)
-    return StepLog(reader.path, chosen, sorted(keeper.steps), models, classes, events,
-                   warnings, {f: s for f, s in later.items() if f in forward}, captured)
+    return StepLog(reader.path, chosen, sorted(keeper.steps), models, loaded.classes, events,
+                   warnings, {f: s for f, s in loaded.later.items() if f in forward}, captured)
 
 
 @dataclass(slots=True)
@@ -315,7 +358,7 @@ class Edge:
 
 @dataclass(slots=True)
 class View:
-    """What to draw for one step: nodes and edges (``graph``), the cluster tree (``clusters``)."""
+    """What to draw for one step: nodes and edges, and the clusters they nest in."""
 
     log: StepLog
     depth: int
@@ -323,29 +366,50 @@ class View:
     deepest: int  # the depth of the deepest call: --depth beyond it changes nothing
     phase: str
     checked: bool  # the step had a backward and it is drawn: a node without one is marked
-    graph: nx.MultiDiGraph  # NodeKey nodes with attribute "node"; edges with attribute "edge"
-    # containment: ModuleKey clusters (attribute "cluster") -> the clusters and NodeKey nodes
-    # (attribute "node") directly inside them; nodes and clusters outside any have no parent
-    tree: nx.DiGraph
     backward_start: tuple[NodeKey, schema.BackwardEvent] | None = None
+    node_map: dict[NodeKey, Node] = field(default_factory=dict)
+    edge_list: list[Edge] = field(default_factory=list)
+    clusters: dict[ModuleKey, Cluster] = field(default_factory=dict)
+    # containment: a cluster (None: the top) -> the clusters and nodes directly inside it
+    contents: dict[ModuleKey | None, list[ModuleKey | NodeKey]] = field(default_factory=dict)
 
     def nodes(self) -> list[Node]:
-        return sorted((d["node"] for _, d in self.graph.nodes(data=True)),
-                      key=lambda n: (n.seq, n.key))
+        return sorted(self.node_map.values(), key=lambda n: (n.seq, n.key))
 
     def edges(self) -> list[Edge]:
-        found: list[Edge] = [d["edge"] for _, _, d in self.graph.edges(data=True)]
-        return sorted(found, key=lambda e: (e.phase != "forward", e.order))
+        return sorted(self.edge_list, key=lambda e: (e.phase != "forward", e.order))
 
     def inside(self, cluster: ModuleKey | None) -> list[Cluster | Node]:
         """The clusters and nodes directly inside ``cluster`` (None: the top), in forward order."""
-        if cluster is None:
-            keys = [k for k, degree in self.tree.in_degree() if degree == 0]
-        else:
-            keys = list(self.tree.successors(cluster))
         found: list[Cluster | Node] = [
-            self.tree.nodes[k].get("cluster") or self.tree.nodes[k]["node"] for k in keys]
+            self.clusters[k] if len(k) == 2 else self.node_map[k]
+            for k in self.contents.get(cluster, [])]
         return sorted(found, key=lambda x: (x.seq, x.key))
+
+    @property
+    def graph(self) -> Any:
+        """The nodes (attribute "node") and edges (attribute "edge") as a networkx
+        MultiDiGraph, for graph algorithms; drawing does not need it (nor its import time)."""
+        import networkx as nx  # type: ignore[import-untyped]  # networkx ships no type hints
+
+        graph = nx.MultiDiGraph()
+        graph.add_nodes_from((key, {"node": node}) for key, node in self.node_map.items())
+        for e in self.edge_list:
+            graph.add_edge(e.src, e.dst, key=(e.phase, e.order), edge=e)
+        return graph
+
+    @property
+    def tree(self) -> Any:
+        """The containment as a networkx DiGraph: cluster (attribute "cluster") -> the clusters
+        and nodes (attribute "node") directly inside it."""
+        import networkx as nx
+
+        tree = nx.DiGraph()
+        tree.add_nodes_from((key, {"cluster": c}) for key, c in self.clusters.items())
+        tree.add_nodes_from((key, {"node": node}) for key, node in self.node_map.items())
+        tree.add_edges_from((parent, key) for parent, inside in self.contents.items()
+                            if parent is not None for key in inside)
+        return tree
 
 
 def build(log: StepLog, depth: int | None = None, phase: str = "both") -> View:
@@ -356,22 +420,20 @@ def build(log: StepLog, depth: int | None = None, phase: str = "both") -> View:
     chosen = auto_depth(calls) if depth is None else depth
     keys = {key: node_key(c, calls, chosen) for key, c in calls.items()}
     view = View(log, chosen, depth is None, max((c.depth for c in calls.values()), default=0),
-                phase, log.has_backward and phase != "forward", nx.MultiDiGraph(), nx.DiGraph())
+                phase, log.has_backward and phase != "forward")
     _add_nodes(view, calls, keys)
     _add_clusters(view, calls)
     forward = _chain([(keys[c.key], None) for c in calls.values()])
     if phase != "backward":
         for order, (src, dst, _) in enumerate(forward, 1):
-            view.graph.add_edge(src, dst, key=("forward", order),
-                                edge=Edge(src, dst, "forward", order))
+            view.edge_list.append(Edge(src, dst, "forward", order))
     visits = [(keys[c.key], e) for c, e in backward]
     if phase != "forward":
         mirrors = {(dst, src) for src, dst, _ in forward}
         for order, (src, dst, e) in enumerate(_chain(visits), 1):
             assert e is not None
-            view.graph.add_edge(src, dst, key=("backward", order), edge=Edge(
-                src, dst, "backward", order, e.grad_input_len, e.grad_output_len,
-                (src, dst) in mirrors))
+            view.edge_list.append(Edge(src, dst, "backward", order, e.grad_input_len,
+                                       e.grad_output_len, (src, dst) in mirrors))
         view.backward_start = next(((k, e) for k, e in visits if k is not None and e), None)
     return view
 
@@ -419,7 +481,7 @@ def _add_nodes(view: View, calls: dict[NodeKey, Call], keys: dict[NodeKey, NodeK
             grad_norm=max((n for c in group if (n := _grad_norm(c.backward)) is not None),
                           default=None),
             recomputed=any(c.recomputed for c in group))
-        view.graph.add_node(key, node=node)
+        view.node_map[key] = node
 
 
 def _stats(e: schema.BackwardEvent | None) -> list[list[float] | None]:
@@ -439,27 +501,25 @@ def _grad_norm(e: schema.BackwardEvent | None) -> float | None:
 
 def _add_clusters(view: View, calls: dict[NodeKey, Call]) -> None:
     """Put every node in the tree, under the cluster of its module or of the nearest one above."""
-    tree = view.tree
+    clusters = view.clusters
     for node in view.nodes():
         model, fqn, _ = node.key
         for above in ancestors(fqn):
-            if (model, above) not in tree:
-                tree.add_node((model, above), cluster=Cluster(
-                    (model, above), view.log.cls(model, above), node.seq, 0, [], False))
+            if (model, above) not in clusters:
+                clusters[(model, above)] = Cluster(
+                    (model, above), view.log.cls(model, above), node.seq, 0, [], False)
     for c in calls.values():
-        if (c.model, c.fqn) in tree:
-            cluster: Cluster = tree.nodes[(c.model, c.fqn)]["cluster"]
+        if (c.model, c.fqn) in clusters:
+            cluster = clusters[(c.model, c.fqn)]
             cluster.calls += 1
             cluster.output_shapes = c.output_shapes if cluster.calls == 1 else []
             cluster.missing |= (view.checked and not c.no_grad and c.backward is None
                                 and c.later is None)
-    for model, fqn in list(tree):
-        if fqn:
-            tree.add_edge((model, ancestors(fqn)[0]), (model, fqn))
+    inside = view.contents
+    for model, fqn in clusters:
+        inside.setdefault((model, ancestors(fqn)[0]) if fqn else None, []).append((model, fqn))
     for node in view.nodes():
         model, fqn, _ = node.key
-        tree.add_node(node.key, node=node)
-        if (model, fqn) in tree:
-            tree.add_edge((model, fqn), node.key)
-        elif fqn:
-            tree.add_edge((model, ancestors(fqn)[0]), node.key)
+        parent = (model, fqn) if (model, fqn) in clusters else \
+            (model, ancestors(fqn)[0]) if fqn else None
+        inside.setdefault(parent, []).append(node.key)

@@ -144,8 +144,13 @@ class LogReader:
         self.path = Path(path)
         _check_readable(self.path)
         self.warnings: list[str] = []
-        self.end: schema.End | None = None
+        self._decoder: schema.Decoder | None = None
         self.header = self._read_header()
+
+    @property
+    def end(self) -> schema.End | None:
+        """The end record, once iteration has reached it."""
+        return self._decoder.end if self._decoder is not None else None
 
     def _read_header(self) -> schema.Header:
         try:
@@ -183,46 +188,112 @@ class LogReader:
 
     def __iter__(self) -> Iterator[schema.Record]:
         """Yield every record after the header, in file order."""
+        decoder = schema.Decoder()
+        event = decoder.event
+        for item in self.scan(decoder):
+            if isinstance(item, list):
+                yield from map(event, item)
+            else:
+                yield item
+
+    def scan(self, decoder: schema.Decoder) -> Iterator[list[dict[str, Any]] | schema.Record]:
+        """Like iterating, but plain events (``Decoder.forward``) come as their checked dicts, in
+        lists of consecutive ones of one type: a long log is read without a record per event,
+        and a reader that needs a few keys of each loops over a list. Use a list before taking
+        the next item (``decoder``, which resolves its ids, may have learnt new ones by then)."""
+        self._decoder = decoder
+        forward, backward, other = decoder.forward, decoder.backward, decoder.other
+        loads = orjson.loads
+        number = 1  # the lines before the block
+        blocks = self._blocks()
+        for block in blocks:
+            plain: list[dict[str, Any]] = []
+            run: Any = None  # the type of the events in plain
+            for line in block:
+                try:
+                    d = loads(line)
+                    kind = d.get("type") if type(d) is dict else None
+                    item: Any
+                    if kind == "forward":
+                        item = forward(d)
+                    elif kind == "backward":
+                        item = backward(d)
+                    else:  # may add ids: the plain events before are used first
+                        if plain:
+                            yield plain
+                            plain = []
+                        item = other(d, kind)
+                except (orjson.JSONDecodeError, schema.SchemaError) as e:
+                    if plain:
+                        yield plain
+                        plain = []
+                    self._bad_line(block, line, number, blocks, e)
+                    continue
+                if item is d:
+                    if kind != run:
+                        if plain:
+                            yield plain
+                            plain = []
+                        run = kind
+                    plain.append(d)
+                elif item is not None:
+                    if plain:
+                        yield plain
+                        plain = []
+                    yield item
+            if plain:
+                yield plain
+            number += len(block)
+        if decoder.end is None:
+            self.warnings.append(f"{self.path} has no end record: the run did not finish")
+
+    def _bad_line(self, block: list[bytes], line: bytes, before: int,
+                  blocks: Iterator[list[bytes]], error: Exception) -> None:
+        """A LogError naming the line, except for a blank line and for a line that is not JSON
+        with nothing after it (a run cut off: a warning). An equal line before it would have
+        failed first, so it is the first equal one in its block."""
+        if isinstance(error, schema.SchemaError):
+            raise LogError(f"{self.path} line {before + 1 + block.index(line)}: {error}"
+                           ) from None
+        if not line.strip():
+            return
+        at = block.index(line)
+        if at < len(block) - 1 or _more(blocks):
+            raise LogError(f"{self.path} line {before + 1 + at} is not valid JSON") from None
+        self.warnings.append(f"{self.path} ends with a partial line {before + 1 + at} (the run "
+                             "was cut off); read up to the line before it")
+
+    def _blocks(self) -> Iterator[list[bytes]]:
+        """The lines after the header, a block at a time; a line longer than MAX_LINE_BYTES is
+        a LogError once the lines before it are read."""
         try:
             f = self.path.open("rb")
         except OSError as e:
             raise LogError(f"cannot read {self.path}: {e.strerror or e}") from None
-        decode = schema.Decoder().decode
         with f:
             f.readline(MAX_LINE_BYTES + 1)
-            number = 1
-            pending_error: str | None = None  # a bad line is only forgiven when it is the last
-            while True:
-                line = f.readline(MAX_LINE_BYTES + 1)
-                if not line:
-                    break
-                number += 1
-                if pending_error is not None:
-                    raise LogError(pending_error)
-                if len(line) > MAX_LINE_BYTES:
-                    raise LogError(f"{self.path} line {number} is longer than "
-                                   f"{MAX_LINE_BYTES // (1024 * 1024)} MB; not a hooktrace log")
-                if not line.strip():
-                    continue
-                try:
-                    d = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    pending_error = f"{self.path} line {number} is not valid JSON"
-                    truncated_at = number
-                    continue
-                try:
-                    record = decode(d)
-                except schema.SchemaError as e:
-                    raise LogError(f"{self.path} line {number}: {e}") from None
-                if record is None:
-                    continue
-                if isinstance(record, schema.End):
-                    self.end = record
-                yield record
-            if pending_error is not None:
-                self.warnings.append(
-                    f"{self.path} ends with a partial line {truncated_at} (the run was cut off); "
-                    "read up to the line before it"
-                )
-        if self.end is None:
-            self.warnings.append(f"{self.path} has no end record: the run did not finish")
+            number, rest = 1, b""
+            while chunk := f.read(_BUFFER_BYTES):
+                lines = (rest + chunk).split(b"\n")
+                rest = lines.pop()
+                if lines:
+                    if len(lines[0]) >= MAX_LINE_BYTES:  # only the first can span chunks
+                        self._too_long(number + 1)
+                    yield lines
+                    number += len(lines)
+                if len(rest) > MAX_LINE_BYTES:
+                    self._too_long(number + 1)
+            if rest:
+                yield [rest]
+
+    def _too_long(self, number: int) -> None:
+        raise LogError(f"{self.path} line {number} is longer than "
+                       f"{MAX_LINE_BYTES // (1024 * 1024)} MB; not a hooktrace log")
+
+
+def _more(blocks: Iterator[list[bytes]]) -> bool:
+    """Whether anything follows the last block read (a line too long counts)."""
+    try:
+        return next(blocks, None) is not None
+    except LogError:
+        return True

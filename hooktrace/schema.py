@@ -30,6 +30,7 @@ imports only the standard library: the renderer and the checker read logs withou
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -318,19 +319,33 @@ def _strs(d: dict[str, Any], key: str) -> list[str]:
     return value  # type: ignore[no-any-return]
 
 
+_NUMBER_TYPES = frozenset((float, int))  # not bool: JSON true is no statistic
+_NORM_TYPES = frozenset((float, type(None)))
+
+
 def _stats_ok(value: Any) -> bool:
-    if value is None:
-        return True
     if type(value) is not list:
-        return False
+        return value is None
     for stat in value:
-        if stat is not None:
-            if type(stat) is not list or len(stat) != 2:
-                return False  # 4 numbers (NaN/Inf counts) take the careful path
-            for x in stat:
-                if type(x) is not float and type(x) is not int:
-                    return False
+        # 4 numbers (NaN/Inf counts) take the careful path
+        if stat is not None and (type(stat) is not list or len(stat) != 2
+                                 or type(stat[0]) not in _NUMBER_TYPES
+                                 or type(stat[1]) not in _NUMBER_TYPES):
+            return False
     return True
+
+
+def _plain_stats(ins: Any, outs: Any) -> bool:
+    """``_stats_ok`` of both, quick for the usual one statistic each."""
+    if ins is not None and outs is not None:
+        try:  # only a list holding a list of 2 numbers unpacks so: a str or dict holds str
+            ((a, b),), ((c, d),) = ins, outs
+        except (TypeError, ValueError):
+            return _stats_ok(ins) and _stats_ok(outs)
+        numbers = _NUMBER_TYPES
+        return type(a) in numbers and type(b) in numbers and type(c) in numbers \
+            and type(d) in numbers
+    return _stats_ok(ins) and _stats_ok(outs)
 
 
 def _hashable(shapes: Sequence[Any]) -> tuple[Any, ...]:
@@ -440,44 +455,113 @@ _FORWARD_KEYS = 7  # type seq step module call in out: no optional key
 
 class Decoder:
     """Parsed lines -> records, resolving the ids of ``module`` and ``tensors`` records. One
-    decoder per pass over a log; ``tensors`` records are consumed here, not returned."""
+    decoder per pass over a log; ``tensors`` records are consumed here, not returned.
+
+    Nearly every line of a long log is a *plain* event: a forward or backward event without the
+    optional keys (no_grad, recompute, ...) and with finite statistics. ``forward`` and
+    ``backward`` return one as the parsed dict itself, checked as strictly as ``decode`` checks
+    it, so that a reader that needs a few keys of each event (check, render) builds no record
+    per event: ``modules`` and ``tensors`` resolve its ids, and ``event`` builds its record."""
 
     def __init__(self) -> None:
-        self._modules: dict[int, tuple[int, str]] = {}
-        self._tensors: dict[int, tuple[list[Any], list[str]]] = {}
+        self.modules: dict[int, tuple[int, str]] = {}  # module id -> (model, fqn)
+        self.tensors: dict[int, tuple[list[Any], list[str]]] = {}  # id -> (shapes, dtypes)
+        self.end: End | None = None  # the last end record
+        self._names: dict[str, str] = {}  # a module id as a params record writes it -> fqn
 
     def decode(self, d: Any) -> Record | None:
         """The record of one parsed line; None for a line that is not one (``tensors``, or a
         type this version does not know). Raises SchemaError for a malformed record."""
         kind = d.get("type") if type(d) is dict else None
         if kind == "forward":
-            return self._forward(d)
-        if kind == "backward":
-            return self._backward(d)
+            item: Any = self.forward(d)
+        elif kind == "backward":
+            item = self.backward(d)
+        else:
+            return self.other(d, kind)
+        return self.event(item) if type(item) is dict else item
+
+    def forward(self, d: dict[str, Any]) -> dict[str, Any] | ForwardEvent:
+        """A forward event's line: ``d`` itself, checked, when it is plain; else its record."""
+        try:
+            if (len(d) == _FORWARD_KEYS and type(d["seq"]) is int and type(d["step"]) is int
+                    and type(d["call"]) is int and type(m := d["module"]) is int
+                    and m in self.modules and type(i := d["in"]) is int and i in self.tensors
+                    and type(o := d["out"]) is int and o in self.tensors):
+                return d
+        except KeyError:
+            pass
+        return self._forward(d)
+
+    def backward(self, d: dict[str, Any]) -> dict[str, Any] | BackwardEvent:
+        """A backward event's line: ``d`` itself, checked, when it is plain; else its record.
+        Statistics of 2 numbers are finite: a NaN/Inf is written as a string, with counts."""
+        try:
+            if (type(d["seq"]) is int and type(d["step"]) is int and type(d["call"]) is int
+                    and type(d["fwd"]) is int and type(m := d["module"]) is int
+                    and m in self.modules and type(i := d["in"]) is int and i in self.tensors
+                    and type(o := d["out"]) is int and o in self.tensors
+                    and "recompute" not in d
+                    and _plain_stats(d.get("in_stats"), d.get("out_stats"))):
+                return d
+        except KeyError:
+            pass
+        return self._backward(d)
+
+    def event(self, d: dict[str, Any]) -> ForwardEvent | BackwardEvent:
+        """The record of a plain event, built before ``other`` decodes a later line (a later
+        ``tensors`` record could give its id other shapes)."""
+        model, name = self.modules[d["module"]]
+        if d["type"] == "forward":
+            ins, in_types = self.tensors[d["in"]]
+            outs, out_types = self.tensors[d["out"]]
+            return ForwardEvent(d["seq"], d["step"], model, name, d["call"], ins, in_types, outs,
+                                out_types)
+        grad_ins, grad_outs = self.tensors[d["in"]][0], self.tensors[d["out"]][0]
+        return BackwardEvent(d["seq"], d["step"], model, name, d["call"], d["fwd"], len(grad_ins),
+                             len(grad_outs), grad_ins, grad_outs, False, d.get("in_stats"),
+                             d.get("out_stats"))
+
+    def other(self, d: Any, kind: Any) -> Record | None:
+        """Any other line (``kind``: its type), a record or None; ``tensors`` and ``module``
+        records add to the ids known."""
         if kind == "tensors":
             shapes = _shapes(d, "shapes", allow_none=True)
-            self._tensors[_get(d, "id", int)] = (shapes, _strs(d, "dtypes"))
+            self.tensors[_get(d, "id", int)] = (shapes, _strs(d, "dtypes"))
             return None
         if kind == "params":
             return self._params(d)
         record = from_dict(d)
         if type(record) is Module:
-            self._modules[_get(d, "id", int)] = (record.model, record.name)
+            ident = _get(d, "id", int)
+            self.modules[ident] = (record.model, record.name)
+            if ident >= 0:  # the careful path reads "-1" as no id
+                self._names[str(ident)] = record.name
+        elif type(record) is End:
+            self.end = record
         return record
 
     def _params(self, d: dict[str, Any]) -> ParamGrads:
-        norms: dict[str, float | None] = {}
-        for key, value in _get(d, "grad_norm", dict, {}).items():
-            found = self._modules.get(int(key)) if key.isascii() and key.isdigit() else None
-            if found is None:
-                raise SchemaError(f"key 'grad_norm' holds {key!r}, not the id of a module record")
-            norms[found[1]] = None if value is None else decode_number(value)
+        grad_norm = _get(d, "grad_norm", dict, {})
+        norms: dict[str, float | None] | None = None
+        if {*map(type, grad_norm.values())} <= _NORM_TYPES:
+            with contextlib.suppress(KeyError):  # ids as written, norms as floats: built in C
+                norms = dict(zip(map(self._names.__getitem__, grad_norm), grad_norm.values(),
+                                 strict=True))
+        if norms is None:
+            norms = {}
+            for key, value in grad_norm.items():
+                found = self.modules.get(int(key)) if key.isascii() and key.isdigit() else None
+                if found is None:
+                    raise SchemaError(f"key 'grad_norm' holds {key!r}, not the id of a module "
+                                      "record")
+                norms[found[1]] = None if value is None else decode_number(value)
         return ParamGrads(step=_get(d, "step", int), model=_get(d, "model", int),
                           grad_norm=norms)
 
     def _module(self, d: dict[str, Any]) -> tuple[int, str]:
         ident = d.get("module")
-        found = self._modules.get(ident) if type(ident) is int else None
+        found = self.modules.get(ident) if type(ident) is int else None
         if found is None:
             raise SchemaError(f"key 'module' is not the id of a module record ({ident!r})")
         return found
@@ -486,7 +570,7 @@ class Decoder:
         ident = d.get(key)
         if ident is None:
             return [], []
-        found = self._tensors.get(ident) if type(ident) is int else None
+        found = self.tensors.get(ident) if type(ident) is int else None
         if found is None:
             raise SchemaError(f"key {key!r} is not the id of a tensors record ({ident!r})")
         return found

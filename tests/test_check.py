@@ -19,6 +19,10 @@ from typing import Any
 import pytest
 from conftest import SAMPLES, hooktrace_cmd
 
+from hooktrace import schema
+from hooktrace.checks import run_checks
+from hooktrace.logio import LogWriter
+
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 PROBLEM = ("error", "warning")
 REPORT_KEYS = {"problems", "steps", "events", "warnings", "findings"}
@@ -310,3 +314,97 @@ def test_long_run_finds_late_nan_in_small_log(logs_dir: Path) -> None:
     assert text.returncode == 1
     assert any("[nonfinite-forward]" in line and "norm" in line and "step 1800" in line
                for line in text.stdout.splitlines()), text.stdout
+
+
+# -- hand-made logs: steps counted once per distinct step, backward paired across steps ----------
+
+def write_log(path: Path, events: list[schema.Record], models: tuple[str, ...] = ("net",)
+              ) -> Path:
+    """A log by the real writer: each model a Sequential of two trainable Linear layers."""
+    writer = LogWriter(path)
+    writer.write(schema.Header(schema=schema.SCHEMA_VERSION, hooktrace="0.2.0"))
+    for model, name in enumerate(models):
+        writer.write(schema.Model(model=model, name=name, cls="Sequential"))
+        for fqn, params in (("", 0), ("0", 10), ("1", 10)):
+            writer.write(schema.Module(model=model, name=fqn, cls="Linear" if fqn else
+                                       "Sequential", params=params, trainable=params))
+    for record in events:
+        writer.write(record)
+    writer.write(schema.End(status="ok"))
+    writer.close()
+    return path
+
+
+class Steps:
+    """Events of training steps, numbered as the tracer numbers them."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.events: list[schema.Record] = []
+
+    def forward(self, step: int, name: str, call: int = 0, model: int = 0) -> int:
+        self.seq += 1
+        self.events.append(schema.ForwardEvent(self.seq, step, model, name, call, [[2, 3]],
+                                               ["float32"], [[2, 3]], ["float32"]))
+        return self.seq
+
+    def backward(self, step: int, name: str, fwd: int, model: int = 0) -> None:
+        self.seq += 1
+        self.events.append(schema.BackwardEvent(
+            self.seq, step, model, name, 0, fwd, 1, 1, [[2, 3]], [[2, 3]],
+            grad_input_stats=[[1.0, 0.5]], grad_output_stats=[[1.0, 0.5]]))
+
+    def step(self, step: int, detached: tuple[str, ...] = (), twice: str = "") -> None:
+        """Forward 0, 1, root; backward root, 1, 0, but for the ``detached``."""
+        calls = [(name, self.forward(step, name)) for name in ("0", "1", "")]
+        if twice:
+            calls.append((twice, self.forward(step, twice, call=1)))
+        for name, seq in reversed(calls):
+            if name not in detached:
+                self.backward(step, name, seq)
+        self.events.append(schema.ParamGrads(step, 0, {"0": 1.0, "1": 1.0}))
+        self.events.append(schema.Step(step))
+
+
+def findings(log: Path, step: int | None = None) -> list[tuple[str, str, int | None, Any]]:
+    report = run_checks(log, step)
+    return [(f.kind, f.module, f.step, f.evidence.get("steps") or f.evidence.get("modules"))
+            for f in report.findings]
+
+
+def test_repeated_steps_and_the_steps_that_differ(tmp_path: Path) -> None:
+    """A training loop repeats one step: the steps that differ must still be found, each."""
+    steps = Steps()
+    for step in range(40):
+        steps.step(step, detached=("1",) if step in (7, 21, 22) else (),
+                   twice="0" if step == 30 else "")
+    log = write_log(tmp_path / "loop.jsonl", steps.events)
+    assert findings(log) == [("no-grad", "1", 7, [7, 21, 22]),
+                             ("called-several-times", "0", None, {"0": 2})]
+    assert findings(log, 21) == [("no-grad", "1", 21, [21])]
+    assert findings(log, 30) == [("called-several-times", "0", None, {"0": 2})]
+    report = run_checks(log)
+    assert (report.steps, report.events) == (0, 0)  # as the end record says
+
+
+def test_backward_in_a_later_step_belongs_to_its_forward(tmp_path: Path) -> None:
+    """A GAN's generator: its forward in one step, its backward in the next; but a backward
+    more than two steps after its forward counts for its own step (the reader forgets)."""
+    steps = Steps()
+    gen = steps.forward(0, "0", model=1)
+    disc = steps.forward(0, "0")
+    steps.backward(0, "0", disc)
+    steps.events.append(schema.Step(0))
+    disc = steps.forward(1, "0")
+    steps.backward(1, "0", disc)
+    steps.backward(1, "0", gen, model=1)  # the generator's: one step after its forward
+    steps.events.append(schema.Step(1))
+    late = steps.forward(2, "0", model=1)
+    for step in range(2, 7):
+        disc = steps.forward(step, "0")
+        steps.backward(step, "0", disc)
+        steps.events.append(schema.Step(step))
+    steps.backward(6, "0", late, model=1)  # four steps late
+    log = write_log(tmp_path / "gan.jsonl", steps.events, models=("disc", "gen"))
+    no_grad = [f for f in run_checks(log).findings if f.kind == "no-grad"]
+    assert [(f.model, f.module, f.evidence["steps"]) for f in no_grad] == [("gen", "0", [2])]

@@ -390,3 +390,159 @@ def test_writer_cannot_create_is_a_log_error(tmp_path: Path) -> None:
     with pytest.raises(LogError, match="cannot write the log"):
         LogWriter(tmp_path / "file" / "log.jsonl")
     assert (tmp_path / "file").read_bytes() == b"x"
+
+
+# -- plain events: the fast path reads what the careful path reads --------------------------------
+
+def decoder_with_ids() -> schema.Decoder:
+    """A decoder that knows module ids 0-1 and tensors ids 0-1, as a log's first lines make."""
+    decoder = schema.Decoder()
+    for d in ({"type": "module", "id": 0, "model": 0, "name": "", "class": "Net"},
+              {"type": "module", "id": 1, "model": 0, "name": "fc1", "class": "Linear"},
+              {"type": "tensors", "id": 0, "shapes": [[5, 4]], "dtypes": ["float32"]},
+              {"type": "tensors", "id": 1, "shapes": [None, [5, 8]]}):
+        decoder.other(d, d["type"])
+    return decoder
+
+
+def careful(decoder: schema.Decoder, d: dict[str, Any]) -> Any:
+    """The record, or the error, of the path that checks every key one by one."""
+    try:
+        return decoder._forward(d) if d["type"] == "forward" else decoder._backward(d)
+    except schema.SchemaError as e:
+        return str(e)
+
+
+odd = st.sampled_from([2, -1, True, False, 1.0, None, "1", [1], "nan"])
+numbers = st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.integers(-5, 5),
+                    st.booleans(), st.sampled_from(["nan", "inf", "x"]))
+a_stat = st.one_of(st.lists(numbers, min_size=2, max_size=2), st.none(),
+                   st.lists(numbers, min_size=1, max_size=4), numbers, st.text(max_size=2),
+                   st.dictionaries(st.text(max_size=2), numbers, min_size=2, max_size=2))
+stats = st.one_of(st.lists(numbers, min_size=2, max_size=2).map(lambda s: [s]), st.none(),
+                  st.lists(a_stat, min_size=1, max_size=1), st.lists(a_stat, max_size=3),
+                  a_stat)
+changes = st.dictionaries(
+    st.sampled_from(["seq", "step", "module", "call", "fwd", "in", "out", "no_grad",
+                     "recompute", "inputs_more", "output_nonfinite", "other"]),
+    st.one_of(odd, st.just([[0, 1, 2]])), max_size=2)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(kind=st.sampled_from(["forward", "backward"]), change=changes,
+       drop=st.one_of(st.none(), st.sampled_from(["seq", "call", "fwd", "in", "out_stats"])),
+       in_stats=st.one_of(st.just([[0.5, 1]]), stats),
+       out_stats=st.one_of(st.just([[2.5, 0.25]]), stats))
+def test_plain_events_read_as_the_careful_path_reads_them(
+        kind: str, change: dict[str, Any], drop: str | None, in_stats: Any, out_stats: Any
+) -> None:
+    """A valid event, changed in a key or two: the dict of the fast path makes the record the
+    careful path makes, or the careful path makes it, or both fail alike."""
+    d: dict[str, Any] = {"type": kind, "seq": 3, "step": 0, "module": 1, "call": 0, "in": 0,
+                         "out": 1}
+    if kind == "backward":
+        d.update(fwd=2, in_stats=in_stats, out_stats=out_stats)
+    d.update(change)
+    d.pop(drop or "", None)
+    d = orjson.loads(orjson.dumps(d))  # as parsed from a line
+    decoder = decoder_with_ids()
+    expected = careful(decoder, d)
+    try:
+        got = decoder.forward(d) if kind == "forward" else decoder.backward(d)
+    except schema.SchemaError as e:
+        assert str(e) == expected
+        return
+    if got is d:  # plain: the dict itself, checked, and finite
+        got = decoder.event(d)
+        stats_read = (got.grad_input_stats or []) + (got.grad_output_stats or []) \
+            if isinstance(got, schema.BackwardEvent) else []
+        assert all(s is None or all(map(math.isfinite, s)) for s in stats_read)
+    assert repr(got) == repr(expected)  # NaN statistics are not equal to themselves
+
+
+ODD_STATS = [[[1.0, "x"]], [["x", 1.0]], [[1.0, True]], [[False, 1]], [[1.0, "nan"]],
+             [[1.0]], [[1.0, 2.0, 3.0]], [None], [], None, [[1.0, 2.0], None], [[1, 2]],
+             {"a": 1, "b": 2}, "ab", [["ab"]], [{"a": 1, "b": 2}], [[[1.0, 2.0]]], [1.0, 2.0],
+             [["nan", 1.0, 2, 0]], [[0.0, -2.5e-300]]]
+
+
+@pytest.mark.parametrize("odd", range(len(ODD_STATS)))
+@pytest.mark.parametrize("key", ["in_stats", "out_stats"])
+def test_plain_statistics_are_two_numbers_each(key: str, odd: int) -> None:
+    d = {"type": "backward", "seq": 3, "step": 0, "module": 1, "call": 0, "fwd": 2, "in": 0,
+         "out": 1, "in_stats": [[0.5, 1]], "out_stats": [[2.5, 0.25]], key: ODD_STATS[odd]}
+    decoder = decoder_with_ids()
+    expected = careful(decoder, d)
+    try:
+        got = decoder.backward(d)
+    except schema.SchemaError as e:
+        got = str(e)
+    assert repr(decoder.event(got) if got is d else got) == repr(expected)
+
+
+def test_scan_gives_plain_events_in_lists_of_one_type(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    plain = [schema.ForwardEvent(seq=s, step=0, model=0, name="fc1", call=s - 4)
+             for s in (4, 5)]
+    plain_backward = schema.BackwardEvent(seq=6, step=0, model=0, name="fc1", call=1, fwd=5,
+                                          grad_input_stats=[[1.0, 0.5]],
+                                          grad_output_stats=[None])
+    write_log(path, [*RECORDS[:-1], *plain, plain_backward, RECORDS[-1]])
+    reader = LogReader(path)
+    items = list(reader.scan(schema.Decoder()))
+    lists = [item for item in items if isinstance(item, list)]
+    assert [[(d["type"], d["seq"]) for d in run] for run in lists] == [
+        [("forward", 4), ("forward", 5)], [("backward", 6)]]
+    records = [item for item in items if not isinstance(item, list)]
+    assert records == RECORDS  # its events have flags or NaN/Inf: not plain
+    assert list(LogReader(path)) == [*RECORDS[:-1], *plain, plain_backward, RECORDS[-1]]
+    assert reader.end == RECORDS[-1]
+
+
+def test_plain_events_before_a_bad_line_come_first(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    encoder = schema.Encoder()
+    plain = schema.ForwardEvent(seq=4, step=0, model=0, name="fc1", call=0)
+    path.write_bytes(HEADER_LINE + lines(*RECORDS[:3], plain, encoder=encoder)
+                     + b'{"type":"forward","seq":5,"step":0,"module":1,"call":"0"}\n'
+                     + lines(RECORDS[-1], encoder=encoder))
+    it = iter(LogReader(path))
+    assert [next(it) for _ in range(4)] == [*RECORDS[:3], plain]
+    with pytest.raises(LogError, match=r"line 7: key 'call' has the wrong type \(str\)"):
+        next(it)
+
+
+@pytest.mark.parametrize("bad", [b'{"type":"for', b"   "])
+def test_lines_are_numbered_across_read_blocks(tmp_path: Path, bad: bytes) -> None:
+    """The reader reads 1 MB at a time; a bad line far into the log still gets its number."""
+    path = tmp_path / "log.jsonl"
+    encoder = schema.Encoder()
+    events = [schema.ForwardEvent(seq=s, step=s // 100, model=0, name="fc1", call=s % 100)
+              for s in range(30_000)]
+    body = lines(*RECORDS[:3], *events, encoder=encoder)
+    path.write_bytes(HEADER_LINE + body + bad + b"\n" + lines(RECORDS[-1], encoder=encoder))
+    n = 1 + body.count(b"\n") + 1  # the bad line's number
+    assert path.stat().st_size > 2 * 1024 * 1024
+    if bad.strip():
+        with pytest.raises(LogError, match=rf"line {n} is not valid JSON"):
+            read_all(path)
+        path.write_bytes(HEADER_LINE + body + bad)  # the same line, cut off at the end
+        reader, records = read_all(path)
+        assert len(records) == 3 + len(events)
+        assert f"partial line {n}" in reader.warnings[0]
+    else:
+        reader, records = read_all(path)  # a blank line is skipped
+        assert records[-1] == RECORDS[-1] and reader.warnings == []
+
+
+def test_params_read_module_ids_however_written(tmp_path: Path) -> None:
+    """A module id written as "01" is module 1, as before the fast path for "1"."""
+    path = tmp_path / "log.jsonl"
+    encoder = schema.Encoder()
+    path.write_bytes(HEADER_LINE + lines(*RECORDS[:3], encoder=encoder)
+                     + b'{"type":"params","step":0,"model":0,"grad_norm":{"1":0.5,"0":null}}\n'
+                     + b'{"type":"params","step":1,"model":0,"grad_norm":{"01":0.5,"0":1}}\n'
+                     + lines(RECORDS[-1], encoder=encoder))
+    params = [r for r in read_all(path)[1] if isinstance(r, schema.ParamGrads)]
+    assert [p.grad_norm for p in params] == [{"fc1": 0.5, "": None}, {"fc1": 0.5, "": 1.0}]
+    assert type(params[1].grad_norm[""]) is float

@@ -242,6 +242,41 @@ def test_default_step_is_the_first_with_a_backward(tmp_path: Path) -> None:
     assert [e.seq for e in load_step(log, step=2).events] == list(range(20, 26))
 
 
+def test_long_log_keeps_only_the_chosen_step(tmp_path: Path) -> None:
+    """Steps read past quickly keep their numbers; a call's backward in a later step is known
+    in the step of the call; a flagged event among plain ones keeps its place."""
+    events = [record for step in range(300) for record in chain_step(step, 10 * step + 1)]
+    events.insert(6, schema.ForwardEvent(7, 0, 0, "1", 1, no_grad=True))  # after step 0's
+    late = schema.BackwardEvent(10 * 300, 299, 0, "0", 0, 2981, 1, 1)  # of a call in step 298
+    log = write_log(tmp_path / "long.jsonl", [*events[:-1], late, events[-1]])
+    loaded = load_step(log)
+    assert (loaded.step, loaded.steps) == (0, list(range(300)))
+    assert [(e.seq, e.phase) for e in loaded.events] == [
+        *((seq, "forward") for seq in (1, 2, 3)), *((seq, "backward") for seq in (4, 5, 6)),
+        (7, "forward")]
+    assert [e.seq for e in load_step(log, step=298, model="net").events] == list(
+        range(2981, 2987))
+    assert load_step(log, 298).later == {2981: 299}
+    assert picture(log, step=297).source == picture(log, step=296).source.replace(
+        "step 296", "step 297")
+
+
+def test_view_graph_is_the_view_for_networkx(branchy_log: Path) -> None:
+    view = view_of(branchy_log)
+    graph = view.graph
+    assert sorted(graph.nodes) == sorted(n.key for n in view.nodes())
+    assert all(graph.nodes[n.key]["node"] is n for n in view.nodes())
+    assert sorted((e.phase, e.order) for e in view.edges()) == sorted(
+        key for _, _, key in graph.edges(keys=True))
+    tree = view.tree
+    for cluster in [None, *view.clusters]:
+        inside = [x.key for x in view.inside(cluster)]
+        if cluster is None:
+            assert sorted(inside) == sorted(k for k, n in tree.in_degree() if n == 0)
+        else:
+            assert sorted(inside) == sorted(tree.successors(cluster))
+
+
 # -- the real dot program ---------------------------------------------------------------------
 
 

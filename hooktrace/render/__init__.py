@@ -72,7 +72,7 @@ def picture(log: LogLike, *, step: int | None = None, model: str | None = None,
     edges = view.edges()
     forward = sum(e.phase == "forward" for e in edges)
     return Picture(dot.to_dot(view), loaded.step, view.depth, view.auto_depth,
-                   view.graph.number_of_nodes(), forward, len(edges) - forward, loaded.warnings,
+                   len(view.node_map), forward, len(edges) - forward, loaded.warnings,
                    loaded.captured)
 
 

@@ -139,7 +139,7 @@ def _edge(edge: Edge, view: View) -> tuple[str, str, dict[str, str]]:
     }
     if not edge.mirrored:
         attrs["penwidth"] = "2"
-    seq = {key: view.graph.nodes[key]["node"].seq for key in (edge.src, edge.dst)}
+    seq = {key: view.node_map[key].seq for key in (edge.src, edge.dst)}
     if seq[edge.dst] < seq[edge.src]:
         return dst, src, {**attrs, "dir": "back"}
     return src, dst, {**attrs, "constraint": "false"}
@@ -174,7 +174,7 @@ def _legend(view: View, states: set[str]) -> str:
 
 def _title(view: View) -> str:
     log = view.log
-    models = sorted({key[0] for key in view.graph.nodes})
+    models = sorted({key[0] for key in view.node_map})
     names = ", ".join(_html(f"{log.models.get(m, f'model {m}')} ({log.cls(m, '')})")
                       for m in models)
     phase = "forward and backward" if view.phase == "both" else f"{view.phase} only"
