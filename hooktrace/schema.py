@@ -397,7 +397,7 @@ class Encoder:
         try:
             key = (shapes if type(shapes) is tuple else tuple(shapes), dtypes)
             ident = self._tensors.get(key)
-        except TypeError:  # shapes as lists (the tracer gives torch.Size, a tuple)
+        except TypeError:  # lists (the tracer gives tuples: no conversion on its path)
             key = (_hashable(shapes), None if dtypes is None else tuple(dtypes))
             ident = self._tensors.get(key)
         if ident is None:
@@ -411,13 +411,11 @@ class Encoder:
 
     def _forward(self, e: ForwardEvent) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        dtypes = e.input_dtypes if type(e.input_dtypes) is tuple else tuple(e.input_dtypes)
         d: dict[str, Any] = {
             "type": "forward", "seq": e.seq, "step": e.step,
             "module": self._module(e.model, e.name, out), "call": e.call,
-            "in": self._ids(e.input_shapes, dtypes, out),
-            "out": self._ids(e.output_shapes, e.output_dtypes if type(e.output_dtypes) is tuple
-                             else tuple(e.output_dtypes), out),
+            "in": self._ids(e.input_shapes, e.input_dtypes, out),
+            "out": self._ids(e.output_shapes, e.output_dtypes, out),
         }
         if e.no_grad:
             d["no_grad"] = True

@@ -191,17 +191,14 @@ class Stats:
                 batch = batches.setdefault((g.device, g.dtype), ([], []))
                 batch[0].append(g)
                 batch[1].append(i)
-        left = len(batches)
 
         def fill(owners: list[int], values: list[float]) -> None:
-            nonlocal left
+            # the batch that adds a module's last share leaves its final norm
             for i, norm in zip(owners, values, strict=True):
                 squares[i] += norm * norm
-            left -= 1
-            if left == 0:  # every batch is in: the modules' norms
-                for (target, key, grads), square in zip(groups, squares, strict=True):
-                    if grads:
-                        target[key] = math.sqrt(square)
+            for i in owners:
+                target, key, _ = groups[i]
+                target[key] = math.sqrt(squares[i])
 
         for grads, owners in batches.values():
             if any(g.is_sparse for g in grads):

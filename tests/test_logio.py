@@ -332,20 +332,16 @@ def test_fuzz_any_bytes(tmp_path: Path, data: bytes) -> None:
 
 # -- writer ----------------------------------------------------------------------------------------
 
-def test_writer_refuses_a_file_that_is_not_a_log(tmp_path: Path) -> None:
-    path = tmp_path / "train.py"
-    content = b"import torch\nprint('precious')\n"
+@pytest.mark.parametrize(("name", "content", "message"), [
+    ("train.py", b"import torch\nprint('precious')\n",
+     "exists and is not a hooktrace log; refusing"),
+    ("notes.py", b"\nprint('precious')\n", "not a hooktrace log"),  # a blank first line
+])
+def test_writer_refuses_a_file_that_is_not_a_log(tmp_path: Path, name: str, content: bytes,
+                                                 message: str) -> None:
+    path = tmp_path / name
     path.write_bytes(content)
-    with pytest.raises(LogError, match="exists and is not a hooktrace log; refusing"):
-        LogWriter(path)
-    assert path.read_bytes() == content
-
-
-def test_writer_refuses_a_file_starting_with_a_blank_line(tmp_path: Path) -> None:
-    path = tmp_path / "notes.py"
-    content = b"\nprint('precious')\n"
-    path.write_bytes(content)
-    with pytest.raises(LogError, match="not a hooktrace log"):
+    with pytest.raises(LogError, match=message):
         LogWriter(path)
     assert path.read_bytes() == content
 
