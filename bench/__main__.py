@@ -31,6 +31,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 _FULL_LOG_SIZES = (10_000, 100_000, 1_000_000)
 _QUICK_LOG_SIZES = (10_000, 100_000)
 _EXPORT_STEPS = 5  # steps in the profile whose export is timed
+_SYNC_STEPS = 5  # steps whose device synchronisations are counted (GPU runs)
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -88,6 +89,9 @@ def bench_workload(name: str, args: argparse.Namespace, folder: Path) -> dict[st
     rows = report.summarize(samples, per_step, timer)
     for variant in variants.VARIANTS:
         rows[variant.name]["label"] = variant.label
+        if device.type == "cuda" and variant.name != "profiler":
+            rows[variant.name]["syncs_per_step"] = measure.syncs_per_step(
+                workload, variant, _SYNC_STEPS, folder)
     return {
         "description": workload.description, "events_per_step": per_step, "rounds": rounds,
         "block": schedule.block, "warmup": schedule.warmup, "timer": timer,

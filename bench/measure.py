@@ -15,6 +15,7 @@ import gc
 import io
 import pstats
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,6 +132,26 @@ def interleave(workload: Workload, variants: Sequence[Variant], rounds: int, fol
                 _session(workload, variant, log, schedule.warmup, schedule.block, sync, clock,
                          samples[variant.name])
     return samples
+
+
+def syncs_per_step(workload: Workload, variant: Variant, steps: int, folder: Path) -> float:
+    """Synchronising CUDA calls per step under ``variant`` (torch's sync debug mode warns on
+    each), after one step that is not counted (naming the model)."""
+    import torch
+
+    with variant.open(workload.model, folder / "syncs.jsonl"):
+        workload.step()
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                for _ in range(steps):
+                    workload.step()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    (folder / "syncs.jsonl").unlink(missing_ok=True)
+    return sum("synchroniz" in str(w.message) for w in caught) / steps
 
 
 def cprofile(workload: Workload, variant: Variant, steps: int, folder: Path,

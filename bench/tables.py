@@ -46,6 +46,11 @@ def workload_table(name: str, w: dict[str, Any]) -> str:
         "|" + "---|" * _HEAD.count(" | ") + "---|",
     ]
     lines += [_variant_line(n, row) for n, row in w["variants"].items()]
+    syncs = [f"{row['label']} {row['syncs_per_step']:g}" for row in w["variants"].values()
+             if "syncs_per_step" in row]
+    if syncs:
+        lines += ["", "Device synchronisations per step (torch.cuda sync debug mode): "
+                  + ", ".join(syncs) + "."]
     if name in _REFERENCE:
         lines += ["", _REFERENCE[name]]
     return "\n".join(lines)

@@ -27,7 +27,7 @@ class ScheduledNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scale = 1.0 if self.step < self.zero_at else self.zero_at - self.step  # the bug
-        return x / torch.sqrt(torch.tensor(float(scale)))
+        return x / torch.sqrt(torch.tensor(float(scale), device=x.device))
 
 
 class Regressor(nn.Module):
@@ -48,16 +48,17 @@ def main() -> None:
     parser.add_argument("--nan-step", type=int, default=1800)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--print-every", type=int, default=100)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, ... (same data on each)")
     args = parser.parse_args()
 
     torch.manual_seed(0)
     torch.set_num_threads(1)  # tiny tensors: threads only add overhead
-    model = Regressor(args.nan_step)
+    model = Regressor(args.nan_step).to(args.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    true_w = torch.randn(8, 1)
+    true_w = torch.randn(8, 1).to(args.device)
     for step in range(args.steps):
         model.norm.step = step
-        x = torch.randn(args.batch_size, 8)
+        x = torch.randn(args.batch_size, 8).to(args.device)
         y = x @ true_w
         optimizer.zero_grad()
         loss = F.mse_loss(model(x), y)

@@ -46,15 +46,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--nan-step", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, ... (same data on each)")
     args = parser.parse_args()
 
     torch.manual_seed(0)
-    model = MLP(args.nan_step)
+    model = MLP(args.nan_step).to(args.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     for step in range(args.steps):
         model.compress.step = step
-        x = torch.randn(args.batch_size, 16)
-        target = torch.randint(0, 4, (args.batch_size,))
+        x = torch.randn(args.batch_size, 16).to(args.device)
+        target = torch.randint(0, 4, (args.batch_size,)).to(args.device)
         optimizer.zero_grad()
         loss = F.cross_entropy(model(x), target)
         loss.backward()

@@ -10,6 +10,7 @@ Each traced run imports torch (a few seconds), so every sample is traced once pe
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 from conftest import SAMPLES, hooktrace_cmd
 
-from hooktrace import schema
+from hooktrace import schema, tensors
 from hooktrace.checks import run_checks
 from hooktrace.logio import LogWriter
 
@@ -314,6 +315,26 @@ def test_long_run_finds_late_nan_in_small_log(logs_dir: Path) -> None:
     assert text.returncode == 1
     assert any("[nonfinite-forward]" in line and "norm" in line and "step 1800" in line
                for line in text.stdout.splitlines()), text.stdout
+
+
+@pytest.mark.parametrize(("script", "args", "module", "step"), [
+    ("nan_layer.py", (), "compress", 3),
+    ("long_run.py", ("--steps", "300", "--nan-step", "250"), "norm", 250),  # a watched step
+])
+def test_nan_found_on_the_device_path(tmp_path: Path, script: str, args: tuple[str, ...],
+                                      module: str, step: int) -> None:
+    """The statistics' accelerator path (numbers kept as tensors until the step ends, NaN
+    counted after a second transfer), run on CPU tensors: the same first NaN, same step."""
+    log = tmp_path / "device.jsonl"
+    result = hooktrace_cmd("run", "-o", log, SAMPLES / script, *args,
+                           env={**os.environ, tensors.DEFER_ENV: "1"})
+    assert result.returncode == 0, result.stderr
+    status, report = check_json(log)
+    assert status == 1
+    forward = [f for f in problems(report) if f["kind"] == "nonfinite-forward"]
+    assert summary(forward) == {("nonfinite-forward", "error", module, step)}
+    assert forward[0]["evidence"]["outputs"][0]["nan"] + forward[0]["evidence"]["outputs"][0][
+        "inf"] > 0
 
 
 # -- hand-made logs: steps counted once per distinct step, backward paired across steps ----------

