@@ -64,6 +64,18 @@ def _vs_untraced(results: dict[str, Any], workload: str, limit: float) -> Verdic
                     f"stats off {off['x_untraced_median']:.3f}x / {off['x_untraced_mean']:.3f}x")
 
 
+def _watched(results: dict[str, Any], workload: str, limit: float) -> Verdict:
+    row = _row(results, workload, "hooktrace_watched")
+    target = (f"{workload}, a long run past its recorded steps (watched: NaN/Inf checks, no "
+              f"events) <= {limit:.2f}x untraced")
+    if row is None:
+        return _verdict(target, None, f"not measured ({workload} not run)")
+    median, mean = row["x_untraced_median"], row["x_untraced_mean"]
+    low, high = row["x_untraced_median_ci90"]
+    return _verdict(target, median <= limit and mean <= limit,
+                    f"{median:.3f}x median (90% interval {low:.3f}-{high:.3f}), {mean:.3f}x mean")
+
+
 def _log_size(results: dict[str, Any]) -> Verdict:
     row = _row(results, "W2", "hooktrace")
     target = "W2: <= 120 bytes of log per event (stats on)"
@@ -111,6 +123,9 @@ def evaluate(results: dict[str, Any]) -> list[Verdict]:
         _vs_untraced(results, "W4", 1.03),
         _vs_untraced(results, "W2", 1.10),
         _vs_untraced(results, "W3", 1.10),
+        _watched(results, "W4", 1.03),
+        _watched(results, "W2", 1.10),
+        _watched(results, "W3", 1.10),
         _log_size(results),
         _tool(results, "check"),
         _tool(results, "render"),

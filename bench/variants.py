@@ -85,6 +85,12 @@ def _hooktrace(stats: bool) -> Opener:
     return open_session
 
 
+def hooktrace_watched(model: nn.Module, log: Path) -> AbstractContextManager[Any]:
+    """Watched steps, what a long run pays after its recorded ones (default ``steps="0:10"``):
+    hooks and NaN/Inf checks on every module, no event written. No step here is recorded."""
+    return hooktrace.trace(log, model=model, steps=str(10**9))
+
+
 def module_tracker(model: nn.Module, log: Path) -> AbstractContextManager[Any]:
     from torch.utils.module_tracker import ModuleTracker
 
@@ -138,6 +144,7 @@ VARIANTS = (
     Variant("hooktrace", "hooktrace (stats on)", _hooktrace(stats=True), writes_log=True),
     Variant("hooktrace_nostats", "hooktrace stats=False", _hooktrace(stats=False),
             writes_log=True),
+    Variant("hooktrace_watched", "hooktrace, watched steps", hooktrace_watched),
     Variant("moduletracker", "ModuleTracker", module_tracker),
     Variant("profiler", "torch.profiler(record_shapes)", profiler),
 )

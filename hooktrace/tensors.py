@@ -105,6 +105,9 @@ DEFER_ENV = "HOOKTRACE_DEFER_STATS"
 #: came back non-finite; past this many bytes a step's tensors are counted at once instead.
 HOLD_BYTES = 64 << 20
 
+#: What a watched step's finite gradient gets instead of its numbers (no event is written)
+FINITE: tuple[float, ...] = (0.0, 0.0)
+
 _Fill = Callable[[list[float]], None]
 
 
@@ -146,13 +149,17 @@ class Stats:
         self._held_bytes += size
         return True
 
-    def grad(self, grad: torch.Tensor, target: list[Any], index: int) -> None:
-        """Set ``target[index]`` to (norm, absmax) (+ (nan, inf) counts when not finite)."""
+    def grad(self, grad: torch.Tensor, target: list[Any], index: int, full: bool = True) -> None:
+        """Set ``target[index]`` to (norm, absmax) (+ (nan, inf) counts when not finite).
+
+        ``full=False`` (a watched step, which writes no event): only whether the gradient is
+        finite, by one sum; a finite gradient gets ``FINITE``, not its numbers."""
         if not grad.is_floating_point() and not grad.is_complex():
             return
         last, numbers = self._last
         if last is not grad:
-            numbers = self._reduce(grad)
+            numbers = (self._reduce(grad) if full or grad.is_complex()
+                       else self._check_finite(grad))
             self._last = (grad, numbers)
         if isinstance(numbers, tuple):
             target[index] = numbers
@@ -188,6 +195,38 @@ class Stats:
                 self._follow_ups.append((kept, lambda v: finish(v[0], m, v[1], v[2])))
             else:
                 finish(n, m, *(values[2:] or (0.0, 0.0)))
+
+        self._deferred.append((numbers, fill))
+        return targets
+
+    def _check_finite(self, grad: torch.Tensor) -> tuple[float, ...] | list[tuple[list[Any],
+                                                                                 int]]:
+        """FINITE, or the full numbers of a gradient whose sum is not finite."""
+        if not grad.numel():
+            return FINITE
+        if self._on_host(grad):
+            # the full numbers where the float32 sum is not finite (NaN, Inf, or an overflow)
+            return FINITE if math.isfinite(grad.sum().item()) else self._reduce(grad)
+        targets: list[tuple[list[Any], int]] = []
+        numbers = [torch.sum(grad, dtype=torch.float32)]
+        kept = grad if self._hold(grad) else None
+        if kept is None:
+            numbers += _counts(grad)
+
+        def finish(stats: tuple[float, ...]) -> None:
+            for target, index in targets:
+                target[index] = stats
+
+        def fill(values: list[float]) -> None:
+            if math.isfinite(values[0]):
+                finish(FINITE)
+            elif kept is not None:  # NaN, Inf, or a float32 overflow: the second transfer says
+                self._follow_ups.append((kept, lambda v: finish(
+                    FINITE if math.isfinite(v[0]) else (v[0], math.nan, int(v[1]), int(v[2])))))
+            elif values[1] or values[2]:
+                finish((math.nan, math.nan, int(values[1]), int(values[2])))
+            else:
+                finish(FINITE)
 
         self._deferred.append((numbers, fill))
         return targets

@@ -382,7 +382,7 @@ class Tracer:
         if call.saved is not None:
             call.saved["grad_outputs"][index] = grad.detach().to("cpu", copy=True)
         if bwd.grad_output_stats is not None and self._stats is not None:
-            self._stats.grad(grad, bwd.grad_output_stats, index)
+            self._stats.grad(grad, bwd.grad_output_stats, index, bwd.seq > 0)
 
     def _on_grad_input(self, call: _Call, index: int, grad: torch.Tensor) -> None:
         bwd = call.bwd
@@ -391,7 +391,7 @@ class Tracer:
             if call.saved is not None:
                 call.saved["grad_inputs"][index] = grad.detach().to("cpu", copy=True)
             if bwd.grad_input_stats is not None and self._stats is not None:
-                self._stats.grad(grad, bwd.grad_input_stats, index)
+                self._stats.grad(grad, bwd.grad_input_stats, index, bwd.seq > 0)
                 if self._break_on_nan and _produced_nonfinite(bwd, index):
                     self._break_on_nan = False
                     raise NonFiniteError(

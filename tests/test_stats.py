@@ -36,14 +36,15 @@ def _model() -> nn.Sequential:
     return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3, bias=False))
 
 
-def _reference(model: nn.Sequential, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Gradients of every intermediate tensor, and of every parameter, by retain_grad."""
+def _reference(model: nn.Sequential, x: torch.Tensor, weights: torch.Tensor | None = None
+               ) -> dict[str, torch.Tensor]:
+    """Gradients of every intermediate tensor by retain_grad (and of the parameters)."""
     h1 = model[0](x)
     h2 = model[1](h1)
     out = model[2](h2)
     for t in (h1, h2, out):
         t.retain_grad()
-    (out * torch.arange(3.0)).sum().backward()
+    (out * (torch.arange(3.0) if weights is None else weights)).sum().backward()
     assert h1.grad is not None and h2.grad is not None and out.grad is not None
     return {"0.out": h1.grad, "1.out": h2.grad, "2.out": out.grad}
 
@@ -162,3 +163,21 @@ def test_nonfinite_outputs_are_counted(log_path: Path, bad: float) -> None:
     forward = {e.name: e.output_nonfinite for e in events(log_path, "forward")
                if isinstance(e, schema.ForwardEvent)}
     assert {name: forward[name] for name in expected} == expected
+
+
+def test_watched_steps_report_only_nonfinite_gradients(log_path: Path) -> None:
+    """After the recorded steps a gradient is only checked for NaN/Inf (one sum): a NaN loss
+    weight gives an anomaly at its step; huge finite gradients (their float32 sum overflows)
+    give none, as the reference gradients say."""
+    model = _model()
+    twin = copy.deepcopy(model)
+    x = torch.randn(5, 4)
+    scales = [1.0, 1.0, 3e37, math.nan, 1.0]  # step 0 recorded, the rest watched
+    reference = _reference(twin, x, torch.full((5, 3), 3e37))
+    assert all(bool(torch.isfinite(g).all()) for g in reference.values())
+    assert not math.isfinite(reference["2.out"].sum().item())  # the float32 sum overflows
+    with hooktrace.trace(log_path, model=model, steps="0"):
+        for scale in scales:
+            (model(x) * torch.full((5, 3), scale)).sum().backward()
+    anomalies = [r for r in read_log(log_path) if isinstance(r, schema.Anomaly)]
+    assert {(a.step, a.kind) for a in anomalies} == {(3, "nonfinite-backward")}
