@@ -38,7 +38,8 @@ from hooktrace.errors import LogWriteError, NonFiniteError
 from hooktrace.gradhooks import GradHooks
 from hooktrace.naming import ModInfo, Naming
 from hooktrace.options import TraceOptions
-from hooktrace.tensors import Stats, leaves, shape_of, summarize
+from hooktrace.stats import Stats
+from hooktrace.tensors import leaves, shape_of, summarize
 from hooktrace.watch import Watch
 
 _is_compiling = torch.compiler.is_compiling

@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 from conftest import SAMPLES, hooktrace_cmd
 
-from hooktrace import schema, tensors
+from hooktrace import schema
 from hooktrace.checks import run_checks
 from hooktrace.logio import LogWriter
+from hooktrace.stats import DEFER_ENV
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 PROBLEM = ("error", "warning")
@@ -327,7 +328,7 @@ def test_nan_found_on_the_device_path(tmp_path: Path, script: str, args: tuple[s
     counted after a second transfer), run on CPU tensors: the same first NaN, same step."""
     log = tmp_path / "device.jsonl"
     result = hooktrace_cmd("run", "-o", log, SAMPLES / script, *args,
-                           env={**os.environ, tensors.DEFER_ENV: "1"})
+                           env={**os.environ, DEFER_ENV: "1"})
     assert result.returncode == 0, result.stderr
     status, report = check_json(log)
     assert status == 1

@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hooktrace
-from hooktrace import tensors
+from hooktrace.stats import DEFER_ENV
 
 
 class CountOps(TorchDispatchMode):
@@ -40,7 +40,7 @@ class CountOps(TorchDispatchMode):
 
 @pytest.fixture(autouse=True)
 def device_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(tensors.DEFER_ENV, "1")
+    monkeypatch.setenv(DEFER_ENV, "1")
 
 
 def _resnet() -> tuple[nn.Module, Callable[[], None]]:

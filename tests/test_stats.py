@@ -17,7 +17,8 @@ from conftest import events, read_log
 from torch import nn
 
 import hooktrace
-from hooktrace import schema, tensors
+from hooktrace import schema
+from hooktrace.stats import DEFER_ENV
 
 REL = 1e-3  # the log keeps 4 significant digits
 
@@ -25,9 +26,9 @@ REL = 1e-3  # the log keeps 4 significant digits
 @pytest.fixture(autouse=True, params=["host", "device", "device-unheld"])
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param != "host":
-        monkeypatch.setenv(tensors.DEFER_ENV, "1")
+        monkeypatch.setenv(DEFER_ENV, "1")
     if request.param == "device-unheld":
-        monkeypatch.setattr(tensors, "HOLD_BYTES", 0)
+        monkeypatch.setattr("hooktrace.stats.HOLD_BYTES", 0)
     return str(request.param)
 
 
