@@ -100,11 +100,14 @@ class StepLog:
 class _Keeper:
     """Keeps the events of the requested step, or of the first step with a backward event."""
 
-    def __init__(self, step: int | None) -> None:
+    def __init__(self, step: int | None, decoder: schema.Decoder) -> None:
         self.step = step
         self.kept: dict[int, list[Event]] = {}
         self.steps: set[int] = set()
         self.first_backward: int | None = None
+        self._decoder = decoder  # told which steps may still be kept
+        if step is not None:
+            decoder.keep_from = decoder.keep_to = step
 
     def target(self, step: int, backward: bool) -> list[Event] | None:
         """The list to keep an event of ``step`` in, or None. Only a backward event of an
@@ -113,7 +116,7 @@ class _Keeper:
         if self.step is not None:
             return self.kept.setdefault(step, []) if step == self.step else None
         if backward and (self.first_backward is None or step < self.first_backward):
-            self.first_backward = step
+            self.first_backward = self._decoder.keep_to = step
             self.kept = {step: self.kept.get(step, [])}  # earlier steps had no backward
         if self.first_backward is None or step == self.first_backward:
             # until a backward shows up every step is a candidate; that is one step in practice
@@ -129,8 +132,8 @@ class _Keeper:
 class _Loader:
     """What ``load_step`` gathers in its pass over the log."""
 
-    def __init__(self, step: int | None, model: str | None, decoder: schema.Decoder) -> None:
-        self.keeper = _Keeper(step)
+    def __init__(self, keeper: _Keeper, model: str | None, decoder: schema.Decoder) -> None:
+        self.keeper = keeper
         self.model = model
         self.decoder = decoder
         self.models: dict[int, str] = {}
@@ -185,7 +188,9 @@ def load_step(path: str | os.PathLike[str], step: int | None = None,
     """Stream the log at ``path`` and keep step ``step`` (default: the first with a backward
     event) of the model named ``model`` (default: all). Raises LogError / SelectionError."""
     reader = LogReader(path)
-    loaded = _Loader(step, model, schema.Decoder())
+    # events of the steps not drawn are skimmed: read for their step, seq, module and fwd only
+    decoder = schema.Decoder(skim=True)
+    loaded = _Loader(_Keeper(step, decoder), model, decoder)
     for item in reader.scan(loaded.decoder):
         if type(item) is list:
             loaded.plain(item)

@@ -461,7 +461,13 @@ class Decoder:
     it, so that a reader that needs a few keys of each event (check, render) builds no record
     per event: ``modules`` and ``tensors`` resolve its ids, and ``event`` builds its record."""
 
-    def __init__(self) -> None:
+    #: Steps outside [keep_from, keep_to] are *skimmed* when ``skim`` is set, by a reader that
+    #: keeps the events of some steps only (render): checked for the keys every reader reads
+    #: (seq, step, module; fwd) and no more. The reader may narrow the range as it reads.
+    keep_from, keep_to = -(1 << 62), 1 << 62
+
+    def __init__(self, skim: bool = False) -> None:
+        self._skim = skim
         self.modules: dict[int, tuple[int, str]] = {}  # module id -> (model, fqn)
         self.tensors: dict[int, tuple[list[Any], list[str]]] = {}  # id -> (shapes, dtypes)
         self.end: End | None = None  # the last end record
@@ -480,7 +486,10 @@ class Decoder:
         return self.event(item) if type(item) is dict else item
 
     def forward(self, d: dict[str, Any]) -> dict[str, Any] | ForwardEvent:
-        """A forward event's line: ``d`` itself, checked, when it is plain; else its record."""
+        """A forward event's line: ``d`` itself, checked, when it is plain (or skimmed); else
+        its record."""
+        if self._skim and self._skimmed(d):
+            return d
         try:
             if (len(d) == _FORWARD_KEYS and type(d["seq"]) is int and type(d["step"]) is int
                     and type(d["call"]) is int and type(m := d["module"]) is int
@@ -494,6 +503,8 @@ class Decoder:
     def backward(self, d: dict[str, Any]) -> dict[str, Any] | BackwardEvent:
         """A backward event's line: ``d`` itself, checked, when it is plain; else its record.
         Statistics of 2 numbers are finite: a NaN/Inf is written as a string, with counts."""
+        if self._skim and self._skimmed(d) and type(d.get("fwd")) is int:
+            return d
         try:
             if (type(d["seq"]) is int and type(d["step"]) is int and type(d["call"]) is int
                     and type(d["fwd"]) is int and type(m := d["module"]) is int
@@ -505,6 +516,16 @@ class Decoder:
         except KeyError:
             pass
         return self._backward(d)
+
+    def _skimmed(self, d: dict[str, Any]) -> bool:
+        """An event of a step outside the kept range, with the keys every reader reads."""
+        try:
+            step = d["step"]
+            return ((step < self.keep_from or step > self.keep_to) and type(step) is int
+                    and type(d["seq"]) is int and type(m := d["module"]) is int
+                    and m in self.modules)
+        except (KeyError, TypeError):  # a key missing, a step that is no number: not skimmed
+            return False
 
     def event(self, d: dict[str, Any]) -> ForwardEvent | BackwardEvent:
         """The record of a plain event, built before ``other`` decodes a later line (a later

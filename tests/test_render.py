@@ -509,3 +509,31 @@ def test_transformer_encoder_default_picture(tmp_path: Path) -> None:
     written = write_picture(log, tmp_path / "encoder.svg")
     texts = svg_texts(written.path)
     assert "layers.1.linear2" in texts
+
+
+def test_render_skims_the_steps_it_does_not_draw(tmp_path: Path) -> None:
+    """Events of other steps are read for their step, seq, module and fwd only: a damaged
+    statistic in step 2 leaves the picture of step 0 as it was, while drawing step 2, or
+    checking the log, names the line."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    log = tmp_path / "three.jsonl"
+    with hooktrace.trace(log, model=model):
+        for _ in range(3):
+            model(torch.randn(3, 4)).sum().backward()
+    lines = log.read_bytes().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines)
+              if b'"type":"backward"' in line and b'"step":2' in line and b'"out_stats"' in line)
+    damaged = tmp_path / "damaged.jsonl"
+    bad = lines[at].replace(b'"out_stats":[[', b'"out_stats":[["x",')
+    damaged.write_bytes(b"".join([*lines[:at], bad, *lines[at + 1:]]))
+    assert damaged.read_bytes() != log.read_bytes()
+    for path in (log, damaged):
+        result = hooktrace_cmd("render", path, "--format", "dot",
+                               "-o", tmp_path / f"{path.stem}.dot")
+        assert result.returncode == 0, result.stderr
+    assert (tmp_path / "damaged.dot").read_bytes() == (tmp_path / "three.dot").read_bytes()
+    for args in (("render", damaged, "--step", "2", "--format", "dot", "-o", tmp_path / "2.dot"),
+                 ("check", damaged)):
+        result = hooktrace_cmd(*args)
+        assert result.returncode == 2, result.stderr
+        assert f"line {at + 1}" in result.stderr and "Traceback" not in result.stderr
