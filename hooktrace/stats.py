@@ -25,6 +25,7 @@ HOLD_BYTES = 64 << 20
 FINITE: tuple[float, ...] = (0.0, 0.0)
 
 _Fill = Callable[[list[float]], None]
+_Bad = tuple[float, float, float] | None  # (norm in double, NaN count, Inf count)
 
 
 class Stats:
@@ -95,24 +96,17 @@ class Stats:
         half = grad.dtype in (torch.float16, torch.bfloat16)
         norm = torch.linalg.vector_norm(grad, dtype=torch.float32 if half else None)
         absmax = torch.linalg.vector_norm(grad, ord=math.inf)
-        numbers = [n if n.dtype is torch.float32 else n.float() for n in (norm, absmax)]
-        kept = grad if self._hold(grad) else None  # the closures below keep only this alive
-        if kept is None:
-            numbers += _counts(grad)
 
-        def finish(n: float, m: float, nan: float, inf: float) -> None:
-            stats = (n, m) if math.isfinite(n) else (n, m, int(nan), int(inf))
+        def done(values: list[float], bad: _Bad) -> None:
+            n, m = values
+            stats: tuple[float, ...] = (n, m)
+            if bad is not None:
+                n = bad[0]
+                stats = (n, m) if math.isfinite(n) else (n, m, int(bad[1]), int(bad[2]))
             for target, index in targets:
                 target[index] = stats
 
-        def fill(values: list[float]) -> None:
-            n, m = values[0], values[1]
-            if kept is not None and not math.isfinite(n):  # count now; maybe only overflowed
-                self._follow_ups.append((kept, lambda v: finish(v[0], m, v[1], v[2])))
-            else:
-                finish(n, m, *(values[2:] or (0.0, 0.0)))
-
-        self._deferred.append((numbers, fill))
+        self._defer(grad, [norm, absmax], done)
         return targets
 
     def _check_finite(self, grad: torch.Tensor) -> tuple[float, ...] | list[tuple[list[Any],
@@ -124,28 +118,39 @@ class Stats:
             # the full numbers where the float32 sum is not finite (NaN, Inf, or an overflow)
             return FINITE if math.isfinite(grad.sum().item()) else self._reduce(grad)
         targets: list[tuple[list[Any], int]] = []
-        numbers = [torch.sum(grad, dtype=torch.float32)]
-        kept = grad if self._hold(grad) else None
-        if kept is None:
-            numbers += _counts(grad)
 
-        def finish(stats: tuple[float, ...]) -> None:
+        def done(values: list[float], bad: _Bad) -> None:
+            stats = FINITE if bad is None or not (bad[1] or bad[2]) else (
+                bad[0], math.nan, int(bad[1]), int(bad[2]))
             for target, index in targets:
                 target[index] = stats
 
-        def fill(values: list[float]) -> None:
-            if math.isfinite(values[0]):
-                finish(FINITE)
-            elif kept is not None:  # NaN, Inf, or a float32 overflow: the second transfer says
-                self._follow_ups.append((kept, lambda v: finish(
-                    FINITE if math.isfinite(v[0]) else (v[0], math.nan, int(v[1]), int(v[2])))))
-            elif values[1] or values[2]:
-                finish((math.nan, math.nan, int(values[1]), int(values[2])))
-            else:
-                finish(FINITE)
+        self._defer(grad, [torch.sum(grad, dtype=torch.float32)], done)
+        return targets
+
+    def _defer(self, t: torch.Tensor, numbers: list[torch.Tensor],
+               done: Callable[[list[float], _Bad], None]) -> None:
+        """Leave ``numbers``, reductions of ``t`` on its device, for ``resolve``; then call
+        ``done(values, None)``, or ``done(values, (norm, nan, inf))`` where the first value is not
+        finite (NaN/Inf in ``t``, or a float32 overflow): ``t``'s NaN and Inf counts, and its norm
+        in double. ``t`` is kept for that until the step ends, within HOLD_BYTES; past them its
+        counts are taken at once, and the norm given is the first value."""
+        if self._hold(t):
+            def fill(values: list[float]) -> None:
+                if math.isfinite(values[0]):
+                    done(values, None)
+                else:  # the second transfer, that only a step with NaN/Inf pays
+                    self._follow_ups.append((t, lambda v: done(values, (v[0], v[1], v[2]))))
+        else:
+            size = len(numbers)
+            numbers = [*numbers, *_counts(t)]
+
+            def fill(values: list[float]) -> None:
+                first = values[0]
+                done(values[:size], None if math.isfinite(first) else
+                     (first, values[size], values[size + 1]))
 
         self._deferred.append((numbers, fill))
-        return targets
 
     def end_pass(self) -> None:
         self._last = (None, None)  # do not keep a gradient alive past its backward pass
@@ -161,18 +166,11 @@ class Stats:
                     target.append([index, nan, inf])
             return
 
-        def report(nan: float, inf: float) -> None:
-            if nan or inf:
-                target.append([index, int(nan), int(inf)])
+        def done(values: list[float], bad: _Bad) -> None:
+            if bad is not None and (bad[1] or bad[2]):
+                target.append([index, int(bad[1]), int(bad[2])])
 
-        if self._hold(t):  # one sum now; counted only if it is not finite
-            def fill(values: list[float]) -> None:
-                if not math.isfinite(values[0]):
-                    self._follow_ups.append((t, lambda v: report(v[1], v[2])))
-
-            self._deferred.append(([torch.sum(t, dtype=torch.float32)], fill))
-        else:
-            self._deferred.append((_counts(t), lambda values: report(*values)))
+        self._defer(t, [torch.sum(t, dtype=torch.float32)], done)
 
     def param_norms(self, groups: list[tuple[dict[str, Any], str, list[torch.Tensor]]]) -> None:
         """For each (target, key, grads): ``target[key]`` = the norm of all of ``grads``

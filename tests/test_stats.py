@@ -182,3 +182,20 @@ def test_watched_steps_report_only_nonfinite_gradients(log_path: Path) -> None:
             (model(x) * torch.full((5, 3), scale)).sum().backward()
     anomalies = [r for r in read_log(log_path) if isinstance(r, schema.Anomaly)]
     assert {(a.step, a.kind) for a in anomalies} == {(3, "nonfinite-backward")}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_other_dtypes(log_path: Path, dtype: torch.dtype) -> None:
+    model = _model().to(dtype)
+    twin = copy.deepcopy(model)
+    x = torch.randn(5, 4, dtype=dtype)
+    reference = _reference(twin, x, torch.arange(3.0, dtype=dtype))
+    with hooktrace.trace(log_path, model=model):
+        (model(x) * torch.arange(3.0, dtype=dtype)).sum().backward()
+    bwd = {e.name: e for e in events(log_path, "backward") if isinstance(e, schema.BackwardEvent)}
+    for name in ("0", "1", "2"):
+        grad = reference[f"{name}.out"].double()
+        stats = bwd[name].grad_output_stats
+        assert stats is not None and stats[0] is not None
+        assert _close(stats[0][0], grad.norm().item()), (name, stats)
+        assert _close(stats[0][1], grad.abs().max().item()), (name, stats)
