@@ -461,13 +461,12 @@ class Decoder:
     it, so that a reader that needs a few keys of each event (check, render) builds no record
     per event: ``modules`` and ``tensors`` resolve its ids, and ``event`` builds its record."""
 
-    #: Steps outside [keep_from, keep_to] are *skimmed* when ``skim`` is set, by a reader that
-    #: keeps the events of some steps only (render): checked for the keys every reader reads
-    #: (seq, step, module; fwd) and no more. The reader may narrow the range as it reads.
-    keep_from, keep_to = -(1 << 62), 1 << 62
-
     def __init__(self, skim: bool = False) -> None:
+        # With ``skim``, events of steps outside [keep_from, keep_to] are *skimmed*, for a
+        # reader that keeps some steps only (render): checked for the keys every reader reads
+        # (seq, step, module; fwd) and no more. The reader may narrow the range as it reads.
         self._skim = skim
+        self.keep_from, self.keep_to = -(1 << 62), 1 << 62
         self.modules: dict[int, tuple[int, str]] = {}  # module id -> (model, fqn)
         self.tensors: dict[int, tuple[list[Any], list[str]]] = {}  # id -> (shapes, dtypes)
         self.end: End | None = None  # the last end record
