@@ -132,8 +132,8 @@ class _Keeper:
 class _Loader:
     """What ``load_step`` gathers in its pass over the log."""
 
-    def __init__(self, keeper: _Keeper, model: str | None, decoder: schema.Decoder) -> None:
-        self.keeper = keeper
+    def __init__(self, step: int | None, model: str | None, decoder: schema.Decoder) -> None:
+        self.keeper = _Keeper(step, decoder)
         self.model = model
         self.decoder = decoder
         self.models: dict[int, str] = {}
@@ -189,8 +189,7 @@ def load_step(path: str | os.PathLike[str], step: int | None = None,
     event) of the model named ``model`` (default: all). Raises LogError / SelectionError."""
     reader = LogReader(path)
     # events of the steps not drawn are skimmed: read for their step, seq, module and fwd only
-    decoder = schema.Decoder(skim=True)
-    loaded = _Loader(_Keeper(step, decoder), model, decoder)
+    loaded = _Loader(step, model, schema.Decoder(skim=True))
     for item in reader.scan(loaded.decoder):
         if type(item) is list:
             loaded.plain(item)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,6 +56,27 @@ def hooktrace_cmd(*args: str | os.PathLike[str], cwd: str | os.PathLike[str] | N
         [sys.executable, "-m", "hooktrace", *map(str, args)], cwd=cwd, capture_output=True,
         text=True, timeout=timeout, **kwargs,  # type: ignore[call-overload]
     )
+
+
+def resnet18_step(device: str = "cpu", size: int = 32) -> tuple[Any, Callable[[], None]]:
+    """A torchvision resnet18 (10 classes, seed 0) and one SGD training step of it on a fixed
+    batch of 2 images of ``size`` x ``size`` on ``device``."""
+    import torch
+    import torch.nn.functional as F
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None, num_classes=10).to(device)
+    x = torch.randn(2, 3, size, size, device=device)
+    target = torch.tensor([1, 2], device=device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), target).backward()
+        optimizer.step()
+
+    return model, step
 
 
 @pytest.fixture

@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
-import torchvision
+from conftest import resnet18_step
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -43,20 +42,6 @@ def device_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(DEFER_ENV, "1")
 
 
-def _resnet() -> tuple[nn.Module, Callable[[], None]]:
-    torch.manual_seed(0)
-    model = torchvision.models.resnet18(weights=None, num_classes=10)
-    x, target = torch.randn(2, 3, 32, 32), torch.tensor([1, 2])
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), target).backward()
-        optimizer.step()
-
-    return model, step
-
-
 def _counted(step: Callable[[], None]) -> Counter[str]:
     with CountOps() as mode:
         step()
@@ -70,7 +55,7 @@ def _transfers(trace: hooktrace.api.Trace) -> int:
 
 
 def test_no_number_read_per_module_and_one_transfer_per_step(tmp_path: Path) -> None:
-    model, step = _resnet()
+    model, step = resnet18_step()
     untraced = _counted(step)
     assert untraced["_local_scalar_dense"] == 0  # the step itself reads no number
     ops: dict[bool, Counter[str]] = {}

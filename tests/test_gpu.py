@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
-from conftest import SAMPLES, events, hooktrace_cmd, read_log
+from conftest import SAMPLES, events, hooktrace_cmd, read_log, resnet18_step
 from torch import nn
 
 import hooktrace
@@ -45,28 +44,11 @@ def count_syncs(fn: Callable[[], object]) -> int:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
-def _resnet_step(batch: int = 2) -> tuple[nn.Module, Callable[[], None]]:
-    import torchvision
-
-    torch.manual_seed(0)
-    model = torchvision.models.resnet18(weights=None).to(CUDA)
-    x = torch.randn(batch, 3, 64, 64, device=CUDA)
-    target = torch.randint(0, 1000, (batch,), device=CUDA)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), target).backward()
-        optimizer.step()
-
-    return model, step
-
-
 @pytest.mark.parametrize("stats", [True, False])
 def test_no_sync_per_module(log_path: Path, stats: bool) -> None:
     """resnet18 (60 modules, 120+ events a step): at most one synchronisation per step, for the
     step's numbers; none at all with statistics off. The same in watched steps (after --steps)."""
-    model, step = _resnet_step()
+    model, step = resnet18_step("cuda", size=64)
     step()  # cuDNN picks its algorithms here, untraced
     untraced = count_syncs(step)
     with hooktrace.trace(log_path, model=model, steps="0:3", stats=stats) as trace:
