@@ -8,6 +8,7 @@ every module call of the process.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import time
@@ -67,6 +68,77 @@ def floor(model: nn.Module, log: Path) -> Iterator[None]:
         for t in _output_tensors(output):
             if isinstance(t, torch.Tensor) and t.grad_fn is not None:
                 t.grad_fn.register_prehook(_noop_grad)
+
+    handles = [nn_module.register_module_forward_pre_hook(pre),
+               nn_module.register_module_forward_hook(post)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _float_or_none(t: torch.Tensor) -> torch.Tensor | None:
+    return t if t.is_floating_point() and t.numel() else None
+
+
+def _reduce_output(t: torch.Tensor, keep: list[torch.Tensor]) -> None:
+    """What a NaN/Inf check of a forward output costs at least: one sum."""
+    total = torch.sum(t, dtype=torch.float32)
+    if t.device.type == "cpu":
+        total.item()
+    else:
+        keep.append(total)  # left on the device, like hooktrace's (read once per step)
+
+
+def _reduce_grad(g: torch.Tensor, keep: list[torch.Tensor]) -> None:
+    """What a gradient's norm and absolute max cost at least: two passes."""
+    flat = g.reshape(-1)
+    if g.device.type != "cpu":
+        keep += [torch.linalg.vector_norm(flat), torch.linalg.vector_norm(flat, ord=math.inf)]
+        return
+    low, high = torch.aminmax(flat)
+    max(-low.item(), high.item())
+    if g.dtype is torch.float32:
+        torch.dot(flat, flat).item()
+    else:
+        torch.linalg.vector_norm(flat, dtype=torch.float64).item()
+
+
+@contextlib.contextmanager
+def floor_stats(model: nn.Module, log: Path) -> Iterator[None]:
+    """The floor plus the bare tensor reductions the statistics need (a sum per forward
+    output, an absolute max and a norm per gradient, each gradient once), without a line of
+    bookkeeping: what statistics cost at least, whoever computes them."""
+    keep: list[torch.Tensor] = []  # device results; dropped now and then, never read
+
+    def grads(grad_outputs: Any) -> None:
+        for g in grad_outputs:
+            if isinstance(g, torch.Tensor) and _float_or_none(g) is not None:
+                _reduce_grad(g, keep)
+        return None
+
+    def pre(module: nn.Module, args: Any) -> None:
+        if len(keep) > 4096:
+            keep.clear()
+        return None
+
+    last: list[Any] = [None, -1]  # a parent returning its child's output: checked once
+
+    def post(module: nn.Module, args: Any, output: Any) -> None:
+        for t in _output_tensors(output):
+            if isinstance(t, torch.Tensor):
+                if _float_or_none(t) is not None and (t is not last[0]
+                                                      or t._version != last[1]):
+                    _reduce_output(t, keep)
+                    last[:] = t, t._version
+                node = t.grad_fn
+                if node is None:
+                    continue
+                metadata: dict[str, Any] = node.metadata  # type: ignore[assignment]  # a dict
+                if "floor_stats" not in metadata:  # one hook per node: each gradient once
+                    metadata["floor_stats"] = True
+                    node.register_prehook(grads)
 
     handles = [nn_module.register_module_forward_pre_hook(pre),
                nn_module.register_module_forward_hook(post)]
@@ -141,6 +213,7 @@ def export_cost(step: Callable[[], None], steps: int, folder: Path) -> float:
 VARIANTS = (
     Variant("untraced", "untraced", untraced),
     Variant("floor", "floor (no-op hooks)", floor),
+    Variant("floor_stats", "floor + the statistics' reductions", floor_stats),
     Variant("hooktrace", "hooktrace (stats on)", _hooktrace(stats=True), writes_log=True),
     Variant("hooktrace_nostats", "hooktrace stats=False", _hooktrace(stats=False),
             writes_log=True),
