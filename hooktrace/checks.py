@@ -255,11 +255,26 @@ def _profile_finding(c: Collected, t: Thresholds) -> Finding | None:
     return None
 
 
-def _past_thresholds(c: Collected, t: Thresholds
-                     ) -> dict[str, dict[ModuleKey, tuple[int, float]]]:
+@dataclass
+class _Past:
+    """A module's parameter-gradient norms past a threshold: the steps, the norm at the first."""
+
+    steps: list[int]
+    norm: float
+    of: int = 0  # steps with a finite norm for it, past the threshold or not
+
+    @property
+    def lasting(self) -> bool:
+        """Past it in most of the steps: not a passing moment (a zero-initialised head at the
+        first step, stochastic depth dropping a whole block in one)."""
+        return 2 * len(self.steps) > self.of
+
+
+def _past_thresholds(c: Collected, t: Thresholds) -> dict[str, dict[ModuleKey, _Past]]:
     """Per kind (vanishing, exploding), the modules whose parameter-gradient norm passed the
-    threshold: the first step it did, and the norm then."""
-    flagged: dict[str, dict[ModuleKey, tuple[int, float]]] = {"vanishing": {}, "exploding": {}}
+    threshold in some step."""
+    flagged: dict[str, dict[ModuleKey, _Past]] = {"vanishing": {}, "exploding": {}}
+    seen: dict[ModuleKey, int] = {}
     for step in sorted(c.param_norms):
         norms: dict[ModuleKey, float | None] = {}  # a later record of a module overrides
         for model, names, values in c.param_norms[step]:
@@ -267,43 +282,92 @@ def _past_thresholds(c: Collected, t: Thresholds
         for key, norm in norms.items():
             if norm is None or not math.isfinite(norm):
                 continue
+            seen[key] = seen.get(key, 0) + 1
             kind = "vanishing" if norm < t.vanishing else "exploding" if norm > t.exploding else ""
-            if kind and key not in flagged[kind]:
-                flagged[kind][key] = (step, norm)
+            if kind:
+                past = flagged[kind].get(key)
+                if past is None:
+                    flagged[kind][key] = _Past([step], norm)
+                else:
+                    past.steps.append(step)
+    for modules in flagged.values():
+        for key, past in modules.items():
+            past.of = seen[key]
     return flagged
 
 
 def check_magnitudes(c: Collected, t: Thresholds) -> list[Finding]:
     """Parameter-gradient norms past the thresholds, and the profile across the network: one
-    finding per kind (vanishing, exploding)."""
+    finding per kind (vanishing, exploding), a warning where they last; a note where they
+    passed in a few steps only."""
     flagged = _past_thresholds(c, t)
     profile = _profile_finding(c, t)
     out: list[Finding] = []
-    for kind, modules in flagged.items():
+    for kind, past in flagged.items():
         finding = profile if profile is not None and profile.kind == kind else None
-        if not modules:
-            if finding is not None:
-                out.append(finding)
-            continue
-        order = sorted(modules, key=lambda k: c.modules[k].first_seq or 0
-                       if k in c.modules else 0)
-        limit = t.vanishing if kind == "vanishing" else t.exploding
-        listed = ", ".join(f"{k[1] or '(root)'} {modules[k][1]:.2g}" for k in order[:6])
-        about = (f"{plural(len(order), 'module')} with a parameter-gradient norm "
-                 f"{'below' if kind == 'vanishing' else 'above'} {limit:g}: {listed}"
-                 + (f" and {len(order) - 6} more" if len(order) > 6 else ""))
-        norms = {k[1]: modules[k][1] for k in order}
-        if finding is None:
-            first = order[0]
-            finding = Finding(kind, WARNING, c.model_name(first[0]), first[1],
-                              modules[first][0], about, {},
-                              "check initialisation, normalisation layers and the "
-                              "learning-rate scale")
-        else:
-            finding.message += f"; {about}"
-        finding.evidence["grad_norm"] = norms
-        out.append(finding)
+        lasting = {k: p for k, p in past.items() if p.lasting}
+        if lasting or finding is not None:
+            out.append(_magnitude_finding(c, t, kind, lasting, finding))
+        passing = {k: p for k, p in past.items() if not p.lasting}
+        if passing:
+            out.append(_magnitude_finding(c, t, kind, passing, None, passing=True))
     return out
+
+
+def _first_seq(c: Collected, key: ModuleKey) -> int:
+    """Execution order; a module never called (its parent uses its parameters) takes its
+    nearest called ancestor's."""
+    model, name = key
+    for fqn in [name, *reversed(_ancestors(name))]:
+        m = c.modules.get((model, fqn))
+        if m is not None and m.first_seq is not None:
+            return m.first_seq
+    return 0
+
+
+def _magnitude_finding(c: Collected, t: Thresholds, kind: str, modules: dict[ModuleKey, _Past],
+                       finding: Finding | None, passing: bool = False) -> Finding:
+    if not modules:
+        assert finding is not None
+        return finding
+    order = sorted(modules, key=lambda k: _first_seq(c, k))
+    limit = t.vanishing if kind == "vanishing" else t.exploding
+    listed = ", ".join(f"{k[1] or '(root)'} {modules[k].norm:.2g}" for k in order[:6])
+    about = (f"{plural(len(order), 'module')} with a parameter-gradient norm "
+             f"{'below' if kind == 'vanishing' else 'above'} {limit:g}: {listed}"
+             + (f" and {len(order) - 6} more" if len(order) > 6 else ""))
+    norms = {k[1]: modules[k].norm for k in order}
+    first = order[0]
+    if passing:
+        steps = sorted({s for p in modules.values() for s in p.steps})
+        return Finding(
+            kind, INFO, c.model_name(first[0]), first[1], steps[0],
+            f"{about}, in a few of the steps only ({_steps_text(steps)}); the other steps are "
+            "within the threshold",
+            {"grad_norm": norms, "steps": steps},
+            "usual at the first step after a zero-initialised layer (a ViT head), or where "
+            "stochastic depth drops a whole block; look again if it comes back")
+    if finding is None:
+        finding = Finding(kind, WARNING, c.model_name(first[0]), first[1],
+                          modules[first].steps[0], about, {},
+                          "check initialisation, normalisation layers and the "
+                          "learning-rate scale")
+    else:
+        finding.message += f"; {about}"
+    finding.evidence["grad_norm"] = norms
+    return finding
+
+
+def _used_directly(c: Collected, uncalled: set[ModuleKey]) -> set[ModuleKey]:
+    """The modules of ``uncalled`` whose parameters got a gradient: their parent's forward
+    uses the parameters itself (MultiheadAttention, its out_proj). DDP has no trouble with them."""
+    used: set[ModuleKey] = set()
+    if uncalled:
+        for records in c.param_norms.values():
+            for model, names, values in records:
+                used.update(key for name, norm in zip(names, values, strict=True)
+                            if norm is not None and (key := (model, name)) in uncalled)
+    return used
 
 
 def check_unused(c: Collected) -> list[Finding]:
@@ -313,6 +377,8 @@ def check_unused(c: Collected) -> list[Finding]:
     called_models = {m.model for m in c.modules.values() if m.calls}
     unused = [m for m in c.modules.values()
               if m.model in called_models and not m.calls and m.cls not in CONTAINERS]
+    used = _used_directly(c, {(m.model, m.name) for m in unused if m.trainable})
+    unused = [m for m in unused if (m.model, m.name) not in used]
     names = {(m.model, m.name) for m in unused}
     out = []
     for m in unused:
@@ -320,6 +386,8 @@ def check_unused(c: Collected) -> list[Finding]:
         if m.name and (m.model, parent) in names:
             continue  # reported with its unused parent
         below = [o for o in unused if o.model == m.model and o.name.startswith(m.name + ".")]
+        if m.cls == "Sequential" and not below and not m.params:
+            continue  # an empty Sequential: a placeholder (a block's identity shortcut)
         trainable = m.trainable + sum(o.trainable for o in below)
         out.append(Finding(
             "unused", WARNING if trainable else INFO, c.model_name(m.model), m.name, None,

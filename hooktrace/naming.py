@@ -127,6 +127,10 @@ class Naming:
         self._model_names: list[str] = []
         self._written: set[tuple[int, str]] = set()
         self._by_name: dict[tuple[int, str], ModInfo] = {}  # one identity per (model, fqn)
+        # traced modules with parameters of their own that no recorded step has called yet (the
+        # tracer drops them as they are called): a parent may use their parameters directly,
+        # as MultiheadAttention does its out_proj's
+        self.uncalled: dict[ModInfo, None] = {}
         for model in scope or ():
             self.add_model(model)
 
@@ -166,6 +170,8 @@ class Naming:
                 info = ModInfo(model, fqn, type(module).__name__, self._matches(fqn),
                                weakref.ref(module), params > 0)
                 self._by_name[(model, fqn)] = info
+                if info.has_params and info.traced:
+                    self.uncalled[info] = None
             self._infos[module] = info  # a former top-level model found inside this one is adopted
             records[fqn] = schema.Module(model, fqn, info.cls, params, trainable)
         for fqn, record in records.items():

@@ -12,7 +12,8 @@ A log is JSON Lines, UTF-8, one record per line, each with a ``"type"`` key:
 ``forward``  one module call, written when it returns, in execution order.
 ``backward`` the backward of one call, ordered by when its outputs first received gradient
              (when autograd started its backward); ``in``/``out`` are its gradients' signatures.
-``params``   after a backward pass: the gradient norm of each module's own parameters.
+``params``   after a backward pass: the gradient norm of each module's own parameters (with
+             ``--no-stats``: only of modules never called whose parameters got a gradient).
 ``anomaly``  in a watched step (outside ``--steps``): a NaN/Inf or a module that lost its gradient.
 ``step``     closes a step: written when a backward pass ends.
 ``end``      last line: ``ok``, ``error`` or ``interrupted``, with counts.
@@ -220,8 +221,10 @@ class BackwardEvent:
 @dataclass(slots=True)
 class ParamGrads:
     """After backward pass ``step``: per module with trainable parameters that took part in the
-    step, the norm of its own parameters' ``.grad`` (None: no parameter had a gradient). Keyed
-    by fqn here, by module id (as a string: a JSON key) on the wire."""
+    step, the norm of its own parameters' ``.grad`` (None: no parameter had a gradient); and per
+    module never called so far whose parameters got a gradient anyway (its parent uses them,
+    as MultiheadAttention its out_proj's), their norm. Without statistics, only the latter.
+    Keyed by fqn here, by module id (as a string: a JSON key) on the wire."""
 
     TYPE: ClassVar[str] = "params"
     step: int

@@ -403,7 +403,7 @@ class Tracer:
         if self._stats is not None:
             self._stats.end_pass()
         self._save_captured()
-        params = self._param_grads() if self._recording and self._stats is not None else []
+        params = self._param_grads() if self._recording else []
         self._write_pending()
         for call in self._in_pass:
             call.bwd = None  # written: let it go now, not when the graph is freed (a step later)
@@ -447,11 +447,20 @@ class Tracer:
                 call.saved = None
 
     def _param_grads(self) -> list[schema.ParamGrads]:
-        """Norms of the parameter gradients of the modules that took part in this step."""
-        assert self._stats is not None
+        """Norms of the parameter gradients of the modules that took part in this step; and of
+        modules never called so far whose parameters got a gradient anyway (a parent uses them
+        directly, as MultiheadAttention does its out_proj's): not unused, though never called.
+        Without statistics, only the latter (a rare few, read at once)."""
+        assert self._naming is not None
+        uncalled = self._naming.uncalled
+        for info in self._step_params:
+            uncalled.pop(info, None)
+        if self._stats is None and not uncalled:
+            return []
         records: dict[int, schema.ParamGrads] = {}
         groups: list[tuple[dict[str, Any], str, list[torch.Tensor]]] = []
-        for info in self._step_params:
+        called = self._step_params if self._stats is not None else ()
+        for info in itertools.chain(called, uncalled):
             module = info.ref()
             if module is None:
                 continue
@@ -460,12 +469,14 @@ class Tracer:
                          if p is not None and p.requires_grad]
             if not trainable:
                 continue  # frozen: the module record says so
+            grads = [p.grad for p in trainable if p.grad is not None]
+            if not grads and info in uncalled:
+                continue  # not called, no gradient: unused, as the module records tell
             record = records.get(info.model)
             if record is None:
                 record = records[info.model] = schema.ParamGrads(self._step, info.model)
-            groups.append((record.grad_norm, info.name,
-                           [p.grad for p in trainable if p.grad is not None]))
-        self._stats.param_norms(groups)
+            groups.append((record.grad_norm, info.name, grads))
+        (self._stats or Stats(immediate=True)).param_norms(groups)
         return [records[m] for m in sorted(records)]
 
     # -- output ----------------------------------------------------------------------------

@@ -189,6 +189,47 @@ def test_unused_module(unused_log: Path) -> None:
     assert finding["evidence"]["trainable"] == 32 * 2 + 2
 
 
+# -- what real models do is not a defect --------------------------------------------------------
+
+@pytest.mark.parametrize("unused", [False, True], ids=["healthy", "unused"])
+@pytest.mark.parametrize("stats", [True, False], ids=["stats", "no-stats"])
+def test_transformer_habits_are_not_defects(tmp_path: Path, stats: bool, unused: bool) -> None:
+    """MultiheadAttention never calls its out_proj (it uses its weight), the head is zero-
+    initialised (no gradient reaches the layers before it at step 0 only), a block holds an
+    empty Sequential placeholder: none of it is a problem. A Linear that is never used still is,
+    with statistics and without."""
+    log = tmp_path / "transformer.jsonl"
+    result = hooktrace_cmd("run", "-o", log, *(() if stats else ("--no-stats",)),
+                           SCRIPTS / "transformer_train.py", *(("--unused",) if unused else ()),
+                           cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    status, report = check_json(log)
+    if unused:
+        assert summary(problems(report)) == {("unused", "warning", "aux", None)}
+    else:
+        assert problems(report) == [] and status == 0
+    assert [f["module"] for f in report["findings"] if f["kind"] == "unused"] == (
+        ["aux"] if unused else [])
+    if stats:  # the step-0 zero gradients: a note, naming that step only
+        [note] = [f for f in report["findings"] if f["kind"] == "vanishing"]
+        assert (note["severity"], note["step"], note["evidence"]["steps"]) == ("info", 0, [0])
+        assert note["module"] == "embed"  # the first in execution order
+        assert "blocks.0.attn.self_attn.out_proj" in note["evidence"]["grad_norm"]
+
+
+def test_lasting_vanishing_is_a_problem(tmp_path: Path) -> None:
+    """The same zero head, never trained (learning rate 0): no gradient ever gets past it, so
+    the vanishing gradients last and are a warning, not a note."""
+    script = tmp_path / "frozen_lr.py"
+    script.write_text((SCRIPTS / "transformer_train.py").read_text().replace("lr=1e-2", "lr=0.0"))
+    log = tmp_path / "frozen_lr.jsonl"
+    assert hooktrace_cmd("run", "-o", log, script, cwd=tmp_path).returncode == 0
+    status, report = check_json(log)
+    [finding] = [f for f in report["findings"] if f["kind"] == "vanishing"]
+    assert (finding["severity"], finding["step"], finding["module"]) == ("warning", 0, "embed")
+    assert status == 1
+
+
 # -- the text report -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("fixture", "kind", "module", "step"), [
