@@ -271,36 +271,63 @@ class _Past:
 
 
 def _past_thresholds(c: Collected, t: Thresholds) -> dict[str, dict[ModuleKey, _Past]]:
-    """Per kind (vanishing, exploding), the modules whose parameter-gradient norm passed the
-    threshold in some step."""
-    flagged: dict[str, dict[ModuleKey, _Past]] = {"vanishing": {}, "exploding": {}}
+    """Per kind, the modules whose parameter-gradient norm passed a threshold in some step:
+    ``exploding``, ``vanishing``, and ``bypassed``: below the vanishing threshold while a module
+    that runs before it in forward (nearer the input) got a larger gradient in that step: the
+    gradient is small in its branch (ConvNeXt's layer scale, a gate), not lost on its way."""
+    flagged: dict[str, dict[ModuleKey, _Past]] = {"vanishing": {}, "exploding": {},
+                                                  "bypassed": {}}
     seen: dict[ModuleKey, int] = {}
+    starts: dict[ModuleKey, int] | None = None
     for step in sorted(c.param_norms):
         norms: dict[ModuleKey, float | None] = {}  # a later record of a module overrides
         for model, names, values in c.param_norms[step]:
             norms.update(zip(zip(repeat(model), names), values, strict=True))
+        earliest: dict[int, int] | None = None  # per model: the first module above vanishing
         for key, norm in norms.items():
             if norm is None or not math.isfinite(norm):
                 continue
             seen[key] = seen.get(key, 0) + 1
             kind = "vanishing" if norm < t.vanishing else "exploding" if norm > t.exploding else ""
-            if kind:
-                past = flagged[kind].get(key)
-                if past is None:
-                    flagged[kind][key] = _Past([step], norm)
-                else:
-                    past.steps.append(step)
+            if not kind:
+                continue
+            if kind == "vanishing":
+                if earliest is None:
+                    starts = _start_orders(c) if starts is None else starts
+                    earliest = _earliest_above(starts, norms, t.vanishing)
+                assert starts is not None
+                if _start(starts, key) > earliest.get(key[0], math.inf):
+                    kind = "bypassed"
+            past = flagged[kind].get(key)
+            if past is None:
+                flagged[kind][key] = _Past([step], norm)
+            else:
+                past.steps.append(step)
     for modules in flagged.values():
         for key, past in modules.items():
             past.of = seen[key]
     return flagged
 
 
+def _earliest_above(starts: dict[ModuleKey, int], norms: dict[ModuleKey, float | None],
+                    limit: float) -> dict[int, int]:
+    """Per model, where its first module (in forward order) with a norm of at least ``limit``
+    starts."""
+    earliest: dict[int, int] = {}
+    for key, norm in norms.items():
+        if norm is not None and limit <= norm < math.inf:
+            start = _start(starts, key)
+            if start < earliest.get(key[0], math.inf):
+                earliest[key[0]] = start
+    return earliest
+
+
 def check_magnitudes(c: Collected, t: Thresholds) -> list[Finding]:
     """Parameter-gradient norms past the thresholds, and the profile across the network: one
     finding per kind (vanishing, exploding), a warning where they last; a note where they
-    passed in a few steps only."""
+    passed in a few steps only, or where the gradient got past them to the input side."""
     flagged = _past_thresholds(c, t)
+    bypassed = flagged.pop("bypassed")
     profile = _profile_finding(c, t)
     out: list[Finding] = []
     for kind, past in flagged.items():
@@ -310,27 +337,54 @@ def check_magnitudes(c: Collected, t: Thresholds) -> list[Finding]:
             out.append(_magnitude_finding(c, t, kind, lasting, finding))
         passing = {k: p for k, p in past.items() if not p.lasting}
         if passing:
-            out.append(_magnitude_finding(c, t, kind, passing, None, passing=True))
+            out.append(_magnitude_finding(c, t, kind, passing, None, note="passing"))
+    if bypassed:
+        out.append(_magnitude_finding(c, t, "vanishing", bypassed, None, note="bypassed"))
     return out
 
 
-def _first_seq(c: Collected, key: ModuleKey) -> int:
-    """Execution order; a module never called (its parent uses its parameters) takes its
-    nearest called ancestor's."""
+def _start_orders(c: Collected) -> dict[ModuleKey, int]:
+    """Where each module starts in forward order: the first return (forward seq) in its subtree,
+    since a forward event is written when its call returns (a parent after its children)."""
+    start: dict[ModuleKey, int] = {}
+    for (model, name), m in c.modules.items():
+        if m.first_seq is not None:
+            for fqn in [name, *_ancestors(name)]:
+                if m.first_seq < start.get((model, fqn), math.inf):
+                    start[(model, fqn)] = m.first_seq
+    return start
+
+
+def _start(starts: dict[ModuleKey, int], key: ModuleKey) -> int:
+    """A module never called (its parent uses its parameters) starts with its parent."""
     model, name = key
     for fqn in [name, *reversed(_ancestors(name))]:
-        m = c.modules.get((model, fqn))
-        if m is not None and m.first_seq is not None:
-            return m.first_seq
+        found = starts.get((model, fqn))
+        if found is not None:
+            return found
     return 0
 
 
+_NOTES = {  # why a vanishing/exploding module is a note: (what the message adds, the hint)
+    "passing": (
+        "in a few of the steps only ({steps}); the other steps are within the threshold",
+        "usual at the first step after a zero-initialised layer (a ViT head), or where "
+        "stochastic depth drops a whole block; look again if it comes back"),
+    "bypassed": (
+        "while modules that run before them got larger gradients ({steps}): the gradient is "
+        "small inside their branch, not lost on its way to the input",
+        "usual for layer scale (ConvNeXt initialises it at 1e-6) and gated branches; look again "
+        "if it stays that small as training goes on"),
+}
+
+
 def _magnitude_finding(c: Collected, t: Thresholds, kind: str, modules: dict[ModuleKey, _Past],
-                       finding: Finding | None, passing: bool = False) -> Finding:
+                       finding: Finding | None, note: str = "") -> Finding:
     if not modules:
         assert finding is not None
         return finding
-    order = sorted(modules, key=lambda k: _first_seq(c, k))
+    starts = _start_orders(c)
+    order = sorted(modules, key=lambda k: _start(starts, k))
     limit = t.vanishing if kind == "vanishing" else t.exploding
     listed = ", ".join(f"{k[1] or '(root)'} {modules[k].norm:.2g}" for k in order[:6])
     about = (f"{plural(len(order), 'module')} with a parameter-gradient norm "
@@ -338,15 +392,12 @@ def _magnitude_finding(c: Collected, t: Thresholds, kind: str, modules: dict[Mod
              + (f" and {len(order) - 6} more" if len(order) > 6 else ""))
     norms = {k[1]: modules[k].norm for k in order}
     first = order[0]
-    if passing:
+    if note:
         steps = sorted({s for p in modules.values() for s in p.steps})
-        return Finding(
-            kind, INFO, c.model_name(first[0]), first[1], steps[0],
-            f"{about}, in a few of the steps only ({_steps_text(steps)}); the other steps are "
-            "within the threshold",
-            {"grad_norm": norms, "steps": steps},
-            "usual at the first step after a zero-initialised layer (a ViT head), or where "
-            "stochastic depth drops a whole block; look again if it comes back")
+        adds, hint = _NOTES[note]
+        return Finding(kind, INFO, c.model_name(first[0]), first[1], steps[0],
+                       f"{about}, {adds.format(steps=_steps_text(steps))}",
+                       {"grad_norm": norms, "steps": steps}, hint)
     if finding is None:
         finding = Finding(kind, WARNING, c.model_name(first[0]), first[1],
                           modules[first].steps[0], about, {},
@@ -380,7 +431,7 @@ def check_unused(c: Collected) -> list[Finding]:
     used = _used_directly(c, {(m.model, m.name) for m in unused if m.trainable})
     unused = [m for m in unused if (m.model, m.name) not in used]
     names = {(m.model, m.name) for m in unused}
-    out = []
+    out: list[Finding] = []
     for m in unused:
         parent = m.name.rpartition(".")[0]
         if m.name and (m.model, parent) in names:
@@ -398,6 +449,24 @@ def check_unused(c: Collected) -> list[Finding]:
             "DDP needs find_unused_parameters=True for it; remove it if it is not needed"
             if trainable else "",
         ))
+    return [f for f in out if f.severity != INFO] + _one_note_per_model(out)
+
+
+def _one_note_per_model(found: list[Finding]) -> list[Finding]:
+    """The unused modules without trainable parameters (harmless: EfficientNet builds a
+    StochasticDepth in every block and calls it in some), one note per model."""
+    out = []
+    for model in dict.fromkeys(f.model for f in found if f.severity == INFO):
+        notes = [f for f in found if f.severity == INFO and f.model == model]
+        if len(notes) == 1:
+            out += notes
+            continue
+        listed = ", ".join(f.module for f in notes[:6]) + (
+            f" and {len(notes) - 6} more" if len(notes) > 6 else "")
+        out.append(Finding(
+            "unused", INFO, model, notes[0].module, None,
+            f"{len(notes)} modules without trainable parameters are registered but never "
+            f"called: {listed}", {"modules": [f.module for f in notes]}))
     return out
 
 

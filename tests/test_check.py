@@ -230,6 +230,32 @@ def test_lasting_vanishing_is_a_problem(tmp_path: Path) -> None:
     assert status == 1
 
 
+@pytest.mark.parametrize("shortcut", [True, False], ids=["shortcut", "no-shortcut"])
+def test_small_gradients_inside_a_branch(tmp_path: Path, shortcut: bool) -> None:
+    """A residual branch scaled by a tiny layer scale gets tiny parameter gradients while the
+    stem, before it, gets a healthy one through the shortcut: a note. Without the shortcut the
+    gradient vanishes on its way to the stem: a warning. The Dropouts the blocks never call are
+    one note."""
+    log = tmp_path / "layer_scale.jsonl"
+    result = hooktrace_cmd("run", "-o", log, SCRIPTS / "layer_scale.py",
+                           *(() if shortcut else ("--no-shortcut",)), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    status, report = check_json(log)
+    vanishing = [f for f in report["findings"] if f["kind"] == "vanishing"]
+    if shortcut:
+        assert problems(report) == [] and status == 0
+        [note] = vanishing
+        assert (note["severity"], note["module"], note["step"]) == ("info", "1.mlp.0", 0)
+        assert "while modules that run before them got larger gradients" in note["message"]
+        assert set(note["evidence"]["grad_norm"]) == {f"{b}.mlp.{i}" for b in (1, 2, 3)
+                                                      for i in (0, 2)}
+    else:
+        assert summary(problems(report)) == {("vanishing", "warning", "0", 0)}
+    [unused] = [f for f in report["findings"] if f["kind"] == "unused"]
+    assert (unused["severity"], unused["evidence"]["modules"]) == ("info",
+                                                                   ["1.drop", "2.drop", "3.drop"])
+
+
 # -- the text report -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("fixture", "kind", "module", "step"), [
