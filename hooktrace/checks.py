@@ -270,32 +270,28 @@ class _Past:
         return 2 * len(self.steps) > self.of
 
 
-def _past_thresholds(c: Collected, t: Thresholds) -> dict[str, dict[ModuleKey, _Past]]:
+def _past_thresholds(c: Collected, t: Thresholds, starts: dict[ModuleKey, int]
+                     ) -> dict[str, dict[ModuleKey, _Past]]:
     """Per kind, the modules whose parameter-gradient norm passed a threshold in some step:
     ``exploding``, ``vanishing``, and ``bypassed``: below the vanishing threshold while a module
     that runs before it in forward (nearer the input) got a larger gradient in that step: the
     gradient is small in its branch (ConvNeXt's layer scale, a gate), not lost on its way."""
     flagged: dict[str, dict[ModuleKey, _Past]] = {"vanishing": {}, "exploding": {},
                                                   "bypassed": {}}
-    seen: dict[ModuleKey, int] = {}
-    starts: dict[ModuleKey, int] | None = None
     for step in sorted(c.param_norms):
-        norms: dict[ModuleKey, float | None] = {}  # a later record of a module overrides
-        for model, names, values in c.param_norms[step]:
-            norms.update(zip(zip(repeat(model), names), values, strict=True))
+        norms = _step_norms(c, step)
         earliest: dict[int, int] | None = None  # per model: the first module above vanishing
         for key, norm in norms.items():
-            if norm is None or not math.isfinite(norm):
+            if norm is None:
                 continue
-            seen[key] = seen.get(key, 0) + 1
-            kind = "vanishing" if norm < t.vanishing else "exploding" if norm > t.exploding else ""
+            # NaN compares False: a non-finite norm is another check's
+            kind = ("vanishing" if norm < t.vanishing else "exploding"
+                    if t.exploding < norm < math.inf else "")
             if not kind:
                 continue
             if kind == "vanishing":
                 if earliest is None:
-                    starts = _start_orders(c) if starts is None else starts
                     earliest = _earliest_above(starts, norms, t.vanishing)
-                assert starts is not None
                 if _start(starts, key) > earliest.get(key[0], math.inf):
                     kind = "bypassed"
             past = flagged[kind].get(key)
@@ -303,10 +299,23 @@ def _past_thresholds(c: Collected, t: Thresholds) -> dict[str, dict[ModuleKey, _
                 flagged[kind][key] = _Past([step], norm)
             else:
                 past.steps.append(step)
-    for modules in flagged.values():
-        for key, past in modules.items():
-            past.of = seen[key]
+    seen = dict.fromkeys((key for modules in flagged.values() for key in modules), 0)
+    if seen:  # the steps with a finite norm for each of them: a second pass, rarely made
+        for step in c.param_norms:
+            for key, norm in _step_norms(c, step).items():
+                if key in seen and norm is not None and math.isfinite(norm):
+                    seen[key] += 1
+        for modules in flagged.values():
+            for key, past in modules.items():
+                past.of = seen[key]
     return flagged
+
+
+def _step_norms(c: Collected, step: int) -> dict[ModuleKey, float | None]:
+    norms: dict[ModuleKey, float | None] = {}  # a later record of a module overrides
+    for model, names, values in c.param_norms[step]:
+        norms.update(zip(zip(repeat(model), names), values, strict=True))
+    return norms
 
 
 def _earliest_above(starts: dict[ModuleKey, int], norms: dict[ModuleKey, float | None],
@@ -326,7 +335,8 @@ def check_magnitudes(c: Collected, t: Thresholds) -> list[Finding]:
     """Parameter-gradient norms past the thresholds, and the profile across the network: one
     finding per kind (vanishing, exploding), a warning where they last; a note where they
     passed in a few steps only, or where the gradient got past them to the input side."""
-    flagged = _past_thresholds(c, t)
+    starts = _start_orders(c)
+    flagged = _past_thresholds(c, t, starts)
     bypassed = flagged.pop("bypassed")
     profile = _profile_finding(c, t)
     out: list[Finding] = []
@@ -334,12 +344,13 @@ def check_magnitudes(c: Collected, t: Thresholds) -> list[Finding]:
         finding = profile if profile is not None and profile.kind == kind else None
         lasting = {k: p for k, p in past.items() if p.lasting}
         if lasting or finding is not None:
-            out.append(_magnitude_finding(c, t, kind, lasting, finding))
+            out.append(_magnitude_finding(c, t, starts, kind, lasting, finding))
         passing = {k: p for k, p in past.items() if not p.lasting}
         if passing:
-            out.append(_magnitude_finding(c, t, kind, passing, None, note="passing"))
+            out.append(_magnitude_finding(c, t, starts, kind, passing, None, note="passing"))
     if bypassed:
-        out.append(_magnitude_finding(c, t, "vanishing", bypassed, None, note="bypassed"))
+        out.append(_magnitude_finding(c, t, starts, "vanishing", bypassed, None,
+                                      note="bypassed"))
     return out
 
 
@@ -378,12 +389,14 @@ _NOTES = {  # why a vanishing/exploding module is a note: (what the message adds
 }
 
 
-def _magnitude_finding(c: Collected, t: Thresholds, kind: str, modules: dict[ModuleKey, _Past],
-                       finding: Finding | None, note: str = "") -> Finding:
+def _magnitude_finding(c: Collected, t: Thresholds, starts: dict[ModuleKey, int], kind: str,
+                       modules: dict[ModuleKey, _Past], finding: Finding | None, note: str = ""
+                       ) -> Finding:
+    """One finding for ``modules``: ``finding`` (the profile's) with them added, a warning of
+    their own, or a note (``note``: a key of _NOTES)."""
     if not modules:
         assert finding is not None
         return finding
-    starts = _start_orders(c)
     order = sorted(modules, key=lambda k: _start(starts, k))
     limit = t.vanishing if kind == "vanishing" else t.exploding
     listed = ", ".join(f"{k[1] or '(root)'} {modules[k].norm:.2g}" for k in order[:6])

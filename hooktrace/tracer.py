@@ -453,8 +453,11 @@ class Tracer:
         Without statistics, only the latter (a rare few, read at once)."""
         assert self._naming is not None
         uncalled = self._naming.uncalled
-        for info in self._step_params:
-            uncalled.pop(info, None)
+        if uncalled:
+            for info in self._step_params:
+                uncalled.pop(info, None)
+            for info in [info for info in uncalled if info.ref() is None]:
+                del uncalled[info]  # its model is gone
         if self._stats is None and not uncalled:
             return []
         records: dict[int, schema.ParamGrads] = {}
