@@ -56,6 +56,18 @@ def _output_tensors(output: Any) -> tuple[Any, ...]:
 
 
 @contextlib.contextmanager
+def _global_hooks(pre: Callable[..., None], post: Callable[..., None]) -> Iterator[None]:
+    """Global forward pre and post hooks on every module call, while the block runs."""
+    handles = [nn_module.register_module_forward_pre_hook(pre),
+               nn_module.register_module_forward_hook(post)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
 def floor(model: nn.Module, log: Path) -> Iterator[None]:
     """The physical floor of module-level tracing: global forward pre/post hooks that do
     nothing, and a no-op prehook on the autograd node of each output (how a tracer learns that
@@ -69,13 +81,8 @@ def floor(model: nn.Module, log: Path) -> Iterator[None]:
             if isinstance(t, torch.Tensor) and t.grad_fn is not None:
                 t.grad_fn.register_prehook(_noop_grad)
 
-    handles = [nn_module.register_module_forward_pre_hook(pre),
-               nn_module.register_module_forward_hook(post)]
-    try:
+    with _global_hooks(pre, post):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def _float_or_none(t: torch.Tensor) -> torch.Tensor | None:
@@ -140,13 +147,8 @@ def floor_stats(model: nn.Module, log: Path) -> Iterator[None]:
                     metadata["floor_stats"] = True
                     node.register_prehook(grads)
 
-    handles = [nn_module.register_module_forward_pre_hook(pre),
-               nn_module.register_module_forward_hook(post)]
-    try:
+    with _global_hooks(pre, post):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def _hooktrace(stats: bool) -> Opener:
