@@ -85,8 +85,9 @@ def floor(model: nn.Module, log: Path) -> Iterator[None]:
         yield
 
 
-def _float_or_none(t: torch.Tensor) -> torch.Tensor | None:
-    return t if t.is_floating_point() and t.numel() else None
+def _has_numbers(t: torch.Tensor) -> bool:
+    """A non-empty floating-point tensor: what statistics are taken of."""
+    return t.is_floating_point() and t.numel() > 0
 
 
 def _reduce_output(t: torch.Tensor, keep: list[torch.Tensor]) -> None:
@@ -121,7 +122,7 @@ def floor_stats(model: nn.Module, log: Path) -> Iterator[None]:
 
     def grads(grad_outputs: Any) -> None:
         for g in grad_outputs:
-            if isinstance(g, torch.Tensor) and _float_or_none(g) is not None:
+            if isinstance(g, torch.Tensor) and _has_numbers(g):
                 _reduce_grad(g, keep)
         return None
 
@@ -135,8 +136,7 @@ def floor_stats(model: nn.Module, log: Path) -> Iterator[None]:
     def post(module: nn.Module, args: Any, output: Any) -> None:
         for t in _output_tensors(output):
             if isinstance(t, torch.Tensor):
-                if _float_or_none(t) is not None and (t is not last[0]
-                                                      or t._version != last[1]):
+                if _has_numbers(t) and (t is not last[0] or t._version != last[1]):
                     _reduce_output(t, keep)
                     last[:] = t, t._version
                 node = t.grad_fn
