@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 from pathlib import Path
 
 import pytest
@@ -353,3 +354,52 @@ def test_trace_object_cannot_be_started_twice(log_path: Path) -> None:
         session.start()
     assert global_hooks() == NO_GLOBAL_HOOKS
     assert end_of(log_path).status == "ok"
+
+
+# -- a long run ---------------------------------------------------------------------------------
+
+
+class _FreshLayer(nn.Module):
+    """A model that builds a new Linear inside its forward on every step (a habit seen in the
+    wild): each step meets modules the tracer has not seen before."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(nn.Linear(8, 8)(torch.relu(self.a(x))))
+
+
+def _tracked_objects() -> int:
+    gc.collect()
+    return len(gc.get_objects())
+
+
+@pytest.mark.parametrize("steps", ["0:10", "all"])
+def test_a_long_run_holds_no_more_objects(log_path: Path, steps: str) -> None:
+    """Thousands of steps: what the tracer keeps does not grow with them, and after the
+    recorded steps (the default) the log does not grow either."""
+    torch.manual_seed(0)
+    model = _FreshLayer()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(4, 8), torch.tensor([0, 1, 2, 0])
+
+    def train(n: int) -> None:
+        for _ in range(n):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+
+    with hooktrace.trace(log_path, steps=steps):
+        train(50)
+        objects, size = _tracked_objects(), log_path.stat().st_size
+        train(1000)
+        grown = _tracked_objects() - objects
+        assert grown < 50, f"{grown} more objects alive after 1000 more steps"
+        if steps == "0:10":
+            assert log_path.stat().st_size == size
+        else:
+            assert log_path.stat().st_size > size
+    assert end_of(log_path).steps == 1050
