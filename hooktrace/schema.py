@@ -71,12 +71,6 @@ def decode_number(x: Any) -> float:
 GradStat = list[float]
 
 
-def _encode_stats(stats: list[GradStat | None] | None) -> list[Any] | None:
-    if stats is None:
-        return None
-    return [None if s is None else [encode_number(float(v)) for v in s] for s in stats]
-
-
 def _decode_stats(d: dict[str, Any], key: str) -> list[GradStat | None] | None:
     value = d.get(key)
     if value is None:
@@ -364,6 +358,8 @@ class Encoder:
     def __init__(self) -> None:
         self._modules: dict[tuple[int, str], int] = {}
         self._tensors: dict[tuple[Any, Any], int] = {}
+        self._last_stat: Any = None  # the last statistics tuple encoded, and its encoding
+        self._last_encoded: list[Any] = []
 
     def wire(self, record: Any) -> list[dict[str, Any]]:
         kind = type(record)
@@ -443,11 +439,30 @@ class Encoder:
         }
         if e.recompute:
             d["recompute"] = True
+        # out before in: a module's grad_output is, most often, the grad_input of the module
+        # written just before it, the same numbers (one tuple): encoded once
+        out_stats = self._stats(e.grad_output_stats)
         if e.grad_input_stats is not None:
-            d["in_stats"] = _encode_stats(e.grad_input_stats)
-        if e.grad_output_stats is not None:
-            d["out_stats"] = _encode_stats(e.grad_output_stats)
+            d["in_stats"] = self._stats(e.grad_input_stats)
+        if out_stats is not None:
+            d["out_stats"] = out_stats
         out.append(d)
+        return out
+
+    def _stats(self, stats: list[GradStat | None] | None) -> list[Any] | None:
+        if stats is None:
+            return None
+        out: list[Any] = []
+        for s in stats:
+            if s is None:
+                out.append(None)
+            elif s is self._last_stat:
+                out.append(self._last_encoded)
+            else:
+                encoded = [encode_number(float(v)) for v in s]
+                out.append(encoded)
+                if isinstance(s, tuple):  # immutable: the same object holds the same numbers
+                    self._last_stat, self._last_encoded = s, encoded
         return out
 
 

@@ -57,7 +57,7 @@ class Stats:
         return bool(self._deferred)
 
     def _on_host(self, t: torch.Tensor) -> bool:
-        return self._immediate or (t.device.type == "cpu" and not self._defer_host)
+        return self._immediate or (t.is_cpu and not self._defer_host)
 
     def _hold(self, t: torch.Tensor) -> bool:
         size = t.numel() * t.element_size()

@@ -302,9 +302,10 @@ class Tracer:
         n_args = call.n_in
         call.n_in, call.n_out = n_args + len(kw_inputs), len(outputs)
         found = self._check_outputs(outputs)
-        self._watch.forward(info, index, found)
+        assert self._stats is not None
+        if found or self._stats.deferred:  # else nothing to hold: all outputs were finite
+            self._watch.forward(info, index, found)
         if self._watch.full and not self._grads.in_backward:
-            assert self._stats is not None
             self._stats.resolve()
             for anomaly in self._watch.forward_anomalies(self._step):
                 self._sink.write(anomaly)
