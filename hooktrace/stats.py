@@ -25,7 +25,40 @@ HOLD_BYTES = 64 << 20
 FINITE: tuple[float, ...] = (0.0, 0.0)
 
 _Fill = Callable[[list[float]], None]
-_Bad = tuple[float, float, float] | None  # (norm in double, NaN count, Inf count)
+
+
+class _Values:
+    """Where a device's reductions of one step land: slots of one float32 buffer, written with
+    ``out=`` (no tensor object per number, nothing for Python's garbage collector to follow),
+    read with one transfer when the step ends; plus the stacked parameter norms read with them.
+    The buffer and its slots are kept from step to step."""
+
+    __slots__ = ("buffer", "slots", "used", "params", "read")
+
+    def __init__(self, device: torch.device) -> None:
+        self.buffer = torch.empty(0, dtype=torch.float32, device=device)
+        self.slots: list[torch.Tensor] = []  # 0-d views of the buffer, made once
+        self.used = 0
+        self.params: list[tuple[torch.Tensor, Callable[[list[float]], None]]] = []
+        self.read: list[float] = []  # the values, once resolve has read them
+
+    def take(self, n: int) -> int:
+        """The first of ``n`` free slots."""
+        pos = self.used
+        if pos + n > len(self.slots):
+            size = max(1024, 2 * (pos + n))
+            buffer = torch.empty(size, dtype=torch.float32, device=self.buffer.device)
+            buffer[:pos].copy_(self.buffer[:pos])
+            self.buffer, self.slots = buffer, list(buffer.unbind())
+        self.used = pos + n
+        return pos
+
+
+# kinds of deferred entries, each then (values, first slot, who, index, kept tensor or None):
+_GRAD = 0  # a gradient's norm and absmax; who: targets to fill
+_CHECK = 1  # a watched gradient's one sum; who: targets to fill
+_OUTPUT = 2  # a forward output's one sum; who: the list of NaN/Inf outputs, index: the output's
+_STRIDE = 6
 
 
 class Stats:
@@ -33,38 +66,51 @@ class Stats:
 
     On CPU a number is read at once (``.item()`` costs no sync there), and NaN/Inf are counted
     only when a cheap reduction is not finite (they propagate into it). On an accelerator each
-    tensor costs one or two reductions (a norm and an absolute max per gradient, a sum per
-    forward output), left on the device; ``resolve()`` brings all of a step's numbers to the host
-    in one transfer per device. NaN/Inf in a tensor kept until then (``HOLD_BYTES``) are counted
-    after that transfer, in a second one that only a step with NaN/Inf pays.
+    tensor costs one or two reductions (a norm and an absolute max per gradient, an L1 norm per
+    forward output), written into slots of one buffer per device (``_Values``); ``resolve()``
+    brings all of a step's numbers to the host in one transfer per device. NaN/Inf in a tensor
+    kept until then (``HOLD_BYTES``) are counted after that transfer, in a second one that only a
+    step with NaN/Inf pays. A deferred number allocates no Python object that outlives its hook
+    but the list of events it fills: objects that live for a step make Python's full garbage
+    collections (0.1-0.3 s each with torch loaded) frequent.
     """
 
     def __init__(self, immediate: bool = False) -> None:
         self._immediate = immediate  # read every number at once, also on a device (--break-on)
         self._defer_host = not immediate and os.environ.get(DEFER_ENV) == "1"
-        # 0-d float32 tensors on a device, each run of them with what to do with its values
-        self._deferred: list[tuple[list[torch.Tensor], _Fill]] = []
+        self._values: dict[torch.device, _Values] = {}
+        # deferred entries, _STRIDE items each, flat: no tuple per entry
+        self._entries: list[Any] = []
+        self._params = False  # parameter norms wait in some _Values
         # tensors kept for counting NaN/Inf after resolve, and the bytes they hold
         self._held_bytes = 0
         self._follow_ups: list[tuple[torch.Tensor, _Fill]] = []
         self.transfers = 0  # device-to-host transfers made by resolve (for the tests)
         # the last gradient and its numbers: one gradient is often both a module's grad_output
         # and the next module's grad_input, and is reduced once
-        self._last: tuple[torch.Tensor | None, Any] = (None, None)
+        self._last_grad: torch.Tensor | None = None
+        self._last_numbers: Any = None
 
     @property
     def deferred(self) -> bool:
-        return bool(self._deferred)
+        return bool(self._entries) or self._params
 
     def _on_host(self, t: torch.Tensor) -> bool:
         return self._immediate or (t.is_cpu and not self._defer_host)
 
-    def _hold(self, t: torch.Tensor) -> bool:
+    def _hold(self, t: torch.Tensor) -> torch.Tensor | None:
         size = t.numel() * t.element_size()
         if self._held_bytes + size > HOLD_BYTES:
-            return False
+            return None
         self._held_bytes += size
-        return True
+        return t
+
+    def _slots_of(self, t: torch.Tensor) -> _Values:
+        device = t.device
+        values = self._values.get(device)
+        if values is None:
+            values = self._values[device] = _Values(device)
+        return values
 
     def grad(self, grad: torch.Tensor, target: list[Any], index: int, full: bool = True) -> None:
         """Set ``target[index]`` to (norm, absmax) (+ (nan, inf) counts when not finite).
@@ -73,17 +119,19 @@ class Stats:
         finite, by one sum; a finite gradient gets ``FINITE``, not its numbers."""
         if not grad.is_floating_point() and not grad.is_complex():
             return
-        last, numbers = self._last
-        if last is not grad:
+        if self._last_grad is grad:
+            numbers = self._last_numbers
+        else:
             numbers = (self._reduce(grad) if full or grad.is_complex()
                        else self._check_finite(grad))
-            self._last = (grad, numbers)
-        if isinstance(numbers, tuple):
+            self._last_grad, self._last_numbers = grad, numbers
+        if type(numbers) is tuple:
             target[index] = numbers
-        else:
-            numbers.append((target, index))
+        else:  # the targets of deferred numbers, flat: [target, index, target, index, ...]
+            numbers.append(target)
+            numbers.append(index)
 
-    def _reduce(self, grad: torch.Tensor) -> tuple[float, ...] | list[tuple[list[Any], int]]:
+    def _reduce(self, grad: torch.Tensor) -> tuple[float, ...] | list[Any]:
         """(norm, absmax(, nan, inf)) on the host (a tuple of numbers: not tracked by the
         garbage collector); on a device, the list of targets that its deferred numbers fill."""
         if not grad.numel():
@@ -92,68 +140,47 @@ class Stats:
             if grad.dtype is torch.float32 and grad.is_contiguous():
                 return _host_float32(grad)
             return _host_any(grad)
-        targets: list[tuple[list[Any], int]] = []
-        half = grad.dtype in (torch.float16, torch.bfloat16)
-        norm = torch.linalg.vector_norm(grad, dtype=torch.float32 if half else None)
-        absmax = torch.linalg.vector_norm(grad, ord=math.inf)
-
-        def done(values: list[float], bad: _Bad) -> None:
-            n, m = values
-            stats: tuple[float, ...] = (n, m)
-            if bad is not None:
-                n = bad[0]
-                stats = (n, m) if math.isfinite(n) else (n, m, int(bad[1]), int(bad[2]))
-            for target, index in targets:
-                target[index] = stats
-
-        self._defer(grad, [norm, absmax], done)
+        held = self._hold(grad)
+        values = self._slots_of(grad)
+        if grad.requires_grad:  # a double backward (create_graph): out= ops take no such input
+            grad = grad.detach()
+        pos = values.take(2 if held is not None else 4)
+        slots = values.slots
+        _norm_into(grad, 2, slots[pos])
+        _norm_into(grad, math.inf, slots[pos + 1])
+        if held is None:
+            _count_into(grad, slots, pos + 2)
+        targets: list[Any] = []
+        self._entries.extend((_GRAD, values, pos, targets, 0, held))
         return targets
 
-    def _check_finite(self, grad: torch.Tensor) -> tuple[float, ...] | list[tuple[list[Any],
-                                                                                 int]]:
+    def _check_finite(self, grad: torch.Tensor) -> tuple[float, ...] | list[Any]:
         """FINITE, or the full numbers of a gradient whose sum is not finite."""
         if not grad.numel():
             return FINITE
         if self._on_host(grad):
             # the full numbers where the float32 sum is not finite (NaN, Inf, or an overflow)
             return FINITE if math.isfinite(grad.sum().item()) else self._reduce(grad)
-        targets: list[tuple[list[Any], int]] = []
-
-        def done(values: list[float], bad: _Bad) -> None:
-            stats = FINITE if bad is None or not (bad[1] or bad[2]) else (
-                bad[0], math.nan, int(bad[1]), int(bad[2]))
-            for target, index in targets:
-                target[index] = stats
-
-        self._defer(grad, [torch.sum(grad, dtype=torch.float32)], done)
+        targets: list[Any] = []
+        self._sum(_CHECK, grad, targets, 0)
         return targets
 
-    def _defer(self, t: torch.Tensor, numbers: list[torch.Tensor],
-               done: Callable[[list[float], _Bad], None]) -> None:
-        """Leave ``numbers``, reductions of ``t`` on its device, for ``resolve``; then call
-        ``done(values, None)``, or ``done(values, (norm, nan, inf))`` where the first value is not
-        finite (NaN/Inf in ``t``, or a float32 overflow): ``t``'s NaN and Inf counts, and its norm
-        in double. ``t`` is kept for that until the step ends, within HOLD_BYTES; past them its
-        counts are taken at once, and the norm given is the first value."""
-        if self._hold(t):
-            def fill(values: list[float]) -> None:
-                if math.isfinite(values[0]):
-                    done(values, None)
-                else:  # the second transfer, that only a step with NaN/Inf pays
-                    self._follow_ups.append((t, lambda v: done(values, (v[0], v[1], v[2]))))
-        else:
-            size = len(numbers)
-            numbers = [*numbers, *_counts(t)]
-
-            def fill(values: list[float]) -> None:
-                first = values[0]
-                done(values[:size], None if math.isfinite(first) else
-                     (first, values[size], values[size + 1]))
-
-        self._deferred.append((numbers, fill))
+    def _sum(self, kind: int, t: torch.Tensor, who: list[Any], index: int) -> None:
+        """Defer one number of ``t`` that is finite unless ``t`` holds NaN/Inf (or overflows),
+        and its NaN and Inf counts where ``t`` is not kept."""
+        held = self._hold(t)
+        values = self._slots_of(t)
+        pos = values.take(1 if held is not None else 3)
+        # the L1 norm (torch.sum has no out= for a whole tensor); detached: an out= op does not
+        # take a tensor that requires grad
+        _norm_into(t.detach(), 1, values.slots[pos])
+        if held is None:
+            _count_into(t, values.slots, pos + 1)
+        self._entries.extend((kind, values, pos, who, index, held))
 
     def end_pass(self) -> None:
-        self._last = (None, None)  # do not keep a gradient alive past its backward pass
+        # do not keep a gradient alive past its backward pass
+        self._last_grad = self._last_numbers = None
 
     def nonfinite(self, t: torch.Tensor, target: list[list[int]], index: int) -> None:
         """Append [index, nan, inf] to ``target`` when ``t`` holds NaN or Inf."""
@@ -165,12 +192,7 @@ class Stats:
                 if nan or inf:
                     target.append([index, nan, inf])
             return
-
-        def done(values: list[float], bad: _Bad) -> None:
-            if bad is not None and (bad[1] or bad[2]):
-                target.append([index, int(bad[1]), int(bad[2])])
-
-        self._defer(t, [torch.sum(t, dtype=torch.float32)], done)
+        self._sum(_OUTPUT, t, target, index)
 
     def param_norms(self, groups: list[tuple[dict[str, Any], str, list[torch.Tensor]]]) -> None:
         """For each (target, key, grads): ``target[key]`` = the norm of all of ``grads``
@@ -207,8 +229,9 @@ class Stats:
                         values[j] = torch.linalg.vector_norm(grads[j], dtype=torch.float64).item()
                 fill(owners, values)
             else:
-                self._deferred.append((norms, functools.partial(self._refill, grads, fill,
-                                                                owners)))
+                self._slots_of(norms[0]).params.append((torch.stack(norms), functools.partial(
+                    self._refill, grads, fill, owners)))
+                self._params = True
 
     def _refill(self, grads: list[torch.Tensor], fill: Callable[[list[int], list[float]], None],
                 owners: list[int], values: list[float]) -> None:
@@ -231,11 +254,59 @@ class Stats:
     def resolve(self) -> None:
         """Fill in every deferred number: one device-to-host transfer per device, and a second
         one where a kept tensor turned out to hold NaN/Inf."""
-        self._transfer(self._deferred)
-        self._deferred, self._held_bytes = [], 0
+        if not self.deferred:
+            return
+        params = []
+        for values in self._values.values():
+            parts = [t for t, _ in values.params]
+            if values.used:
+                parts.insert(0, values.buffer[:values.used])
+            if parts:
+                values.read = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()
+                self.transfers += 1
+            offset = values.used
+            for t, then in values.params:
+                params.append((then, values.read[offset: offset + len(t)]))
+                offset += len(t)
+            values.used, values.params = 0, []
+        entries, self._entries, self._params, self._held_bytes = self._entries, [], False, 0
+        for k in range(0, len(entries), _STRIDE):
+            self._fill(*entries[k: k + _STRIDE])
+        for then, read in params:
+            then(read)
+        for values in self._values.values():
+            values.read = []
         follow_ups, self._follow_ups = self._follow_ups, []
         if follow_ups:
             self._transfer([_follow_up(t, then) for t, then in follow_ups])
+
+    def _fill(self, kind: int, values: _Values, pos: int, who: list[Any], index: int,
+              held: torch.Tensor | None) -> None:
+        read = values.read
+        first = read[pos]
+        if math.isfinite(first):
+            if kind == _GRAD:
+                _fill_targets(who, (first, read[pos + 1]))
+            elif kind == _CHECK:
+                _fill_targets(who, FINITE)
+            return
+        absmax = read[pos + 1] if kind == _GRAD else math.nan
+
+        def counted(norm: float, nan: float, inf: float) -> None:
+            if kind == _OUTPUT:
+                if nan or inf:
+                    who.append([index, int(nan), int(inf)])
+            elif kind == _CHECK and not (nan or inf):
+                _fill_targets(who, FINITE)  # a float32 overflow, no NaN/Inf
+            else:
+                _fill_targets(who, (norm, absmax) if math.isfinite(norm) else
+                              (norm, absmax, int(nan), int(inf)))
+
+        if held is not None:  # the second transfer, that only a step with NaN/Inf pays
+            self._follow_ups.append((held, lambda v: counted(v[0], v[1], v[2])))
+        else:
+            at = pos + (2 if kind == _GRAD else 1)
+            counted(first, read[at], read[at + 1])
 
     def _transfer(self, deferred: list[tuple[list[torch.Tensor], _Fill]]) -> None:
         by_device: dict[torch.device, list[tuple[list[torch.Tensor], _Fill]]] = {}
@@ -248,6 +319,29 @@ class Stats:
             for numbers, fill in entries:
                 fill(flat[pos: pos + len(numbers)])
                 pos += len(numbers)
+
+
+def _fill_targets(targets: list[Any], stats: tuple[float, ...]) -> None:
+    for k in range(0, len(targets), 2):
+        targets[k][targets[k + 1]] = stats
+
+
+def _norm_into(t: torch.Tensor, order: float, slot: torch.Tensor) -> None:
+    """The ``order`` norm of ``t`` into a float32 slot, on its device, with no new tensor."""
+    dtype = t.dtype
+    if dtype is torch.float32 or dtype is torch.complex64:
+        torch.linalg.vector_norm(t, ord=order, out=slot)
+    elif dtype is torch.float16 or dtype is torch.bfloat16:  # summed in float32
+        torch.linalg.vector_norm(t, ord=order, dtype=torch.float32, out=slot)
+    else:  # double: its own result, copied in (float32 holds the 4 digits the log keeps)
+        slot.copy_(torch.linalg.vector_norm(t, ord=order))
+
+
+def _count_into(t: torch.Tensor, slots: list[torch.Tensor], pos: int) -> None:
+    """NaN and Inf counts of ``t`` into ``slots[pos]`` and ``slots[pos + 1]``."""
+    nan, inf = _counts(t)
+    slots[pos].copy_(nan)
+    slots[pos + 1].copy_(inf)
 
 
 def _counts(t: torch.Tensor, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:

@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import resnet18_step
+from conftest import events, resnet18_step
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hooktrace
+from hooktrace import schema
 from hooktrace.stats import DEFER_ENV
 
 
@@ -71,13 +72,17 @@ def test_no_number_read_per_module_and_one_transfer_per_step(tmp_path: Path) -> 
             assert (_transfers(trace) if stats else 0) - before == int(stats)
         assert ops[stats]["_local_scalar_dense"] == 0, stats
         assert watched["_local_scalar_dense"] == 0, stats
-    # what the statistics cost: per forward output a sum; per gradient a norm and an absolute
-    # max (resnet18: 60 module calls, each gradient reduced once though it is one module's
-    # grad_output and the next's grad_input); per step one fused parameter norm and a stack
-    added = ops[True].total() - ops[False].total()
+    # what the statistics cost: per forward output an L1 norm; per gradient a norm and an
+    # absolute max (resnet18: 60 module calls, each gradient reduced once though it is one
+    # module's grad_output and the next's grad_input), each written into a slot of one buffer;
+    # per step one fused parameter norm, a stack and the read. Views (detach, slice) launch
+    # nothing on a device.
+    added = ops[True] - ops[False]
+    for view in ("detach", "slice"):
+        del added[view]
     calls = 60 + 1  # modules and the root
-    assert 0 < added <= 3 * calls + 10, (added, ops[True] - ops[False])
-    assert ops[True]["linalg_vector_norm"] <= 2 * calls
+    assert 0 < added.total() <= 3 * calls + 10, added
+    assert ops[True]["linalg_vector_norm"] <= 3 * calls
 
 
 def test_a_step_with_nan_pays_a_second_transfer(tmp_path: Path) -> None:
@@ -94,3 +99,40 @@ def test_a_step_with_nan_pays_a_second_transfer(tmp_path: Path) -> None:
             assert reads["_local_scalar_dense"] == 0
             transfers.append(_transfers(trace) - before)
     assert transfers == [1, 2, 1]
+
+
+def _deep_numbers(path: Path) -> list[Any]:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(300):  # 600 module calls: past the first slots buffer (1024 numbers)
+        linear = nn.Linear(16, 16)
+        with torch.no_grad():  # gradients grow by 1.01 per layer: every number differs
+            linear.weight.copy_(torch.eye(16) * 1.01 + torch.rand(16, 16) * 1e-3)
+            linear.bias.zero_()
+        layers += [linear, nn.ReLU()]
+    model = nn.Sequential(*layers)
+    x = torch.rand(4, 16) + 0.5
+    with hooktrace.trace(path, model=model, steps="0:2"):
+        for _ in range(3):  # two recorded steps, then a watched one: the buffer is reused
+            model.zero_grad()
+            model(x).sum().backward()
+    return [(e.seq, e.name, e.grad_input_stats, e.grad_output_stats)
+            for e in events(path, "backward") if isinstance(e, schema.BackwardEvent)]
+
+
+def test_device_numbers_are_the_host_numbers(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    device = _deep_numbers(tmp_path / "device.jsonl")
+    monkeypatch.delenv(DEFER_ENV)
+    host = _deep_numbers(tmp_path / "host.jsonl")
+    assert len(device) == len(host) == 2 * 601
+    for d, h in zip(device, host, strict=True):
+        assert d[:2] == h[:2]
+        for d_stats, h_stats in ((d[2], h[2]), (d[3], h[3])):
+            assert d_stats is not None and h_stats is not None
+            for a, b in zip(d_stats, h_stats, strict=True):
+                if a is None or b is None:  # the input x has no gradient
+                    assert a is b is None and d[1] in ("", "0"), (d, h)
+                    continue
+                assert math.isclose(a[0], b[0], rel_tol=2e-3), (d, h)
+                assert a[1] == b[1], (d, h)

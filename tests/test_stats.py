@@ -199,3 +199,33 @@ def test_other_dtypes(log_path: Path, dtype: torch.dtype) -> None:
         assert stats is not None and stats[0] is not None
         assert _close(stats[0][0], grad.norm().item()), (name, stats)
         assert _close(stats[0][1], grad.abs().max().item()), (name, stats)
+
+
+class _Fft(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.fft.fft(x)
+
+
+class _Magnitude(nn.Module):
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return z.abs()
+
+
+def test_complex_gradients(log_path: Path) -> None:
+    """A module with a complex output (an FFT) gets a complex gradient: its norm and its
+    largest magnitude."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), _Fft(), _Magnitude())
+    x, weights = torch.randn(5, 4), torch.randn(5, 8)
+    spectrum = model[1](model[0](x))
+    spectrum.retain_grad()
+    (model[2](spectrum) * weights).sum().backward()
+    expected = spectrum.grad
+    assert expected is not None and expected.is_complex()
+    with hooktrace.trace(log_path, model=model):
+        (model(x) * weights).sum().backward()
+    bwd = {e.name: e for e in events(log_path, "backward") if isinstance(e, schema.BackwardEvent)}
+    stats = bwd["1"].grad_output_stats
+    assert stats is not None and stats[0] is not None
+    assert _close(stats[0][0], expected.norm().item()), stats
+    assert _close(stats[0][1], expected.abs().max().item()), stats
