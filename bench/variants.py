@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 import hooktrace
+from hooktrace.stats import DEFER_ENV
 
 Opener = Callable[[nn.Module, Path], AbstractContextManager[Any]]
 
@@ -159,6 +160,24 @@ def _hooktrace(stats: bool) -> Opener:
     return open_session
 
 
+@contextlib.contextmanager
+def hooktrace_deferred(model: nn.Module, log: Path) -> Iterator[None]:
+    """hooktrace as on a GPU, on CPU tensors (``HOOKTRACE_DEFER_STATS=1``): every number left
+    in the device buffer until the step ends. What the device path's bookkeeping costs the
+    host (on a GPU, where the step's time is the host's time to launch kernels, this is it)."""
+    with contextlib.ExitStack() as stack:
+        saved = os.environ.get(DEFER_ENV)
+        os.environ[DEFER_ENV] = "1"  # read once, when the session starts
+        try:
+            stack.enter_context(hooktrace.trace(log, model=model, steps="all"))
+        finally:
+            if saved is None:
+                del os.environ[DEFER_ENV]
+            else:
+                os.environ[DEFER_ENV] = saved
+        yield
+
+
 def hooktrace_watched(model: nn.Module, log: Path) -> AbstractContextManager[Any]:
     """Watched steps, what a long run pays after its recorded ones (default ``steps="0:10"``):
     hooks and NaN/Inf checks on every module, no event written. No step here is recorded."""
@@ -218,6 +237,8 @@ VARIANTS = (
     Variant("floor_stats", "floor + the statistics' reductions", floor_stats),
     Variant("hooktrace", "hooktrace (stats on)", _hooktrace(stats=True), writes_log=True),
     Variant("hooktrace_nostats", "hooktrace stats=False", _hooktrace(stats=False),
+            writes_log=True),
+    Variant("hooktrace_deferred", "hooktrace, device path on CPU", hooktrace_deferred,
             writes_log=True),
     Variant("hooktrace_watched", "hooktrace, watched steps", hooktrace_watched),
     Variant("moduletracker", "ModuleTracker", module_tracker),
