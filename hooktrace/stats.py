@@ -117,8 +117,8 @@ class Stats:
 
         ``full=False`` (a watched step, which writes no event): only whether the gradient is
         finite, by one sum; a finite gradient gets ``FINITE``, not its numbers."""
-        if not grad.is_floating_point() and not grad.is_complex():
-            return
+        if (not grad.is_floating_point() and not grad.is_complex()) or grad.is_meta:
+            return  # a meta tensor (shapes only) has no numbers
         if self._last_grad is grad:
             numbers = self._last_numbers
         else:
@@ -184,7 +184,7 @@ class Stats:
 
     def nonfinite(self, t: torch.Tensor, target: list[list[int]], index: int) -> None:
         """Append [index, nan, inf] to ``target`` when ``t`` holds NaN or Inf."""
-        if not t.is_floating_point() or t.numel() == 0:
+        if not t.is_floating_point() or t.numel() == 0 or t.is_meta:
             return
         if self._on_host(t):
             if not math.isfinite(torch.sum(t, dtype=torch.float32).item()):
@@ -203,6 +203,8 @@ class Stats:
         for i, (target, key, grads) in enumerate(groups):
             target[key] = None
             for g in grads:
+                if g.is_meta:
+                    continue
                 batch = batches.setdefault((g.device, g.dtype), ([], []))
                 batch[0].append(g)
                 batch[1].append(i)
@@ -256,20 +258,23 @@ class Stats:
         one where a kept tensor turned out to hold NaN/Inf."""
         if not self.deferred:
             return
+        # the step's state is taken first: a transfer that fails leaves none behind
+        entries, self._entries, self._params, self._held_bytes = self._entries, [], False, 0
+        taken = [(values, values.used, values.params) for values in self._values.values()]
+        for values, _, _ in taken:
+            values.used, values.params = 0, []
         params = []
-        for values in self._values.values():
-            parts = [t for t, _ in values.params]
-            if values.used:
-                parts.insert(0, values.buffer[:values.used])
+        for values, used, waiting in taken:
+            parts = [t for t, _ in waiting]
+            if used:
+                parts.insert(0, values.buffer[:used])
             if parts:
                 values.read = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()
                 self.transfers += 1
-            offset = values.used
-            for t, then in values.params:
+            offset = used
+            for t, then in waiting:
                 params.append((then, values.read[offset: offset + len(t)]))
                 offset += len(t)
-            values.used, values.params = 0, []
-        entries, self._entries, self._params, self._held_bytes = self._entries, [], False, 0
         for k in range(0, len(entries), _STRIDE):
             self._fill(*entries[k: k + _STRIDE])
         for then, read in params:

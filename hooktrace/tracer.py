@@ -151,7 +151,10 @@ class Tracer:
         if self._pending:  # a backward that never finished (it raised, or we stop inside it)
             self._write_pending()
         if self._watching and self._watch is not None and self._stats is not None:
-            self._stats.resolve()  # a NaN seen in a step that never reached its backward
+            try:
+                self._stats.resolve()  # a NaN seen in a step that never reached its backward
+            except Exception as e:
+                self._fail(e)
             for anomaly in self._watch.end_step(self._step):
                 self._sink.write(anomaly)
         self._sink.flush()
@@ -508,9 +511,12 @@ class Tracer:
             self._sink.write(event)
 
     def _write_pending(self) -> None:
-        if self._stats is not None:
-            self._stats.resolve()
         pending, self._pending = self._pending, []
+        if self._stats is not None:
+            try:
+                self._stats.resolve()
+            except Exception as e:  # numbers that cannot be read: the events go without them
+                self._fail(e)
         pending.sort(key=lambda e: e.seq)
         for event in pending:
             self._sink.write(event)

@@ -403,3 +403,26 @@ def test_a_long_run_holds_no_more_objects(log_path: Path, steps: str) -> None:
         else:
             assert log_path.stat().st_size > size
     assert end_of(log_path).steps == 1050
+
+
+def test_a_meta_device_pass_leaves_tracing_on(log_path: Path) -> None:
+    """A forward and backward on the meta device (shapes only, no numbers: a shape or FLOP
+    count before training) is traced without statistics, and the real steps after it in full."""
+    with hooktrace.trace(log_path):
+        with torch.device("meta"):
+            shapes_only = small_model()
+            shapes_only(torch.randn(2, 4)).sum().backward()
+        model = small_model()
+        for _ in range(2):
+            model(torch.randn(2, 4)).sum().backward()
+    end = end_of(log_path)
+    assert (end.status, end.steps, end.tracer_error) == ("ok", 3, None)
+    for step in range(3):
+        backward = [e for e in events(log_path, "backward", step)
+                    if isinstance(e, schema.BackwardEvent)]
+        assert len(backward) == 5
+        stats = [s for e in backward for s in e.grad_output_stats or []]
+        if step == 0:
+            assert stats == [None] * 5
+        else:
+            assert all(s is not None and s[0] > 0 for s in stats), stats
