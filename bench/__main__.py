@@ -83,11 +83,12 @@ def bench_workload(name: str, args: argparse.Namespace, folder: Path) -> dict[st
     rounds = args.rounds or (schedule.quick_rounds if args.quick else schedule.rounds)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     timer = "wall" if device.type == "cuda" else "cpu"  # the issue quotes CPU time; GPU: wall
-    _progress(f"{name}: {rounds} rounds of {len(variants.VARIANTS)} variants")
-    samples = measure.interleave(workload, variants.VARIANTS, rounds, folder, sync)
+    chosen = [v for v in variants.VARIANTS if v.runs_on(name, device.type)]
+    _progress(f"{name}: {rounds} rounds of {len(chosen)} variants")
+    samples = measure.interleave(workload, chosen, rounds, folder, sync)
     per_step = report.events_per_step(samples)
     rows = report.summarize(samples, per_step, timer)
-    for variant in variants.VARIANTS:
+    for variant in chosen:
         rows[variant.name]["label"] = variant.label
         if device.type == "cuda" and variant.name != "profiler":
             rows[variant.name]["syncs_per_step"] = measure.syncs_per_step(

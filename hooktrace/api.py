@@ -83,6 +83,8 @@ class Trace:
             tracer.stop()  # hooks are removed before anything is written
         except LogWriteError as e:
             self._write_failed(e)
+        except Exception as e:  # an internal error: said once, never raised into the program
+            tracer._fail(e)
         self.end = schema.End(
             status=status, events=tracer.events, steps=tracer.steps, exit_code=exit_code,
             error={"type": type(error).__name__, "message": str(error)} if error else None,
