@@ -117,6 +117,11 @@ class Stats:
 
         ``full=False`` (a watched step, which writes no event): only whether the gradient is
         finite, by one sum; a finite gradient gets ``FINITE``, not its numbers."""
+        if type(grad) is not torch.Tensor:
+            local = _local(grad)
+            if local is None:
+                return
+            grad = local
         if (not grad.is_floating_point() and not grad.is_complex()) or grad.is_meta:
             return  # a meta tensor (shapes only) has no numbers
         if self._last_grad is grad:
@@ -184,6 +189,11 @@ class Stats:
 
     def nonfinite(self, t: torch.Tensor, target: list[list[int]], index: int) -> None:
         """Append [index, nan, inf] to ``target`` when ``t`` holds NaN or Inf."""
+        if type(t) is not torch.Tensor:
+            local = _local(t)
+            if local is None:
+                return
+            t = local
         if not t.is_floating_point() or t.numel() == 0 or t.is_meta:
             return
         if self._on_host(t):
@@ -203,6 +213,11 @@ class Stats:
         for i, (target, key, grads) in enumerate(groups):
             target[key] = None
             for g in grads:
+                if type(g) is not torch.Tensor:
+                    local = _local(g)
+                    if local is None:
+                        continue
+                    g = local
                 if g.is_meta:
                     continue
                 batch = batches.setdefault((g.device, g.dtype), ([], []))
@@ -324,6 +339,24 @@ class Stats:
             for numbers, fill in entries:
                 fill(flat[pos: pos + len(numbers)])
                 pos += len(numbers)
+
+
+_PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
+
+
+def _local(t: torch.Tensor) -> torch.Tensor | None:
+    """The tensor whose numbers this process holds: ``t`` itself (a plain subclass such as a
+    Parameter); a distributed tensor's local shard (FSDP2, tensor parallel: its full numbers
+    would cost collectives, inside a hook); None for a subclass without numbers of its own (a
+    fake tensor)."""
+    if type(t).__torch_dispatch__ is _PLAIN_DISPATCH:
+        return t
+    to_local = getattr(t, "to_local", None)
+    if to_local is None:
+        return None
+    with torch.no_grad():
+        local = to_local()
+    return local if type(local).__torch_dispatch__ is _PLAIN_DISPATCH else None
 
 
 def _fill_targets(targets: list[Any], stats: tuple[float, ...]) -> None:

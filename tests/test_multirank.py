@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -21,12 +22,13 @@ SCRIPT = ROOT / "tests" / "scripts" / "ddp_train.py"
 TEARDOWN_ABORT = "terminate called without an active exception"
 
 
-def _torchrun(tmp_path: Path, nproc: int, *script_args: str) -> subprocess.CompletedProcess[str]:
+def _torchrun(tmp_path: Path, nproc: int, *script_args: str, script: Path = SCRIPT,
+              log: str = "ddp.jsonl") -> subprocess.CompletedProcess[str]:
     # --standalone: a rendezvous on a free local port, so runs never collide on a fixed one
     for _ in range(3):
         result = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-             str(nproc), "-m", "hooktrace", "run", "-o", "ddp.jsonl", str(SCRIPT), *script_args],
+             str(nproc), "-m", "hooktrace", "run", "-o", log, str(script), *script_args],
             cwd=tmp_path, capture_output=True, text=True, timeout=300)
         if result.returncode == 0 or TEARDOWN_ABORT not in result.stderr:
             break
@@ -112,3 +114,32 @@ def test_logs_of_different_runs_are_refused(tmp_path: Path) -> None:
         assert result.returncode == 2
         assert result.stderr.strip() == (
             "hooktrace: error: the logs are not the ranks of one run: two logs are rank 0")
+
+
+@pytest.mark.slow
+def test_fsdp2_sharded_gradients(tmp_path: Path) -> None:
+    """FSDP2: parameter gradients are DTensors. Each rank logs the norm of its own shard (the
+    full norm would take collectives inside the tracer), so the ranks' shard norms add up, as
+    squares, to the full norm the script computes."""
+    result = _torchrun(tmp_path, 2, script=ROOT / "tests" / "scripts" / "fsdp_train.py",
+                       log="fsdp.jsonl")
+    assert result.returncode == 0, result.stderr
+    assert "internal error" not in result.stderr
+    full = {d["step"]: d["norms"] for d in map(json.loads, result.stdout.splitlines())}
+    shards: dict[tuple[int, str], list[float]] = {}
+    for rank in (0, 1):
+        records = read_log(tmp_path / f"fsdp.rank{rank}.jsonl")
+        end = records[-1]
+        assert isinstance(end, schema.End) and (end.steps, end.tracer_error) == (3, None)
+        for r in records:
+            if isinstance(r, schema.ParamGrads):
+                for name, norm in r.grad_norm.items():
+                    assert norm is not None, (rank, r)
+                    shards.setdefault((r.step, name), []).append(norm)
+    assert sorted(shards) == [(step, name) for step in range(3) for name in ("0", "2")]
+    for (step, name), norms in shards.items():
+        assert len(norms) == 2
+        assert math.isclose(math.hypot(*norms), full[step][name], rel_tol=2e-3), (
+            step, name, norms, full[step])
+    report = hooktrace_cmd("check", "--json", tmp_path / "fsdp.rank*.jsonl")
+    assert json.loads(report.stdout)["findings"] == []
