@@ -426,3 +426,22 @@ def test_a_meta_device_pass_leaves_tracing_on(log_path: Path) -> None:
             assert stats == [None] * 5
         else:
             assert all(s is not None and s[0] > 0 for s in stats), stats
+
+
+def test_a_fake_tensor_pass_leaves_tracing_on(log_path: Path) -> None:
+    """A forward on fake tensors (FakeTensorMode: shapes only, as torch.export and FLOP
+    counters use) is traced without statistics, and the real steps after it in full."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    model = small_model()
+    with hooktrace.trace(log_path):
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            assert model(mode.from_tensor(torch.randn(2, 4))).shape == (2, 2)
+        for _ in range(2):
+            model(torch.randn(2, 4)).sum().backward()
+    end = end_of(log_path)
+    assert (end.status, end.steps, end.tracer_error) == ("ok", 2, None)
+    forward = [e for e in events(log_path, "forward", 0) if isinstance(e, schema.ForwardEvent)]
+    assert [e.name for e in forward] == ["0", "1", "2.0", "2", ""] * 2  # fake, then real
+    backward = [e for e in events(log_path, "backward", 1) if isinstance(e, schema.BackwardEvent)]
+    assert all(s is not None and s[0] > 0 for e in backward for s in e.grad_output_stats or [])
