@@ -82,7 +82,21 @@ def check_nonfinite(c: Collected) -> list[Finding]:
             "functional code that feeds it (log or sqrt of <= 0, division by 0, fp16 overflow)",
         ))
     backward = c.first_backward_nonfinite
-    if backward is not None:
+    if backward is not None and forward is None and _recovered(c):
+        bad = sorted(c.backward_nonfinite_steps)
+        label = _label(c, backward.model, backward.name)
+        out.append(Finding(
+            "nonfinite-backward", INFO, c.model_name(backward.model), backward.name,
+            backward.step,
+            f"NaN/Inf gradients in {_steps_text(bad)}, first "
+            f"{'produced by' if backward.evidence.get('produced') else 'reaching'} {label}; "
+            "every forward output finite, and finite gradients in the steps after: those "
+            "steps' updates were skipped, as a loss scaler (torch.amp.GradScaler) skips a step "
+            "whose scaled gradients overflowed", {**backward.evidence, "steps": bad[:20]},
+            "expected with fp16 loss scaling, in its first steps and now and then after; "
+            "without a scaler, find where the NaN/Inf starts in those steps",
+        ))
+    elif backward is not None:
         produced = backward.evidence.get("produced")
         follows = forward is not None and forward.step <= backward.step
         label = _label(c, backward.model, backward.name)
@@ -99,6 +113,16 @@ def check_nonfinite(c: Collected) -> list[Finding]:
             "from functional code after the last module",
         ))
     return out
+
+
+def _recovered(c: Collected) -> bool:
+    """A step after the last one with NaN/Inf gradients had finite ones: a recorded step, or
+    a watched one (a watched step with NaN/Inf would have written an anomaly)."""
+    last = max(c.backward_nonfinite_steps)
+    if any(step > last for step in c.backward_steps):
+        return True
+    watched = bool(c.header.options.get("watch"))
+    return watched and c.end is not None and c.end.steps > last + 1
 
 
 def _siblings(c: Collected, m: ModuleStats) -> list[ModuleStats]:

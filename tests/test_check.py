@@ -256,6 +256,31 @@ def test_small_gradients_inside_a_branch(tmp_path: Path, shortcut: bool) -> None
                                                                    ["1.drop", "2.drop", "3.drop"])
 
 
+@pytest.mark.parametrize("scaler", [True, False], ids=["scaler", "no-scaler"])
+def test_loss_scaler_overflow_is_a_note(tmp_path: Path, scaler: bool) -> None:
+    """fp16 with torch.amp.GradScaler: its first steps' scaled gradients overflow to Inf and it
+    skips them, then trains on: a note, not an error. (It skips steps 0-11; in 10 and 11, which
+    are watched, only weight gradients overflow, which watched steps do not read.) Without the
+    scaler the Inf gradients are applied and the run stays NaN: errors."""
+    log = tmp_path / "loss_scaling.jsonl"
+    result = hooktrace_cmd("run", "-o", log, SCRIPTS / "loss_scaling.py",
+                           *(() if scaler else ("--no-scaler",)), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    status, report = check_json(log)
+    backward = [f for f in report["findings"] if f["kind"] == "nonfinite-backward"]
+    if scaler:
+        assert problems(report) == [] and status == 0
+        [note] = backward
+        assert (note["severity"], note["step"], note["module"]) == ("info", 0, "")
+        assert note["evidence"]["steps"] == list(range(10))
+        assert "as a loss scaler (torch.amp.GradScaler) skips a step" in note["message"]
+    else:
+        assert status == 1
+        assert {(f["kind"], f["severity"]) for f in problems(report)} == {
+            ("nonfinite-forward", "error"), ("nonfinite-backward", "error")}
+        assert [f["step"] for f in backward] == [0]
+
+
 # -- the text report -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("fixture", "kind", "module", "step"), [
