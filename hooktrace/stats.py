@@ -117,11 +117,10 @@ class Stats:
 
         ``full=False`` (a watched step, which writes no event): only whether the gradient is
         finite, by one sum; a finite gradient gets ``FINITE``, not its numbers."""
-        if type(grad) is not torch.Tensor:
-            local = _local(grad)
-            if local is None:
-                return
-            grad = local
+        local = _local(grad)
+        if local is None:
+            return
+        grad = local
         if (not grad.is_floating_point() and not grad.is_complex()) or grad.is_meta:
             return  # a meta tensor (shapes only) has no numbers
         if self._last_grad is grad:
@@ -189,11 +188,10 @@ class Stats:
 
     def nonfinite(self, t: torch.Tensor, target: list[list[int]], index: int) -> None:
         """Append [index, nan, inf] to ``target`` when ``t`` holds NaN or Inf."""
-        if type(t) is not torch.Tensor:
-            local = _local(t)
-            if local is None:
-                return
-            t = local
+        local = _local(t)
+        if local is None:
+            return
+        t = local
         if not t.is_floating_point() or t.numel() == 0 or t.is_meta:
             return
         if self._on_host(t):
@@ -212,13 +210,8 @@ class Stats:
         batches: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[int]]] = {}
         for i, (target, key, grads) in enumerate(groups):
             target[key] = None
-            for g in grads:
-                if type(g) is not torch.Tensor:
-                    local = _local(g)
-                    if local is None:
-                        continue
-                    g = local
-                if g.is_meta:
+            for g in map(_local, grads):
+                if g is None or g.is_meta:
                     continue
                 batch = batches.setdefault((g.device, g.dtype), ([], []))
                 batch[0].append(g)
@@ -345,11 +338,12 @@ _PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
 
 
 def _local(t: torch.Tensor) -> torch.Tensor | None:
-    """The tensor whose numbers this process holds: ``t`` itself (a plain subclass such as a
-    Parameter); a distributed tensor's local shard (FSDP2, tensor parallel: its full numbers
+    """The tensor whose numbers this process holds: ``t`` itself (a plain tensor, or a plain
+    subclass such as a Parameter); a distributed tensor's local shard (FSDP2, tensor parallel: its full numbers
     would cost collectives, inside a hook); None for a subclass without numbers of its own (a
     fake tensor)."""
-    if type(t).__torch_dispatch__ is _PLAIN_DISPATCH:
+    kind = type(t)
+    if kind is torch.Tensor or kind.__torch_dispatch__ is _PLAIN_DISPATCH:
         return t
     to_local = getattr(t, "to_local", None)
     if to_local is None:
