@@ -339,9 +339,9 @@ _PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
 
 def _local(t: torch.Tensor) -> torch.Tensor | None:
     """The tensor whose numbers this process holds: ``t`` itself (a plain tensor, or a plain
-    subclass such as a Parameter); a distributed tensor's local shard (FSDP2, tensor parallel: its full numbers
-    would cost collectives, inside a hook); None for a subclass without numbers of its own (a
-    fake tensor)."""
+    subclass such as a Parameter); a distributed tensor's local shard (FSDP2, tensor parallel:
+    its full numbers would cost collectives, inside a hook); None for a subclass without
+    numbers of its own (a fake tensor)."""
     kind = type(t)
     if kind is torch.Tensor or kind.__torch_dispatch__ is _PLAIN_DISPATCH:
         return t
