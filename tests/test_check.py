@@ -222,9 +222,7 @@ def test_lasting_vanishing_is_a_problem(tmp_path: Path) -> None:
     the vanishing gradients last and are a warning, not a note."""
     script = tmp_path / "frozen_lr.py"
     script.write_text((SCRIPTS / "transformer_train.py").read_text().replace("lr=1e-2", "lr=0.0"))
-    log = tmp_path / "frozen_lr.jsonl"
-    assert hooktrace_cmd("run", "-o", log, script, cwd=tmp_path).returncode == 0
-    status, report = check_json(log)
+    status, report = check_json(trace(tmp_path, script))
     [finding] = [f for f in report["findings"] if f["kind"] == "vanishing"]
     assert (finding["severity"], finding["step"], finding["module"]) == ("warning", 0, "embed")
     assert status == 1
@@ -236,10 +234,7 @@ def test_small_gradients_inside_a_branch(tmp_path: Path, shortcut: bool) -> None
     stem, before it, gets a healthy one through the shortcut: a note. Without the shortcut the
     gradient vanishes on its way to the stem: a warning. The Dropouts the blocks never call are
     one note."""
-    log = tmp_path / "layer_scale.jsonl"
-    result = hooktrace_cmd("run", "-o", log, SCRIPTS / "layer_scale.py",
-                           *(() if shortcut else ("--no-shortcut",)), cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
+    log = trace(tmp_path, SCRIPTS / "layer_scale.py", *(() if shortcut else ("--no-shortcut",)))
     status, report = check_json(log)
     vanishing = [f for f in report["findings"] if f["kind"] == "vanishing"]
     if shortcut:
@@ -262,10 +257,7 @@ def test_loss_scaler_overflow_is_a_note(tmp_path: Path, scaler: bool) -> None:
     skips them, then trains on: a note, not an error. (It skips steps 0-11; in 10 and 11, which
     are watched, only weight gradients overflow, which watched steps do not read.) Without the
     scaler the Inf gradients are applied and the run stays NaN: errors."""
-    log = tmp_path / "loss_scaling.jsonl"
-    result = hooktrace_cmd("run", "-o", log, SCRIPTS / "loss_scaling.py",
-                           *(() if scaler else ("--no-scaler",)), cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
+    log = trace(tmp_path, SCRIPTS / "loss_scaling.py", *(() if scaler else ("--no-scaler",)))
     status, report = check_json(log)
     backward = [f for f in report["findings"] if f["kind"] == "nonfinite-backward"]
     if scaler:
