@@ -9,59 +9,33 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hooktrace.errors import HooktraceError
+from hooktrace.findings import (
+    ERROR,
+    NOTE,
+    SEVERITY_ORDER,
+    WARNING,
+    Finding,
+    Thresholds,
+    ancestors,
+    plural,
+    steps_text,
+)
 from hooktrace.logio import LogReader, capture_dir
 from hooktrace.ranks import first_divergence, open_ranks
 
-if TYPE_CHECKING:  # the DOT renderer imports this module for Thresholds, and starts faster
+if TYPE_CHECKING:
     from hooktrace.collect import Collected, Keys, ModuleKey, ModuleStats
 
-ERROR, WARNING, INFO = "error", "warning", "info"
-SEVERITY_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
 CONTAINERS = {"ModuleList", "ModuleDict", "ParameterList", "ParameterDict"}  # never called
 
 
-@dataclass(frozen=True)
-class Thresholds:
-    vanishing: float = 1e-7  # a parameter-gradient norm below this (but not 0 by design)
-    exploding: float = 1e4  # a parameter-gradient norm above this
-    orders: float = 4.0  # activation-gradient norms across the network differing by this many
-
-
-@dataclass
-class Finding:
-    kind: str  # nonfinite-forward, nonfinite-backward, no-grad, no-grad-under-no_grad, frozen,
-    # vanishing, exploding, unused, called-several-times, backward-order
-    severity: str
-    model: str
-    module: str
-    step: int | None
-    message: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-    hint: str = ""
-    ranks: list[int] | None = None  # with several logs: the ranks it was found on
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 # -- the checks: each returns findings -------------------------------------------------------
-
-def plural(n: int, word: str) -> str:
-    """``1 step``, ``3 steps``: the counts every report prints."""
-    return f"{n} {word}" + ("" if n == 1 else "s")
-
-
-def _steps_text(steps: list[int]) -> str:
-    shown = ", ".join(map(str, steps[:5]))
-    more = f" and {len(steps) - 5} more" if len(steps) > 5 else ""
-    return ("step " if len(steps) == 1 else "steps ") + shown + more
-
 
 def _label(c: Collected, model: int, name: str) -> str:
     m = c.modules.get((model, name))
@@ -76,7 +50,7 @@ def check_nonfinite(c: Collected) -> list[Finding]:
         out.append(Finding(
             "nonfinite-forward", ERROR, c.model_name(forward.model), forward.name, forward.step,
             f"first NaN/Inf in a forward output: {_label(c, forward.model, forward.name)} at "
-            f"step {forward.step}" + (f" (again in {_steps_text(later)})" if later else ""),
+            f"step {forward.step}" + (f" (again in {steps_text(later)})" if later else ""),
             forward.evidence,
             "the modules before it gave finite outputs: look inside its forward, or at the "
             "functional code that feeds it (log or sqrt of <= 0, division by 0, fp16 overflow)",
@@ -86,9 +60,9 @@ def check_nonfinite(c: Collected) -> list[Finding]:
         bad = sorted(c.backward_nonfinite_steps)
         label = _label(c, backward.model, backward.name)
         out.append(Finding(
-            "nonfinite-backward", INFO, c.model_name(backward.model), backward.name,
+            "nonfinite-backward", NOTE, c.model_name(backward.model), backward.name,
             backward.step,
-            f"NaN/Inf gradients in {_steps_text(bad)}, first "
+            f"NaN/Inf gradients in {steps_text(bad)}, first "
             f"{'produced by' if backward.evidence.get('produced') else 'reaching'} {label}; "
             "every forward output finite, and finite gradients in the steps after: those "
             "steps' updates were skipped, as a loss scaler (torch.amp.GradScaler) skips a step "
@@ -171,7 +145,7 @@ def check_no_grad(c: Collected) -> list[Finding]:
         if not m.trainable:
             trainable_twins = [o.name for o in _siblings(c, m) if o.cls == m.cls and o.trainable]
             out.append(Finding(
-                "frozen", WARNING if trainable_twins else INFO, c.model_name(m.model), m.name,
+                "frozen", WARNING if trainable_twins else NOTE, c.model_name(m.model), m.name,
                 None,
                 f"{m.name} ({m.cls}): parameters frozen (requires_grad=False)"
                 + (f", while {', '.join(trainable_twins[:3])} beside it train" if trainable_twins
@@ -185,7 +159,7 @@ def check_no_grad(c: Collected) -> list[Finding]:
             detached.append((m, Finding(
                 "no-grad", WARNING, c.model_name(m.model), m.name, steps[0],
                 f"{m.name or '(root)'} ({m.cls}) ran forward but no gradient reached it: "
-                f"detached or not on the loss path ({_steps_text(steps)})",
+                f"detached or not on the loss path ({steps_text(steps)})",
                 {"steps": steps[:20], "trainable": m.trainable},
                 "look for .detach(), .data, .item()/numpy round trips, or an output the loss "
                 "does not use",
@@ -210,17 +184,11 @@ def check_lost_gradient(c: Collected) -> list[Finding]:
         out.append(Finding(
             "no-grad", WARNING, c.model_name(model), name, steps[0],
             f"{name or '(root)'} ({m.cls if m else '?'}) received gradient in earlier steps, then "
-            f"none from step {steps[0]} on ({_steps_text(steps)})",
+            f"none from step {steps[0]} on ({steps_text(steps)})",
             {"steps": steps[:20]},
             "something started detaching it or stopped using its output in the loss",
         ))
     return out
-
-
-def _ancestors(name: str) -> list[str]:
-    """Outermost first: "a.b.c" -> ["", "a", "a.b"]."""
-    parts = name.split(".") if name else []
-    return [".".join(parts[:i]) for i in range(len(parts))]
 
 
 def _group_subtrees(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> list[Finding]:
@@ -233,7 +201,7 @@ def _group_subtrees(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> l
     for (model, name), finding in flagged.items():
         if (model, name) in grouped:
             continue
-        for top in _ancestors(name):
+        for top in ancestors(name):
             below = [m for m in trained if m.model == model
                      and (top == "" or m.name.startswith(top + "."))]
             if len(below) >= 2 and all((m.model, m.name) in flagged for m in below):
@@ -247,7 +215,7 @@ def _group_subtrees(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> l
             finding.kind, finding.severity, finding.model, top, finding.step,
             f"{_label(c, model, top)}: no gradient reached any of its {len(below)} trainable "
             f"modules ({names}): detached or not on the loss path "
-            f"({_steps_text(finding.evidence['steps'])})",
+            f"({steps_text(finding.evidence['steps'])})",
             {"modules": [m.name for m in below], "steps": finding.evidence["steps"],
              "trainable": sum(m.trainable for m in below)},
             finding.hint))
@@ -384,7 +352,7 @@ def _start_orders(c: Collected) -> dict[ModuleKey, int]:
     start: dict[ModuleKey, int] = {}
     for (model, name), m in c.modules.items():
         if m.first_seq is not None:
-            for fqn in [name, *_ancestors(name)]:
+            for fqn in [name, *ancestors(name)]:
                 if m.first_seq < start.get((model, fqn), math.inf):
                     start[(model, fqn)] = m.first_seq
     return start
@@ -393,7 +361,7 @@ def _start_orders(c: Collected) -> dict[ModuleKey, int]:
 def _start(starts: dict[ModuleKey, int], key: ModuleKey) -> int:
     """A module never called (its parent uses its parameters) starts with its parent."""
     model, name = key
-    for fqn in [name, *reversed(_ancestors(name))]:
+    for fqn in [name, *reversed(ancestors(name))]:
         found = starts.get((model, fqn))
         if found is not None:
             return found
@@ -432,8 +400,8 @@ def _magnitude_finding(c: Collected, t: Thresholds, starts: dict[ModuleKey, int]
     if note:
         steps = sorted({s for p in modules.values() for s in p.steps})
         adds, hint = _NOTES[note]
-        return Finding(kind, INFO, c.model_name(first[0]), first[1], steps[0],
-                       f"{about}, {adds.format(steps=_steps_text(steps))}",
+        return Finding(kind, NOTE, c.model_name(first[0]), first[1], steps[0],
+                       f"{about}, {adds.format(steps=steps_text(steps))}",
                        {"grad_norm": norms, "steps": steps}, hint)
     if finding is None:
         finding = Finding(kind, WARNING, c.model_name(first[0]), first[1],
@@ -478,7 +446,7 @@ def check_unused(c: Collected) -> list[Finding]:
             continue  # an empty Sequential: a placeholder (a block's identity shortcut)
         trainable = m.trainable + sum(o.trainable for o in below)
         out.append(Finding(
-            "unused", WARNING if trainable else INFO, c.model_name(m.model), m.name, None,
+            "unused", WARNING if trainable else NOTE, c.model_name(m.model), m.name, None,
             f"{m.name} ({m.cls}) is registered but never called"
             + (f" ({len(below)} submodules, {trainable} trainable parameters)" if below
                else f" ({trainable} trainable parameters)" if trainable else ""),
@@ -486,22 +454,22 @@ def check_unused(c: Collected) -> list[Finding]:
             "DDP needs find_unused_parameters=True for it; remove it if it is not needed"
             if trainable else "",
         ))
-    return [f for f in out if f.severity != INFO] + _one_note_per_model(out)
+    return [f for f in out if f.severity != NOTE] + _one_note_per_model(out)
 
 
 def _one_note_per_model(found: list[Finding]) -> list[Finding]:
     """The unused modules without trainable parameters (harmless: EfficientNet builds a
     StochasticDepth in every block and calls it in some), one note per model."""
     out = []
-    for model in dict.fromkeys(f.model for f in found if f.severity == INFO):
-        notes = [f for f in found if f.severity == INFO and f.model == model]
+    for model in dict.fromkeys(f.model for f in found if f.severity == NOTE):
+        notes = [f for f in found if f.severity == NOTE and f.model == model]
         if len(notes) == 1:
             out += notes
             continue
         listed = ", ".join(f.module for f in notes[:6]) + (
             f" and {len(notes) - 6} more" if len(notes) > 6 else "")
         out.append(Finding(
-            "unused", INFO, model, notes[0].module, None,
+            "unused", NOTE, model, notes[0].module, None,
             f"{len(notes)} modules without trainable parameters are registered but never "
             f"called: {listed}", {"modules": [f.module for f in notes]}))
     return out
@@ -518,7 +486,7 @@ def check_info(c: Collected) -> list[Finding]:
                                for m in several[:8])
             more = f" and {len(several) - 8} more" if len(several) > 8 else ""
             out.append(Finding(
-                "called-several-times", INFO, c.model_name(model), several[0].name, None,
+                "called-several-times", NOTE, c.model_name(model), several[0].name, None,
                 f"{plural(len(several), 'module')} called several times per step: "
                 f"{listed}{more}",
                 {"modules": {m.name: m.max_calls_per_step for m in several}},
@@ -526,7 +494,7 @@ def check_info(c: Collected) -> list[Finding]:
     if c.order_mismatch is not None:
         step, model, name = c.order_mismatch
         out.append(Finding(
-            "backward-order", INFO, c.model_name(model), name, step,
+            "backward-order", NOTE, c.model_name(model), name, step,
             f"backward order does not mirror forward at step {step}, from "
             f"{_label(c, model, name)} (normal for residual and parallel branches)"))
     return out
@@ -542,7 +510,7 @@ class Report:
 
     @property
     def problems(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity != INFO]
+        return [f for f in self.findings if f.severity != NOTE]
 
 
 def run_checks(path: str | os.PathLike[str], step: int | None = None,

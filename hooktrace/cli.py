@@ -148,8 +148,9 @@ def check(logs: tuple[Path, ...], as_json: bool, step: int | None, vanishing: fl
     ranks of one run: they are also compared step by step. Exit status 1 when problems are
     found."""
     from hooktrace import checks, report
+    from hooktrace.findings import Thresholds
 
-    result = checks.run_checks_ranks(logs, step, checks.Thresholds(vanishing, exploding, orders))
+    result = checks.run_checks_ranks(logs, step, Thresholds(vanishing, exploding, orders))
     names = " ".join(map(str, logs))
     click.echo(report.to_json(result) if as_json else report.to_text(result, names))
     sys.exit(1 if result.problems else 0)

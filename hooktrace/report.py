@@ -6,9 +6,10 @@ from typing import Any
 
 import orjson
 
-from hooktrace.checks import ERROR, INFO, WARNING, Finding, Report, plural
+from hooktrace.checks import Report
+from hooktrace.findings import ERROR, NOTE, WARNING, Finding, plural
 
-_TITLES = {ERROR: "Errors", WARNING: "Warnings", INFO: "Notes"}
+_TITLES = {ERROR: "Errors", WARNING: "Warnings", NOTE: "Notes"}
 
 
 def _evidence(evidence: dict[str, Any]) -> str:
@@ -49,7 +50,7 @@ def _finding(f: Finding) -> list[str]:
         ranks += "" if f.kind == "rank-divergence" else " only"
     model = f" · model '{f.model}'" if f.model else ""
     lines = [f"  [{f.kind}] {module}{model} · {where}{ranks}", f"    {f.message}"]
-    evidence = _evidence(f.evidence) if f.severity != INFO else ""  # a note's message says it
+    evidence = _evidence(f.evidence) if f.severity != NOTE else ""  # a note's message says it
     if evidence:
         lines.append(f"    evidence: {evidence}")
     if f.hint:
@@ -63,7 +64,7 @@ def to_text(report: Report, path: str) -> str:
     lines += [f"warning: {w}" for w in report.warnings]
     if report.captured:
         lines.append(f"captured tensors (torch.load): {report.captured}")
-    for severity in (ERROR, WARNING, INFO):
+    for severity in (ERROR, WARNING, NOTE):
         found = [f for f in report.findings if f.severity == severity]
         if found:
             lines += ["", f"{_TITLES[severity]} ({len(found)})"]
@@ -71,7 +72,7 @@ def to_text(report: Report, path: str) -> str:
                 lines += _finding(f)
     errors = sum(f.severity == ERROR for f in report.findings)
     warnings = sum(f.severity == WARNING for f in report.findings)
-    notes = sum(f.severity == INFO for f in report.findings)
+    notes = sum(f.severity == NOTE for f in report.findings)
     lines.append("")
     noted = f"{notes} note" + ("" if notes == 1 else "s")
     if errors or warnings:

@@ -24,8 +24,8 @@ from pathlib import Path
 from types import FrameType
 
 from hooktrace.api import Trace
-from hooktrace.checks import plural
 from hooktrace.errors import HooktraceError
+from hooktrace.findings import plural
 from hooktrace.logio import capture_dir
 from hooktrace.options import TraceOptions
 

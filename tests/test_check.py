@@ -58,7 +58,7 @@ def check_json(log: Path, *args: str | int) -> tuple[int, dict[str, Any]]:
     assert set(report) == REPORT_KEYS, report.keys()
     for finding in report["findings"]:
         assert set(finding) == FINDING_KEYS, finding.keys()
-        assert finding["severity"] in ("error", "warning", "info")
+        assert finding["severity"] in ("error", "warning", "note")
     # the count of problems agrees with the findings and with the exit status
     assert report["problems"] == len(problems(report))
     assert result.returncode == (1 if report["problems"] else 0)
@@ -212,7 +212,7 @@ def test_transformer_habits_are_not_defects(tmp_path: Path, stats: bool, unused:
         ["aux"] if unused else [])
     if stats:  # the step-0 zero gradients: a note, naming that step only
         [note] = [f for f in report["findings"] if f["kind"] == "vanishing"]
-        assert (note["severity"], note["step"], note["evidence"]["steps"]) == ("info", 0, [0])
+        assert (note["severity"], note["step"], note["evidence"]["steps"]) == ("note", 0, [0])
         assert note["module"] == "embed"  # the first in execution order
         assert "blocks.0.attn.self_attn.out_proj" in note["evidence"]["grad_norm"]
 
@@ -240,14 +240,14 @@ def test_small_gradients_inside_a_branch(tmp_path: Path, shortcut: bool) -> None
     if shortcut:
         assert problems(report) == [] and status == 0
         [note] = vanishing
-        assert (note["severity"], note["module"], note["step"]) == ("info", "1.mlp.0", 0)
+        assert (note["severity"], note["module"], note["step"]) == ("note", "1.mlp.0", 0)
         assert "while modules that run before them got larger gradients" in note["message"]
         assert set(note["evidence"]["grad_norm"]) == {f"{b}.mlp.{i}" for b in (1, 2, 3)
                                                       for i in (0, 2)}
     else:
         assert summary(problems(report)) == {("vanishing", "warning", "0", 0)}
     [unused] = [f for f in report["findings"] if f["kind"] == "unused"]
-    assert (unused["severity"], unused["evidence"]["modules"]) == ("info",
+    assert (unused["severity"], unused["evidence"]["modules"]) == ("note",
                                                                    ["1.drop", "2.drop", "3.drop"])
 
 
@@ -263,7 +263,7 @@ def test_loss_scaler_overflow_is_a_note(tmp_path: Path, scaler: bool) -> None:
     if scaler:
         assert problems(report) == [] and status == 0
         [note] = backward
-        assert (note["severity"], note["step"], note["module"]) == ("info", 0, "")
+        assert (note["severity"], note["step"], note["module"]) == ("note", 0, "")
         assert note["evidence"]["steps"] == list(range(10))
         assert "as a loss scaler (torch.amp.GradScaler) skips a step" in note["message"]
     else:

@@ -16,8 +16,8 @@ import html
 from typing import Any
 from urllib.parse import quote
 
-from hooktrace.checks import Thresholds
 from hooktrace.errors import HooktraceError
+from hooktrace.findings import Thresholds
 from hooktrace.graph import Cluster, Edge, Node, NodeKey, View
 from hooktrace.render.text import printable, shapes_text
 
