@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hooktrace import flow
 from hooktrace.errors import HooktraceError
 from hooktrace.findings import (
     ERROR,
@@ -135,23 +136,29 @@ def _no_grad_only(c: Collected) -> dict[ModuleKey, list[int]]:
     return out
 
 
-def check_no_grad(c: Collected) -> list[Finding]:
+def check_no_grad(c: Collected, explained: Set[ModuleKey] = frozenset()) -> list[Finding]:
     out: list[Finding] = []
     detached: list[tuple[ModuleStats, Finding]] = []
     no_backward, no_grad_only = _detached(c), _no_grad_only(c)
+    for key in explained:  # starved modules whose boundary ``flow`` names
+        no_backward.pop(key, None)
+        no_grad_only.pop(key, None)
     for m in c.modules.values():
         if not m.params or not m.calls:
             continue
         if not m.trainable:
-            trainable_twins = [o.name for o in _siblings(c, m) if o.cls == m.cls and o.trainable]
+            twins = [o for o in _siblings(c, m) if o.cls == m.cls and o.trainable]
+            trainable_twins = [o.name for o in twins]
+            # no trainable twin before it: a frozen backbone (a frozen prefix), on purpose
+            before = any((o.first_seq or 0) < (m.first_seq or 0) for o in twins)
             out.append(Finding(
-                "frozen", WARNING if trainable_twins else NOTE, c.model_name(m.model), m.name,
+                "frozen", WARNING if before else NOTE, c.model_name(m.model), m.name,
                 None,
                 f"{m.name} ({m.cls}): parameters frozen (requires_grad=False)"
                 + (f", while {', '.join(trainable_twins[:3])} beside it train" if trainable_twins
                    else ""),
                 {"params": m.params, "trainable_siblings": trainable_twins},
-                "call .requires_grad_(True) on it if it should train" if trainable_twins else "",
+                "call .requires_grad_(True) on it if it should train" if before else "",
             ))
             continue
         steps = no_backward.get((m.model, m.name))
@@ -222,11 +229,12 @@ def _group_subtrees(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> l
     return out
 
 
-def _profile_finding(c: Collected, t: Thresholds) -> Finding | None:
-    """Activation-gradient norms (grad_output) that grow or fall across the network."""
+def _profile_finding(c: Collected, t: Thresholds, explained: Set[ModuleKey]) -> Finding | None:
+    """Activation-gradient norms (grad_output) that grow or fall across the network; not where
+    they fall to a module starved at a boundary ``flow`` names."""
     for step in sorted(c.profiles):
         modules, norms = c.profiles[step]  # backward order: output side first
-        if len(norms) < 3:
+        if len(norms) < 3 or (norms[-1] < norms[0] and modules[-1] in explained):
             continue
         top, bottom = norms[0], norms[-1]
         if top <= 0 or bottom <= 0:
@@ -323,14 +331,18 @@ def _earliest_above(starts: dict[ModuleKey, int], norms: dict[ModuleKey, float |
     return earliest
 
 
-def check_magnitudes(c: Collected, t: Thresholds) -> list[Finding]:
+def check_magnitudes(c: Collected, t: Thresholds, explained: Set[ModuleKey] = frozenset()
+                     ) -> list[Finding]:
     """Parameter-gradient norms past the thresholds, and the profile across the network: one
     finding per kind (vanishing, exploding), a warning where they last; a note where they
     passed in a few steps only, or where the gradient got past them to the input side."""
     starts = _start_orders(c)
     flagged = _past_thresholds(c, t, starts)
+    for modules in flagged.values():  # starved modules whose boundary ``flow`` names
+        for key in explained & modules.keys():
+            del modules[key]
     bypassed = flagged.pop("bypassed")
-    profile = _profile_finding(c, t)
+    profile = _profile_finding(c, t, explained)
     out: list[Finding] = []
     for kind, past in flagged.items():
         finding = profile if profile is not None and profile.kind == kind else None
@@ -513,6 +525,13 @@ class Report:
         return [f for f in self.findings if f.severity != NOTE]
 
 
+def _with_uncalled(c: Collected, starved: set[ModuleKey]) -> set[ModuleKey]:
+    """The starved modules and the never-called ones inside them, whose parameters their parent
+    uses (MultiheadAttention's out_proj): starved with it."""
+    return starved | {key for key, m in c.modules.items() if not m.calls and any(
+        (key[0], name) in starved for name in ancestors(key[1]))}
+
+
 def run_checks(path: str | os.PathLike[str], step: int | None = None,
                thresholds: Thresholds | None = None) -> Report:
     from hooktrace.collect import collect
@@ -523,8 +542,11 @@ def run_checks(path: str | os.PathLike[str], step: int | None = None,
         have = f"{seen[0]}-{seen[-1]}" if seen else "none"
         raise HooktraceError(f"no step {step} in {path}; its steps: {have}")
     t = thresholds or Thresholds()
-    findings = [*check_nonfinite(c), *check_no_grad(c), *check_lost_gradient(c),
-                *check_magnitudes(c, t),
+    flowed = flow.analyse(c.calls, c.modules, t)
+    explained = _with_uncalled(c, flowed.victims)
+    findings = [*check_nonfinite(c), *flow.findings(flowed, c.modules, c.models),
+                *check_no_grad(c, explained), *check_lost_gradient(c),
+                *check_magnitudes(c, t, explained),
                 *check_unused(c), *check_info(c)]
     order = {m.name: m.first_seq or 0 for m in c.modules.values()}
     findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1,

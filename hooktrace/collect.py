@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hooktrace import schema
+from hooktrace import flow, schema
 from hooktrace.logio import LogReader
 
 ModuleKey = tuple[int, str]  # (model, fqn)
@@ -77,6 +77,8 @@ class Collected:
     lost_gradient: dict[ModuleKey, list[int]] = field(default_factory=dict)  # watched
     warnings: list[str] = field(default_factory=list)
     end: schema.End | None = None
+    # the calls of the first recorded steps, each with its backward's gradient norms
+    calls: list[flow.Call] = field(default_factory=list)
 
     def model_name(self, model: int) -> str:
         return self.models.get(model, str(model))
@@ -140,6 +142,12 @@ class _Collector:
         self._grad: dict[int, Indices] = {}  # the sets of Collected, as indices
         self._no_grad_steps: dict[int, Indices] = {}
         self._backed: dict[int, Indices] = {}
+        # the calls of the steps judged call by call (flow.STEPS), by forward seq; and by
+        # (step, module index, call index), for the backward of a recomputed call
+        self._flow: dict[int, flow.Call] = {}
+        self._flow_calls: dict[tuple[int, int, int], flow.Call] = {}
+        self._flow_steps: set[int] = set()
+        self._flowing = False  # the forward calls' step is judged
 
     def feed(self, reader: LogReader) -> Collected:
         for item in reader.scan(self._decoder):
@@ -166,17 +174,21 @@ class _Collector:
                     self._forward_step(step)
                 seqs.append(d["seq"])
                 if only is None or step == only:
-                    calls.append(ids[m] if (m := d["module"]) in ids else self._id(m))
+                    calls.append(index := ids[m] if (m := d["module"]) in ids else self._id(m))
+                    if self._flowing:
+                        self._flow_call(step, d["seq"], index, d["call"], True)
             return
         bcalls, bfwds, trainable = self._bcalls, self._bfwds, self._trainable
-        profiled, norms = self._profiled, self._norms
+        profiled, norms, judged = self._profiled, self._norms, self._flow
         for d in events:
             if (step := d["step"]) != self._bstep:
                 self._backward_step(step)
             if only is None or step == only:
                 index = ids[m] if (m := d["module"]) in ids else self._id(m)
                 bcalls.append(index)
-                bfwds.append(d["fwd"])
+                bfwds.append(fwd := d["fwd"])
+                if judged and (call := judged.get(fwd)) is not None:
+                    call.gradients(d.get("out_stats"), d.get("in_stats"))
                 if index in trainable:
                     outs = d.get("out_stats")
                     if outs and (stat := outs[0]) is not None:  # plain: finite
@@ -246,6 +258,9 @@ class _Collector:
             self._step = step
             self.c.steps_seen.add(step)
             self._prune(step)
+            if step not in self._flow_steps and len(self._flow_steps) < flow.STEPS:
+                self._flow_steps.add(step)
+            self._flowing = step in self._flow_steps
 
     def _sync(self) -> None:
         """Put the step's forward seqs not yet there in _fwd_step (a backward looks them up)."""
@@ -305,8 +320,13 @@ class _Collector:
         if e.recompute:
             self._calls.append(None)
             self._recomputed = True
+            original = self._flow_calls.get((e.step, index, e.call))
+            if original is not None:  # its backward is the original call's
+                self._flow[e.seq] = original
             return
         self._calls.append(index)
+        if self._flowing:
+            self._flow_call(e.step, e.seq, index, e.call, not e.no_grad)
         if e.no_grad:
             self._no_grad.append(index)
         if e.output_nonfinite:
@@ -318,6 +338,10 @@ class _Collector:
                          else None, "nan": nan, "inf": inf}
                         for i, nan, inf in e.output_nonfinite],
                 })
+
+    def _flow_call(self, step: int, seq: int, index: int, call: int, grad: bool) -> None:
+        judged = self._flow[seq] = flow.Call(step, seq, self._keys[index], call, grad)
+        self._flow_calls[(step, index, call)] = judged
 
     def _compare_orders(self) -> None:
         """Does the step's backward run its calls in the reverse of their forward order?"""
@@ -384,6 +408,10 @@ class _Collector:
         index = self._key_index((e.model, e.name))
         self._bcalls.append(index)
         self._bfwds.append(e.fwd)
+        call = self._flow.get(e.fwd)
+        if call is not None:
+            call.gradients(e.grad_output_stats, e.grad_input_stats)
+            call.lost = call.lost or bool(e.lost)
         outs = e.grad_output_stats or []
         if index in self._trainable and outs and outs[0] is not None \
                 and math.isfinite(outs[0][0]):
@@ -412,7 +440,8 @@ class _Collector:
         self._patterns.clear()
 
     def _finish(self) -> None:
-        """The per-step sets as module keys."""
+        """The per-step sets as module keys; the judged calls."""
+        self.c.calls = list(self._flow_calls.values())
         as_keys: dict[Indices, Keys] = {}
         for sets, out in ((self._grad, self.c.grad), (self._no_grad_steps, self.c.no_grad),
                           (self._backed, self.c.backward)):

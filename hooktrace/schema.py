@@ -206,6 +206,9 @@ class BackwardEvent:
     #: per gradient, like the shapes: [norm, absmax(, nan, inf)] or None; absent with --no-stats
     grad_input_stats: list[GradStat | None] | None = None
     grad_output_stats: list[GradStat | None] | None = None
+    #: inputs that needed a gradient (required grad when the call ran) and got none by the end
+    #: of the backward pass: the gradient stopped inside the call; absent when none
+    lost: list[int] | None = None
 
     @property
     def phase(self) -> str:
@@ -439,6 +442,8 @@ class Encoder:
         }
         if e.recompute:
             d["recompute"] = True
+        if e.lost:
+            d["lost"] = e.lost
         # out before in: a module's grad_output is, most often, the grad_input of the module
         # written just before it, the same numbers (one tuple): encoded once
         out_stats = self._stats(e.grad_output_stats)
@@ -527,7 +532,7 @@ class Decoder:
                     and type(d["fwd"]) is int and type(m := d["module"]) is int
                     and m in self.modules and type(i := d["in"]) is int and i in self.tensors
                     and type(o := d["out"]) is int and o in self.tensors
-                    and "recompute" not in d
+                    and "recompute" not in d and "lost" not in d
                     and _plain_stats(d.get("in_stats"), d.get("out_stats"))):
                 return d
         except KeyError:
@@ -643,9 +648,12 @@ class Decoder:
             in_stats = _decode_stats(d, "in_stats")
         if not _stats_ok(out_stats):
             out_stats = _decode_stats(d, "out_stats")
+        lost = _get(d, "lost", list, None)
+        if lost is not None and not all(type(i) is int for i in lost):
+            raise SchemaError(f"backward event: 'lost' must list input indices, got {lost!r}")
         return BackwardEvent(seq, step, model, name, call, fwd, len(grad_ins), len(grad_outs),
                              grad_ins, grad_outs, _get(d, "recompute", bool, False), in_stats,
-                             out_stats)
+                             out_stats, lost or None)
 
 
 def from_dict(d: Any) -> Record | None:

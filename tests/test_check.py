@@ -127,13 +127,14 @@ def test_detached_branch(detached_log: Path) -> None:
     status, report = check_json(detached_log)
     assert status == 1
     assert report["steps"] == 3
-    # one finding for the whole branch: both Linear layers of branch_b (the ReLU and the
-    # Sequential have no parameters) got no gradient, from the first step on; nothing about
-    # branch_a, which trains normally
-    assert summary(problems(report)) == {("no-grad", "warning", "branch_b", 0)}
+    # one finding, naming where the gradient is lost: the model's own forward, which detaches
+    # branch_b's output; both Linear layers of branch_b (the ReLU and the Sequential have no
+    # parameters) are its evidence, from the first step on; nothing about branch_a
+    assert summary(problems(report)) == {("no-grad", "warning", "", 0)}
     (finding,) = problems(report)
     assert finding["model"] == "model"
-    assert finding["evidence"]["modules"] == ["branch_b.0", "branch_b.2"]
+    assert "the output of branch_b gets no gradient back" in finding["message"]
+    assert finding["evidence"]["starved"] == ["branch_b.0", "branch_b.2"]
     assert finding["evidence"]["steps"] == [0, 1, 2]  # every step, not only the first
 
 
@@ -210,21 +211,26 @@ def test_transformer_habits_are_not_defects(tmp_path: Path, stats: bool, unused:
         assert problems(report) == [] and status == 0
     assert [f["module"] for f in report["findings"] if f["kind"] == "unused"] == (
         ["aux"] if unused else [])
-    if stats:  # the step-0 zero gradients: a note, naming that step only
-        [note] = [f for f in report["findings"] if f["kind"] == "vanishing"]
-        assert (note["severity"], note["step"], note["evidence"]["steps"]) == ("note", 0, [0])
-        assert note["module"] == "embed"  # the first in execution order
-        assert "blocks.0.attn.self_attn.out_proj" in note["evidence"]["grad_norm"]
+    if stats:  # the step-0 zero gradients: a note naming the head, at that step only
+        [note] = [f for f in report["findings"] if f["kind"] == "zero-gradient"]
+        assert (note["severity"], note["module"], note["step"]) == ("note", "head", 0)
+        assert note["evidence"]["steps"] == [0]
+        assert note["evidence"]["starved"][0] == "embed"  # in execution order
+        assert "not in the 3 later steps" in note["message"]
+        # its victims are its evidence, not vanishing findings of their own (out_proj, whose
+        # parameters MultiheadAttention uses without calling it, included)
+        assert [f for f in report["findings"] if f["kind"] == "vanishing"] == []
 
 
 def test_lasting_vanishing_is_a_problem(tmp_path: Path) -> None:
-    """The same zero head, never trained (learning rate 0): no gradient ever gets past it, so
-    the vanishing gradients last and are a warning, not a note."""
+    """The same zero head, never trained (learning rate 0): no gradient ever gets past it, at
+    any step: a warning naming the head, not a note."""
     script = tmp_path / "frozen_lr.py"
     script.write_text((SCRIPTS / "transformer_train.py").read_text().replace("lr=1e-2", "lr=0.0"))
     status, report = check_json(trace(tmp_path, script))
-    [finding] = [f for f in report["findings"] if f["kind"] == "vanishing"]
-    assert (finding["severity"], finding["step"], finding["module"]) == ("warning", 0, "embed")
+    assert summary(problems(report)) == {("zero-gradient", "warning", "head", 0)}
+    [finding] = problems(report)
+    assert finding["evidence"]["steps"] == [0, 1, 2, 3]
     assert status == 1
 
 
@@ -245,7 +251,11 @@ def test_small_gradients_inside_a_branch(tmp_path: Path, shortcut: bool) -> None
         assert set(note["evidence"]["grad_norm"]) == {f"{b}.mlp.{i}" for b in (1, 2, 3)
                                                       for i in (0, 2)}
     else:
-        assert summary(problems(report)) == {("vanishing", "warning", "0", 0)}
+        # the gradient shrinks first at the last block, on its way back: the boundary, with
+        # the blocks before it and the stem as its evidence
+        assert summary(problems(report)) == {("vanishing", "warning", "3", 0)}
+        [finding] = problems(report)
+        assert finding["evidence"]["starved"][0] == "0"
     [unused] = [f for f in report["findings"] if f["kind"] == "unused"]
     assert (unused["severity"], unused["evidence"]["modules"]) == ("note",
                                                                    ["1.drop", "2.drop", "3.drop"])
@@ -276,7 +286,7 @@ def test_loss_scaler_overflow_is_a_note(tmp_path: Path, scaler: bool) -> None:
 # -- the text report -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("fixture", "kind", "module", "step"), [
-    ("detached_log", "no-grad", "branch_b", 0),
+    ("detached_log", "no-grad", "(root)", 0),
     ("frozen_log", "frozen", "layers.2", None),
     ("nan_log", "nonfinite-forward", "compress", 3),
     ("exploding_log", "exploding", "layers.0", 0),
@@ -289,7 +299,7 @@ def test_text_report_names_module_and_step(request: pytest.FixtureRequest, fixtu
     assert result.returncode == 1, result.stderr
     assert result.stderr == ""
     # the finding's first line: its kind, the module (a whole word) and the step
-    word = re.compile(rf"(?<![\w.]){re.escape(module)}(?![\w.])")
+    word = re.compile(rf"(?<![\w.(]){re.escape(module)}(?![\w.)])")
     lines = [line for line in result.stdout.splitlines()
              if f"[{kind}]" in line and word.search(line)]
     assert lines, result.stdout
@@ -485,9 +495,10 @@ def test_repeated_steps_and_the_steps_that_differ(tmp_path: Path) -> None:
         steps.step(step, detached=("1",) if step in (7, 21, 22) else (),
                    twice="0" if step == 30 else "")
     log = write_log(tmp_path / "loop.jsonl", steps.events)
-    assert findings(log) == [("no-grad", "1", 7, [7, 21, 22]),
+    # module 1's output detached inside the root's forward: the root is where it is lost
+    assert findings(log) == [("no-grad", "", 7, [7, 21, 22]),
                              ("called-several-times", "0", None, {"0": 2})]
-    assert findings(log, 21) == [("no-grad", "1", 21, [21])]
+    assert findings(log, 21) == [("no-grad", "", 21, [21])]
     assert findings(log, 30) == [("called-several-times", "0", None, {"0": 2})]
     report = run_checks(log)
     assert (report.steps, report.events) == (0, 0)  # as the end record says

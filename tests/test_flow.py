@@ -1,0 +1,80 @@
+"""``check`` names where the gradient dies: each bug of ``scripts/flow_bugs.py`` (real runs of
+``hooktrace run``), with the module where the gradient is lost (the boundary) as the finding's
+subject and the modules it starves as evidence; and silence on the healthy look-alikes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import hooktrace_cmd
+
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "flow_bugs.py"
+
+
+def check_case(tmp_path: Path, case: str, *args: str) -> tuple[int, list[dict[str, Any]]]:
+    log = tmp_path / f"{case}.jsonl"
+    run = hooktrace_cmd("run", "-o", log, SCRIPT, case, *args)
+    assert run.returncode == 0, run.stderr
+    result = hooktrace_cmd("check", "--json", log)
+    assert result.returncode in (0, 1), result.stderr
+    return result.returncode, json.loads(result.stdout)["findings"]
+
+
+# case -> (kind, severity, boundary module, step, starved modules)
+BUGS = {
+    "detached": ("no-grad", "warning", "", 0, ["encoder.fc1", "encoder.fc2"]),
+    "no_grad_proj": ("no-grad-under-no_grad", "warning", "", 0,
+                     ["encoder.fc1", "encoder.fc2", "proj"]),
+    "dead_relu": ("dead-activation", "warning", "4", 0, ["0", "2", "3"]),
+    "saturated_sigmoid": ("saturated", "warning", "4", 0, ["0", "2", "3"]),
+    "zero_head_frozen": ("zero-gradient", "warning", "4", 0, ["0", "2"]),
+    "zero_grad_function": ("zero-gradient", "warning", "3", 0, ["0", "2"]),
+    "masked_branch": ("zero-gradient", "warning", "", 0, ["aux.0", "aux.2"]),
+    "shared_detached": ("no-grad", "warning", "", 0, ["embed", "encoder.0"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BUGS))
+def test_the_boundary_is_named(tmp_path: Path, case: str) -> None:
+    status, found = check_case(tmp_path, case)
+    kind, severity, module, step, starved = BUGS[case]
+    [finding] = [f for f in found if f["kind"] == kind]
+    assert (finding["severity"], finding["module"], finding["step"]) == (severity, module, step)
+    assert finding["evidence"]["starved"] == starved
+    assert finding["evidence"]["steps"] == [0, 1, 2]  # every step: it never recovers
+    # the starved modules are evidence, not findings of their own
+    others = {(f["kind"], f["module"]) for f in found if f is not finding
+              and f["severity"] != "note" and f["kind"] != "frozen"}
+    assert others == set()
+    assert status == 1
+
+
+def test_detach_names_the_branch_and_the_call(tmp_path: Path) -> None:
+    """A shared encoder whose second call is detached: judged per call, the report says which
+    call's output gets no gradient back, while its first call trains."""
+    _, found = check_case(tmp_path, "shared_detached")
+    [finding] = [f for f in found if f["kind"] == "no-grad"]
+    assert "the output of embed (call 1), encoder (call 1) gets no gradient back" \
+        in finding["message"]
+
+
+def test_zero_initialised_head_is_a_note(tmp_path: Path) -> None:
+    """A zero-initialised head (torchvision's ViT) starves every layer before it at the first
+    step only: a note naming the head, and no vanishing finding about its victims."""
+    status, found = check_case(tmp_path, "zero_head")
+    assert status == 0
+    [note] = [f for f in found if f["kind"] == "zero-gradient"]
+    assert (note["severity"], note["module"], note["step"]) == ("note", "4", 0)
+    assert "its weights are zero" in note["message"]
+    assert "not in the 2 later steps" in note["message"]
+    assert not [f for f in found if f["kind"] == "vanishing"]
+
+
+@pytest.mark.parametrize("case", ["ok_layer_scale", "ok_frozen_backbone"])
+def test_healthy_look_alikes_are_silent(tmp_path: Path, case: str) -> None:
+    status, found = check_case(tmp_path, case)
+    assert [f for f in found if f["severity"] != "note"] == []
+    assert status == 0
