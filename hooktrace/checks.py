@@ -442,9 +442,11 @@ def check_unused(c: Collected) -> list[Finding]:
     options = c.header.options
     if options.get("include") or options.get("exclude"):
         return []  # filtered-out modules would look unused
-    called_models = {m.model for m in c.modules.values() if m.calls}
+    # a model that never ran backward (evaluation only, a reloaded checkpoint, a teacher) has
+    # no gradient flow to judge
+    trained = {key[0] for keys in c.backward.values() for key in keys}
     unused = [m for m in c.modules.values()
-              if m.model in called_models and not m.calls and m.cls not in CONTAINERS]
+              if m.model in trained and not m.calls and m.cls not in CONTAINERS]
     used = _used_directly(c, {(m.model, m.name) for m in unused if m.trainable})
     unused = [m for m in unused if (m.model, m.name) not in used]
     names = {(m.model, m.name) for m in unused}
@@ -525,6 +527,26 @@ class Report:
         return [f for f in self.findings if f.severity != NOTE]
 
 
+def check_backward_error(c: Collected) -> list[Finding]:
+    """The program stopped on an error raised inside a backward pass (autograd's "modified by
+    an inplace operation"): the module whose backward was running."""
+    if c.unfinished is None or c.end is None or c.end.status != "error":
+        return []
+    step, (model, name) = c.unfinished
+    error = c.end.error or {}
+    kind, text = error.get("type", "error"), error.get("message", "").split(". Hint:")[0]
+    inplace = "inplace operation" in text
+    return [Finding(
+        "backward-error", ERROR, c.model_name(model), name, step,
+        f"the backward pass of step {step} raised {kind} while the backward of "
+        f"{_label(c, model, name)} ran: {text[:300]}",
+        {"error": kind},
+        "an in-place operation (x.mul_(), x += ..., ReLU(inplace=True), a slice assignment) "
+        "changed a tensor this backward needs: make it out of place; "
+        "torch.autograd.set_detect_anomaly(True) shows the forward line" if inplace else
+        "the gradient of the modules before it was never computed: fix this error first")]
+
+
 def _with_uncalled(c: Collected, starved: set[ModuleKey]) -> set[ModuleKey]:
     """The starved modules and the never-called ones inside them, whose parameters their parent
     uses (MultiheadAttention's out_proj): starved with it."""
@@ -542,9 +564,13 @@ def run_checks(path: str | os.PathLike[str], step: int | None = None,
         have = f"{seen[0]}-{seen[-1]}" if seen else "none"
         raise HooktraceError(f"no step {step} in {path}; its steps: {have}")
     t = thresholds or Thresholds()
-    flowed = flow.analyse(c.calls, c.modules, t)
+    if c.unfinished is not None:  # a backward that raised starves every module before it
+        c.backward_steps.discard(c.unfinished[0])
+    flowed = flow.analyse([call for call in c.calls if c.unfinished is None
+                           or call.step != c.unfinished[0]], c.modules, t)
     explained = _with_uncalled(c, flowed.victims)
-    findings = [*check_nonfinite(c), *flow.findings(flowed, c.modules, c.models),
+    findings = [*check_backward_error(c), *check_nonfinite(c),
+                *flow.findings(flowed, c.modules, c.models),
                 *check_no_grad(c, explained), *check_lost_gradient(c),
                 *check_magnitudes(c, t, explained),
                 *check_unused(c), *check_info(c)]

@@ -79,6 +79,9 @@ class Collected:
     end: schema.End | None = None
     # the calls of the first recorded steps, each with its backward's gradient norms
     calls: list[flow.Call] = field(default_factory=list)
+    # a backward pass that never ended (it raised): its step, and the module of its last
+    # backward event, whose backward was running
+    unfinished: tuple[int, ModuleKey] | None = None
 
     def model_name(self, model: int) -> str:
         return self.models.get(model, str(model))
@@ -148,6 +151,8 @@ class _Collector:
         self._flow_calls: dict[tuple[int, int, int], flow.Call] = {}
         self._flow_steps: set[int] = set()
         self._flowing = False  # the forward calls' step is judged
+        self._last_backward: tuple[int, int] | None = None  # (step, module index)
+        self._closed: set[int] = set()  # steps with a step record
 
     def feed(self, reader: LogReader) -> Collected:
         for item in reader.scan(self._decoder):
@@ -214,6 +219,8 @@ class _Collector:
         elif type(r) is schema.Anomaly:
             if self._wanted(r.step):
                 self._anomaly(r)
+        elif type(r) is schema.Step:
+            self._closed.add(r.step)
         elif type(r) is schema.End:
             self.c.end = r
 
@@ -394,6 +401,7 @@ class _Collector:
         else:
             for index, fwd in zip(self._bcalls, self._bfwds, strict=True):
                 self._union(self._backed, self._fwd_step.get(fwd, step), frozenset((index,)))
+        self._last_backward = (step, self._bcalls[-1])
         if self.c.order_mismatch is None:
             self._backward_fwds += self._bfwds
         self._bcalls.clear()
@@ -442,6 +450,9 @@ class _Collector:
     def _finish(self) -> None:
         """The per-step sets as module keys; the judged calls."""
         self.c.calls = list(self._flow_calls.values())
+        if self._last_backward is not None and self._last_backward[0] not in self._closed:
+            step, index = self._last_backward
+            self.c.unfinished = (step, self._keys[index])
         as_keys: dict[Indices, Keys] = {}
         for sets, out in ((self._grad, self.c.grad), (self._no_grad_steps, self.c.no_grad),
                           (self._backed, self.c.backward)):

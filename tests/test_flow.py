@@ -14,10 +14,11 @@ from conftest import hooktrace_cmd
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "flow_bugs.py"
 
 
-def check_case(tmp_path: Path, case: str, *args: str) -> tuple[int, list[dict[str, Any]]]:
+def check_case(tmp_path: Path, case: str, *args: str, exit_code: int = 0
+               ) -> tuple[int, list[dict[str, Any]]]:
     log = tmp_path / f"{case}.jsonl"
     run = hooktrace_cmd("run", "-o", log, SCRIPT, case, *args)
-    assert run.returncode == 0, run.stderr
+    assert run.returncode == exit_code, run.stderr
     result = hooktrace_cmd("check", "--json", log)
     assert result.returncode in (0, 1), result.stderr
     return result.returncode, json.loads(result.stdout)["findings"]
@@ -73,8 +74,23 @@ def test_zero_initialised_head_is_a_note(tmp_path: Path) -> None:
     assert not [f for f in found if f["kind"] == "vanishing"]
 
 
-@pytest.mark.parametrize("case", ["ok_layer_scale", "ok_frozen_backbone"])
+def test_a_backward_that_raised_names_its_module(tmp_path: Path) -> None:
+    """An in-place op on a tensor that a backward needs: autograd raises inside the backward
+    pass; check reports that error with the module whose backward ran, and does not call the
+    modules before it, which the aborted pass never reached, detached."""
+    status, found = check_case(tmp_path, "backward_inplace", exit_code=1)
+    [error] = [f for f in found if f["severity"] != "note"]
+    assert (error["kind"], error["severity"], error["module"], error["step"]) == (
+        "backward-error", "error", "3", 0)
+    assert "modified by an inplace operation" in error["message"]
+    assert "make it out of place" in error["hint"]
+    assert status == 1
+
+
+@pytest.mark.parametrize("case", ["ok_layer_scale", "ok_frozen_backbone", "ok_reloaded_eval"])
 def test_healthy_look_alikes_are_silent(tmp_path: Path, case: str) -> None:
+    """A layer scale on a residual branch, a frozen backbone, and a reloaded copy evaluated
+    under no_grad (which never calls its MultiheadAttention's out_proj): no problem."""
     status, found = check_case(tmp_path, case)
     assert [f for f in found if f["severity"] != "note"] == []
     assert status == 0

@@ -129,6 +129,36 @@ class SharedEncoder(nn.Module):
         return self.head(torch.cat([a, b], dim=1))
 
 
+class InplaceGate(nn.Module):
+    """A gate that doubles its sigmoid's output in place: sigmoid's backward needs it (the bug:
+    backward raises "modified by an inplace operation")."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.sigmoid(self.fc(x))
+        y.mul_(2.0)
+        return y
+
+
+def reloaded_eval() -> nn.Module:
+    """Healthy: train a transformer layer, then evaluate a fresh copy loaded from its state
+    (as pytorch/examples' word_language_model does): the copy never runs backward, and its
+    MultiheadAttention never calls its out_proj."""
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    model = nn.Sequential(layer, nn.Flatten(), nn.Linear(8 * 4, 4))
+    train(model, 2, inputs=(8, 4, 8))
+    best = nn.Sequential(nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True),
+                         nn.Flatten(), nn.Linear(8 * 4, 4))
+    best.load_state_dict(model.state_dict())
+    best.eval()
+    with torch.no_grad():
+        best(torch.randn(8, 4, 8))
+    return best
+
+
 def dead_relu() -> nn.Module:
     model = mlp(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
     with torch.no_grad():
@@ -191,19 +221,21 @@ CASES: dict[str, Callable[[], nn.Module]] = {
     "zero_grad_function": lambda: mlp(Quantize(), nn.Linear(16, 4)),
     "masked_branch": MaskedBranch,
     "shared_detached": SharedEncoder,
+    "backward_inplace": lambda: mlp(InplaceGate(), nn.Linear(16, 4)),
     "ok_layer_scale": layer_scale,
     "ok_frozen_backbone": lambda: mlp(nn.ReLU(), nn.Linear(16, 4)),
 }
 
 
-def train(model: nn.Module, steps: int, frozen_backbone: bool = False) -> None:
+def train(model: nn.Module, steps: int, frozen_backbone: bool = False,
+          inputs: tuple[int, ...] = (8, 8)) -> None:
     if frozen_backbone:
         for layer in list(model)[:3]:
             layer.requires_grad_(False)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(params, lr=0.1)
     for _ in range(steps):
-        x, y = torch.randn(8, 8), torch.randint(0, 4, (8,))
+        x, y = torch.randn(*inputs), torch.randint(0, 4, (8,))
         optimizer.zero_grad()
         loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()
@@ -214,6 +246,9 @@ def main() -> None:
     case = sys.argv[1]
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     torch.manual_seed(0)
+    if case == "ok_reloaded_eval":
+        reloaded_eval()
+        return
     model = CASES[case]()
     train(model, steps, frozen_backbone=case == "ok_frozen_backbone")
     print(f"{case}: trained {steps} steps")
