@@ -28,6 +28,7 @@ from hooktrace.findings import (
     steps_text,
 )
 from hooktrace.logio import LogReader, capture_dir
+from hooktrace.loop import check_loop
 from hooktrace.ranks import first_divergence, open_ranks
 
 if TYPE_CHECKING:
@@ -547,6 +548,17 @@ def check_backward_error(c: Collected) -> list[Finding]:
         "the gradient of the modules before it was never computed: fix this error first")]
 
 
+def _add_sources(c: Collected, findings: list[Finding]) -> None:
+    """Where each finding's module class defines its forward, as the log recorded it."""
+    if not c.sources:
+        return
+    models = {c.model_name(i): i for i in c.models}
+    for f in findings:
+        m = c.modules.get((models.get(f.model, -1), f.module))
+        if m is not None:
+            f.source = c.sources.get(m.cls)
+
+
 def _with_uncalled(c: Collected, starved: set[ModuleKey]) -> set[ModuleKey]:
     """The starved modules and the never-called ones inside them, whose parameters their parent
     uses (MultiheadAttention's out_proj): starved with it."""
@@ -569,11 +581,12 @@ def run_checks(path: str | os.PathLike[str], step: int | None = None,
     flowed = flow.analyse([call for call in c.calls if c.unfinished is None
                            or call.step != c.unfinished[0]], c.modules, t)
     explained = _with_uncalled(c, flowed.victims)
-    findings = [*check_backward_error(c), *check_nonfinite(c),
+    findings = [*check_backward_error(c), *check_nonfinite(c), *check_loop(c),
                 *flow.findings(flowed, c.modules, c.models),
                 *check_no_grad(c, explained), *check_lost_gradient(c),
                 *check_magnitudes(c, t, explained),
                 *check_unused(c), *check_info(c)]
+    _add_sources(c, findings)
     order = {m.name: m.first_seq or 0 for m in c.modules.values()}
     findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1,
                                  order.get(f.module, 0), f.kind))

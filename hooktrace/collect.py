@@ -82,6 +82,8 @@ class Collected:
     # a backward pass that never ended (it raised): its step, and the module of its last
     # backward event, whose backward was running
     unfinished: tuple[int, ModuleKey] | None = None
+    signals: list[schema.Signal] = field(default_factory=list)  # in file order
+    sources: dict[str, str] = field(default_factory=dict)  # class -> "file:line" of forward
 
     def model_name(self, model: int) -> str:
         return self.models.get(model, str(model))
@@ -221,6 +223,10 @@ class _Collector:
                 self._anomaly(r)
         elif type(r) is schema.Step:
             self._closed.add(r.step)
+        elif type(r) is schema.Signal:
+            self.c.signals.append(r)
+        elif type(r) is schema.Source:
+            self.c.sources.setdefault(r.cls, f"{r.file}:{r.line}")
         elif type(r) is schema.End:
             self.c.end = r
 

@@ -33,6 +33,7 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     hint: str = ""
     ranks: list[int] | None = None  # with several logs: the ranks it was found on
+    source: str | None = None  # "file:line" of its module's class's forward, when known
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

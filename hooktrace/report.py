@@ -53,6 +53,8 @@ def _finding(f: Finding) -> list[str]:
     evidence = _evidence(f.evidence) if f.severity != NOTE else ""  # a note's message says it
     if evidence:
         lines.append(f"    evidence: {evidence}")
+    if f.source:
+        lines.append(f"    source: {f.source}")
     if f.hint:
         lines.append(f"    hint: {f.hint}")
     return lines

@@ -15,6 +15,9 @@ A log is JSON Lines, UTF-8, one record per line, each with a ``"type"`` key:
 ``params``   after a backward pass: the gradient norm of each module's own parameters (with
              ``--no-stats``: only of modules never called whose parameters got a gradient).
 ``anomaly``  in a watched step (outside ``--steps``): a NaN/Inf or a module that lost its gradient.
+``signal``   what the training loop did around the modules (a model's train/eval mode, the
+             optimizers, gradients left uncleared, a deprecated backward hook), when it changes.
+``source``   where a module class's ``forward`` is defined, once per class (not torch's own).
 ``step``     closes a step: written when a backward pass ends.
 ``end``      last line: ``ok``, ``error`` or ``interrupted``, with counts.
 
@@ -42,7 +45,7 @@ SCHEMA_VERSION = 2
 Shape = Sequence[int]
 Record = Union[
     "Header", "Model", "Module", "ForwardEvent", "BackwardEvent", "ParamGrads", "Anomaly", "Step",
-    "End",
+    "End", "Signal", "Source",
 ]
 
 
@@ -248,6 +251,52 @@ class Anomaly:
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.TYPE, "step": self.step, "model": self.model, "name": self.name,
                 "kind": self.kind, "call": self.call, "detail": self.detail}
+
+
+@dataclass(slots=True)
+class Signal:
+    """What the training loop did around a model, written when it is first seen or changes
+    (recorded and watched steps alike), at the step it happened in:
+
+    * ``eval-backward``: a backward pass reached the model while ``model.training`` was False
+      (once, until it is seen training again);
+    * ``optimizers``: when tracing stops, if an optimizer stepped: ``detail.held``, the model's
+      modules whose trainable parameters an optimizer that stepped holds (fqns), and
+      ``detail.not_held``, the modules with trainable parameters none holds;
+    * ``grads-carried-over``: parameters whose ``.grad`` was neither zeroed nor set to None
+      after an optimizer step, so the next backward adds to it (``detail.modules``: fqns);
+    * ``backward-hook``: ``name`` has a deprecated ``register_backward_hook`` hook
+      (``detail.hook``: its function's qualified name);
+    * ``frozen-bn-training``: ``name`` is a BatchNorm without trainable parameters whose
+      running statistics update (train mode) while its model trains.
+    """
+
+    TYPE: ClassVar[str] = "signal"
+    KINDS: ClassVar[tuple[str, ...]] = ("eval-backward", "optimizers", "grads-carried-over",
+                                        "backward-hook", "frozen-bn-training")
+    step: int
+    model: int
+    name: str
+    kind: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.TYPE, "step": self.step, "model": self.model, "name": self.name,
+                "kind": self.kind, "detail": self.detail}
+
+
+@dataclass(slots=True)
+class Source:
+    """Where the ``forward`` of a module class is defined: ``file`` (relative to the working
+    directory when under it) and ``line``. Once per class; torch's own classes have none."""
+
+    TYPE: ClassVar[str] = "source"
+    cls: str
+    file: str
+    line: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.TYPE, "class": self.cls, "file": self.file, "line": self.line}
 
 
 @dataclass(slots=True)
@@ -688,6 +737,15 @@ def from_dict(d: Any) -> Record | None:
         return Anomaly(step=_get(d, "step", int), model=_get(d, "model", int),
                        name=_get(d, "name", str), kind=anomaly, call=_get(d, "call", int, 0),
                        detail=_get(d, "detail", dict, {}))
+    if kind == "signal":
+        signal = _get(d, "kind", str)
+        if signal not in Signal.KINDS:
+            return None  # a kind from a newer version: skipped like an unknown record
+        return Signal(step=_get(d, "step", int), model=_get(d, "model", int),
+                      name=_get(d, "name", str), kind=signal, detail=_get(d, "detail", dict, {}))
+    if kind == "source":
+        return Source(cls=_get(d, "class", str), file=_get(d, "file", str),
+                      line=_get(d, "line", int))
     if kind == "step":
         return Step(step=_get(d, "step", int), forward=_get(d, "forward", int, 0),
                     backward=_get(d, "backward", int, 0))

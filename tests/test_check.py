@@ -29,7 +29,7 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 PROBLEM = ("error", "warning")
 REPORT_KEYS = {"problems", "steps", "events", "warnings", "findings"}
 FINDING_KEYS = {"kind", "severity", "model", "module", "step", "message", "evidence", "hint",
-                "ranks"}
+                "ranks", "source"}
 
 Run = subprocess.CompletedProcess[str]
 

@@ -1,0 +1,133 @@
+"""Training-loop findings: what the ``signal`` records say the loop did around the modules.
+
+Each is a frequent forum question that module hooks can answer: backward in eval mode,
+parameters no optimizer holds, gradients never cleared, the deprecated backward hook that sees
+only the last op, frozen BatchNorms still updating, a model no backward reaches. Pure: a
+``Collected`` in, findings out.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hooktrace.findings import (
+    ERROR,
+    NOTE,
+    WARNING,
+    Finding,
+    names_text,
+    plural,
+)
+
+if TYPE_CHECKING:
+    from hooktrace.collect import Collected
+    from hooktrace.schema import Signal
+
+
+def check_loop(c: Collected) -> list[Finding]:
+    out: list[Finding] = []
+    for s in c.signals:
+        make = _BY_KIND.get(s.kind)
+        if make is not None:
+            out += make(c, s)
+    return out + _never_reached(c)
+
+
+def _eval_backward(c: Collected, s: Signal) -> list[Finding]:
+    return [Finding(
+        "eval-backward", WARNING, c.model_name(s.model), s.name, s.step,
+        f"model '{c.model_name(s.model)}' ran backward in eval mode (model.training is False) "
+        f"from step {s.step} on: dropout is off, and BatchNorm normalises with its running "
+        "statistics and does not update them", {},
+        "call model.train() again after a validation pass (model.eval()) before training on")]
+
+
+def _not_held(c: Collected, s: Signal) -> list[Finding]:
+    """The modules with trainable parameters that got a gradient and no optimizer holds."""
+    got = _got_gradient(c, s.model)
+    missing = [name for name in s.detail.get("not_held", []) if name in got]
+    if not missing or not s.detail.get("held"):
+        return []
+    return [Finding(
+        "not-optimized", WARNING, c.model_name(s.model), missing[0], None,
+        f"{plural(len(missing), 'module')} of model '{c.model_name(s.model)}' get gradients, "
+        f"but no optimizer that steps holds their parameters: {names_text(missing)}; they "
+        "never train",
+        {"modules": missing},
+        "build the optimizer after adding layers (or add_param_group), from this model's "
+        "parameters(), not from another copy's")]
+
+
+def _got_gradient(c: Collected, model: int) -> set[str]:
+    got = {name for keys in c.backward.values() for (m, name) in keys if m == model}
+    for records in c.param_norms.values():
+        for m, names, norms in records:
+            if m == model:
+                got.update(n for n, v in zip(names, norms, strict=True) if v is not None)
+    return got
+
+
+def _carried_over(c: Collected, s: Signal) -> list[Finding]:
+    modules = s.detail.get("modules", [])
+    return [Finding(
+        "grads-carried-over", WARNING, c.model_name(s.model), modules[0] if modules else "",
+        s.step,
+        f"the gradients of {plural(len(modules), 'module')} of model "
+        f"'{c.model_name(s.model)}' ({names_text(modules)}) were not cleared after "
+        f"optimizer.step(): the backward of step {s.step} adds to the previous step's",
+        {"modules": modules},
+        "call optimizer.zero_grad() once per optimizer step (gradient accumulation: after "
+        "each optimizer.step(), not after each micro-batch)")]
+
+
+def _backward_hook(c: Collected, s: Signal) -> list[Finding]:
+    hook = s.detail.get("hook", "?")
+    return [Finding(
+        "backward-hook", WARNING, c.model_name(s.model), s.name, None,
+        f"{_label(c, s.model, s.name)} has a hook from the deprecated "
+        f"register_backward_hook ({hook}): its forward is more than one operation, and the "
+        "hook sees the gradients of the last one only, not the module's",
+        {"hook": hook},
+        "use module.register_full_backward_hook(...) instead")]
+
+
+def _frozen_bn(c: Collected, s: Signal) -> list[Finding]:
+    return [Finding(
+        "frozen-bn-training", NOTE, c.model_name(s.model), s.name, s.step,
+        f"{_label(c, s.model, s.name)} is frozen (no trainable parameters) but in train mode: "
+        "its running statistics still change with every batch",
+        {}, "call .eval() on frozen BatchNorm layers after model.train() if they should "
+        "stay as loaded")]
+
+
+def _never_reached(c: Collected) -> list[Finding]:
+    """A model whose parameters an optimizer steps, run with gradients on, that no backward
+    pass ever reached: the loss was computed from a detached output."""
+    out = []
+    held = {s.model for s in c.signals if s.kind == "optimizers" and s.detail.get("held")}
+    backed = {key[0] for keys in c.backward.values() for key in keys}
+    ran = {key[0] for keys in c.grad.values() for key in keys}
+    for model in sorted(held & ran - backed):
+        out.append(Finding(
+            "never-reached", ERROR, c.model_name(model), "", None,
+            f"model '{c.model_name(model)}' ran forward with gradients on and an optimizer "
+            "steps its parameters, but no backward pass ever reached it: its parameters never "
+            "get a gradient",
+            {}, "the loss is computed from a detached output (.detach(), .item(), numpy, or a "
+            "new tensor such as torch.tensor(loss.item(), requires_grad=True)): compute it "
+            "from the model's output tensor"))
+    return out
+
+
+def _label(c: Collected, model: int, name: str) -> str:
+    m = c.modules.get((model, name))
+    return f"{name or '(root)'} ({m.cls})" if m and m.cls != "?" else (name or "(root)")
+
+
+_BY_KIND = {
+    "eval-backward": _eval_backward,
+    "optimizers": _not_held,
+    "grads-carried-over": _carried_over,
+    "backward-hook": _backward_hook,
+    "frozen-bn-training": _frozen_bn,
+}
