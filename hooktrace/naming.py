@@ -1,15 +1,19 @@
 """Which model a module belongs to and its fqn, found once per module and cached weakly.
 
-A module first called outside any other traced module is a top-level *model*: its whole tree is
-named at that moment (``named_modules()`` names, wrapper prefixes such as DDP's ``module.``
-removed) and written as ``model`` + ``module`` records. A module first seen inside another's
-forward (one built inside ``forward``, or never registered) is named under its caller as
+A module first called outside any other traced module belongs to its *owner*: the outermost
+``nn.Module`` that is ``self`` in one of the calling frames and whose tree holds it (a VAE whose
+``encode`` calls ``self.encoder``, a LightningModule whose ``training_step`` calls ``self.net``),
+else it is its own owner. The owner is a top-level *model*: its whole tree is named at that
+moment (``named_modules()`` names, wrapper prefixes such as DDP's ``module.`` removed) and
+written as ``model`` + ``module`` records. A module first seen inside another's forward (one
+built inside ``forward``, or never registered) is named under its caller as
 ``caller.(ClassName)``. ``id()`` is never used as identity: ids of freed modules are reused.
 """
 
 from __future__ import annotations
 
 import sys
+import sysconfig
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -31,8 +35,10 @@ WRAPPERS = {
     "OffloadWrapper": "_checkpoint_wrapped_module",
 }
 
-_TORCH_DIR = str(Path(torch.__file__).parent)
-_OWN_DIR = str(Path(__file__).parent)
+_TRACER_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).parent))
+# installed packages and the standard library (runpy, and "<frozen runpy>" when frozen)
+_LIBRARY_DIRS = (*_TRACER_DIRS, "<frozen ", *sorted({
+    sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}))
 
 
 @dataclass(slots=True, eq=False)  # identity hash: a key of per-step call counters
@@ -81,31 +87,55 @@ def _own_params(module: nn.Module) -> tuple[int, int]:
     return total, trainable
 
 
-def _user_frames(limit: int = 4) -> Iterator[FrameType]:
+def _user_frames(skip: tuple[str, ...], limit: int = 4) -> Iterator[FrameType]:
+    """The first ``limit`` calling frames whose file is in none of the directories ``skip``."""
     frame: FrameType | None = sys._getframe(1)
     found = 0
     while frame is not None and found < limit:
-        filename = frame.f_code.co_filename
-        if not filename.startswith((_TORCH_DIR, _OWN_DIR)):
+        if not frame.f_code.co_filename.startswith(skip):
             found += 1
             yield frame
         frame = frame.f_back
 
 
 def variable_name(module: nn.Module) -> str | None:
-    """The name the calling code has for ``module`` (``generator``, ``self.teacher``), if any."""
-    for frame in _user_frames():
-        for scope in (frame.f_locals, frame.f_globals):
-            for key, value in scope.items():
-                if value is module and not key.startswith("_"):
-                    return key
-        owner = frame.f_locals.get("self")
-        attrs = getattr(owner, "__dict__", None)
-        if isinstance(attrs, dict):
-            for key, value in attrs.items():
-                if value is module and not key.startswith("_"):
-                    return f"self.{key}"
+    """The name the calling code has for ``module`` (``generator``, ``self.teacher``), if any.
+
+    The user's own frames are asked first: a LightningModule is ``model`` in the script, not
+    ``pl_module`` in Lightning's loop; then the libraries' frames too (``self.model`` of a
+    pipeline object). ``self`` is no name: a model inside its own ``encode`` is found further
+    out, or in the globals of the file that defines it."""
+    for skip in (_LIBRARY_DIRS, _TRACER_DIRS):
+        for frame in _user_frames(skip):
+            for scope in (frame.f_locals, frame.f_globals):
+                for key, value in scope.items():
+                    if value is module and not key.startswith("_") and key != "self":
+                        return key
+            holder = frame.f_locals.get("self")
+            attrs = getattr(holder, "__dict__", None)
+            if isinstance(attrs, dict):  # not an nn.Module's _modules: that one is the owner
+                for key, value in attrs.items():
+                    if value is module and not key.startswith("_"):
+                        return f"self.{key}"
     return None
+
+
+def owner_of(module: nn.Module) -> nn.Module:
+    """The outermost ``nn.Module`` that is ``self`` in a calling frame and whose tree holds
+    ``module``; ``module`` itself when there is none (its own ``_call_impl`` frame is one)."""
+    selves: list[nn.Module] = []
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_argcount and code.co_varnames[0] == "self":  # f_locals only where it may pay
+            candidate = frame.f_locals.get("self")
+            if isinstance(candidate, nn.Module) and all(candidate is not s for s in selves):
+                selves.append(candidate)
+        frame = frame.f_back
+    for candidate in reversed(selves):  # outermost first
+        if candidate is module or any(m is module for m in candidate.modules()):
+            return candidate
+    return module
 
 
 class Naming:
@@ -180,6 +210,20 @@ class Naming:
                 self._emit(record)
         return self._infos.get(root)  # None for a wrapper: only what it wraps is traced
 
+    def _from_owner(self, module: nn.Module) -> ModInfo | None:
+        """Name a module first called outside any traced module through its owner's tree."""
+        owner = owner_of(module)
+        if owner is module:
+            return self.add_model(module)
+        if owner not in self._infos:
+            self.add_model(owner)
+        else:  # the owner is known: the module joined its tree after it was named
+            known = self._infos[owner]
+            if known is None:  # a wrapper, or outside the scope: name the module on its own
+                return self.add_model(module)
+            self._name_tree(owner, known.model, known.name)
+        return self._infos[module]
+
     def lookup(self, module: nn.Module, caller: ModInfo | None) -> ModInfo | None:
         """The module's identity, naming it first if new. ``caller``: the traced module whose
         forward is running, None at top level. None means: do not trace this module."""
@@ -191,7 +235,7 @@ class Naming:
             if self._scoped:
                 self._infos[module] = None
                 return None
-            return self.add_model(module)
+            return self._from_owner(module)
         prefix = f"{caller.name}.({type(module).__name__})" if caller.name else (
             f"({type(module).__name__})"
         )
