@@ -439,6 +439,14 @@ def _used_directly(c: Collected, uncalled: set[ModuleKey]) -> set[ModuleKey]:
     return used
 
 
+def _holds_called(c: Collected, m: ModuleStats) -> bool:
+    """A module never called itself, with called modules below it: a container whose parts
+    were called through its methods (a VAE's encode/decode, a LightningModule's training_step)."""
+    prefix = m.name + "." if m.name else ""
+    return any(o.calls and o.model == m.model and o.name.startswith(prefix) and o is not m
+               for o in c.modules.values())
+
+
 def check_unused(c: Collected) -> list[Finding]:
     options = c.header.options
     if options.get("include") or options.get("exclude"):
@@ -449,7 +457,8 @@ def check_unused(c: Collected) -> list[Finding]:
     unused = [m for m in c.modules.values()
               if m.model in trained and not m.calls and m.cls not in CONTAINERS]
     used = _used_directly(c, {(m.model, m.name) for m in unused if m.trainable})
-    unused = [m for m in unused if (m.model, m.name) not in used]
+    unused = [m for m in unused if (m.model, m.name) not in used
+              and not (m.trainable == 0 and _holds_called(c, m))]
     names = {(m.model, m.name) for m in unused}
     out: list[Finding] = []
     for m in unused:

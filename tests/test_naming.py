@@ -14,7 +14,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import pytest
 import torch
 from conftest import events, hooktrace_cmd, read_log
 from torch import nn
@@ -107,8 +106,6 @@ def test_vae_encode_decode_one_model_named_from_its_owner(log_path: Path) -> Non
             (0, "encoder", 0), (0, "encoder.1", 0), (0, "encoder.0", 0)]
 
 
-@pytest.mark.xfail(strict=True, reason="check_unused reports a never-called root whose "
-                   "submodules were called; a container rule in checks.py is needed")
 def test_vae_root_never_called_is_not_unused(log_path: Path) -> None:
     vae_steps(log_path, 1)
     assert check_findings(log_path) == []
