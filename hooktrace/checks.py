@@ -558,20 +558,34 @@ def check_backward_error(c: Collected) -> list[Finding]:
 
 
 def _add_sources(c: Collected, findings: list[Finding]) -> None:
-    """Where each finding's module class defines its forward, as the log recorded it."""
+    """Where to look for each finding's module: its class's forward as the log recorded it, or,
+    for torch's own classes (none recorded), the forward of the nearest module around it that
+    has one (the user's code that calls it)."""
     if not c.sources:
         return
     models = {c.model_name(i): i for i in c.models}
     for f in findings:
-        m = c.modules.get((models.get(f.model, -1), f.module))
-        if m is not None:
-            f.source = c.sources.get(m.cls)
+        model = models.get(f.model, -1)
+        for name in [f.module, *reversed(ancestors(f.module))]:
+            m = c.modules.get((model, name))
+            if m is not None and m.cls in c.sources:
+                f.source = f"{c.sources[m.cls]} ({m.cls}.forward)"
+                break
 
 
-def _with_uncalled(c: Collected, starved: set[ModuleKey]) -> set[ModuleKey]:
-    """The starved modules and the never-called ones inside them, whose parameters their parent
-    uses (MultiheadAttention's out_proj): starved with it."""
-    return starved | {key for key, m in c.modules.items() if not m.calls and any(
+def _explained(c: Collected, found: flow.Flow) -> set[ModuleKey]:
+    """The modules whose small or missing gradients a boundary explains: those it starves, the
+    never-called ones inside them (MultiheadAttention's out_proj, whose parameters its parent
+    uses), and the modules whose own parameters are used before it in forward (a ViT's class
+    token, on its root)."""
+    starved = found.victims
+    starts = _start_orders(c)
+    before = set()
+    for b in found.boundaries.values():
+        limit = _start(starts, b.key)
+        before |= {key for key, m in c.modules.items() if key[0] == b.key[0] and m.trainable
+                   and _start(starts, key) < limit}
+    return starved | before | {key for key, m in c.modules.items() if not m.calls and any(
         (key[0], name) in starved for name in ancestors(key[1]))}
 
 
@@ -589,7 +603,7 @@ def run_checks(path: str | os.PathLike[str], step: int | None = None,
         c.backward_steps.discard(c.unfinished[0])
     flowed = flow.analyse([call for call in c.calls if c.unfinished is None
                            or call.step != c.unfinished[0]], c.modules, t)
-    explained = _with_uncalled(c, flowed.victims)
+    explained = _explained(c, flowed)
     findings = [*check_backward_error(c), *check_nonfinite(c), *check_loop(c),
                 *flow.findings(flowed, c.modules, c.models),
                 *check_no_grad(c, explained), *check_lost_gradient(c),
