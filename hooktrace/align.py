@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import groupby
-from operator import itemgetter
 from typing import Any, NamedTuple
 
 from hooktrace import schema
@@ -53,7 +51,8 @@ class StepRecords:
     step: int
     events: list[Event] = field(default_factory=list)
     params: dict[str, dict[str, float | None]] = field(default_factory=dict)  # model -> fqn
-    anomalies: list[schema.Anomaly] = field(default_factory=list)
+    anomalies: list[tuple[str, str, str, int]] = field(default_factory=list)  # kind, model,
+    # fqn, call of each anomaly record (watched steps)
 
 
 @dataclass(frozen=True)
@@ -76,30 +75,42 @@ class Walk:
     def steps(self) -> Iterator[StepRecords]:
         """The log's steps in file order: each run of consecutive records of one step (events,
         parameter-gradient norms, anomalies)."""
-        for step, items in groupby(self._items(), key=itemgetter(0)):
-            records = StepRecords(step)
-            for _, item in items:
-                if type(item) is Event:
-                    records.events.append(item)
-                elif isinstance(item, schema.ParamGrads):
-                    records.params[self._model(item.model)] = item.grad_norm
-                elif isinstance(item, schema.Anomaly):
-                    records.anomalies.append(item)
-            yield records
-
-    def _items(self) -> Iterator[tuple[int, Event | schema.ParamGrads | schema.Anomaly]]:
         decoder = schema.Decoder()
-        plain = self._plain
+        makers = {"forward": self._forward_maker(decoder),
+                  "backward": self._backward_maker(decoder)}
+        current = StepRecords(-1)  # steps count from 0: this one is never yielded
         for item in self.reader.scan(decoder):
-            if isinstance(item, list):
+            if isinstance(item, list):  # plain events of one type: most of a log
+                make = makers[item[0]["type"]]
+                if item[0]["step"] == item[-1]["step"] == current.step:
+                    current.events.extend(map(make, item))
+                    continue
                 for d in item:
-                    yield d["step"], plain(d, decoder)
-            elif isinstance(item, (schema.ForwardEvent, schema.BackwardEvent)):
-                yield item.step, self._record(item)
-            elif isinstance(item, (schema.ParamGrads, schema.Anomaly)):
-                yield item.step, item
+                    if d["step"] != current.step:
+                        if current.step >= 0:
+                            yield current
+                        current = StepRecords(d["step"])
+                    current.events.append(make(d))
+            elif isinstance(item, (schema.ForwardEvent, schema.BackwardEvent, schema.ParamGrads,
+                                   schema.Anomaly)):
+                if item.step != current.step:
+                    if current.step >= 0:
+                        yield current
+                    current = StepRecords(item.step)
+                self._add(current, item)
             else:
                 self._declare(item)
+        if current.step >= 0:
+            yield current
+
+    def _add(self, current: StepRecords, item: schema.ForwardEvent | schema.BackwardEvent
+             | schema.ParamGrads | schema.Anomaly) -> None:
+        if isinstance(item, (schema.ForwardEvent, schema.BackwardEvent)):
+            current.events.append(self._record(item))
+        elif isinstance(item, schema.ParamGrads):
+            current.params[self._model(item.model)] = item.grad_norm
+        else:
+            current.anomalies.append((item.kind, self._model(item.model), item.name, item.call))
 
     def _model(self, index: int) -> str:
         return self.models.get(index, str(index))
@@ -111,18 +122,37 @@ class Walk:
             known = self.modules.setdefault(self._model(record.model), {})
             known.setdefault(record.name, ModuleInfo(record.cls, record.params, len(known)))
 
-    def _plain(self, d: dict[str, Any], decoder: schema.Decoder) -> Event:
-        names = self._names.get(d["module"])
-        if names is None:
-            model, fqn = decoder.modules[d["module"]]
-            names = self._names[d["module"]] = (self._model(model), fqn)
-        ins, in_types = decoder.tensors[d["in"]]
-        outs, out_types = decoder.tensors[d["out"]]
-        if d["type"] == "forward":
-            return Event(names[0], "forward", names[1], d["call"], ins, outs, in_types,
-                         out_types, None, None, None)
-        return Event(names[0], "backward", names[1], d["call"], ins, outs, (), (),
-                     d.get("in_stats"), d.get("out_stats"), None)
+    def _name(self, decoder: schema.Decoder, module: int) -> tuple[str, str]:
+        """(model name, fqn) of a module id, kept from the first event that names it."""
+        found = self._names.get(module)
+        if found is None:
+            model, fqn = decoder.modules[module]
+            found = self._names[module] = (self._model(model), fqn)
+        return found
+
+    # Plain events are most of a log: built with few lookups, as tuples (no keyword parsing)
+    def _forward_maker(self, decoder: schema.Decoder) -> Callable[[dict[str, Any]], Event]:
+        names, tensors, new = self._names, decoder.tensors, tuple.__new__
+
+        def forward(d: dict[str, Any]) -> Event:
+            model, fqn = names.get(d["module"]) or self._name(decoder, d["module"])
+            ins, in_types = tensors[d["in"]]
+            outs, out_types = tensors[d["out"]]
+            return new(Event, (model, "forward", fqn, d["call"], ins, outs, in_types, out_types,
+                               None, None, None))
+
+        return forward
+
+    def _backward_maker(self, decoder: schema.Decoder) -> Callable[[dict[str, Any]], Event]:
+        names, tensors, new = self._names, decoder.tensors, tuple.__new__
+
+        def backward(d: dict[str, Any]) -> Event:
+            model, fqn = names.get(d["module"]) or self._name(decoder, d["module"])
+            return new(Event, (model, "backward", fqn, d["call"], tensors[d["in"]][0],
+                               tensors[d["out"]][0], (), (), d.get("in_stats"),
+                               d.get("out_stats"), None))
+
+        return backward
 
     def _record(self, r: schema.ForwardEvent | schema.BackwardEvent) -> Event:
         model = self._model(r.model)

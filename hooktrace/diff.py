@@ -132,14 +132,16 @@ class _Comparison:
         found = self.numbers.compare(a, b)
         if found is None:
             return
-        kind, what, value_a, value_b, rel = found
-        difference = Difference(kind, step, a.model, a.name, a.phase, a.call,
-                                f"{a.describe()}: {what}", value_a, value_b)
-        if kind == "nonfinite" and self.report.nonfinite is None:
-            self.report.nonfinite = difference
-        if self.report.divergence is None:
-            self.report.divergence = difference
-        self.growth.add(step, a, rel)
+        if self.report.divergence is None or (found.kind == "nonfinite"
+                                              and self.report.nonfinite is None):
+            what, value_a, value_b = found.words()
+            difference = Difference(found.kind, step, a.model, a.name, a.phase, a.call,
+                                    f"{a.describe()}: {what}", value_a, value_b)
+            if found.kind == "nonfinite" and self.report.nonfinite is None:
+                self.report.nonfinite = difference
+            if self.report.divergence is None:
+                self.report.divergence = difference
+        self.growth.add(step, a, found.relative)
 
     def _anomalies(self, step: int, a: StepRecords, b: StepRecords) -> None:
         """Watched steps: a NaN/Inf anomaly in one run only."""
@@ -260,7 +262,7 @@ def _rename(b: StepRecords, walks: tuple[Walk, Walk], report: DiffReport,
             known: dict[tuple[str, int, int], dict[str, str]]) -> None:
     """B's events and norms under A's names, for modules renamed between the runs; ``known``
     keeps each model's renames until a log declares more modules."""
-    for model in sorted({e.model for e in b.events} | b.params.keys()):
+    for model in sorted(walks[1].modules):
         modules_a, modules_b = walks[0].modules.get(model, {}), walks[1].modules.get(model, {})
         mapping = known.get((model, len(modules_a), len(modules_b)))
         if mapping is None:

@@ -7,14 +7,36 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from hooktrace.align import Event
 
-Found = tuple[str, str, str, str, float | None]  # kind, what, A's value, B's, relative difference
 _STATS = ("norm", "absmax")
 _PROFILE_IN_STEP = 5  # modules shown for the step where the numbers first part
 _PROFILE_STEPS = 4  # later steps shown (and the last one)
+_INF = math.inf
+
+
+class Found(NamedTuple):
+    """A difference between the numbers of two matched calls; put in words only when shown."""
+
+    kind: str  # value | nonfinite
+    label: str  # "grad_output 0", "output 1"
+    stat: str  # norm | absmax ("" for NaN/Inf)
+    a: Sequence[float] | None  # A's statistic ([norm, absmax(, nan, inf)]), None: finite output
+    b: Sequence[float] | None
+    relative: float | None  # None: NaN/Inf in one run only
+
+    def words(self) -> tuple[str, str, str]:
+        """(what differs, A's value, B's value)."""
+        if self.kind == "nonfinite":
+            run = "B" if _finite(self.a) else "A"
+            return (f"{self.label} has NaN/Inf in {run} only", _stat_text(self.a),
+                    _stat_text(self.b))
+        j = _STATS.index(self.stat)
+        assert self.a is not None and self.b is not None
+        return (f"{self.label} {self.stat} differs by {self.relative:.2g} (relative)",
+                f"{self.a[j]:.4g}", f"{self.b[j]:.4g}")
 
 
 @dataclass(frozen=True)
@@ -24,8 +46,9 @@ class Tolerance:
 
     def close(self, x: float, y: float) -> bool:
         """Within tolerance; NaN agrees with NaN and an infinity with itself."""
-        if math.isfinite(x) and math.isfinite(y):
-            return abs(x - y) <= self.atol + self.rtol * max(abs(x), abs(y))
+        d = abs(x - y)
+        if d < _INF:  # both finite (a NaN or an infinity makes d NaN or inf)
+            return d <= self.atol + self.rtol * max(abs(x), abs(y))
         return (math.isnan(x) and math.isnan(y)) or x == y
 
 
@@ -34,8 +57,15 @@ def relative(x: float, y: float) -> float:
     return abs(x - y) / scale if scale else 0.0
 
 
-def _stat_text(stat: Sequence[float]) -> str:
-    if len(stat) == 4 or not math.isfinite(stat[0]):
+def _finite(stat: Sequence[float] | None) -> bool:
+    """A gradient statistic of finite numbers; None stands for a finite forward output."""
+    return stat is None or (len(stat) == 2 and math.isfinite(stat[0]))
+
+
+def _stat_text(stat: Sequence[float] | None) -> str:
+    if stat is None:
+        return "finite"
+    if not _finite(stat):
         nan, inf = (int(stat[2]), int(stat[3])) if len(stat) == 4 else (0, 0)
         return f"{nan} NaN, {inf} Inf"
     return f"norm {stat[0]:.4g}, absmax {stat[1]:.4g}"
@@ -48,56 +78,51 @@ class Numbers:
         self.tolerance = tolerance
 
     def compare(self, a: Event, b: Event) -> Found | None:
-        """The worst difference between the calls' numbers: NaN/Inf in one only first, then
-        the largest relative difference past the tolerance; None when they agree."""
+        """The worst difference between the calls' numbers: NaN/Inf in one run only first,
+        then the largest relative difference past the tolerance; None when they agree."""
         if a.phase == "forward":
-            return _outputs(a.nonfinite, b.nonfinite)
+            return None if a.nonfinite == b.nonfinite else _outputs(a.nonfinite, b.nonfinite)
         worst: Found | None = None
         for label, stats_a, stats_b in (("grad_output", a.out_stats, b.out_stats),
                                         ("grad_input", a.in_stats, b.in_stats)):
             if stats_a is None or stats_b is None or stats_a == stats_b:
                 continue
             for i, (x, y) in enumerate(zip(stats_a, stats_b, strict=False)):
-                if x is None or y is None:  # a gradient in one run only: a shapes difference
+                if x is None or y is None or x == y:  # a gradient in one run only: shapes
                     continue
                 found = self._gradient(f"{label} {i}", x, y)
-                if found is not None and (worst is None or found[4] is None or (
-                        worst[4] is not None and found[4] > worst[4])):
+                if found is not None and found.relative is None:
+                    return found
+                if found is not None and (worst is None
+                                          or _size(found.relative) > _size(worst.relative)):
                     worst = found
-                if worst is not None and worst[4] is None:
-                    return worst
         return worst
 
     def _gradient(self, label: str, x: Sequence[float], y: Sequence[float]) -> Found | None:
-        if math.isfinite(x[0]) != math.isfinite(y[0]):
-            run = "B" if math.isfinite(x[0]) else "A"
-            return ("nonfinite", f"{label} has NaN/Inf in {run} only", _stat_text(x),
-                    _stat_text(y), None)
-        worst: Found | None = None
-        for j, stat in enumerate(_STATS):
-            if not self.tolerance.close(x[j], y[j]):
-                rel = relative(x[j], y[j])
-                if worst is None or (worst[4] is not None and rel > worst[4]):
-                    worst = ("value", f"{label} {stat} differs by {rel:.2g} (relative)",
-                             f"{x[j]:.4g}", f"{y[j]:.4g}", rel)
-        return worst
-
+        if len(x) == 2 and len(y) == 2:  # finite norms: the rule of Tolerance.close, inlined
+            # (this runs for every gradient that differs at all)
+            rtol, atol = self.tolerance.rtol, self.tolerance.atol
+            worst = None
+            for j in (0, 1):
+                v, w = x[j], y[j]
+                d, scale = abs(v - w), max(abs(v), abs(w))
+                if d < _INF and d > atol + rtol * scale and (
+                        worst is None or d / scale > _size(worst.relative)):
+                    worst = Found("value", label, _STATS[j], x, y, d / scale)
+            return worst
+        if _finite(x) != _finite(y):
+            return Found("nonfinite", label, "", x, y, None)
+        return None  # NaN/Inf in both runs
 
 def _outputs(a: Sequence[Sequence[int]] | None, b: Sequence[Sequence[int]] | None
              ) -> Found | None:
-    """Forward outputs with NaN/Inf in one run only."""
-    in_a = {int(o[0]): o for o in a or ()}
-    in_b = {int(o[0]): o for o in b or ()}
+    """Forward outputs with NaN/Inf in one run only (as [index, nan, inf])."""
+    in_a = {int(o[0]): [0.0, 0.0, float(o[1]), float(o[2])] for o in a or ()}
+    in_b = {int(o[0]): [0.0, 0.0, float(o[1]), float(o[2])] for o in b or ()}
     odd = sorted(in_a.keys() ^ in_b.keys())
     if not odd:
         return None
-    i = odd[0]
-    run = "A" if i in in_a else "B"
-
-    def text(found: dict[int, Sequence[int]]) -> str:
-        return f"{found[i][1]} NaN, {found[i][2]} Inf" if i in found else "finite"
-
-    return ("nonfinite", f"output {i} has NaN/Inf in {run} only", text(in_a), text(in_b), None)
+    return Found("nonfinite", f"output {odd[0]}", "", in_a.get(odd[0]), in_b.get(odd[0]), None)
 
 
 def param_differences(a: dict[str, float | None], b: dict[str, float | None],
@@ -129,7 +154,7 @@ class Growth:
             self._start = step
         if step == self._start:
             self.first.append(entry)
-        elif self._worst is None or _larger(rel, self._worst["relative"]):
+        elif self._worst is None or _size(rel) > _size(self._worst["relative"]):
             self._worst = entry
 
     def agree(self, step: int) -> None:
@@ -153,7 +178,6 @@ class Growth:
         return [*first, *self.later]
 
 
-def _larger(rel: float | None, than: float | None) -> bool:
-    if than is None:
-        return False
-    return rel is None or rel > than
+def _size(rel: float | None) -> float:
+    """A relative difference for ordering: NaN/Inf in one run only (None) is the largest."""
+    return _INF if rel is None else rel
