@@ -173,7 +173,9 @@ def diff(a: Path, b: Path, as_json: bool, step: int | None, model: str | None, r
     ran (calls in one run only, another order), shapes and dtypes, numbers (gradient statistics
     past the tolerance, NaN/Inf in one run only, and how the difference grows), and
     parameter-gradient norms. Calls are matched by model, step, phase, module fqn and call
-    index. Exit status 0 when the runs agree, 1 when they differ."""
+    index; a module renamed between the runs is matched and reported once. Logs recorded with
+    other --steps or --no-stats are compared on what both hold. Exit status 0 when the runs
+    agree, 1 when they differ, 2 on bad input."""
     from hooktrace import diffreport
     from hooktrace.diff import diff as compare
 
