@@ -1,7 +1,7 @@
 """The ``hooktrace`` command: parse options, call one library function, print, exit.
 
-Exit status: 0 ok, 1 problems found (``check``), 2 bad input or usage; ``run`` exits with the
-script's own status.
+Exit status: 0 ok, 1 problems found (``check``) or runs that differ (``diff``), 2 bad input or
+usage; ``run`` exits with the script's own status.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from hooktrace import __version__
+from hooktrace.diff import DEFAULT_ATOL, DEFAULT_RTOL
 from hooktrace.errors import HooktraceError
 from hooktrace.options import DEFAULT_MAX_EVENTS, DEFAULT_STEPS, Steps, TraceOptions
 
@@ -154,6 +155,34 @@ def check(logs: tuple[Path, ...], as_json: bool, step: int | None, vanishing: fl
     names = " ".join(map(str, logs))
     click.echo(report.to_json(result) if as_json else report.to_text(result, names))
     sys.exit(1 if result.problems else 0)
+
+
+@cli.command()
+@click.argument("a", type=click.Path(path_type=Path))
+@click.argument("b", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--step", type=int, help="Compare one step only.")
+@click.option("--model", metavar="NAME", help="Compare this model only (as named in the logs).")
+@click.option("--rtol", type=click.FloatRange(min=0), default=DEFAULT_RTOL, show_default=True,
+              help="Relative tolerance for gradient statistics and parameter-gradient norms "
+                   "(the log keeps 4 significant digits).")
+@click.option("--atol", type=click.FloatRange(min=0), default=DEFAULT_ATOL, show_default=True,
+              help="Absolute tolerance, added to the relative one.")
+def diff(a: Path, b: Path, as_json: bool, step: int | None, model: str | None, rtol: float,
+         atol: float) -> None:
+    """Compare the logs A and B of two runs and report, each from its first difference: what
+    ran (calls in one run only, another order), shapes and dtypes, numbers (gradient statistics
+    past the tolerance, NaN/Inf in one run only, and how the difference grows), and
+    parameter-gradient norms. Calls are matched by model, step, phase, module fqn and call
+    index; a module renamed between the runs is matched and reported once. Logs recorded with
+    other --steps or --no-stats are compared on what both hold. Exit status 0 when the runs
+    agree, 1 when they differ, 2 on bad input."""
+    from hooktrace import diffreport
+    from hooktrace.diff import diff as compare
+
+    report = compare(a, b, step, model, rtol, atol)
+    click.echo(diffreport.to_json(report) if as_json else diffreport.to_text(report))
+    sys.exit(1 if report.differ else 0)
 
 
 def main() -> None:

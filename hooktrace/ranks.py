@@ -2,24 +2,22 @@
 and find the first step and module where the ranks' execution diverges.
 
 A rank that skips a branch, runs an extra module or sees other shapes is the usual cause of a DDP
-hang or its "unused parameters" error. The logs are walked in lockstep one step at a time, so
-memory holds one step per rank, whatever the length of the run. Standard library only.
+hang or its "unused parameters" error. The logs are walked in lockstep one step at a time by the
+alignment engine that ``diff`` uses too (``hooktrace.align``). Standard library only.
 """
 
 from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hooktrace import schema
+from hooktrace.align import Event, Walk, first_mismatch, lockstep
 from hooktrace.errors import HooktraceError
 from hooktrace.logio import LogReader
-
-Signature = tuple[Any, ...]  # what must agree between ranks for one event
 
 
 def expand(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
@@ -66,33 +64,6 @@ def pick_rank(paths: Sequence[str | os.PathLike[str]], rank: int | None) -> Path
     raise HooktraceError(f"no log of rank {rank} among the logs given; their ranks: {have}")
 
 
-def _steps(reader: LogReader) -> Iterator[tuple[int, list[tuple[Signature, str]]]]:
-    """(step, the step's events as (signature, description)) in file order."""
-    models: dict[int, str] = {}
-    step: int | None = None
-    current: list[tuple[Signature, str]] = []
-    for r in reader:
-        if isinstance(r, schema.Model):
-            models[r.model] = r.name
-        elif isinstance(r, (schema.ForwardEvent, schema.BackwardEvent)):
-            if step is not None and r.step != step:
-                yield step, current
-                current = []
-            step = r.step
-            model = models.get(r.model, str(r.model))
-            if isinstance(r, schema.ForwardEvent):
-                signature: Signature = ("forward", model, r.name, r.call,
-                                        str(r.input_shapes), str(r.output_shapes))
-                shapes = f"{r.input_shapes} -> {r.output_shapes}"
-            else:
-                signature = ("backward", model, r.name, r.call, str(r.grad_output_shapes))
-                shapes = f"grad {r.grad_output_shapes}"
-            current.append((signature, f"{r.phase} of {r.name or '(root)'} call {r.call} "
-                                       f"in {model} ({shapes})"))
-    if step is not None:
-        yield step, current
-
-
 @dataclass
 class Divergence:
     step: int
@@ -102,41 +73,39 @@ class Divergence:
     ranks: dict[int, str]  # rank -> what it ran there ("nothing" past its last event)
 
 
+def _signature(e: Event) -> tuple[Any, ...]:
+    """What must agree between ranks for one event."""
+    if e.phase == "forward":
+        return ("forward", e.model, e.name, e.call, str(e.ins), str(e.outs))
+    return ("backward", e.model, e.name, e.call, str(e.outs))
+
+
+def _describe(e: Event) -> str:
+    shapes = f"{e.ins} -> {e.outs}" if e.phase == "forward" else f"grad {e.outs}"
+    return f"{e.describe()} in {e.model} ({shapes})"
+
+
 def first_divergence(readers: Sequence[LogReader]) -> Divergence | None:
     """The first step and event where some rank's recorded execution differs from rank 0's."""
     if len(readers) < 2:
         return None
-    walks = [_steps(r) for r in readers]
     ranks = [r.header.rank for r in readers]
-    while True:
-        steps = [next(w, None) for w in walks]
-        if all(s is None for s in steps):
-            return None
-        numbers = {s[0] for s in steps if s is not None}
-        if None in steps or len(numbers) > 1:  # a rank recorded fewer or other steps
-            step = min(numbers)
+    walks = [Walk(r) for r in readers]
+    for step, here in lockstep(walks, keep=lambda s: bool(s.events)):
+        if any(s is None for s in here):  # a rank recorded fewer or other steps
             return Divergence(step, 0, "", "", {
-                rank: f"{len(s[1])} events" if s is not None and s[0] == step else "no events"
-                for rank, s in zip(ranks, steps, strict=True)})
-        found = _compare([s[1] for s in steps if s is not None], ranks, min(numbers))
-        if found is not None:
-            return found
-
-
-def _compare(per_rank: list[list[tuple[Signature, str]]], ranks: list[int],
-             step: int) -> Divergence | None:
-    def at(events: list[tuple[Signature, str]], i: int) -> tuple[Signature, str] | None:
-        return events[i] if i < len(events) else None
-
-    for i in range(max(len(events) for events in per_rank)):
-        here = [at(events, i) for events in per_rank]
-        base = here[0][0] if here[0] else None
-        odd = next((e for e in here[1:] if (e[0] if e else None) != base), "same")
-        if odd == "same":
-            continue
-        named = odd if odd is not None else here[0]  # the module the odd rank ran, else rank 0's
-        assert named is not None and not isinstance(named, str)
-        return Divergence(step, i, str(named[0][1]), str(named[0][2]), {
-            rank: e[1] if e else "nothing (its step ended)"
-            for rank, e in zip(ranks, here, strict=True)})
+                rank: f"{len(s.events)} events" if s is not None else "no events"
+                for rank, s in zip(ranks, here, strict=True)})
+        per_rank = [s.events for s in here if s is not None]
+        i = first_mismatch([[_signature(e) for e in events] for events in per_rank])
+        if i is not None:
+            at = [events[i] if i < len(events) else None for events in per_rank]
+            base = _signature(at[0]) if at[0] is not None else None
+            # the module the odd rank ran, else rank 0's
+            odd = next(e for e in at[1:] if (None if e is None else _signature(e)) != base)
+            named = odd if odd is not None else at[0]
+            assert named is not None
+            return Divergence(step, i, named.model, named.name, {
+                rank: _describe(e) if e is not None else "nothing (its step ended)"
+                for rank, e in zip(ranks, at, strict=True)})
     return None

@@ -1,0 +1,205 @@
+"""Align logs step by step and find where their execution parts ways: the one engine behind
+``check`` on the logs of several ranks and ``diff`` of two runs.
+
+Each log is walked one step at a time (its events, parameter-gradient norms and anomalies), and
+the logs are merged by step number, so memory holds one step per log, whatever the length of
+the runs. Events are matched by model name, phase, module fqn and call index. Standard library
+only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from hooktrace import schema
+from hooktrace.logio import LogReader
+
+Shapes = Sequence[Any]  # shapes of a call's tensor leaves, as the reader gives them (lists)
+Key = tuple[str, str, str, int]  # (model, phase, fqn, call): one call, in any run
+
+
+class Event(NamedTuple):
+    """One forward or backward event, with names resolved. For a backward event ``ins`` and
+    ``outs`` are the shapes of grad_input and grad_output (None where no gradient flowed)."""
+
+    model: str
+    phase: str
+    name: str
+    call: int
+    ins: Shapes
+    outs: Shapes
+    in_dtypes: Sequence[str]  # forward only
+    out_dtypes: Sequence[str]
+    in_stats: Sequence[schema.GradStat | None] | None  # backward with statistics only
+    out_stats: Sequence[schema.GradStat | None] | None
+    nonfinite: Sequence[Sequence[int]] | None  # forward: [output index, nan, inf]
+
+    @property
+    def key(self) -> Key:
+        return (self.model, self.phase, self.name, self.call)
+
+    def describe(self) -> str:
+        return f"{self.phase} of {self.name or '(root)'} call {self.call}"
+
+
+@dataclass
+class StepRecords:
+    """What one log recorded of one step."""
+
+    step: int
+    events: list[Event] = field(default_factory=list)
+    params: dict[str, dict[str, float | None]] = field(default_factory=dict)  # model -> fqn
+    anomalies: list[tuple[str, str, str, int]] = field(default_factory=list)  # kind, model,
+    # fqn, call of each anomaly record (watched steps)
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    cls: str
+    params: int
+    order: int  # position among its model's module records
+
+
+class Walk:
+    """One log, read step by step. ``models`` and ``modules`` (model name -> fqn -> info) hold
+    what the log has declared so far."""
+
+    def __init__(self, reader: LogReader) -> None:
+        self.reader = reader
+        self.models: dict[int, str] = {}
+        self.modules: dict[str, dict[str, ModuleInfo]] = {}
+        self._names: dict[int, tuple[str, str]] = {}  # module id -> (model name, fqn)
+
+    def steps(self) -> Iterator[StepRecords]:
+        """The log's steps in file order: each run of consecutive records of one step (events,
+        parameter-gradient norms, anomalies)."""
+        decoder = schema.Decoder()
+        makers = {"forward": self._forward_maker(decoder),
+                  "backward": self._backward_maker(decoder)}
+        current = StepRecords(-1)  # steps count from 0: this one is never yielded
+        for item in self.reader.scan(decoder):
+            if isinstance(item, list):  # plain events of one type: most of a log
+                make = makers[item[0]["type"]]
+                if item[0]["step"] == item[-1]["step"] == current.step:
+                    current.events.extend(map(make, item))
+                    continue
+                for d in item:
+                    if d["step"] != current.step:
+                        if current.step >= 0:
+                            yield current
+                        current = StepRecords(d["step"])
+                    current.events.append(make(d))
+            elif isinstance(item, (schema.ForwardEvent, schema.BackwardEvent, schema.ParamGrads,
+                                   schema.Anomaly)):
+                if item.step != current.step:
+                    if current.step >= 0:
+                        yield current
+                    current = StepRecords(item.step)
+                self._add(current, item)
+            else:
+                self._declare(item)
+        if current.step >= 0:
+            yield current
+
+    def _add(self, current: StepRecords, item: schema.ForwardEvent | schema.BackwardEvent
+             | schema.ParamGrads | schema.Anomaly) -> None:
+        if isinstance(item, (schema.ForwardEvent, schema.BackwardEvent)):
+            current.events.append(self._record(item))
+        elif isinstance(item, schema.ParamGrads):
+            current.params[self._model(item.model)] = item.grad_norm
+        else:
+            current.anomalies.append((item.kind, self._model(item.model), item.name, item.call))
+
+    def _model(self, index: int) -> str:
+        return self.models.get(index, str(index))
+
+    def _declare(self, record: schema.Record | None) -> None:
+        if isinstance(record, schema.Model):
+            self.models[record.model] = record.name
+        elif isinstance(record, schema.Module):
+            known = self.modules.setdefault(self._model(record.model), {})
+            known.setdefault(record.name, ModuleInfo(record.cls, record.params, len(known)))
+
+    def _name(self, decoder: schema.Decoder, module: int) -> tuple[str, str]:
+        """(model name, fqn) of a module id, kept from the first event that names it."""
+        found = self._names.get(module)
+        if found is None:
+            model, fqn = decoder.modules[module]
+            found = self._names[module] = (self._model(model), fqn)
+        return found
+
+    # Plain events are most of a log: built with few lookups, as tuples (no keyword parsing)
+    def _forward_maker(self, decoder: schema.Decoder) -> Callable[[dict[str, Any]], Event]:
+        names, tensors, new = self._names, decoder.tensors, tuple.__new__
+
+        def forward(d: dict[str, Any]) -> Event:
+            model, fqn = names.get(d["module"]) or self._name(decoder, d["module"])
+            ins, in_types = tensors[d["in"]]
+            outs, out_types = tensors[d["out"]]
+            return new(Event, (model, "forward", fqn, d["call"], ins, outs, in_types, out_types,
+                               None, None, None))
+
+        return forward
+
+    def _backward_maker(self, decoder: schema.Decoder) -> Callable[[dict[str, Any]], Event]:
+        names, tensors, new = self._names, decoder.tensors, tuple.__new__
+
+        def backward(d: dict[str, Any]) -> Event:
+            model, fqn = names.get(d["module"]) or self._name(decoder, d["module"])
+            return new(Event, (model, "backward", fqn, d["call"], tensors[d["in"]][0],
+                               tensors[d["out"]][0], (), (), d.get("in_stats"),
+                               d.get("out_stats"), None))
+
+        return backward
+
+    def _record(self, r: schema.ForwardEvent | schema.BackwardEvent) -> Event:
+        model = self._model(r.model)
+        if isinstance(r, schema.ForwardEvent):
+            return Event(model, "forward", r.name, r.call, r.input_shapes, r.output_shapes,
+                         r.input_dtypes, r.output_dtypes, None, None, r.output_nonfinite)
+        return Event(model, "backward", r.name, r.call, r.grad_input_shapes,
+                     r.grad_output_shapes, (), (), r.grad_input_stats, r.grad_output_stats, None)
+
+
+def lockstep(walks: Sequence[Walk], keep: Callable[[StepRecords], bool] = lambda s: True
+             ) -> Iterator[tuple[int, list[StepRecords | None]]]:
+    """(step, each log's records of it, None where a log has no such step), steps ascending;
+    ``keep`` drops steps before they are merged."""
+    streams = [(s for s in w.steps() if keep(s)) for w in walks]
+    heads = [next(s, None) for s in streams]
+    while any(h is not None for h in heads):
+        step = min(h.step for h in heads if h is not None)
+        here = [h if h is not None and h.step == step else None for h in heads]
+        yield step, here
+        heads = [next(stream, None) if mine is not None else head
+                 for stream, mine, head in zip(streams, here, heads, strict=True)]
+
+
+def first_mismatch(sequences: Sequence[Sequence[Hashable]]) -> int | None:
+    """The first position where some sequence differs from the first one (a shorter one
+    differs past its end); None when they are all equal."""
+    base = sequences[0]
+    if all(s == base for s in sequences[1:]):
+        return None
+    for i in range(max(len(s) for s in sequences)):
+        first = base[i] if i < len(base) else None
+        if any((s[i] if i < len(s) else None) != first for s in sequences[1:]):
+            return i
+    return None
+
+
+def renames(a: dict[str, ModuleInfo], b: dict[str, ModuleInfo]) -> dict[str, str]:
+    """B's fqn -> A's for modules of one model that each log has under a name the other lacks,
+    paired in declaration order when their class and parameter count agree."""
+    only_a = sorted((n for n in a if n not in b), key=lambda n: a[n].order)
+    only_b = sorted((n for n in b if n not in a), key=lambda n: b[n].order)
+    mapping: dict[str, str] = {}
+    for name_b in only_b:
+        for name_a in only_a:
+            if (a[name_a].cls, a[name_a].params) == (b[name_b].cls, b[name_b].params):
+                mapping[name_b] = name_a
+                only_a.remove(name_a)
+                break
+    return mapping
