@@ -6,11 +6,9 @@ them into findings; the CLI prints them with ``hooktrace.report``.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence, Set
 from dataclasses import dataclass
-from itertools import repeat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +27,7 @@ from hooktrace.findings import (
 )
 from hooktrace.logio import LogReader, capture_dir
 from hooktrace.loop import check_loop
+from hooktrace.magnitudes import check_magnitudes, start, start_orders
 from hooktrace.ranks import first_divergence, open_ranks
 
 if TYPE_CHECKING:
@@ -230,203 +229,6 @@ def _group_subtrees(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> l
     return out
 
 
-def _profile_finding(c: Collected, t: Thresholds, explained: Set[ModuleKey]) -> Finding | None:
-    """Activation-gradient norms (grad_output) that grow or fall across the network; not where
-    they fall to a module starved at a boundary ``flow`` names."""
-    for step in sorted(c.profiles):
-        modules, norms = c.profiles[step]  # backward order: output side first
-        if len(norms) < 3 or (norms[-1] < norms[0] and modules[-1] in explained):
-            continue
-        top, bottom = norms[0], norms[-1]
-        if top <= 0 or bottom <= 0:
-            continue
-        orders = math.log10(bottom / top)
-        if abs(orders) >= t.orders:
-            model, name = modules[-1]
-            return Finding(
-                "exploding" if orders > 0 else "vanishing", WARNING, c.model_name(model), name,
-                step,
-                f"gradient norms {'grow' if orders > 0 else 'fall'} by {abs(orders):.1f} orders of "
-                f"magnitude from {modules[0][1] or '(root)'} ({top:.3g}) back to {name} "
-                f"({bottom:.3g}) at step {step}",
-                {"profile": [{"module": n, "grad_output_norm": v}
-                             for (_, n), v in zip(modules, norms, strict=True)]},
-                "deep stacks without normalisation or residual connections, or a too large/small "
-                "initialisation")
-    return None
-
-
-@dataclass
-class _Past:
-    """A module's parameter-gradient norms past a threshold: the steps, the norm at the first."""
-
-    steps: list[int]
-    norm: float
-    of: int = 0  # steps with a finite norm for it, past the threshold or not
-
-    @property
-    def lasting(self) -> bool:
-        """Past it in most of the steps: not a passing moment (a zero-initialised head at the
-        first step, stochastic depth dropping a whole block in one)."""
-        return 2 * len(self.steps) > self.of
-
-
-def _past_thresholds(c: Collected, t: Thresholds, starts: dict[ModuleKey, int]
-                     ) -> dict[str, dict[ModuleKey, _Past]]:
-    """Per kind, the modules whose parameter-gradient norm passed a threshold in some step:
-    ``exploding``, ``vanishing``, and ``bypassed``: below the vanishing threshold while a module
-    that runs before it in forward (nearer the input) got a larger gradient in that step: the
-    gradient is small in its branch (ConvNeXt's layer scale, a gate), not lost on its way."""
-    flagged: dict[str, dict[ModuleKey, _Past]] = {"vanishing": {}, "exploding": {},
-                                                  "bypassed": {}}
-    for step in sorted(c.param_norms):
-        norms = _step_norms(c, step)
-        earliest: dict[int, int] | None = None  # per model: the first module above vanishing
-        for key, norm in norms.items():
-            if norm is None:
-                continue
-            # NaN compares False: a non-finite norm is another check's
-            kind = ("vanishing" if norm < t.vanishing else "exploding"
-                    if t.exploding < norm < math.inf else "")
-            if not kind:
-                continue
-            if kind == "vanishing":
-                if earliest is None:
-                    earliest = _earliest_above(starts, norms, t.vanishing)
-                if _start(starts, key) > earliest.get(key[0], math.inf):
-                    kind = "bypassed"
-            past = flagged[kind].get(key)
-            if past is None:
-                flagged[kind][key] = _Past([step], norm)
-            else:
-                past.steps.append(step)
-    seen = dict.fromkeys((key for modules in flagged.values() for key in modules), 0)
-    if seen:  # the steps with a finite norm for each of them: a second pass, rarely made
-        for step in c.param_norms:
-            for key, norm in _step_norms(c, step).items():
-                if key in seen and norm is not None and math.isfinite(norm):
-                    seen[key] += 1
-        for modules in flagged.values():
-            for key, past in modules.items():
-                past.of = seen[key]
-    return flagged
-
-
-def _step_norms(c: Collected, step: int) -> dict[ModuleKey, float | None]:
-    norms: dict[ModuleKey, float | None] = {}  # a later record of a module overrides
-    for model, names, values in c.param_norms[step]:
-        norms.update(zip(zip(repeat(model), names), values, strict=True))
-    return norms
-
-
-def _earliest_above(starts: dict[ModuleKey, int], norms: dict[ModuleKey, float | None],
-                    limit: float) -> dict[int, int]:
-    """Per model, where its first module (in forward order) with a norm of at least ``limit``
-    starts."""
-    earliest: dict[int, int] = {}
-    for key, norm in norms.items():
-        if norm is not None and limit <= norm < math.inf:
-            start = _start(starts, key)
-            if start < earliest.get(key[0], math.inf):
-                earliest[key[0]] = start
-    return earliest
-
-
-def check_magnitudes(c: Collected, t: Thresholds, explained: Set[ModuleKey] = frozenset()
-                     ) -> list[Finding]:
-    """Parameter-gradient norms past the thresholds, and the profile across the network: one
-    finding per kind (vanishing, exploding), a warning where they last; a note where they
-    passed in a few steps only, or where the gradient got past them to the input side."""
-    starts = _start_orders(c)
-    flagged = _past_thresholds(c, t, starts)
-    for modules in flagged.values():  # starved modules whose boundary ``flow`` names
-        for key in explained & modules.keys():
-            del modules[key]
-    bypassed = flagged.pop("bypassed")
-    profile = _profile_finding(c, t, explained)
-    out: list[Finding] = []
-    for kind, past in flagged.items():
-        finding = profile if profile is not None and profile.kind == kind else None
-        lasting = {k: p for k, p in past.items() if p.lasting}
-        if lasting or finding is not None:
-            out.append(_magnitude_finding(c, t, starts, kind, lasting, finding))
-        passing = {k: p for k, p in past.items() if not p.lasting}
-        if passing:
-            out.append(_magnitude_finding(c, t, starts, kind, passing, None, note="passing"))
-    if bypassed:
-        out.append(_magnitude_finding(c, t, starts, "vanishing", bypassed, None,
-                                      note="bypassed"))
-    return out
-
-
-def _start_orders(c: Collected) -> dict[ModuleKey, int]:
-    """Where each module starts in forward order: the first return (forward seq) in its subtree,
-    since a forward event is written when its call returns (a parent after its children)."""
-    start: dict[ModuleKey, int] = {}
-    for (model, name), m in c.modules.items():
-        if m.first_seq is not None:
-            for fqn in [name, *ancestors(name)]:
-                if m.first_seq < start.get((model, fqn), math.inf):
-                    start[(model, fqn)] = m.first_seq
-    return start
-
-
-def _start(starts: dict[ModuleKey, int], key: ModuleKey) -> int:
-    """A module never called (its parent uses its parameters) starts with its parent."""
-    model, name = key
-    for fqn in [name, *reversed(ancestors(name))]:
-        found = starts.get((model, fqn))
-        if found is not None:
-            return found
-    return 0
-
-
-_NOTES = {  # why a vanishing/exploding module is a note: (what the message adds, the hint)
-    "passing": (
-        "in a few of the steps only ({steps}); the other steps are within the threshold",
-        "usual at the first step after a zero-initialised layer (a ViT head), or where "
-        "stochastic depth drops a whole block; look again if it comes back"),
-    "bypassed": (
-        "while modules that run before them got larger gradients ({steps}): the gradient is "
-        "small inside their branch, not lost on its way to the input",
-        "usual for layer scale (ConvNeXt initialises it at 1e-6) and gated branches; look again "
-        "if it stays that small as training goes on"),
-}
-
-
-def _magnitude_finding(c: Collected, t: Thresholds, starts: dict[ModuleKey, int], kind: str,
-                       modules: dict[ModuleKey, _Past], finding: Finding | None, note: str = ""
-                       ) -> Finding:
-    """One finding for ``modules``: ``finding`` (the profile's) with them added, a warning of
-    their own, or a note (``note``: a key of _NOTES)."""
-    if not modules:
-        assert finding is not None
-        return finding
-    order = sorted(modules, key=lambda k: _start(starts, k))
-    limit = t.vanishing if kind == "vanishing" else t.exploding
-    listed = ", ".join(f"{k[1] or '(root)'} {modules[k].norm:.2g}" for k in order[:6])
-    about = (f"{plural(len(order), 'module')} with a parameter-gradient norm "
-             f"{'below' if kind == 'vanishing' else 'above'} {limit:g}: {listed}"
-             + (f" and {len(order) - 6} more" if len(order) > 6 else ""))
-    norms = {k[1]: modules[k].norm for k in order}
-    first = order[0]
-    if note:
-        steps = sorted({s for p in modules.values() for s in p.steps})
-        adds, hint = _NOTES[note]
-        return Finding(kind, NOTE, c.model_name(first[0]), first[1], steps[0],
-                       f"{about}, {adds.format(steps=steps_text(steps))}",
-                       {"grad_norm": norms, "steps": steps}, hint)
-    if finding is None:
-        finding = Finding(kind, WARNING, c.model_name(first[0]), first[1],
-                          modules[first].steps[0], about, {},
-                          "check initialisation, normalisation layers and the "
-                          "learning-rate scale")
-    else:
-        finding.message += f"; {about}"
-    finding.evidence["grad_norm"] = norms
-    return finding
-
-
 def _used_directly(c: Collected, uncalled: set[ModuleKey]) -> set[ModuleKey]:
     """The modules of ``uncalled`` whose parameters got a gradient: their parent's forward
     uses the parameters itself (MultiheadAttention, its out_proj). DDP has no trouble with them."""
@@ -579,12 +381,12 @@ def _explained(c: Collected, found: flow.Flow) -> set[ModuleKey]:
     uses), and the modules whose own parameters are used before it in forward (a ViT's class
     token, on its root)."""
     starved = found.victims
-    starts = _start_orders(c)
+    starts = start_orders(c)
     before = set()
     for b in found.boundaries.values():
-        limit = _start(starts, b.key)
+        limit = start(starts, b.key)
         before |= {key for key, m in c.modules.items() if key[0] == b.key[0] and m.trainable
-                   and _start(starts, key) < limit}
+                   and start(starts, key) < limit}
     return starved | before | {key for key, m in c.modules.items() if not m.calls and any(
         (key[0], name) in starved for name in ancestors(key[1]))}
 
