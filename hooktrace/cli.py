@@ -155,5 +155,26 @@ def check(logs: tuple[Path, ...], as_json: bool, step: int | None, vanishing: fl
     sys.exit(1 if result.problems else 0)
 
 
+@cli.command()
+@click.argument("logs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--format", "fmt", metavar="csv|jsonl",
+              help="Default: the extension of -o, else csv.")
+@click.option("-o", "--output", metavar="FILE",
+              help="Where to write the rows; - for standard output. Default: the log's name "
+                   "with the format's extension.")
+def export(logs: tuple[Path, ...], fmt: str | None, output: str | None) -> None:
+    """Write every event of LOGS as one self-describing row (model, fqn, class, phase, step,
+    call, shapes, gradient statistics, NaN/Inf counts) for pandas, DuckDB, a spreadsheet or jq.
+    Several logs (or a quoted glob) are the ranks of one run, written rank after rank. The
+    columns are listed in the README."""
+    from hooktrace.export import write_rows
+
+    stream = sys.stdout if output == "-" else None
+    written = write_rows(logs, fmt, None if stream else output, stream)
+    for warning in written.warnings:
+        click.echo(f"hooktrace: warning: {warning}", err=True)
+    click.echo(f"hooktrace: {written.summary()}", err=True)
+
+
 def main() -> None:
     cli(prog_name="hooktrace")
