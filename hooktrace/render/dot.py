@@ -73,7 +73,7 @@ def node_state(node: Node, checked: bool) -> str:
     return "no_grad" if node.grad_calls == 0 else "no backward"
 
 
-def _node_id(key: NodeKey) -> str:
+def node_id(key: NodeKey) -> str:
     model, fqn, call = key
     return f"m{model}/{quote(fqn, safe='._()-')}#{call if call >= 0 else '*'}"
 
@@ -152,7 +152,7 @@ def _edge(edge: Edge, view: View) -> tuple[str, str, dict[str, str]]:
     """(tail id, head id, attributes). A backward edge that goes back up the forward order is
     written head first with ``dir=back``: dot then lays it beside the forward edge it mirrors,
     labels apart, and it keeps the ranks forward gave."""
-    src, dst = _node_id(edge.src), _node_id(edge.dst)
+    src, dst = node_id(edge.src), node_id(edge.dst)
     if edge.phase == "forward":
         return src, dst, {"label": str(edge.order), "color": FORWARD_COLOUR}
     more = backward_text(edge.grad_norm, edge.grad_input_len, edge.grad_output_len)
@@ -231,7 +231,7 @@ def to_dot(view: View) -> str:
                color=BACKWARD_COLOUR)
         more = backward_text(grad_output_norm(event), event.grad_input_len,
                              event.grad_output_len)
-        g.edge("backward start", _node_id(key),
+        g.edge("backward start", node_id(key),
                label=f"backward starts · {more}" if more else "backward starts",
                style="dashed", color=BACKWARD_COLOUR, fontcolor=BACKWARD_COLOUR)
     for edge in view.edges():
@@ -249,7 +249,7 @@ def _emit(graph: Any, cluster: Cluster | None, view: View, states: set[str]) -> 
         if isinstance(item, Node):
             state = node_state(item, view.checked)
             states.add(state)
-            graph.node(_node_id(item.key), label=node_label(item, view),
+            graph.node(node_id(item.key), label=node_label(item, view),
                        fillcolor=STATES[state][0])
             continue
         model, fqn = item.key
