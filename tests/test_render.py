@@ -471,6 +471,8 @@ def test_gan_generator_backward_in_the_next_step(tmp_path: Path) -> None:
     step1 = load_step(log, 1)
     assert any("backward of calls made in an earlier step (model generator)" in w
                for w in step1.warnings)
+    only_backward = picture(log, step=1, model="generator")  # its forward ran in step 0
+    assert only_backward.nodes == 0 and "<svg" in only_backward.svg()
 
 
 def test_nodes_coloured_by_gradient_health(tmp_path: Path) -> None:

@@ -208,6 +208,7 @@ def _title(view: View) -> str:
     models = sorted({key[0] for key in view.node_map})
     names = ", ".join(_html(f"{log.models.get(m, f'model {m}')} ({log.cls(m, '')})")
                       for m in models)
+    names = names or "no forward call in this step"  # only the backward of earlier calls
     phase = "forward and backward" if view.phase == "both" else f"{view.phase} only"
     depth = f"depth {view.depth} of {view.deepest}{' (auto)' if view.auto_depth else ''}"
     return f"<<B>{names}</B> · step {log.step} · {phase} · {depth}>"
