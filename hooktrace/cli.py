@@ -185,5 +185,54 @@ def diff(a: Path, b: Path, as_json: bool, step: int | None, model: str | None, r
     sys.exit(1 if report.differ else 0)
 
 
+@cli.command()
+@click.argument("logs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--format", "fmt", metavar="csv|jsonl",
+              help="Default: the extension of -o, else csv.")
+@click.option("-o", "--output", metavar="FILE",
+              help="Where to write the rows; - for standard output. Default: the log's name "
+                   "with the format's extension.")
+def export(logs: tuple[Path, ...], fmt: str | None, output: str | None) -> None:
+    """Write every event of LOGS as one self-describing row (model, fqn, class, phase, step,
+    call, shapes, gradient statistics, NaN/Inf counts) for pandas, DuckDB, a spreadsheet or jq.
+    Several logs (or a quoted glob) are the ranks of one run, written rank after rank. The
+    columns are listed in the README."""
+    from hooktrace.export import write_rows
+
+    stream = sys.stdout if output == "-" else None
+    written = write_rows(logs, fmt, None if stream else output, stream)
+    for warning in written.warnings:
+        click.echo(f"hooktrace: warning: {warning}", err=True)
+    click.echo(f"hooktrace: {written.summary()}", err=True)
+
+
+@cli.command()
+@click.argument("logs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path),
+              help="Where to write the page or picture. Default: the log's name with the "
+                   "format's extension.")
+@click.option("--format", "fmt", metavar="html|svg|png",
+              help="html: the page; svg, png: the heatmap alone, as a picture (needs Graphviz "
+                   "dot). Default: the extension of -o, else html.")
+@click.option("--values", type=click.Choice(["grad_output", "params"]), default="grad_output",
+              show_default=True, help="svg/png: colour by the grad_output norm or by the "
+                                      "parameter-gradient norm.")
+@click.option("--rank", type=int, help="svg/png with the logs of several ranks: the rank to "
+                                       "draw (default 0).")
+def view(logs: tuple[Path, ...], output: Path | None, fmt: str | None, values: str,
+         rank: int | None) -> None:
+    """Write one self-contained HTML page to explore LOGS offline: the call graph of each step
+    (hover a node for its numbers), a gradient-flow heatmap (modules x steps, colour = log10
+    of the gradient norm, NaN/Inf and no-gradient marked) and check's findings, linked to
+    both. Several logs (or a quoted glob) are the ranks of one run: a selector picks one.
+    --format svg or png writes the heatmap alone, for notebooks and CI artifacts."""
+    from hooktrace.view import write_view
+
+    written = write_view(logs, output, fmt, values, rank)
+    for warning in written.warnings:
+        click.echo(f"hooktrace: warning: {warning}", err=True)
+    click.echo(f"hooktrace: {written.summary()}", err=True)
+
+
 def main() -> None:
     cli(prog_name="hooktrace")

@@ -358,6 +358,7 @@ class Edge:
     grad_input_len: int = 0  # backward: of dst's backward event as it started
     grad_output_len: int = 0
     mirrored: bool = True  # backward: forward ran the same edge the other way
+    grad_norm: float | None = None  # backward: norm of dst's grad_output (None: no statistics)
 
 
 @dataclass(slots=True)
@@ -437,7 +438,8 @@ def build(log: StepLog, depth: int | None = None, phase: str = "both") -> View:
         for order, (src, dst, e) in enumerate(_chain(visits), 1):
             assert e is not None
             view.edge_list.append(Edge(src, dst, "backward", order, e.grad_input_len,
-                                       e.grad_output_len, (src, dst) in mirrors))
+                                       e.grad_output_len, (src, dst) in mirrors,
+                                       grad_output_norm(e)))
         view.backward_start = next(((k, e) for k, e in visits if k is not None and e), None)
     return view
 
@@ -496,6 +498,13 @@ def _stats(e: schema.BackwardEvent | None) -> list[list[float] | None]:
 
 def _nonfinite_grads(e: schema.BackwardEvent | None) -> bool:
     return any(s is not None and not math.isfinite(s[0]) for s in _stats(e))
+
+
+def grad_output_norm(e: schema.BackwardEvent) -> float | None:
+    """The L2 norm of all of ``e``'s grad_output tensors together (NaN/Inf when one is not
+    finite); None when the log has no statistics for them."""
+    norms = [s[0] for s in e.grad_output_stats or [] if s is not None]
+    return math.sqrt(sum(n * n for n in norms)) if norms else None
 
 
 def _grad_norm(e: schema.BackwardEvent | None) -> float | None:

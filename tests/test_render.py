@@ -28,7 +28,7 @@ from hooktrace.cli import cli
 from hooktrace.graph import View, build, load_step
 from hooktrace.logio import LogWriter
 from hooktrace.render import picture, render, write_picture
-from hooktrace.render.dot import node_state
+from hooktrace.render.dot import node_state, norm_text
 from hooktrace.render.text import printable
 
 ODD_NAMES = ['q"uote', "<lt>", "a&b", "{brace}", "p|ipe", "back\\slash", "new\nline", "end\\"]
@@ -471,6 +471,8 @@ def test_gan_generator_backward_in_the_next_step(tmp_path: Path) -> None:
     step1 = load_step(log, 1)
     assert any("backward of calls made in an earlier step (model generator)" in w
                for w in step1.warnings)
+    only_backward = picture(log, step=1, model="generator")  # its forward ran in step 0
+    assert only_backward.nodes == 0 and "<svg" in only_backward.svg()
 
 
 def test_nodes_coloured_by_gradient_health(tmp_path: Path) -> None:
@@ -484,6 +486,7 @@ def test_nodes_coloured_by_gradient_health(tmp_path: Path) -> None:
     assert {node_state(n, True) for n in build(load_step(log, 2)).nodes()} == {"ok"}
     source = picture(log, step=3).source
     assert "an output held NaN/Inf" in source and "nan/inf output" in source
+    assert '"1 · |g| NaN"' in source and "backward starts · |g| NaN" in source
 
 
 def test_exploding_gradients_coloured(tmp_path: Path) -> None:
@@ -537,3 +540,58 @@ def test_render_skims_the_steps_it_does_not_draw(tmp_path: Path) -> None:
         result = hooktrace_cmd(*args)
         assert result.returncode == 2, result.stderr
         assert f"line {at + 1}" in result.stderr and "Traceback" not in result.stderr
+
+
+# -- the gradient's size on backward edges ------------------------------------------------------
+
+
+@pytest.mark.parametrize(("norm", "text"), [(0.0321, "3.2e-2"), (1.0, "1.0e0"), (2.24e8, "2.2e8"),
+                                            (0.0, "0"), (float("nan"), "NaN"),
+                                            (float("inf"), "Inf")])
+def test_norm_text_is_compact(norm: float, text: str) -> None:
+    assert norm_text(norm) == text
+
+
+def test_backward_edges_show_the_norm_of_the_gradient_reaching_the_call(mnist_log: Path) -> None:
+    """Each backward edge enters a call: its label is that call's grad_output norm, from the
+    log; "gi 1 go 1" is gone (all are 1 / 1 here)."""
+    view = view_of(mnist_log)
+    backward = {e.name: e for e in load_step(mnist_log).events
+                if isinstance(e, schema.BackwardEvent)}
+    source = picture(mnist_log).source
+    for edge in view.edges():
+        if edge.phase == "backward":
+            stats = backward[edge.dst[1]].grad_output_stats
+            assert stats is not None and stats[0] is not None
+            assert edge.grad_norm == pytest.approx(stats[0][0])
+            assert f'label="{edge.order} · |g| {norm_text(stats[0][0])}"' in source
+    assert "gi 1 go 1" not in source and "gi 2 go 1" not in source
+
+
+def test_counts_kept_where_not_one_to_one_and_no_norm_without_statistics(tmp_path: Path) -> None:
+    """A module with two inputs keeps "gi 2 go 1"; a log without statistics has no norms."""
+
+    class Pair(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mix = Mix()
+            self.head = nn.Linear(3, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.mix(x, x * 2))
+
+    class Mix(nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return a + b
+
+    model = Pair()
+    x = torch.randn(2, 3, requires_grad=True)
+    for stats in (True, False):
+        log = tmp_path / f"pair{stats}.jsonl"
+        with hooktrace.trace(log, model=model, stats=stats):
+            model(x).sum().backward()
+        source = picture(log).source
+        assert ("|g| " in source) is stats
+        counted = [line for line in source.splitlines() if "gi 2 go 1" in line and "->" in line]
+        assert len(counted) == 1 and '"m0/mix#0" -> "m0/head#0"' in counted[0], counted
+        assert "gi 1 go 1" not in source

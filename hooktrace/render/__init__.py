@@ -119,7 +119,7 @@ def _refuse_log(path: Path, log: Path) -> None:
                              "give another output path")
 
 
-def _write(path: Path, data: bytes, log: Path) -> None:
+def write_file(path: Path, data: bytes, log: Path) -> None:
     """Write ``data`` to ``path`` whole or not at all; never over the log. A device or pipe
     (``/dev/stdout``) is written into, never replaced."""
     _refuse_log(path, log)
@@ -161,7 +161,7 @@ def write_picture(log: str | os.PathLike[str], output: str | os.PathLike[str] | 
             data = result.pipe(chosen)
         except dot.DotMissingError as e:
             dot_file = out.with_suffix(".dot")
-            _write(dot_file, result.source.encode("utf-8"), log)
+            write_file(dot_file, result.source.encode("utf-8"), log)
             raise dot.DotMissingError(f"wrote {dot_file} only: {e}") from None
-    _write(out, data, log)
+    write_file(out, data, log)
     return Written(out, chosen, result)

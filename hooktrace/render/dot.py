@@ -13,12 +13,13 @@ are percent-encoded (``"``, ``\\``, ``:`` and newlines cannot end up in them).
 from __future__ import annotations
 
 import html
+import math
 from typing import Any
 from urllib.parse import quote
 
 from hooktrace.errors import HooktraceError
 from hooktrace.findings import Thresholds
-from hooktrace.graph import Cluster, Edge, Node, NodeKey, View
+from hooktrace.graph import Cluster, Edge, Node, NodeKey, View, grad_output_norm
 from hooktrace.render.text import printable, shapes_text
 
 FORWARD_COLOUR = "#303030"
@@ -72,7 +73,7 @@ def node_state(node: Node, checked: bool) -> str:
     return "no_grad" if node.grad_calls == 0 else "no backward"
 
 
-def _node_id(key: NodeKey) -> str:
+def node_id(key: NodeKey) -> str:
     model, fqn, call = key
     return f"m{model}/{quote(fqn, safe='._()-')}#{call if call >= 0 else '*'}"
 
@@ -126,15 +127,37 @@ def cluster_label(cluster: Cluster, view: View) -> str:
     return "<" + " · ".join(parts) + ">"
 
 
+def norm_text(norm: float) -> str:
+    """A gradient norm in 2 significant digits, short: ``3.2e-2``, ``1.0e0``, ``0``, ``NaN``."""
+    if math.isnan(norm):
+        return "NaN"
+    if math.isinf(norm):
+        return "Inf"
+    if norm == 0:
+        return "0"
+    mantissa, exponent = f"{norm:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def backward_text(grad_norm: float | None, grad_input_len: int, grad_output_len: int) -> str:
+    """What a backward edge says besides its number: the size of the gradient that reached the
+    call (``|g| 3.2e-2``, from the statistics) and its tensor counts where they are not 1/1."""
+    parts = [] if grad_norm is None else [f"|g| {norm_text(grad_norm)}"]
+    if (grad_input_len, grad_output_len) != (1, 1):
+        parts.append(f"gi {grad_input_len} go {grad_output_len}")
+    return " · ".join(parts)
+
+
 def _edge(edge: Edge, view: View) -> tuple[str, str, dict[str, str]]:
     """(tail id, head id, attributes). A backward edge that goes back up the forward order is
     written head first with ``dir=back``: dot then lays it beside the forward edge it mirrors,
     labels apart, and it keeps the ranks forward gave."""
-    src, dst = _node_id(edge.src), _node_id(edge.dst)
+    src, dst = node_id(edge.src), node_id(edge.dst)
     if edge.phase == "forward":
         return src, dst, {"label": str(edge.order), "color": FORWARD_COLOUR}
+    more = backward_text(edge.grad_norm, edge.grad_input_len, edge.grad_output_len)
     attrs = {
-        "label": f"{edge.order} · gi {edge.grad_input_len} go {edge.grad_output_len}",
+        "label": f"{edge.order} · {more}" if more else str(edge.order),
         "style": "dashed", "color": BACKWARD_COLOUR, "fontcolor": BACKWARD_COLOUR,
     }
     if not edge.mirrored:
@@ -153,8 +176,16 @@ def _legend(view: View, states: set[str]) -> str:
     if view.phase != "forward" and view.backward_start is not None:
         rows.append((f'<FONT COLOR="{BACKWARD_COLOUR}">- - ▶ 1, 2, …</FONT>',
                      "backward: in the order it ran"))
-        rows.append((f'<FONT COLOR="{BACKWARD_COLOUR}">gi 1 go 1</FONT>',
-                     "its grad_input / grad_output tensor counts"))
+        backward = [(grad_output_norm(e), e.grad_input_len, e.grad_output_len)
+                    for e in (view.backward_start[1],)]
+        backward += [(e.grad_norm, e.grad_input_len, e.grad_output_len)
+                     for e in view.edges() if e.phase == "backward"]
+        if any(norm is not None for norm, _, _ in backward):
+            rows.append((f'<FONT COLOR="{BACKWARD_COLOUR}">|g| 3.2e-2</FONT>',
+                         "norm of the gradient reaching the call (grad_output)"))
+        if any((gi, go) != (1, 1) for _, gi, go in backward):
+            rows.append((f'<FONT COLOR="{BACKWARD_COLOUR}">gi 2 go 1</FONT>',
+                         "its grad_input / grad_output tensor counts (not 1 / 1)"))
     if any(not e.mirrored for e in view.edges()):
         rows.append((f'<FONT COLOR="{BACKWARD_COLOUR}"><B>- - ▶</B></FONT>',
                      "bold: a backward step that forward did not take the other way"))
@@ -177,6 +208,7 @@ def _title(view: View) -> str:
     models = sorted({key[0] for key in view.node_map})
     names = ", ".join(_html(f"{log.models.get(m, f'model {m}')} ({log.cls(m, '')})")
                       for m in models)
+    names = names or "no forward call in this step"  # only the backward of earlier calls
     phase = "forward and backward" if view.phase == "both" else f"{view.phase} only"
     depth = f"depth {view.depth} of {view.deepest}{' (auto)' if view.auto_depth else ''}"
     return f"<<B>{names}</B> · step {log.step} · {phase} · {depth}>"
@@ -198,8 +230,10 @@ def to_dot(view: View) -> str:
         key, event = view.backward_start
         g.node("backward start", label="", shape="point", width="0.08",
                color=BACKWARD_COLOUR)
-        g.edge("backward start", _node_id(key),
-               label=f"backward starts · gi {event.grad_input_len} go {event.grad_output_len}",
+        more = backward_text(grad_output_norm(event), event.grad_input_len,
+                             event.grad_output_len)
+        g.edge("backward start", node_id(key),
+               label=f"backward starts · {more}" if more else "backward starts",
                style="dashed", color=BACKWARD_COLOUR, fontcolor=BACKWARD_COLOUR)
     for edge in view.edges():
         tail, head, attrs = _edge(edge, view)
@@ -216,7 +250,7 @@ def _emit(graph: Any, cluster: Cluster | None, view: View, states: set[str]) -> 
         if isinstance(item, Node):
             state = node_state(item, view.checked)
             states.add(state)
-            graph.node(_node_id(item.key), label=node_label(item, view),
+            graph.node(node_id(item.key), label=node_label(item, view),
                        fillcolor=STATES[state][0])
             continue
         model, fqn = item.key

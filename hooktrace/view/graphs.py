@@ -1,0 +1,96 @@
+"""The call graphs of a view page: one SVG per step and model choice, laid out by ``dot`` from
+the ``render`` picture, and what hovering each node shows (its numbers, its findings)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from hooktrace import schema
+from hooktrace.findings import Finding
+from hooktrace.graph import Node, SelectionError, StepLog, View, build, load_step
+from hooktrace.render.dot import node_id, node_state, run_dot, to_dot
+from hooktrace.render.text import shapes_text
+from hooktrace.view.data import RunData
+
+MAX_GRAPH_STEPS = 20  # steps drawn per rank and model: the first ones recorded
+
+
+def _norms(stats: list[schema.GradStat | None] | None) -> list[str]:
+    out = []
+    for s in stats or []:
+        if s is None:
+            out.append("-")
+        elif len(s) == 4:
+            out.append(f"{s[0]:.4g} (max |x| {s[1]:.4g}; {int(s[2])} NaN, {int(s[3])} Inf)")
+        else:
+            out.append(f"{s[0]:.4g} (max |x| {s[1]:.4g})")
+    return out
+
+
+def _forward_details(e: schema.ForwardEvent) -> dict[str, Any]:
+    ins = [f"{shapes_text([s], most=1)} {d}" for s, d in zip(e.input_shapes, e.input_dtypes,
+                                                                     strict=False)]
+    outs = [f"{shapes_text([s], most=1)} {d}" for s, d in zip(e.output_shapes,
+                                                                      e.output_dtypes,
+                                                                      strict=False)]
+    found: dict[str, Any] = {"inputs": ins or ["-"], "outputs": outs or ["-"]}
+    if e.output_nonfinite:
+        found["output NaN/Inf"] = [f"output {i}: {nan} NaN, {inf} Inf"
+                                   for i, nan, inf in e.output_nonfinite]
+    return found
+
+
+def node_details(node: Node, view: View, events: dict[tuple[int, str, int], Any],
+                 findings: Sequence[Finding]) -> dict[str, Any]:
+    """What hovering ``node`` shows: names, shapes, dtypes, gradient norms, NaN/Inf, state
+    and the findings that name it (or a module folded into it)."""
+    model, fqn, call = node.key
+    name = view.log.models.get(model, str(model))
+    found: dict[str, Any] = {"model": name, "fqn": fqn, "class": node.cls,
+                             "state": node_state(node, view.checked)}
+    if call >= 0:
+        found["call"] = f"{call + 1} of {node.module_calls}"
+    if node.folded:
+        found["folded"] = f"{node.folded} calls inside"
+    forward = events.get(node.key)
+    if isinstance(forward, schema.ForwardEvent):
+        found.update(_forward_details(forward))
+    if node.backward is not None:
+        found["grad_output norm"] = _norms(node.backward.grad_output_stats) or ["no statistics"]
+        found["grad_input norm"] = _norms(node.backward.grad_input_stats) or ["no statistics"]
+    inside = [f for f in findings if f.model == name and (
+        f.module == fqn or (node.folded and f.module.startswith(f"{fqn}."))
+        or (not fqn and node.folded)) and (f.step is None or f.step == view.log.step)]
+    if inside:
+        found["findings"] = [f"[{f.kind}] {f.module or '(root)'}: {f.message}" for f in inside]
+    return found
+
+
+def _svg(view: View) -> str:
+    svg = run_dot(to_dot(view), "svg").decode("utf-8")
+    return svg[svg.index("<svg"):]  # no XML prolog, doctype or comment inside HTML
+
+
+def _graph(loaded: StepLog, findings: Sequence[Finding]) -> dict[str, Any]:
+    view = build(loaded)
+    events = {(e.model, e.name, e.call): e for e in loaded.events
+              if isinstance(e, schema.ForwardEvent) and not e.recompute}
+    nodes = {node_id(n.key): node_details(n, view, events, findings) for n in view.nodes()}
+    return {"svg": _svg(view), "nodes": nodes, "depth": view.depth,
+            "summary": f"{len(view.node_map)} nodes at depth {view.depth} of {view.deepest}"}
+
+
+def step_graphs(data: RunData, findings: Sequence[Finding]) -> dict[str, dict[str, Any]]:
+    """``"model|step"`` (model "" for all models) -> the graph of that step."""
+    names = sorted(data.models.values()) if len(data.models) > 1 else []
+    out: dict[str, dict[str, Any]] = {}
+    for model in [None, *names]:
+        for step in sorted(data.steps)[:MAX_GRAPH_STEPS]:
+            try:
+                loaded = load_step(data.path, step, model)
+            except SelectionError:  # the model ran nothing in that step
+                continue
+            out[f"{model or ''}|{step}"] = _graph(loaded, findings)
+    return out
+
