@@ -101,7 +101,7 @@ class CaptureObserver(Observer):
 
     def forward_end(self, end: ForwardEnd) -> None:
         inputs = self._inputs.pop(end.start, None)
-        if inputs is None or end.call.mode is not Mode.RECORDED:
+        if inputs is None or end.mode is not Mode.RECORDED:
             return
         call = end.call
         self._capture.save(call.step, call.info.name, call.call_index, "forward", {

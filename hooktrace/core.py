@@ -14,11 +14,11 @@ record (``records.py``):
 
     module_seen(module, info)         a module called for the first time
     model_call(module, info, step)    a top-level call begins (read ``module.training`` here)
-    forward_start(ForwardStart)       a traced call begins        } recorded and watched
-    forward_end(ForwardEnd)           it returned                 } steps only
-    backward_start(BackwardStart)     its backward began in this pass
-    grad_output(start, index, grad)   a gradient reached its output ``index``
-    grad_input(start, index, grad)    the gradient of its input ``index``
+    forward_start(ForwardStart)       a traced call begins        } in the modes the
+    forward_end(ForwardEnd)           it returned                 } observer ``follows``
+    backward_start(BackwardStart)     its backward began in this pass (every mode)
+    grad_output(start, index, grad)   a gradient reached its output ``index``  } ``follows``
+    grad_input(start, index, grad)    the gradient of its input ``index``      }
     backward_end(PassEnd)             the pass ended: the step is over
     stop(step, mode)                  tracing stops; the hooks are already gone
 
@@ -108,6 +108,11 @@ def _wanting(observers: Sequence[Observer], name: str) -> list[Callable[..., Non
             if getattr(type(o), name) is not getattr(Observer, name)]
 
 
+def _per_mode(observers: Sequence[Observer], name: str) -> list[list[Callable[..., None]]]:
+    """``_wanting`` for each mode (a list indexed by it): the observers that follow its calls."""
+    return [_wanting([o for o in observers if mode in o.follows], name) for mode in Mode]
+
+
 class CallTracker:
     """Follows the module calls of every model (or of the ones ``naming`` is scoped to)."""
 
@@ -134,9 +139,10 @@ class CallTracker:
     def start(self, naming: Naming, observers: Sequence[Observer]) -> CallTracker:
         self._naming = naming
         self._observers = list(observers)
-        for name in ("module_seen", "model_call", "forward_start", "forward_end",
-                     "backward_start", "grad_output", "grad_input", "backward_end"):
+        for name in ("module_seen", "model_call", "backward_start", "backward_end"):
             setattr(self, f"_to_{name}", _wanting(observers, name))
+        for name in ("forward_start", "forward_end", "grad_output", "grad_input"):
+            setattr(self, f"_to_{name}", _per_mode(observers, name))
         self._handles = [
             nn_module.register_module_forward_pre_hook(self._pre),
             nn_module.register_module_forward_hook(self._post, with_kwargs=True, always_call=True),
@@ -239,7 +245,7 @@ class CallTracker:
         call = _Call(self.step)
         start = ForwardStart(module, info, self.step, mode, grad, inputs, seen - len(inputs),
                              summarize(inputs) if mode is RECORDED else _NO_SUMMARY)
-        for forward_start in self._to_forward_start:
+        for forward_start in self._to_forward_start[mode]:
             forward_start(start)
         if grad:
             attach = self._grads.attach
@@ -293,13 +299,13 @@ class CallTracker:
         elif mode is OFF:
             return
         n_args = len(start.inputs)
-        record = call.record = ForwardCall(
-            seq, self.step, info, index, recompute, n_args + len(kw_inputs), len(outputs), mode)
         call.step = self.step
+        record = call.record = ForwardCall(
+            seq, self.step, info, index, recompute, n_args + len(kw_inputs), len(outputs))
         end = ForwardEnd(start, record, args, kwargs, output, kw_inputs,
-                         kw_seen - len(kw_inputs), outputs, n_out - len(outputs),
+                         kw_seen - len(kw_inputs), outputs, n_out - len(outputs), mode,
                          self._grads.in_backward)
-        for forward_end in self._to_forward_end:
+        for forward_end in self._to_forward_end[mode]:
             forward_end(end)
         if start.grad:
             attach = self._grads.attach
@@ -315,14 +321,14 @@ class CallTracker:
         start = call.backward
         if index < 0:
             if start is not None and start.step == self.step:
-                for grad_input in self._to_grad_input:
+                for grad_input in self._to_grad_input[start.mode]:
                     grad_input(start, ~index, grad)
             return
         if start is None or start.step != self.step:  # first gradient of this pass
             start = self._start_backward(call)
             if start is None:
                 return
-        for grad_output in self._to_grad_output:
+        for grad_output in self._to_grad_output[start.mode]:
             grad_output(start, index, grad)
 
     def _start_backward(self, call: _Call) -> BackwardStart | None:
@@ -367,9 +373,9 @@ class CallTracker:
 
     _to_module_seen: list[Callable[[nn.Module, ModInfo], None]]
     _to_model_call: list[Callable[[nn.Module, ModInfo, int], None]]
-    _to_forward_start: list[Callable[[ForwardStart], None]]
-    _to_forward_end: list[Callable[[ForwardEnd], None]]
+    _to_forward_start: list[list[Callable[[ForwardStart], None]]]
+    _to_forward_end: list[list[Callable[[ForwardEnd], None]]]
     _to_backward_start: list[Callable[[BackwardStart], None]]
-    _to_grad_output: list[Callable[[BackwardStart, int, torch.Tensor], None]]
-    _to_grad_input: list[Callable[[BackwardStart, int, torch.Tensor], None]]
+    _to_grad_output: list[list[Callable[[BackwardStart, int, torch.Tensor], None]]]
+    _to_grad_input: list[list[Callable[[BackwardStart, int, torch.Tensor], None]]]
     _to_backward_end: list[Callable[[PassEnd], None]]

@@ -28,7 +28,10 @@ class OutputCheck:
                 version = t._version
             except RuntimeError:  # an inference-mode tensor has no version counter
                 version = -1
-            if not any(ref() is t and v == version for ref, v in last):
+            for ref, v in last:  # a loop, not any(): no generator per output
+                if ref() is t and v == version:
+                    break
+            else:
                 self._stats.nonfinite(t, found, i)
             checked.append((weakref.ref(t), version))
         self._last = checked

@@ -22,6 +22,8 @@ class ParamNorms(Observer):
     directly, as MultiheadAttention does its out_proj's): not unused, though never called.
     Without statistics (``stats`` None), only the latter (a rare few, read at once)."""
 
+    follows = (RECORDED,)
+
     def __init__(self, stats: Stats | None, uncalled: dict[ModInfo, None],
                  emit: Callable[[Any], None]) -> None:
         self._stats = stats
@@ -31,7 +33,7 @@ class ParamNorms(Observer):
 
     def forward_end(self, end: ForwardEnd) -> None:
         info = end.call.info
-        if info.has_params and end.call.mode is RECORDED:
+        if info.has_params:
             self._step_params[info] = None
 
     def backward_start(self, start: BackwardStart) -> None:

@@ -36,13 +36,15 @@ class Sink(Protocol):
 class LogRecorder(Observer):
     """Writes the events of recorded steps, and every record to ``sink`` in order."""
 
+    follows = (RECORDED,)
+
     def __init__(self, sink: Sink, stats: Stats | None, outputs: OutputCheck | None) -> None:
         self._sink = sink
         self._stats = stats
         self._outputs = outputs  # None without statistics
         self._pending: list[schema.ForwardEvent | schema.BackwardEvent] = []
         self._after: list[Any] = []  # emitted while events were held: written after them
-        self._open: dict[BackwardStart, schema.BackwardEvent] = {}  # backward events this pass
+        self._open: dict[int, schema.BackwardEvent] = {}  # this pass's backward events, by seq
         self._counts = [0, 0]  # forward, backward events of the current step
 
     def emit(self, record: Any) -> None:
@@ -56,8 +58,6 @@ class LogRecorder(Observer):
 
     def forward_end(self, end: ForwardEnd) -> None:
         call = end.call
-        if call.mode is not RECORDED:
-            return
         start, info = end.start, call.info
         in_shapes, in_dtypes = start.input_summary
         if end.kw_inputs:
@@ -89,7 +89,7 @@ class LogRecorder(Observer):
         info = call.info
         n_in, n_out = call.n_in, call.n_out
         stats = self._stats is not None
-        event = self._open[start] = schema.BackwardEvent(
+        event = self._open[start.seq] = schema.BackwardEvent(
             start.seq, start.step, info.model, info.name, call.call_index, call.seq, n_in, n_out,
             [None] * n_in, [None] * n_out, call.recompute,
             [None] * n_in if stats else None, [None] * n_out if stats else None)
@@ -97,7 +97,7 @@ class LogRecorder(Observer):
         self._counts[1] += 1
 
     def grad_output(self, start: BackwardStart, index: int, grad: torch.Tensor) -> None:
-        event = self._open.get(start)
+        event = self._open.get(start.seq)
         if event is None:
             return
         event.grad_output_shapes[index] = shape_of(grad)
@@ -105,7 +105,7 @@ class LogRecorder(Observer):
             self._stats.grad(grad, event.grad_output_stats, index)
 
     def grad_input(self, start: BackwardStart, index: int, grad: torch.Tensor) -> None:
-        event = self._open.get(start)
+        event = self._open.get(start.seq)
         if event is None:
             return
         event.grad_input_shapes[index] = shape_of(grad)

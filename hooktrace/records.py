@@ -1,15 +1,16 @@
 """The immutable records the tracer core hands to its observers, and the observer interface.
 
 A record is a ``NamedTuple``: made once, never changed (no observer can alter what another one
-sees). ``ForwardStart``, ``ForwardCall`` and ``BackwardStart`` compare and hash by identity, so
-that an observer can key what it keeps about a call by the record itself. ``core.py``
+sees). An observer keys what it keeps about a call by its records (``ForwardStart`` and
+``BackwardStart`` hash by identity, ``ForwardCall`` by value: an equal record is the same
+call). ``core.py``
 documents when each observer method is called.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 if TYPE_CHECKING:
     import torch
@@ -48,24 +49,17 @@ class ForwardStart(_ForwardStart):
     __eq__ = object.__eq__
 
 
-class _ForwardCall(NamedTuple):
-    seq: int  # the forward event's seq; -1 when the call was not recorded
-    step: int
-    info: ModInfo
-    call_index: int  # calls of this module (or of its recomputations) in this step before this one
-    recompute: bool  # re-run inside backward by activation checkpointing
-    n_in: int  # tensor leaves of args then kwargs
-    n_out: int  # tensor leaves of the output
-    mode: Mode  # the step's mode when the call returned
-
-
-class ForwardCall(_ForwardCall):
+class ForwardCall(NamedTuple):
     """A module call that returned: what its backward refers to. Kept as long as the autograd
     graph that holds its gradient hooks."""
 
-    __slots__ = ()
-    __hash__ = object.__hash__
-    __eq__ = object.__eq__
+    seq: int  # the forward event's seq; -1 when the call was not recorded
+    step: int
+    info: ModInfo
+    call_index: int  # calls of this module (or of its recomputations) in this step before it
+    recompute: bool  # re-run inside backward by activation checkpointing
+    n_in: int  # tensor leaves of args then kwargs
+    n_out: int  # tensor leaves of the output
 
 
 class ForwardEnd(NamedTuple):
@@ -80,6 +74,7 @@ class ForwardEnd(NamedTuple):
     kw_inputs_more: int
     outputs: list[torch.Tensor]  # tensor leaves of the output
     outputs_more: int
+    mode: Mode  # the step's mode when the call returned
     in_backward: bool  # a backward pass is running (checkpointing recomputes inside it)
 
 
@@ -109,6 +104,10 @@ class PassEnd(NamedTuple):
 class Observer:
     """Receives the core's records. Every method is optional: the core calls only the ones a
     subclass overrides. Observers keep their own state, keyed by the records."""
+
+    #: the modes whose calls it is handed (forward_start, forward_end, grad_output,
+    #: grad_input); the other methods are called in every mode
+    follows: ClassVar[tuple[Mode, ...]] = (Mode.WATCHED, Mode.RECORDED)
 
     def module_seen(self, module: nn.Module, info: ModInfo) -> None:
         """A module called for the first time (traced or filtered out: ``info.traced``)."""

@@ -29,6 +29,8 @@ _Numbers = list[tuple[float, ...] | None]
 
 
 class Watch(Observer):
+    follows = (WATCHED,)
+
     def __init__(self, stats: Stats, outputs: OutputCheck, emit: Callable[[Any], None]) -> None:
         self._stats = stats
         self._outputs = outputs
@@ -45,8 +47,6 @@ class Watch(Observer):
 
     def forward_end(self, end: ForwardEnd) -> None:
         call = end.call
-        if call.mode is not WATCHED:
-            return
         found = self._outputs.check(end.outputs)
         if found or self._stats.deferred:  # else nothing to hold: all outputs were finite
             self._forward.append((call.info, call.call_index, found))
