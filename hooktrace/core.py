@@ -16,7 +16,7 @@ record (``records.py``):
     model_call(module, info, step)    a top-level call begins (read ``module.training`` here)
     forward_start(ForwardStart)       a traced call begins        } in the modes the
     forward_end(ForwardEnd)           it returned                 } observer ``follows``
-    backward_start(BackwardStart)     its backward began in this pass (every mode)
+    backward_start(BackwardStart)     its backward began in this pass (recorded or watched)
     grad_output(start, index, grad)   a gradient reached its output ``index``  } ``follows``
     grad_input(start, index, grad)    the gradient of its input ``index``      }
     backward_end(PassEnd)             the pass ended: the step is over
@@ -29,6 +29,12 @@ writes records of its own is handed the log writer's ``emit`` (``recorder.py``):
 lands after the step's events and before the step record. An observer may raise
 ``NonFiniteError`` into the program (``--break-on nan``); any other exception stops tracing
 with one line on stderr and the program goes on (``--strict``: a failed log write is raised).
+
+To add an observer (say, diagnosis signals: a model's ``.training`` at ``model_call``, a
+module's source at ``module_seen``, gradients left over at ``backward_end``): subclass
+``Observer``, override what it needs, set ``follows``, and add it in ``tracer.py``, before the
+log writer if it emits. It registers hooks of its own (an optimizer's) itself and removes them
+in ``stop``.
 """
 
 from __future__ import annotations
