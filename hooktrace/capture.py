@@ -21,6 +21,16 @@ import torch
 
 from hooktrace.errors import HooktraceError
 from hooktrace.logio import capture_dir
+from hooktrace.naming import ModInfo
+from hooktrace.records import (
+    BackwardStart,
+    ForwardCall,
+    ForwardEnd,
+    ForwardStart,
+    Mode,
+    Observer,
+    PassEnd,
+)
 
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 _MARKER = ".hooktrace-capture"
@@ -72,3 +82,56 @@ class Capture:
         data.update({key: _copy(ts) for key, ts in tensors.items()})
         torch.save(data, folder / f"{_safe(fqn)}.call{call}.{phase}.pt")
         self.files += 1
+
+
+class CaptureObserver(Observer):
+    """Saves the tensors of matching calls in recorded steps: inputs as the call began (before
+    an in-place op changes them), outputs, and the gradients when the backward pass ends."""
+
+    def __init__(self, capture: Capture) -> None:
+        self._capture = capture
+        self._matches: dict[ModInfo, bool] = {}
+        self._inputs: dict[ForwardStart, list[torch.Tensor]] = {}  # calls running
+        self._grads: dict[ForwardCall, dict[str, list[torch.Tensor | None]]] = {}
+        self._in_pass: list[ForwardCall] = []  # calls holding gradients to save at the pass end
+
+    def forward_start(self, start: ForwardStart) -> None:
+        if start.mode is Mode.RECORDED and self._captures(start.info):
+            self._inputs[start] = list(start.inputs)
+
+    def forward_end(self, end: ForwardEnd) -> None:
+        inputs = self._inputs.pop(end.start, None)
+        if inputs is None or end.mode is not Mode.RECORDED:
+            return
+        call = end.call
+        self._capture.save(call.step, call.info.name, call.call_index, "forward", {
+            "inputs": [*inputs, *end.kw_inputs], "outputs": list(end.outputs)})
+        self._grads[call] = {"grad_inputs": [None] * call.n_in,
+                             "grad_outputs": [None] * call.n_out}
+
+    def backward_start(self, start: BackwardStart) -> None:
+        if start.mode is Mode.RECORDED and start.call in self._grads:
+            self._in_pass.append(start.call)
+
+    def grad_output(self, start: BackwardStart, index: int, grad: torch.Tensor) -> None:
+        saved = self._grads.get(start.call)
+        if saved is not None:
+            saved["grad_outputs"][index] = grad.detach().to("cpu", copy=True)
+
+    def grad_input(self, start: BackwardStart, index: int, grad: torch.Tensor) -> None:
+        saved = self._grads.get(start.call)
+        if saved is not None:
+            saved["grad_inputs"][index] = grad.detach().to("cpu", copy=True)
+
+    def backward_end(self, end: PassEnd) -> None:
+        in_pass, self._in_pass = self._in_pass, []
+        for call in in_pass:
+            saved = self._grads.pop(call, None)
+            if saved is not None:
+                self._capture.save(end.step, call.info.name, call.call_index, "backward", saved)
+
+    def _captures(self, info: ModInfo) -> bool:
+        match = self._matches.get(info)
+        if match is None:
+            match = self._matches[info] = self._capture.matches(info.name)
+        return match

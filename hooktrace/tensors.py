@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+Summary = tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]  # shapes, dtypes
 MAX_LEAVES = 64  # tensor leaves kept per side of a call; more are counted, not listed
 _MAX_DEPTH = 8
 
@@ -80,7 +81,7 @@ def shape_of(t: torch.Tensor) -> tuple[int, ...]:
         return ()
 
 
-def summarize(tensors: list[torch.Tensor]) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]:
+def summarize(tensors: list[torch.Tensor]) -> Summary:
     """Shapes and dtype names of ``tensors``, as tuples (the log interns them)."""
     shapes: tuple[tuple[int, ...], ...]
     try:

@@ -1,0 +1,79 @@
+"""Parameter-gradient norms observer: one ``params`` record per model and recorded step."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from hooktrace import schema
+from hooktrace.naming import ModInfo
+from hooktrace.records import BackwardStart, ForwardEnd, Mode, Observer, PassEnd
+from hooktrace.stats import Stats
+
+RECORDED = Mode.RECORDED
+
+
+class ParamNorms(Observer):
+    """Norms of the parameter gradients of the modules that took part in a recorded step; and
+    of modules never called so far whose parameters got a gradient anyway (a parent uses them
+    directly, as MultiheadAttention does its out_proj's): not unused, though never called.
+    Without statistics (``stats`` None), only the latter (a rare few, read at once)."""
+
+    follows = (RECORDED,)
+
+    def __init__(self, stats: Stats | None, uncalled: dict[ModInfo, None],
+                 emit: Callable[[Any], None]) -> None:
+        self._stats = stats
+        self._uncalled = uncalled  # the naming's: traced modules with parameters never called
+        self._emit = emit
+        self._step_params: dict[ModInfo, None] = {}  # modules with parameters in this step
+
+    def forward_end(self, end: ForwardEnd) -> None:
+        info = end.call.info
+        if info.has_params:
+            self._step_params[info] = None
+
+    def backward_start(self, start: BackwardStart) -> None:
+        info = start.call.info
+        if info.has_params:
+            self._step_params[info] = None
+
+    def backward_end(self, end: PassEnd) -> None:
+        if end.mode is RECORDED:
+            for record in self._norms(end.step):
+                self._emit(record)
+        self._step_params.clear()
+
+    def _norms(self, step: int) -> list[schema.ParamGrads]:
+        uncalled = self._uncalled
+        if uncalled:
+            for info in self._step_params:
+                uncalled.pop(info, None)
+            for info in [info for info in uncalled if info.ref() is None]:
+                del uncalled[info]  # its model is gone
+        if self._stats is None and not uncalled:
+            return []
+        records: dict[int, schema.ParamGrads] = {}
+        groups: list[tuple[dict[str, Any], str, list[torch.Tensor]]] = []
+        called = self._step_params if self._stats is not None else ()
+        for info in itertools.chain(called, uncalled):
+            module = info.ref()
+            if module is None:
+                continue
+            # _parameters, not parameters(recurse=False): the generator costs more than the norm
+            trainable = [p for p in module._parameters.values()
+                         if p is not None and p.requires_grad]
+            if not trainable:
+                continue  # frozen: the module record says so
+            grads = [p.grad for p in trainable if p.grad is not None]
+            if not grads and info in uncalled:
+                continue  # not called, no gradient: unused, as the module records tell
+            record = records.get(info.model)
+            if record is None:
+                record = records[info.model] = schema.ParamGrads(step, info.model)
+            groups.append((record.grad_norm, info.name, grads))
+        (self._stats or Stats(immediate=True)).param_norms(groups)
+        return [records[m] for m in sorted(records)]

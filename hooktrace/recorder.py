@@ -1,0 +1,157 @@
+"""The log writer observer: turns the recorded steps' calls into forward and backward events.
+
+Events of a backward pass (and every event while statistics wait for the device) are held and
+written in ``seq`` order when the pass ends, after their numbers are resolved; what other
+observers ``emit`` at the step's end (parameter norms, anomalies) follows them, then the step
+record. A watched step writes only what the others emit.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from hooktrace import schema
+from hooktrace.outputs import OutputCheck
+from hooktrace.records import (
+    BackwardStart,
+    ForwardEnd,
+    Mode,
+    Observer,
+    PassEnd,
+)
+from hooktrace.stats import Stats
+from hooktrace.tensors import shape_of, summarize
+
+_MAX_PENDING = 8192  # events held for deferred statistics before a forced write (no backward)
+RECORDED = Mode.RECORDED
+
+
+class Sink(Protocol):
+    def write(self, record: Any) -> None: ...
+    def flush(self) -> None: ...
+
+
+class LogRecorder(Observer):
+    """Writes the events of recorded steps, and every record to ``sink`` in order."""
+
+    follows = (RECORDED,)
+
+    def __init__(self, sink: Sink, stats: Stats | None, outputs: OutputCheck | None) -> None:
+        self._sink = sink
+        self._stats = stats
+        self._outputs = outputs  # None without statistics
+        self._pending: list[schema.ForwardEvent | schema.BackwardEvent] = []
+        self._after: list[Any] = []  # emitted while events were held: written after them
+        self._open: dict[int, schema.BackwardEvent] = {}  # this pass's backward events, by seq
+        self._counts = [0, 0]  # forward, backward events of the current step
+
+    def emit(self, record: Any) -> None:
+        """Write another observer's record, after the events held so far."""
+        if self._pending:
+            self._after.append(record)
+            return
+        if self._stats is not None:
+            self._stats.resolve()  # a parameter norm may wait for the device
+        self._sink.write(record)
+
+    def forward_end(self, end: ForwardEnd) -> None:
+        call = end.call
+        start, info = end.start, call.info
+        in_shapes, in_dtypes = start.input_summary
+        if end.kw_inputs:
+            kw_shapes, kw_dtypes = summarize(end.kw_inputs)
+            in_shapes, in_dtypes = in_shapes + kw_shapes, in_dtypes + kw_dtypes
+        out_shapes, out_dtypes = summarize(end.outputs)
+        event = schema.ForwardEvent(
+            call.seq, call.step, info.model, info.name, call.call_index, in_shapes, in_dtypes,
+            out_shapes, out_dtypes, no_grad=not start.grad, recompute=call.recompute,
+            inputs_more=(start.inputs_more + end.kw_inputs_more) or None,
+            outputs_more=end.outputs_more or None,
+        )
+        if self._outputs is not None:
+            event.output_nonfinite = self._outputs.check(end.outputs)
+        self._counts[0] += 1
+        # inside backward, or while statistics wait for the device: held, written in seq order
+        stats = self._stats
+        if end.in_backward or self._pending or (stats is not None and stats.deferred):
+            self._pending.append(event)
+            if len(self._pending) > _MAX_PENDING and not end.in_backward:
+                self._raise(self._write_pending())  # forward-only code: no backward will come
+        else:
+            self._sink.write(event)
+
+    def backward_start(self, start: BackwardStart) -> None:
+        if start.mode is not RECORDED:
+            return
+        call = start.call
+        info = call.info
+        n_in, n_out = call.n_in, call.n_out
+        stats = self._stats is not None
+        event = self._open[start.seq] = schema.BackwardEvent(
+            start.seq, start.step, info.model, info.name, call.call_index, call.seq, n_in, n_out,
+            [None] * n_in, [None] * n_out, call.recompute,
+            [None] * n_in if stats else None, [None] * n_out if stats else None)
+        self._pending.append(event)
+        self._counts[1] += 1
+
+    def grad_output(self, start: BackwardStart, index: int, grad: torch.Tensor) -> None:
+        event = self._open.get(start.seq)
+        if event is None:
+            return
+        event.grad_output_shapes[index] = shape_of(grad)
+        if event.grad_output_stats is not None and self._stats is not None:
+            self._stats.grad(grad, event.grad_output_stats, index)
+
+    def grad_input(self, start: BackwardStart, index: int, grad: torch.Tensor) -> None:
+        event = self._open.get(start.seq)
+        if event is None:
+            return
+        event.grad_input_shapes[index] = shape_of(grad)
+        if event.grad_input_stats is not None and self._stats is not None:
+            self._stats.grad(grad, event.grad_input_stats, index)
+
+    def backward_end(self, end: PassEnd) -> None:
+        if self._stats is not None:
+            self._stats.end_pass()
+        error = self._write_pending()
+        self._open.clear()  # written: let them go now, not when the graph is freed
+        if end.mode is RECORDED or self._counts != [0, 0]:  # also the step the cap cut short
+            forward, backward = self._counts
+            self._sink.write(schema.Step(end.step, forward, backward))
+        self._sink.flush()
+        self._counts = [0, 0]
+        if self._outputs is not None:
+            self._outputs.reset()
+        self._raise(error)
+
+    def stop(self, step: int, mode: Mode) -> None:
+        error = None
+        if self._pending or self._after:  # a backward that never finished (it raised)
+            error = self._write_pending()
+        self._sink.flush()
+        self._raise(error)
+
+    def _write_pending(self) -> Exception | None:
+        """Write the held events in seq order, then what was emitted meanwhile; return the
+        error of statistics that could not be read (the events go without them)."""
+        pending, self._pending = self._pending, []
+        error = None
+        if self._stats is not None:
+            try:
+                self._stats.resolve()
+            except Exception as e:
+                error = e
+        pending.sort(key=lambda e: e.seq)
+        for event in pending:
+            self._sink.write(event)
+        after, self._after = self._after, []
+        for record in after:
+            self._sink.write(record)
+        return error
+
+    @staticmethod
+    def _raise(error: Exception | None) -> None:
+        if error is not None:
+            raise error

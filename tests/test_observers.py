@@ -1,0 +1,105 @@
+"""The core's observer interface: what an observer is handed, in what order, and where what it
+emits lands in the log. Exact ordered lists, on a small inline model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from hooktrace import schema
+from hooktrace.core import CallTracker, step_mode
+from hooktrace.naming import ModInfo, Naming
+from hooktrace.options import Steps, TraceOptions
+from hooktrace.recorder import LogRecorder
+from hooktrace.records import BackwardStart, ForwardEnd, Mode, Observer, PassEnd
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.records: list[Any] = []
+
+    def write(self, record: Any) -> None:
+        self.records.append(record)
+
+    def flush(self) -> None:
+        pass
+
+
+class Seen(Observer):
+    """Records what it is handed; emits one anomaly per step (as a diagnosis observer would)."""
+
+    def __init__(self, emit: Any) -> None:
+        self.emit = emit
+        self.seen: list[tuple[Any, ...]] = []
+
+    def module_seen(self, module: nn.Module, info: ModInfo) -> None:
+        self.seen.append(("module", info.name, type(module).__name__))
+
+    def model_call(self, module: nn.Module, info: ModInfo, step: int) -> None:
+        self.seen.append(("model", info.name, module.training, step))
+
+    def forward_end(self, end: ForwardEnd) -> None:
+        self.seen.append(("forward", end.call.info.name, end.call.step, end.mode.name))
+
+    def backward_start(self, start: BackwardStart) -> None:
+        self.seen.append(("backward", start.call.info.name, start.step, start.mode.name))
+
+    def backward_end(self, end: PassEnd) -> None:
+        self.seen.append(("end", end.step, end.mode.name))
+        self.emit(schema.Anomaly(end.step, 0, "", "no-grad"))
+
+
+def _run(options: TraceOptions, steps: int) -> tuple[Seen, ListSink]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU())
+    sink = ListSink()
+    core = CallTracker(options)
+    recorder = LogRecorder(sink, None, None)
+    seen = Seen(recorder.emit)
+    core.start(Naming(sink.write, options.matches, [model]), [seen, recorder])
+    try:
+        for step in range(steps):
+            model.train(step == 0)
+            model(torch.randn(2, 3)).sum().backward()
+    finally:
+        core.stop()
+    return seen, sink
+
+
+def test_observer_is_handed_modules_model_calls_calls_and_step_ends() -> None:
+    seen, _ = _run(TraceOptions(steps=Steps.parse("0")), 2)
+    assert seen.seen == [
+        ("module", "", "Sequential"), ("model", "", True, 0),
+        ("module", "0", "Linear"), ("forward", "0", 0, "RECORDED"),
+        ("module", "1", "ReLU"), ("forward", "1", 0, "RECORDED"),
+        ("forward", "", 0, "RECORDED"),
+        ("backward", "", 0, "RECORDED"), ("backward", "1", 0, "RECORDED"),
+        ("backward", "0", 0, "RECORDED"),
+        ("end", 0, "RECORDED"),
+        ("model", "", False, 1),  # each module is seen once; every top-level call is handed on
+        ("forward", "0", 1, "WATCHED"), ("forward", "1", 1, "WATCHED"),
+        ("forward", "", 1, "WATCHED"),
+        ("backward", "", 1, "WATCHED"), ("backward", "1", 1, "WATCHED"),
+        ("backward", "0", 1, "WATCHED"),
+        ("end", 1, "WATCHED"),
+    ]
+
+
+def test_emitted_records_land_after_the_steps_events_and_before_its_step_record() -> None:
+    _, sink = _run(TraceOptions(steps=Steps.parse("0")), 2)
+    kinds = [type(r).__name__ for r in sink.records
+             if not isinstance(r, (schema.Model, schema.Module))]
+    assert kinds == ["ForwardEvent"] * 3 + ["BackwardEvent"] * 3 + ["Anomaly", "Step", "Anomaly"]
+    assert [r.step for r in sink.records if isinstance(r, schema.Anomaly)] == [0, 1]
+
+
+def test_step_mode_is_recorded_then_watched_or_off() -> None:
+    options = TraceOptions(steps=Steps.parse("0:2"))
+    assert [step_mode(s, options, False) for s in range(3)] == [
+        Mode.RECORDED, Mode.RECORDED, Mode.WATCHED]
+    assert step_mode(0, options, True) is Mode.WATCHED  # --max-events reached
+    no_watch = TraceOptions(steps=Steps.parse("0:2"), watch=False)
+    assert step_mode(2, no_watch, False) is Mode.OFF
+    assert step_mode(2, TraceOptions(steps=Steps.parse("0:2"), stats=False), False) is Mode.OFF
