@@ -26,7 +26,10 @@ if TYPE_CHECKING:
 
 def check_loop(c: Collected) -> list[Finding]:
     out: list[Finding] = []
+    last = {s.model: s for s in c.signals if s.kind == "optimizers"}  # all optimizers seen
     for s in c.signals:
+        if s.kind == "optimizers" and last[s.model] is not s:
+            continue
         make = _BY_KIND.get(s.kind)
         if make is not None:
             out += make(c, s)
@@ -50,9 +53,9 @@ def _not_held(c: Collected, s: Signal) -> list[Finding]:
         return []
     return [Finding(
         "not-optimized", WARNING, c.model_name(s.model), missing[0], None,
-        f"{plural(len(missing), 'module')} of model '{c.model_name(s.model)}' get gradients, "
-        f"but no optimizer that steps holds their parameters: {names_text(missing)}; they "
-        "never train",
+        f"no optimizer that steps holds the parameters of {names_text(missing)} "
+        f"({plural(len(missing), 'module')} of model '{c.model_name(s.model)}'): they get "
+        "gradients and never train",
         {"modules": missing},
         "build the optimizer after adding layers (or add_param_group), from this model's "
         "parameters(), not from another copy's")]
@@ -68,7 +71,7 @@ def _got_gradient(c: Collected, model: int) -> set[str]:
 
 
 def _carried_over(c: Collected, s: Signal) -> list[Finding]:
-    modules = s.detail.get("modules", [])
+    modules = sorted(s.detail.get("modules", []), key=lambda name: _order(c, s.model, name))
     return [Finding(
         "grads-carried-over", WARNING, c.model_name(s.model), modules[0] if modules else "",
         s.step,
@@ -105,6 +108,7 @@ def _never_reached(c: Collected) -> list[Finding]:
     pass ever reached: the loss was computed from a detached output."""
     out = []
     held = {s.model for s in c.signals if s.kind == "optimizers" and s.detail.get("held")}
+    # (held by an optimizer at some point: a GAN's generator is, once its optimizer steps)
     backed = {key[0] for keys in c.backward.values() for key in keys}
     ran = {key[0] for keys in c.grad.values() for key in keys}
     for model in sorted(held & ran - backed):
@@ -117,6 +121,11 @@ def _never_reached(c: Collected) -> list[Finding]:
             "new tensor such as torch.tensor(loss.item(), requires_grad=True)): compute it "
             "from the model's output tensor"))
     return out
+
+
+def _order(c: Collected, model: int, name: str) -> int:
+    m = c.modules.get((model, name))
+    return m.first_seq or 0 if m is not None else 0
 
 
 def _label(c: Collected, model: int, name: str) -> str:

@@ -46,6 +46,9 @@ class LogRecorder(Observer):
         self._after: list[Any] = []  # emitted while events were held: written after them
         self._open: dict[int, schema.BackwardEvent] = {}  # this pass's backward events, by seq
         self._counts = [0, 0]  # forward, backward events of the current step
+        # forward seq -> (step, the inputs that needed a gradient) of recorded calls: those
+        # that get none by the end of the pass are the event's ``lost``
+        self._needs: dict[int, tuple[int, list[int]]] = {}
 
     def emit(self, record: Any) -> None:
         """Write another observer's record, after the events held so far."""
@@ -72,6 +75,12 @@ class LogRecorder(Observer):
         )
         if self._outputs is not None:
             event.output_nonfinite = self._outputs.check(end.outputs)
+        if start.grad:
+            needs = [i for i, t in enumerate(start.inputs) if t.requires_grad]
+            needs += [len(start.inputs) + j for j, t in enumerate(end.kw_inputs)
+                      if t.requires_grad]
+            if needs:
+                self._needs[call.seq] = (call.step, needs)
         self._counts[0] += 1
         # inside backward, or while statistics wait for the device: held, written in seq order
         stats = self._stats
@@ -115,6 +124,7 @@ class LogRecorder(Observer):
     def backward_end(self, end: PassEnd) -> None:
         if self._stats is not None:
             self._stats.end_pass()
+        self._mark_lost(end.step)
         error = self._write_pending()
         self._open.clear()  # written: let them go now, not when the graph is freed
         if end.mode is RECORDED or self._counts != [0, 0]:  # also the step the cap cut short
@@ -125,6 +135,19 @@ class LogRecorder(Observer):
         if self._outputs is not None:
             self._outputs.reset()
         self._raise(error)
+
+    def _mark_lost(self, step: int) -> None:
+        """The inputs of this pass's calls that needed a gradient and got none: the gradient
+        stopped inside the call. Calls of older steps than the last are forgotten (forward-only
+        code keeps none)."""
+        needs = self._needs
+        for event in self._open.values():
+            needed = needs.pop(event.fwd, None)
+            if needed is not None:
+                lost = [i for i in needed[1] if event.grad_input_shapes[i] is None]
+                event.lost = lost or None
+        if needs:
+            self._needs = {seq: v for seq, v in needs.items() if v[0] >= step}
 
     def stop(self, step: int, mode: Mode) -> None:
         error = None

@@ -16,6 +16,7 @@ from torch import nn
 from hooktrace.breakon import BreakOnNonfinite
 from hooktrace.capture import Capture, CaptureObserver
 from hooktrace.core import CallTracker
+from hooktrace.diagnose import Diagnosis
 from hooktrace.naming import Naming
 from hooktrace.options import TraceOptions
 from hooktrace.outputs import OutputCheck
@@ -77,6 +78,7 @@ class Tracer:
         observers.append(ParamNorms(stats, naming.uncalled, recorder.emit))
         if stats is not None and outputs is not None and self._options.watch:
             observers.append(Watch(stats, outputs, recorder.emit))
+        observers.append(Diagnosis(recorder.emit))
         observers.append(recorder)  # after those that emit: their records precede the step's
         if stats is not None and self._options.break_on_nan:
             observers.append(BreakOnNonfinite(stats))  # the NaN's own event is written first

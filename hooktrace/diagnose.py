@@ -1,0 +1,187 @@
+"""An observer of the training loop around the modules: it writes ``signal`` and ``source`` records.
+
+What it sees, and what it costs (paid at first sight of a module, or once per step, never per
+module call):
+
+* where each module class defines ``forward`` (once per class, not torch's own classes);
+* a deprecated ``register_backward_hook`` hook on a module whose forward is more than one op
+  (a module with submodules, or a class of the user's);
+* a backward pass that reaches a model in eval mode (once per pass: the entry module's flag);
+* a BatchNorm without trainable parameters in train mode while its model trains (first pass);
+* gradients left uncleared: a hook after each gradient accumulation of a trainable parameter
+  (PyTorch's post-accumulate-grad hook) tells whether the ``.grad`` it added to is the very
+  tensor an optimizer step left behind, untouched (not zeroed, not set to None);
+* parameters no optimizer holds: PyTorch's global optimizer step hook keeps the parameters of
+  every optimizer that steps; when one steps with parameters not seen before, each model's
+  modules are sorted by it (a signal when that changes).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from hooktrace import schema
+from hooktrace.naming import ModInfo
+from hooktrace.records import BackwardStart, Mode, Observer, PassEnd
+
+Emit = Callable[[Any], None]
+
+
+class Diagnosis(Observer):
+    """Signals of the training loop; PyTorch calls two of its hooks directly (optimizer steps,
+    gradient accumulation): those never raise into the program, they switch it off."""
+
+    follows = ()  # no module call: first sights, top-level calls and passes only
+
+    def __init__(self, emit: Emit) -> None:
+        self._emit = emit
+        self._classes: set[type] = set()
+        self._entries: dict[int, weakref.ref[nn.Module]] = {}  # model -> its last entry module
+        self._in_eval: set[int] = set()  # models reported running backward in eval mode
+        self._backed: set[int] = set()  # models a backward reached in this pass
+        self._modules: list[tuple[weakref.ref[nn.Module], ModInfo]] = []  # with parameters
+        self._owner: dict[int, ModInfo] = {}  # id(parameter) -> its module
+        self._held: set[int] = set()  # ids of the parameters of optimizers that stepped
+        self._held_changed = False
+        self._sorted: dict[int, dict[str, list[str]]] = {}  # model -> its last optimizers signal
+        self._stepped: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}  # id(p) -> .grad
+        self._carried: dict[int, dict[str, None]] = {}  # model -> fqns, reported at pass end
+        self._reported_carry = False
+        self._bn_checked = False
+        self._handles = [register_optimizer_step_post_hook(self._optimizer_stepped)]
+        self._step = 0
+
+    # -- first sight -----------------------------------------------------------------------
+    def module_seen(self, module: nn.Module, info: ModInfo) -> None:
+        cls = type(module)
+        if cls not in self._classes:
+            self._classes.add(cls)
+            self._source(cls)
+        if module._backward_hooks and module._is_full_backward_hook is False and (
+                module._modules or not cls.__module__.startswith("torch.")):
+            for hook in list(module._backward_hooks.values()):
+                self._emit(schema.Signal(self._step, info.model, info.name, "backward-hook",
+                                         {"hook": getattr(hook, "__qualname__", repr(hook))}))
+        trainable = [p for p in module._parameters.values() if p is not None and p.requires_grad]
+        if module._parameters:
+            self._modules.append((weakref.ref(module), info))
+        for p in trainable:
+            self._owner[id(p)] = info
+            self._handles.append(p.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
+                self._accumulated))
+
+    def _source(self, cls: type) -> None:
+        forward = getattr(cls, "forward", None)
+        code = getattr(forward, "__code__", None)
+        if code is None or cls.__module__.startswith("torch."):
+            return
+        path = inspect.getsourcefile(forward) or code.co_filename  # type: ignore[arg-type]
+        here = os.getcwd()
+        if path.startswith(here + os.sep):
+            path = os.path.relpath(path, here)
+        self._emit(schema.Source(cls.__name__, path, code.co_firstlineno))
+
+    # -- the loop ----------------------------------------------------------------------------
+    def model_call(self, module: nn.Module, info: ModInfo, step: int) -> None:
+        self._entries[info.model] = weakref.ref(module)
+        self._step = step
+
+    def backward_start(self, start: BackwardStart) -> None:
+        self._backed.add(start.call.info.model)
+
+    def backward_end(self, end: PassEnd) -> None:
+        self._step = end.step
+        for model in self._backed:
+            entry = self._entries.get(model)
+            module = entry() if entry is not None else None
+            if module is None:
+                continue
+            if module.training:
+                self._in_eval.discard(model)
+            elif model not in self._in_eval:
+                self._in_eval.add(model)
+                self._emit(schema.Signal(end.step, model, "", "eval-backward"))
+        if self._backed and not self._bn_checked:
+            self._bn_checked = True
+            self._frozen_batchnorms(end.step)
+        self._backed.clear()
+        if self._carried and not self._reported_carry:
+            self._reported_carry = True
+            for model, names in sorted(self._carried.items()):
+                self._emit(schema.Signal(end.step, model, "", "grads-carried-over",
+                                         {"modules": list(names)}))
+        self._carried.clear()
+
+    def _frozen_batchnorms(self, step: int) -> None:
+        for ref, info in self._modules:
+            m = ref()
+            if (isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training
+                    and m.track_running_stats and info.model in self._backed
+                    and not any(p.requires_grad for p in m.parameters(recurse=False))):
+                self._emit(schema.Signal(step, info.model, info.name, "frozen-bn-training"))
+
+    def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        try:
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if id(p) not in self._held:
+                        self._held.add(id(p))
+                        self._held_changed = True
+                    if p.grad is not None and id(p) in self._owner:
+                        self._stepped[id(p)] = (weakref.ref(p.grad), p.grad._version)
+            self._sort_modules(self._step)
+        except Exception:  # never into the program: these signals go quiet instead
+            self._remove_hooks()
+
+    def _accumulated(self, p: torch.Tensor) -> None:
+        """After a backward added to ``p.grad``: was it the tensor the last optimizer step left,
+        untouched since (one version on: this addition alone)?"""
+        try:
+            after_step = self._stepped.pop(id(p), None)
+            if after_step is None or p.grad is None:
+                return
+            ref, version = after_step
+            if p.grad is ref() and p.grad._version == version + 1:
+                info = self._owner.get(id(p))
+                if info is not None:
+                    self._carried.setdefault(info.model, {})[info.name] = None
+        except Exception:
+            self._remove_hooks()
+
+    def _remove_hooks(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def stop(self, step: int, mode: Mode) -> None:
+        self._remove_hooks()
+        self._sort_modules(step)
+
+    def _sort_modules(self, step: int) -> None:
+        """Once optimizers have stepped with parameters not seen before: per model, the modules
+        whose trainable parameters they hold, and those none holds (live modules only)."""
+        if not self._held_changed:
+            return
+        self._held_changed = False
+        held: dict[int, list[str]] = {}
+        not_held: dict[int, list[str]] = {}
+        for ref, info in self._modules:
+            m = ref()
+            params = [p for p in m._parameters.values() if p is not None and p.requires_grad] \
+                if m is not None else []
+            if params:
+                into = held if any(id(p) in self._held for p in params) else not_held
+                into.setdefault(info.model, []).append(info.name)
+        for model in sorted(held.keys() | not_held.keys()):
+            detail = {"held": held.get(model, []), "not_held": not_held.get(model, [])}
+            if self._sorted.get(model) != detail:
+                self._sorted[model] = detail
+                self._emit(schema.Signal(step, model, "", "optimizers", detail))
