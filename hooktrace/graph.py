@@ -88,6 +88,7 @@ class StepLog:
     # generator: its forward in the discriminator's step, its backward in the next)
     later: dict[int, int] = field(default_factory=dict)
     captured: str | None = None  # "<folder> (N files)" when the run used --capture
+    sources: dict[str, str] = field(default_factory=dict)  # class -> "file:line" of forward
 
     @property
     def has_backward(self) -> bool:
@@ -138,6 +139,7 @@ class _Loader:
         self.decoder = decoder
         self.models: dict[int, str] = {}
         self.classes: dict[ModuleKey, str] = {}
+        self.sources: dict[str, str] = {}
         self.any_events = False
         self.step_starts: dict[int, int] = {}  # step -> its first seq
         self.later: dict[int, int] = {}
@@ -181,6 +183,8 @@ class _Loader:
             self.classes[(record.model, record.name)] = record.cls
         elif isinstance(record, schema.Model):
             self.models[record.model] = record.name
+        elif isinstance(record, schema.Source):
+            self.sources.setdefault(record.cls, f"{record.file}:{record.line}")
 
 
 def load_step(path: str | os.PathLike[str], step: int | None = None,
@@ -218,7 +222,8 @@ def load_step(path: str | os.PathLike[str], step: int | None = None,
     captured = (f"{capture_dir(reader.path)} ({reader.end.captured} files)"
                 if reader.end is not None and reader.end.captured else None)
     return StepLog(reader.path, chosen, sorted(keeper.steps), models, loaded.classes, events,
-                   warnings, {f: s for f, s in loaded.later.items() if f in forward}, captured)
+                   warnings, {f: s for f, s in loaded.later.items() if f in forward}, captured,
+                   loaded.sources)
 
 
 @dataclass(slots=True)

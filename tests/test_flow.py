@@ -27,6 +27,7 @@ def check_case(tmp_path: Path, case: str, *args: str, exit_code: int = 0
 # case -> (kind, severity, boundary module, step, starved modules)
 BUGS = {
     "detached": ("no-grad", "warning", "", 0, ["encoder.fc1", "encoder.fc2"]),
+    "numpy_block": ("no-grad", "warning", "block", 0, ["encoder.fc1", "encoder.fc2"]),
     "no_grad_proj": ("no-grad-under-no_grad", "warning", "", 0,
                      ["encoder.fc1", "encoder.fc2", "proj"]),
     "dead_relu": ("dead-activation", "warning", "4", 0, ["0", "2", "3"]),
@@ -60,6 +61,16 @@ def test_detach_names_the_branch_and_the_call(tmp_path: Path) -> None:
     [finding] = [f for f in found if f["kind"] == "no-grad"]
     assert "the output of embed (call 1), encoder (call 1) gets no gradient back" \
         in finding["message"]
+
+
+def test_the_source_of_the_boundary_is_named(tmp_path: Path) -> None:
+    """The finding points at the forward of the boundary's class, in the user's file."""
+    _, found = check_case(tmp_path, "numpy_block")
+    [finding] = [f for f in found if f["kind"] == "no-grad"]
+    line = int(finding["source"].split(" ")[0].rsplit(":", 1)[1])
+    assert finding["source"].endswith("(NumpyBlock.forward)")
+    assert SCRIPT.read_text().splitlines()[line - 1].strip().startswith("def forward(")
+    assert "its input needed a gradient and none came back" in finding["message"]
 
 
 def test_zero_initialised_head_is_a_note(tmp_path: Path) -> None:

@@ -243,6 +243,16 @@ def to_dot(view: View) -> str:
     return source
 
 
+def _tooltip(view: View, cls: str) -> dict[str, str]:
+    """Where the class's forward is (an SVG tooltip on hover): the file's name and line only,
+    so that the DOT text does not depend on where the script was run from."""
+    where = view.log.sources.get(cls)
+    if where is None:
+        return {}
+    file, _, line = where.rpartition(":")
+    return {"tooltip": f"{cls}.forward · {file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{line}"}
+
+
 def _emit(graph: Any, cluster: Cluster | None, view: View, states: set[str]) -> None:
     """Write the clusters and nodes inside ``cluster`` into ``graph`` (a graphviz.Digraph or a
     subgraph of one), nested, in forward order."""
@@ -251,13 +261,14 @@ def _emit(graph: Any, cluster: Cluster | None, view: View, states: set[str]) -> 
             state = node_state(item, view.checked)
             states.add(state)
             graph.node(node_id(item.key), label=node_label(item, view),
-                       fillcolor=STATES[state][0])
+                       fillcolor=STATES[state][0], **_tooltip(view, item.cls))
             continue
         model, fqn = item.key
         fill = _CLUSTER_FILLS[fqn.count(".") % 2 if fqn else 0]
         with graph.subgraph(name=_cluster_id(model, fqn)) as sub:
             sub.attr(label=cluster_label(item, view), style="rounded,filled", fillcolor=fill,
-                     color="#b0b0b0", fontsize="10", labeljust="l", penwidth="0.8")
+                     color="#b0b0b0", fontsize="10", labeljust="l", penwidth="0.8",
+                     **_tooltip(view, item.cls))
             _emit(sub, item, view, states)
 
 
