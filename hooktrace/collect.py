@@ -34,7 +34,7 @@ class ModuleStats:
     trainable: int = 0
     first_seq: int | None = None  # first forward call: execution order
     calls: int = 0
-    max_calls_per_step: int = 0
+    max_calls_per_step: int = 0  # with gradient recording on
 
 
 @dataclass
@@ -110,6 +110,7 @@ class _Pattern:
     """One step's forward calls, counted; ``runs``: the steps that made exactly these calls."""
 
     calls: dict[int, int]
+    grad_calls: dict[int, int]  # the calls with gradient recording on (not a validation pass)
     grad: Indices
     no_grad: Indices
     runs: int = 0
@@ -308,8 +309,9 @@ class _Collector:
                 m = self._module(self._keys[index]) if index is not None else None
                 if m is not None and m.first_seq is None:
                     m.first_seq = seq
+            grad_calls = calls - Counter(self._no_grad)
             pattern = self._patterns[key] = _Pattern(
-                dict(calls), frozenset(calls - Counter(self._no_grad)), frozenset(self._no_grad))
+                dict(calls), dict(grad_calls), frozenset(grad_calls), frozenset(self._no_grad))
         pattern.runs += 1
         self._union(self._grad, step, pattern.grad)
         self._union(self._no_grad_steps, step, pattern.no_grad)
@@ -450,7 +452,7 @@ class _Collector:
             for index, n in pattern.calls.items():
                 m = self._module(self._keys[index])
                 m.calls += n * pattern.runs
-                m.max_calls_per_step = max(m.max_calls_per_step, n)
+                m.max_calls_per_step = max(m.max_calls_per_step, pattern.grad_calls.get(index, 0))
         self._patterns.clear()
 
     def _finish(self) -> None:
