@@ -8,9 +8,11 @@ module call):
   (a module with submodules, or a class of the user's);
 * a backward pass that reaches a model in eval mode (once per pass: the entry module's flag);
 * a BatchNorm without trainable parameters in train mode while its model trains (first pass);
-* gradients left uncleared: a hook after each gradient accumulation of a trainable parameter
-  (PyTorch's post-accumulate-grad hook) tells whether the ``.grad`` it added to is the very
-  tensor an optimizer step left behind, untouched (not zeroed, not set to None);
+* gradients left uncleared: PyTorch's global optimizer step hooks and a hook after each
+  gradient accumulation of a trainable parameter (post-accumulate-grad) tell whether an
+  optimizer steps with a ``.grad`` that is still the tensor its previous step left, added to
+  since and never reset (a GAN's discriminator, whose gradients the generator's backward adds
+  to and the next ``zero_grad`` clears, is fine);
 * parameters no optimizer holds: PyTorch's global optimizer step hook keeps the parameters of
   every optimizer that steps; when one steps with parameters not seen before, each model's
   modules are sorted by it (a signal when that changes).
@@ -26,7 +28,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 
 from hooktrace import schema
 from hooktrace.naming import ModInfo
@@ -52,11 +57,13 @@ class Diagnosis(Observer):
         self._held: set[int] = set()  # ids of the parameters of optimizers that stepped
         self._held_changed = False
         self._sorted: dict[int, dict[str, list[str]]] = {}  # model -> its last optimizers signal
-        self._stepped: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}  # id(p) -> .grad
-        self._carried: dict[int, dict[str, None]] = {}  # model -> fqns, reported at pass end
+        # id(p) -> [its .grad as an optimizer step left it, that tensor's version then, the
+        # backward passes that added to it since]
+        self._stepped: dict[int, list[Any]] = {}
         self._reported_carry = False
         self._bn_checked = False
-        self._handles = [register_optimizer_step_post_hook(self._optimizer_stepped)]
+        self._handles = [register_optimizer_step_pre_hook(self._optimizer_stepping),
+                         register_optimizer_step_post_hook(self._optimizer_stepped)]
         self._step = 0
 
     # -- first sight -----------------------------------------------------------------------
@@ -113,12 +120,6 @@ class Diagnosis(Observer):
             self._bn_checked = True
             self._frozen_batchnorms(end.step)
         self._backed.clear()
-        if self._carried and not self._reported_carry:
-            self._reported_carry = True
-            for model, names in sorted(self._carried.items()):
-                self._emit(schema.Signal(end.step, model, "", "grads-carried-over",
-                                         {"modules": list(names)}))
-        self._carried.clear()
 
     def _frozen_batchnorms(self, step: int) -> None:
         for ref, info in self._modules:
@@ -128,6 +129,28 @@ class Diagnosis(Observer):
                     and not any(p.requires_grad for p in m.parameters(recurse=False))):
                 self._emit(schema.Signal(step, info.model, info.name, "frozen-bn-training"))
 
+    def _optimizer_stepping(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        """Before a step: a parameter whose ``.grad`` is still the tensor the previous step
+        left, added to since and never reset (set to None, or zeroed: a version more than the
+        additions), carries the previous step's gradient into this one. Said once a run."""
+        try:
+            if self._reported_carry:
+                return
+            carried: dict[int, dict[str, None]] = {}
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    left = self._stepped.get(id(p))
+                    if left is not None and left[2] and p.grad is left[0]() \
+                            and p.grad._version == left[1] + left[2]:
+                        info = self._owner[id(p)]
+                        carried.setdefault(info.model, {})[info.name] = None
+            for model, names in sorted(carried.items()):
+                self._reported_carry = True
+                self._emit(schema.Signal(self._step, model, "", "grads-carried-over",
+                                         {"modules": list(names)}))
+        except Exception:  # never into the program: these signals go quiet instead
+            self._remove_hooks()
+
     def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         try:
             for group in optimizer.param_groups:
@@ -136,25 +159,16 @@ class Diagnosis(Observer):
                         self._held.add(id(p))
                         self._held_changed = True
                     if p.grad is not None and id(p) in self._owner:
-                        self._stepped[id(p)] = (weakref.ref(p.grad), p.grad._version)
+                        self._stepped[id(p)] = [weakref.ref(p.grad), p.grad._version, 0]
             self._sort_modules(self._step)
-        except Exception:  # never into the program: these signals go quiet instead
+        except Exception:
             self._remove_hooks()
 
     def _accumulated(self, p: torch.Tensor) -> None:
-        """After a backward added to ``p.grad``: was it the tensor the last optimizer step left,
-        untouched since (one version on: this addition alone)?"""
-        try:
-            after_step = self._stepped.pop(id(p), None)
-            if after_step is None or p.grad is None:
-                return
-            ref, version = after_step
-            if p.grad is ref() and p.grad._version == version + 1:
-                info = self._owner.get(id(p))
-                if info is not None:
-                    self._carried.setdefault(info.model, {})[info.name] = None
-        except Exception:
-            self._remove_hooks()
+        """A backward pass added to ``p.grad``: counted, for the next optimizer step."""
+        left = self._stepped.get(id(p))
+        if left is not None:
+            left[2] += 1
 
     def _remove_hooks(self) -> None:
         for handle in self._handles:

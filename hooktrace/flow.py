@@ -274,8 +274,9 @@ _CAUSES = {
     "lost_input": (
         "no-grad", "its input needed a gradient and none came back: the gradient stops inside "
         "its forward",
-        "look in its forward for .detach(), .data, a torch.no_grad() block, .item()/.numpy() "
-        "or a tensor rebuilt from numbers (torch.tensor(x), torch.from_numpy)"),
+        "look in its forward for .detach(), .data, a torch.no_grad() block, .item()/.numpy(), "
+        "a tensor rebuilt from numbers (torch.tensor(x), torch.from_numpy), or a custom "
+        "autograd.Function whose backward returns None for that input"),
     "detached_inside": (
         "no-grad", "the gradient stops inside its forward: the output of {branch} gets no "
         "gradient back",

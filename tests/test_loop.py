@@ -105,3 +105,16 @@ def test_forgot_train_mode_sample(tmp_path: Path) -> None:
     assert [(f["kind"], f["model"], f["step"]) for f in found if f["severity"] != "note"] == [
         ("eval-backward", "model", 3)]
     assert result.returncode == 1
+
+
+def test_gan_is_silent(tmp_path: Path) -> None:
+    """A GAN done right: the discriminator's step detaches the generator's output, and the
+    generator's backward adds to the discriminator's gradients, which its next zero_grad clears:
+    neither a detached branch nor gradients carried over."""
+    log = tmp_path / "gan.jsonl"
+    run = hooktrace_cmd("run", "-o", log, SAMPLES / "gan.py")
+    assert run.returncode == 0, run.stderr
+    result = hooktrace_cmd("check", "--json", log)
+    found = json.loads(result.stdout)["findings"]
+    assert [f for f in found if f["severity"] != "note"] == []
+    assert result.returncode == 0
