@@ -227,3 +227,15 @@ def test_view_does_not_import_torch(tmp_path: Path) -> None:
             f"write_view([{str(log)!r}], {str(tmp_path / 'v.html')!r}); "
             "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_hover_says_where_the_forward_is(tmp_path: Path) -> None:
+    """A node's details name the file and line of its class's forward (a class of the user's)."""
+    from hooktrace.graph import load_step
+    from hooktrace.view.graphs import _graph
+
+    log = trace(tmp_path, "quantize", SCRIPTS / "flow_bugs.py", "zero_grad_function")
+    nodes = _graph(load_step(log, 0), [])["nodes"]
+    [quantize] = [d for d in nodes.values() if d["class"] == "Quantize"]
+    assert quantize["forward"].rsplit("/", 1)[-1].startswith("flow_bugs.py:")
+    assert not [d for d in nodes.values() if d["class"] == "Linear" and "forward" in d]

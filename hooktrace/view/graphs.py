@@ -43,12 +43,16 @@ def _forward_details(e: schema.ForwardEvent) -> dict[str, Any]:
 
 def node_details(node: Node, view: View, events: dict[tuple[int, str, int], Any],
                  findings: Sequence[Finding]) -> dict[str, Any]:
-    """What hovering ``node`` shows: names, shapes, dtypes, gradient norms, NaN/Inf, state
-    and the findings that name it (or a module folded into it)."""
+    """What hovering ``node`` shows: names, where its class's forward is, shapes, dtypes,
+    gradient norms, NaN/Inf, state and the findings that name it (or a module folded into
+    it)."""
     model, fqn, call = node.key
     name = view.log.models.get(model, str(model))
     found: dict[str, Any] = {"model": name, "fqn": fqn, "class": node.cls,
                              "state": node_state(node, view.checked)}
+    source = view.log.sources.get(node.cls)
+    if source is not None:
+        found["forward"] = source
     if call >= 0:
         found["call"] = f"{call + 1} of {node.module_calls}"
     if node.folded:
