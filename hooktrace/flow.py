@@ -142,6 +142,7 @@ def _judge_step(flow: Flow, step: int, calls: list[Call],
                 modules: dict[ModuleKey, ModuleStats], t: Thresholds) -> None:
     enclosing = _Enclosing(calls)
     candidates = _candidates(calls, t)
+    bypassed: dict[int, bool] = {}  # per candidate's seq
     for v in calls:
         if not _trainable(modules, v.key) or not v.finite:
             continue
@@ -156,7 +157,11 @@ def _judge_step(flow: Flow, step: int, calls: list[Call],
                 _add_inside(flow, step, enclosing, v)
         elif v.g_out is not None:
             b = _nearest_after(v, candidates, partial(_starves, v=v))
-            if b is not None and not _bypassed(b, calls, modules, t):
+            if b is None:
+                continue
+            if b.seq not in bypassed:
+                bypassed[b.seq] = _bypassed(b, calls, modules)
+            if not bypassed[b.seq]:
                 _add(flow, step, b, _cause(b, modules), v)
 
 
@@ -184,8 +189,7 @@ def _starves(b: Call, v: Call) -> bool:
     return v.g_out <= 1e3 * b.g_in and v.g_out < 1e-3 * b.g_out
 
 
-def _bypassed(b: Call, calls: list[Call], modules: dict[ModuleKey, ModuleStats],
-              t: Thresholds) -> bool:
+def _bypassed(b: Call, calls: list[Call], modules: dict[ModuleKey, ModuleStats]) -> bool:
     """A module before ``b`` got a gradient that ``b``'s small gain cannot explain: it came
     round ``b`` (a residual shortcut), and what ``b`` starves is its own branch."""
     return any(c.seq < b.seq and c.fed and c.g_out is not None and _trainable(modules, c.key)
