@@ -2,8 +2,10 @@
 
 A module first called outside any other traced module belongs to its *owner*: the outermost
 ``nn.Module`` that is ``self`` in one of the calling frames and whose tree holds it (a VAE whose
-``encode`` calls ``self.encoder``, a LightningModule whose ``training_step`` calls ``self.net``),
-else it is its own owner. The owner is a top-level *model*: its whole tree is named at that
+``encode`` calls ``self.encoder``, a LightningModule whose ``training_step`` calls ``self.net``);
+failing that, when the calling code has no variable for the module itself, the largest module
+its variables hold whose tree holds it (``model.get_input_embeddings()(ids)``); else it is its
+own owner. The owner is a top-level *model*: its whole tree is named at that
 moment (``named_modules()`` names, wrapper prefixes such as DDP's ``module.`` removed) and
 written as ``model`` + ``module`` records. A module first seen inside another's forward (one
 built inside ``forward``, or never registered) is named under its caller as
@@ -120,6 +122,10 @@ def variable_name(module: nn.Module) -> str | None:
     return None
 
 
+def _holds(candidate: nn.Module, module: nn.Module) -> bool:
+    return candidate is module or any(m is module for m in candidate.modules())
+
+
 def owner_of(module: nn.Module) -> nn.Module:
     """The outermost ``nn.Module`` that is ``self`` in a calling frame and whose tree holds
     ``module``; ``module`` itself when there is none (its own ``_call_impl`` frame is one)."""
@@ -133,9 +139,28 @@ def owner_of(module: nn.Module) -> nn.Module:
                 selves.append(candidate)
         frame = frame.f_back
     for candidate in reversed(selves):  # outermost first
-        if candidate is module or any(m is module for m in candidate.modules()):
+        if _holds(candidate, module):
             return candidate
     return module
+
+
+def holder_of(module: nn.Module) -> nn.Module | None:
+    """For a module the calling code reaches through an expression, not a variable of its own
+    (``model.get_input_embeddings()(ids)``, ``self.model.encoder(x)`` in a plain class, a
+    helper given ``vae``): the largest ``nn.Module`` its variables hold (locals, globals, a
+    plain ``self``'s attributes) whose tree holds ``module``; None when there is none."""
+    best: nn.Module | None = None
+    size = 0
+    for frame in _user_frames(_LIBRARY_DIRS):
+        holder = frame.f_locals.get("self")
+        attrs = getattr(holder, "__dict__", None) if not isinstance(holder, nn.Module) else None
+        for scope in (frame.f_locals, frame.f_globals, attrs or {}):
+            for value in scope.values():
+                if isinstance(value, nn.Module) and value is not module and _holds(value, module):
+                    n = sum(1 for _ in value.modules())
+                    if n > size:
+                        best, size = value, n
+    return best
 
 
 class Naming:
@@ -214,7 +239,11 @@ class Naming:
         """Name a module first called outside any traced module through its owner's tree."""
         owner = owner_of(module)
         if owner is module:
-            return self.add_model(module)
+            name = variable_name(module)
+            holder = holder_of(module) if name is None else None
+            if holder is None:
+                return self.add_model(module, name)
+            owner = holder
         if owner not in self._infos:
             self.add_model(owner)
         else:  # the owner is known: the module joined its tree after it was named

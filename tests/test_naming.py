@@ -183,6 +183,56 @@ def test_without_an_owner_naming_stays(log_path: Path) -> None:
         (2, "", 0)]
 
 
+class LM(nn.Module):
+    """A language model whose embedding the loop calls through ``get_input_embeddings()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+        self.head = nn.Linear(4, 10)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.emb
+
+    def forward(self, inputs_embeds: torch.Tensor) -> torch.Tensor:
+        return self.head(inputs_embeds)  # type: ignore[no-any-return]
+
+
+def test_a_module_reached_through_an_expression_is_named_from_its_holder(log_path: Path
+                                                                          ) -> None:
+    """No ``self`` owns the call, and the code has no variable for the module itself: the
+    model is what the code's variables hold (a model's ``get_input_embeddings()``, a helper
+    given the VAE, a plain class's ``self.pipeline.model``), from the first step on."""
+    torch.manual_seed(0)
+    lm, vae = LM(), VAE()
+
+    def reconstruct(m: VAE, x: torch.Tensor) -> torch.Tensor:
+        return m.decoder(m.encoder(x))  # type: ignore[no-any-return]
+
+    class Pipeline:  # not a module: its attribute holds the model
+        def __init__(self) -> None:
+            self.model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+
+        def loss(self, x: torch.Tensor) -> torch.Tensor:
+            return self.model[1](self.model[0](x)).sum()  # type: ignore[no-any-return]
+
+    pipe = Pipeline()
+    ids, x = torch.randint(0, 10, (2, 5)), torch.randn(2, 8)
+    with hooktrace.trace(log_path):
+        for _ in range(2):
+            loss = lm(inputs_embeds=lm.get_input_embeddings()(ids)).logsumexp(-1).mean()
+            loss = loss + (reconstruct(vae, x) - x).pow(2).mean() + pipe.loss(x)
+            loss.backward()
+    assert models_and_modules(log_path)[0] == [
+        (0, "lm", "LM"), (1, "m", "VAE"), (2, "self.model", "Sequential")]
+    for step in (0, 1):
+        assert order(log_path, "forward", step) == [
+            (0, "emb", 0), (0, "head", 0), (0, "", 0),
+            (1, "encoder.0", 0), (1, "encoder.1", 0), (1, "encoder", 0),
+            (1, "decoder.0", 0), (1, "decoder", 0), (2, "0", 0), (2, "1", 0)]
+    assert check_findings(log_path) == []
+
+
 def test_owner_found_once_per_model_not_per_call(log_path: Path) -> None:
     """The frames are walked at first sight only: once for three steps of the VAE."""
     calls = {naming.owner_of.__code__: 0, naming.variable_name.__code__: 0}
