@@ -52,7 +52,7 @@ class Diagnosis(Observer):
         self._classes: set[type] = set()
         self._entries: dict[int, weakref.ref[nn.Module]] = {}  # model -> its last entry module
         self._in_eval: set[int] = set()  # models reported running backward in eval mode
-        self._backed: set[int] = set()  # models a backward reached in this pass
+        self._models_reached: set[int] = set()  # models a backward reached in this pass
         self._reached: set[ModInfo] = set()  # modules a backward reached in this pass
         self._passes: dict[ModInfo, int] = {}  # per module, the passes that reached it
         self._modules: list[tuple[weakref.ref[nn.Module], ModInfo]] = []  # with parameters
@@ -104,12 +104,12 @@ class Diagnosis(Observer):
 
     def backward_start(self, start: BackwardStart) -> None:
         info = start.call.info
-        self._backed.add(info.model)
+        self._models_reached.add(info.model)
         self._reached.add(info)
 
     def backward_end(self, end: PassEnd) -> None:
         self._step = end.step
-        for model in self._backed:
+        for model in self._models_reached:
             entry = self._entries.get(model)
             module = entry() if entry is not None else None
             if module is None:
@@ -119,10 +119,10 @@ class Diagnosis(Observer):
             elif model not in self._in_eval:
                 self._in_eval.add(model)
                 self._emit(schema.Signal(end.step, model, "", "eval-backward"))
-        if self._backed and not self._bn_checked:
+        if self._models_reached and not self._bn_checked:
             self._bn_checked = True
             self._frozen_batchnorms(end.step)
-        self._backed.clear()
+        self._models_reached.clear()
         passes = self._passes
         for info in self._reached:
             passes[info] = passes.get(info, 0) + 1
@@ -132,7 +132,7 @@ class Diagnosis(Observer):
         for ref, info in self._modules:
             m = ref()
             if (isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training
-                    and m.track_running_stats and info.model in self._backed
+                    and m.track_running_stats and info.model in self._models_reached
                     and not any(p.requires_grad for p in m.parameters(recurse=False))):
                 self._emit(schema.Signal(step, info.model, info.name, "frozen-bn-training"))
 

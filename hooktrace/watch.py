@@ -42,7 +42,7 @@ class Watch(Observer):
         # forward calls of modules with parameters, in order; those whose backward began
         self._calls: list[ForwardCall] = []
         self._waiting: set[ForwardCall] = set()
-        self._backed: set[ForwardCall] = set()
+        self._got_backward: set[ForwardCall] = set()
         self._had_grad: set[ModInfo] = set()  # modules that received gradient at some step
 
     def forward_end(self, end: ForwardEnd) -> None:
@@ -62,7 +62,7 @@ class Watch(Observer):
         call = start.call
         self._had_grad.add(call.info)
         if call in self._waiting:
-            self._backed.add(call)
+            self._got_backward.add(call)
         if start.mode is WATCHED:
             self._backward[start] = ([None] * call.n_in, [None] * call.n_out)
 
@@ -122,7 +122,7 @@ class Watch(Observer):
         # a call may get its backward one step later (a GAN's generator): judge last step's calls
         judged = [c for c in self._calls if c.step < step]
         self._calls = [c for c in self._calls if c.step >= step]
-        got = {call.info for call in judged if call in self._backed}
+        got = {call.info for call in judged if call in self._got_backward}
         self._forget(judged)
         out: list[schema.Anomaly] = []
         for call in judged:
@@ -136,4 +136,4 @@ class Watch(Observer):
     def _forget(self, calls: list[ForwardCall]) -> None:
         for call in calls:
             self._waiting.discard(call)
-            self._backed.discard(call)
+            self._got_backward.discard(call)
