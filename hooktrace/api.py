@@ -87,7 +87,7 @@ class Trace:
             tracer._fail(e)
         self.end = schema.End(
             status=status, events=tracer.events, steps=tracer.steps, exit_code=exit_code,
-            error={"type": type(error).__name__, "message": str(error)} if error else None,
+            error=tracer.describe(error) if error else None,
             dropped=tracer.dropped or None, tracer_error=tracer.error,
             captured=self._capture.files if self._capture else None,
         )

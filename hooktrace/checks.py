@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hooktrace import flow
+from hooktrace.crash import check_crash
 from hooktrace.errors import HooktraceError
 from hooktrace.findings import (
     ERROR,
@@ -27,7 +28,14 @@ from hooktrace.findings import (
 )
 from hooktrace.logio import LogReader, capture_dir
 from hooktrace.loop import check_loop
-from hooktrace.magnitudes import check_magnitudes, start, start_orders
+from hooktrace.magnitudes import (
+    DIVERGES,
+    check_magnitudes,
+    growth,
+    growth_text,
+    start,
+    start_orders,
+)
 from hooktrace.ranks import first_divergence, open_ranks
 
 if TYPE_CHECKING:
@@ -46,17 +54,15 @@ def _label(c: Collected, model: int, name: str) -> str:
 def check_nonfinite(c: Collected) -> list[Finding]:
     out = []
     forward = c.first_forward_nonfinite
+    backward = c.first_backward_nonfinite
     if forward is not None:
         later = sorted(c.forward_nonfinite_steps - {forward.step})
+        why, hint = _forward_cause(c, forward.step, backward.step if backward else None)
         out.append(Finding(
             "nonfinite-forward", ERROR, c.model_name(forward.model), forward.name, forward.step,
             f"first NaN/Inf in a forward output: {_label(c, forward.model, forward.name)} at "
-            f"step {forward.step}" + (f" (again in {steps_text(later)})" if later else ""),
-            forward.evidence,
-            "the modules before it gave finite outputs: look inside its forward, or at the "
-            "functional code that feeds it (log or sqrt of <= 0, division by 0, fp16 overflow)",
-        ))
-    backward = c.first_backward_nonfinite
+            f"step {forward.step}" + (f" (again in {steps_text(later)})" if later else "") + why,
+            forward.evidence, hint))
     if backward is not None and forward is None and _recovered(c):
         bad = sorted(c.backward_nonfinite_steps)
         label = _label(c, backward.model, backward.name)
@@ -90,6 +96,23 @@ def check_nonfinite(c: Collected) -> list[Finding]:
     return out
 
 
+def _forward_cause(c: Collected, step: int, backward: int | None) -> tuple[str, str]:
+    """Why a forward output turned NaN/Inf at ``step``: NaN/Inf gradients of an earlier step
+    that an optimizer applied, weights blown up by growing updates (parameter-gradient norms up
+    by 3 orders of magnitude or more since the first step), else something in its forward."""
+    if backward is not None and backward < step:
+        return (f", after the NaN/Inf gradients of step {backward}",
+                f"an optimizer step applied the NaN/Inf gradients of step {backward} to the "
+                "weights: fix where they start (the nonfinite-backward finding); "
+                "torch.nn.utils.clip_grad_norm_(..., error_if_nonfinite=True) stops such steps")
+    grown = growth(c, before=step)
+    if grown is not None:
+        return f", after {growth_text(grown)}", DIVERGES
+    return ("", "the modules before it gave finite outputs: look inside its forward, or at the "
+                "functional code that feeds it (log or sqrt of <= 0, division by 0, fp16 "
+                "overflow)")
+
+
 def _recovered(c: Collected) -> bool:
     """A step after the last one with NaN/Inf gradients had finite ones: a recorded step, or
     a watched one (a watched step with NaN/Inf would have written an anomaly)."""
@@ -109,14 +132,19 @@ def _siblings(c: Collected, m: ModuleStats) -> list[ModuleStats]:
 
 def _detached(c: Collected) -> dict[ModuleKey, list[int]]:
     """Per module, the steps it ran forward with gradient recording on, in a step with a
-    backward, and none of its calls got a backward."""
+    backward, and none of its calls got a backward; not the steps where no backward reached its
+    model at all while one does in other steps: models trained in turns (a GAN's generator run
+    with .detach() for the discriminator's step) are not detached."""
     out: dict[ModuleKey, list[int]] = {}
     found: dict[tuple[Keys, Keys], Keys] = {}  # the sets are shared between steps
+    trained = {key[0] for keys in c.backward.values() for key in keys}
     for step in sorted(c.grad):
         if step in c.backward_steps:
             pair = (c.grad[step], c.backward.get(step, frozenset()))
             if pair not in found:
-                found[pair] = pair[0] - pair[1]
+                reached = {key[0] for key in pair[1]}
+                found[pair] = frozenset(key for key in pair[0] - pair[1]
+                                        if key[0] in reached or key[0] not in trained)
             for key in found[pair]:
                 out.setdefault(key, []).append(step)
     return out
@@ -339,26 +367,6 @@ class Report:
         return [f for f in self.findings if f.severity != NOTE]
 
 
-def check_backward_error(c: Collected) -> list[Finding]:
-    """The program stopped on an error raised inside a backward pass (autograd's "modified by
-    an inplace operation"): the module whose backward was running."""
-    if c.unfinished is None or c.end is None or c.end.status != "error":
-        return []
-    step, (model, name) = c.unfinished
-    error = c.end.error or {}
-    kind, text = error.get("type", "error"), error.get("message", "").split(". Hint:")[0]
-    inplace = "inplace operation" in text
-    return [Finding(
-        "backward-error", ERROR, c.model_name(model), name, step,
-        f"the backward pass of step {step} raised {kind} while the backward of "
-        f"{_label(c, model, name)} ran: {text[:300]}",
-        {"error": kind},
-        "an in-place operation (x.mul_(), x += ..., ReLU(inplace=True), a slice assignment) "
-        "changed a tensor this backward needs: make it out of place; "
-        "torch.autograd.set_detect_anomaly(True) shows the forward line" if inplace else
-        "the gradient of the modules before it was never computed: fix this error first")]
-
-
 def _add_sources(c: Collected, findings: list[Finding]) -> None:
     """Where to look for each finding's module: its class's forward as the log recorded it, or,
     for torch's own classes (none recorded), the forward of the nearest module around it that
@@ -406,7 +414,7 @@ def run_checks(path: str | os.PathLike[str], step: int | None = None,
     flowed = flow.analyse([call for call in c.calls if c.unfinished is None
                            or call.step != c.unfinished[0]], c.modules, t)
     explained = _explained(c, flowed)
-    findings = [*check_backward_error(c), *check_nonfinite(c), *check_loop(c),
+    findings = [*check_crash(c), *check_nonfinite(c), *check_loop(c),
                 *flow.findings(flowed, c.modules, c.models),
                 *check_no_grad(c, explained), *check_lost_gradient(c),
                 *check_magnitudes(c, t, explained),

@@ -21,8 +21,6 @@ module call):
 
 from __future__ import annotations
 
-import inspect
-import os
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +35,7 @@ from torch.optim.optimizer import (
 from hooktrace import schema
 from hooktrace.naming import ModInfo
 from hooktrace.records import BackwardStart, Mode, Observer, PassEnd
+from hooktrace.sites import forward_site
 
 Emit = Callable[[Any], None]
 
@@ -64,6 +63,12 @@ class Diagnosis(Observer):
         # passes that had reached its module then
         self._stepped: dict[int, tuple[weakref.ref[torch.Tensor], int, int]] = {}
         self._reported_carry = False
+        self._reported_cleared = False
+        self._pass_count = 0
+        self._last_reached: dict[ModInfo, int] = {}  # per module, the last pass that reached it
+        # per optimizer, the passes done when it last stepped
+        self._stepped_after: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = (
+            weakref.WeakKeyDictionary())
         self._bn_checked = False
         self._handles = [register_optimizer_step_pre_hook(self._optimizer_stepping),
                          register_optimizer_step_post_hook(self._optimizer_stepped)]
@@ -87,15 +92,9 @@ class Diagnosis(Observer):
             self._owner[id(p)] = info
 
     def _source(self, cls: type) -> None:
-        forward = getattr(cls, "forward", None)
-        code = getattr(forward, "__code__", None)
-        if code is None or cls.__module__.startswith("torch."):
-            return
-        path = inspect.getsourcefile(forward) or code.co_filename  # type: ignore[arg-type]
-        here = os.getcwd()
-        if path.startswith(here + os.sep):
-            path = os.path.relpath(path, here)
-        self._emit(schema.Source(cls.__name__, path, code.co_firstlineno))
+        site = forward_site(cls)
+        if site is not None:
+            self._emit(schema.Source(cls.__name__, *site))
 
     # -- the loop ----------------------------------------------------------------------------
     def model_call(self, module: nn.Module, info: ModInfo, step: int) -> None:
@@ -124,8 +123,10 @@ class Diagnosis(Observer):
             self._frozen_batchnorms(end.step)
         self._models_reached.clear()
         passes = self._passes
+        self._pass_count += 1
         for info in self._reached:
             passes[info] = passes.get(info, 0) + 1
+            self._last_reached[info] = self._pass_count
         self._reached.clear()
 
     def _frozen_batchnorms(self, step: int) -> None:
@@ -142,6 +143,8 @@ class Diagnosis(Observer):
         reset (set to None, or zeroed: one version more), carries the previous step's gradient
         into this one. Said once a run."""
         try:
+            if not self._reported_cleared:
+                self._cleared_before_step(optimizer)
             if self._reported_carry:
                 return
             carried: dict[int, dict[str, None]] = {}
@@ -162,8 +165,26 @@ class Diagnosis(Observer):
         except Exception:  # never into the program: these signals go quiet instead
             self._remove_hooks()
 
+    def _cleared_before_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """An optimizer about to step with every ``.grad`` None, though a backward pass reached
+        its parameters' modules since its last step: the gradients were cleared in between."""
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if not params or any(p.grad is not None for p in params):
+            return
+        since = self._stepped_after.get(optimizer, 0)
+        reached: dict[int, dict[str, None]] = {}
+        for p in params:
+            info = self._owner.get(id(p))
+            if info is not None and self._last_reached.get(info, 0) > since:
+                reached.setdefault(info.model, {})[info.name] = None
+        for model, names in sorted(reached.items()):
+            self._reported_cleared = True
+            self._emit(schema.Signal(self._step, model, "", "grads-cleared",
+                                     {"modules": list(names)}))
+
     def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         try:
+            self._stepped_after[optimizer] = self._pass_count
             for group in optimizer.param_groups:
                 for p in group["params"]:
                     if id(p) not in self._held:

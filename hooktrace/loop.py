@@ -17,10 +17,11 @@ from hooktrace.findings import (
     Finding,
     names_text,
     plural,
+    steps_text,
 )
 
 if TYPE_CHECKING:
-    from hooktrace.collect import Collected
+    from hooktrace.collect import Collected, ModuleKey
     from hooktrace.schema import Signal
 
 
@@ -33,7 +34,7 @@ def check_loop(c: Collected) -> list[Finding]:
         make = _BY_KIND.get(s.kind)
         if make is not None:
             out += make(c, s)
-    return out + _never_reached(c)
+    return out + _never_reached(c) + _outside_autograd(c)
 
 
 def _eval_backward(c: Collected, s: Signal) -> list[Finding]:
@@ -49,8 +50,18 @@ def _not_held(c: Collected, s: Signal) -> list[Finding]:
     """The modules with trainable parameters that got a gradient and no optimizer holds."""
     got = _got_gradient(c, s.model)
     missing = [name for name in s.detail.get("not_held", []) if name in got]
-    if not missing or not s.detail.get("held"):
+    if not missing:
         return []
+    if not s.detail.get("held"):
+        return [Finding(
+            "not-optimized", WARNING, c.model_name(s.model), "", None,
+            f"no optimizer that steps holds any parameter of model '{c.model_name(s.model)}': "
+            f"its {plural(len(missing), 'module')} with trainable parameters "
+            f"({names_text(missing)}) get gradients and never train",
+            {"modules": missing},
+            "the optimizer was built from another copy of the model (the model created again "
+            "after the optimizer, a deepcopy, a reloaded checkpoint): build it from the "
+            "parameters() of the model you train")]
     return [Finding(
         "not-optimized", WARNING, c.model_name(s.model), missing[0], None,
         f"no optimizer that steps holds the parameters of {names_text(missing)} "
@@ -59,6 +70,39 @@ def _not_held(c: Collected, s: Signal) -> list[Finding]:
         {"modules": missing},
         "build the optimizer after adding layers (or add_param_group), from this model's "
         "parameters(), not from another copy's")]
+
+
+def _outside_autograd(c: Collected) -> list[Finding]:
+    """Modules an optimizer steps whose backward ran in every recorded step while their own
+    parameters never got a gradient (others of their model did): forward uses the parameters
+    through ``.item()``, ``float()``, ``.data`` or ``.detach()``."""
+    held = {(s.model, name) for s in c.signals if s.kind == "optimizers"
+            for name in s.detail.get("held", [])}
+    got: set[ModuleKey] = set()
+    none: dict[ModuleKey, list[int]] = {}
+    for step in sorted(c.param_norms):
+        reached = c.backward.get(step, frozenset())
+        for model, names, norms in c.param_norms[step]:
+            if not any(v is not None for v in norms):
+                continue  # no parameter gradient at all (autograd.grad): nothing to compare
+            for name, norm in zip(names, norms, strict=True):
+                key = (model, name)
+                if norm is not None:
+                    got.add(key)
+                elif key in reached and key in held:
+                    none.setdefault(key, []).append(step)
+    out = []
+    for key, steps in none.items():
+        if key not in got:
+            model, name = key
+            out.append(Finding(
+                "no-grad", WARNING, c.model_name(model), name, steps[0],
+                f"{_label(c, model, name)}: its backward ran but its own parameters never got a "
+                f"gradient ({steps_text(steps)}): its forward uses them outside autograd",
+                {"steps": steps[:20]},
+                ".item(), float(), .data, .detach(), .numpy() or torch.tensor(p) on a parameter "
+                "cut it from the graph: compute with the parameter tensor itself"))
+    return out
 
 
 def _got_gradient(c: Collected, model: int) -> set[str]:
@@ -81,6 +125,18 @@ def _carried_over(c: Collected, s: Signal) -> list[Finding]:
         {"modules": modules},
         "call optimizer.zero_grad() once per optimizer step (gradient accumulation: after "
         "each optimizer.step(), not after each micro-batch)")]
+
+
+def _cleared(c: Collected, s: Signal) -> list[Finding]:
+    modules = sorted(s.detail.get("modules", []), key=lambda name: _order(c, s.model, name))
+    return [Finding(
+        "grads-cleared", WARNING, c.model_name(s.model), modules[0] if modules else "", s.step,
+        f"optimizer.step() after step {s.step} found every gradient of model "
+        f"'{c.model_name(s.model)}' already cleared ({plural(len(modules), 'module')} the "
+        f"backward reached: {names_text(modules)}): zero_grad() ran between backward() and "
+        "step(), so the weights do not change",
+        {"modules": modules},
+        "order the loop as optimizer.zero_grad(); loss.backward(); optimizer.step()")]
 
 
 def _backward_hook(c: Collected, s: Signal) -> list[Finding]:
@@ -111,6 +167,14 @@ def _never_reached(c: Collected) -> list[Finding]:
     # (held by an optimizer at some point: a GAN's generator is, once its optimizer steps)
     backed = {key[0] for keys in c.backward.values() for key in keys}
     ran = {key[0] for keys in c.grad.values() for key in keys}
+    ran_no_grad = {key[0] for keys in c.no_grad.values() for key in keys}
+    for model in sorted(held & ran_no_grad - ran - backed):
+        out.append(Finding(
+            "no-grad-under-no_grad", WARNING, c.model_name(model), "", None,
+            f"model '{c.model_name(model)}' ran only under torch.no_grad() while an optimizer "
+            "steps its parameters: they never get a gradient",
+            {}, "call it outside torch.no_grad() to train it; to keep it frozen on purpose, "
+            "call .requires_grad_(False) on it and leave its parameters out of the optimizer"))
     for model in sorted(held & ran - backed):
         out.append(Finding(
             "never-reached", ERROR, c.model_name(model), "", None,
@@ -137,6 +201,7 @@ _BY_KIND = {
     "eval-backward": _eval_backward,
     "optimizers": _not_held,
     "grads-carried-over": _carried_over,
+    "grads-cleared": _cleared,
     "backward-hook": _backward_hook,
     "frozen-bn-training": _frozen_bn,
 }

@@ -11,7 +11,16 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import TYPE_CHECKING
 
-from hooktrace.findings import NOTE, WARNING, Finding, Thresholds, ancestors, plural, steps_text
+from hooktrace.findings import (
+    NOTE,
+    WARNING,
+    Finding,
+    Thresholds,
+    ancestors,
+    names_text,
+    plural,
+    steps_text,
+)
 
 if TYPE_CHECKING:
     from hooktrace.collect import Collected, ModuleKey
@@ -44,28 +53,32 @@ def _profile_finding(c: Collected, t: Thresholds, explained: Set[ModuleKey]) -> 
 
 
 @dataclass
-class _Past:
+class _BeyondThreshold:
     """A module's parameter-gradient norms past a threshold: the steps, the norm at the first."""
 
     steps: list[int]
     norm: float
     of: int = 0  # steps with a finite norm for it, past the threshold or not
+    last: int = -1  # the last of those steps
 
     @property
     def lasting(self) -> bool:
-        """Past it in most of the steps: not a passing moment (a zero-initialised head at the
-        first step, stochastic depth dropping a whole block in one)."""
-        return 2 * len(self.steps) > self.of
+        """Past it in most of the steps, or in the last two or more: not a passing moment (a
+        zero-initialised head at the first step, stochastic depth dropping a whole block in
+        one)."""
+        return 2 * len(self.steps) > self.of or (
+            len(self.steps) >= 2 and self.steps[-1] == self.last)
 
 
 def _past_thresholds(c: Collected, t: Thresholds, starts: dict[ModuleKey, int]
-                     ) -> dict[str, dict[ModuleKey, _Past]]:
+                     ) -> dict[str, dict[ModuleKey, _BeyondThreshold]]:
     """Per kind, the modules whose parameter-gradient norm passed a threshold in some step:
-    ``exploding``, ``vanishing``, and ``bypassed``: below the vanishing threshold while a module
-    that runs before it in forward (nearer the input) got a larger gradient in that step: the
-    gradient is small in its branch (ConvNeXt's layer scale, a gate), not lost on its way."""
-    flagged: dict[str, dict[ModuleKey, _Past]] = {"vanishing": {}, "exploding": {},
-                                                  "bypassed": {}}
+    ``exploding``, ``vanishing``, ``zero`` (exactly: never excused), and ``bypassed``: below the
+    vanishing threshold while a module that runs before it in forward (nearer the input) got a
+    larger gradient in that step: the gradient is small in its branch (ConvNeXt's layer scale,
+    a gate), not lost on its way."""
+    flagged: dict[str, dict[ModuleKey, _BeyondThreshold]] = {
+        "vanishing": {}, "exploding": {}, "zero": {}, "bypassed": {}}
     for step in sorted(c.param_norms):
         norms = _step_norms(c, step)
         earliest: dict[int, int] | None = None  # per model: the first module above vanishing
@@ -73,7 +86,7 @@ def _past_thresholds(c: Collected, t: Thresholds, starts: dict[ModuleKey, int]
             if norm is None:
                 continue
             # NaN compares False: a non-finite norm is another check's
-            kind = ("vanishing" if norm < t.vanishing else "exploding"
+            kind = ("zero" if norm == 0 else "vanishing" if norm < t.vanishing else "exploding"
                     if t.exploding < norm < math.inf else "")
             if not kind:
                 continue
@@ -84,18 +97,20 @@ def _past_thresholds(c: Collected, t: Thresholds, starts: dict[ModuleKey, int]
                     kind = "bypassed"
             past = flagged[kind].get(key)
             if past is None:
-                flagged[kind][key] = _Past([step], norm)
+                flagged[kind][key] = _BeyondThreshold([step], norm)
             else:
                 past.steps.append(step)
     seen = dict.fromkeys((key for modules in flagged.values() for key in modules), 0)
+    last = dict.fromkeys(seen, -1)
     if seen:  # the steps with a finite norm for each of them: a second pass, rarely made
         for step in c.param_norms:
             for key, norm in _step_norms(c, step).items():
                 if key in seen and norm is not None and math.isfinite(norm):
                     seen[key] += 1
+                    last[key] = max(last[key], step)
         for modules in flagged.values():
             for key, past in modules.items():
-                past.of = seen[key]
+                past.of, past.last = seen[key], last[key]
     return flagged
 
 
@@ -130,20 +145,72 @@ def check_magnitudes(c: Collected, t: Thresholds, explained: Set[ModuleKey] = fr
         for key in explained & modules.keys():
             del modules[key]
     bypassed = flagged.pop("bypassed")
+    zero = flagged.pop("zero")
     profile = _profile_finding(c, t, explained)
     out: list[Finding] = []
+    grown = growth(c)
     for kind, past in flagged.items():
         finding = profile if profile is not None and profile.kind == kind else None
         lasting = {k: p for k, p in past.items() if p.lasting}
         if lasting or finding is not None:
             out.append(_magnitude_finding(c, t, starts, kind, lasting, finding))
+            if kind == "exploding" and grown is not None:
+                out[-1].message += f"; over the steps, {growth_text(grown)}"
+                out[-1].hint = DIVERGES
         passing = {k: p for k, p in past.items() if not p.lasting}
         if passing:
             out.append(_magnitude_finding(c, t, starts, kind, passing, None, note="passing"))
     if bypassed:
         out.append(_magnitude_finding(c, t, starts, "vanishing", bypassed, None,
                                       note="bypassed"))
+    lasting = {k: p for k, p in zero.items() if p.lasting}
+    if lasting:
+        out.append(_zero_finding(c, starts, lasting))
+    passing = {k: p for k, p in zero.items() if not p.lasting}
+    if passing:
+        out.append(_magnitude_finding(c, t, starts, "zero-gradient", passing, None,
+                                      note="passing"))
     return out
+
+
+def _zero_finding(c: Collected, starts: dict[ModuleKey, int],
+                  modules: dict[ModuleKey, _BeyondThreshold]) -> Finding:
+    order = sorted(modules, key=lambda k: start(starts, k))
+    first = order[0]
+    steps = sorted({s for p in modules.values() for s in p.steps})
+    return Finding(
+        "zero-gradient", WARNING, c.model_name(first[0]), first[1], steps[0],
+        f"{plural(len(order), 'module')} whose parameters' gradient is exactly zero "
+        f"({names_text([k[1] for k in order])}, {steps_text(steps)}): no update can change them",
+        {"modules": [k[1] for k in order], "steps": steps[:20]},
+        "an Embedding whose every index is its padding_idx, parameters multiplied by 0 or fully "
+        "masked in forward, or a custom autograd.Function returning zeros for them")
+
+
+def growth(c: Collected, before: float = math.inf) -> tuple[int, float, int, float] | None:
+    """Training that diverges: the largest finite parameter-gradient norm of the steps before
+    ``before`` grew by 3 orders of magnitude or more from the first of them to the last
+    (first step, its norm, last step, its norm); None when it did not."""
+    largest = {s: max((v for _, _, norms in records for v in norms
+                       if v is not None and math.isfinite(v)), default=0.0)
+               for s, records in c.param_norms.items() if s < before}
+    if len(largest) < 2:
+        return None
+    first, last = min(largest), max(largest)
+    if largest[first] > 0 and largest[last] >= 1e3 * largest[first]:
+        return first, largest[first], last, largest[last]
+    return None
+
+
+def growth_text(grown: tuple[int, float, int, float]) -> str:
+    first, low, last, high = grown
+    return (f"the largest parameter-gradient norm grew from {low:.2g} (step {first}) to "
+            f"{high:.2g} (step {last})")
+
+
+DIVERGES = ("the training diverges: each update makes the next gradient larger. Lower the "
+            "learning rate, clip gradients (torch.nn.utils.clip_grad_norm_), or warm the "
+            "learning rate up")
 
 
 def start_orders(c: Collected) -> dict[ModuleKey, int]:
@@ -182,7 +249,8 @@ _NOTES = {  # why a vanishing/exploding module is a note: (what the message adds
 
 
 def _magnitude_finding(c: Collected, t: Thresholds, starts: dict[ModuleKey, int], kind: str,
-                       modules: dict[ModuleKey, _Past], finding: Finding | None, note: str = ""
+                       modules: dict[ModuleKey, _BeyondThreshold], finding: Finding | None,
+                       note: str = ""
                        ) -> Finding:
     """One finding for ``modules``: ``finding`` (the profile's) with them added, a warning of
     their own, or a note (``note``: a key of _NOTES)."""
@@ -192,8 +260,9 @@ def _magnitude_finding(c: Collected, t: Thresholds, starts: dict[ModuleKey, int]
     order = sorted(modules, key=lambda k: start(starts, k))
     limit = t.vanishing if kind == "vanishing" else t.exploding
     listed = ", ".join(f"{k[1] or '(root)'} {modules[k].norm:.2g}" for k in order[:6])
-    about = (f"{plural(len(order), 'module')} with a parameter-gradient norm "
-             f"{'below' if kind == 'vanishing' else 'above'} {limit:g}: {listed}"
+    past = ("of exactly 0" if kind == "zero-gradient" else
+            f"{'below' if kind == 'vanishing' else 'above'} {limit:g}")
+    about = (f"{plural(len(order), 'module')} with a parameter-gradient norm {past}: {listed}"
              + (f" and {len(order) - 6} more" if len(order) > 6 else ""))
     norms = {k[1]: modules[k].norm for k in order}
     first = order[0]

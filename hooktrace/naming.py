@@ -89,6 +89,12 @@ def _own_params(module: nn.Module) -> tuple[int, int]:
     return total, trainable
 
 
+def is_library(filename: str) -> bool:
+    """Whether code in ``filename`` is torch's, hooktrace's, the standard library's or an
+    installed package's, not the user's."""
+    return filename.startswith(_LIBRARY_DIRS)
+
+
 def _user_frames(skip: tuple[str, ...], limit: int = 4) -> Iterator[FrameType]:
     """The first ``limit`` calling frames whose file is in none of the directories ``skip``."""
     frame: FrameType | None = sys._getframe(1)
@@ -252,6 +258,10 @@ class Naming:
                 return self.add_model(module)
             self._name_tree(owner, known.model, known.name)
         return self._infos[module]
+
+    def known(self, module: nn.Module) -> ModInfo | None:
+        """The module's identity if it was named (called) while tracing; never names it."""
+        return self._infos.get(module)
 
     def lookup(self, module: nn.Module, caller: ModInfo | None) -> ModInfo | None:
         """The module's identity, naming it first if new. ``caller``: the traced module whose

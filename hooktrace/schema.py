@@ -268,12 +268,15 @@ class Signal:
     * ``backward-hook``: ``name`` has a deprecated ``register_backward_hook`` hook
       (``detail.hook``: its function's qualified name);
     * ``frozen-bn-training``: ``name`` is a BatchNorm without trainable parameters whose
-      running statistics update (train mode) while its model trains.
+      running statistics update (train mode) while its model trains;
+    * ``grads-cleared``: an optimizer stepped with every ``.grad`` None although a backward
+      pass reached its parameters' modules since its last step: ``zero_grad()`` ran between
+      ``backward()`` and ``step()`` (``detail.modules``: fqns of the modules reached).
     """
 
     TYPE: ClassVar[str] = "signal"
     KINDS: ClassVar[tuple[str, ...]] = ("eval-backward", "optimizers", "grads-carried-over",
-                                        "backward-hook", "frozen-bn-training")
+                                        "backward-hook", "frozen-bn-training", "grads-cleared")
     step: int
     model: int
     name: str
@@ -320,7 +323,9 @@ class End:
     events: int = 0
     steps: int = 0  # backward passes completed
     exit_code: int | None = None
-    error: dict[str, str] | None = None  # {"type": ..., "message": ...}
+    # {"type", "message"}; where known, the module whose call raised it ("model": its id,
+    # "module": its fqn) and the innermost line of the user's code ("file", "line")
+    error: dict[str, Any] | None = None
     dropped: int | None = None  # events not written because --max-events was reached (while
     # hooks stayed on: with --no-watch they are removed after the last selected step)
     tracer_error: str | None = None  # the tracer failed and stopped; the script went on

@@ -10,6 +10,7 @@ writer (it writes what those before it emit after the step's events), and break 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from torch import nn
 
@@ -23,6 +24,7 @@ from hooktrace.outputs import OutputCheck
 from hooktrace.paramnorms import ParamNorms
 from hooktrace.recorder import LogRecorder, Sink
 from hooktrace.records import Observer
+from hooktrace.sites import error_site
 from hooktrace.stats import Stats
 from hooktrace.watch import Watch
 
@@ -45,6 +47,7 @@ class Tracer:
         self._capture = capture
         self._stats = Stats(self._options.break_on_nan) if self._options.stats else None
         self._core = CallTracker(self._options)
+        self._naming: Naming | None = None
 
     @property
     def steps(self) -> int:
@@ -68,7 +71,7 @@ class Tracer:
         self._core.error = value
 
     def start(self) -> Tracer:
-        naming = Naming(self._sink.write, self._options.matches, self._models)
+        naming = self._naming = Naming(self._sink.write, self._options.matches, self._models)
         stats = self._stats
         outputs = OutputCheck(stats) if stats is not None else None
         recorder = LogRecorder(self._sink, stats, outputs)
@@ -88,6 +91,21 @@ class Tracer:
     def stop(self) -> None:
         """Remove every hook and write what is buffered. Safe to call twice."""
         self._core.stop()
+
+    def describe(self, error: BaseException) -> dict[str, Any]:
+        """The end record's ``error``: its type and message, the module whose call raised it
+        (when tracing had named it) and the line of the user's code it came through."""
+        described: dict[str, Any] = {"type": type(error).__name__, "message": str(error)}
+        try:
+            module, path, line = error_site(error)
+            info = self._naming.known(module) if module is not None and self._naming else None
+            if info is not None:
+                described.update(model=info.model, module=info.name)
+            if path is not None:
+                described.update(file=path, line=line)
+        except Exception:  # a frame that cannot be read: the type and message still say it
+            pass
+        return described
 
     def _fail(self, error: BaseException) -> None:
         self._core.fail(error)
