@@ -506,7 +506,9 @@ def test_repeated_steps_and_the_steps_that_differ(tmp_path: Path) -> None:
 
 def test_backward_in_a_later_step_belongs_to_its_forward(tmp_path: Path) -> None:
     """A GAN's generator: its forward in one step, its backward in the next; but a backward
-    more than two steps after its forward counts for its own step (the reader forgets)."""
+    more than two steps after its forward counts for its own step (the reader forgets). The
+    rest of the generator trains in that step: a model starved as a whole in a step is trained
+    in turns, not detached."""
     steps = Steps()
     gen = steps.forward(0, "0", model=1)
     disc = steps.forward(0, "0")
@@ -517,9 +519,12 @@ def test_backward_in_a_later_step_belongs_to_its_forward(tmp_path: Path) -> None
     steps.backward(1, "0", gen, model=1)  # the generator's: one step after its forward
     steps.events.append(schema.Step(1))
     late = steps.forward(2, "0", model=1)
+    root = steps.forward(2, "", model=1)
     for step in range(2, 7):
         disc = steps.forward(step, "0")
         steps.backward(step, "0", disc)
+        if step == 2:  # the rest of the generator gets its gradient in step 2
+            steps.backward(2, "", root, model=1)
         steps.events.append(schema.Step(step))
     steps.backward(6, "0", late, model=1)  # four steps late
     log = write_log(tmp_path / "gan.jsonl", steps.events, models=("disc", "gen"))

@@ -118,3 +118,17 @@ def test_gan_is_silent(tmp_path: Path) -> None:
     found = json.loads(result.stdout)["findings"]
     assert [f for f in found if f["severity"] != "note"] == []
     assert result.returncode == 0
+
+
+def test_stale_optimizer_sample(tmp_path: Path) -> None:
+    """The optimizer holds the parameters of a model built before the one the loop trains:
+    one warning naming the model, with every module that gets gradients and never trains."""
+    log = tmp_path / "stale.jsonl"
+    run = hooktrace_cmd("run", "-o", log, SAMPLES / "stale_optimizer.py")
+    assert run.returncode == 0, run.stderr
+    result = hooktrace_cmd("check", "--json", log)
+    found = json.loads(result.stdout)["findings"]
+    assert [(f["kind"], f["severity"], f["model"], f["module"]) for f in found] == [
+        ("not-optimized", "warning", "model", "")]
+    assert found[0]["evidence"]["modules"] == ["features.0", "features.2", "head"]
+    assert result.returncode == 1
