@@ -53,6 +53,8 @@ class StepRecords:
     params: dict[str, dict[str, float | None]] = field(default_factory=dict)  # model -> fqn
     anomalies: list[tuple[str, str, str, int]] = field(default_factory=list)  # kind, model,
     # fqn, call of each anomaly record (watched steps)
+    cut_off: bool = False  # the log's last step, not closed: the run was cut off during it
+    careful: bool = False  # holds an event that is not plain (NaN/Inf, no_grad, recompute...)
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class Walk:
         self.models: dict[int, str] = {}
         self.modules: dict[str, dict[str, ModuleInfo]] = {}
         self._names: dict[int, tuple[str, str]] = {}  # module id -> (model name, fqn)
+        self._closed = -1  # the last step a step record closed
 
     def steps(self) -> Iterator[StepRecords]:
         """The log's steps in file order: each run of consecutive records of one step (events,
@@ -101,12 +104,15 @@ class Walk:
             else:
                 self._declare(item)
         if current.step >= 0:
+            # no end record and no step record after its events: the run stopped inside it
+            current.cut_off = decoder.end is None and self._closed < current.step
             yield current
 
     def _add(self, current: StepRecords, item: schema.ForwardEvent | schema.BackwardEvent
              | schema.ParamGrads | schema.Anomaly) -> None:
         if isinstance(item, (schema.ForwardEvent, schema.BackwardEvent)):
             current.events.append(self._record(item))
+            current.careful = True
         elif isinstance(item, schema.ParamGrads):
             current.params[self._model(item.model)] = item.grad_norm
         else:
@@ -116,7 +122,9 @@ class Walk:
         return self.models.get(index, str(index))
 
     def _declare(self, record: schema.Record | None) -> None:
-        if isinstance(record, schema.Model):
+        if isinstance(record, schema.Step):
+            self._closed = record.step
+        elif isinstance(record, schema.Model):
             self.models[record.model] = record.name
         elif isinstance(record, schema.Module):
             known = self.modules.setdefault(self._model(record.model), {})

@@ -236,17 +236,23 @@ def diff(a: str | os.PathLike[str], b: str | os.PathLike[str], step: int | None 
     compare = _Comparison(report, numbers=all(stats))
     walks = (Walk(readers[0]), Walk(readers[1]))
     only: dict[str, list[int]] = {"A": [], "B": []}
+    cut: dict[str, int] = {}  # run -> the step it was cut off in
     known: dict[tuple[str, int, int], dict[str, str]] = {}
     for number, (in_a, in_b) in lockstep(walks, keep=lambda s: step is None or s.step == step):
+        for run, records in zip("AB", (in_a, in_b), strict=True):
+            if records is not None and records.cut_off:
+                cut[run] = number
         if in_a is None or in_b is None:
             only["A" if in_b is None else "B"].append(number)
+            continue
+        if in_a.cut_off or in_b.cut_off:  # an unfinished step: what it lacks is no difference
             continue
         _select(in_a, model)
         _select(in_b, model)
         _rename(in_b, walks, report, known)
         compare.step(number, in_a, in_b)
-    _check_found(report, walks, step, model, only)
-    _not_compared(report, only, stats, readers)
+    _check_found(report, walks, step, model, only, cut)
+    _not_compared(report, only, cut, stats, readers)
     report.growth = compare.growth.profile()
     report.warnings = [w for r in readers for w in r.warnings]
     return report
@@ -288,7 +294,7 @@ def _implied(entry: tuple[str, str, str], known: list[tuple[str, str, str]]) -> 
 
 
 def _check_found(report: DiffReport, walks: tuple[Walk, Walk], step: int | None,
-                 model: str | None, only: dict[str, list[int]]) -> None:
+                 model: str | None, only: dict[str, list[int]], cut: dict[str, int]) -> None:
     if model is not None and not any(model in w.modules for w in walks):
         have = sorted({m for w in walks for m in w.modules})
         raise HooktraceError(f"no model {model!r} in {report.a} or {report.b}; their models: "
@@ -296,18 +302,28 @@ def _check_found(report: DiffReport, walks: tuple[Walk, Walk], step: int | None,
     if report.steps:
         return
     if step is not None:
-        raise HooktraceError(f"step {step} is not in both logs")
+        runs = " and ".join(run for run, at in cut.items() if at == step)
+        raise HooktraceError(f"step {step} was cut off in {runs}" if runs
+                             else f"step {step} is not in both logs")
     raise HooktraceError(f"{report.a} and {report.b} have no step in common (A: steps "
                          f"{ranges(only['A']) or 'none'}; B: {ranges(only['B']) or 'none'})")
 
 
-def _not_compared(report: DiffReport, only: dict[str, list[int]], stats: list[bool],
-                  readers: tuple[LogReader, LogReader]) -> None:
+def _not_compared(report: DiffReport, only: dict[str, list[int]], cut: dict[str, int],
+                  stats: list[bool], readers: tuple[LogReader, LogReader]) -> None:
+    for at in sorted(set(cut.values())):
+        runs = " and ".join(run for run in "AB" if cut.get(run) == at)
+        report.not_compared.append(f"step {at}: cut off in {runs} (the run did not finish it)")
     for run, steps in only.items():
-        if steps:
-            recorded = readers[0 if run == "A" else 1].header.options.get("steps", "?")
-            report.not_compared.append(f"steps {ranges(steps)}: only in {run} "
-                                       f"(recorded with --steps {recorded})")
+        if not steps:
+            continue
+        other = "B" if run == "A" else "A"  # the run that lacks the steps: why it does
+        if other in cut and cut[other] < steps[0]:
+            why = f"{other} was cut off in step {cut[other]}"
+        else:
+            recorded = readers[0 if other == "A" else 1].header.options.get("steps", "?")
+            why = f"{other} recorded with --steps {recorded}"
+        report.not_compared.append(f"steps {ranges(steps)}: only in {run} ({why})")
     missing = [run for run, has in zip("AB", stats, strict=True) if not has]
     if missing:
         report.not_compared.append(

@@ -167,11 +167,44 @@ hooktrace diff a.jsonl nostats.jsonl: 3 steps compared (0-2)
 4. parameter-gradient norms: not compared
 
 not compared:
-   steps 3-4: only in A (recorded with --steps 0:10)
+   steps 3-4: only in A (B recorded with --steps 0:3)
    numbers and parameter gradients: B recorded with --no-stats
 
 The runs agree.
 """)
+
+
+def test_a_run_cut_off_is_compared_up_to_the_step_it_did_not_finish(logs: Path) -> None:
+    whole = (logs / "a.jsonl").read_bytes()
+    lines = whole.splitlines(keepends=True)
+    step_2 = next(i for i, line in enumerate(lines) if b'"step":2' in line)
+    # killed while writing the fourth event of step 2: a partial last line, no end record
+    (logs / "cut.jsonl").write_bytes(b"".join(lines[:step_2 + 3]) + lines[step_2 + 3][:20])
+    assert diff(logs, "a.jsonl", "cut.jsonl") == (0, f"""\
+hooktrace diff a.jsonl cut.jsonl: 2 steps compared (0-1)
+warning: cut.jsonl ends with a partial line {step_2 + 4} (the run was cut off); read up to the \
+line before it
+warning: cut.jsonl has no end record: the run did not finish
+
+1. what ran: the same
+2. shapes and dtypes: the same (in the calls both runs made)
+{AGREE_34}
+
+not compared:
+   step 2: cut off in B (the run did not finish it)
+   steps 3-4: only in A (B was cut off in step 2)
+
+The runs agree.
+""")
+    # killed between steps: the last step was closed by its step record, so it is compared
+    (logs / "no-end.jsonl").write_bytes(b"".join(lines[:-1]))
+    status, report = diff(logs, "no-end.jsonl", "a.jsonl")
+    assert (status, report.splitlines()[:2]) == (0, [
+        "hooktrace diff no-end.jsonl a.jsonl: 5 steps compared (0-4)",
+        "warning: no-end.jsonl has no end record: the run did not finish"])
+    result = hooktrace_cmd("diff", "cut.jsonl", "a.jsonl", "--step", "2", cwd=logs)
+    assert (result.returncode, result.stderr) == (
+        2, "hooktrace: error: step 2 was cut off in A\n")
 
 
 def test_bad_input_is_one_line_and_exit_2(logs: Path) -> None:
