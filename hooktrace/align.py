@@ -9,7 +9,7 @@ only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -185,17 +185,51 @@ def lockstep(walks: Sequence[Walk], keep: Callable[[StepRecords], bool] = lambda
                  for stream, mine, head in zip(streams, here, heads, strict=True)]
 
 
-def first_mismatch(sequences: Sequence[Sequence[Hashable]]) -> int | None:
-    """The first position where some sequence differs from the first one (a shorter one
-    differs past its end); None when they are all equal."""
-    base = sequences[0]
-    if all(s == base for s in sequences[1:]):
+def signature(e: Event) -> tuple[Any, ...]:
+    """What two runs, or two ranks, must agree on for one call: which call it is (model, phase,
+    fqn, call index), its shapes and its dtypes (for a backward: grad_input's and grad_output's
+    shapes)."""
+    return e[:8]
+
+
+@dataclass(frozen=True)
+class Parting:
+    """Where the events of one step first part ways between two logs A and B."""
+
+    ran: int | None  # the first position whose call differs (a shorter step differs past its end)
+    shapes: tuple[int, Event, Event] | None  # the first call both made, in A's order, whose
+    # shapes or dtypes differ: its position in A, A's event, B's
+
+    @property
+    def position(self) -> int:
+        """The first position where the logs differ in any way."""
+        found = [i for i in (self.ran, self.shapes[0] if self.shapes else None) if i is not None]
+        return min(found)
+
+    @property
+    def kind(self) -> str:
+        """ran | shapes | dtypes: what differs first."""
+        if self.shapes is None or (self.ran is not None and self.ran < self.shapes[0]):
+            return "ran"
+        a, b = self.shapes[1:]
+        return "shapes" if (a.ins, a.outs) != (b.ins, b.outs) else "dtypes"
+
+
+def parting(a: Sequence[Event], b: Sequence[Event]) -> Parting | None:
+    """Where the events ``a`` and ``b`` of one step first part ways; None when they agree in
+    what ran, shapes and dtypes (their numbers are not looked at)."""
+    if [e[:8] for e in a] == [e[:8] for e in b]:
         return None
-    for i in range(max(len(s) for s in sequences)):
-        first = base[i] if i < len(base) else None
-        if any((s[i] if i < len(s) else None) != first for s in sequences[1:]):
-            return i
-    return None
+    ran = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x[:4] != y[:4]),
+               None if len(a) == len(b) else min(len(a), len(b)))
+    if ran is None:  # the same calls in the same order
+        pairs: Iterator[tuple[int, Event, Event | None]] = (
+            (i, x, y) for i, (x, y) in enumerate(zip(a, b, strict=True)))
+    else:
+        by_key = {e[:4]: e for e in b}
+        pairs = ((i, x, by_key.get(x[:4])) for i, x in enumerate(a))
+    shapes = next(((i, x, y) for i, x, y in pairs if y is not None and x[4:8] != y[4:8]), None)
+    return Parting(ran, shapes)
 
 
 def renames(a: dict[str, ModuleInfo], b: dict[str, ModuleInfo]) -> dict[str, str]:

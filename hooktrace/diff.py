@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hooktrace.align import Event, Key, StepRecords, Walk, first_mismatch, lockstep, renames
+from hooktrace.align import Event, Key, StepRecords, Walk, lockstep, parting, renames
 from hooktrace.diffnumbers import Growth, Numbers, Tolerance, param_differences
 from hooktrace.errors import HooktraceError
 from hooktrace.logio import LogReader
@@ -94,8 +94,12 @@ class _Comparison:
         if a.events == b.events and a.params == b.params and a.anomalies == b.anomalies:
             self.growth.agree(step)
             return
-        if self.report.ran is None:
-            self._what_ran(step, a.events, b.events)
+        if self.report.ran is None or self.report.shapes is None:
+            found = parting(a.events, b.events)
+            if found is not None and found.ran is not None and self.report.ran is None:
+                self._what_ran(step, a.events, b.events, found.ran)
+            if found is not None and found.shapes is not None and self.report.shapes is None:
+                self.report.shapes = _shapes(step, *found.shapes)
         by_key = {e.key: e for e in b.events}
         for position, event in enumerate(a.events):
             other = by_key.get(event.key)
@@ -106,10 +110,7 @@ class _Comparison:
             self._params(step, a.params, b.params)
         self.growth.step_done(step)
 
-    def _what_ran(self, step: int, a: list[Event], b: list[Event]) -> None:
-        i = first_mismatch([[e.key for e in a], [e.key for e in b]])
-        if i is None:
-            return
+    def _what_ran(self, step: int, a: list[Event], b: list[Event], i: int) -> None:
         here_a, here_b = (a[i] if i < len(a) else None), (b[i] if i < len(b) else None)
         keys_a, keys_b = {e.key for e in a}, {e.key for e in b}
         if here_b is not None and here_b.key not in keys_a:
@@ -125,8 +126,6 @@ class _Comparison:
                                      named.call, what, _context(a, i), _context(b, i), i)
 
     def _pair(self, step: int, position: int, a: Event, b: Event) -> None:
-        if self.report.shapes is None:
-            self.report.shapes = _shapes(step, a, b)
         if self.numbers is None:
             return
         found = self.numbers.compare(a, b)
@@ -194,18 +193,17 @@ def _context(events: list[Event], i: int) -> str:
             if shown else "")
 
 
-def _shapes(step: int, a: Event, b: Event) -> Difference | None:
+def _shapes(step: int, position: int, a: Event, b: Event) -> Difference:
+    """The first call both runs made whose shapes or dtypes differ (``align.parting``)."""
     if a.ins != b.ins or a.outs != b.outs:
         kind, value_a, value_b = "shapes", f"{a.ins} -> {a.outs}", f"{b.ins} -> {b.outs}"
-    elif a.in_dtypes != b.in_dtypes or a.out_dtypes != b.out_dtypes:
+    else:
         kind = "dtypes"
         value_a = f"{_dtypes(a.in_dtypes)} -> {_dtypes(a.out_dtypes)}"
         value_b = f"{_dtypes(b.in_dtypes)} -> {_dtypes(b.out_dtypes)}"
-    else:
-        return None
     what = "grad_input/grad_output" if a.phase == "backward" else "input/output"
     return Difference(kind, step, a.model, a.name, a.phase, a.call,
-                      f"{a.describe()}: the {what} {kind} differ", value_a, value_b)
+                      f"{a.describe()}: the {what} {kind} differ", value_a, value_b, position)
 
 
 def _dtypes(dtypes: Sequence[str]) -> str:

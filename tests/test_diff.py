@@ -224,6 +224,35 @@ def test_bad_input_is_one_line_and_exit_2(logs: Path) -> None:
         assert result.stderr.splitlines() == [f"hooktrace: error: {message}"]
 
 
+def _as_rank(log: Path, rank: int, to: Path) -> None:
+    """``log`` relabelled as rank ``rank`` of a 2-process run of the plain script."""
+    header, rest = log.read_text().split("\n", 1)
+    d = json.loads(header)
+    d.update(rank=rank, world_size=2, argv=["diff_train.py"])
+    to.write_text(json.dumps(d) + "\n" + rest)
+
+
+@pytest.mark.parametrize(("run", "kind", "module", "position"), [
+    ("extra", "ran", "extra", 3), ("batch", "shapes", "fc1", 0), ("bf16", "dtypes", "fc1", 0)])
+def test_check_on_ranks_and_diff_part_the_logs_at_the_same_call(
+        logs: Path, run: str, kind: str, module: str, position: int) -> None:
+    """One engine: ``check``'s rank divergence is the first of diff's sections 1 and 2."""
+    _as_rank(logs / "a.jsonl", 0, logs / f"{run}-ranks.rank0.jsonl")
+    _as_rank(logs / f"{run}.jsonl", 1, logs / f"{run}-ranks.rank1.jsonl")
+    pair = (f"{run}-ranks.rank0.jsonl", f"{run}-ranks.rank1.jsonl")
+    checked = hooktrace_cmd("check", "--json", *pair, cwd=logs)
+    assert checked.returncode == 1, checked.stderr
+    rank = next(f for f in json.loads(checked.stdout)["findings"]
+                if f["kind"] == "rank-divergence")
+    found = json.loads(hooktrace_cmd("diff", "--json", *pair, cwd=logs).stdout)
+    first = found["ran" if kind == "ran" else "shapes"]
+    assert (first["kind"], first["step"], first["module"], first["position"]) == (
+        kind, rank["step"], rank["module"], rank["evidence"]["position"]) == (
+        kind, 0, module, position)
+    assert rank["message"].startswith(f"the ranks ran different "
+                                      f"{'modules' if kind == 'ran' else kind} at step 0")
+
+
 @pytest.mark.slow
 def test_two_ranks_give_the_answer_check_gives(tmp_path: Path) -> None:
     run = _torchrun(tmp_path, 2, "--diverge", "1")
