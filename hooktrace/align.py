@@ -9,6 +9,7 @@ only.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -54,7 +55,7 @@ class StepRecords:
     anomalies: list[tuple[str, str, str, int]] = field(default_factory=list)  # kind, model,
     # fqn, call of each anomaly record (watched steps)
     cut_off: bool = False  # the log's last step, not closed: the run was cut off during it
-    careful: bool = False  # holds an event that is not plain (NaN/Inf, no_grad, recompute...)
+    nonfinite: bool = False  # some event's output or gradient statistics hold NaN/Inf
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ class Walk:
              | schema.ParamGrads | schema.Anomaly) -> None:
         if isinstance(item, (schema.ForwardEvent, schema.BackwardEvent)):
             current.events.append(self._record(item))
-            current.careful = True
+            current.nonfinite = current.nonfinite or _nonfinite(item)
         elif isinstance(item, schema.ParamGrads):
             current.params[self._model(item.model)] = item.grad_norm
         else:
@@ -169,6 +170,14 @@ class Walk:
                          r.input_dtypes, r.output_dtypes, None, None, r.output_nonfinite)
         return Event(model, "backward", r.name, r.call, r.grad_input_shapes,
                      r.grad_output_shapes, (), (), r.grad_input_stats, r.grad_output_stats, None)
+
+
+def _nonfinite(r: schema.ForwardEvent | schema.BackwardEvent) -> bool:
+    """NaN/Inf in an event (plain events have none: the reader yields them as records)."""
+    if isinstance(r, schema.ForwardEvent):
+        return bool(r.output_nonfinite)
+    return any(s is not None and (len(s) != 2 or not math.isfinite(s[0]))
+               for s in (*(r.grad_input_stats or ()), *(r.grad_output_stats or ())))
 
 
 def lockstep(walks: Sequence[Walk], keep: Callable[[StepRecords], bool] = lambda s: True

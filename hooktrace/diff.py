@@ -9,7 +9,7 @@ is matched under its old name and reported once. Standard library only.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -100,15 +100,18 @@ class _Comparison:
                 self._what_ran(step, a.events, b.events, found.ran)
             if found is not None and found.shapes is not None and self.report.shapes is None:
                 self.report.shapes = _shapes(step, *found.shapes)
-        by_key = {e.key: e for e in b.events}
-        for position, event in enumerate(a.events):
-            other = by_key.get(event.key)
-            if other is not None and other != event:
-                self._pair(step, position, event, other)
-        if self.numbers is not None:
-            self._anomalies(step, a, b)
-            self._params(step, a.params, b.params)
-        self.growth.step_done(step)
+        if self.numbers is None:
+            return
+        self._anomalies(step, a, b)
+        self._params(step, a.params, b.params)
+        if self.growth.wants(step) or (self.report.nonfinite is None
+                                       and (a.nonfinite or b.nonfinite)):
+            for event, other in _pairs(a.events, b.events):
+                self._pair(step, event, other)
+            self.growth.step_done(step)
+        else:  # the report's sections are decided: only the growth profile may want this step
+            numbers, pairs = self.numbers, (a.events, b.events)
+            self.growth.defer(step, lambda: numbers.largest(_pairs(*pairs)))
 
     def _what_ran(self, step: int, a: list[Event], b: list[Event], i: int) -> None:
         here_a, here_b = (a[i] if i < len(a) else None), (b[i] if i < len(b) else None)
@@ -125,9 +128,8 @@ class _Comparison:
         self.report.ran = Difference("ran", step, named.model, named.name, named.phase,
                                      named.call, what, _context(a, i), _context(b, i), i)
 
-    def _pair(self, step: int, position: int, a: Event, b: Event) -> None:
-        if self.numbers is None:
-            return
+    def _pair(self, step: int, a: Event, b: Event) -> None:
+        assert self.numbers is not None
         found = self.numbers.compare(a, b)
         if found is None:
             return
@@ -168,6 +170,15 @@ class _Comparison:
                     self.report.params.append(ParamDifference(step, model, len(differ),
                                                               differ[:3]))
         self.report.param_steps += found
+
+
+def _pairs(a: list[Event], b: list[Event]) -> Iterator[tuple[Event, Event]]:
+    """The calls both runs made whose events differ, in A's order: (A's event, B's)."""
+    by_key = {e[:4]: e for e in b}
+    for event in a:
+        other = by_key.get(event[:4])
+        if other is not None and other != event:
+            yield event, other
 
 
 def _only(event: Event, run: str, other_keys: set[Key]) -> str:
