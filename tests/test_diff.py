@@ -21,6 +21,7 @@ SCRIPT = ROOT / "tests" / "scripts" / "diff_train.py"
 RUNS = {
     "a": (), "a2": (), "lr": ("--lr", "0.2"), "extra": ("--extra",), "batch": ("--batch", "6"),
     "nan": ("--nan-step", "3"), "bf16": ("--bf16",), "rename": ("--rename",),
+    "swap": ("--swap",), "twice": ("--twice",),
 }
 AGREE_34 = """\
 3. numbers (rtol #, atol 0): agree
@@ -75,6 +76,42 @@ hooktrace diff a.jsonl extra.jsonl: 5 steps compared (0-4)
    B: forward act #0 · forward poison #0 · [forward extra #0] · forward fc2 #0 · forward (root) #0 · ...
 2. shapes and dtypes: the same (in the calls both runs made)"""  # noqa: E501
     assert report.endswith("The runs differ: what ran, numbers, parameter gradients.\n")
+
+
+def test_another_order_names_both_calls(logs: Path) -> None:
+    status, report = diff(logs, "a.jsonl", "swap.jsonl")
+    assert status == 1
+    assert head(report, 1).split("\n\n")[1] == """\
+1. what ran: differs
+   step 0 · model 'model' · fc1 · position 0 in the step
+   another order: A ran forward of fc1 call 0 where B ran forward of act call 0
+   A: [forward fc1 #0] · forward act #0 · forward poison #0 · ...
+   B: [forward act #0] · forward fc1 #0 · forward poison #0 · ..."""
+
+
+def test_more_calls_in_b_says_how_many_a_made(logs: Path) -> None:
+    status, report = diff(logs, "a.jsonl", "twice.jsonl")
+    assert status == 1
+    assert head(report, 2).split("\n\n")[1] == """\
+1. what ran: differs
+   step 0 · model 'model' · act · position 2 in the step
+   act has more forward calls in B than in A (A: 1): forward of act call 1 ran in B only
+   A: forward fc1 #0 · forward act #0 · [forward poison #0] · forward fc2 #0 · forward (root) #0 · ...
+   B: forward fc1 #0 · forward act #0 · [forward act #1] · forward poison #0 · forward fc2 #0 · ...
+2. shapes and dtypes: the same (in the calls both runs made)"""  # noqa: E501
+
+
+def test_tolerances_decide_whether_numbers_agree(logs: Path) -> None:
+    assert diff(logs, "a.jsonl", "lr.jsonl")[0] == 1
+    # gradient norms are never negative: a relative difference is at most 1
+    for option, value in [("--rtol", "1"), ("--atol", "100")]:
+        status, report = diff(logs, "a.jsonl", "lr.jsonl", option, value)
+        rtol, atol = ("1", "0") if option == "--rtol" else ("#", "100")
+        assert (status, report.split("\n\n")[1:]) == (0, [f"""\
+1. what ran: the same
+2. shapes and dtypes: the same (in the calls both runs made)
+3. numbers (rtol {rtol}, atol {atol}): agree
+4. parameter-gradient norms: agree""", "The runs agree.\n"])
 
 
 def test_other_batch_size_names_the_first_call_with_other_shapes(logs: Path) -> None:
@@ -211,7 +248,16 @@ def test_bad_input_is_one_line_and_exit_2(logs: Path) -> None:
     old = logs / "old.jsonl"
     lines = (logs / "a.jsonl").read_text().splitlines(keepends=True)
     old.write_text(lines[0].replace('"schema":2', '"schema":1') + "".join(lines[1:]))
+    (logs / "newer.jsonl").write_text(lines[0].replace('"schema":2', '"schema":3')
+                                      + "".join(lines[1:]))
+    (logs / "empty.jsonl").write_text("")
+    (logs / "notes.txt").write_text("step 1: loss 0.25\n")
     for args, message in [
+        (("a.jsonl", "newer.jsonl"), "newer.jsonl has log schema 3, newer than this hooktrace "
+                                     "reads (2): upgrade hooktrace"),
+        (("empty.jsonl", "a.jsonl"), "empty.jsonl is empty, not a hooktrace log"),
+        (("a.jsonl", "notes.txt"), "notes.txt is not a hooktrace log (its first line is not a "
+                                   "header)"),
         (("a.jsonl", "old.jsonl"), "old.jsonl has log schema 1, written by an older hooktrace "
                                    "(0.2.0); this one reads schema 2: trace the run again"),
         (("a.jsonl", "a2.jsonl", "--model", "gen"),
