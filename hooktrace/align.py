@@ -9,7 +9,8 @@ only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator, Sequence
+import math
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -53,6 +54,8 @@ class StepRecords:
     params: dict[str, dict[str, float | None]] = field(default_factory=dict)  # model -> fqn
     anomalies: list[tuple[str, str, str, int]] = field(default_factory=list)  # kind, model,
     # fqn, call of each anomaly record (watched steps)
+    cut_off: bool = False  # the log's last step, not closed: the run was cut off during it
+    nonfinite: bool = False  # some event's output or gradient statistics hold NaN/Inf
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class Walk:
         self.models: dict[int, str] = {}
         self.modules: dict[str, dict[str, ModuleInfo]] = {}
         self._names: dict[int, tuple[str, str]] = {}  # module id -> (model name, fqn)
+        self._closed = -1  # the last step a step record closed
 
     def steps(self) -> Iterator[StepRecords]:
         """The log's steps in file order: each run of consecutive records of one step (events,
@@ -101,12 +105,15 @@ class Walk:
             else:
                 self._declare(item)
         if current.step >= 0:
+            # no end record and no step record after its events: the run stopped inside it
+            current.cut_off = decoder.end is None and self._closed < current.step
             yield current
 
     def _add(self, current: StepRecords, item: schema.ForwardEvent | schema.BackwardEvent
              | schema.ParamGrads | schema.Anomaly) -> None:
         if isinstance(item, (schema.ForwardEvent, schema.BackwardEvent)):
             current.events.append(self._record(item))
+            current.nonfinite = current.nonfinite or _nonfinite(item)
         elif isinstance(item, schema.ParamGrads):
             current.params[self._model(item.model)] = item.grad_norm
         else:
@@ -116,7 +123,9 @@ class Walk:
         return self.models.get(index, str(index))
 
     def _declare(self, record: schema.Record | None) -> None:
-        if isinstance(record, schema.Model):
+        if isinstance(record, schema.Step):
+            self._closed = record.step
+        elif isinstance(record, schema.Model):
             self.models[record.model] = record.name
         elif isinstance(record, schema.Module):
             known = self.modules.setdefault(self._model(record.model), {})
@@ -163,6 +172,14 @@ class Walk:
                      r.grad_output_shapes, (), (), r.grad_input_stats, r.grad_output_stats, None)
 
 
+def _nonfinite(r: schema.ForwardEvent | schema.BackwardEvent) -> bool:
+    """NaN/Inf in an event (plain events have none: the reader yields them as records)."""
+    if isinstance(r, schema.ForwardEvent):
+        return bool(r.output_nonfinite)
+    return any(s is not None and (len(s) != 2 or not math.isfinite(s[0]))
+               for s in (*(r.grad_input_stats or ()), *(r.grad_output_stats or ())))
+
+
 def lockstep(walks: Sequence[Walk], keep: Callable[[StepRecords], bool] = lambda s: True
              ) -> Iterator[tuple[int, list[StepRecords | None]]]:
     """(step, each log's records of it, None where a log has no such step), steps ascending;
@@ -177,17 +194,51 @@ def lockstep(walks: Sequence[Walk], keep: Callable[[StepRecords], bool] = lambda
                  for stream, mine, head in zip(streams, here, heads, strict=True)]
 
 
-def first_mismatch(sequences: Sequence[Sequence[Hashable]]) -> int | None:
-    """The first position where some sequence differs from the first one (a shorter one
-    differs past its end); None when they are all equal."""
-    base = sequences[0]
-    if all(s == base for s in sequences[1:]):
+def signature(e: Event) -> tuple[Any, ...]:
+    """What two runs, or two ranks, must agree on for one call: which call it is (model, phase,
+    fqn, call index), its shapes and its dtypes (for a backward: grad_input's and grad_output's
+    shapes)."""
+    return e[:8]
+
+
+@dataclass(frozen=True)
+class Parting:
+    """Where the events of one step first part ways between two logs A and B."""
+
+    ran: int | None  # the first position whose call differs (a shorter step differs past its end)
+    shapes: tuple[int, Event, Event] | None  # the first call both made, in A's order, whose
+    # shapes or dtypes differ: its position in A, A's event, B's
+
+    @property
+    def position(self) -> int:
+        """The first position where the logs differ in any way."""
+        found = [i for i in (self.ran, self.shapes[0] if self.shapes else None) if i is not None]
+        return min(found)
+
+    @property
+    def kind(self) -> str:
+        """ran | shapes | dtypes: what differs first."""
+        if self.shapes is None or (self.ran is not None and self.ran < self.shapes[0]):
+            return "ran"
+        a, b = self.shapes[1:]
+        return "shapes" if (a.ins, a.outs) != (b.ins, b.outs) else "dtypes"
+
+
+def parting(a: Sequence[Event], b: Sequence[Event]) -> Parting | None:
+    """Where the events ``a`` and ``b`` of one step first part ways; None when they agree in
+    what ran, shapes and dtypes (their numbers are not looked at)."""
+    if [e[:8] for e in a] == [e[:8] for e in b]:
         return None
-    for i in range(max(len(s) for s in sequences)):
-        first = base[i] if i < len(base) else None
-        if any((s[i] if i < len(s) else None) != first for s in sequences[1:]):
-            return i
-    return None
+    ran = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x[:4] != y[:4]),
+               None if len(a) == len(b) else min(len(a), len(b)))
+    if ran is None:  # the same calls in the same order
+        pairs: Iterator[tuple[int, Event, Event | None]] = (
+            (i, x, y) for i, (x, y) in enumerate(zip(a, b, strict=True)))
+    else:
+        by_key = {e[:4]: e for e in b}
+        pairs = ((i, x, by_key.get(x[:4])) for i, x in enumerate(a))
+    shapes = next(((i, x, y) for i, x, y in pairs if y is not None and x[4:8] != y[4:8]), None)
+    return Parting(ran, shapes)
 
 
 def renames(a: dict[str, ModuleInfo], b: dict[str, ModuleInfo]) -> dict[str, str]:

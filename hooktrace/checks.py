@@ -431,6 +431,9 @@ def run_checks(path: str | os.PathLike[str], step: int | None = None,
     return Report(findings, c.warnings, steps, events, captured)
 
 
+_PARTED = {"ran": "modules", "shapes": "shapes", "dtypes": "dtypes", "steps": "steps"}
+
+
 def check_ranks(readers: Sequence[LogReader]) -> list[Finding]:
     """The first step and module where the ranks' execution diverges."""
     found = first_divergence(readers)
@@ -440,7 +443,7 @@ def check_ranks(readers: Sequence[LogReader]) -> list[Finding]:
     where = f", from {found.module or '(root)'}" if found.model else ""
     return [Finding(
         "rank-divergence", ERROR, found.model, found.module, found.step,
-        f"the ranks ran different modules or shapes at step {found.step}{where} ({what})",
+        f"the ranks ran different {_PARTED[found.kind]} at step {found.step}{where} ({what})",
         {"position": found.position, "ranks": {str(r): d for r, d in found.ranks.items()}},
         "DDP hangs, or fails with 'unused parameters', when ranks run different modules: look "
         "for branches on data (a loss value, a batch's content) and uneven last batches",

@@ -9,11 +9,11 @@ is matched under its old name and reported once. Standard library only.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hooktrace.align import Event, Key, StepRecords, Walk, first_mismatch, lockstep, renames
+from hooktrace.align import Event, Key, StepRecords, Walk, lockstep, parting, renames
 from hooktrace.diffnumbers import Growth, Numbers, Tolerance, param_differences
 from hooktrace.errors import HooktraceError
 from hooktrace.logio import LogReader
@@ -94,22 +94,26 @@ class _Comparison:
         if a.events == b.events and a.params == b.params and a.anomalies == b.anomalies:
             self.growth.agree(step)
             return
-        if self.report.ran is None:
-            self._what_ran(step, a.events, b.events)
-        by_key = {e.key: e for e in b.events}
-        for position, event in enumerate(a.events):
-            other = by_key.get(event.key)
-            if other is not None and other != event:
-                self._pair(step, position, event, other)
-        if self.numbers is not None:
-            self._anomalies(step, a, b)
-            self._params(step, a.params, b.params)
-        self.growth.step_done(step)
-
-    def _what_ran(self, step: int, a: list[Event], b: list[Event]) -> None:
-        i = first_mismatch([[e.key for e in a], [e.key for e in b]])
-        if i is None:
+        if self.report.ran is None or self.report.shapes is None:
+            found = parting(a.events, b.events)
+            if found is not None and found.ran is not None and self.report.ran is None:
+                self._what_ran(step, a.events, b.events, found.ran)
+            if found is not None and found.shapes is not None and self.report.shapes is None:
+                self.report.shapes = _shapes(step, *found.shapes)
+        if self.numbers is None:
             return
+        self._anomalies(step, a, b)
+        self._params(step, a.params, b.params)
+        if self.growth.wants(step) or (self.report.nonfinite is None
+                                       and (a.nonfinite or b.nonfinite)):
+            for event, other in _pairs(a.events, b.events):
+                self._pair(step, event, other)
+            self.growth.step_done(step)
+        else:  # the report's sections are decided: only the growth profile may want this step
+            numbers, pairs = self.numbers, (a.events, b.events)
+            self.growth.defer(step, lambda: numbers.largest(_pairs(*pairs)))
+
+    def _what_ran(self, step: int, a: list[Event], b: list[Event], i: int) -> None:
         here_a, here_b = (a[i] if i < len(a) else None), (b[i] if i < len(b) else None)
         keys_a, keys_b = {e.key for e in a}, {e.key for e in b}
         if here_b is not None and here_b.key not in keys_a:
@@ -124,11 +128,8 @@ class _Comparison:
         self.report.ran = Difference("ran", step, named.model, named.name, named.phase,
                                      named.call, what, _context(a, i), _context(b, i), i)
 
-    def _pair(self, step: int, position: int, a: Event, b: Event) -> None:
-        if self.report.shapes is None:
-            self.report.shapes = _shapes(step, a, b)
-        if self.numbers is None:
-            return
+    def _pair(self, step: int, a: Event, b: Event) -> None:
+        assert self.numbers is not None
         found = self.numbers.compare(a, b)
         if found is None:
             return
@@ -171,6 +172,15 @@ class _Comparison:
         self.report.param_steps += found
 
 
+def _pairs(a: list[Event], b: list[Event]) -> Iterator[tuple[Event, Event]]:
+    """The calls both runs made whose events differ, in A's order: (A's event, B's)."""
+    by_key = {e[:4]: e for e in b}
+    for event in a:
+        other = by_key.get(event[:4])
+        if other is not None and other != event:
+            yield event, other
+
+
 def _only(event: Event, run: str, other_keys: set[Key]) -> str:
     """What ran in one run only: a call more, or a module the other run did not call."""
     calls = sum(1 for k in other_keys if k[:3] == event.key[:3])
@@ -194,18 +204,17 @@ def _context(events: list[Event], i: int) -> str:
             if shown else "")
 
 
-def _shapes(step: int, a: Event, b: Event) -> Difference | None:
+def _shapes(step: int, position: int, a: Event, b: Event) -> Difference:
+    """The first call both runs made whose shapes or dtypes differ (``align.parting``)."""
     if a.ins != b.ins or a.outs != b.outs:
         kind, value_a, value_b = "shapes", f"{a.ins} -> {a.outs}", f"{b.ins} -> {b.outs}"
-    elif a.in_dtypes != b.in_dtypes or a.out_dtypes != b.out_dtypes:
+    else:
         kind = "dtypes"
         value_a = f"{_dtypes(a.in_dtypes)} -> {_dtypes(a.out_dtypes)}"
         value_b = f"{_dtypes(b.in_dtypes)} -> {_dtypes(b.out_dtypes)}"
-    else:
-        return None
     what = "grad_input/grad_output" if a.phase == "backward" else "input/output"
     return Difference(kind, step, a.model, a.name, a.phase, a.call,
-                      f"{a.describe()}: the {what} {kind} differ", value_a, value_b)
+                      f"{a.describe()}: the {what} {kind} differ", value_a, value_b, position)
 
 
 def _dtypes(dtypes: Sequence[str]) -> str:
@@ -236,17 +245,23 @@ def diff(a: str | os.PathLike[str], b: str | os.PathLike[str], step: int | None 
     compare = _Comparison(report, numbers=all(stats))
     walks = (Walk(readers[0]), Walk(readers[1]))
     only: dict[str, list[int]] = {"A": [], "B": []}
+    cut: dict[str, int] = {}  # run -> the step it was cut off in
     known: dict[tuple[str, int, int], dict[str, str]] = {}
     for number, (in_a, in_b) in lockstep(walks, keep=lambda s: step is None or s.step == step):
+        for run, records in zip("AB", (in_a, in_b), strict=True):
+            if records is not None and records.cut_off:
+                cut[run] = number
         if in_a is None or in_b is None:
             only["A" if in_b is None else "B"].append(number)
+            continue
+        if in_a.cut_off or in_b.cut_off:  # an unfinished step: what it lacks is no difference
             continue
         _select(in_a, model)
         _select(in_b, model)
         _rename(in_b, walks, report, known)
         compare.step(number, in_a, in_b)
-    _check_found(report, walks, step, model, only)
-    _not_compared(report, only, stats, readers)
+    _check_found(report, walks, step, model, only, cut)
+    _not_compared(report, only, cut, stats, readers)
     report.growth = compare.growth.profile()
     report.warnings = [w for r in readers for w in r.warnings]
     return report
@@ -288,7 +303,7 @@ def _implied(entry: tuple[str, str, str], known: list[tuple[str, str, str]]) -> 
 
 
 def _check_found(report: DiffReport, walks: tuple[Walk, Walk], step: int | None,
-                 model: str | None, only: dict[str, list[int]]) -> None:
+                 model: str | None, only: dict[str, list[int]], cut: dict[str, int]) -> None:
     if model is not None and not any(model in w.modules for w in walks):
         have = sorted({m for w in walks for m in w.modules})
         raise HooktraceError(f"no model {model!r} in {report.a} or {report.b}; their models: "
@@ -296,18 +311,28 @@ def _check_found(report: DiffReport, walks: tuple[Walk, Walk], step: int | None,
     if report.steps:
         return
     if step is not None:
-        raise HooktraceError(f"step {step} is not in both logs")
+        runs = " and ".join(run for run, at in cut.items() if at == step)
+        raise HooktraceError(f"step {step} was cut off in {runs}" if runs
+                             else f"step {step} is not in both logs")
     raise HooktraceError(f"{report.a} and {report.b} have no step in common (A: steps "
                          f"{ranges(only['A']) or 'none'}; B: {ranges(only['B']) or 'none'})")
 
 
-def _not_compared(report: DiffReport, only: dict[str, list[int]], stats: list[bool],
-                  readers: tuple[LogReader, LogReader]) -> None:
+def _not_compared(report: DiffReport, only: dict[str, list[int]], cut: dict[str, int],
+                  stats: list[bool], readers: tuple[LogReader, LogReader]) -> None:
+    for at in sorted(set(cut.values())):
+        runs = " and ".join(run for run in "AB" if cut.get(run) == at)
+        report.not_compared.append(f"step {at}: cut off in {runs} (the run did not finish it)")
     for run, steps in only.items():
-        if steps:
-            recorded = readers[0 if run == "A" else 1].header.options.get("steps", "?")
-            report.not_compared.append(f"steps {ranges(steps)}: only in {run} "
-                                       f"(recorded with --steps {recorded})")
+        if not steps:
+            continue
+        other = "B" if run == "A" else "A"  # the run that lacks the steps: why it does
+        if other in cut and cut[other] < steps[0]:
+            why = f"{other} was cut off in step {cut[other]}"
+        else:
+            recorded = readers[0 if other == "A" else 1].header.options.get("steps", "?")
+            why = f"{other} recorded with --steps {recorded}"
+        report.not_compared.append(f"steps {ranges(steps)}: only in {run} ({why})")
     missing = [run for run, has in zip("AB", stats, strict=True) if not has]
     if missing:
         report.not_compared.append(

@@ -5,7 +5,7 @@ Standard library only."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -98,6 +98,16 @@ class Numbers:
                     worst = found
         return worst
 
+    def largest(self, pairs: Iterable[tuple[Event, Event]]) -> tuple[Event, float | None] | None:
+        """The call (A's event) whose numbers differ most among ``pairs``, and by how much;
+        the first one of NaN/Inf in one run only outranks all."""
+        worst: tuple[Event, float | None] | None = None
+        for a, b in pairs:
+            found = self.compare(a, b)
+            if found is not None and (worst is None or _size(found.relative) > _size(worst[1])):
+                worst = (a, found.relative)
+        return worst
+
     def _gradient(self, label: str, x: Sequence[float], y: Sequence[float]) -> Found | None:
         if len(x) == 2 and len(y) == 2:  # finite norms: the rule of Tolerance.close, inlined
             # (this runs for every gradient that differs at all)
@@ -137,25 +147,40 @@ def param_differences(a: dict[str, float | None], b: dict[str, float | None],
     return out
 
 
+def _entry(step: int, event: Event | None, rel: float | None) -> dict[str, Any]:
+    if event is None:  # every call agrees
+        return {"step": step, "module": None, "phase": None, "relative": 0.0}
+    return {"step": step, "module": event.name, "phase": event.phase, "relative": rel}
+
+
+Worst = Callable[[], tuple[Event, float | None] | None]  # a step's largest difference, if any
+
+
 @dataclass
 class Growth:
     """How a divergence grows: the differing calls of the step where it starts, then the
-    largest relative difference of each later step."""
+    largest relative difference of the first few later steps and of the last one."""
 
     first: list[dict[str, Any]] = field(default_factory=list)
     later: list[dict[str, Any]] = field(default_factory=list)
     _start: int | None = None
-    _worst: dict[str, Any] | None = None  # the current later step's largest difference
+    _worst: tuple[Event, float | None] | None = None  # the current later step's largest
+    _last: tuple[int, Worst] | None = None  # the latest step past those shown in ``later``
+
+    def wants(self, step: int) -> bool:
+        """Whether the calls of ``step`` are wanted one by one: until the divergence has
+        started, in its first step and in the later steps shown first. The others' largest
+        difference is worked out only for the last of them (``defer``)."""
+        return self._start is None or step == self._start or len(self.later) < _PROFILE_STEPS
 
     def add(self, step: int, event: Event, rel: float | None) -> None:
         """A call whose numbers differ (``rel`` None: NaN/Inf in one run only)."""
-        entry = {"step": step, "module": event.name, "phase": event.phase, "relative": rel}
         if self._start is None:
             self._start = step
         if step == self._start:
-            self.first.append(entry)
-        elif self._worst is None or _size(rel) > _size(self._worst["relative"]):
-            self._worst = entry
+            self.first.append(_entry(step, event, rel))
+        elif self._worst is None or _size(rel) > _size(self._worst[1]):
+            self._worst = (event, rel)
 
     def agree(self, step: int) -> None:
         self.step_done(step)
@@ -163,19 +188,26 @@ class Growth:
     def step_done(self, step: int) -> None:
         if self._start is None or step == self._start:
             return
-        entry = self._worst or {"step": step, "module": None, "phase": None, "relative": 0.0}
-        self._worst = None
-        if len(self.later) > _PROFILE_STEPS:  # keep the first few and the last
-            self.later[-1] = entry
+        worst, self._worst = self._worst, None
+        self.defer(step, lambda: worst)
+
+    def defer(self, step: int, worst: Worst) -> None:
+        """A later step, with the function that finds its largest difference."""
+        if len(self.later) < _PROFILE_STEPS:
+            self.later.append(_entry(step, *(worst() or (None, None))))
         else:
-            self.later.append(entry)
+            self._last = (step, worst)
 
     def profile(self) -> list[dict[str, Any]]:
         first = self.first
         if len(first) > _PROFILE_IN_STEP:
             stride = (len(first) - 1) / (_PROFILE_IN_STEP - 1)
             first = [first[round(i * stride)] for i in range(_PROFILE_IN_STEP)]
-        return [*first, *self.later]
+        last = []
+        if self._last is not None:
+            step, worst = self._last
+            last.append(_entry(step, *(worst() or (None, None))))
+        return [*first, *self.later, *last]
 
 
 def _size(rel: float | None) -> float:

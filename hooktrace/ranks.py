@@ -13,9 +13,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from hooktrace.align import Event, Walk, first_mismatch, lockstep
+from hooktrace.align import Event, Walk, lockstep, parting
 from hooktrace.errors import HooktraceError
 from hooktrace.logio import LogReader
 
@@ -71,22 +70,23 @@ class Divergence:
     model: str
     module: str
     ranks: dict[int, str]  # rank -> what it ran there ("nothing" past its last event)
+    kind: str = "ran"  # ran | shapes | dtypes | steps (a rank recorded fewer or other steps)
 
 
-def _signature(e: Event) -> tuple[Any, ...]:
-    """What must agree between ranks for one event."""
-    if e.phase == "forward":
-        return ("forward", e.model, e.name, e.call, str(e.ins), str(e.outs))
-    return ("backward", e.model, e.name, e.call, str(e.outs))
-
-
-def _describe(e: Event) -> str:
-    shapes = f"{e.ins} -> {e.outs}" if e.phase == "forward" else f"grad {e.outs}"
+def _describe(e: Event, kind: str) -> str:
+    if e.phase == "backward":
+        shapes = f"grad_output {e.outs} -> grad_input {e.ins}"
+    elif kind == "dtypes":
+        shapes = f"[{', '.join(e.in_dtypes)}] -> [{', '.join(e.out_dtypes)}]"
+    else:
+        shapes = f"{e.ins} -> {e.outs}"
     return f"{e.describe()} in {e.model} ({shapes})"
 
 
 def first_divergence(readers: Sequence[LogReader]) -> Divergence | None:
-    """The first step and event where some rank's recorded execution differs from rank 0's."""
+    """The first step and event where some rank's recorded execution differs from rank 0's, as
+    ``diff`` decides it (``align.parting``). A step a rank was cut off in (a hang, a kill) is
+    compared up to where that rank stopped, and is the last one compared."""
     if len(readers) < 2:
         return None
     ranks = [r.header.rank for r in readers]
@@ -95,17 +95,22 @@ def first_divergence(readers: Sequence[LogReader]) -> Divergence | None:
         if any(s is None for s in here):  # a rank recorded fewer or other steps
             return Divergence(step, 0, "", "", {
                 rank: f"{len(s.events)} events" if s is not None else "no events"
-                for rank, s in zip(ranks, here, strict=True)})
+                for rank, s in zip(ranks, here, strict=True)}, "steps")
         per_rank = [s.events for s in here if s is not None]
-        i = first_mismatch([[_signature(e) for e in events] for events in per_rank])
-        if i is not None:
+        cut_off = any(s is not None and s.cut_off for s in here)
+        if cut_off:
+            shortest = min(len(events) for events in per_rank)
+            per_rank = [events[:shortest] for events in per_rank]
+        partings = [parting(per_rank[0], events) for events in per_rank[1:]]
+        found = [(p.position, odd, p.kind) for odd, p in enumerate(partings, 1) if p is not None]
+        if found:
+            i, odd, kind = min(found)
             at = [events[i] if i < len(events) else None for events in per_rank]
-            base = _signature(at[0]) if at[0] is not None else None
-            # the module the odd rank ran, else rank 0's
-            odd = next(e for e in at[1:] if (None if e is None else _signature(e)) != base)
-            named = odd if odd is not None else at[0]
+            named = at[odd] or at[0]  # the module the odd rank ran, else rank 0's
             assert named is not None
             return Divergence(step, i, named.model, named.name, {
-                rank: _describe(e) if e is not None else "nothing (its step ended)"
-                for rank, e in zip(ranks, at, strict=True)})
+                rank: _describe(e, kind) if e is not None else "nothing (its step ended)"
+                for rank, e in zip(ranks, at, strict=True)}, kind)
+        if cut_off:
+            return None
     return None

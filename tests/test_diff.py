@@ -21,6 +21,7 @@ SCRIPT = ROOT / "tests" / "scripts" / "diff_train.py"
 RUNS = {
     "a": (), "a2": (), "lr": ("--lr", "0.2"), "extra": ("--extra",), "batch": ("--batch", "6"),
     "nan": ("--nan-step", "3"), "bf16": ("--bf16",), "rename": ("--rename",),
+    "swap": ("--swap",), "twice": ("--twice",),
 }
 AGREE_34 = """\
 3. numbers (rtol #, atol 0): agree
@@ -75,6 +76,42 @@ hooktrace diff a.jsonl extra.jsonl: 5 steps compared (0-4)
    B: forward act #0 · forward poison #0 · [forward extra #0] · forward fc2 #0 · forward (root) #0 · ...
 2. shapes and dtypes: the same (in the calls both runs made)"""  # noqa: E501
     assert report.endswith("The runs differ: what ran, numbers, parameter gradients.\n")
+
+
+def test_another_order_names_both_calls(logs: Path) -> None:
+    status, report = diff(logs, "a.jsonl", "swap.jsonl")
+    assert status == 1
+    assert head(report, 1).split("\n\n")[1] == """\
+1. what ran: differs
+   step 0 · model 'model' · fc1 · position 0 in the step
+   another order: A ran forward of fc1 call 0 where B ran forward of act call 0
+   A: [forward fc1 #0] · forward act #0 · forward poison #0 · ...
+   B: [forward act #0] · forward fc1 #0 · forward poison #0 · ..."""
+
+
+def test_more_calls_in_b_says_how_many_a_made(logs: Path) -> None:
+    status, report = diff(logs, "a.jsonl", "twice.jsonl")
+    assert status == 1
+    assert head(report, 2).split("\n\n")[1] == """\
+1. what ran: differs
+   step 0 · model 'model' · act · position 2 in the step
+   act has more forward calls in B than in A (A: 1): forward of act call 1 ran in B only
+   A: forward fc1 #0 · forward act #0 · [forward poison #0] · forward fc2 #0 · forward (root) #0 · ...
+   B: forward fc1 #0 · forward act #0 · [forward act #1] · forward poison #0 · forward fc2 #0 · ...
+2. shapes and dtypes: the same (in the calls both runs made)"""  # noqa: E501
+
+
+def test_tolerances_decide_whether_numbers_agree(logs: Path) -> None:
+    assert diff(logs, "a.jsonl", "lr.jsonl")[0] == 1
+    # gradient norms are never negative: a relative difference is at most 1
+    for option, value in [("--rtol", "1"), ("--atol", "100")]:
+        status, report = diff(logs, "a.jsonl", "lr.jsonl", option, value)
+        rtol, atol = ("1", "0") if option == "--rtol" else ("#", "100")
+        assert (status, report.split("\n\n")[1:]) == (0, [f"""\
+1. what ran: the same
+2. shapes and dtypes: the same (in the calls both runs made)
+3. numbers (rtol {rtol}, atol {atol}): agree
+4. parameter-gradient norms: agree""", "The runs agree.\n"])
 
 
 def test_other_batch_size_names_the_first_call_with_other_shapes(logs: Path) -> None:
@@ -167,18 +204,60 @@ hooktrace diff a.jsonl nostats.jsonl: 3 steps compared (0-2)
 4. parameter-gradient norms: not compared
 
 not compared:
-   steps 3-4: only in A (recorded with --steps 0:10)
+   steps 3-4: only in A (B recorded with --steps 0:3)
    numbers and parameter gradients: B recorded with --no-stats
 
 The runs agree.
 """)
 
 
+def test_a_run_cut_off_is_compared_up_to_the_step_it_did_not_finish(logs: Path) -> None:
+    whole = (logs / "a.jsonl").read_bytes()
+    lines = whole.splitlines(keepends=True)
+    step_2 = next(i for i, line in enumerate(lines) if b'"step":2' in line)
+    # killed while writing the fourth event of step 2: a partial last line, no end record
+    (logs / "cut.jsonl").write_bytes(b"".join(lines[:step_2 + 3]) + lines[step_2 + 3][:20])
+    assert diff(logs, "a.jsonl", "cut.jsonl") == (0, f"""\
+hooktrace diff a.jsonl cut.jsonl: 2 steps compared (0-1)
+warning: cut.jsonl ends with a partial line {step_2 + 4} (the run was cut off); read up to the \
+line before it
+warning: cut.jsonl has no end record: the run did not finish
+
+1. what ran: the same
+2. shapes and dtypes: the same (in the calls both runs made)
+{AGREE_34}
+
+not compared:
+   step 2: cut off in B (the run did not finish it)
+   steps 3-4: only in A (B was cut off in step 2)
+
+The runs agree.
+""")
+    # killed between steps: the last step was closed by its step record, so it is compared
+    (logs / "no-end.jsonl").write_bytes(b"".join(lines[:-1]))
+    status, report = diff(logs, "no-end.jsonl", "a.jsonl")
+    assert (status, report.splitlines()[:2]) == (0, [
+        "hooktrace diff no-end.jsonl a.jsonl: 5 steps compared (0-4)",
+        "warning: no-end.jsonl has no end record: the run did not finish"])
+    result = hooktrace_cmd("diff", "cut.jsonl", "a.jsonl", "--step", "2", cwd=logs)
+    assert (result.returncode, result.stderr) == (
+        2, "hooktrace: error: step 2 was cut off in A\n")
+
+
 def test_bad_input_is_one_line_and_exit_2(logs: Path) -> None:
     old = logs / "old.jsonl"
     lines = (logs / "a.jsonl").read_text().splitlines(keepends=True)
     old.write_text(lines[0].replace('"schema":2', '"schema":1') + "".join(lines[1:]))
+    (logs / "newer.jsonl").write_text(lines[0].replace('"schema":2', '"schema":3')
+                                      + "".join(lines[1:]))
+    (logs / "empty.jsonl").write_text("")
+    (logs / "notes.txt").write_text("step 1: loss 0.25\n")
     for args, message in [
+        (("a.jsonl", "newer.jsonl"), "newer.jsonl has log schema 3, newer than this hooktrace "
+                                     "reads (2): upgrade hooktrace"),
+        (("empty.jsonl", "a.jsonl"), "empty.jsonl is empty, not a hooktrace log"),
+        (("a.jsonl", "notes.txt"), "notes.txt is not a hooktrace log (its first line is not a "
+                                   "header)"),
         (("a.jsonl", "old.jsonl"), "old.jsonl has log schema 1, written by an older hooktrace "
                                    "(0.2.0); this one reads schema 2: trace the run again"),
         (("a.jsonl", "a2.jsonl", "--model", "gen"),
@@ -189,6 +268,35 @@ def test_bad_input_is_one_line_and_exit_2(logs: Path) -> None:
         result = hooktrace_cmd("diff", *args, cwd=logs)
         assert (result.returncode, result.stdout) == (2, "")
         assert result.stderr.splitlines() == [f"hooktrace: error: {message}"]
+
+
+def _as_rank(log: Path, rank: int, to: Path) -> None:
+    """``log`` relabelled as rank ``rank`` of a 2-process run of the plain script."""
+    header, rest = log.read_text().split("\n", 1)
+    d = json.loads(header)
+    d.update(rank=rank, world_size=2, argv=["diff_train.py"])
+    to.write_text(json.dumps(d) + "\n" + rest)
+
+
+@pytest.mark.parametrize(("run", "kind", "module", "position"), [
+    ("extra", "ran", "extra", 3), ("batch", "shapes", "fc1", 0), ("bf16", "dtypes", "fc1", 0)])
+def test_check_on_ranks_and_diff_part_the_logs_at_the_same_call(
+        logs: Path, run: str, kind: str, module: str, position: int) -> None:
+    """One engine: ``check``'s rank divergence is the first of diff's sections 1 and 2."""
+    _as_rank(logs / "a.jsonl", 0, logs / f"{run}-ranks.rank0.jsonl")
+    _as_rank(logs / f"{run}.jsonl", 1, logs / f"{run}-ranks.rank1.jsonl")
+    pair = (f"{run}-ranks.rank0.jsonl", f"{run}-ranks.rank1.jsonl")
+    checked = hooktrace_cmd("check", "--json", *pair, cwd=logs)
+    assert checked.returncode == 1, checked.stderr
+    rank = next(f for f in json.loads(checked.stdout)["findings"]
+                if f["kind"] == "rank-divergence")
+    found = json.loads(hooktrace_cmd("diff", "--json", *pair, cwd=logs).stdout)
+    first = found["ran" if kind == "ran" else "shapes"]
+    assert (first["kind"], first["step"], first["module"], first["position"]) == (
+        kind, rank["step"], rank["module"], rank["evidence"]["position"]) == (
+        kind, 0, module, position)
+    assert rank["message"].startswith(f"the ranks ran different "
+                                      f"{'modules' if kind == 'ran' else kind} at step 0")
 
 
 @pytest.mark.slow

@@ -7,6 +7,8 @@ as run B of a comparison would.
     --nan-step 3      ``poison`` outputs NaN from that step on
     --bf16            the model runs under bfloat16 autocast (CPU)
     --rename          fc2 is called ``head``
+    --swap            ``act`` runs before fc1 (another order; other shapes)
+    --twice           ``act`` is called twice (more calls of one module)
 """
 
 import argparse
@@ -36,9 +38,11 @@ class Net(nn.Module):
         self.extra = nn.Linear(16, 16) if args.extra else None
         setattr(self, "head" if args.rename else "fc2", nn.Linear(16, 4))
         self.last = self.head if args.rename else self.fc2
+        self.swap, self.twice = args.swap, args.twice
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.poison(self.act(self.fc1(x)))
+        h = self.fc1(self.act(x)) if self.swap else self.act(self.fc1(x))
+        h = self.poison(self.act(h) if self.twice else h)
         if self.extra is not None:
             h = self.extra(h)
         return self.last(h)
@@ -53,6 +57,8 @@ def main() -> None:
     parser.add_argument("--extra", action="store_true")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--rename", action="store_true")
+    parser.add_argument("--swap", action="store_true")
+    parser.add_argument("--twice", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
