@@ -125,6 +125,43 @@ def test_page_in_a_real_browser(resnet18_page: Path, browser: Any) -> None:
     assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
 
 
+def graph_nodes(browser: Any) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    return [n.get_attribute("data-fqn") or "" for n in browser.find_elements(
+        By.CSS_SELECTOR, "#graph g.node[data-fqn]")]
+
+
+@pytest.mark.slow
+def test_click_unfolds_a_folded_block(resnet18_page: Path, browser: Any) -> None:
+    """resnet18 draws its blocks folded (depth 2); a click on layer2.0 shows the step one level
+    deeper with the block's own nodes outlined, and "fold" goes back."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(resnet18_page.as_uri())
+    folded = graph_nodes(browser)
+    assert "layer2.0" in folded and "layer2.0.conv1" not in folded
+    block = browser.find_element(By.CSS_SELECTOR, '#graph g.node[data-fqn="layer2.0"]')
+    assert "unfoldable" in (block.get_attribute("class") or "")
+    ActionChains(browser).move_to_element(block).click().perform()
+    WebDriverWait(browser, 10).until(lambda b: b.find_element(By.ID, "graph").get_attribute(
+        "data-unfolded") == "layer2.0")
+    unfolded = graph_nodes(browser)
+    assert len(unfolded) > len(folded)
+    assert {"layer2.0.conv1", "layer2.0.bn2", "layer2.0.downsample"} <= set(unfolded)
+    outlined = [n.get_attribute("data-fqn") for n in browser.find_elements(
+        By.CSS_SELECTOR, "#graph g.node.unfolded")]
+    assert len(outlined) >= 5 and all(f.startswith("layer2.0.") for f in outlined), outlined
+    assert "unfolded layer2.0" in browser.find_element(By.ID, "graph-summary").text
+    fold = browser.find_element(By.ID, "fold")
+    assert fold.is_displayed() and "layer2.0" in fold.text
+    fold.click()
+    assert graph_nodes(browser) == folded and not fold.is_displayed()
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
 @pytest.mark.slow
 def test_finding_click_selects_its_step_and_cell(tmp_path: Path, browser: Any) -> None:
     from selenium.webdriver.common.by import By
