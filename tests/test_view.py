@@ -236,6 +236,50 @@ def test_two_ranks_and_a_cut_log(tmp_path: Path) -> None:
     assert result.returncode == 0 and "no end record" in result.stderr
 
 
+@pytest.mark.parametrize("fmt", ["html", "svg", "png"])
+def test_a_cut_log_warns_in_every_format(tmp_path: Path, fmt: str) -> None:
+    data = trace(tmp_path, "mnist", SAMPLES / "mnist_net.py").read_bytes()
+    cut = tmp_path / "cut.jsonl"
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    result = hooktrace_cmd("view", cut, "--format", fmt, "-o", tmp_path / f"cut.{fmt}")
+    assert result.returncode == 0, result.stderr
+    assert "warning: " in result.stderr and "no end record" in result.stderr
+
+
+@pytest.mark.slow
+def test_rank_selector_draws_the_other_rank(tmp_path: Path, browser: Any) -> None:
+    """Rank 1 takes a detour through `extra` at step 2: choosing rank 1 draws it in the graph
+    and the heatmap; --rank 1 opens the page there."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+    from test_multirank import _torchrun
+
+    result = _torchrun(tmp_path, 2, "--diverge", "1")
+    assert result.returncode == 0, result.stderr
+    logs = tmp_path / "ddp.rank*.jsonl"
+
+    def rows() -> list[str]:
+        return [th.text for th in browser.find_elements(By.CSS_SELECTOR, "table.heat tbody th")]
+
+    browser.get(view(logs, tmp_path / "ranks.html").as_uri())
+    assert Select(browser.find_element(By.ID, "rank")).first_selected_option.text == "rank 0"
+    Select(browser.find_element(By.ID, "step")).select_by_value("2")
+    assert "extra" not in graph_nodes(browser) and not any("extra" in r for r in rows())
+    cells = browser.find_elements(By.CSS_SELECTOR, "table.heat td")
+    assert cells and all(c.get_attribute("id").startswith("h0-") for c in cells)
+    Select(browser.find_element(By.ID, "rank")).select_by_value("1")
+    assert browser.find_element(By.ID, "step").get_attribute("value") == "2"
+    assert "extra" in graph_nodes(browser) and any("extra" in r for r in rows())
+    cells = browser.find_elements(By.CSS_SELECTOR, "table.heat td")
+    assert cells and all(c.get_attribute("id").startswith("h1-") for c in cells)
+
+    browser.get(view(logs, tmp_path / "rank1.html", "--rank", "1").as_uri())
+    assert Select(browser.find_element(By.ID, "rank")).first_selected_option.text == "rank 1"
+    assert all(c.get_attribute("id").startswith("h1-") for c in browser.find_elements(
+        By.CSS_SELECTOR, "table.heat td"))
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
 def test_page_is_self_contained(tmp_path: Path) -> None:
     log = trace(tmp_path, "mnist", SAMPLES / "mnist_net.py")
     page = view(log, tmp_path / "mnist.html").read_text()
@@ -244,11 +288,17 @@ def test_page_is_self_contained(tmp_path: Path) -> None:
     assert "</script>" not in page.split('id="data">')[1].split("</script>", 1)[0]
 
 
-@pytest.mark.parametrize("case", ["missing", "not a log", "over the log", "format"])
+@pytest.mark.parametrize("case", ["missing", "not a log", "over the log", "format", "empty",
+                                  "directory", "rank html", "rank svg"])
 def test_bad_input_is_one_line_and_exit_2(case: str, tmp_path: Path) -> None:
     good = trace(tmp_path, "mnist", SAMPLES / "mnist_net.py", "--steps", "1")
+    (tmp_path / "empty.jsonl").write_bytes(b"")
     args: list[str | Path] = {
         "missing": [tmp_path / "nope.jsonl"],
+        "empty": [tmp_path / "empty.jsonl"],
+        "directory": [tmp_path],
+        "rank html": [good, "--rank", "9", "-o", tmp_path / "x.html"],
+        "rank svg": [good, "--rank", "9", "-o", tmp_path / "x.svg"],
         "not a log": [SAMPLES / "mnist_net.py"],
         "over the log": [good, "-o", good],
         "format": [good, "--format", "gif"],

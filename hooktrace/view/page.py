@@ -57,7 +57,7 @@ SCRIPT = r"""
 const DATA = JSON.parse(document.getElementById("data").textContent);
 const $ = (id) => document.getElementById(id);
 const tip = $("tip");
-let rank = 0, values = "grad_output";
+let rank = DATA.start, values = "grad_output";
 function esc(s) {
   const d = document.createElement("div"); d.textContent = String(s); return d.innerHTML;
 }
@@ -201,7 +201,7 @@ function setupFindings() {
   });
   if (!DATA.findings.length) ul.innerHTML = "<li class='muted'>No findings.</li>";
 }
-fillSelect($("rank"), DATA.ranks.map((r, i) => [i, "rank " + r.rank]), 0);
+fillSelect($("rank"), DATA.ranks.map((r, i) => [i, "rank " + r.rank]), rank);
 $("rank").disabled = DATA.ranks.length < 2;
 $("rank").addEventListener("change", () => { rank = Number($("rank").value); setupRank(); });
 $("model").addEventListener("change", () => setupSteps($("step").value));
