@@ -308,12 +308,18 @@ def test_bad_input_is_one_line_and_exit_2(case: str, tmp_path: Path) -> None:
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
 
-def test_view_does_not_import_torch(tmp_path: Path) -> None:
+def test_view_and_the_notebook_heatmap_do_not_import_torch(tmp_path: Path) -> None:
+    """write_view, and heatmap_picture as Jupyter shows it inline (_repr_svg_: SVG text)."""
     log = trace(tmp_path, "mnist", SAMPLES / "mnist_net.py", "--steps", "1")
-    code = ("import sys; from hooktrace.view import write_view; "
+    code = ("import sys; from hooktrace.view import heatmap_picture, write_view; "
             f"write_view([{str(log)!r}], {str(tmp_path / 'v.html')!r}); "
+            f"sys.stdout.write(heatmap_picture({str(log)!r})._repr_svg_()); "
             "assert 'torch' not in sys.modules")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], check=True, timeout=120,
+                            capture_output=True, text=True)
+    svg = result.stdout
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg and svg.rstrip().endswith("</svg>")
+    assert "conv1 (Conv2d)" in svg and "log10 grad_output norm" in svg
 
 
 def test_hover_says_where_the_forward_is(tmp_path: Path) -> None:
