@@ -117,11 +117,6 @@ def test_page_in_a_real_browser(resnet18_page: Path, browser: Any) -> None:
     assert len(cells) > 60 * 3
     ActionChains(browser).move_to_element(cells[5]).perform()
     assert "step" in tip.text and "calls" in tip.text
-    browser.execute_script("window.scrollTo(0, 0)")
-    ActionChains(browser).move_to_element(node).perform()  # a node's numbers in the picture
-    ARTIFACTS.mkdir(exist_ok=True)
-    assert browser.save_screenshot(str(ARTIFACTS / "view-resnet18.png"))
-    assert (ARTIFACTS / "view-resnet18.png").stat().st_size > 50_000
     assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
 
 
@@ -137,6 +132,7 @@ def test_click_unfolds_a_folded_block(resnet18_page: Path, browser: Any) -> None
     """resnet18 draws its blocks folded (depth 2); a click on layer2.0 shows the step one level
     deeper with the block's own nodes outlined, and "fold" goes back."""
     from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.actions.action_builder import ActionBuilder
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -145,7 +141,9 @@ def test_click_unfolds_a_folded_block(resnet18_page: Path, browser: Any) -> None
     assert "layer2.0" in folded and "layer2.0.conv1" not in folded
     block = browser.find_element(By.CSS_SELECTOR, '#graph g.node[data-fqn="layer2.0"]')
     assert "unfoldable" in (block.get_attribute("class") or "")
-    ActionChains(browser).move_to_element(block).click().perform()
+    ActionChains(browser).move_to_element(block).perform()
+    scrolled = browser.execute_script("return window.scrollY")
+    ActionChains(browser).click().perform()
     WebDriverWait(browser, 10).until(lambda b: b.find_element(By.ID, "graph").get_attribute(
         "data-unfolded") == "layer2.0")
     unfolded = graph_nodes(browser)
@@ -155,6 +153,23 @@ def test_click_unfolds_a_folded_block(resnet18_page: Path, browser: Any) -> None
         By.CSS_SELECTOR, "#graph g.node.unfolded")]
     assert len(outlined) >= 5 and all(f.startswith("layer2.0.") for f in outlined), outlined
     assert "unfolded layer2.0" in browser.find_element(By.ID, "graph-summary").text
+    assert browser.execute_script("return window.scrollY") == scrolled  # the page stays put
+    browser.execute_script("window.scrollTo(0, 0)")  # the title in sight, for the picture
+    conv = browser.find_element(By.CSS_SELECTOR, '#graph g.node[data-fqn="layer2.0.conv1"]')
+    assert conv.is_displayed() and conv.location["y"] < 900
+    # a node's numbers, pointed at from its right edge: the tip opens beside it, not over it
+    box = browser.execute_script("return arguments[0].getBoundingClientRect()", conv)
+    pointer = ActionBuilder(browser)  # at viewport coordinates: nothing scrolls
+    pointer.pointer_action.move_to_location(int(box["right"]) - 4,
+                                            int(box["top"] + box["height"] / 4))
+    pointer.perform()
+    tip = browser.find_element(By.ID, "tip")
+    assert tip.is_displayed() and "layer2.0.conv1 · Conv2d" in tip.text
+    assert tip.location["x"] >= conv.location["x"] + conv.size["width"]
+    assert browser.execute_script("return window.scrollY") == 0
+    ARTIFACTS.mkdir(exist_ok=True)  # docs/view.png is this picture
+    assert browser.save_screenshot(str(ARTIFACTS / "view-resnet18.png"))
+    assert (ARTIFACTS / "view-resnet18.png").stat().st_size > 50_000
     fold = browser.find_element(By.ID, "fold")
     assert fold.is_displayed() and "layer2.0" in fold.text
     fold.click()

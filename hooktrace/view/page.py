@@ -147,7 +147,12 @@ async function unfold(g, d) {
     n.dataset.model === d.model && n.dataset.fqn !== undefined &&
     (n.dataset.fqn === d.fqn || n.dataset.fqn.startsWith(prefix)));
   for (const n of inside) n.classList.add("unfolded");
-  if (inside.length) inside[0].scrollIntoView({block: "center", inline: "nearest"});
+  if (inside.length) {  // into the middle of the graph's box; the page itself stays put
+    const box = $("graph"), at = inside[0].getBoundingClientRect();
+    const top = box.getBoundingClientRect();
+    box.scrollTop += at.top - top.top - box.clientHeight / 3;
+    box.scrollLeft += at.left - top.left - box.clientWidth / 3;
+  }
   $("fold").textContent = "fold " + (d.fqn || "(root)") + " again";
   $("fold").hidden = false;
 }
