@@ -1,6 +1,7 @@
 """``hooktrace view``: the page in a real headless Chromium (loads from file:// with no console
-error and no network request, the step selector redraws, hover shows a node's numbers, a
-screenshot), the heatmap's cells and pictures, ranks, cut and NaN logs, bad input."""
+error and no network request, the step selector redraws, hover shows a node's numbers, a click
+unfolds a folded block, the rank selector, a screenshot), the heatmap's cells and pictures,
+ranks, cut and NaN logs, bad input."""
 
 from __future__ import annotations
 
