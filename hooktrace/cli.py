@@ -217,8 +217,8 @@ def export(logs: tuple[Path, ...], fmt: str | None, output: str | None) -> None:
 @click.option("--values", type=click.Choice(["grad_output", "params"]), default="grad_output",
               show_default=True, help="svg/png: colour by the grad_output norm or by the "
                                       "parameter-gradient norm.")
-@click.option("--rank", type=int, help="svg/png with the logs of several ranks: the rank to "
-                                       "draw (default 0).")
+@click.option("--rank", type=int, help="with the logs of several ranks: the rank svg/png "
+                                       "draws and the page opens at (default the first).")
 def view(logs: tuple[Path, ...], output: Path | None, fmt: str | None, values: str,
          rank: int | None) -> None:
     """Write one self-contained HTML page to explore LOGS offline: the call graph of each step

@@ -37,6 +37,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("model", "str", "the top-level model's name"),
     ("fqn", "str", "the module's name in named_modules(); empty for the model's root"),
     ("class", "str", "the module's class"),
+    ("source", "str", "file:line of the class's forward (a class of yours; empty for torch's)"),
     ("depth", "int", "0 for the root, 1 for layer1, 2 for layer1.0"),
     ("call", "int", "the module's call within the step, from 0"),
     ("forward_seq", "int", "seq of the forward call (a backward's own forward; a forward: its "
@@ -106,13 +107,15 @@ class _Rows:
         self.stats = bool(reader.header.options.get("stats", True))
         self.models: dict[int, str] = {}
         self.classes: dict[tuple[int, str], str] = {}
+        self.sources: dict[str, str] = {}  # class -> "file:line" of its forward
         self.shapes = _Shapes()
 
     def row(self, e: schema.ForwardEvent | schema.BackwardEvent) -> dict[str, Any]:
+        cls = self.classes.get((e.model, e.name), "?")
         row: dict[str, Any] = {
             "rank": self.rank, "seq": e.seq, "step": e.step, "phase": e.phase,
-            "model": self.models.get(e.model, str(e.model)), "fqn": e.name,
-            "class": self.classes.get((e.model, e.name), "?"), "depth": depth_of(e.name),
+            "model": self.models.get(e.model, str(e.model)), "fqn": e.name, "class": cls,
+            "source": self.sources.get(cls, ""), "depth": depth_of(e.name),
             "call": e.call, "recompute": e.recompute,
         }
         if isinstance(e, schema.ForwardEvent):
@@ -155,6 +158,8 @@ class _Rows:
                 self.classes[(record.model, record.name)] = record.cls
             elif isinstance(record, schema.Model):
                 self.models[record.model] = record.name
+            elif isinstance(record, schema.Source):
+                self.sources.setdefault(record.cls, f"{record.file}:{record.line}")
 
 
 def rows(readers: Sequence[LogReader]) -> Iterator[dict[str, Any]]:

@@ -73,6 +73,11 @@ def test_columns_are_typed_and_hold_the_logs_numbers(mnist_log: Path, tmp_path: 
     assert (first.input_shapes, first.output_dtypes, first.forward_seq) == (
         "8x1x28x28", "float32", first.seq)
     assert set(frame.model) == {"model"} and set(frame["rank"]) == {0}
+    forward_line = next(i for i, line in enumerate(
+        (SAMPLES / "mnist_net.py").read_text().splitlines(), 1) if "def forward" in line)
+    root = frame[frame.depth == 0]  # Net, a class of the sample's: where its forward is
+    assert len(root) and root.source.str.endswith(f"mnist_net.py:{forward_line}").all()
+    assert (frame[frame.depth > 0].source.fillna("") == "").all()  # torch's classes: empty
 
 
 def test_backward_rows_point_at_their_forward(mnist_log: Path, tmp_path: Path) -> None:
@@ -118,10 +123,14 @@ def test_log_cut_off_exports_its_whole_lines(mnist_log: Path, tmp_path: Path) ->
     assert 0 < len(rows) < len(events(mnist_log))
 
 
-@pytest.mark.parametrize("case", ["missing", "not a log", "over the log", "format"])
+@pytest.mark.parametrize("case", ["missing", "not a log", "over the log", "format", "empty",
+                                  "directory"])
 def test_bad_input_is_one_line_and_exit_2(case: str, mnist_log: Path, tmp_path: Path) -> None:
+    (tmp_path / "empty.jsonl").write_bytes(b"")
     args: list[str | Path] = {
         "missing": [tmp_path / "nope.jsonl"],
+        "empty": [tmp_path / "empty.jsonl"],
+        "directory": [tmp_path],
         "not a log": [SAMPLES / "mnist_net.py"],
         "over the log": [mnist_log, "-o", mnist_log],
         "format": [mnist_log, "--format", "xlsx"],

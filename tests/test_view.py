@@ -1,6 +1,7 @@
 """``hooktrace view``: the page in a real headless Chromium (loads from file:// with no console
-error and no network request, the step selector redraws, hover shows a node's numbers, a
-screenshot), the heatmap's cells and pictures, ranks, cut and NaN logs, bad input."""
+error and no network request, the step selector redraws, hover shows a node's numbers, a click
+unfolds a folded block, the rank selector, a screenshot), the heatmap's cells and pictures,
+ranks, cut and NaN logs, bad input."""
 
 from __future__ import annotations
 
@@ -117,11 +118,63 @@ def test_page_in_a_real_browser(resnet18_page: Path, browser: Any) -> None:
     assert len(cells) > 60 * 3
     ActionChains(browser).move_to_element(cells[5]).perform()
     assert "step" in tip.text and "calls" in tip.text
-    browser.execute_script("window.scrollTo(0, 0)")
-    ActionChains(browser).move_to_element(node).perform()  # a node's numbers in the picture
-    ARTIFACTS.mkdir(exist_ok=True)
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
+def graph_nodes(browser: Any) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    return [n.get_attribute("data-fqn") or "" for n in browser.find_elements(
+        By.CSS_SELECTOR, "#graph g.node[data-fqn]")]
+
+
+@pytest.mark.slow
+def test_click_unfolds_a_folded_block(resnet18_page: Path, browser: Any) -> None:
+    """resnet18 draws its blocks folded (depth 2); a click on layer2.0 shows the step one level
+    deeper with the block's own nodes outlined, and "fold" goes back."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.actions.action_builder import ActionBuilder
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(resnet18_page.as_uri())
+    folded = graph_nodes(browser)
+    assert "layer2.0" in folded and "layer2.0.conv1" not in folded
+    block = browser.find_element(By.CSS_SELECTOR, '#graph g.node[data-fqn="layer2.0"]')
+    assert "unfoldable" in (block.get_attribute("class") or "")
+    ActionChains(browser).move_to_element(block).perform()
+    scrolled = browser.execute_script("return window.scrollY")
+    ActionChains(browser).click().perform()
+    WebDriverWait(browser, 10).until(lambda b: b.find_element(By.ID, "graph").get_attribute(
+        "data-unfolded") == "layer2.0")
+    unfolded = graph_nodes(browser)
+    assert len(unfolded) > len(folded)
+    assert {"layer2.0.conv1", "layer2.0.bn2", "layer2.0.downsample"} <= set(unfolded)
+    outlined = [n.get_attribute("data-fqn") for n in browser.find_elements(
+        By.CSS_SELECTOR, "#graph g.node.unfolded")]
+    assert len(outlined) >= 5 and all(f.startswith("layer2.0.") for f in outlined), outlined
+    assert "unfolded layer2.0" in browser.find_element(By.ID, "graph-summary").text
+    assert browser.execute_script("return window.scrollY") == scrolled  # the page stays put
+    browser.execute_script("window.scrollTo(0, 0)")  # the title in sight, for the picture
+    conv = browser.find_element(By.CSS_SELECTOR, '#graph g.node[data-fqn="layer2.0.conv1"]')
+    assert conv.is_displayed() and conv.location["y"] < 900
+    # a node's numbers, pointed at from its right edge: the tip opens beside it, not over it
+    box = browser.execute_script("return arguments[0].getBoundingClientRect()", conv)
+    pointer = ActionBuilder(browser)  # at viewport coordinates: nothing scrolls
+    pointer.pointer_action.move_to_location(int(box["right"]) - 4,
+                                            int(box["top"] + box["height"] / 4))
+    pointer.perform()
+    tip = browser.find_element(By.ID, "tip")
+    assert tip.is_displayed() and "layer2.0.conv1 · Conv2d" in tip.text
+    assert tip.location["x"] >= conv.location["x"] + conv.size["width"]
+    assert browser.execute_script("return window.scrollY") == 0
+    ARTIFACTS.mkdir(exist_ok=True)  # docs/view.png is this picture
     assert browser.save_screenshot(str(ARTIFACTS / "view-resnet18.png"))
     assert (ARTIFACTS / "view-resnet18.png").stat().st_size > 50_000
+    fold = browser.find_element(By.ID, "fold")
+    assert fold.is_displayed() and "layer2.0" in fold.text
+    fold.click()
+    assert graph_nodes(browser) == folded and not fold.is_displayed()
     assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
 
 
@@ -199,6 +252,50 @@ def test_two_ranks_and_a_cut_log(tmp_path: Path) -> None:
     assert result.returncode == 0 and "no end record" in result.stderr
 
 
+@pytest.mark.parametrize("fmt", ["html", "svg", "png"])
+def test_a_cut_log_warns_in_every_format(tmp_path: Path, fmt: str) -> None:
+    data = trace(tmp_path, "mnist", SAMPLES / "mnist_net.py").read_bytes()
+    cut = tmp_path / "cut.jsonl"
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    result = hooktrace_cmd("view", cut, "--format", fmt, "-o", tmp_path / f"cut.{fmt}")
+    assert result.returncode == 0, result.stderr
+    assert "warning: " in result.stderr and "no end record" in result.stderr
+
+
+@pytest.mark.slow
+def test_rank_selector_draws_the_other_rank(tmp_path: Path, browser: Any) -> None:
+    """Rank 1 takes a detour through `extra` at step 2: choosing rank 1 draws it in the graph
+    and the heatmap; --rank 1 opens the page there."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+    from test_multirank import _torchrun
+
+    result = _torchrun(tmp_path, 2, "--diverge", "1")
+    assert result.returncode == 0, result.stderr
+    logs = tmp_path / "ddp.rank*.jsonl"
+
+    def rows() -> list[str]:
+        return [th.text for th in browser.find_elements(By.CSS_SELECTOR, "table.heat tbody th")]
+
+    browser.get(view(logs, tmp_path / "ranks.html").as_uri())
+    assert Select(browser.find_element(By.ID, "rank")).first_selected_option.text == "rank 0"
+    Select(browser.find_element(By.ID, "step")).select_by_value("2")
+    assert "extra" not in graph_nodes(browser) and not any("extra" in r for r in rows())
+    cells = browser.find_elements(By.CSS_SELECTOR, "table.heat td")
+    assert cells and all(c.get_attribute("id").startswith("h0-") for c in cells)
+    Select(browser.find_element(By.ID, "rank")).select_by_value("1")
+    assert browser.find_element(By.ID, "step").get_attribute("value") == "2"
+    assert "extra" in graph_nodes(browser) and any("extra" in r for r in rows())
+    cells = browser.find_elements(By.CSS_SELECTOR, "table.heat td")
+    assert cells and all(c.get_attribute("id").startswith("h1-") for c in cells)
+
+    browser.get(view(logs, tmp_path / "rank1.html", "--rank", "1").as_uri())
+    assert Select(browser.find_element(By.ID, "rank")).first_selected_option.text == "rank 1"
+    assert all(c.get_attribute("id").startswith("h1-") for c in browser.find_elements(
+        By.CSS_SELECTOR, "table.heat td"))
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
 def test_page_is_self_contained(tmp_path: Path) -> None:
     log = trace(tmp_path, "mnist", SAMPLES / "mnist_net.py")
     page = view(log, tmp_path / "mnist.html").read_text()
@@ -207,11 +304,17 @@ def test_page_is_self_contained(tmp_path: Path) -> None:
     assert "</script>" not in page.split('id="data">')[1].split("</script>", 1)[0]
 
 
-@pytest.mark.parametrize("case", ["missing", "not a log", "over the log", "format"])
+@pytest.mark.parametrize("case", ["missing", "not a log", "over the log", "format", "empty",
+                                  "directory", "rank html", "rank svg"])
 def test_bad_input_is_one_line_and_exit_2(case: str, tmp_path: Path) -> None:
     good = trace(tmp_path, "mnist", SAMPLES / "mnist_net.py", "--steps", "1")
+    (tmp_path / "empty.jsonl").write_bytes(b"")
     args: list[str | Path] = {
         "missing": [tmp_path / "nope.jsonl"],
+        "empty": [tmp_path / "empty.jsonl"],
+        "directory": [tmp_path],
+        "rank html": [good, "--rank", "9", "-o", tmp_path / "x.html"],
+        "rank svg": [good, "--rank", "9", "-o", tmp_path / "x.svg"],
         "not a log": [SAMPLES / "mnist_net.py"],
         "over the log": [good, "-o", good],
         "format": [good, "--format", "gif"],
@@ -221,12 +324,18 @@ def test_bad_input_is_one_line_and_exit_2(case: str, tmp_path: Path) -> None:
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
 
-def test_view_does_not_import_torch(tmp_path: Path) -> None:
+def test_view_and_the_notebook_heatmap_do_not_import_torch(tmp_path: Path) -> None:
+    """write_view, and heatmap_picture as Jupyter shows it inline (_repr_svg_: SVG text)."""
     log = trace(tmp_path, "mnist", SAMPLES / "mnist_net.py", "--steps", "1")
-    code = ("import sys; from hooktrace.view import write_view; "
+    code = ("import sys; from hooktrace.view import heatmap_picture, write_view; "
             f"write_view([{str(log)!r}], {str(tmp_path / 'v.html')!r}); "
+            f"sys.stdout.write(heatmap_picture({str(log)!r})._repr_svg_()); "
             "assert 'torch' not in sys.modules")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], check=True, timeout=120,
+                            capture_output=True, text=True)
+    svg = result.stdout
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg and svg.rstrip().endswith("</svg>")
+    assert "conv1 (Conv2d)" in svg and "log10 grad_output norm" in svg
 
 
 def test_hover_says_where_the_forward_is(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 from hooktrace.checks import run_checks_ranks
 from hooktrace.errors import HooktraceError
 from hooktrace.findings import Finding
+from hooktrace.logio import LogReader
 from hooktrace.ranks import expand, open_ranks
 from hooktrace.render import write_file
 from hooktrace.render.dot import run_dot
@@ -45,6 +46,7 @@ class HeatmapPicture:
     """The heatmap as DOT; a notebook shows it as SVG."""
 
     source: str
+    warnings: list[str] = field(default_factory=list)  # the log's: cut off, no end record
 
     def pipe(self, fmt: str = "svg") -> bytes:
         return run_dot(self.source, fmt)
@@ -64,14 +66,22 @@ def heatmap_picture(logs: str | os.PathLike[str] | Sequence[str | os.PathLike[st
         raise HooktraceError(f"unknown values {values!r}; choose one of {', '.join(VALUES)}")
     paths = [logs] if isinstance(logs, (str, os.PathLike)) else list(logs)
     readers = open_ranks(paths)
-    reader = next((r for r in readers if rank is None or r.header.rank == rank), None)
-    if reader is None:
-        raise HooktraceError(f"no log of rank {rank} among the logs given")
+    reader = readers[_rank_index(readers, rank)]
     report = run_checks_ranks([r.path for r in readers])
-    heat = heatmap(gather(reader), _mine(report.findings, reader.header.rank), values)
+    data = gather(reader)
+    heat = heatmap(data, _mine(report.findings, reader.header.rank), values)
     heat.title = f"{reader.path.name} (rank {reader.header.rank})" if len(readers) > 1 \
         else reader.path.name
-    return HeatmapPicture(to_dot(heat))
+    return HeatmapPicture(to_dot(heat), data.warnings)
+
+
+def _rank_index(readers: Sequence[LogReader], rank: int | None) -> int:
+    """The position of ``rank``'s log among ``readers`` (None: the first)."""
+    found = next((i for i, r in enumerate(readers) if rank is None or r.header.rank == rank),
+                 None)
+    if found is None:
+        raise HooktraceError(f"no log of rank {rank} among the logs given")
+    return found
 
 
 def _anomalies(data: RunData) -> str:
@@ -112,14 +122,17 @@ def _legend(heat: Heatmap) -> str:
         '<span style="outline:2px solid #000"></span>named by a finding'
 
 
-def view_page(logs: Sequence[str | os.PathLike[str]]) -> tuple[str, list[str]]:
-    """The page's HTML for one log or the ranks of one run, and the logs' warnings."""
+def view_page(logs: Sequence[str | os.PathLike[str]], rank: int | None = None
+              ) -> tuple[str, list[str]]:
+    """The page's HTML for one log or the ranks of one run (opening at ``rank``), and the logs'
+    warnings."""
     readers = open_ranks(logs)
+    start = _rank_index(readers, rank)
     runs = [gather(r) for r in readers]
     report = run_checks_ranks([r.path for r in readers])
     per_rank = [_rank_data(data, report.findings) for data in runs]
     heats = [heat for _, heat in per_rank]
-    data = {"ranks": [d for d, _ in per_rank],
+    data = {"ranks": [d for d, _ in per_rank], "start": start,
             "findings": [_finding(f, heats, runs) for f in report.findings]}
     first = runs[0]
     header = first.header
@@ -145,9 +158,10 @@ def write_view(logs: Sequence[str | os.PathLike[str]], output: str | os.PathLike
     paths = expand(logs)
     out = out or paths[0].with_suffix(f".{chosen}")
     if chosen == "html":
-        text, warnings = view_page(logs)
+        text, warnings = view_page(logs, rank)
         data = text.encode("utf-8")
     else:
-        data, warnings = heatmap_picture(logs, values, rank).pipe(chosen), []
+        picture = heatmap_picture(logs, values, rank)
+        data, warnings = picture.pipe(chosen), picture.warnings
     write_file(out, data, paths[0])
     return Viewed(out, chosen, len(data), warnings)

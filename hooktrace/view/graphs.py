@@ -1,10 +1,15 @@
 """The call graphs of a view page: one SVG per step and model choice, laid out by ``dot`` from
-the ``render`` picture, and what hovering each node shows (its numbers, its findings)."""
+the ``render`` picture, and what hovering each node shows (its numbers, its findings). Each
+step also carries its drawing one level deeper, gzipped, for a click on a folded block."""
 
 from __future__ import annotations
 
+import base64
+import gzip
 from collections.abc import Sequence
 from typing import Any
+
+import orjson
 
 from hooktrace import schema
 from hooktrace.findings import Finding
@@ -14,6 +19,7 @@ from hooktrace.render.text import shapes_text
 from hooktrace.view.data import RunData
 
 MAX_GRAPH_STEPS = 20  # steps drawn per rank and model: the first ones recorded
+MAX_UNFOLD_NODES = 400  # a deeper drawing with more nodes is left out (resnet50: 154)
 
 
 def _norms(stats: list[schema.GradStat | None] | None) -> list[str]:
@@ -76,13 +82,31 @@ def _svg(view: View) -> str:
     return svg[svg.index("<svg"):]  # no XML prolog, doctype or comment inside HTML
 
 
-def _graph(loaded: StepLog, findings: Sequence[Finding]) -> dict[str, Any]:
-    view = build(loaded)
-    events = {(e.model, e.name, e.call): e for e in loaded.events
-              if isinstance(e, schema.ForwardEvent) and not e.recompute}
+def _drawing(view: View, events: dict[tuple[int, str, int], Any],
+             findings: Sequence[Finding]) -> dict[str, Any]:
     nodes = {node_id(n.key): node_details(n, view, events, findings) for n in view.nodes()}
     return {"svg": _svg(view), "nodes": nodes, "depth": view.depth,
             "summary": f"{len(view.node_map)} nodes at depth {view.depth} of {view.deepest}"}
+
+
+def _packed(drawing: dict[str, Any]) -> str:
+    """``drawing`` as base64 of gzipped JSON: SVG shrinks about tenfold, and the page unpacks
+    it only when a click asks for it (DecompressionStream, no library)."""
+    return base64.b64encode(gzip.compress(orjson.dumps(drawing), mtime=0)).decode("ascii")
+
+
+def _graph(loaded: StepLog, findings: Sequence[Finding]) -> dict[str, Any]:
+    """The step's drawing at the automatic depth, and under "unfold" the one a level deeper
+    (packed; absent when nothing is folded or it is too big to draw)."""
+    view = build(loaded)
+    events = {(e.model, e.name, e.call): e for e in loaded.events
+              if isinstance(e, schema.ForwardEvent) and not e.recompute}
+    found = _drawing(view, events, findings)
+    if any(n.folded for n in view.node_map.values()):
+        deeper = build(loaded, view.depth + 1)
+        if len(deeper.node_map) <= MAX_UNFOLD_NODES:
+            found["unfold"] = _packed(_drawing(deeper, events, findings))
+    return found
 
 
 def step_graphs(data: RunData, findings: Sequence[Finding]) -> dict[str, dict[str, Any]]:

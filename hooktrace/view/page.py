@@ -20,9 +20,13 @@ main{display:grid;grid-template-columns:minmax(0,2fr) minmax(360px,3fr);gap:12px
 #side{display:flex;flex-direction:column;gap:12px;min-width:0}
 section{background:#fff;border:1px solid #d8dde2;border-radius:6px;padding:8px 10px;min-width:0}
 section h2{font-size:14px;margin:0 0 6px}
+section h2 .muted{font-weight:normal;font-size:12px}
 #graph{overflow:auto;max-height:88vh}
 #graph svg g.node{cursor:pointer}
 #graph svg g.node.hit polygon,#graph svg g.node.hit path{stroke:#e4007c;stroke-width:3}
+#graph svg g.node.unfoldable{cursor:zoom-in}
+#graph svg g.node.unfolded polygon,#graph svg g.node.unfolded path{stroke:#0a6ebd;stroke-width:3}
+#fold{margin-left:8px;font-size:12px}
 #heatwrap{overflow:auto;max-height:70vh}
 #findings{max-height:22vh;overflow:auto;padding-left:18px;margin:0}
 table.heat{border-collapse:separate;border-spacing:1px;font-size:11px}
@@ -53,7 +57,7 @@ SCRIPT = r"""
 const DATA = JSON.parse(document.getElementById("data").textContent);
 const $ = (id) => document.getElementById(id);
 const tip = $("tip");
-let rank = 0, values = "grad_output";
+let rank = DATA.start, values = "grad_output";
 function esc(s) {
   const d = document.createElement("div"); d.textContent = String(s); return d.innerHTML;
 }
@@ -98,14 +102,20 @@ function setupSteps(chosen) {
   $("slider").min = 0; $("slider").max = Math.max(0, s.length - 1);
   draw();
 }
+function graphKey() { return $("model").value + "|" + $("step").value; }
 function draw() {
-  const key = $("model").value + "|" + $("step").value;
-  const g = run().graphs[key];
+  const g = run().graphs[graphKey()];
   $("slider").value = Math.max(0, steps().indexOf(Number($("step").value)));
+  $("fold").hidden = true;
   if (!g) { $("graph").innerHTML = "<p class='muted'>no events in this step</p>"; return; }
+  show(g, "");
+}
+function show(g, unfolded) {
   $("graph").innerHTML = g.svg;
   $("graph").dataset.step = $("step").value;
-  $("graph-summary").textContent = "step " + $("step").value + ": " + g.summary;
+  $("graph").dataset.unfolded = unfolded;
+  $("graph-summary").textContent = "step " + $("step").value + ": " + g.summary +
+    (unfolded ? " · unfolded " + unfolded : "");
   for (const node of $("graph").querySelectorAll("g.node")) {
     const t = node.querySelector("title"); if (!t) continue;
     const d = g.nodes[t.textContent]; t.remove();
@@ -114,7 +124,37 @@ function draw() {
     node.addEventListener("mousemove", (ev) => showTip(ev, (d.fqn || "(root)") + " · " + d["class"],
       Object.entries(d).filter(([k]) => !["fqn", "class", "model"].includes(k))));
     node.addEventListener("mouseleave", hideTip);
+    if (d.folded && g.unfold) {
+      node.classList.add("unfoldable");
+      node.addEventListener("click", () => unfold(g, d));
+    }
   }
+}
+async function unpack(text) {  // base64 of gzipped JSON, as hooktrace.view.graphs packs it
+  const bytes = Uint8Array.from(atob(text), (c) => c.charCodeAt(0));
+  const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
+  return JSON.parse(await new Response(stream).text());
+}
+async function unfold(g, d) {
+  // The step drawn one level deeper, the clicked block's nodes outlined; "fold" goes back.
+  const key = graphKey();
+  hideTip();
+  g.deeper = g.deeper || await unpack(g.unfold);
+  if (graphKey() !== key) return;  // another step was chosen meanwhile
+  show(g.deeper, d.fqn || "(root)");
+  const prefix = d.fqn ? d.fqn + "." : "";
+  const inside = [...$("graph").querySelectorAll("g.node")].filter((n) =>
+    n.dataset.model === d.model && n.dataset.fqn !== undefined &&
+    (n.dataset.fqn === d.fqn || n.dataset.fqn.startsWith(prefix)));
+  for (const n of inside) n.classList.add("unfolded");
+  if (inside.length) {  // into the middle of the graph's box; the page itself stays put
+    const box = $("graph"), at = inside[0].getBoundingClientRect();
+    const top = box.getBoundingClientRect();
+    box.scrollTop += at.top - top.top - box.clientHeight / 3;
+    box.scrollLeft += at.left - top.left - box.clientWidth / 3;
+  }
+  $("fold").textContent = "fold " + (d.fqn || "(root)") + " again";
+  $("fold").hidden = false;
 }
 function bindHeat() {
   for (const td of $("heatwrap").querySelectorAll("td")) {
@@ -166,11 +206,12 @@ function setupFindings() {
   });
   if (!DATA.findings.length) ul.innerHTML = "<li class='muted'>No findings.</li>";
 }
-fillSelect($("rank"), DATA.ranks.map((r, i) => [i, "rank " + r.rank]), 0);
+fillSelect($("rank"), DATA.ranks.map((r, i) => [i, "rank " + r.rank]), rank);
 $("rank").disabled = DATA.ranks.length < 2;
 $("rank").addEventListener("change", () => { rank = Number($("rank").value); setupRank(); });
 $("model").addEventListener("change", () => setupSteps($("step").value));
 $("step").addEventListener("change", draw);
+$("fold").addEventListener("click", draw);
 $("slider").addEventListener("input", () => {
   $("step").value = String(steps()[Number($("slider").value)]); draw();
 });
@@ -204,7 +245,8 @@ def page(title: str, meta: str, data: dict[str, Any], legend: str) -> str:
 <span class="muted" id="graph-summary"></span>
 </div>
 <main>
-<section><h2>Call graph</h2><div id="graph"></div></section>
+<section><h2>Call graph <span class="muted">(click a block with "+N calls inside" to
+unfold it)</span><button id="fold" hidden></button></h2><div id="graph"></div></section>
 <div id="side">
 <section><h2>Findings (hooktrace check)</h2><ul class="findings" id="findings"></ul></section>
 <section id="heatmap-section"><h2>Gradient flow: log10 of the gradient norm, modules in forward
