@@ -45,6 +45,9 @@ STEPS = 32  # recorded steps judged call by call (the first ones): bounded memor
 
 # element-wise activations: what a zero or tiny gain means for them
 _RELU_LIKE = {"ReLU", "ReLU6", "Hardtanh", "Threshold", "RReLU", "CELU", "ELU", "SELU"}
+# layers that drop whole inputs at random: an exactly-zero gradient now and then is theirs
+_DROPPING = {"StochasticDepth", "DropPath", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d",
+             "AlphaDropout", "FeatureAlphaDropout"}
 _SATURATING = {"Sigmoid", "Tanh", "Softmax", "LogSigmoid", "Hardsigmoid", "Softsign",
                "Tanhshrink", "GELU", "SiLU", "Mish", "Hardswish", "Softplus", "LogSoftmax"}
 
@@ -184,8 +187,10 @@ def _gain(c: Call) -> float | None:
 
 
 def _starves(b: Call, v: Call) -> bool:
-    """``v``'s gradient is as small as what ``b`` passes back, far below what ``b`` receives."""
-    assert b.g_out is not None and b.g_in is not None and v.g_out is not None
+    """``v``'s gradient is as small as what ``b`` passes back, far below what ``b`` receives
+    (unknown sizes, a lost input's among them, say nothing)."""
+    if b.g_out is None or b.g_in is None or v.g_out is None:
+        return False
     return v.g_out <= 1e3 * b.g_in and v.g_out < 1e-3 * b.g_out
 
 
@@ -257,6 +262,8 @@ def _cause(b: Call, modules: dict[ModuleKey, ModuleStats]) -> str:
             return "dead_activation"
         if cls in _SATURATING:
             return "saturated"
+        if cls in _DROPPING:
+            return "dropped"
         return "zero_weights" if m is not None and m.params else "zero_backward"
     return "saturated" if cls in _SATURATING or cls in _RELU_LIKE else "small_gain"
 
@@ -272,6 +279,8 @@ def _add(flow: Flow, step: int, b: Call, cause: str, victim: Call) -> Boundary:
     found.victims[victim.key] = None
     return found
 
+
+_RANDOM_ZERO = {"dropped", "zeroed", "zero_backward", "dead_activation"}
 
 # cause -> (finding kind, what happens, hint)
 _CAUSES = {
@@ -303,6 +312,11 @@ _CAUSES = {
         "zero-gradient", "it passes back an exactly-zero gradient for a non-zero one",
         "a custom autograd.Function whose backward returns zeros, or a mask or a "
         "multiplication by 0 inside its forward"),
+    "dropped": (
+        "zero-gradient", "it dropped its whole input (every sample of the batch): it passes "
+        "back an exactly-zero gradient",
+        "stochastic depth and dropout drop a whole small batch now and then (a note); in most "
+        "steps, its drop probability is 1 or the batch is too small for it"),
     "dead_activation": (
         "dead-activation", "every element of its input is in the flat part (a ReLU whose "
         "input is all negative): it passes back an exactly-zero gradient",
@@ -337,9 +351,16 @@ def _finding(flow: Flow, b: Boundary, modules: dict[ModuleKey, ModuleStats],
                f"({names_text([k[1] for k in victims])}) at {steps_text(b.steps)}")
     judged = flow.judged.get(model, [])
     later = len(judged) - len(b.steps)
-    passing = b.steps == judged[:len(b.steps)] and (
+    first = b.steps == judged[:len(b.steps)] and (
         later > 0 or (b.cause == "zero_weights" and len(judged) == 1))
-    if passing and later:
+    # a zero that a random drop or a batch can make, in a quarter of the steps or fewer; never
+    # a detach or no_grad, which code does
+    now_and_then = (not first and b.cause in _RANDOM_ZERO
+                    and 4 * len(b.steps) <= len(judged))
+    passing = first or now_and_then
+    if now_and_then:
+        message += f", not in the other {plural(later, 'step')} judged"
+    elif passing and later:
         message += f", not in the {plural(later, 'later step')}"
     elif passing:  # only the first step is in the log
         message += ": usual at the first step after a zero-initialised layer (a ViT head)"

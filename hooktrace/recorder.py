@@ -76,7 +76,11 @@ class LogRecorder(Observer):
         if self._outputs is not None:
             event.output_nonfinite = self._outputs.check(end.outputs)
         if start.grad:
-            needs = [i for i, t in enumerate(start.inputs) if t.requires_grad]
+            # not an input the call changed in place while a view: autograd rebased its history
+            # (CopySlices), and the node its gradient hook is on may never run
+            versions = start.input_versions
+            needs = [i for i, t in enumerate(start.inputs) if t.requires_grad
+                     and not (t._version != versions[i] and t._is_view())]
             needs += [len(start.inputs) + j for j, t in enumerate(end.kw_inputs)
                       if t.requires_grad]
             if needs:

@@ -39,6 +39,9 @@ class _ForwardStart(NamedTuple):
     #: shapes and dtypes of ``inputs`` as the call began (an in-place op may change them);
     #: recorded steps only, empty otherwise
     input_summary: Summary
+    #: the version counters of ``inputs`` as the call began (recorded steps with gradients on):
+    #: an input the call changes in place has a new one
+    input_versions: tuple[int, ...]
 
 
 class ForwardStart(_ForwardStart):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -200,6 +202,14 @@ class Exploding(nn.Module):
         raise self.raised[-1]
 
 
+def raised_at(statement: str) -> dict[str, Any]:
+    """The end record's ``file`` and ``line`` for an error raised by ``statement`` in this file
+    (the innermost line of the user's code it came through)."""
+    lines = Path(__file__).read_text().splitlines()
+    [line] = [i + 1 for i, text in enumerate(lines) if text.strip() == statement]
+    return {"file": os.path.relpath(__file__), "line": line}
+
+
 def test_no_hooks_after_exception(log_path: Path) -> None:
     model = small_model()
     with pytest.raises(ValueError, match=r"^user code failed$"), hooktrace.trace(
@@ -209,7 +219,8 @@ def test_no_hooks_after_exception(log_path: Path) -> None:
     assert_no_hooks(model)
     end = end_of(log_path)
     assert end.status == "error"
-    assert end.error == {"type": "ValueError", "message": "user code failed"}
+    assert end.error == {"type": "ValueError", "message": "user code failed",
+                         **raised_at('raise ValueError("user code failed")')}
     assert end.steps == 1
     assert end.events == 10
     assert end.tracer_error is None
@@ -230,7 +241,8 @@ def test_module_exception_propagates_unchanged(log_path: Path) -> None:
     assert_no_hooks(model)
     end = end_of(log_path)
     assert end.status == "error"
-    assert end.error == {"type": "Boom", "message": "kaboom: shape [2, 4] is wrong"}
+    assert end.error == {"type": "Boom", "message": "kaboom: shape [2, 4] is wrong",
+                         "model": 0, "module": "1", **raised_at("raise self.raised[-1]")}
     assert end.tracer_error is None
     # the calls that returned before the exception were recorded
     assert names(log_path, "forward") == ["0", "1.ok", "1.inner.0", "1.inner.1", "1.inner"]
@@ -282,7 +294,8 @@ def test_exception_in_backward_propagates(log_path: Path) -> None:
     assert_no_hooks(model)
     end = end_of(log_path)
     assert end.status == "error"
-    assert end.error == {"type": "Boom", "message": "no gradient for you"}
+    assert end.error == {"type": "Boom", "message": "no gradient for you",
+                         **raised_at('raise Boom("no gradient for you")')}
     assert end.tracer_error is None
     # the backward that had started is still written
     assert names(log_path, "backward") == ["", "b"]

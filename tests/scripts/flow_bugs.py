@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from torch import nn
+from torchvision.ops import StochasticDepth
 
 
 class Encoder(nn.Module):
@@ -210,6 +211,31 @@ def layer_scale() -> nn.Module:
     return nn.Sequential(nn.Linear(8, 16), Block(), Block(), nn.Linear(16, 4))
 
 
+class DropBlock(nn.Module):
+    """Healthy: a residual block with stochastic depth (torchvision's), dropping the branch for
+    the whole batch now and then."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.branch = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16))
+        self.drop = StochasticDepth(0.2, "batch")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(self.branch(x))  # type: ignore[no-any-return]
+
+
+class PooledHead(nn.Module):
+    """Healthy: EfficientNet's head, an in-place Dropout on a flattened view."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(8, 16)
+        self.head = nn.Sequential(nn.Dropout(0.2, inplace=True), nn.Linear(16, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x).view(8, 4, 4).flatten(1))  # type: ignore[no-any-return]
+
+
 CASES: dict[str, Callable[[], nn.Module]] = {
     "detached": Detached,
     "numpy_block": NumpyModel,
@@ -224,6 +250,9 @@ CASES: dict[str, Callable[[], nn.Module]] = {
     "backward_inplace": lambda: mlp(InplaceGate(), nn.Linear(16, 4)),
     "ok_layer_scale": layer_scale,
     "ok_frozen_backbone": lambda: mlp(nn.ReLU(), nn.Linear(16, 4)),
+    "ok_stochastic_depth": lambda: nn.Sequential(nn.Linear(8, 16), *(DropBlock() for _ in range(4)),
+                                                 nn.Linear(16, 4)),
+    "ok_inplace_dropout_view": PooledHead,
 }
 
 
