@@ -45,6 +45,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
                                                     "(default: each workload's own)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--skip-logs", action="store_true", help="do not measure check/render")
+    parser.add_argument("--variants", default=None,
+                        help="comma-separated variants to measure (default: all; untraced and "
+                             "the floor are always measured: ratios are against them)")
     parser.add_argument("--cprofile", nargs="?", const="hooktrace", metavar="VARIANT",
                         help="only print a cProfile of 20 steps of the first workload under "
                              "VARIANT (default hooktrace)")
@@ -54,6 +57,12 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     unknown = set(args.workloads) - set(workloads.NAMES)
     if unknown:
         parser.error(f"unknown workload(s) {sorted(unknown)}; choose from {workloads.NAMES}")
+    names = [v.name for v in variants.VARIANTS]
+    args.variants = ({"untraced", "floor", *args.variants.split(",")} if args.variants
+                     else set(names))
+    if args.variants - set(names):
+        parser.error(f"unknown variant(s) {sorted(args.variants - set(names))}; choose from "
+                     f"{names}")
     return args
 
 
@@ -83,7 +92,8 @@ def bench_workload(name: str, args: argparse.Namespace, folder: Path) -> dict[st
     rounds = args.rounds or (schedule.quick_rounds if args.quick else schedule.rounds)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     timer = "wall" if device.type == "cuda" else "cpu"  # the issue quotes CPU time; GPU: wall
-    chosen = [v for v in variants.VARIANTS if v.runs_on(name, device.type)]
+    chosen = [v for v in variants.VARIANTS
+              if v.runs_on(name, device.type) and v.name in args.variants]
     _progress(f"{name}: {rounds} rounds of {len(chosen)} variants")
     samples = measure.interleave(workload, chosen, rounds, folder, sync)
     per_step = report.events_per_step(samples)

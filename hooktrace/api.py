@@ -146,6 +146,8 @@ def trace(
     models = [model] if isinstance(model, nn.Module) else (list(model) if model else None)
     if break_on not in (None, "nan"):
         raise HooktraceError(f"break_on={break_on!r}: only 'nan' is supported")
-    options = TraceOptions(tuple(include), tuple(exclude), Steps.parse(steps), max_events, stats,
-                           watch, break_on == "nan", tuple(capture), capture_max_mb, strict)
+    options = TraceOptions(include=tuple(include), exclude=tuple(exclude),
+                           steps=Steps.parse(steps), max_events=max_events, stats=stats,
+                           watch=watch, break_on_nan=break_on == "nan", capture=tuple(capture),
+                           capture_max_mb=capture_max_mb, strict=strict)
     return Trace(path, models, options)

@@ -76,8 +76,10 @@ def run(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[
     """Run the python script TARGET with ARGS, recording every module call to a log."""
     from hooktrace import runner  # imports torch: only this command needs it
 
-    options = TraceOptions(include, exclude, Steps.parse(steps), max_events, not no_stats,
-                           not no_watch, break_on == "nan", capture, capture_max_mb, strict)
+    options = TraceOptions(include=include, exclude=exclude, steps=Steps.parse(steps),
+                           max_events=max_events, stats=not no_stats, watch=not no_watch,
+                           break_on_nan=break_on == "nan", capture=capture,
+                           capture_max_mb=capture_max_mb, strict=strict)
     sys.exit(runner.run(runner.Target(target, args, as_module), output, options))
 
 

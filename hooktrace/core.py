@@ -22,7 +22,10 @@ record (``records.py``):
     backward_end(PassEnd)             the pass ended: the step is over
     stop(step, mode)                  tracing stops; the hooks are already gone
 
-Each record carries the step's ``Mode``; ``step_mode`` alone decides it. ``seq`` numbers the
+Each record carries the step's ``Mode``; ``step_mode`` alone decides it. A watched step follows
+the backward of model calls only (top-level: ``backward_start`` and ``grad_output`` for them,
+and the pass's end), not of each call, unless ``--break-on nan`` is on: a hook per call's
+tensors is most of what tracing costs. ``seq`` numbers the
 recorded forward ends and backward starts in the order they happened; ``--max-events`` is the
 number of them a run may record, after which steps are watched (or off). An observer that
 writes records of its own is handed the log writer's ``emit`` (``recorder.py``): what it emits
@@ -139,6 +142,10 @@ class CallTracker:
         self._recomputed: dict[ModInfo, int] = {}
         self._seen: set[ModInfo] = set()
         self._compiled_noted = False
+        # the modes whose every call's backward is followed; a watched step follows only its
+        # model calls' (their backward's start, the gradient reaching them, the pass's end),
+        # unless --break-on nan must see each call's gradients
+        self._every_backward = {RECORDED, WATCHED} if options.break_on_nan else {RECORDED}
         self._naming: Naming | None = None
         self._observers: list[Observer] = []
 
@@ -249,11 +256,13 @@ class CallTracker:
                        args: tuple[Any, ...]) -> tuple[ForwardStart, _Call]:
         inputs, seen = leaves(args)
         call = _Call(self.step)
+        recorded = mode is RECORDED
         start = ForwardStart(module, info, self.step, mode, grad, inputs, seen - len(inputs),
-                             summarize(inputs) if mode is RECORDED else _NO_SUMMARY)
+                             summarize(inputs) if recorded else _NO_SUMMARY,
+                             tuple(t._version for t in inputs) if recorded and grad else ())
         for forward_start in self._to_forward_start[mode]:
             forward_start(start)
-        if grad:
+        if grad and mode in self._every_backward:
             attach = self._grads.attach
             for i, t in enumerate(inputs):
                 if t.requires_grad:
@@ -275,7 +284,7 @@ class CallTracker:
                 return None
             kwargs, output = rest
             if start is not None and call is not None:
-                self._end_forward(start, call, args, kwargs, output)
+                self._end_forward(start, call, args, kwargs, output, not stack)
             elif grad and not stack:
                 # not recorded, yet top-level: its outputs still tell when a backward pass ends
                 for t in leaves(output)[0]:
@@ -288,7 +297,7 @@ class CallTracker:
         return None
 
     def _end_forward(self, start: ForwardStart, call: _Call, args: tuple[Any, ...],
-                     kwargs: dict[str, Any], output: Any) -> None:
+                     kwargs: dict[str, Any], output: Any, top: bool) -> None:
         info = start.info
         kw_inputs, kw_seen = leaves(kwargs) if kwargs else ([], 0)
         outputs, n_out = leaves(output)
@@ -313,11 +322,12 @@ class CallTracker:
                          self._grads.in_backward)
         for forward_end in self._to_forward_end[mode]:
             forward_end(end)
-        if start.grad:
+        if start.grad and (top or mode in self._every_backward):
             attach = self._grads.attach
-            for j, t in enumerate(kw_inputs):
-                if t.requires_grad:
-                    attach(t, call, ~(n_args + j))
+            if mode in self._every_backward:
+                for j, t in enumerate(kw_inputs):
+                    if t.requires_grad:
+                        attach(t, call, ~(n_args + j))
             for i, t in enumerate(outputs):
                 if t.requires_grad:
                     attach(t, call, i)

@@ -10,7 +10,7 @@ module call):
 * a BatchNorm without trainable parameters in train mode while its model trains (first pass);
 * gradients left uncleared: PyTorch's global optimizer step hooks tell whether an optimizer
   steps with a ``.grad`` that is still the tensor its previous step left, one version on for
-  each backward pass that reached its module since (each adds to it once) and never reset
+  each backward pass that reached its model since (each adds to it once) and never reset
   (a GAN's discriminator, whose gradients the generator's backward adds to and the next
   ``zero_grad`` clears, is fine). A hook per parameter would tell it too, at 29 us a
   parameter a step (W1: 11 ms a step);
@@ -51,21 +51,21 @@ class Diagnosis(Observer):
         self._classes: set[type] = set()
         self._entries: dict[int, weakref.ref[nn.Module]] = {}  # model -> its last entry module
         self._in_eval: set[int] = set()  # models reported running backward in eval mode
-        self._models_reached: set[int] = set()  # models a backward reached in this pass
-        self._reached: set[ModInfo] = set()  # modules a backward reached in this pass
-        self._passes: dict[ModInfo, int] = {}  # per module, the passes that reached it
+        # models a backward reached in this pass (a watched step follows model calls' only)
+        self._models_reached: set[int] = set()
+        self._passes: dict[int, int] = {}  # per model, the passes that reached it
         self._modules: list[tuple[weakref.ref[nn.Module], ModInfo]] = []  # with parameters
         self._owner: dict[int, ModInfo] = {}  # id(parameter) -> its module
         self._held: set[int] = set()  # ids of the parameters of optimizers that stepped
         self._held_changed = False
         self._sorted: dict[int, dict[str, list[str]]] = {}  # model -> its last optimizers signal
         # id(p) -> its .grad as an optimizer step left it, that tensor's version then, and the
-        # passes that had reached its module then
+        # passes that had reached its model then
         self._stepped: dict[int, tuple[weakref.ref[torch.Tensor], int, int]] = {}
         self._reported_carry = False
         self._reported_cleared = False
         self._pass_count = 0
-        self._last_reached: dict[ModInfo, int] = {}  # per module, the last pass that reached it
+        self._last_reached: dict[int, int] = {}  # per model, the last pass that reached it
         # per optimizer, the passes done when it last stepped
         self._stepped_after: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = (
             weakref.WeakKeyDictionary())
@@ -102,9 +102,7 @@ class Diagnosis(Observer):
         self._step = step
 
     def backward_start(self, start: BackwardStart) -> None:
-        info = start.call.info
-        self._models_reached.add(info.model)
-        self._reached.add(info)
+        self._models_reached.add(start.call.info.model)
 
     def backward_end(self, end: PassEnd) -> None:
         self._step = end.step
@@ -121,13 +119,12 @@ class Diagnosis(Observer):
         if self._models_reached and not self._bn_checked:
             self._bn_checked = True
             self._frozen_batchnorms(end.step)
-        self._models_reached.clear()
         passes = self._passes
         self._pass_count += 1
-        for info in self._reached:
-            passes[info] = passes.get(info, 0) + 1
-            self._last_reached[info] = self._pass_count
-        self._reached.clear()
+        for model in self._models_reached:
+            passes[model] = passes.get(model, 0) + 1
+            self._last_reached[model] = self._pass_count
+        self._models_reached.clear()
 
     def _frozen_batchnorms(self, step: int) -> None:
         for ref, info in self._modules:
@@ -139,7 +136,7 @@ class Diagnosis(Observer):
 
     def _optimizer_stepping(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         """Before a step: a parameter whose ``.grad`` is still the tensor the previous step
-        left, added to since by each pass that reached its module (one version each) and never
+        left, added to since by each pass that reached its model (one version each) and never
         reset (set to None, or zeroed: one version more), carries the previous step's gradient
         into this one. Said once a run."""
         try:
@@ -155,7 +152,7 @@ class Diagnosis(Observer):
                     if left is None or grad is None or left[0]() is not grad:
                         continue
                     info = self._owner[id(p)]
-                    added = self._passes.get(info, 0) - left[2]
+                    added = self._passes.get(info.model, 0) - left[2]
                     if added and grad._version == left[1] + added:
                         carried.setdefault(info.model, {})[info.name] = None
             for model, names in sorted(carried.items()):
@@ -175,7 +172,7 @@ class Diagnosis(Observer):
         reached: dict[int, dict[str, None]] = {}
         for p in params:
             info = self._owner.get(id(p))
-            if info is not None and self._last_reached.get(info, 0) > since:
+            if info is not None and self._last_reached.get(info.model, 0) > since:
                 reached.setdefault(info.model, {})[info.name] = None
         for model, names in sorted(reached.items()):
             self._reported_cleared = True
@@ -193,7 +190,7 @@ class Diagnosis(Observer):
                     info = self._owner.get(id(p))
                     if p.grad is not None and info is not None:
                         self._stepped[id(p)] = (weakref.ref(p.grad), p.grad._version,
-                                                self._passes.get(info, 0))
+                                                self._passes.get(info.model, 0))
             self._sort_modules(self._step)
         except Exception:
             self._remove_hooks()

@@ -34,6 +34,7 @@ from typing import Any
 
 from hooktrace import schema
 from hooktrace.errors import HooktraceError, LogError
+from hooktrace.findings import ancestors
 from hooktrace.logio import LogReader, capture_dir
 
 Event = schema.ForwardEvent | schema.BackwardEvent
@@ -51,15 +52,6 @@ class SelectionError(HooktraceError):
 def depth_of(fqn: str) -> int:
     """0 for a model's root (``""``), 1 for ``layer1``, 3 for ``layer1.0.conv1``."""
     return fqn.count(".") + 1 if fqn else 0
-
-
-def ancestors(fqn: str) -> list[str]:
-    """The fqns above ``fqn``, nearest first: ``a.b.c`` -> ``a.b``, ``a``, ``""``."""
-    out = []
-    while fqn:
-        fqn = fqn.rpartition(".")[0]
-        out.append(fqn)
-    return out
 
 
 def ranges(numbers: list[int]) -> str:
@@ -286,7 +278,7 @@ def _link_parents(calls: dict[NodeKey, Call]) -> None:
         seqs.setdefault((c.model, c.fqn), []).append(c.seq)
     call_at = {c.seq: c for c in calls.values()}
     for c in calls.values():
-        for fqn in ancestors(c.fqn):
+        for fqn in reversed(ancestors(c.fqn)):  # nearest first
             above = seqs.get((c.model, fqn), [])
             i = bisect.bisect_right(above, c.seq)  # the first call of it to return after c
             if i < len(above):
@@ -535,9 +527,9 @@ def _add_clusters(view: View, calls: dict[NodeKey, Call]) -> None:
                                 and c.later is None)
     inside = view.contents
     for model, fqn in clusters:
-        inside.setdefault((model, ancestors(fqn)[0]) if fqn else None, []).append((model, fqn))
+        inside.setdefault((model, ancestors(fqn)[-1]) if fqn else None, []).append((model, fqn))
     for node in view.nodes():
         model, fqn, _ = node.key
         parent = (model, fqn) if (model, fqn) in clusters else \
-            (model, ancestors(fqn)[0]) if fqn else None
+            (model, ancestors(fqn)[-1]) if fqn else None
         inside.setdefault(parent, []).append(node.key)

@@ -51,7 +51,7 @@ class Steps:
         return None if None in stops else max(s for s in stops if s is not None) - 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TraceOptions:
     include: Sequence[str] = ()  # fqn globs; empty = every module
     exclude: Sequence[str] = ()

@@ -1,16 +1,20 @@
 """Watched steps: after the fully recorded steps, keep looking, write only what is wrong.
 
 A 10,000-step run must not write gigabytes, yet a NaN that first appears at step 9,000 must still
-be found with its module. In a watched step the core follows every call as usual but no event is
-written; this observer checks outputs and gradients for NaN/Inf and, when the step ends, emits
-``anomaly`` records: the first module whose output held NaN/Inf, the first NaN/Inf gradient, and
-modules with trainable parameters that received gradient before but got none for their last
-step's calls.
+be found with its module. A watched step is cheap: the core follows each call's forward but only
+the model calls' backward (no hook per call's tensors). This observer checks each forward output
+for NaN/Inf and, when the step ends, the gradient that reached each model call and the parameter
+gradients of the modules called with gradients on (one fused norm per device and dtype), and
+emits ``anomaly`` records: the first module whose output held NaN/Inf; the first NaN/Inf
+gradient (at a model's output, else the first module in backward order whose parameter
+gradient is NaN/Inf); modules with trainable parameters that got a gradient before and no
+longer do while the rest of their model does.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +30,8 @@ _MAX_HELD = 8192  # calls held per step; forward-only code (no backward, no step
 WATCHED = Mode.WATCHED
 
 _Numbers = list[tuple[float, ...] | None]
+# a module's parameter gradients as a step left them: each tensor, and its version then
+_GradState = tuple[tuple[weakref.ref[torch.Tensor], int], ...]
 
 
 class Watch(Observer):
@@ -37,12 +43,11 @@ class Watch(Observer):
         self._emit = emit
         # NaN/Inf outputs of the step's calls (filled in when statistics are resolved)
         self._forward: list[tuple[ModInfo, int, list[list[int]]]] = []
-        # the step's backward calls, in the order they began: (grad_input, grad_output) checks
-        self._backward: dict[BackwardStart, tuple[_Numbers, _Numbers]] = {}
-        # forward calls of modules with parameters, in order; those whose backward began
-        self._calls: list[ForwardCall] = []
-        self._waiting: set[ForwardCall] = set()
-        self._got_backward: set[ForwardCall] = set()
+        # the gradient reaching each model call of the step
+        self._model_grads: dict[BackwardStart, _Numbers] = {}
+        # modules with parameters called with gradients on in this step: their first call
+        self._called: dict[ModInfo, ForwardCall] = {}
+        self._states: dict[ModInfo, _GradState] = {}  # as the last step that judged them left
         self._had_grad: set[ModInfo] = set()  # modules that received gradient at some step
 
     def forward_end(self, end: ForwardEnd) -> None:
@@ -54,49 +59,59 @@ class Watch(Observer):
             self._stats.resolve()
             for anomaly in self._forward_anomalies(call.step):
                 self._emit(anomaly)
-        if end.start.grad and call.info.has_params:
-            self._calls.append(call)
-            self._waiting.add(call)
+        if end.start.grad and call.info.has_params and len(self._called) < _MAX_HELD:
+            self._called.setdefault(call.info, call)
 
     def backward_start(self, start: BackwardStart) -> None:
-        call = start.call
-        self._had_grad.add(call.info)
-        if call in self._waiting:
-            self._got_backward.add(call)
         if start.mode is WATCHED:
-            self._backward[start] = ([None] * call.n_in, [None] * call.n_out)
+            self._model_grads[start] = [None] * start.call.n_out
 
     def grad_output(self, start: BackwardStart, index: int, grad: torch.Tensor) -> None:
-        numbers = self._backward.get(start)
+        numbers = self._model_grads.get(start)
         if numbers is not None:
-            self._stats.grad(grad, numbers[1], index, False)
-
-    def grad_input(self, start: BackwardStart, index: int, grad: torch.Tensor) -> None:
-        numbers = self._backward.get(start)
-        if numbers is not None:
-            self._stats.grad(grad, numbers[0], index, False)
+            self._stats.grad(grad, numbers, index, False)
 
     def backward_end(self, end: PassEnd) -> None:
         if end.mode is WATCHED:
+            changed = self._changed_params()
+            norms: dict[str, Any] = {}
+            self._stats.param_norms([(norms, str(i), grads)
+                                     for i, (_, _, grads) in enumerate(changed)])
             self._stats.end_pass()
             self._stats.resolve()
-            for anomaly in self._end_step(end.step):
+            for anomaly in self._end_step(end.step, changed, norms):
                 self._emit(anomaly)
             self._outputs.reset()
 
     def stop(self, step: int, mode: Mode) -> None:
         if mode is WATCHED:
             self._stats.resolve()  # a NaN seen in a step that never reached its backward
-            for anomaly in self._end_step(step):
+            for anomaly in self._forward_anomalies(step):
                 self._emit(anomaly)
+
+    def _changed_params(self) -> list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]]:
+        """The step's modules whose parameter gradients changed since a step last judged them
+        (a new tensor, or one added to): a backward reached them."""
+        changed = []
+        for info, call in self._called.items():
+            module = info.ref()
+            if module is None:
+                continue
+            grads = [p.grad for p in module._parameters.values()
+                     if p is not None and p.requires_grad and p.grad is not None]
+            before = self._states.get(info)
+            if before is not None and len(before) == len(grads) and all(
+                    ref() is g and version == g._version
+                    for (ref, version), g in zip(before, grads, strict=True)):
+                continue
+            if grads:
+                self._states[info] = tuple((weakref.ref(g), g._version) for g in grads)
+                changed.append((info, call, grads))
+        return changed
 
     def _forward_anomalies(self, step: int) -> list[schema.Anomaly]:
         bad = [(info, call, found) for info, call, found in self._forward if found]
         self._forward.clear()
-        if len(self._calls) > _MAX_HELD:
-            dropped, self._calls = self._calls[: len(self._calls) // 2], self._calls[
-                len(self._calls) // 2:]
-            self._forget(dropped)
         if not bad:
             return []
         info, call, found = bad[0]
@@ -104,36 +119,51 @@ class Watch(Observer):
             "outputs": [{"index": i, "nan": nan, "inf": inf} for i, nan, inf in found],
             "modules_with_nonfinite_outputs": len(bad)})]
 
-    def _end_step(self, step: int) -> list[schema.Anomaly]:
+    def _end_step(self, step: int, changed: list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]],
+                  norms: dict[str, Any]) -> list[schema.Anomaly]:
         """Anomalies of ``step``; call after the step's statistics are resolved."""
         out = self._forward_anomalies(step)
-        for start, (ins, outs) in self._backward.items():
-            received = any(s is not None and not math.isfinite(s[0]) for s in outs)
-            if received or any(s is not None and not math.isfinite(s[0]) for s in ins):
-                info = start.call.info
-                out.append(schema.Anomaly(step, info.model, info.name, "nonfinite-backward",
-                                          start.call.call_index, {"produced": not received}))
-                break
-        out += self._lost_gradients(step)
-        self._backward.clear()
+        nonfinite = self._nonfinite_backward(step, changed, norms)
+        if nonfinite is not None:
+            out.append(nonfinite)
+        out += self._lost_gradients(step, changed)
+        self._model_grads.clear()
+        self._called.clear()
         return out
 
-    def _lost_gradients(self, step: int) -> list[schema.Anomaly]:
-        # a call may get its backward one step later (a GAN's generator): judge last step's calls
-        judged = [c for c in self._calls if c.step < step]
-        self._calls = [c for c in self._calls if c.step >= step]
-        got = {call.info for call in judged if call in self._got_backward}
-        self._forget(judged)
+    def _nonfinite_backward(self, step: int,
+                            changed: list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]],
+                            norms: dict[str, Any]) -> schema.Anomaly | None:
+        """A NaN/Inf gradient reaching a model call, else the first module in backward order (the
+        last called first) whose parameter gradient is NaN/Inf."""
+        for start, numbers in self._model_grads.items():
+            if any(s is not None and not math.isfinite(s[0]) for s in numbers):
+                info = start.call.info
+                return schema.Anomaly(step, info.model, info.name, "nonfinite-backward",
+                                      start.call.call_index, {"produced": False})
+        for i in reversed(range(len(changed))):
+            norm = norms.get(str(i))
+            if norm is not None and not math.isfinite(norm):
+                info, call, _ = changed[i]
+                return schema.Anomaly(step, info.model, info.name, "nonfinite-backward",
+                                      call.call_index,
+                                      {"produced": True, "parameter_grad_norm": str(norm)})
+        return None
+
+    def _lost_gradients(self, step: int,
+                        changed: list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]]
+                        ) -> list[schema.Anomaly]:
+        """Modules called with gradients on that got a gradient before and none in this step,
+        while other modules of their model did (a model trained in turns, as a GAN's
+        generator is, starves as a whole in the other model's steps: not a lost gradient)."""
+        got = {info for info, _, _ in changed}
+        trained = {info.model for info in got}
         out: list[schema.Anomaly] = []
-        for call in judged:
-            info = call.info
-            if info in self._had_grad and info not in got:
+        for info, call in self._called.items():
+            if info in got:
+                self._had_grad.add(info)
+            elif info in self._had_grad and info.model in trained:
                 self._had_grad.discard(info)  # reported once, until it receives gradient again
-                out.append(schema.Anomaly(call.step, info.model, info.name, "no-grad",
+                out.append(schema.Anomaly(step, info.model, info.name, "no-grad",
                                           call.call_index, {"had_gradient_before": True}))
         return out
-
-    def _forget(self, calls: list[ForwardCall]) -> None:
-        for call in calls:
-            self._waiting.discard(call)
-            self._got_backward.discard(call)

@@ -265,8 +265,8 @@ def test_small_gradients_inside_a_branch(tmp_path: Path, shortcut: bool) -> None
 def test_loss_scaler_overflow_is_a_note(tmp_path: Path, scaler: bool) -> None:
     """fp16 with torch.amp.GradScaler: its first steps' scaled gradients overflow to Inf and it
     skips them, then trains on: a note, not an error. (It skips steps 0-11; in 10 and 11, which
-    are watched, only weight gradients overflow, which watched steps do not read.) Without the
-    scaler the Inf gradients are applied and the run stays NaN: errors."""
+    are watched, only weight gradients overflow: a watched step reads them in one fused norm.)
+    Without the scaler the Inf gradients are applied and the run stays NaN: errors."""
     log = trace(tmp_path, SCRIPTS / "loss_scaling.py", *(() if scaler else ("--no-scaler",)))
     status, report = check_json(log)
     backward = [f for f in report["findings"] if f["kind"] == "nonfinite-backward"]
@@ -274,7 +274,7 @@ def test_loss_scaler_overflow_is_a_note(tmp_path: Path, scaler: bool) -> None:
         assert problems(report) == [] and status == 0
         [note] = backward
         assert (note["severity"], note["step"], note["module"]) == ("note", 0, "")
-        assert note["evidence"]["steps"] == list(range(10))
+        assert note["evidence"]["steps"] == list(range(12))
         assert "as a loss scaler (torch.amp.GradScaler) skips a step" in note["message"]
     else:
         assert status == 1

@@ -179,6 +179,7 @@ def test_watched_steps_report_only_nonfinite_gradients(log_path: Path) -> None:
     assert not math.isfinite(reference["2.out"].sum().item())  # the float32 sum overflows
     with hooktrace.trace(log_path, model=model, steps="0"):
         for scale in scales:
+            model.zero_grad()
             (model(x) * torch.full((5, 3), scale)).sum().backward()
     anomalies = [r for r in read_log(log_path) if isinstance(r, schema.Anomaly)]
     assert {(a.step, a.kind) for a in anomalies} == {(3, "nonfinite-backward")}

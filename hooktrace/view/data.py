@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hooktrace import schema
-from hooktrace.graph import ModuleKey, ancestors, depth_of, grad_output_norm
+from hooktrace.findings import ancestors
+from hooktrace.graph import ModuleKey, depth_of, grad_output_norm
 from hooktrace.logio import LogReader
 
 MAX_STEPS = 200  # heatmap columns: a longer run shows every n-th recorded step
