@@ -280,7 +280,7 @@ def _add(flow: Flow, step: int, b: Call, cause: str, victim: Call) -> Boundary:
     return found
 
 
-_RANDOM_ZERO = {"dropped", "zeroed", "zero_backward", "dead_activation"}
+_RANDOM_ZERO = {"zeroed", "zero_backward", "dead_activation"}
 
 # cause -> (finding kind, what happens, hint)
 _CAUSES = {
@@ -315,8 +315,8 @@ _CAUSES = {
     "dropped": (
         "zero-gradient", "it dropped its whole input (every sample of the batch): it passes "
         "back an exactly-zero gradient",
-        "stochastic depth and dropout drop a whole small batch now and then (a note); in most "
-        "steps, its drop probability is 1 or the batch is too small for it"),
+        "stochastic depth and dropout drop a whole small batch now and then (a note); in every "
+        "step, its drop probability is 1"),
     "dead_activation": (
         "dead-activation", "every element of its input is in the flat part (a ReLU whose "
         "input is all negative): it passes back an exactly-zero gradient",
@@ -353,10 +353,11 @@ def _finding(flow: Flow, b: Boundary, modules: dict[ModuleKey, ModuleStats],
     later = len(judged) - len(b.steps)
     first = b.steps == judged[:len(b.steps)] and (
         later > 0 or (b.cause == "zero_weights" and len(judged) == 1))
-    # a zero that a random drop or a batch can make, in a quarter of the steps or fewer; never
-    # a detach or no_grad, which code does
-    now_and_then = (not first and b.cause in _RANDOM_ZERO
-                    and 4 * len(b.steps) <= len(judged))
+    # a zero that one batch can make, in a quarter of the steps or fewer, or a drop layer's
+    # (stochastic depth, dropout) in some steps only; never a detach or no_grad: code does those
+    now_and_then = not first and (
+        (b.cause in _RANDOM_ZERO and 4 * len(b.steps) <= len(judged))
+        or (b.cause == "dropped" and b.steps != judged))  # a drop layer: a bug in every step
     passing = first or now_and_then
     if now_and_then:
         message += f", not in the other {plural(later, 'step')} judged"

@@ -13,9 +13,11 @@ import torch
 import torchvision.models as tvm
 from conftest import events, read_log
 from torch import nn
+from torch.nn import functional as F
 
 import hooktrace
 from hooktrace import schema
+from hooktrace.checks import run_checks
 
 pytestmark = pytest.mark.slow
 
@@ -142,3 +144,21 @@ def test_resnet18_log_is_small(log_path: Path) -> None:
         events_count += kind in ("forward", "backward")
     assert events_count == 3 * 152
     assert per_step / events_count <= 120
+
+
+@pytest.mark.parametrize("name", ["efficientnet_b0", "convnext_tiny", "swin_t"])
+def test_training_steps_are_no_false_alarm(log_path: Path, name: str) -> None:
+    """Ten training steps of batch 2: stochastic depth drops whole branches now and then (at
+    most notes), EfficientNet's in-place Dropout on a flattened view loses no gradient, and
+    check finds no problem."""
+    torch.manual_seed(0)
+    model = getattr(tvm, name)(weights=None, num_classes=4).train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with hooktrace.trace(log_path, model=model):
+        for _ in range(10):
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(torch.randn(2, 3, 64, 64)), torch.randint(0, 4, (2,)))
+            loss.backward()
+            optimizer.step()
+    assert not any(orjson.loads(line).get("lost") for line in log_path.read_bytes().splitlines())
+    assert run_checks(log_path).problems == []
