@@ -313,6 +313,8 @@ class CallTracker:
                 return
         elif mode is OFF:
             return
+        elif self.dropped and start.grad and any(t.requires_grad for t in outputs):
+            self.dropped += 1  # past --max-events: its backward event, not written either
         n_args = len(start.inputs)
         call.step = self.step
         record = call.record = ForwardCall(
@@ -358,8 +360,8 @@ class CallTracker:
             seq = next(self._seq)
         elif mode is WATCHED:
             seq = 0  # a watched step writes no event
-            if self.dropped:
-                self.dropped += 1  # past --max-events: a backward event not written
+            if self.dropped and record.seq >= 0:
+                self.dropped += 1  # the cap came after its forward event: this one is dropped
         else:
             return None
         start = call.backward = BackwardStart(record, seq, self.step, mode)

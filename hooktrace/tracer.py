@@ -96,6 +96,8 @@ class Tracer:
         """The end record's ``error``: its type and message, the module whose call raised it
         (when tracing had named it) and the line of the user's code it came through."""
         described: dict[str, Any] = {"type": type(error).__name__, "message": str(error)}
+        if isinstance(error, (SystemExit, KeyboardInterrupt)):
+            return described  # the script chose to stop: no place to point at
         try:
             module, path, line = error_site(error)
             info = self._naming.known(module) if module is not None and self._naming else None
