@@ -46,11 +46,6 @@ CONTAINERS = {"ModuleList", "ModuleDict", "ParameterList", "ParameterDict"}  # n
 
 # -- the checks: each returns findings -------------------------------------------------------
 
-def _label(c: Collected, model: int, name: str) -> str:
-    m = c.modules.get((model, name))
-    return f"{name or '(root)'} ({m.cls})" if m and m.cls != "?" else (name or "(root)")
-
-
 def check_nonfinite(c: Collected) -> list[Finding]:
     out = []
     forward = c.first_forward_nonfinite
@@ -60,12 +55,12 @@ def check_nonfinite(c: Collected) -> list[Finding]:
         why, hint = _forward_cause(c, forward.step, backward.step if backward else None)
         out.append(Finding(
             "nonfinite-forward", ERROR, c.model_name(forward.model), forward.name, forward.step,
-            f"first NaN/Inf in a forward output: {_label(c, forward.model, forward.name)} at "
+            f"first NaN/Inf in a forward output: {c.label(forward.model, forward.name)} at "
             f"step {forward.step}" + (f" (again in {steps_text(later)})" if later else "") + why,
             forward.evidence, hint))
     if backward is not None and forward is None and _recovered(c):
         bad = sorted(c.backward_nonfinite_steps)
-        label = _label(c, backward.model, backward.name)
+        label = c.label(backward.model, backward.name)
         out.append(Finding(
             "nonfinite-backward", NOTE, c.model_name(backward.model), backward.name,
             backward.step,
@@ -80,7 +75,7 @@ def check_nonfinite(c: Collected) -> list[Finding]:
     elif backward is not None:
         produced = backward.evidence.get("produced")
         follows = forward is not None and forward.step <= backward.step
-        label = _label(c, backward.model, backward.name)
+        label = c.label(backward.model, backward.name)
         out.append(Finding(
             "nonfinite-backward", ERROR, c.model_name(backward.model), backward.name,
             backward.step,
@@ -248,7 +243,7 @@ def _group_subtrees(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> l
         names = ", ".join(m.name for m in below[:6]) + (", ..." if len(below) > 6 else "")
         out.append(Finding(
             finding.kind, finding.severity, finding.model, top, finding.step,
-            f"{_label(c, model, top)}: no gradient reached any of its {len(below)} trainable "
+            f"{c.label(model, top)}: no gradient reached any of its {len(below)} trainable "
             f"modules ({names}): detached or not on the loss path "
             f"({steps_text(finding.evidence['steps'])})",
             {"modules": [m.name for m in below], "steps": finding.evidence["steps"],
@@ -350,7 +345,7 @@ def check_info(c: Collected) -> list[Finding]:
         out.append(Finding(
             "backward-order", NOTE, c.model_name(model), name, step,
             f"backward order does not mirror forward at step {step}, from "
-            f"{_label(c, model, name)} (normal for residual and parallel branches)"))
+            f"{c.label(model, name)} (normal for residual and parallel branches)"))
     return out
 
 

@@ -88,6 +88,11 @@ class Collected:
     def model_name(self, model: int) -> str:
         return self.models.get(model, str(model))
 
+    def label(self, model: int, name: str) -> str:
+        """A module as findings name it: ``layer1.0 (BasicBlock)``, ``(root)`` for the root."""
+        m = self.modules.get((model, name))
+        return f"{name or '(root)'} ({m.cls})" if m and m.cls != "?" else (name or "(root)")
+
 
 def _finite(stat: list[float] | None) -> bool:
     return stat is None or math.isfinite(stat[0])

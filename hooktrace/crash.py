@@ -42,11 +42,6 @@ def _hint(text: str, fallback: str) -> str:
     return next((hint for phrase, hint in _HINTS if phrase in text), fallback)
 
 
-def _label(c: Collected, model: int, name: str) -> str:
-    m = c.modules.get((model, name))
-    return f"{name or '(root)'} ({m.cls})" if m and m.cls != "?" else (name or "(root)")
-
-
 def check_crash(c: Collected) -> list[Finding]:
     if c.end is None or c.end.status != "error" or not c.end.error:
         return []
@@ -64,7 +59,7 @@ def check_crash(c: Collected) -> list[Finding]:
         return [Finding(
             "backward-error", ERROR, c.model_name(model), name, step,
             f"the backward pass of step {step} raised {kind} while the backward of "
-            f"{_label(c, model, name)} ran{where}: {text[:300]}", evidence,
+            f"{c.label(model, name)} ran{where}: {text[:300]}", evidence,
             _hint(text, "the gradient of the modules before it was never computed: fix this "
                         "error first"))]
     step = c.end.steps
@@ -72,7 +67,7 @@ def check_crash(c: Collected) -> list[Finding]:
     if isinstance(raised_in, int) and isinstance(fqn, str):
         return [Finding(
             "forward-error", ERROR, c.model_name(raised_in), fqn, step,
-            f"the script stopped at step {step}: {_label(c, raised_in, fqn)} raised {kind} in its "
+            f"the script stopped at step {step}: {c.label(raised_in, fqn)} raised {kind} in its "
             f"forward{where}: {text[:300]}", evidence,
             _hint(text, "the modules after it in forward never ran: fix this error first"))]
     frozen = [c.model_name(m) for m in sorted(c.models) if _all_frozen(c, m)]

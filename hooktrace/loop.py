@@ -97,7 +97,7 @@ def _outside_autograd(c: Collected) -> list[Finding]:
             model, name = key
             out.append(Finding(
                 "no-grad", WARNING, c.model_name(model), name, steps[0],
-                f"{_label(c, model, name)}: its backward ran but its own parameters never got a "
+                f"{c.label(model, name)}: its backward ran but its own parameters never got a "
                 f"gradient ({steps_text(steps)}): its forward uses them outside autograd",
                 {"steps": steps[:20]},
                 ".item(), float(), .data, .detach(), .numpy() or torch.tensor(p) on a parameter "
@@ -143,7 +143,7 @@ def _backward_hook(c: Collected, s: Signal) -> list[Finding]:
     hook = s.detail.get("hook", "?")
     return [Finding(
         "backward-hook", WARNING, c.model_name(s.model), s.name, None,
-        f"{_label(c, s.model, s.name)} has a hook from the deprecated "
+        f"{c.label(s.model, s.name)} has a hook from the deprecated "
         f"register_backward_hook ({hook}): its forward is more than one operation, and the "
         "hook sees the gradients of the last one only, not the module's",
         {"hook": hook},
@@ -153,7 +153,7 @@ def _backward_hook(c: Collected, s: Signal) -> list[Finding]:
 def _frozen_bn(c: Collected, s: Signal) -> list[Finding]:
     return [Finding(
         "frozen-bn-training", NOTE, c.model_name(s.model), s.name, s.step,
-        f"{_label(c, s.model, s.name)} is frozen (no trainable parameters) but in train mode: "
+        f"{c.label(s.model, s.name)} is frozen (no trainable parameters) but in train mode: "
         "its running statistics still change with every batch",
         {}, "call .eval() on frozen BatchNorm layers after model.train() if they should "
         "stay as loaded")]
@@ -190,11 +190,6 @@ def _never_reached(c: Collected) -> list[Finding]:
 def _order(c: Collected, model: int, name: str) -> int:
     m = c.modules.get((model, name))
     return m.first_seq or 0 if m is not None else 0
-
-
-def _label(c: Collected, model: int, name: str) -> str:
-    m = c.modules.get((model, name))
-    return f"{name or '(root)'} ({m.cls})" if m and m.cls != "?" else (name or "(root)")
 
 
 _BY_KIND = {
