@@ -68,6 +68,10 @@ def _not_held(c: Collected, s: Signal) -> list[Finding]:
         f"({plural(len(missing), 'module')} of model '{c.model_name(s.model)}'): they get "
         "gradients and never train",
         {"modules": missing},
+        # "block.(Linear)": called inside a forward, not in the model's tree
+        "they are not registered submodules (kept in a plain list or dict, or built inside "
+        "forward), so model.parameters() misses them: use nn.ModuleList / nn.ModuleDict, or "
+        "assign them in __init__" if any("(" in name for name in missing) else
         "build the optimizer after adding layers (or add_param_group), from this model's "
         "parameters(), not from another copy's")]
 

@@ -68,6 +68,22 @@ class Siamese(nn.Module):
         return self.dist(self.embed(a), self.embed(b))  # type: ignore[no-any-return]
 
 
+class Deep(nn.Module):
+    """Hidden layers kept in a plain Python list (the bug): not registered submodules."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(8, 16)
+        self.hidden = [nn.Linear(16, 16) for _ in range(2)]
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for layer in self.hidden:
+            x = torch.relu(layer(x))
+        return self.head(x)  # type: ignore[no-any-return]
+
+
 def mlp(*sizes: int) -> nn.Sequential:
     layers: list[nn.Module] = []
     for n, m in itertools.pairwise(sizes):
@@ -93,6 +109,10 @@ def item_param() -> None:
     model = nn.Sequential(mlp(8, 16, 4))
     model.add_module("temp", TempScale())
     train(model)
+
+
+def plain_list() -> None:
+    train(Deep())
 
 
 def model_recreated() -> None:
@@ -233,7 +253,7 @@ def ok_teacher() -> None:
 
 
 CASES: dict[str, Callable[[], None]] = {f.__name__: f for f in (
-    item_param, model_recreated, no_grad_backbone, cleared_before_step, frozen_all,
+    item_param, plain_list, model_recreated, no_grad_backbone, cleared_before_step, frozen_all,
     inplace_param, hidden_carried, all_padding, diverges, nan_gradient_applied,
     ok_gan_rerun, ok_adversarial, ok_lbfgs, ok_teacher)}
 
