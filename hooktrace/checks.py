@@ -1,20 +1,18 @@
-"""Gradient-flow diagnostics: a log in, a list of findings out. Pure: no printing, no torch.
+"""Gradient-flow diagnostics: one rank's collected log in, findings out. Pure: no files, no
+printing, no torch.
 
-``collect`` streams the log once into per-module aggregates; each ``check_*`` function turns
-them into findings; the CLI prints them with ``hooktrace.report``.
+``collect`` streams a log once into per-module aggregates (``Collected``); each ``check_*``
+function turns them into findings and ``check_all`` runs them all. Reading the logs is
+``checklog``'s job; printing them, ``report``'s.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence, Set
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Set
 from typing import TYPE_CHECKING
 
 from hooktrace import flow
 from hooktrace.crash import check_crash
-from hooktrace.errors import HooktraceError
 from hooktrace.findings import (
     ERROR,
     NOTE,
@@ -26,7 +24,6 @@ from hooktrace.findings import (
     plural,
     steps_text,
 )
-from hooktrace.logio import LogReader, capture_dir
 from hooktrace.loop import check_loop
 from hooktrace.magnitudes import (
     DIVERGES,
@@ -36,7 +33,6 @@ from hooktrace.magnitudes import (
     start,
     start_orders,
 )
-from hooktrace.ranks import first_divergence, open_ranks
 
 if TYPE_CHECKING:
     from hooktrace.collect import Collected, Keys, ModuleKey, ModuleStats
@@ -349,19 +345,6 @@ def check_info(c: Collected) -> list[Finding]:
     return out
 
 
-@dataclass
-class Report:
-    findings: list[Finding]
-    warnings: list[str]
-    steps: int
-    events: int
-    captured: str | None = None  # the --capture folder and its file count, when there is one
-
-    @property
-    def problems(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity != NOTE]
-
-
 def _add_sources(c: Collected, findings: list[Finding]) -> None:
     """Where to look for each finding's module: its class's forward as the log recorded it, or,
     for torch's own classes (none recorded), the forward of the nearest module around it that
@@ -394,78 +377,21 @@ def _explained(c: Collected, found: flow.Flow) -> set[ModuleKey]:
         (key[0], name) in starved for name in ancestors(key[1]))}
 
 
-def run_checks(path: str | os.PathLike[str], step: int | None = None,
-               thresholds: Thresholds | None = None) -> Report:
-    from hooktrace.collect import collect
-
-    c = collect(path, step)
-    if step is not None and step not in c.steps_seen | c.backward_steps:
-        seen = sorted(c.steps_seen | c.backward_steps)
-        have = f"{seen[0]}-{seen[-1]}" if seen else "none"
-        raise HooktraceError(f"no step {step} in {path}; its steps: {have}")
-    t = thresholds or Thresholds()
+def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
+    """Every finding of one rank's collected log, most severe first, then in step and forward
+    order. Leaves ``c`` as the checks need it (an unfinished backward's step is not judged)."""
     if c.unfinished is not None:  # a backward that raised starves every module before it
         c.backward_steps.discard(c.unfinished[0])
     flowed = flow.analyse([call for call in c.calls if c.unfinished is None
-                           or call.step != c.unfinished[0]], c.modules, t)
+                           or call.step != c.unfinished[0]], c.modules, thresholds)
     explained = _explained(c, flowed)
     findings = [*check_crash(c), *check_nonfinite(c), *check_loop(c),
                 *flow.findings(flowed, c.modules, c.models),
                 *check_no_grad(c, explained), *check_lost_gradient(c),
-                *check_magnitudes(c, t, explained),
+                *check_magnitudes(c, thresholds, explained),
                 *check_unused(c), *check_info(c)]
     _add_sources(c, findings)
     order = {m.name: m.first_seq or 0 for m in c.modules.values()}
     findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1,
                                  order.get(f.module, 0), f.kind))
-    events = c.end.events if c.end else sum(m.calls for m in c.modules.values())
-    steps = c.end.steps if c.end and step is None else len(c.backward_steps)
-    captured = None
-    if c.end is not None and c.end.captured:
-        captured = f"{capture_dir(Path(path))} ({c.end.captured} files)"
-    return Report(findings, c.warnings, steps, events, captured)
-
-
-_PARTED = {"ran": "modules", "shapes": "shapes", "dtypes": "dtypes", "steps": "steps"}
-
-
-def check_ranks(readers: Sequence[LogReader]) -> list[Finding]:
-    """The first step and module where the ranks' execution diverges."""
-    found = first_divergence(readers)
-    if found is None:
-        return []
-    what = "; ".join(f"rank {rank}: {desc}" for rank, desc in found.ranks.items())
-    where = f", from {found.module or '(root)'}" if found.model else ""
-    return [Finding(
-        "rank-divergence", ERROR, found.model, found.module, found.step,
-        f"the ranks ran different {_PARTED[found.kind]} at step {found.step}{where} ({what})",
-        {"position": found.position, "ranks": {str(r): d for r, d in found.ranks.items()}},
-        "DDP hangs, or fails with 'unused parameters', when ranks run different modules: look "
-        "for branches on data (a loss value, a batch's content) and uneven last batches",
-        sorted(found.ranks))]
-
-
-def run_checks_ranks(paths: Sequence[str | os.PathLike[str]], step: int | None = None,
-                     thresholds: Thresholds | None = None) -> Report:
-    """Check one log, or the logs of several ranks of one run: each rank's findings (merged
-    where ranks agree, marked where only some ranks have them) and where the ranks diverge."""
-    readers = open_ranks(paths)
-    if len(readers) == 1:
-        return run_checks(readers[0].path, step, thresholds)
-    merged: dict[tuple[str, str, str, int | None], Finding] = {}
-    reports = []
-    for reader in readers:
-        report = run_checks(reader.path, step, thresholds)
-        reports.append(report)
-        for f in report.findings:
-            known = merged.setdefault((f.kind, f.model, f.module, f.step), f)
-            known.ranks = [*(known.ranks or []), reader.header.rank]
-    every = sorted(r.header.rank for r in readers)
-    for f in merged.values():
-        if f.ranks == every:
-            f.ranks = None  # on every rank: nothing rank-local about it
-    findings = sorted([*check_ranks(readers), *merged.values()], key=lambda f: (
-        SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1, f.kind))
-    return Report(findings, [w for r in reports for w in r.warnings],
-                  max(r.steps for r in reports), sum(r.events for r in reports),
-                  "; ".join(r.captured for r in reports if r.captured) or None)
+    return findings

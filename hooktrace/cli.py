@@ -150,10 +150,10 @@ def check(logs: tuple[Path, ...], as_json: bool, step: int | None, vanishing: fl
     vanishing or exploding gradients. Several logs (or a quoted glob, 'run.rank*.jsonl') are the
     ranks of one run: they are also compared step by step. Exit status 1 when problems are
     found."""
-    from hooktrace import checks, report
+    from hooktrace import checklog, report
     from hooktrace.findings import Thresholds
 
-    result = checks.run_checks_ranks(logs, step, Thresholds(vanishing, exploding, orders))
+    result = checklog.run_checks_ranks(logs, step, Thresholds(vanishing, exploding, orders))
     names = " ".join(map(str, logs))
     click.echo(report.to_json(result) if as_json else report.to_text(result, names))
     sys.exit(1 if result.problems else 0)

@@ -39,6 +39,20 @@ class Finding:
         return asdict(self)
 
 
+@dataclass
+class Report:
+    """What ``check`` found in a run's logs, with what it read."""
+    findings: list[Finding]
+    warnings: list[str]
+    steps: int
+    events: int
+    captured: str | None = None  # the --capture folder and its file count, when there is one
+
+    @property
+    def problems(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity != NOTE]
+
+
 def plural(n: int, word: str) -> str:
     """``1 step``, ``3 steps``: the counts every report prints."""
     return f"{n} {word}" + ("" if n == 1 else "s")

@@ -6,8 +6,7 @@ from typing import Any
 
 import orjson
 
-from hooktrace.checks import Report
-from hooktrace.findings import ERROR, NOTE, WARNING, Finding, plural
+from hooktrace.findings import ERROR, NOTE, WARNING, Finding, Report, plural
 
 _TITLES = {ERROR: "Errors", WARNING: "Warnings", NOTE: "Notes"}
 

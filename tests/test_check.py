@@ -21,7 +21,7 @@ import pytest
 from conftest import SAMPLES, hooktrace_cmd
 
 from hooktrace import schema
-from hooktrace.checks import run_checks
+from hooktrace.checklog import run_checks
 from hooktrace.logio import LogWriter
 from hooktrace.stats import DEFER_ENV
 

@@ -17,7 +17,7 @@ from torch.nn import functional as F
 
 import hooktrace
 from hooktrace import schema
-from hooktrace.checks import run_checks
+from hooktrace.checklog import run_checks
 
 pytestmark = pytest.mark.slow
 

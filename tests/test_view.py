@@ -198,7 +198,7 @@ def test_finding_click_selects_its_step_and_cell(tmp_path: Path, browser: Any) -
 def test_heatmap_cells_of_a_nan_run(tmp_path: Path) -> None:
     """nan_layer: finite norms up to step 2, NaN from step 3; compress named by a finding."""
     log = trace(tmp_path, "nan", SAMPLES / "nan_layer.py")
-    from hooktrace.checks import run_checks
+    from hooktrace.checklog import run_checks
 
     heat = heatmap(gather(LogReader(log)), run_checks(log).findings)
     assert heat.steps == [0, 1, 2, 3, 4]

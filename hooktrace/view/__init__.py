@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hooktrace.checks import run_checks_ranks
+from hooktrace.checklog import run_checks_ranks
 from hooktrace.errors import HooktraceError
 from hooktrace.findings import Finding
 from hooktrace.logio import LogReader
