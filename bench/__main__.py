@@ -46,8 +46,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--skip-logs", action="store_true", help="do not measure check/render")
     parser.add_argument("--variants", default=None,
-                        help="comma-separated variants to measure (default: all; untraced and "
-                             "the floor are always measured: ratios are against them)")
+                        help="comma-separated variants to measure (default: all; untraced, the "
+                             "floor and hooktrace are always measured: ratios are against the "
+                             "first two, and hooktrace's log counts the events per step)")
     parser.add_argument("--cprofile", nargs="?", const="hooktrace", metavar="VARIANT",
                         help="only print a cProfile of 20 steps of the first workload under "
                              "VARIANT (default hooktrace)")
@@ -58,7 +59,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown workload(s) {sorted(unknown)}; choose from {workloads.NAMES}")
     names = [v.name for v in variants.VARIANTS]
-    args.variants = ({"untraced", "floor", *args.variants.split(",")} if args.variants
+    args.variants = ({"untraced", "floor", "hooktrace", *args.variants.split(",")} if args.variants
                      else set(names))
     if args.variants - set(names):
         parser.error(f"unknown variant(s) {sorted(args.variants - set(names))}; choose from "

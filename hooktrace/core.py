@@ -321,7 +321,7 @@ class CallTracker:
             seq, self.step, info, index, recompute, n_args + len(kw_inputs), len(outputs))
         end = ForwardEnd(start, record, args, kwargs, output, kw_inputs,
                          kw_seen - len(kw_inputs), outputs, n_out - len(outputs), mode,
-                         self._grads.in_backward)
+                         self._grads.in_backward, top)
         for forward_end in self._to_forward_end[mode]:
             forward_end(end)
         if start.grad and (top or mode in self._every_backward):

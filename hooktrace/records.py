@@ -79,6 +79,7 @@ class ForwardEnd(NamedTuple):
     outputs_more: int
     mode: Mode  # the step's mode when the call returned
     in_backward: bool  # a backward pass is running (checkpointing recomputes inside it)
+    top: bool  # a model call: no other module call is running in its thread
 
 
 class _BackwardStart(NamedTuple):

@@ -71,8 +71,9 @@ class Stats:
     def __init__(self, immediate: bool = False) -> None:
         self._immediate = immediate  # read every number at once, also on a device (--break-on)
         self._defer_host = not immediate and os.environ.get(DEFER_ENV) == "1"
+        self.hold_bytes = HOLD_BYTES  # tensors kept alive for a later look, at most
         self._host = HostStats()
-        self._device = DeviceStats(HOLD_BYTES)
+        self._device = DeviceStats(self.hold_bytes)
         # the last gradient and its numbers: one gradient is often both a module's grad_output
         # and the next module's grad_input, and is reduced once
         self._last_grad: torch.Tensor | None = None
@@ -138,32 +139,54 @@ class Stats:
         together, None when there are none. One fused norm per device and dtype for the whole
         step (``torch._foreach_norm``), not one per parameter."""
         squares = [0.0] * len(groups)
-        batches: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[int]]] = {}
+        flat: list[torch.Tensor] = []
+        owners: list[int] = []
         for i, (target, key, grads) in enumerate(groups):
             target[key] = None
-            for g in map(_local, grads):
-                if g is None or g.is_meta:
-                    continue
-                batch = batches.setdefault((g.device, g.dtype), ([], []))
-                batch[0].append(g)
-                batch[1].append(i)
+            flat += grads
+            owners += [i] * len(grads)
 
-        def fill(owners: list[int], values: list[float]) -> None:
+        def fill(positions: list[int], values: list[float]) -> None:
             # the batch that adds a module's last share leaves its final norm
-            for i, norm in zip(owners, values, strict=True):
+            mine = [owners[j] for j in positions]
+            for i, norm in zip(mine, values, strict=True):
                 squares[i] += norm * norm
-            for i in owners:
+            for i in mine:
                 target, key, _ = groups[i]
                 target[key] = math.sqrt(squares[i])
 
-        for grads, owners in batches.values():
+        self._fused_norms(flat, fill)
+
+    def norms(self, tensors: list[torch.Tensor], into: list[float | None]) -> None:
+        """``into[i]`` = the norm of ``tensors[i]`` (left as it is for one without numbers):
+        one fused norm per device and dtype, read now, or with the step's numbers on a
+        device."""
+        def fill(positions: list[int], values: list[float]) -> None:
+            for i, norm in zip(positions, values, strict=True):
+                into[i] = norm
+
+        self._fused_norms(tensors, fill)
+
+    def _fused_norms(self, tensors: list[torch.Tensor], fill: _Fill) -> None:
+        """``fill(positions, norms)`` once per device and dtype among ``tensors``; a norm that
+        came back inf (maybe only its float32 sum of squares overflowed) is taken again in
+        double."""
+        batches: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[int]]] = {}
+        for i, g in enumerate(tensors):
+            local = g if type(g) is torch.Tensor else _local(g)
+            if local is None or local.is_meta:
+                continue
+            batch = batches.setdefault((local.device, local.dtype), ([], []))
+            batch[0].append(local)
+            batch[1].append(i)
+        for grads, positions in batches.values():
             if any(g.is_sparse for g in grads):
                 norms = [torch.linalg.vector_norm(g.coalesce().values()) for g in grads]
             else:
                 norms = list(torch._foreach_norm(grads))
             if norms[0].dtype is not torch.float32:
                 norms = [n.float() for n in norms]
-            self._for(norms[0]).param_norms(norms, grads, fill, owners)
+            self._for(norms[0]).param_norms(norms, grads, fill, positions)
 
     def resolve(self) -> None:
         """Fill in every deferred number (``DeviceStats.resolve``)."""

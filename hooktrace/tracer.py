@@ -79,8 +79,8 @@ class Tracer:
         if self._capture is not None:
             observers.append(CaptureObserver(self._capture))
         observers.append(ParamNorms(stats, naming.uncalled, recorder.emit))
-        if stats is not None and outputs is not None and self._options.watch:
-            observers.append(Watch(stats, outputs, recorder.emit))
+        if stats is not None and self._options.watch:
+            observers.append(Watch(stats, recorder.emit))
         observers.append(Diagnosis(recorder.emit))
         observers.append(recorder)  # after those that emit: their records precede the step's
         if stats is not None and self._options.break_on_nan:

@@ -3,9 +3,11 @@
 A 10,000-step run must not write gigabytes, yet a NaN that first appears at step 9,000 must still
 be found with its module. A watched step is cheap: the core follows each call's forward but only
 the model calls' backward (no hook per call's tensors). This observer checks each forward output
-for NaN/Inf and, when the step ends, the gradient that reached each model call and the parameter
-gradients of the modules called with gradients on (one fused norm per device and dtype), and
-emits ``anomaly`` records: the first module whose output held NaN/Inf; the first NaN/Inf
+for NaN/Inf (``outputs.HeldOutputs``: one check per model call, the held outputs checked one by
+one only when the model's are not finite) and, when the step ends, the gradient that reached
+each model call and the parameter gradients of the modules called with gradients on (one fused
+norm per device and dtype), and emits ``anomaly`` records: the first module whose output held
+NaN/Inf; the first NaN/Inf
 gradient (at a model's output, else the first module in backward order whose parameter
 gradient is NaN/Inf); modules with trainable parameters that got a gradient before and no
 longer do while the rest of their model does.
@@ -22,27 +24,25 @@ import torch
 
 from hooktrace import schema
 from hooktrace.naming import ModInfo
-from hooktrace.outputs import OutputCheck
+from hooktrace.outputs import Found, HeldOutputs
 from hooktrace.records import BackwardStart, ForwardCall, ForwardEnd, Mode, Observer, PassEnd
 from hooktrace.stats import Stats
 
-_MAX_HELD = 8192  # calls held per step; forward-only code (no backward, no step end) is bounded
+_MAX_HELD = 8192  # model calls and modules held per step: forward-only code is bounded
 WATCHED = Mode.WATCHED
 
 _Numbers = list[tuple[float, ...] | None]
 # a module's parameter gradients as a step left them: each tensor, and its version then
-_GradState = tuple[tuple[weakref.ref[torch.Tensor], int], ...]
+_GradState = tuple[list[weakref.ref[torch.Tensor]], list[int]]
 
 
 class Watch(Observer):
     follows = (WATCHED,)
 
-    def __init__(self, stats: Stats, outputs: OutputCheck, emit: Callable[[Any], None]) -> None:
+    def __init__(self, stats: Stats, emit: Callable[[Any], None]) -> None:
         self._stats = stats
-        self._outputs = outputs
+        self._outputs = HeldOutputs(stats, stats.hold_bytes)
         self._emit = emit
-        # NaN/Inf outputs of the step's calls (filled in when statistics are resolved)
-        self._forward: list[tuple[ModInfo, int, list[list[int]]]] = []
         # the gradient reaching each model call of the step
         self._model_grads: dict[BackwardStart, _Numbers] = {}
         # modules with parameters called with gradients on in this step: their first call
@@ -52,10 +52,8 @@ class Watch(Observer):
 
     def forward_end(self, end: ForwardEnd) -> None:
         call = end.call
-        found = self._outputs.check(end.outputs)
-        if found or self._stats.deferred:  # else nothing to hold: all outputs were finite
-            self._forward.append((call.info, call.call_index, found))
-        if len(self._forward) > _MAX_HELD and not end.in_backward:
+        self._outputs.add(end.outputs, call, end.top)
+        if end.top and self._outputs.waiting > _MAX_HELD and not end.in_backward:
             self._stats.resolve()
             for anomaly in self._forward_anomalies(call.step):
                 self._emit(anomaly)
@@ -74,53 +72,52 @@ class Watch(Observer):
     def backward_end(self, end: PassEnd) -> None:
         if end.mode is WATCHED:
             changed = self._changed_params()
-            norms: dict[str, Any] = {}
-            self._stats.param_norms([(norms, str(i), grads)
-                                     for i, (_, _, grads) in enumerate(changed)])
+            norms: list[float | None] = [None] * sum(len(grads) for _, _, grads in changed)
+            self._stats.norms([g for _, _, grads in changed for g in grads], norms)
             self._stats.end_pass()
             self._stats.resolve()
             for anomaly in self._end_step(end.step, changed, norms):
                 self._emit(anomaly)
-            self._outputs.reset()
 
     def stop(self, step: int, mode: Mode) -> None:
         if mode is WATCHED:
             self._stats.resolve()  # a NaN seen in a step that never reached its backward
             for anomaly in self._forward_anomalies(step):
                 self._emit(anomaly)
+            self._outputs.reset()
 
     def _changed_params(self) -> list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]]:
         """The step's modules whose parameter gradients changed since a step last judged them
         (a new tensor, or one added to): a backward reached them."""
         changed = []
+        states = self._states
         for info, call in self._called.items():
             module = info.ref()
             if module is None:
                 continue
-            grads = [p.grad for p in module._parameters.values()
-                     if p is not None and p.requires_grad and p.grad is not None]
-            before = self._states.get(info)
-            if before is not None and len(before) == len(grads) and all(
-                    ref() is g and version == g._version
-                    for (ref, version), g in zip(before, grads, strict=True)):
+            grads = [g for p in module._parameters.values()
+                     if p is not None and (g := p.grad) is not None and p.requires_grad]
+            if not grads:
                 continue
-            if grads:
-                self._states[info] = tuple((weakref.ref(g), g._version) for g in grads)
-                changed.append((info, call, grads))
+            before = states.get(info)
+            if before is not None and _unchanged(before, grads):
+                continue
+            states[info] = ([weakref.ref(g) for g in grads], [g._version for g in grads])
+            changed.append((info, call, grads))
         return changed
 
     def _forward_anomalies(self, step: int) -> list[schema.Anomaly]:
-        bad = [(info, call, found) for info, call, found in self._forward if found]
-        self._forward.clear()
+        bad: list[tuple[ForwardCall, Found]] = self._outputs.take()
         if not bad:
             return []
-        info, call, found = bad[0]
-        return [schema.Anomaly(step, info.model, info.name, "nonfinite-forward", call, {
+        call, found = bad[0]
+        info = call.info
+        return [schema.Anomaly(step, info.model, info.name, "nonfinite-forward", call.call_index, {
             "outputs": [{"index": i, "nan": nan, "inf": inf} for i, nan, inf in found],
             "modules_with_nonfinite_outputs": len(bad)})]
 
     def _end_step(self, step: int, changed: list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]],
-                  norms: dict[str, Any]) -> list[schema.Anomaly]:
+                  norms: list[float | None]) -> list[schema.Anomaly]:
         """Anomalies of ``step``; call after the step's statistics are resolved."""
         out = self._forward_anomalies(step)
         nonfinite = self._nonfinite_backward(step, changed, norms)
@@ -133,7 +130,7 @@ class Watch(Observer):
 
     def _nonfinite_backward(self, step: int,
                             changed: list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]],
-                            norms: dict[str, Any]) -> schema.Anomaly | None:
+                            norms: list[float | None]) -> schema.Anomaly | None:
         """A NaN/Inf gradient reaching a model call, else the first module in backward order (the
         last called first) whose parameter gradient is NaN/Inf."""
         for start, numbers in self._model_grads.items():
@@ -141,10 +138,14 @@ class Watch(Observer):
                 info = start.call.info
                 return schema.Anomaly(step, info.model, info.name, "nonfinite-backward",
                                       start.call.call_index, {"produced": False})
-        for i in reversed(range(len(changed))):
-            norm = norms.get(str(i))
-            if norm is not None and not math.isfinite(norm):
-                info, call, _ = changed[i]
+        if all(n is None or math.isfinite(n) for n in norms):
+            return None
+        end = len(norms)
+        for info, call, grads in reversed(changed):
+            mine = [n for n in norms[end - len(grads):end] if n is not None]
+            end -= len(grads)
+            if not all(map(math.isfinite, mine)):
+                norm = math.sqrt(sum(n * n for n in mine))
                 return schema.Anomaly(step, info.model, info.name, "nonfinite-backward",
                                       call.call_index,
                                       {"produced": True, "parameter_grad_norm": str(norm)})
@@ -167,3 +168,14 @@ class Watch(Observer):
                 out.append(schema.Anomaly(step, info.model, info.name, "no-grad",
                                           call.call_index, {"had_gradient_before": True}))
         return out
+
+
+def _unchanged(before: _GradState, grads: list[torch.Tensor]) -> bool:
+    """The same gradient tensors as ``before``, none added to since."""
+    refs, versions = before
+    if len(refs) != len(grads) or refs[0]() is not grads[0]:
+        return False  # the common case, gradients set to None and made again: one look
+    for ref, version, g in zip(refs, versions, grads, strict=True):
+        if ref() is not g or version != g._version:
+            return False
+    return True

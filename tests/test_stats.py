@@ -185,6 +185,31 @@ def test_watched_steps_report_only_nonfinite_gradients(log_path: Path) -> None:
     assert {(a.step, a.kind) for a in anomalies} == {(3, "nonfinite-backward")}
 
 
+def test_watched_steps_name_the_first_nonfinite_output(log_path: Path) -> None:
+    """A watched step checks the outputs once per model call, and one by one only when the
+    model's are not finite: it names the first module whose output held NaN, also when an
+    in-place activation then rewrites that output, also in the second model of a step, and
+    past the bytes held (the unheld path checks every output at once)."""
+    torch.manual_seed(0)
+    encoder = nn.Sequential(nn.Linear(4, 8), nn.ReLU(inplace=True), nn.Linear(8, 8))
+    head = nn.Sequential(nn.Linear(8, 8), nn.ReLU(inplace=True), nn.Linear(8, 3))
+    x = torch.randn(5, 4)
+    with hooktrace.trace(log_path, model=[encoder, head], steps="0"):
+        for step in range(5):  # step 0 recorded, the rest watched
+            with torch.no_grad():
+                if step == 2:  # the head's first layer: NaN, kept by its in-place ReLU
+                    head[0].bias[1] = math.nan
+                if step == 3:  # and now the encoder's last layer, which runs before it
+                    encoder[2].weight[0, 0] = math.inf
+                if step == 4:
+                    head[0].bias[1] = encoder[2].weight[0, 0] = 0.0
+            head(encoder(x)).sum().backward()
+    found = {(a.step, a.model, a.name, a.detail["outputs"][0]["index"])
+             for a in read_log(log_path)
+             if isinstance(a, schema.Anomaly) and a.kind == "nonfinite-forward"}
+    assert found == {(2, 1, "0", 0), (3, 0, "2", 0)}
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
 def test_other_dtypes(log_path: Path, dtype: torch.dtype) -> None:
     model = _model().to(dtype)
