@@ -182,15 +182,17 @@ class Diagnosis(Observer):
     def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         try:
             self._stepped_after[optimizer] = self._pass_count
+            held, owner, stepped, passes = self._held, self._owner, self._stepped, self._passes
             for group in optimizer.param_groups:
                 for p in group["params"]:
-                    if id(p) not in self._held:
-                        self._held.add(id(p))
+                    key = id(p)
+                    if key not in held:
+                        held.add(key)
                         self._held_changed = True
-                    info = self._owner.get(id(p))
-                    if p.grad is not None and info is not None:
-                        self._stepped[id(p)] = (weakref.ref(p.grad), p.grad._version,
-                                                self._passes.get(info.model, 0))
+                    grad = p.grad
+                    if grad is not None and (info := owner.get(key)) is not None:
+                        stepped[key] = (weakref.ref(grad), grad._version,
+                                        passes.get(info.model, 0))
             self._sort_modules(self._step)
         except Exception:
             self._remove_hooks()

@@ -135,7 +135,7 @@ class HeldOutputs:
             calls += group.checked
         calls.sort(key=lambda call: call[0])
         self._returned = []
-        self._bytes = sum(t.numel() * t.element_size() for t, *_ in self._group.held)
+        self._bytes = sum(t.nbytes for t, *_ in self._group.held)
         return [(who, found) for _, who, found in calls]
 
     def reset(self) -> None:

@@ -18,7 +18,8 @@ from torch import nn
 
 import hooktrace
 from hooktrace import schema
-from hooktrace.stats import DEFER_ENV
+from hooktrace.outputs import HeldOutputs
+from hooktrace.stats import DEFER_ENV, Stats
 
 REL = 1e-3  # the log keeps 4 significant digits
 
@@ -208,6 +209,30 @@ def test_watched_steps_name_the_first_nonfinite_output(log_path: Path) -> None:
              for a in read_log(log_path)
              if isinstance(a, schema.Anomaly) and a.kind == "nonfinite-forward"}
     assert found == {(2, 1, "0", 0), (3, 0, "2", 0)}
+
+
+@pytest.mark.parametrize("hold_bytes", [0, 1 << 20])
+def test_held_outputs_name_the_first_call_in_order(hold_bytes: int) -> None:
+    """``HeldOutputs`` on its own: the calls whose outputs held NaN/Inf, in call order across
+    model calls, with their counts; held outputs (1 MB) are looked at only because the model's
+    output is not finite, outputs past the bytes held (0) are checked at once; an integer output
+    and a parent returning its child's tensor are not checked again."""
+    stats = Stats()
+    held = HeldOutputs(stats, hold_bytes)
+    fine, bad = torch.ones(4), torch.tensor([1.0, math.nan, math.inf, math.nan])
+    held.add([fine, torch.arange(3)], "a", top=False)
+    held.add([bad], "b", top=False)
+    held.add([bad], "parent of b", top=False)
+    held.add([fine, bad.clone()], "model 1", top=True)
+    held.add([fine], "c", top=False)
+    held.add([fine], "model 2", top=True)
+    stats.resolve()
+    found = held.take()
+    in_order = [("b", [[0, 2, 1]]), ("model 1", [[1, 2, 1]])]
+    if hold_bytes == 0:  # checked at once: the parent's copy of b's output too
+        in_order.insert(1, ("parent of b", [[0, 2, 1]]))
+    assert found == in_order
+    assert held.take() == []
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
