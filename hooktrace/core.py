@@ -72,6 +72,7 @@ from hooktrace.tensors import leaves, summarize
 _is_compiling = torch.compiler.is_compiling
 _graph_task = torch._C._current_graph_task_id
 OFF, WATCHED, RECORDED = Mode.OFF, Mode.WATCHED, Mode.RECORDED
+_NO_LEAVES: tuple[list[torch.Tensor], int] = ([], 0)  # never appended to
 _NO_SUMMARY: tuple[tuple[tuple[int, ...], ...], tuple[str, ...]] = ((), ())
 
 
@@ -254,9 +255,10 @@ class CallTracker:
 
     def _start_forward(self, module: nn.Module, info: ModInfo, mode: Mode, grad: bool,
                        args: tuple[Any, ...]) -> tuple[ForwardStart, _Call]:
-        inputs, seen = leaves(args)
-        call = _Call(self.step)
         recorded = mode is RECORDED
+        # inputs where each call's backward is followed (recorded; watched with --break-on nan)
+        inputs, seen = leaves(args) if mode in self._every_backward else _NO_LEAVES
+        call = _Call(self.step)
         start = ForwardStart(module, info, self.step, mode, grad, inputs, seen - len(inputs),
                              summarize(inputs) if recorded else _NO_SUMMARY,
                              tuple(t._version for t in inputs) if recorded and grad else ())
@@ -299,7 +301,8 @@ class CallTracker:
     def _end_forward(self, start: ForwardStart, call: _Call, args: tuple[Any, ...],
                      kwargs: dict[str, Any], output: Any, top: bool) -> None:
         info = start.info
-        kw_inputs, kw_seen = leaves(kwargs) if kwargs else ([], 0)
+        kw_inputs, kw_seen = (leaves(kwargs) if kwargs and start.mode in self._every_backward
+                              else _NO_LEAVES)
         outputs, n_out = leaves(output)
         recompute = _graph_task() != -1
         calls = self._recomputed if recompute else self._calls

@@ -34,7 +34,9 @@ class _ForwardStart(NamedTuple):
     step: int
     mode: Mode
     grad: bool  # gradient recording on
-    inputs: list[torch.Tensor]  # tensor leaves of the positional arguments
+    #: tensor leaves of the positional arguments; empty in a watched step (unless each call's
+    #: backward is followed there: --break-on nan)
+    inputs: list[torch.Tensor]
     inputs_more: int  # leaves past the ones listed (huge containers): counted, not listed
     #: shapes and dtypes of ``inputs`` as the call began (an in-place op may change them);
     #: recorded steps only, empty otherwise
@@ -73,7 +75,7 @@ class ForwardEnd(NamedTuple):
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     output: Any
-    kw_inputs: list[torch.Tensor]  # tensor leaves of the keyword arguments
+    kw_inputs: list[torch.Tensor]  # tensor leaves of the keyword arguments (as ``inputs``)
     kw_inputs_more: int
     outputs: list[torch.Tensor]  # tensor leaves of the output
     outputs_more: int
