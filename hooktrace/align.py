@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from hooktrace import schema
+from hooktrace import schema, wire
 from hooktrace.logio import LogReader
 
 Shapes = Sequence[Any]  # shapes of a call's tensor leaves, as the reader gives them (lists)
@@ -79,7 +79,7 @@ class Walk:
     def steps(self) -> Iterator[StepRecords]:
         """The log's steps in file order: each run of consecutive records of one step (events,
         parameter-gradient norms, anomalies)."""
-        decoder = schema.Decoder()
+        decoder = wire.Decoder()
         makers = {"forward": self._forward_maker(decoder),
                   "backward": self._backward_maker(decoder)}
         current = StepRecords(-1)  # steps count from 0: this one is never yielded
@@ -131,7 +131,7 @@ class Walk:
             known = self.modules.setdefault(self._model(record.model), {})
             known.setdefault(record.name, ModuleInfo(record.cls, record.params, len(known)))
 
-    def _name(self, decoder: schema.Decoder, module: int) -> tuple[str, str]:
+    def _name(self, decoder: wire.Decoder, module: int) -> tuple[str, str]:
         """(model name, fqn) of a module id, kept from the first event that names it."""
         found = self._names.get(module)
         if found is None:
@@ -140,7 +140,7 @@ class Walk:
         return found
 
     # Plain events are most of a log: built with few lookups, as tuples (no keyword parsing)
-    def _forward_maker(self, decoder: schema.Decoder) -> Callable[[dict[str, Any]], Event]:
+    def _forward_maker(self, decoder: wire.Decoder) -> Callable[[dict[str, Any]], Event]:
         names, tensors, new = self._names, decoder.tensors, tuple.__new__
 
         def forward(d: dict[str, Any]) -> Event:
@@ -152,7 +152,7 @@ class Walk:
 
         return forward
 
-    def _backward_maker(self, decoder: schema.Decoder) -> Callable[[dict[str, Any]], Event]:
+    def _backward_maker(self, decoder: wire.Decoder) -> Callable[[dict[str, Any]], Event]:
         names, tensors, new = self._names, decoder.tensors, tuple.__new__
 
         def backward(d: dict[str, Any]) -> Event:

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hooktrace import flow, schema
+from hooktrace import flow, schema, wire
 from hooktrace.logio import LogReader
 
 ModuleKey = tuple[int, str]  # (model, fqn)
@@ -128,7 +128,7 @@ class _Collector:
     def __init__(self, reader: LogReader, step: int | None) -> None:
         self.c = Collected(header=reader.header)
         self._only = step
-        self._decoder = schema.Decoder()
+        self._decoder = wire.Decoder()
         self._keys: list[ModuleKey] = []  # a module's index -> its key
         self._index: dict[ModuleKey, int] = {}
         self._ids: dict[int, int] = {}  # the log's module id -> index (refilled: ids may move)

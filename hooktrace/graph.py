@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hooktrace import schema
+from hooktrace import schema, wire
 from hooktrace.errors import HooktraceError, LogError
 from hooktrace.findings import ancestors
 from hooktrace.logio import LogReader, capture_dir
@@ -93,7 +93,7 @@ class StepLog:
 class _Keeper:
     """Keeps the events of the requested step, or of the first step with a backward event."""
 
-    def __init__(self, step: int | None, decoder: schema.Decoder) -> None:
+    def __init__(self, step: int | None, decoder: wire.Decoder) -> None:
         self.step = step
         self.kept: dict[int, list[Event]] = {}
         self.steps: set[int] = set()
@@ -125,7 +125,7 @@ class _Keeper:
 class _Loader:
     """What ``load_step`` gathers in its pass over the log."""
 
-    def __init__(self, step: int | None, model: str | None, decoder: schema.Decoder) -> None:
+    def __init__(self, step: int | None, model: str | None, decoder: wire.Decoder) -> None:
         self.keeper = _Keeper(step, decoder)
         self.model = model
         self.decoder = decoder
@@ -185,7 +185,7 @@ def load_step(path: str | os.PathLike[str], step: int | None = None,
     event) of the model named ``model`` (default: all). Raises LogError / SelectionError."""
     reader = LogReader(path)
     # events of the steps not drawn are skimmed: read for their step, seq, module and fwd only
-    loaded = _Loader(step, model, schema.Decoder(skim=True))
+    loaded = _Loader(step, model, wire.Decoder(skim=True))
     for item in reader.scan(loaded.decoder):
         if type(item) is list:
             loaded.plain(item)

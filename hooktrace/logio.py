@@ -15,7 +15,7 @@ from typing import IO, Any
 
 import orjson
 
-from hooktrace import schema
+from hooktrace import schema, wire
 from hooktrace.errors import LogError, LogWriteError
 
 MAX_LINE_BYTES = 16 * 1024 * 1024  # no record comes near this; a longer line is not a hooktrace log
@@ -82,7 +82,7 @@ class LogWriter:
             self._file: IO[bytes] | None = self.path.open("wb", buffering=_BUFFER_BYTES)
         except OSError as e:
             raise LogError(f"cannot write the log {self.path}: {e.strerror or e}") from None
-        self._encoder = schema.Encoder()
+        self._encoder = wire.Encoder()
         _open_writers.add(self)
 
     def write(self, record: Any) -> None:
@@ -144,7 +144,7 @@ class LogReader:
         self.path = Path(path)
         _check_readable(self.path)
         self.warnings: list[str] = []
-        self._decoder: schema.Decoder | None = None
+        self._decoder: wire.Decoder | None = None
         self.header = self._read_header()
 
     @property
@@ -180,7 +180,7 @@ class LogReader:
                 "trace the run again"
             )
         try:
-            record = schema.from_dict(d)
+            record = wire.from_dict(d)
         except schema.SchemaError as e:
             raise LogError(f"{self.path} line 1: {e}") from None
         assert isinstance(record, schema.Header)
@@ -188,7 +188,7 @@ class LogReader:
 
     def __iter__(self) -> Iterator[schema.Record]:
         """Yield every record after the header, in file order."""
-        decoder = schema.Decoder()
+        decoder = wire.Decoder()
         event = decoder.event
         for item in self.scan(decoder):
             if isinstance(item, list):
@@ -196,7 +196,7 @@ class LogReader:
             else:
                 yield item
 
-    def scan(self, decoder: schema.Decoder) -> Iterator[list[dict[str, Any]] | schema.Record]:
+    def scan(self, decoder: wire.Decoder) -> Iterator[list[dict[str, Any]] | schema.Record]:
         """Like iterating, but plain events (``Decoder.forward``) come as their checked dicts, in
         lists of consecutive ones of one type: a long log is read without a record per event,
         and a reader that needs a few keys of each loops over a list. Use a list before taking

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hooktrace import schema
+from hooktrace import schema, wire
 from hooktrace.errors import LogError
 from hooktrace.logio import MAX_LINE_BYTES, LogReader, LogWriter
 
@@ -48,10 +48,10 @@ KNOWN_TYPES = tuple(
                                  "ParamGrads", "Step", "End") if hasattr(schema, n))
 
 
-def lines(*records: Any, encoder: schema.Encoder | None = None) -> bytes:
+def lines(*records: Any, encoder: wire.Encoder | None = None) -> bytes:
     """Records as the writer writes them (events need the module records' ids: pass one
     encoder to calls that make one log)."""
-    encoder = encoder or schema.Encoder()
+    encoder = encoder or wire.Encoder()
     return b"".join(orjson.dumps(d) + b"\n" for r in records for d in encoder.wire(r))
 
 
@@ -143,7 +143,7 @@ def test_header_only_log(tmp_path: Path) -> None:
                                  b'{"type":"end","status":"maybe"}'])
 def test_bad_line_in_the_middle_names_its_line(tmp_path: Path, bad: bytes) -> None:
     path = tmp_path / "log.jsonl"
-    encoder = schema.Encoder()
+    encoder = wire.Encoder()
     path.write_bytes(HEADER_LINE + lines(*RECORDS[:2], encoder=encoder) + bad + b"\n"
                      + lines(*RECORDS[2:], encoder=encoder))
     with pytest.raises(LogError, match=r"\bline 4\b"):
@@ -385,9 +385,9 @@ def test_writer_cannot_create_is_a_log_error(tmp_path: Path) -> None:
 
 # -- plain events: the fast path reads what the careful path reads --------------------------------
 
-def decoder_with_ids() -> schema.Decoder:
+def decoder_with_ids() -> wire.Decoder:
     """A decoder that knows module ids 0-1 and tensors ids 0-1, as a log's first lines make."""
-    decoder = schema.Decoder()
+    decoder = wire.Decoder()
     for d in ({"type": "module", "id": 0, "model": 0, "name": "", "class": "Net"},
               {"type": "module", "id": 1, "model": 0, "name": "fc1", "class": "Linear"},
               {"type": "tensors", "id": 0, "shapes": [[5, 4]], "dtypes": ["float32"]},
@@ -396,7 +396,7 @@ def decoder_with_ids() -> schema.Decoder:
     return decoder
 
 
-def careful(decoder: schema.Decoder, d: dict[str, Any]) -> Any:
+def careful(decoder: wire.Decoder, d: dict[str, Any]) -> Any:
     """The record, or the error, of the path that checks every key one by one."""
     try:
         return decoder._forward(d) if d["type"] == "forward" else decoder._backward(d)
@@ -480,7 +480,7 @@ def test_scan_gives_plain_events_in_lists_of_one_type(tmp_path: Path) -> None:
                                           grad_output_stats=[None])
     write_log(path, [*RECORDS[:-1], *plain, plain_backward, RECORDS[-1]])
     reader = LogReader(path)
-    items = list(reader.scan(schema.Decoder()))
+    items = list(reader.scan(wire.Decoder()))
     lists = [item for item in items if isinstance(item, list)]
     assert [[(d["type"], d["seq"]) for d in run] for run in lists] == [
         [("forward", 4), ("forward", 5)], [("backward", 6)]]
@@ -492,7 +492,7 @@ def test_scan_gives_plain_events_in_lists_of_one_type(tmp_path: Path) -> None:
 
 def test_plain_events_before_a_bad_line_come_first(tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
-    encoder = schema.Encoder()
+    encoder = wire.Encoder()
     plain = schema.ForwardEvent(seq=4, step=0, model=0, name="fc1", call=0)
     path.write_bytes(HEADER_LINE + lines(*RECORDS[:3], plain, encoder=encoder)
                      + b'{"type":"forward","seq":5,"step":0,"module":1,"call":"0"}\n'
@@ -507,7 +507,7 @@ def test_plain_events_before_a_bad_line_come_first(tmp_path: Path) -> None:
 def test_lines_are_numbered_across_read_blocks(tmp_path: Path, bad: bytes) -> None:
     """The reader reads 1 MB at a time; a bad line far into the log still gets its number."""
     path = tmp_path / "log.jsonl"
-    encoder = schema.Encoder()
+    encoder = wire.Encoder()
     events = [schema.ForwardEvent(seq=s, step=s // 100, model=0, name="fc1", call=s % 100)
               for s in range(30_000)]
     body = lines(*RECORDS[:3], *events, encoder=encoder)
@@ -529,7 +529,7 @@ def test_lines_are_numbered_across_read_blocks(tmp_path: Path, bad: bytes) -> No
 def test_params_read_module_ids_however_written(tmp_path: Path) -> None:
     """A module id written as "01" is module 1, as before the fast path for "1"."""
     path = tmp_path / "log.jsonl"
-    encoder = schema.Encoder()
+    encoder = wire.Encoder()
     path.write_bytes(HEADER_LINE + lines(*RECORDS[:3], encoder=encoder)
                      + b'{"type":"params","step":0,"model":0,"grad_norm":{"1":0.5,"0":null}}\n'
                      + b'{"type":"params","step":1,"model":0,"grad_norm":{"01":0.5,"0":1}}\n'
