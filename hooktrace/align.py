@@ -16,7 +16,14 @@ from operator import itemgetter
 from typing import Any, NamedTuple
 
 from hooktrace import schema
-from hooktrace.decoder import BackwardRow, BackwardRows, ForwardMore, ForwardRow, ForwardRows
+from hooktrace.decoder import (
+    BackwardRow,
+    BackwardRows,
+    ForwardMore,
+    ForwardRow,
+    ForwardRows,
+    Rows,
+)
 from hooktrace.logio import LogReader
 
 Shapes = Sequence[Any]  # shapes of a call's tensor leaves, as the reader gives them (lists)
@@ -67,12 +74,19 @@ class ModuleInfo:
     order: int  # position among its model's module records
 
 
+Feed = Callable[[Rows | schema.Record], None]  # takes each item of a scan, in order
+
+
 class Walk:
     """One log, read step by step. ``models`` and ``modules`` (model name -> fqn -> info) hold
-    what the log has declared so far."""
+    what the log has declared so far. ``feed`` is given every item the walk reads, and with
+    ``drain`` what it did not, so that a reader that needs all of the log (``collect``) reads
+    it in the same pass."""
 
-    def __init__(self, reader: LogReader) -> None:
+    def __init__(self, reader: LogReader, feed: Feed | None = None) -> None:
         self.reader = reader
+        self._feed = feed
+        self._items: Iterator[Rows | schema.Record] | None = None  # the scan, once started
         self.models: dict[int, str] = {}
         self.modules: dict[str, dict[str, ModuleInfo]] = {}
         self._names: dict[int, tuple[str, str]] = {}  # module id -> (model name, fqn)
@@ -82,8 +96,11 @@ class Walk:
         """The log's steps in file order: each run of consecutive records of one step (events,
         parameter-gradient norms, anomalies)."""
         current = StepRecords(-1)  # steps count from 0: this one is never yielded
-        reader = self.reader
-        for item in reader.scan():
+        reader, feed = self.reader, self._feed
+        self._items = reader.scan()
+        for item in self._items:
+            if feed is not None:
+                feed(item)
             if isinstance(item, (ForwardRows, BackwardRows)):  # most of a log
                 events = list(map(self._forward, item)) if isinstance(item, ForwardRows) \
                     else list(map(self._backward, item))
@@ -112,6 +129,14 @@ class Walk:
             # no end record and no step record after its events: the run stopped inside it
             current.cut_off = reader.end is None and self._closed < current.step
             yield current
+
+    def drain(self) -> None:
+        """Give ``feed`` the items of the log that ``steps`` has not read (none were read if it
+        never started); ``steps`` is not taken up again after."""
+        if self._feed is not None:
+            for item in self._items if self._items is not None else self.reader.scan():
+                self._feed(item)
+        self._items = iter(())
 
     def _add(self, current: StepRecords, item: schema.ParamGrads | schema.Anomaly) -> None:
         if isinstance(item, schema.ParamGrads):
