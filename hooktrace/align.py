@@ -12,9 +12,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from hooktrace import schema
+from hooktrace.decoder import (
+    BackwardRow,
+    BackwardRows,
+    ForwardMore,
+    ForwardRow,
+    ForwardRows,
+    Rows,
+)
 from hooktrace.logio import LogReader
 
 Shapes = Sequence[Any]  # shapes of a call's tensor leaves, as the reader gives them (lists)
@@ -65,12 +74,19 @@ class ModuleInfo:
     order: int  # position among its model's module records
 
 
+Feed = Callable[[Rows | schema.Record], None]  # takes each item of a scan, in order
+
+
 class Walk:
     """One log, read step by step. ``models`` and ``modules`` (model name -> fqn -> info) hold
-    what the log has declared so far."""
+    what the log has declared so far. ``feed`` is given every item the walk reads, and with
+    ``drain`` what it did not, so that a reader that needs all of the log (``collect``) reads
+    it in the same pass."""
 
-    def __init__(self, reader: LogReader) -> None:
+    def __init__(self, reader: LogReader, feed: Feed | None = None) -> None:
         self.reader = reader
+        self._feed = feed
+        self._items: Iterator[Rows | schema.Record] | None = None  # the scan, once started
         self.models: dict[int, str] = {}
         self.modules: dict[str, dict[str, ModuleInfo]] = {}
         self._names: dict[int, tuple[str, str]] = {}  # module id -> (model name, fqn)
@@ -79,24 +95,29 @@ class Walk:
     def steps(self) -> Iterator[StepRecords]:
         """The log's steps in file order: each run of consecutive records of one step (events,
         parameter-gradient norms, anomalies)."""
-        decoder = schema.Decoder()
-        makers = {"forward": self._forward_maker(decoder),
-                  "backward": self._backward_maker(decoder)}
         current = StepRecords(-1)  # steps count from 0: this one is never yielded
-        for item in self.reader.scan(decoder):
-            if isinstance(item, list):  # plain events of one type: most of a log
-                make = makers[item[0]["type"]]
-                if item[0]["step"] == item[-1]["step"] == current.step:
-                    current.events.extend(map(make, item))
+        reader, feed = self.reader, self._feed
+        self._items = reader.scan()
+        for item in self._items:
+            if feed is not None:
+                feed(item)
+            if isinstance(item, (ForwardRows, BackwardRows)):  # most of a log
+                events = list(map(self._forward, item)) if isinstance(item, ForwardRows) \
+                    else list(map(self._backward, item))
+                nonfinite = any(map(_MORE, item)) and any(map(_nonfinite, item))
+                if item[0][1] == item[-1][1] == current.step:  # [1]: a row's step
+                    current.events += events
+                    current.nonfinite = current.nonfinite or nonfinite
                     continue
-                for d in item:
-                    if d["step"] != current.step:
+                rows: Sequence[tuple[Any, ...]] = item
+                for row, event in zip(rows, events, strict=True):
+                    if row[1] != current.step:
                         if current.step >= 0:
                             yield current
-                        current = StepRecords(d["step"])
-                    current.events.append(make(d))
-            elif isinstance(item, (schema.ForwardEvent, schema.BackwardEvent, schema.ParamGrads,
-                                   schema.Anomaly)):
+                        current = StepRecords(row[1])
+                    current.events.append(event)
+                    current.nonfinite = current.nonfinite or (nonfinite and _nonfinite(row))
+            elif isinstance(item, (schema.ParamGrads, schema.Anomaly)):
                 if item.step != current.step:
                     if current.step >= 0:
                         yield current
@@ -106,15 +127,19 @@ class Walk:
                 self._declare(item)
         if current.step >= 0:
             # no end record and no step record after its events: the run stopped inside it
-            current.cut_off = decoder.end is None and self._closed < current.step
+            current.cut_off = reader.end is None and self._closed < current.step
             yield current
 
-    def _add(self, current: StepRecords, item: schema.ForwardEvent | schema.BackwardEvent
-             | schema.ParamGrads | schema.Anomaly) -> None:
-        if isinstance(item, (schema.ForwardEvent, schema.BackwardEvent)):
-            current.events.append(self._record(item))
-            current.nonfinite = current.nonfinite or _nonfinite(item)
-        elif isinstance(item, schema.ParamGrads):
+    def drain(self) -> None:
+        """Give ``feed`` the items of the log that ``steps`` has not read (none were read if it
+        never started); ``steps`` is not taken up again after."""
+        if self._feed is not None:
+            for item in self._items if self._items is not None else self.reader.scan():
+                self._feed(item)
+        self._items = iter(())
+
+    def _add(self, current: StepRecords, item: schema.ParamGrads | schema.Anomaly) -> None:
+        if isinstance(item, schema.ParamGrads):
             current.params[self._model(item.model)] = item.grad_norm
         else:
             current.anomalies.append((item.kind, self._model(item.model), item.name, item.call))
@@ -131,53 +156,41 @@ class Walk:
             known = self.modules.setdefault(self._model(record.model), {})
             known.setdefault(record.name, ModuleInfo(record.cls, record.params, len(known)))
 
-    def _name(self, decoder: schema.Decoder, module: int) -> tuple[str, str]:
+    def _name(self, module: int) -> tuple[str, str]:
         """(model name, fqn) of a module id, kept from the first event that names it."""
         found = self._names.get(module)
         if found is None:
-            model, fqn = decoder.modules[module]
+            model, fqn = self.reader.modules[module]
             found = self._names[module] = (self._model(model), fqn)
         return found
 
-    # Plain events are most of a log: built with few lookups, as tuples (no keyword parsing)
-    def _forward_maker(self, decoder: schema.Decoder) -> Callable[[dict[str, Any]], Event]:
-        names, tensors, new = self._names, decoder.tensors, tuple.__new__
+    # Most of a log: built with few lookups, as tuples (no keyword parsing)
+    def _forward(self, row: ForwardRow) -> Event:
+        _, _, module, call, (ins, in_types), (outs, out_types), more = row
+        model, fqn = self._names.get(module) or self._name(module)
+        return tuple.__new__(Event, (model, "forward", fqn, call, ins, outs, in_types,
+                                     out_types, None, None, more and more.output_nonfinite))
 
-        def forward(d: dict[str, Any]) -> Event:
-            model, fqn = names.get(d["module"]) or self._name(decoder, d["module"])
-            ins, in_types = tensors[d["in"]]
-            outs, out_types = tensors[d["out"]]
-            return new(Event, (model, "forward", fqn, d["call"], ins, outs, in_types, out_types,
-                               None, None, None))
-
-        return forward
-
-    def _backward_maker(self, decoder: schema.Decoder) -> Callable[[dict[str, Any]], Event]:
-        names, tensors, new = self._names, decoder.tensors, tuple.__new__
-
-        def backward(d: dict[str, Any]) -> Event:
-            model, fqn = names.get(d["module"]) or self._name(decoder, d["module"])
-            return new(Event, (model, "backward", fqn, d["call"], tensors[d["in"]][0],
-                               tensors[d["out"]][0], (), (), d.get("in_stats"),
-                               d.get("out_stats"), None))
-
-        return backward
-
-    def _record(self, r: schema.ForwardEvent | schema.BackwardEvent) -> Event:
-        model = self._model(r.model)
-        if isinstance(r, schema.ForwardEvent):
-            return Event(model, "forward", r.name, r.call, r.input_shapes, r.output_shapes,
-                         r.input_dtypes, r.output_dtypes, None, None, r.output_nonfinite)
-        return Event(model, "backward", r.name, r.call, r.grad_input_shapes,
-                     r.grad_output_shapes, (), (), r.grad_input_stats, r.grad_output_stats, None)
+    def _backward(self, row: BackwardRow) -> Event:
+        _, _, module, call, _, grad_ins, grad_outs, in_stats, out_stats, _ = row
+        model, fqn = self._names.get(module) or self._name(module)
+        return tuple.__new__(Event, (model, "backward", fqn, call, grad_ins, grad_outs, (), (),
+                                     in_stats, out_stats, None))
 
 
-def _nonfinite(r: schema.ForwardEvent | schema.BackwardEvent) -> bool:
-    """NaN/Inf in an event (plain events have none: the reader yields them as records)."""
-    if isinstance(r, schema.ForwardEvent):
-        return bool(r.output_nonfinite)
+_MORE = itemgetter(-1)  # a row's ``more``: None for most events
+
+
+def _nonfinite(row: tuple[Any, ...]) -> bool:
+    """NaN/Inf in an event (a row without ``more`` has none)."""
+    more = row[-1]
+    if more is None:
+        return False
+    if isinstance(more, ForwardMore):
+        return bool(more.output_nonfinite)
+    stats = row[7:9]  # in_stats, out_stats of a backward row
     return any(s is not None and (len(s) != 2 or not math.isfinite(s[0]))
-               for s in (*(r.grad_input_stats or ()), *(r.grad_output_stats or ())))
+               for some in stats if some for s in some)
 
 
 def lockstep(walks: Sequence[Walk], keep: Callable[[StepRecords], bool] = lambda s: True

@@ -1,8 +1,9 @@
 """``hooktrace check``'s reading side: read a run's logs, run the checks, one ``Report``.
 
 One log is collected (``collect``) and checked (``checks.check_all``); the logs of several ranks
-are each checked, their findings merged where the ranks agree, and walked together to find where
-the ranks' execution diverges (``ranks.first_divergence``).
+are walked together to find where the ranks' execution diverges (``ranks.first_divergence``),
+and that walk feeds each rank's collector (each log is read once); each rank is checked, and the
+findings merged where the ranks agree.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from hooktrace.align import Feed
 from hooktrace.checks import check_all
-from hooktrace.collect import collect
+from hooktrace.collect import Collector, collect
+from hooktrace.collected import Collected
 from hooktrace.errors import HooktraceError
 from hooktrace.findings import ERROR, SEVERITY_ORDER, Finding, Report, Thresholds
 from hooktrace.logio import LogReader, capture_dir
@@ -22,7 +25,11 @@ from hooktrace.ranks import first_divergence, open_ranks
 def run_checks(path: str | os.PathLike[str], step: int | None = None,
                thresholds: Thresholds | None = None) -> Report:
     """The findings of one log (of one rank); ``step``: that step only."""
-    c = collect(path, step)
+    return _report(collect(path, step), path, step, thresholds)
+
+
+def _report(c: Collected, path: str | os.PathLike[str], step: int | None,
+            thresholds: Thresholds | None) -> Report:
     if step is not None and step not in c.steps_seen | c.backward_steps:
         seen = sorted(c.steps_seen | c.backward_steps)
         have = f"{seen[0]}-{seen[-1]}" if seen else "none"
@@ -39,9 +46,11 @@ def run_checks(path: str | os.PathLike[str], step: int | None = None,
 _PARTED = {"ran": "modules", "shapes": "shapes", "dtypes": "dtypes", "steps": "steps"}
 
 
-def check_ranks(readers: Sequence[LogReader]) -> list[Finding]:
-    """The first step and module where the ranks' execution diverges."""
-    found = first_divergence(readers)
+def check_ranks(readers: Sequence[LogReader], feeds: Sequence[Feed] | None = None
+                ) -> list[Finding]:
+    """The first step and module where the ranks' execution diverges (``feeds``: see
+    ``ranks.first_divergence``)."""
+    found = first_divergence(readers, feeds)
     if found is None:
         return []
     what = "; ".join(f"rank {rank}: {desc}" for rank, desc in found.ranks.items())
@@ -62,10 +71,13 @@ def run_checks_ranks(paths: Sequence[str | os.PathLike[str]], step: int | None =
     readers = open_ranks(paths)
     if len(readers) == 1:
         return run_checks(readers[0].path, step, thresholds)
+    # each log read once: the walk that finds where the ranks diverge feeds each rank's collector
+    collectors = [Collector(reader, step) for reader in readers]
+    diverged = check_ranks(readers, [c.take for c in collectors])
     merged: dict[tuple[str, str, str, int | None], Finding] = {}
     reports = []
-    for reader in readers:
-        report = run_checks(reader.path, step, thresholds)
+    for reader, collector in zip(readers, collectors, strict=True):
+        report = _report(collector.finish(), reader.path, step, thresholds)
         reports.append(report)
         for f in report.findings:
             known = merged.setdefault((f.kind, f.model, f.module, f.step), f)
@@ -74,7 +86,7 @@ def run_checks_ranks(paths: Sequence[str | os.PathLike[str]], step: int | None =
     for f in merged.values():
         if f.ranks == every:
             f.ranks = None  # on every rank: nothing rank-local about it
-    findings = sorted([*check_ranks(readers), *merged.values()], key=lambda f: (
+    findings = sorted([*diverged, *merged.values()], key=lambda f: (
         SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1, f.kind))
     return Report(findings, [w for r in reports for w in r.warnings],
                   max(r.steps for r in reports), sum(r.events for r in reports),

@@ -35,7 +35,7 @@ from hooktrace.magnitudes import (
 )
 
 if TYPE_CHECKING:
-    from hooktrace.collect import Collected, Keys, ModuleKey, ModuleStats
+    from hooktrace.collected import Collected, Keys, ModuleKey, ModuleStats
 
 CONTAINERS = {"ModuleList", "ModuleDict", "ParameterList", "ParameterDict"}  # never called
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from hooktrace.findings import ERROR, Finding
 
 if TYPE_CHECKING:
-    from hooktrace.collect import Collected
+    from hooktrace.collected import Collected
 
 _NOT_A_CRASH = {"SystemExit", "KeyboardInterrupt"}  # an exit status the script chose
 

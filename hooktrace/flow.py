@@ -39,7 +39,7 @@ from hooktrace.findings import (
 )
 
 if TYPE_CHECKING:
-    from hooktrace.collect import ModuleKey, ModuleStats
+    from hooktrace.collected import ModuleKey, ModuleStats
 
 STEPS = 32  # recorded steps judged call by call (the first ones): bounded memory on long logs
 

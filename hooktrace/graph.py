@@ -1,9 +1,9 @@
 """One step of a log as a call graph: what ran, nested how, in which order forward and backward.
 
-``load_step`` streams a log and keeps the events of one step only (by default the first step
-that has a backward event). ``build`` turns them into a ``View``: the nodes to draw, the clusters
-they nest in (the fqn hierarchy, ``layer1`` > ``layer1.0``), and the numbered forward and backward
-edges between them. Standard library only (``View.graph`` gives networkx graphs): no torch.
+``build`` turns the events of one step (``hooktrace.steplog.load_step``) into a ``View``: the
+nodes to draw, the clusters they nest in (the fqn hierarchy, ``layer1`` > ``layer1.0``), and the
+numbered forward and backward edges between them. Standard library only (``View.graph`` gives
+networkx graphs): no torch.
 
 Node model: one node per module *call*, not one node per module with numbered visits. ResNet's
 blocks call their ``relu`` three times; as three nodes the forward order is a path that only
@@ -26,18 +26,15 @@ from __future__ import annotations
 
 import bisect
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from hooktrace import schema
-from hooktrace.errors import HooktraceError, LogError
+from hooktrace.errors import HooktraceError
 from hooktrace.findings import ancestors
-from hooktrace.logio import LogReader, capture_dir
+from hooktrace.steplog import StepLog
 
-Event = schema.ForwardEvent | schema.BackwardEvent
 ModuleKey = tuple[int, str]  # (model, fqn)
 NodeKey = tuple[int, str, int]  # (model, fqn, call); call -1: folded calls, no own call
 
@@ -45,177 +42,9 @@ PHASES = ("forward", "backward", "both")
 AUTO_MAX_NODES = 40  # resnet50: 22 nodes at depth 2, 154 at depth 3
 
 
-class SelectionError(HooktraceError):
-    """``--step`` or ``--model`` names something the log does not hold."""
-
-
 def depth_of(fqn: str) -> int:
     """0 for a model's root (``""``), 1 for ``layer1``, 3 for ``layer1.0.conv1``."""
     return fqn.count(".") + 1 if fqn else 0
-
-
-def ranges(numbers: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2, 5"`` (steps in messages)."""
-    runs: list[list[int]] = []
-    for n in sorted(numbers):
-        if runs and n == runs[-1][-1] + 1:
-            runs[-1].append(n)
-        else:
-            runs.append([n])
-    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
-
-
-@dataclass(slots=True)
-class StepLog:
-    """What ``load_step`` kept: one step's events of the chosen models, and the module records."""
-
-    path: Path
-    step: int
-    steps: list[int]  # every step of the chosen models that has events
-    models: dict[int, str]  # model index -> name, from the ``model`` records
-    classes: dict[ModuleKey, str]  # from the ``module`` records
-    events: list[Event]  # this step's, in seq order
-    warnings: list[str] = field(default_factory=list)
-    # forward seq -> step of its backward, for calls whose backward ran in a later step (a GAN's
-    # generator: its forward in the discriminator's step, its backward in the next)
-    later: dict[int, int] = field(default_factory=dict)
-    captured: str | None = None  # "<folder> (N files)" when the run used --capture
-    sources: dict[str, str] = field(default_factory=dict)  # class -> "file:line" of forward
-
-    @property
-    def has_backward(self) -> bool:
-        return any(e.phase == "backward" for e in self.events)
-
-    def cls(self, model: int, fqn: str) -> str:
-        return self.classes.get((model, fqn), "?")
-
-
-class _Keeper:
-    """Keeps the events of the requested step, or of the first step with a backward event."""
-
-    def __init__(self, step: int | None, decoder: schema.Decoder) -> None:
-        self.step = step
-        self.kept: dict[int, list[Event]] = {}
-        self.steps: set[int] = set()
-        self.first_backward: int | None = None
-        self._decoder = decoder  # told which steps may still be kept
-        if step is not None:
-            decoder.keep_from = decoder.keep_to = step
-
-    def target(self, step: int, backward: bool) -> list[Event] | None:
-        """The list to keep an event of ``step`` in, or None. Only a backward event of an
-        earlier step than the first seen with one changes the answer for the events after it."""
-        self.steps.add(step)
-        if self.step is not None:
-            return self.kept.setdefault(step, []) if step == self.step else None
-        if backward and (self.first_backward is None or step < self.first_backward):
-            self.first_backward = self._decoder.keep_to = step
-            self.kept = {step: self.kept.get(step, [])}  # earlier steps had no backward
-        if self.first_backward is None or step == self.first_backward:
-            # until a backward shows up every step is a candidate; that is one step in practice
-            return self.kept.setdefault(step, [])
-        return None
-
-    def chosen(self) -> int:
-        if self.step is not None:
-            return self.step
-        return self.first_backward if self.first_backward is not None else min(self.steps)
-
-
-class _Loader:
-    """What ``load_step`` gathers in its pass over the log."""
-
-    def __init__(self, step: int | None, model: str | None, decoder: schema.Decoder) -> None:
-        self.keeper = _Keeper(step, decoder)
-        self.model = model
-        self.decoder = decoder
-        self.models: dict[int, str] = {}
-        self.classes: dict[ModuleKey, str] = {}
-        self.sources: dict[str, str] = {}
-        self.any_events = False
-        self.step_starts: dict[int, int] = {}  # step -> its first seq
-        self.later: dict[int, int] = {}
-        self._step: int | None = None  # of the last event, and its step's first seq:
-        self._start = 0
-
-    def plain(self, events: list[dict[str, Any]]) -> None:
-        """Plain events of one type, in a loop that does little for the steps not kept: nearly
-        all of them."""
-        self.any_events = True
-        backward = events[0]["type"] == "backward"
-        model, models, modules = self.model, self.models, self.decoder.modules
-        run: int | None = None  # the step of the events kept in target
-        target: list[Event] | None = None
-        for d in events:
-            step = d["step"]
-            if step != self._step:
-                self._step, self._start = step, self.step_starts.setdefault(step, d["seq"])
-            if backward and d["fwd"] < self._start:
-                self.later[d["fwd"]] = step
-            if model is not None and models.get(modules[d["module"]][0]) != model:
-                continue
-            if step != run:
-                run, target = step, self.keeper.target(step, backward)
-            if target is not None:
-                target.append(self.decoder.event(d))
-
-    def record(self, record: Any) -> None:
-        if isinstance(record, (schema.ForwardEvent, schema.BackwardEvent)):
-            self.any_events = True
-            step = record.step
-            if step != self._step:
-                self._step, self._start = step, self.step_starts.setdefault(step, record.seq)
-            if isinstance(record, schema.BackwardEvent) and record.fwd < self._start:
-                self.later[record.fwd] = step
-            if self.model is None or self.models.get(record.model) == self.model:
-                target = self.keeper.target(step, isinstance(record, schema.BackwardEvent))
-                if target is not None:
-                    target.append(record)
-        elif isinstance(record, schema.Module):
-            self.classes[(record.model, record.name)] = record.cls
-        elif isinstance(record, schema.Model):
-            self.models[record.model] = record.name
-        elif isinstance(record, schema.Source):
-            self.sources.setdefault(record.cls, f"{record.file}:{record.line}")
-
-
-def load_step(path: str | os.PathLike[str], step: int | None = None,
-              model: str | None = None) -> StepLog:
-    """Stream the log at ``path`` and keep step ``step`` (default: the first with a backward
-    event) of the model named ``model`` (default: all). Raises LogError / SelectionError."""
-    reader = LogReader(path)
-    # events of the steps not drawn are skimmed: read for their step, seq, module and fwd only
-    loaded = _Loader(step, model, schema.Decoder(skim=True))
-    for item in reader.scan(loaded.decoder):
-        if type(item) is list:
-            loaded.plain(item)
-        else:
-            loaded.record(item)
-    keeper, models = loaded.keeper, loaded.models
-    if not loaded.any_events:
-        raise LogError(f"{reader.path} has no events: no module call was recorded")
-    if model is not None and model not in models.values():
-        names = ", ".join(repr(n) for n in sorted(models.values()))
-        raise SelectionError(f"no model {model!r} in {reader.path}; its models: {names}")
-    if not keeper.steps:
-        raise SelectionError(f"model {model!r} has no events in {reader.path}")
-    chosen = keeper.chosen()
-    if chosen not in keeper.steps:
-        raise SelectionError(f"no step {chosen} in {reader.path}; its steps: "
-                             f"{ranges(sorted(keeper.steps))}")
-    events = sorted(keeper.kept.get(chosen, []), key=lambda e: e.seq)
-    forward = {e.seq for e in events if isinstance(e, schema.ForwardEvent)}
-    earlier = {models.get(e.model, str(e.model)) for e in events
-               if isinstance(e, schema.BackwardEvent) and e.fwd not in forward}
-    warnings = list(reader.warnings)
-    if earlier:
-        warnings.append(f"step {chosen} also runs the backward of calls made in an earlier step "
-                        f"(model {', '.join(sorted(earlier))}); they are drawn in that step")
-    captured = (f"{capture_dir(reader.path)} ({reader.end.captured} files)"
-                if reader.end is not None and reader.end.captured else None)
-    return StepLog(reader.path, chosen, sorted(keeper.steps), models, loaded.classes, events,
-                   warnings, {f: s for f, s in loaded.later.items() if f in forward}, captured,
-                   loaded.sources)
 
 
 @dataclass(slots=True)

@@ -15,7 +15,17 @@ from typing import IO, Any
 
 import orjson
 
-from hooktrace import schema
+from hooktrace import schema, wire
+from hooktrace.decoder import (
+    BackwardRow,
+    BackwardRows,
+    Decoder,
+    ForwardRow,
+    ForwardRows,
+    Rows,
+    StepFilter,
+    from_dict,
+)
 from hooktrace.errors import LogError, LogWriteError
 
 MAX_LINE_BYTES = 16 * 1024 * 1024  # no record comes near this; a longer line is not a hooktrace log
@@ -82,7 +92,7 @@ class LogWriter:
             self._file: IO[bytes] | None = self.path.open("wb", buffering=_BUFFER_BYTES)
         except OSError as e:
             raise LogError(f"cannot write the log {self.path}: {e.strerror or e}") from None
-        self._encoder = schema.Encoder()
+        self._encoder = wire.Encoder()
         _open_writers.add(self)
 
     def write(self, record: Any) -> None:
@@ -144,7 +154,7 @@ class LogReader:
         self.path = Path(path)
         _check_readable(self.path)
         self.warnings: list[str] = []
-        self._decoder: schema.Decoder | None = None
+        self._decoder: Decoder | None = None
         self.header = self._read_header()
 
     @property
@@ -180,69 +190,88 @@ class LogReader:
                 "trace the run again"
             )
         try:
-            record = schema.from_dict(d)
+            record = from_dict(d)
         except schema.SchemaError as e:
             raise LogError(f"{self.path} line 1: {e}") from None
         assert isinstance(record, schema.Header)
         return record
 
     def __iter__(self) -> Iterator[schema.Record]:
-        """Yield every record after the header, in file order."""
-        decoder = schema.Decoder()
-        event = decoder.event
-        for item in self.scan(decoder):
-            if isinstance(item, list):
-                yield from map(event, item)
+        """Yield every record after the header, in file order (events as the tracer wrote them,
+        names and shapes resolved)."""
+        for item in self.scan():
+            if isinstance(item, ForwardRows):
+                yield from map(self.forward_event, item)
+            elif isinstance(item, BackwardRows):
+                yield from map(self.backward_event, item)
             else:
                 yield item
 
-    def scan(self, decoder: schema.Decoder) -> Iterator[list[dict[str, Any]] | schema.Record]:
-        """Like iterating, but plain events (``Decoder.forward``) come as their checked dicts, in
-        lists of consecutive ones of one type: a long log is read without a record per event,
-        and a reader that needs a few keys of each loops over a list. Use a list before taking
-        the next item (``decoder``, which resolves its ids, may have learnt new ones by then)."""
-        self._decoder = decoder
+    def scan(self, steps: StepFilter | None = None) -> Iterator[Rows | schema.Record]:
+        """Every record after the header in file order, but each event as its row
+        (``hooktrace.decoder``), in lists of consecutive rows of one type (``ForwardRows``,
+        ``BackwardRows``): a long log is read
+        without a record per event, a reader loops over a list. ``steps``: whether a step's
+        events are wanted in full (``Decoder``). Use a list before taking the next item:
+        ``modules``, which names a row's module, may have learnt new ids by then."""
+        self._decoder = Decoder(steps)
+        return self._scan(self._decoder)
+
+    @property
+    def modules(self) -> dict[int, tuple[int, str]]:
+        """Module id -> (model, fqn), of the module records the last ``scan`` has read."""
+        assert self._decoder is not None, "scan first"
+        return self._decoder.modules
+
+    def forward_event(self, row: ForwardRow) -> schema.ForwardEvent:
+        """The record of a row of the last ``scan``, names and shapes resolved."""
+        assert self._decoder is not None, "scan first"
+        return self._decoder.forward_event(row)
+
+    def backward_event(self, row: BackwardRow) -> schema.BackwardEvent:
+        """The record of a row of the last ``scan``, names and shapes resolved."""
+        assert self._decoder is not None, "scan first"
+        return self._decoder.backward_event(row)
+
+    def _scan(self, decoder: Decoder) -> Iterator[Rows | schema.Record]:
         forward, backward, other = decoder.forward, decoder.backward, decoder.other
         loads = orjson.loads
         number = 1  # the lines before the block
         blocks = self._blocks()
         for block in blocks:
-            plain: list[dict[str, Any]] = []
-            run: Any = None  # the type of the events in plain
+            rows: Any = ()
+            run: Any = None  # the type of the events in rows; None: none since the last flush
+            append: Any = None
             for line in block:
                 try:
                     d = loads(line)
                     kind = d.get("type") if type(d) is dict else None
-                    item: Any
                     if kind == "forward":
-                        item = forward(d)
+                        row: Any = forward(d)
                     elif kind == "backward":
-                        item = backward(d)
-                    else:  # may add ids: the plain events before are used first
-                        if plain:
-                            yield plain
-                            plain = []
-                        item = other(d, kind)
+                        row = backward(d)
+                    else:  # may add ids: the rows before are used first
+                        if rows:
+                            yield rows
+                            rows, run = (), None
+                        record = other(d, kind)
+                        if record is not None:
+                            yield record
+                        continue
                 except (orjson.JSONDecodeError, schema.SchemaError) as e:
-                    if plain:
-                        yield plain
-                        plain = []
+                    if rows:
+                        yield rows
+                        rows, run = (), None
                     self._bad_line(block, line, number, blocks, e)
                     continue
-                if item is d:
-                    if kind != run:
-                        if plain:
-                            yield plain
-                            plain = []
-                        run = kind
-                    plain.append(d)
-                elif item is not None:
-                    if plain:
-                        yield plain
-                        plain = []
-                    yield item
-            if plain:
-                yield plain
+                if kind != run:
+                    if rows:
+                        yield rows
+                    rows = ForwardRows() if kind == "forward" else BackwardRows()
+                    append, run = rows.append, kind
+                append(row)
+            if rows:
+                yield rows
             number += len(block)
         if decoder.end is None:
             self.warnings.append(f"{self.path} has no end record: the run did not finish")

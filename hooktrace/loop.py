@@ -21,7 +21,7 @@ from hooktrace.findings import (
 )
 
 if TYPE_CHECKING:
-    from hooktrace.collect import Collected, ModuleKey
+    from hooktrace.collected import Collected, ModuleKey
     from hooktrace.schema import Signal
 
 

@@ -23,7 +23,7 @@ from hooktrace.findings import (
 )
 
 if TYPE_CHECKING:
-    from hooktrace.collect import Collected, ModuleKey
+    from hooktrace.collected import Collected, ModuleKey
 
 
 def _profile_finding(c: Collected, t: Thresholds, explained: Set[ModuleKey]) -> Finding | None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hooktrace.align import Event, Walk, lockstep, parting
+from hooktrace.align import Event, Feed, Walk, lockstep, parting
 from hooktrace.errors import HooktraceError
 from hooktrace.logio import LogReader
 
@@ -83,14 +83,24 @@ def _describe(e: Event, kind: str) -> str:
     return f"{e.describe()} in {e.model} ({shapes})"
 
 
-def first_divergence(readers: Sequence[LogReader]) -> Divergence | None:
+def first_divergence(readers: Sequence[LogReader], feeds: Sequence[Feed] | None = None
+                     ) -> Divergence | None:
     """The first step and event where some rank's recorded execution differs from rank 0's, as
     ``diff`` decides it (``align.parting``). A step a rank was cut off in (a hang, a kill) is
-    compared up to where that rank stopped, and is the last one compared."""
-    if len(readers) < 2:
+    compared up to where that rank stopped, and is the last one compared. ``feeds``, one per
+    log, are given every item of their log (``align.Walk``): all of it, also past the step
+    where the ranks part."""
+    no_feeds: list[Feed | None] = [None] * len(readers)
+    walks = [Walk(r, f) for r, f in zip(readers, feeds or no_feeds, strict=True)]
+    found = _first_divergence(walks, [r.header.rank for r in readers])
+    for walk in walks:
+        walk.drain()
+    return found
+
+
+def _first_divergence(walks: Sequence[Walk], ranks: list[int]) -> Divergence | None:
+    if len(walks) < 2:
         return None
-    ranks = [r.header.rank for r in readers]
-    walks = [Walk(r) for r in readers]
     for step, here in lockstep(walks, keep=lambda s: bool(s.events)):
         if any(s is None for s in here):  # a rank recorded fewer or other steps
             return Divergence(step, 0, "", "", {

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hooktrace import schema
+from hooktrace import schema, wire
+from hooktrace.decoder import BackwardRows, Decoder, ForwardRows
 from hooktrace.errors import LogError
 from hooktrace.logio import MAX_LINE_BYTES, LogReader, LogWriter
 
@@ -48,10 +49,10 @@ KNOWN_TYPES = tuple(
                                  "ParamGrads", "Step", "End") if hasattr(schema, n))
 
 
-def lines(*records: Any, encoder: schema.Encoder | None = None) -> bytes:
+def lines(*records: Any, encoder: wire.Encoder | None = None) -> bytes:
     """Records as the writer writes them (events need the module records' ids: pass one
     encoder to calls that make one log)."""
-    encoder = encoder or schema.Encoder()
+    encoder = encoder or wire.Encoder()
     return b"".join(orjson.dumps(d) + b"\n" for r in records for d in encoder.wire(r))
 
 
@@ -143,7 +144,7 @@ def test_header_only_log(tmp_path: Path) -> None:
                                  b'{"type":"end","status":"maybe"}'])
 def test_bad_line_in_the_middle_names_its_line(tmp_path: Path, bad: bytes) -> None:
     path = tmp_path / "log.jsonl"
-    encoder = schema.Encoder()
+    encoder = wire.Encoder()
     path.write_bytes(HEADER_LINE + lines(*RECORDS[:2], encoder=encoder) + bad + b"\n"
                      + lines(*RECORDS[2:], encoder=encoder))
     with pytest.raises(LogError, match=r"\bline 4\b"):
@@ -385,9 +386,9 @@ def test_writer_cannot_create_is_a_log_error(tmp_path: Path) -> None:
 
 # -- plain events: the fast path reads what the careful path reads --------------------------------
 
-def decoder_with_ids() -> schema.Decoder:
+def decoder_with_ids() -> Decoder:
     """A decoder that knows module ids 0-1 and tensors ids 0-1, as a log's first lines make."""
-    decoder = schema.Decoder()
+    decoder = Decoder()
     for d in ({"type": "module", "id": 0, "model": 0, "name": "", "class": "Net"},
               {"type": "module", "id": 1, "model": 0, "name": "fc1", "class": "Linear"},
               {"type": "tensors", "id": 0, "shapes": [[5, 4]], "dtypes": ["float32"]},
@@ -396,10 +397,10 @@ def decoder_with_ids() -> schema.Decoder:
     return decoder
 
 
-def careful(decoder: schema.Decoder, d: dict[str, Any]) -> Any:
-    """The record, or the error, of the path that checks every key one by one."""
+def careful(decoder: Decoder, d: dict[str, Any]) -> Any:
+    """The row, or the error, of the path that checks every key one by one."""
     try:
-        return decoder._forward(d) if d["type"] == "forward" else decoder._backward(d)
+        return decoder._forward_row(d) if d["type"] == "forward" else decoder._backward_row(d)
     except schema.SchemaError as e:
         return str(e)
 
@@ -427,8 +428,8 @@ changes = st.dictionaries(
 def test_plain_events_read_as_the_careful_path_reads_them(
         kind: str, change: dict[str, Any], drop: str | None, in_stats: Any, out_stats: Any
 ) -> None:
-    """A valid event, changed in a key or two: the dict of the fast path makes the record the
-    careful path makes, or the careful path makes it, or both fail alike."""
+    """A valid event, changed in a key or two: the quick checks make the row the careful path
+    makes, or leave it to the careful path, or both fail alike."""
     d: dict[str, Any] = {"type": kind, "seq": 3, "step": 0, "module": 1, "call": 0, "in": 0,
                          "out": 1}
     if kind == "backward":
@@ -443,12 +444,12 @@ def test_plain_events_read_as_the_careful_path_reads_them(
     except schema.SchemaError as e:
         assert str(e) == expected
         return
-    if got is d:  # plain: the dict itself, checked, and finite
-        got = decoder.event(d)
-        stats_read = (got.grad_input_stats or []) + (got.grad_output_stats or []) \
-            if isinstance(got, schema.BackwardEvent) else []
+    if got[-1] is None:  # ``more`` None: no flag, finite statistics
+        stats_read = [*(got[7] or []), *(got[8] or [])] if kind == "backward" else []
         assert all(s is None or all(map(math.isfinite, s)) for s in stats_read)
     assert repr(got) == repr(expected)  # NaN statistics are not equal to themselves
+    event = decoder.forward_event if kind == "forward" else decoder.backward_event
+    assert repr(event(got)) == repr(event(expected))
 
 
 ODD_STATS = [[[1.0, "x"]], [["x", 1.0]], [[1.0, True]], [[False, 1]], [[1.0, "nan"]],
@@ -468,10 +469,10 @@ def test_plain_statistics_are_two_numbers_each(key: str, odd: int) -> None:
         got = decoder.backward(d)
     except schema.SchemaError as e:
         got = str(e)
-    assert repr(decoder.event(got) if got is d else got) == repr(expected)
+    assert repr(got) == repr(expected)
 
 
-def test_scan_gives_plain_events_in_lists_of_one_type(tmp_path: Path) -> None:
+def test_scan_gives_events_as_rows_in_lists_of_one_type(tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
     plain = [schema.ForwardEvent(seq=s, step=0, model=0, name="fc1", call=s - 4)
              for s in (4, 5)]
@@ -480,19 +481,25 @@ def test_scan_gives_plain_events_in_lists_of_one_type(tmp_path: Path) -> None:
                                           grad_output_stats=[None])
     write_log(path, [*RECORDS[:-1], *plain, plain_backward, RECORDS[-1]])
     reader = LogReader(path)
-    items = list(reader.scan(schema.Decoder()))
-    lists = [item for item in items if isinstance(item, list)]
-    assert [[(d["type"], d["seq"]) for d in run] for run in lists] == [
-        [("forward", 4), ("forward", 5)], [("backward", 6)]]
+    items = list(reader.scan())
+    lists = [item for item in items if isinstance(item, (ForwardRows, BackwardRows))]
+    # a tensors record (the second event's signature) ends a list: a list's ids are all known
+    assert [(type(run).__name__, [(r[0], r[-1] is None) for r in run]) for run in lists] == [
+        ("ForwardRows", [(1, False)]), ("ForwardRows", [(2, False)]),
+        ("BackwardRows", [(3, False)]), ("ForwardRows", [(4, True), (5, True)]),
+        ("BackwardRows", [(6, True)])]  # (seq, no ``more``)
     records = [item for item in items if not isinstance(item, list)]
-    assert records == RECORDS  # its events have flags or NaN/Inf: not plain
+    assert records == [r for r in RECORDS if not isinstance(
+        r, (schema.ForwardEvent, schema.BackwardEvent))]
+    assert [reader.forward_event(r) if isinstance(run, ForwardRows) else reader.backward_event(r)
+            for run in lists for r in run] == [*RECORDS[3:6], *plain, plain_backward]
     assert list(LogReader(path)) == [*RECORDS[:-1], *plain, plain_backward, RECORDS[-1]]
     assert reader.end == RECORDS[-1]
 
 
 def test_plain_events_before_a_bad_line_come_first(tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
-    encoder = schema.Encoder()
+    encoder = wire.Encoder()
     plain = schema.ForwardEvent(seq=4, step=0, model=0, name="fc1", call=0)
     path.write_bytes(HEADER_LINE + lines(*RECORDS[:3], plain, encoder=encoder)
                      + b'{"type":"forward","seq":5,"step":0,"module":1,"call":"0"}\n'
@@ -507,7 +514,7 @@ def test_plain_events_before_a_bad_line_come_first(tmp_path: Path) -> None:
 def test_lines_are_numbered_across_read_blocks(tmp_path: Path, bad: bytes) -> None:
     """The reader reads 1 MB at a time; a bad line far into the log still gets its number."""
     path = tmp_path / "log.jsonl"
-    encoder = schema.Encoder()
+    encoder = wire.Encoder()
     events = [schema.ForwardEvent(seq=s, step=s // 100, model=0, name="fc1", call=s % 100)
               for s in range(30_000)]
     body = lines(*RECORDS[:3], *events, encoder=encoder)
@@ -529,7 +536,7 @@ def test_lines_are_numbered_across_read_blocks(tmp_path: Path, bad: bytes) -> No
 def test_params_read_module_ids_however_written(tmp_path: Path) -> None:
     """A module id written as "01" is module 1, as before the fast path for "1"."""
     path = tmp_path / "log.jsonl"
-    encoder = schema.Encoder()
+    encoder = wire.Encoder()
     path.write_bytes(HEADER_LINE + lines(*RECORDS[:3], encoder=encoder)
                      + b'{"type":"params","step":0,"model":0,"grad_norm":{"1":0.5,"0":null}}\n'
                      + b'{"type":"params","step":1,"model":0,"grad_norm":{"01":0.5,"0":1}}\n'

@@ -6,12 +6,15 @@ import json
 import math
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, events, hooktrace_cmd, read_log
 
 from hooktrace import schema
+from hooktrace.checklog import run_checks, run_checks_ranks
+from hooktrace.logio import LogReader, LogWriter
 
 SCRIPT = ROOT / "tests" / "scripts" / "ddp_train.py"
 
@@ -143,3 +146,62 @@ def test_fsdp2_sharded_gradients(tmp_path: Path) -> None:
             step, name, norms, full[step])
     report = hooktrace_cmd("check", "--json", tmp_path / "fsdp.rank*.jsonl")
     assert json.loads(report.stdout)["findings"] == []
+
+
+def _rank_log(path: Path, rank: int, odd_step: int | None) -> None:
+    """A rank's log of 4 steps of fc1 -> fc2 (-> extra in ``odd_step``), written as the tracer
+    writes one."""
+    writer = LogWriter(path)
+    writer.write(schema.Header(schema=schema.SCHEMA_VERSION, hooktrace="0", argv=["t.py"],
+                               rank=rank, world_size=2))
+    writer.write(schema.Model(0, "model", "Net"))
+    for name in ("", "fc1", "fc2", "extra"):
+        writer.write(schema.Module(0, name, "Linear" if name else "Net", 8, 8))
+    seq = 0
+    for step in range(4):
+        names = ["fc1", "extra" if step == odd_step else "fc2", ""]
+        first = seq + 1
+        for name in names:
+            seq += 1
+            writer.write(schema.ForwardEvent(seq, step, 0, name, 0, [[2, 4]], ["float32"],
+                                             [[2, 4]], ["float32"]))
+        for i, name in enumerate(reversed(names)):
+            seq += 1
+            writer.write(schema.BackwardEvent(seq, step, 0, name, 0, first + 2 - i, 1, 1,
+                                              [[2, 4]], [[2, 4]], False, [[1.0, 0.5]],
+                                              [[1.0, 0.5]]))
+        writer.write(schema.Step(step, 3, 3))
+    writer.write(schema.End("ok", events=seq, steps=4))
+    writer.close()
+
+
+@pytest.mark.parametrize("odd_step", [1, None])
+def test_check_reads_each_rank_log_once(tmp_path: Path, odd_step: int | None,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk that looks for the ranks' divergence feeds each rank's collector, and what it
+    left (it stops at a divergence) is read after it: each log is read once, and each rank's
+    findings are those of checking its log alone."""
+    logs = [tmp_path / f"run.rank{rank}.jsonl" for rank in (0, 1)]
+    for rank, log in enumerate(logs):
+        _rank_log(log, rank, odd_step if rank == 1 else None)
+    alone = [run_checks(log) for log in logs]
+    reads: list[Path] = []
+    blocks = LogReader._blocks
+
+    def counted(reader: LogReader) -> Iterator[list[bytes]]:
+        reads.append(reader.path)
+        return blocks(reader)
+
+    monkeypatch.setattr(LogReader, "_blocks", counted)  # our reader, counted: no mock
+    report = run_checks_ranks(logs)
+    assert sorted(reads) == logs
+    assert report.events == sum(r.events for r in alone) == 48
+    divergence = [(f.step, f.module) for f in report.findings if f.kind == "rank-divergence"]
+    assert divergence == ([] if odd_step is None else [(1, "extra")])
+    expected: dict[tuple[str, str, int | None], list[int]] = {}
+    for rank, alone_report in enumerate(alone):
+        for f in alone_report.findings:
+            expected.setdefault((f.kind, f.module, f.step), []).append(rank)
+    assert {(f.kind, f.module, f.step): f.ranks or [0, 1] for f in report.findings
+            if f.kind != "rank-divergence"} == expected
+    assert (odd_step is None) == (expected.get(("unused", "extra", None)) == [0, 1])

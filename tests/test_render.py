@@ -23,9 +23,9 @@ from conftest import SAMPLES, assert_golden, hooktrace_cmd
 from torch import nn
 
 import hooktrace
-from hooktrace import schema
+from hooktrace import schema, steplog
 from hooktrace.cli import cli
-from hooktrace.graph import View, build, load_step
+from hooktrace.graph import View, build
 from hooktrace.logio import LogWriter
 from hooktrace.render import picture, render, write_picture
 from hooktrace.render.dot import node_state, norm_text
@@ -114,7 +114,7 @@ def resnet50_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def view_of(log: Path, depth: int | None = None, phase: str = "both") -> View:
-    return build(load_step(log), depth, phase)
+    return build(steplog.load_step(log), depth, phase)
 
 
 def edges_of(view: View) -> list[tuple[str, int, str, str]]:
@@ -224,7 +224,7 @@ def test_several_models_and_model_option(tmp_path: Path) -> None:
     view = view_of(log)
     assert {n.key[0] for n in view.nodes()} == {0, 1}
     assert [node_state(n, view.checked) for n in view.nodes()] == ["no backward"] * 2 + ["ok"]
-    only = build(load_step(log, model="disc"))
+    only = build(steplog.load_step(log, model="disc"))
     assert [n.key for n in only.nodes()] == [(1, "0", 0)]
     runner = CliRunner()
     result = runner.invoke(cli, ["render", str(log), "--model", "critic"])
@@ -236,10 +236,10 @@ def test_several_models_and_model_option(tmp_path: Path) -> None:
 def test_default_step_is_the_first_with_a_backward(tmp_path: Path) -> None:
     log = write_log(tmp_path / "steps.jsonl",
                     [*chain_step(0, 1, backward=False), *chain_step(1, 10), *chain_step(2, 20)])
-    loaded = load_step(log)
+    loaded = steplog.load_step(log)
     assert (loaded.step, loaded.steps) == (1, [0, 1, 2])
     assert {e.step for e in loaded.events} == {1}  # only the chosen step is kept
-    assert [e.seq for e in load_step(log, step=2).events] == list(range(20, 26))
+    assert [e.seq for e in steplog.load_step(log, step=2).events] == list(range(20, 26))
 
 
 def test_long_log_keeps_only_the_chosen_step(tmp_path: Path) -> None:
@@ -249,14 +249,14 @@ def test_long_log_keeps_only_the_chosen_step(tmp_path: Path) -> None:
     events.insert(6, schema.ForwardEvent(7, 0, 0, "1", 1, no_grad=True))  # after step 0's
     late = schema.BackwardEvent(10 * 300, 299, 0, "0", 0, 2981, 1, 1)  # of a call in step 298
     log = write_log(tmp_path / "long.jsonl", [*events[:-1], late, events[-1]])
-    loaded = load_step(log)
+    loaded = steplog.load_step(log)
     assert (loaded.step, loaded.steps) == (0, list(range(300)))
     assert [(e.seq, e.phase) for e in loaded.events] == [
         *((seq, "forward") for seq in (1, 2, 3)), *((seq, "backward") for seq in (4, 5, 6)),
         (7, "forward")]
-    assert [e.seq for e in load_step(log, step=298, model="net").events] == list(
+    assert [e.seq for e in steplog.load_step(log, step=298, model="net").events] == list(
         range(2981, 2987))
-    assert load_step(log, 298).later == {2981: 299}
+    assert steplog.load_step(log, 298).later == {2981: 299}
     assert picture(log, step=297).source == picture(log, step=296).source.replace(
         "step 296", "step 297")
 
@@ -462,13 +462,13 @@ def test_gan_generator_backward_in_the_next_step(tmp_path: Path) -> None:
     next one: step 0 draws it as 'backward in step 1', not as a module without gradient."""
     log = tmp_path / "gan.jsonl"
     run_sample(log, "gan.py", "--iterations", "1")
-    step0 = build(load_step(log, 0))
+    step0 = build(steplog.load_step(log, 0))
     generator = [n for n in step0.nodes() if n.key[0] == 0]
     assert len(generator) == 4
     assert {(node_state(n, step0.checked), n.later) for n in generator} == {
         ("backward later", 1)}
     assert "backward in step 1" in picture(log, step=0).source
-    step1 = load_step(log, 1)
+    step1 = steplog.load_step(log, 1)
     assert any("backward of calls made in an earlier step (model generator)" in w
                for w in step1.warnings)
     only_backward = picture(log, step=1, model="generator")  # its forward ran in step 0
@@ -480,10 +480,10 @@ def test_nodes_coloured_by_gradient_health(tmp_path: Path) -> None:
     layers before it only see NaN gradients; at step 2 everything is healthy."""
     log = tmp_path / "nan.jsonl"
     run_sample(log, "nan_layer.py")
-    states = {n.key[1]: node_state(n, True) for n in build(load_step(log, 3)).nodes()}
+    states = {n.key[1]: node_state(n, True) for n in build(steplog.load_step(log, 3)).nodes()}
     assert states == {"fc1": "nan/inf gradient", "act": "nan/inf gradient",
                       "compress": "nan/inf output", "fc2": "nan/inf output"}
-    assert {node_state(n, True) for n in build(load_step(log, 2)).nodes()} == {"ok"}
+    assert {node_state(n, True) for n in build(steplog.load_step(log, 2)).nodes()} == {"ok"}
     source = picture(log, step=3).source
     assert "an output held NaN/Inf" in source and "nan/inf output" in source
     assert '"1 · |g| NaN"' in source and "backward starts · |g| NaN" in source
@@ -492,7 +492,7 @@ def test_nodes_coloured_by_gradient_health(tmp_path: Path) -> None:
 def test_exploding_gradients_coloured(tmp_path: Path) -> None:
     log = tmp_path / "exploding.jsonl"
     run_sample(log, "exploding.py")
-    states = [node_state(n, True) for n in build(load_step(log, 0), depth=2).nodes()]
+    states = [node_state(n, True) for n in build(steplog.load_step(log, 0), depth=2).nodes()]
     assert states.count("exploding") >= 10 and "vanishing" not in states
 
 
@@ -505,7 +505,7 @@ def test_transformer_encoder_default_picture(tmp_path: Path) -> None:
     log = tmp_path / "encoder.jsonl"
     with hooktrace.trace(log, model=encoder):
         encoder(torch.randn(2, 8, 32)).sum().backward()
-    view = build(load_step(log))
+    view = build(steplog.load_step(log))
     names = {n.key[1] for n in view.nodes()}
     assert view.graph.number_of_nodes() <= 40
     assert {"layers.0.linear1", "layers.0.norm2", "layers.1.self_attn"} <= names
@@ -556,7 +556,7 @@ def test_backward_edges_show_the_norm_of_the_gradient_reaching_the_call(mnist_lo
     """Each backward edge enters a call: its label is that call's grad_output norm, from the
     log; "gi 1 go 1" is gone (all are 1 / 1 here)."""
     view = view_of(mnist_log)
-    backward = {e.name: e for e in load_step(mnist_log).events
+    backward = {e.name: e for e in steplog.load_step(mnist_log).events
                 if isinstance(e, schema.BackwardEvent)}
     source = picture(mnist_log).source
     for edge in view.edges():

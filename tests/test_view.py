@@ -340,7 +340,7 @@ def test_view_and_the_notebook_heatmap_do_not_import_torch(tmp_path: Path) -> No
 
 def test_hover_says_where_the_forward_is(tmp_path: Path) -> None:
     """A node's details name the file and line of its class's forward (a class of the user's)."""
-    from hooktrace.graph import load_step
+    from hooktrace.steplog import load_step
     from hooktrace.view.graphs import _graph
 
     log = trace(tmp_path, "quantize", SCRIPTS / "flow_bugs.py", "zero_grad_function")

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Protocol, Union
 
 from hooktrace.errors import HooktraceError
-from hooktrace.graph import build, load_step
+from hooktrace.graph import build
 from hooktrace.render import dot
+from hooktrace.steplog import load_step
 
 FORMATS = ("dot", "svg", "png", "pdf")
 

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hooktrace import schema
-from hooktrace.graph import Event, StepLog, depth_of, load_step, ranges
+from hooktrace.graph import depth_of
+from hooktrace.steplog import Event, StepLog, load_step, ranges
 
 DEFAULT_LIMIT = 100  # rows; resnet50 has 366 events per step, the MNIST net 14
 

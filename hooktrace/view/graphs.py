@@ -13,9 +13,10 @@ import orjson
 
 from hooktrace import schema
 from hooktrace.findings import Finding
-from hooktrace.graph import Node, SelectionError, StepLog, View, build, load_step
+from hooktrace.graph import Node, View, build
 from hooktrace.render.dot import node_id, node_state, run_dot, to_dot
 from hooktrace.render.text import shapes_text
+from hooktrace.steplog import SelectionError, StepLog, load_step
 from hooktrace.view.data import RunData
 
 MAX_GRAPH_STEPS = 20  # steps drawn per rank and model: the first ones recorded

@@ -1,0 +1,83 @@
+"""What the checks need from a log: the per-module and per-step aggregates ``collect`` fills.
+
+Standard library only: ``hooktrace check`` runs without torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hooktrace import flow, schema
+
+ModuleKey = tuple[int, str]  # (model, fqn)
+Keys = frozenset[ModuleKey]
+
+
+@dataclass
+class ModuleStats:
+    model: int
+    name: str
+    cls: str
+    params: int = 0
+    trainable: int = 0
+    first_seq: int | None = None  # first forward call: execution order
+    calls: int = 0
+    max_calls_per_step: int = 0  # with gradient recording on
+
+
+@dataclass
+class Nonfinite:
+    step: int
+    model: int
+    name: str
+    evidence: dict[str, Any]
+
+
+@dataclass
+class Collected:
+    """What the checks need from a log, gathered in one streaming pass."""
+
+    header: schema.Header
+    models: dict[int, str] = field(default_factory=dict)
+    modules: dict[ModuleKey, ModuleStats] = field(default_factory=dict)
+    backward_steps: set[int] = field(default_factory=set)
+    # per step: the modules it called with gradient recording on, and under no_grad; per step
+    # of a forward call, the modules whose calls of that step got a backward
+    grad: dict[int, Keys] = field(default_factory=dict)
+    no_grad: dict[int, Keys] = field(default_factory=dict)
+    backward: dict[int, Keys] = field(default_factory=dict)
+    first_forward_nonfinite: Nonfinite | None = None
+    forward_nonfinite_steps: set[int] = field(default_factory=set)
+    first_backward_nonfinite: Nonfinite | None = None
+    backward_nonfinite_steps: set[int] = field(default_factory=set)
+    # per step: (model, fqns, parameter-gradient norms) of each params record, in file order; the
+    # fqns are a tuple shared by the records of the same modules
+    param_norms: dict[int, list[tuple[int, tuple[str, ...], tuple[float | None, ...]]]] = field(
+        default_factory=dict)
+    # per step: activation-gradient norms (grad_output) of modules with parameters, in backward
+    # order, as (modules, norms): tuples, the first shared by the steps with the same modules
+    profiles: dict[int, tuple[tuple[ModuleKey, ...], tuple[float, ...]]] = field(
+        default_factory=dict)
+    # the first step whose backward does not run the calls in the reverse of their forward
+    # order: (step, model, fqn of the first call out of place)
+    order_mismatch: tuple[int, int, str] | None = None
+    steps_seen: set[int] = field(default_factory=set)
+    lost_gradient: dict[ModuleKey, list[int]] = field(default_factory=dict)  # watched
+    warnings: list[str] = field(default_factory=list)
+    end: schema.End | None = None
+    # the calls of the first recorded steps, each with its backward's gradient norms
+    calls: list[flow.Call] = field(default_factory=list)
+    # a backward pass that never ended (it raised): its step, and the module of its last
+    # backward event, whose backward was running
+    unfinished: tuple[int, ModuleKey] | None = None
+    signals: list[schema.Signal] = field(default_factory=list)  # in file order
+    sources: dict[str, str] = field(default_factory=dict)  # class -> "file:line" of forward
+
+    def model_name(self, model: int) -> str:
+        return self.models.get(model, str(model))
+
+    def label(self, model: int, name: str) -> str:
+        """A module as findings name it: ``layer1.0 (BasicBlock)``, ``(root)`` for the root."""
+        m = self.modules.get((model, name))
+        return f"{name or '(root)'} ({m.cls})" if m and m.cls != "?" else (name or "(root)")
