@@ -22,7 +22,7 @@ import orjson
 from hooktrace import schema
 from hooktrace.errors import HooktraceError
 from hooktrace.graph import depth_of
-from hooktrace.logio import LogReader
+from hooktrace.logio import LogNames, LogReader
 from hooktrace.ranks import open_ranks
 from hooktrace.render.text import shape_text
 
@@ -105,9 +105,9 @@ class _Rows:
     def __init__(self, reader: LogReader) -> None:
         self.rank = reader.header.rank
         self.stats = bool(reader.header.options.get("stats", True))
-        self.models: dict[int, str] = {}
-        self.classes: dict[tuple[int, str], str] = {}
-        self.sources: dict[str, str] = {}  # class -> "file:line" of its forward
+        self.names = LogNames()
+        self.models, self.classes, self.sources = (self.names.models, self.names.classes,
+                                                   self.names.sources)
         self.shapes = _Shapes()
 
     def row(self, e: schema.ForwardEvent | schema.BackwardEvent) -> dict[str, Any]:
@@ -154,12 +154,8 @@ class _Rows:
         for record in reader:
             if isinstance(record, (schema.ForwardEvent, schema.BackwardEvent)):
                 yield self.row(record)
-            elif isinstance(record, schema.Module):
-                self.classes[(record.model, record.name)] = record.cls
-            elif isinstance(record, schema.Model):
-                self.models[record.model] = record.name
-            elif isinstance(record, schema.Source):
-                self.sources.setdefault(record.cls, f"{record.file}:{record.line}")
+            else:
+                self.names.take(record)
 
 
 def rows(readers: Sequence[LogReader]) -> Iterator[dict[str, Any]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from hooktrace import schema
 from hooktrace.decoder import BackwardRows, ForwardRows
 from hooktrace.errors import HooktraceError, LogError
-from hooktrace.logio import LogReader, capture_dir
+from hooktrace.logio import LogNames, LogReader, capture_dir
 
 Event = schema.ForwardEvent | schema.BackwardEvent
 ModuleKey = tuple[int, str]  # (model, fqn)
@@ -105,9 +105,9 @@ class _Loader:
         self.reader = reader
         self.chooser = StepChooser(step)
         self.model = model
-        self.models: dict[int, str] = {}
-        self.classes: dict[ModuleKey, str] = {}
-        self.sources: dict[str, str] = {}
+        self.names = LogNames()
+        self.models, self.classes, self.sources = (self.names.models, self.names.classes,
+                                                   self.names.sources)
         self.any_events = False
         self.step_starts: dict[int, int] = {}  # step -> its first seq
         self.later: dict[int, int] = {}
@@ -121,7 +121,7 @@ class _Loader:
             elif isinstance(item, BackwardRows):
                 self.backwards(item)
             else:
-                self.record(item)
+                self.names.take(item)
 
     # Rows in loops that do little for the steps not kept: nearly all of them (skimmed: read
     # for their seq, step, module and fwd only)
@@ -159,13 +159,6 @@ class _Loader:
             if target is not None:
                 target.append(self.reader.backward_event(row))
 
-    def record(self, record: schema.Record) -> None:
-        if isinstance(record, schema.Module):
-            self.classes[(record.model, record.name)] = record.cls
-        elif isinstance(record, schema.Model):
-            self.models[record.model] = record.name
-        elif isinstance(record, schema.Source):
-            self.sources.setdefault(record.cls, f"{record.file}:{record.line}")
 
 
 def load_step(path: str | os.PathLike[str], step: int | None = None,
