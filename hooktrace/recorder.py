@@ -46,9 +46,10 @@ class LogRecorder(Observer):
         self._after: list[Any] = []  # emitted while events were held: written after them
         self._open: dict[int, schema.BackwardEvent] = {}  # this pass's backward events, by seq
         self._counts = [0, 0]  # forward, backward events of the current step
-        # forward seq -> (step, the inputs that needed a gradient) of recorded calls: those
-        # that get none by the end of the pass are the event's ``lost``
-        self._needs: dict[int, tuple[int, list[int]]] = {}
+        # step -> forward seq -> the inputs of a recorded call that needed a gradient: those
+        # that get none by the end of the pass are the event's ``lost``. Tuples of ints: the
+        # garbage collector stops tracking them, so the graph's lifetime promotes nothing more
+        self._needs: dict[int, dict[int, tuple[int, ...]]] = {}
 
     def emit(self, record: Any) -> None:
         """Write another observer's record, after the events held so far."""
@@ -84,7 +85,7 @@ class LogRecorder(Observer):
             needs += [len(start.inputs) + j for j, t in enumerate(end.kw_inputs)
                       if t.requires_grad]
             if needs:
-                self._needs[call.seq] = (call.step, needs)
+                self._needs.setdefault(call.step, {})[call.seq] = tuple(needs)
         self._counts[0] += 1
         # inside backward, or while statistics wait for the device: held, written in seq order
         stats = self._stats
@@ -146,12 +147,14 @@ class LogRecorder(Observer):
         code keeps none)."""
         needs = self._needs
         for event in self._open.values():
-            needed = needs.pop(event.fwd, None)
-            if needed is not None:
-                lost = [i for i in needed[1] if event.grad_input_shapes[i] is None]
-                event.lost = lost or None
-        if needs:
-            self._needs = {seq: v for seq, v in needs.items() if v[0] >= step}
+            for of_step in needs.values():  # this step's calls, or the last's (retain_graph)
+                needed = of_step.pop(event.fwd, None)
+                if needed is not None:
+                    lost = [i for i in needed if event.grad_input_shapes[i] is None]
+                    event.lost = lost or None
+                    break
+        for old in [s for s in needs if s < step]:
+            del needs[old]
 
     def stop(self, step: int, mode: Mode) -> None:
         error = None
