@@ -85,14 +85,26 @@ def step_mode(step: int, options: TraceOptions, log_full: bool) -> Mode:
 
 
 class _Call:
-    """The core's own handle on one call: what its gradient hooks carry."""
+    """The core's own handle on one call, what its gradient hooks carry: its ``ForwardCall``'s
+    fields once it returned. Flat fields, not the record: this lives as long as the autograd
+    graph (often into the next step), and every object that does costs the garbage collector
+    (the record is made again, equal, when the backward begins)."""
 
-    __slots__ = ("step", "record", "backward")
+    __slots__ = ("step", "seq", "info", "index", "recompute", "n_in", "n_out")
+    seq: int
+    index: int
+    recompute: bool
+    n_in: int
+    n_out: int
 
     def __init__(self, step: int) -> None:
         self.step = step
-        self.record: ForwardCall | None = None  # set when the forward returns
-        self.backward: BackwardStart | None = None  # its latest backward
+        self.info: ModInfo | None = None  # set when the forward returns
+
+    def record(self) -> ForwardCall:
+        assert self.info is not None
+        return ForwardCall(self.seq, self.step, self.info, self.index, self.recompute,
+                           self.n_in, self.n_out)
 
 
 class _Local(threading.local):
@@ -142,6 +154,7 @@ class CallTracker:
         self._calls: dict[ModInfo, int] = {}
         self._recomputed: dict[ModInfo, int] = {}
         self._seen: set[ModInfo] = set()
+        self._backwards: dict[_Call, BackwardStart] = {}  # the calls whose backward this pass began
         self._compiled_noted = False
         # the modes whose every call's backward is followed; a watched step follows only its
         # model calls' (their backward's start, the gradient reaching them, the pass's end),
@@ -319,9 +332,9 @@ class CallTracker:
         elif self.dropped and start.grad and any(t.requires_grad for t in outputs):
             self.dropped += 1  # past --max-events: its backward event, not written either
         n_args = len(start.inputs)
-        call.step = self.step
-        record = call.record = ForwardCall(
-            seq, self.step, info, index, recompute, n_args + len(kw_inputs), len(outputs))
+        call.step, call.seq, call.index, call.recompute = self.step, seq, index, recompute
+        call.n_in, call.n_out, call.info = n_args + len(kw_inputs), len(outputs), info
+        record = call.record()
         end = ForwardEnd(start, record, args, kwargs, output, kw_inputs,
                          kw_seen - len(kw_inputs), outputs, n_out - len(outputs), mode,
                          self._grads.in_backward, top)
@@ -339,13 +352,13 @@ class CallTracker:
 
     # -- backward --------------------------------------------------------------------------
     def _on_grad(self, call: _Call, index: int, grad: torch.Tensor) -> None:
-        start = call.backward
+        start = self._backwards.get(call)
         if index < 0:
-            if start is not None and start.step == self.step:
+            if start is not None:
                 for grad_input in self._to_grad_input[start.mode]:
                     grad_input(start, ~index, grad)
             return
-        if start is None or start.step != self.step:  # first gradient of this pass
+        if start is None:  # first gradient of this pass
             start = self._start_backward(call)
             if start is None:
                 return
@@ -353,8 +366,7 @@ class CallTracker:
             grad_output(start, index, grad)
 
     def _start_backward(self, call: _Call) -> BackwardStart | None:
-        record = call.record
-        if record is None:
+        if call.info is None:  # its forward has not returned
             return None
         mode = self.mode
         if mode is RECORDED:
@@ -363,16 +375,17 @@ class CallTracker:
             seq = next(self._seq)
         elif mode is WATCHED:
             seq = 0  # a watched step writes no event
-            if self.dropped and record.seq >= 0:
+            if self.dropped and call.seq >= 0:
                 self.dropped += 1  # the cap came after its forward event: this one is dropped
         else:
             return None
-        start = call.backward = BackwardStart(record, seq, self.step, mode)
+        start = self._backwards[call] = BackwardStart(call.record(), seq, self.step, mode)
         for backward_start in self._to_backward_start:
             backward_start(start)
         return start
 
     def _end_pass(self) -> None:
+        self._backwards.clear()
         end = PassEnd(self.step, self.mode)
         for backward_end in self._to_backward_end:
             try:

@@ -46,10 +46,11 @@ class LogRecorder(Observer):
         self._after: list[Any] = []  # emitted while events were held: written after them
         self._open: dict[int, schema.BackwardEvent] = {}  # this pass's backward events, by seq
         self._counts = [0, 0]  # forward, backward events of the current step
-        # step -> forward seq -> the inputs of a recorded call that needed a gradient: those
-        # that get none by the end of the pass are the event's ``lost``. Tuples of ints: the
-        # garbage collector stops tracking them, so the graph's lifetime promotes nothing more
-        self._needs: dict[int, dict[int, tuple[int, ...]]] = {}
+        # step -> forward seq -> the inputs of a recorded call that needed a gradient (bit i:
+        # input i): those that get none by the end of the pass are the event's ``lost``. An
+        # int, not a container: what lives until the backward is what the garbage collector
+        # walks, and promotes
+        self._needs: dict[int, dict[int, int]] = {}
 
     def emit(self, record: Any) -> None:
         """Write another observer's record, after the events held so far."""
@@ -80,12 +81,15 @@ class LogRecorder(Observer):
             # not an input the call changed in place while a view: autograd rebased its history
             # (CopySlices), and the node its gradient hook is on may never run
             versions = start.input_versions
-            needs = [i for i, t in enumerate(start.inputs) if t.requires_grad
-                     and not (t._version != versions[i] and t._is_view())]
-            needs += [len(start.inputs) + j for j, t in enumerate(end.kw_inputs)
-                      if t.requires_grad]
+            needs = 0
+            for i, t in enumerate(start.inputs):
+                if t.requires_grad and not (t._version != versions[i] and t._is_view()):
+                    needs |= 1 << i
+            for j, t in enumerate(end.kw_inputs, len(start.inputs)):
+                if t.requires_grad:
+                    needs |= 1 << j
             if needs:
-                self._needs.setdefault(call.step, {})[call.seq] = tuple(needs)
+                self._needs.setdefault(call.step, {})[call.seq] = needs
         self._counts[0] += 1
         # inside backward, or while statistics wait for the device: held, written in seq order
         stats = self._stats
@@ -148,9 +152,10 @@ class LogRecorder(Observer):
         needs = self._needs
         for event in self._open.values():
             for of_step in needs.values():  # this step's calls, or the last's (retain_graph)
-                needed = of_step.pop(event.fwd, None)
-                if needed is not None:
-                    lost = [i for i in needed if event.grad_input_shapes[i] is None]
+                needed = of_step.pop(event.fwd, 0)
+                if needed:
+                    lost = [i for i, shape in enumerate(event.grad_input_shapes)
+                            if shape is None and needed >> i & 1]
                     event.lost = lost or None
                     break
         for old in [s for s in needs if s < step]:
