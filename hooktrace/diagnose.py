@@ -60,8 +60,11 @@ class Diagnosis(Observer):
         self._held_changed = False
         self._sorted: dict[int, dict[str, list[str]]] = {}  # model -> its last optimizers signal
         # id(p) -> its .grad as an optimizer step left it, that tensor's version then, and the
-        # passes that had reached its model then
-        self._stepped: dict[int, tuple[weakref.ref[torch.Tensor], int, int]] = {}
+        # passes that had reached its model then. Three flat dicts, no tuple: these live a whole
+        # step, and the garbage collector walks (and promotes) each container that does
+        self._stepped_grad: dict[int, weakref.ref[torch.Tensor]] = {}
+        self._stepped_version: dict[int, int] = {}
+        self._stepped_passes: dict[int, int] = {}
         self._reported_carry = False
         self._reported_cleared = False
         self._pass_count = 0
@@ -147,13 +150,13 @@ class Diagnosis(Observer):
             carried: dict[int, dict[str, None]] = {}
             for group in optimizer.param_groups:
                 for p in group["params"]:
-                    left = self._stepped.get(id(p))
+                    left = self._stepped_grad.get(id(p))
                     grad: torch.Tensor | None = p.grad
-                    if left is None or grad is None or left[0]() is not grad:
+                    if left is None or grad is None or left() is not grad:
                         continue
                     info = self._owner[id(p)]
-                    added = self._passes.get(info.model, 0) - left[2]
-                    if added and grad._version == left[1] + added:
+                    added = self._passes.get(info.model, 0) - self._stepped_passes[id(p)]
+                    if added and grad._version == self._stepped_version[id(p)] + added:
                         carried.setdefault(info.model, {})[info.name] = None
             for model, names in sorted(carried.items()):
                 self._reported_carry = True
@@ -182,7 +185,10 @@ class Diagnosis(Observer):
     def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         try:
             self._stepped_after[optimizer] = self._pass_count
-            held, owner, stepped, passes = self._held, self._owner, self._stepped, self._passes
+            held, owner, passes = self._held, self._owner, self._passes
+            grads, versions, passes_then = (
+                self._stepped_grad, self._stepped_version, self._stepped_passes)
+            follow = not self._reported_carry  # said once a run: then nothing more to keep
             for group in optimizer.param_groups:
                 for p in group["params"]:
                     key = id(p)
@@ -190,9 +196,10 @@ class Diagnosis(Observer):
                         held.add(key)
                         self._held_changed = True
                     grad = p.grad
-                    if grad is not None and (info := owner.get(key)) is not None:
-                        stepped[key] = (weakref.ref(grad), grad._version,
-                                        passes.get(info.model, 0))
+                    if follow and grad is not None and (info := owner.get(key)) is not None:
+                        grads[key] = weakref.ref(grad)
+                        versions[key] = grad._version
+                        passes_then[key] = passes.get(info.model, 0)
             self._sort_modules(self._step)
         except Exception:
             self._remove_hooks()
