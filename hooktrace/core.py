@@ -25,19 +25,12 @@ record (``records.py``):
 Each record carries the step's ``Mode``; ``step_mode`` alone decides it. A watched step follows
 the backward of model calls only (top-level: ``backward_start`` and ``grad_output`` for them,
 and the pass's end), not of each call, unless ``--break-on nan`` is on: a hook per call's
-tensors is most of what tracing costs. ``seq`` numbers the
-recorded forward ends and backward starts in the order they happened; ``--max-events`` is the
-number of them a run may record, after which steps are watched (or off). An observer that
-writes records of its own is handed the log writer's ``emit`` (``recorder.py``): what it emits
-lands after the step's events and before the step record. An observer may raise
-``NonFiniteError`` into the program (``--break-on nan``); any other exception stops tracing
-with one line on stderr and the program goes on (``--strict``: a failed log write is raised).
-
-To add an observer (say, diagnosis signals: a model's ``.training`` at ``model_call``, a
-module's source at ``module_seen``, gradients left over at ``backward_end``): subclass
-``Observer``, override what it needs, set ``follows``, and add it in ``tracer.py``, before the
-log writer if it emits. It registers hooks of its own (an optimizer's) itself and removes them
-in ``stop``.
+tensors is most of what tracing costs. ``seq`` numbers the recorded forward ends and backward
+starts in the order they happened; ``--max-events`` is the number of them a run may record,
+after which steps are watched (or off). An observer may raise ``NonFiniteError`` into the
+program (``--break-on nan``); any other exception stops tracing with one line on stderr and the
+program goes on (``--strict``: a failed log write is raised). How to add an observer: see
+``records.Observer``.
 """
 
 from __future__ import annotations
@@ -91,15 +84,12 @@ class _Call:
     (the record is made again, equal, when the backward begins)."""
 
     __slots__ = ("step", "seq", "info", "index", "recompute", "n_in", "n_out")
-    seq: int
-    index: int
-    recompute: bool
-    n_in: int
-    n_out: int
 
     def __init__(self, step: int) -> None:
         self.step = step
-        self.info: ModInfo | None = None  # set when the forward returns
+        self.info: ModInfo | None = None  # the fields are set when the forward returns
+        self.seq = self.index = self.n_in = self.n_out = 0
+        self.recompute = False
 
     def record(self) -> ForwardCall:
         assert self.info is not None

@@ -109,7 +109,14 @@ class PassEnd(NamedTuple):
 
 class Observer:
     """Receives the core's records. Every method is optional: the core calls only the ones a
-    subclass overrides. Observers keep their own state, keyed by the records."""
+    subclass overrides. Observers keep their own state, keyed by the records.
+
+    To add one (say, a diagnosis signal: a model's ``.training`` at ``model_call``, a module's
+    source at ``module_seen``, gradients left over at ``backward_end``): subclass, override what
+    it needs, set ``follows``, and add it in ``tracer.py``, before the log writer if it emits.
+    An observer that writes records of its own is handed the log writer's ``emit``
+    (``recorder.py``): what it emits lands after the step's events and before the step record.
+    It registers hooks of its own (an optimizer's) itself and removes them in ``stop``."""
 
     #: the modes whose calls it is handed (forward_start, forward_end, grad_output,
     #: grad_input); the other methods are called in every mode
