@@ -2,7 +2,8 @@
 
 Each is a frequent forum question that module hooks can answer: backward in eval mode,
 parameters no optimizer holds, gradients never cleared, the deprecated backward hook that sees
-only the last op, frozen BatchNorms still updating, a model no backward reaches. Pure: a
+only the last op, frozen BatchNorms still updating, a model no backward reaches, weights that
+never change. Pure: a
 ``Collected`` in, findings out.
 """
 
@@ -143,6 +144,47 @@ def _cleared(c: Collected, s: Signal) -> list[Finding]:
         "order the loop as optimizer.zero_grad(); loss.backward(); optimizer.step()")]
 
 
+def _weights_unchanged(c: Collected, s: Signal) -> list[Finding]:
+    """A model whose weights got non-zero gradients and never changed: why, from what else
+    the loop did (a cause another finding names is left to it)."""
+    model = s.model
+    if any(t.model == model and t.kind in ("grads-cleared", "grads-zeroed") for t in c.signals):
+        return []
+    optimizers = [t for t in c.signals if t.model == model and t.kind == "optimizers"]
+    not_held = set(optimizers[-1].detail.get("not_held", [])) if optimizers else set()
+    modules = [name for name in s.detail.get("modules", []) if name not in not_held]
+    for m, names, norms in c.param_norms.get(s.step, []):
+        if m == model:  # with statistics: only gradients that were not zero count
+            nonzero = {n for n, v in zip(names, norms, strict=True) if v}
+            modules = [name for name in modules if name in nonzero]
+    if not modules:
+        return []
+    steps, lrs, through = (s.detail.get("optimizer_steps", 0), s.detail.get("lr", []),
+                           s.detail.get("through", s.step))
+    if steps == 0:
+        if any(t.model == model and t.kind == "eval-backward" for t in c.signals):
+            return []  # gradients of a model in eval mode, no optimizer: an analysis
+        cause, hint = "no optimizer.step() ran", "call optimizer.step() after loss.backward()"
+    elif lrs and not any(lrs):
+        cause = "the optimizer's learning rate is 0"
+        hint = "give the optimizer a learning rate above 0 (a schedule may start at 0, not stay)"
+    elif lrs and max(lrs) < 1e-7:
+        cause = f"the learning rate ({max(lrs):.0e}) is too small to change float32 weights"
+        hint = "raise the learning rate; float32 cannot hold updates below ~1e-7 of a weight"
+    else:
+        cause = (f"optimizer.step() ran in {plural(steps, 'step')} and left them as they were: "
+                 "their gradients were zero when it ran")
+        hint = ("clip_grad_norm_(..., max_norm=0) and clip_grad_value_(..., 0) zero every "
+                "gradient (0 does not turn clipping off), as do zero_grad(set_to_none=False) or "
+                "p.grad.zero_() between backward() and step()")
+    return [Finding(
+        "weights-unchanged", WARNING, c.model_name(model), "", s.step,
+        f"the weights of model '{c.model_name(model)}' did not change from step {s.step} to "
+        f"step {through} though they got gradients ({plural(len(modules), 'module')}: "
+        f"{names_text(modules)}): {cause}",
+        {"modules": modules, "optimizer_steps": steps, "lr": lrs}, hint)]
+
+
 def _backward_hook(c: Collected, s: Signal) -> list[Finding]:
     hook = s.detail.get("hook", "?")
     return [Finding(
@@ -203,4 +245,5 @@ _BY_KIND = {
     "grads-cleared": _cleared,
     "backward-hook": _backward_hook,
     "frozen-bn-training": _frozen_bn,
+    "weights-unchanged": _weights_unchanged,
 }

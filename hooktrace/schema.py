@@ -239,12 +239,17 @@ class Signal:
       running statistics update (train mode) while its model trains;
     * ``grads-cleared``: an optimizer stepped with every ``.grad`` None although a backward
       pass reached its parameters' modules since its last step: ``zero_grad()`` ran between
-      ``backward()`` and ``step()`` (``detail.modules``: fqns of the modules reached).
+      ``backward()`` and ``step()`` (``detail.modules``: fqns of the modules reached);
+    * ``weights-unchanged``: the trainable parameters of the model that got gradients kept
+      their values from this step's backward to step ``detail.through``'s, although
+      optimizers stepped in ``detail.optimizer_steps`` steps between (0: none stepped in the
+      run), with learning rates ``detail.lr`` (``weights.py``); ``detail.modules``: fqns.
     """
 
     TYPE: ClassVar[str] = "signal"
     KINDS: ClassVar[tuple[str, ...]] = ("eval-backward", "optimizers", "grads-carried-over",
-                                        "backward-hook", "frozen-bn-training", "grads-cleared")
+                                        "backward-hook", "frozen-bn-training", "grads-cleared",
+                                        "weights-unchanged")
     step: int
     model: int
     name: str

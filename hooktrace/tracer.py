@@ -27,6 +27,7 @@ from hooktrace.records import Observer
 from hooktrace.sites import error_site
 from hooktrace.stats import Stats
 from hooktrace.watch import Watch
+from hooktrace.weights import WeightChange
 
 __all__ = ["Sink", "Tracer"]
 
@@ -82,6 +83,7 @@ class Tracer:
         if stats is not None and self._options.watch:
             observers.append(Watch(stats, recorder.emit))
         observers.append(Diagnosis(recorder.emit))
+        observers.append(WeightChange(recorder.emit))
         observers.append(recorder)  # after those that emit: their records precede the step's
         if stats is not None and self._options.break_on_nan:
             observers.append(BreakOnNonfinite(stats))  # the NaN's own event is written first

@@ -1,0 +1,61 @@
+"""``weights-unchanged``: a model whose weights got gradients and never changed, named with the
+cause (no optimizer.step(), a learning rate of 0 or too small for float32), on real runs of
+``hooktrace run``; and silence where the weights do change late or by hand (a warmup from 0,
+gradient accumulation, a manual update, Adam at 1e-6) or nothing trains (an analysis)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import hooktrace_cmd
+
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "weights_loop.py"
+
+
+def check_case(tmp_path: Path, case: str, *run_args: str) -> list[dict[str, Any]]:
+    log = tmp_path / f"{case}.jsonl"
+    run = hooktrace_cmd("run", *run_args, "-o", log, SCRIPT, case)
+    assert run.returncode == 0, run.stderr
+    result = hooktrace_cmd("check", "--json", log)
+    assert result.returncode in (0, 1), result.stderr
+    return [f for f in json.loads(result.stdout)["findings"] if f["severity"] != "note"]
+
+
+# case -> (the step it is found at, the last step compared, the words of the cause, of the hint)
+BUGS = {
+    "no_step": (0, 4, "no optimizer.step() ran", "call optimizer.step() after loss.backward()"),
+    "lr_zero": (0, 2, "the optimizer's learning rate is 0", "a learning rate above 0"),
+    "lr_tiny": (0, 2, "the learning rate (1e-12) is too small to change float32 weights",
+                "raise the learning rate"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BUGS))
+def test_weights_that_never_change_are_named_with_their_cause(tmp_path: Path, case: str) -> None:
+    step, through, cause, hint = BUGS[case]
+    [finding] = check_case(tmp_path, case)
+    assert (finding["kind"], finding["severity"], finding["model"], finding["module"],
+            finding["step"]) == ("weights-unchanged", "warning", "model", "", step)
+    assert finding["message"] == (
+        f"the weights of model 'model' did not change from step {step} to step {through} "
+        f"though they got gradients (2 modules: 0, 2): {cause}")
+    assert hint in finding["hint"]
+
+
+@pytest.mark.parametrize("case", ["ok_warmup", "ok_accumulate", "ok_manual_sgd", "ok_small_lr"])
+def test_weights_that_change_are_not_reported(tmp_path: Path, case: str) -> None:
+    assert check_case(tmp_path, case) == []
+
+
+def test_an_analysis_without_optimizer_is_not_told_to_step(tmp_path: Path) -> None:
+    # input gradients of a model in eval mode: the one problem is the eval-mode backward
+    assert [f["kind"] for f in check_case(tmp_path, "saliency")] == ["eval-backward"]
+
+
+def test_too_few_recorded_steps_decide_nothing(tmp_path: Path) -> None:
+    # two recorded steps hold one optimizer step: a warmup's first may have a learning rate
+    # of 0, so nothing is said
+    assert check_case(tmp_path, "lr_zero", "--steps", "0:2") == []
