@@ -2,7 +2,8 @@
 
 Each is a frequent forum question that module hooks can answer: backward in eval mode,
 parameters no optimizer holds, gradients never cleared, the deprecated backward hook that sees
-only the last op, frozen BatchNorms still updating, a model no backward reaches. Pure: a
+only the last op, frozen BatchNorms still updating, a model no backward reaches, a parameter
+its module reads outside autograd. Pure: a
 ``Collected`` in, findings out.
 """
 
@@ -106,6 +107,37 @@ def _outside_autograd(c: Collected) -> list[Finding]:
                 {"steps": steps[:20]},
                 ".item(), float(), .data, .detach(), .numpy() or torch.tensor(p) on a parameter "
                 "cut it from the graph: compute with the parameter tensor itself"))
+    return out + _params_outside_autograd(c, held)
+
+
+def _params_outside_autograd(c: Collected, held: set[ModuleKey]) -> list[Finding]:
+    """The same, per parameter: a module an optimizer steps whose own parameters got a
+    gradient in part, in every recorded step that said so (``params-without-grad``)."""
+    first: dict[ModuleKey, int] = {}
+    without: dict[ModuleKey, list[str]] = {}  # said in every signal of the module
+    with_grad: dict[ModuleKey, list[str]] = {}  # as last said
+    for s in c.signals:
+        key = (s.model, s.name)
+        if s.kind != "params-without-grad" or key not in held:
+            continue
+        said = s.detail.get("params", [])
+        first.setdefault(key, s.step)
+        without[key] = [p for p in without.get(key, said) if p in said]
+        with_grad[key] = s.detail.get("with_grad", [])
+    out = []
+    for (model, name), params in without.items():
+        got, step = with_grad[(model, name)], first[(model, name)]
+        if params and got:
+            out.append(Finding(
+                "no-grad", WARNING, c.model_name(model), name, step,
+                f"{c.label(model, name)}: its {names_text(params)} never got a gradient "
+                f"though its {names_text(got)} did (from step {step} on): its forward "
+                f"uses {'it' if len(params) == 1 else 'them'} outside autograd (.data, "
+                ".detach(), a copy), or not at all",
+                {"params": params, "with_grad": got},
+                f"compute with the parameter itself (self.{params[0]}, not "
+                f"self.{params[0]}.data or a copy); for weight normalisation, "
+                "torch.nn.utils.parametrizations.weight_norm"))
     return out
 
 

@@ -239,12 +239,17 @@ class Signal:
       running statistics update (train mode) while its model trains;
     * ``grads-cleared``: an optimizer stepped with every ``.grad`` None although a backward
       pass reached its parameters' modules since its last step: ``zero_grad()`` ran between
-      ``backward()`` and ``step()`` (``detail.modules``: fqns of the modules reached).
+      ``backward()`` and ``step()`` (``detail.modules``: fqns of the modules reached);
+    * ``params-without-grad``: after a recorded backward pass, ``name`` has trainable own
+      parameters that got no ``.grad`` while others of its own got one (a weight read through
+      ``.data`` in its forward): ``detail.params``, their names, ``detail.with_grad``, the
+      others'; written again when that changes (``params`` empty: all of them got one since).
     """
 
     TYPE: ClassVar[str] = "signal"
     KINDS: ClassVar[tuple[str, ...]] = ("eval-backward", "optimizers", "grads-carried-over",
-                                        "backward-hook", "frozen-bn-training", "grads-cleared")
+                                        "backward-hook", "frozen-bn-training", "grads-cleared",
+                                        "params-without-grad")
     step: int
     model: int
     name: str

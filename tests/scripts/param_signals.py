@@ -1,0 +1,75 @@
+"""Look-alikes of the parameter bugs in blind_bugs.py (a weight read through ``.data``): healthy
+ones (``ok_*``) that must stay silent. One per CASE (argv[1]), tiny, CPU, seeded."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+STEPS = 4
+
+
+def data() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(16, 8), torch.randint(0, 3, (16,))
+
+
+def train(model: nn.Module, steps: int = STEPS) -> None:
+    x, y = data()
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+
+# healthy: a Linear whose bias is frozen (requires_grad False)
+def ok_frozen_bias() -> None:
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    model[2].bias.requires_grad_(False)
+    train(model)
+
+
+# healthy: LoRA-style, a frozen weight with trainable adapters (B starts at zero)
+class LoraLinear(nn.Linear):
+    def __init__(self, a: int, b: int, rank: int = 2) -> None:
+        super().__init__(a, b)
+        self.weight.requires_grad_(False)
+        self.bias.requires_grad_(False)
+        self.lora_a = nn.Parameter(torch.randn(rank, a) * 0.1)
+        self.lora_b = nn.Parameter(torch.zeros(b, rank))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight + self.lora_b @ self.lora_a, self.bias)
+
+
+def ok_lora() -> None:
+    train(nn.Sequential(LoraLinear(8, 16), nn.ReLU(), LoraLinear(16, 3)))
+
+
+# healthy: the output layer's weight tied to the input embedding's
+class Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(3, 8)
+        self.body = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 3)
+        self.out.weight = self.embed.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.body(x)) + self.embed(torch.zeros_like(x[:, 0]).long()))
+
+
+def ok_weight_tying() -> None:
+    train(Tied())
+
+
+CASES: dict[str, Callable[[], None]] = {f.__name__: f for f in [
+    ok_frozen_bias, ok_lora, ok_weight_tying]}
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    CASES[sys.argv[1]]()
