@@ -16,11 +16,16 @@ module call):
   parameter a step (W1: 11 ms a step);
 * parameters no optimizer holds: PyTorch's global optimizer step hook keeps the parameters of
   every optimizer that steps; when one steps with parameters not seen before, each model's
-  modules are sorted by it (a signal when that changes).
+  modules are sorted by it (a signal when that changes);
+* gradients zeroed before the step (``clip_grad_norm_`` with ``max_norm=0``, ``zero_grad``
+  between backward and step): after a recorded pass, until said once, an optimizer about to
+  step with every ``.grad`` exactly zero. On CPU the ``.grad`` are read one by one until one is
+  not zero (the first, in a healthy run); elsewhere one fused max per device, one device sync.
 """
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +41,8 @@ from hooktrace import schema
 from hooktrace.naming import ModInfo
 from hooktrace.records import BackwardStart, Mode, Observer, PassEnd
 from hooktrace.sites import forward_site
+
+RECORDED = Mode.RECORDED
 
 Emit = Callable[[Any], None]
 
@@ -73,6 +80,8 @@ class Diagnosis(Observer):
         self._stepped_after: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = (
             weakref.WeakKeyDictionary())
         self._bn_checked = False
+        self._reported_zeroed = False
+        self._recorded_pass = False  # the last backward pass was in a recorded step
         self._handles = [register_optimizer_step_pre_hook(self._optimizer_stepping),
                          register_optimizer_step_post_hook(self._optimizer_stepped)]
         self._step = 0
@@ -109,6 +118,7 @@ class Diagnosis(Observer):
 
     def backward_end(self, end: PassEnd) -> None:
         self._step = end.step
+        self._recorded_pass = end.mode is RECORDED
         for model in self._models_reached:
             entry = self._entries.get(model)
             module = entry() if entry is not None else None
@@ -145,6 +155,8 @@ class Diagnosis(Observer):
         try:
             if not self._reported_cleared:
                 self._cleared_before_step(optimizer)
+            if not self._reported_zeroed and self._recorded_pass:
+                self._zeroed_before_step(optimizer)
             if self._reported_carry:
                 return
             carried: dict[int, dict[str, None]] = {}
@@ -171,16 +183,39 @@ class Diagnosis(Observer):
         params = [p for group in optimizer.param_groups for p in group["params"]]
         if not params or any(p.grad is not None for p in params):
             return
+        for model, names in self._reached(optimizer, params):
+            self._reported_cleared = True
+            self._emit(schema.Signal(self._step, model, "", "grads-cleared",
+                                     {"modules": names}))
+
+    def _reached(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]
+                 ) -> list[tuple[int, list[str]]]:
+        """Per model, the modules of ``params`` a backward pass reached since the optimizer's
+        last step."""
         since = self._stepped_after.get(optimizer, 0)
         reached: dict[int, dict[str, None]] = {}
         for p in params:
             info = self._owner.get(id(p))
             if info is not None and self._last_reached.get(info.model, 0) > since:
                 reached.setdefault(info.model, {})[info.name] = None
-        for model, names in sorted(reached.items()):
-            self._reported_cleared = True
-            self._emit(schema.Signal(self._step, model, "", "grads-cleared",
-                                     {"modules": list(names)}))
+        return [(model, list(names)) for model, names in sorted(reached.items())]
+
+    def _zeroed_before_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """An optimizer about to step with every ``.grad`` there is exactly zero, after a
+        backward pass reached their modules: zeroed in between (``clip_grad_norm_`` with
+        ``max_norm=0``, ``zero_grad(set_to_none=False)``). Whether that backward made them
+        non-zero, the ``params`` record of the step tells the checker."""
+        params = [p for group in optimizer.param_groups for p in group["params"]
+                  if p.grad is not None]
+        grads = [p.grad for p in params]
+        if not grads or any(type(g) is not torch.Tensor or g.is_sparse for g in grads):
+            return  # none, or a DTensor's or a sparse one: not read here
+        if not _all_zero(grads):
+            return
+        for model, names in self._reached(optimizer, params):
+            self._reported_zeroed = True
+            self._emit(schema.Signal(self._step, model, "", "grads-zeroed",
+                                     {"modules": names}))
 
     def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         try:
@@ -233,3 +268,18 @@ class Diagnosis(Observer):
             if self._sorted.get(model) != detail:
                 self._sorted[model] = detail
                 self._emit(schema.Signal(step, model, "", "optimizers", detail))
+
+
+def _all_zero(grads: list[torch.Tensor]) -> bool:
+    """On CPU, tensor by tensor until one is not zero (no device sync there); on an
+    accelerator, one fused max of each device's, nothing while compiled or captured."""
+    if all(g.is_cpu for g in grads):  # the last layers' first: the likeliest to be non-zero
+        return not any(g.any() for g in reversed(grads))
+    if torch.compiler.is_compiling() or (
+            torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+        return False
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for g in grads:
+        by_device.setdefault(g.device, []).append(g)
+    return all(torch.stack(torch._foreach_norm(same, math.inf)).max().item() == 0
+               for same in by_device.values())

@@ -3,7 +3,7 @@
 Each is a frequent forum question that module hooks can answer: backward in eval mode,
 parameters no optimizer holds, gradients never cleared, the deprecated backward hook that sees
 only the last op, frozen BatchNorms still updating, a model no backward reaches, a parameter
-its module reads outside autograd. Pure: a
+its module reads outside autograd, gradients zeroed before the step. Pure: a
 ``Collected`` in, findings out.
 """
 
@@ -175,6 +175,27 @@ def _cleared(c: Collected, s: Signal) -> list[Finding]:
         "order the loop as optimizer.zero_grad(); loss.backward(); optimizer.step()")]
 
 
+def _zeroed(c: Collected, s: Signal) -> list[Finding]:
+    """An optimizer stepped with every gradient exactly zero: a problem when the backward of
+    that step gave them non-zero norms (without a ``params`` record of it, taken as given)."""
+    modules = sorted(s.detail.get("modules", []), key=lambda name: _order(c, s.model, name))
+    norms = [v for model, names, values in c.param_norms.get(s.step, [])
+             if model == s.model for name, v in zip(names, values, strict=True)
+             if name in modules]
+    if norms and not any(norms):
+        return []  # the backward gave zero gradients itself (a loss of 0): nothing was zeroed
+    return [Finding(
+        "grads-zeroed", WARNING, c.model_name(s.model), modules[0] if modules else "", s.step,
+        f"optimizer.step() after step {s.step} found every gradient of model "
+        f"'{c.model_name(s.model)}' exactly zero, though its backward gave "
+        f"{plural(len(modules), 'module')} ({names_text(modules)}) non-zero ones: they were "
+        "zeroed between backward() and step(), so the weights do not change",
+        {"modules": modules},
+        "clip_grad_norm_ with max_norm=0 (it does not mean off: leave the call out), or "
+        "zero_grad() between backward() and step(): order the loop as "
+        "optimizer.zero_grad(); loss.backward(); optimizer.step()")]
+
+
 def _backward_hook(c: Collected, s: Signal) -> list[Finding]:
     hook = s.detail.get("hook", "?")
     return [Finding(
@@ -233,6 +254,7 @@ _BY_KIND = {
     "optimizers": _not_held,
     "grads-carried-over": _carried_over,
     "grads-cleared": _cleared,
+    "grads-zeroed": _zeroed,
     "backward-hook": _backward_hook,
     "frozen-bn-training": _frozen_bn,
 }

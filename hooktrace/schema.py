@@ -243,13 +243,16 @@ class Signal:
     * ``params-without-grad``: after a recorded backward pass, ``name`` has trainable own
       parameters that got no ``.grad`` while others of its own got one (a weight read through
       ``.data`` in its forward): ``detail.params``, their names, ``detail.with_grad``, the
-      others'; written again when that changes (``params`` empty: all of them got one since).
+      others'; written again when that changes (``params`` empty: all of them got one since);
+    * ``grads-zeroed``: after a recorded backward pass, an optimizer stepped with every
+      ``.grad`` it holds exactly zero (not None) although a backward pass reached their modules
+      since its last step (``detail.modules``: fqns); once a run.
     """
 
     TYPE: ClassVar[str] = "signal"
     KINDS: ClassVar[tuple[str, ...]] = ("eval-backward", "optimizers", "grads-carried-over",
                                         "backward-hook", "frozen-bn-training", "grads-cleared",
-                                        "params-without-grad")
+                                        "params-without-grad", "grads-zeroed")
     step: int
     model: int
     name: str

@@ -1,7 +1,8 @@
 """``check`` on the parameter bugs the tracer signals (real runs of ``hooktrace run``): a weight
-read through ``.data`` while its bias trains (``params-without-grad``); and silence on its
-healthy look-alikes (``scripts/param_signals.py``: a frozen bias, LoRA adapters, tied weights,
-gradient accumulation)."""
+read through ``.data`` while its bias trains (``params-without-grad``), gradients zeroed
+between backward and step (``grads-zeroed``); and silence on their healthy look-alikes
+(``scripts/param_signals.py``: a frozen bias, LoRA adapters, tied weights, a loss multiplied by
+0, gradient accumulation)."""
 
 from __future__ import annotations
 
@@ -26,8 +27,15 @@ BUGS: dict[str, tuple[tuple[Any, ...], str, str]] = {
         "2 (NormedLinear): its weight never got a gradient though its bias did (from step 0 "
         "on): its forward uses it outside autograd (.data, .detach(), a copy)",
         "not self.weight.data"),
+    "clip_zero": (
+        ("grads-zeroed", "warning", "model", "backbone.0", 0),
+        "found every gradient of model 'model' exactly zero, though its backward gave 3 "
+        "modules (backbone.0, backbone.2, fc) non-zero ones", "clip_grad_norm_ with max_norm=0"),
+    "zero_grad_between": (
+        ("grads-zeroed", "warning", "model", "0", 0),
+        "zeroed between backward() and step()", "zero_grad() between backward() and step()"),
 }
-HEALTHY = ["ok_frozen_bias", "ok_lora", "ok_weight_tying"]
+HEALTHY = ["ok_frozen_bias", "ok_lora", "ok_weight_tying", "ok_zero_loss_batch"]
 BLIND_HEALTHY = ["ok_grad_accum"]
 CASES = [*BUGS, *HEALTHY, *BLIND_HEALTHY]
 
@@ -39,7 +47,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
 
     def run(case: str) -> Run:
         log = tmp / f"{case}.jsonl"
-        script = LOOK_ALIKES if case in HEALTHY else BLIND
+        script = LOOK_ALIKES if case in HEALTHY or case == "zero_grad_between" else BLIND
         return hooktrace_cmd("run", "-o", log, script, case), hooktrace_cmd("check", "--json", log)
 
     with ThreadPoolExecutor(max_workers=2) as pool:

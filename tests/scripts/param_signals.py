@@ -1,5 +1,6 @@
-"""Look-alikes of the parameter bugs in blind_bugs.py (a weight read through ``.data``): healthy
-ones (``ok_*``) that must stay silent. One per CASE (argv[1]), tiny, CPU, seeded."""
+"""Look-alikes of the parameter bugs in blind_bugs.py (a weight read through ``.data``, gradients
+zeroed before the step): healthy ones (``ok_*``) that must stay
+silent, and one more way to zero the gradients. One per CASE (argv[1]), tiny, CPU, seeded."""
 
 from __future__ import annotations
 
@@ -23,6 +24,17 @@ def train(model: nn.Module, steps: int = STEPS) -> None:
     for _ in range(steps):
         optimizer.zero_grad()
         F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+
+# the bug: zero_grad(set_to_none=False) between backward and step
+def zero_grad_between() -> None:
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    x, y = data()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(STEPS):
+        F.cross_entropy(model(x), y).backward()
+        optimizer.zero_grad(set_to_none=False)
         optimizer.step()
 
 
@@ -67,8 +79,22 @@ def ok_weight_tying() -> None:
     train(Tied())
 
 
+# healthy: a batch whose loss is multiplied by 0 (skipped, ranks kept in step), zero_grad kept
+# as zeros (set_to_none=False) in its right place, and gradient accumulation
+def ok_zero_loss_batch() -> None:
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    x, y = data()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(6):
+        optimizer.zero_grad(set_to_none=False)
+        for half in (0, 1):
+            loss = F.cross_entropy(model(x[half::2]), y[half::2]) / 2
+            (loss * (0.0 if step == 0 else 1.0)).backward()
+        optimizer.step()
+
+
 CASES: dict[str, Callable[[], None]] = {f.__name__: f for f in [
-    ok_frozen_bias, ok_lora, ok_weight_tying]}
+    zero_grad_between, ok_frozen_bias, ok_lora, ok_weight_tying, ok_zero_loss_batch]}
 
 if __name__ == "__main__":
     torch.manual_seed(0)
