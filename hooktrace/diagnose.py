@@ -20,7 +20,11 @@ module call):
 * gradients zeroed before the step (``clip_grad_norm_`` with ``max_norm=0``, ``zero_grad``
   between backward and step): after a recorded pass, until said once, an optimizer about to
   step with every ``.grad`` exactly zero. On CPU the ``.grad`` are read one by one until one is
-  not zero (the first, in a healthy run); elsewhere one fused max per device, one device sync.
+  not zero (the first, in a healthy run); elsewhere one fused max per device, one device sync;
+* a parameter created in ``forward`` (``self.scale = nn.Parameter(...)`` at every call): at
+  the end of each recorded step, the ids of each module's own parameters, summed into one int
+  per module, against the last step's (a walk of the modules, no object kept per step); a
+  trainable parameter whose object changed at two recorded steps in a row is said.
 """
 
 from __future__ import annotations
@@ -82,6 +86,14 @@ class Diagnosis(Observer):
         self._bn_checked = False
         self._reported_zeroed = False
         self._recorded_pass = False  # the last backward pass was in a recorded step
+        # every module seen, and the sum of the ids of its own parameters at the last recorded
+        # step's end (-1 once said): ints, which the garbage collector does not track
+        self._seen: list[ModInfo] = []
+        self._param_ids: list[int] = []
+        self._prune_at = 64  # how many may be listed before the dead ones are dropped
+        self._looks = 0  # recorded steps whose end looked at them
+        # modules whose parameters changed at a look: that step, the look, ids by trainable name
+        self._changed: dict[ModInfo, tuple[int, int, dict[str, int]]] = {}
         self._handles = [register_optimizer_step_pre_hook(self._optimizer_stepping),
                          register_optimizer_step_post_hook(self._optimizer_stepped)]
         self._step = 0
@@ -97,6 +109,11 @@ class Diagnosis(Observer):
             for hook in list(module._backward_hooks.values()):
                 self._emit(schema.Signal(self._step, info.model, info.name, "backward-hook",
                                          {"hook": getattr(hook, "__qualname__", repr(hook))}))
+        self._seen.append(info)
+        self._param_ids.append(_ids_sum(module))
+        if len(self._seen) > self._prune_at:  # modules made in forward come and go
+            self._prune()
+            self._prune_at = 2 * len(self._seen) + 64
         trainable = [p for p in module._parameters.values() if p is not None and p.requires_grad]
         if module._parameters:
             self._modules.append((weakref.ref(module), info))
@@ -119,6 +136,8 @@ class Diagnosis(Observer):
     def backward_end(self, end: PassEnd) -> None:
         self._step = end.step
         self._recorded_pass = end.mode is RECORDED
+        if self._recorded_pass:
+            self._new_parameters(end.step)
         for model in self._models_reached:
             entry = self._entries.get(model)
             module = entry() if entry is not None else None
@@ -146,6 +165,47 @@ class Diagnosis(Observer):
                     and m.track_running_stats and info.model in self._models_reached
                     and not any(p.requires_grad for p in m.parameters(recurse=False))):
                 self._emit(schema.Signal(step, info.model, info.name, "frozen-bn-training"))
+
+    def _new_parameters(self, step: int) -> None:
+        """Modules whose own parameters are other objects than at the last recorded step's end;
+        said when a trainable one changed at two such ends in a row (once is a layer swapped or
+        built lazily at its first call)."""
+        self._looks += 1
+        seen, ids = self._seen, self._param_ids
+        gone = False
+        for i, info in enumerate(seen):
+            module = info.ref()
+            if module is None:
+                gone = True
+            elif ids[i] != -1 and (now := sum(map(id, module._parameters.values()))) != ids[i]:
+                ids[i] = now
+                if self._changed_again(step, info, module):
+                    ids[i] = -1
+        if gone:
+            self._prune()
+
+    def _prune(self) -> None:
+        seen, ids = self._seen, self._param_ids
+        kept = [i for i, info in enumerate(seen) if info.ref() is not None]
+        self._seen = [seen[i] for i in kept]
+        self._param_ids = [ids[i] for i in kept]
+
+    def _changed_again(self, step: int, info: ModInfo, module: nn.Module) -> bool:
+        now = {name: id(p) for name, p in module._parameters.items()
+               if p is not None and p.requires_grad}
+        before = self._changed.get(info)
+        if before is None or before[1] != self._looks - 1:
+            self._changed[info] = (step, self._looks, now)
+            return False
+        first, _, then = before
+        new = [name for name, ident in now.items() if then.get(name) != ident]
+        if not new:
+            self._changed[info] = (first, self._looks, now)
+            return False
+        del self._changed[info]
+        self._emit(schema.Signal(first, info.model, info.name, "params-recreated",
+                                 {"params": new}))
+        return True
 
     def _optimizer_stepping(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         """Before a step: a parameter whose ``.grad`` is still the tensor the previous step
@@ -268,6 +328,12 @@ class Diagnosis(Observer):
             if self._sorted.get(model) != detail:
                 self._sorted[model] = detail
                 self._emit(schema.Signal(step, model, "", "optimizers", detail))
+
+
+def _ids_sum(module: nn.Module) -> int:
+    """The ids of a module's own parameters (and Nones), summed: one int that changes with any
+    of them."""
+    return sum(map(id, module._parameters.values()))
 
 
 def _all_zero(grads: list[torch.Tensor]) -> bool:

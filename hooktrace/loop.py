@@ -3,7 +3,8 @@
 Each is a frequent forum question that module hooks can answer: backward in eval mode,
 parameters no optimizer holds, gradients never cleared, the deprecated backward hook that sees
 only the last op, frozen BatchNorms still updating, a model no backward reaches, a parameter
-its module reads outside autograd, gradients zeroed before the step. Pure: a
+its module reads outside autograd, gradients zeroed before the step, a parameter created in
+forward. Pure: a
 ``Collected`` in, findings out.
 """
 
@@ -196,6 +197,17 @@ def _zeroed(c: Collected, s: Signal) -> list[Finding]:
         "optimizer.zero_grad(); loss.backward(); optimizer.step()")]
 
 
+def _recreated(c: Collected, s: Signal) -> list[Finding]:
+    params = s.detail.get("params", [])
+    quoted = ", ".join(f"'{p}'" for p in params)
+    return [Finding(
+        "params-recreated", WARNING, c.model_name(s.model), s.name, s.step,
+        f"{c.label(s.model, s.name)} creates a new nn.Parameter {quoted} in its forward at every "
+        "call: no optimizer holds it, and it restarts from its initial value each step",
+        {"params": params},
+        "create it once, in __init__, and use it in forward")]
+
+
 def _backward_hook(c: Collected, s: Signal) -> list[Finding]:
     hook = s.detail.get("hook", "?")
     return [Finding(
@@ -255,6 +267,7 @@ _BY_KIND = {
     "grads-carried-over": _carried_over,
     "grads-cleared": _cleared,
     "grads-zeroed": _zeroed,
+    "params-recreated": _recreated,
     "backward-hook": _backward_hook,
     "frozen-bn-training": _frozen_bn,
 }

@@ -246,13 +246,17 @@ class Signal:
       others'; written again when that changes (``params`` empty: all of them got one since);
     * ``grads-zeroed``: after a recorded backward pass, an optimizer stepped with every
       ``.grad`` it holds exactly zero (not None) although a backward pass reached their modules
-      since its last step (``detail.modules``: fqns); once a run.
+      since its last step (``detail.modules``: fqns); once a run;
+    * ``params-recreated``: ``name``'s own trainable parameters ``detail.params`` were new
+      objects at the end of two recorded steps in a row (an ``nn.Parameter`` created in its
+      forward), ``step`` the first of them; once per module.
     """
 
     TYPE: ClassVar[str] = "signal"
     KINDS: ClassVar[tuple[str, ...]] = ("eval-backward", "optimizers", "grads-carried-over",
                                         "backward-hook", "frozen-bn-training", "grads-cleared",
-                                        "params-without-grad", "grads-zeroed")
+                                        "params-without-grad", "grads-zeroed",
+                                        "params-recreated")
     step: int
     model: int
     name: str

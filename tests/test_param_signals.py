@@ -1,8 +1,9 @@
 """``check`` on the parameter bugs the tracer signals (real runs of ``hooktrace run``): a weight
 read through ``.data`` while its bias trains (``params-without-grad``), gradients zeroed
-between backward and step (``grads-zeroed``); and silence on their healthy look-alikes
-(``scripts/param_signals.py``: a frozen bias, LoRA adapters, tied weights, a loss multiplied by
-0, gradient accumulation)."""
+between backward and step (``grads-zeroed``), an ``nn.Parameter`` created in forward
+(``params-recreated``); and silence on their healthy look-alikes (``scripts/param_signals.py``:
+a frozen bias, LoRA adapters, tied weights, a buffer replaced at every call, a parameter built
+lazily once, a loss multiplied by 0, gradient accumulation)."""
 
 from __future__ import annotations
 
@@ -34,8 +35,13 @@ BUGS: dict[str, tuple[tuple[Any, ...], str, str]] = {
     "zero_grad_between": (
         ("grads-zeroed", "warning", "model", "0", 0),
         "zeroed between backward() and step()", "zero_grad() between backward() and step()"),
+    "param_in_forward": (
+        ("params-recreated", "warning", "model", "0", 0),
+        "0 (ScaledBlock) creates a new nn.Parameter 'scale' in its forward at every call: no "
+        "optimizer holds it, and it restarts from its initial value each step", "in __init__"),
 }
-HEALTHY = ["ok_frozen_bias", "ok_lora", "ok_weight_tying", "ok_zero_loss_batch"]
+HEALTHY = ["ok_frozen_bias", "ok_lora", "ok_weight_tying", "ok_buffer_replaced", "ok_lazy_param",
+           "ok_zero_loss_batch"]
 BLIND_HEALTHY = ["ok_grad_accum"]
 CASES = [*BUGS, *HEALTHY, *BLIND_HEALTHY]
 
@@ -80,6 +86,8 @@ def test_the_module_and_the_cause_are_named(runs: dict[str, Run], case: str) -> 
 def test_the_parameters_are_the_evidence(runs: dict[str, Run]) -> None:
     _, found = findings(runs, "data_in_forward")
     assert found[0]["evidence"] == {"params": ["weight"], "with_grad": ["bias"]}
+    _, found = findings(runs, "param_in_forward")
+    assert found[0]["evidence"] == {"params": ["scale"]}
 
 
 @pytest.mark.parametrize("case", HEALTHY + BLIND_HEALTHY)

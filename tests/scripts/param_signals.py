@@ -1,5 +1,5 @@
 """Look-alikes of the parameter bugs in blind_bugs.py (a weight read through ``.data``, gradients
-zeroed before the step): healthy ones (``ok_*``) that must stay
+zeroed before the step, a parameter created in forward): healthy ones (``ok_*``) that must stay
 silent, and one more way to zero the gradients. One per CASE (argv[1]), tiny, CPU, seeded."""
 
 from __future__ import annotations
@@ -79,6 +79,44 @@ def ok_weight_tying() -> None:
     train(Tied())
 
 
+# healthy: a module that replaces a buffer at every call, and weight normalisation done right
+class RunningCenter(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.utils.parametrizations.weight_norm(nn.Linear(8, 16))
+        self.register_buffer("center", torch.zeros(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        self.center = h.mean(dim=0).detach()  # a new buffer object each call
+        return h - self.center
+
+
+def ok_buffer_replaced() -> None:
+    train(nn.Sequential(RunningCenter(), nn.ReLU(), nn.Linear(16, 3)))
+
+
+# healthy: a parameter built lazily at the first call (a dry run), before the optimizer
+class LazyScale(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 16)
+        self.scale: nn.Parameter | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        if self.scale is None:
+            self.scale = nn.Parameter(torch.ones(h.shape[1]))
+        return h * self.scale
+
+
+def ok_lazy_param() -> None:
+    model = nn.Sequential(LazyScale(), nn.ReLU(), nn.Linear(16, 3))
+    model(data()[0]).sum().backward()  # dry run: builds the scale
+    model.zero_grad()
+    train(model)
+
+
 # healthy: a batch whose loss is multiplied by 0 (skipped, ranks kept in step), zero_grad kept
 # as zeros (set_to_none=False) in its right place, and gradient accumulation
 def ok_zero_loss_batch() -> None:
@@ -94,7 +132,8 @@ def ok_zero_loss_batch() -> None:
 
 
 CASES: dict[str, Callable[[], None]] = {f.__name__: f for f in [
-    zero_grad_between, ok_frozen_bias, ok_lora, ok_weight_tying, ok_zero_loss_batch]}
+    zero_grad_between, ok_frozen_bias, ok_lora, ok_weight_tying, ok_buffer_replaced,
+    ok_lazy_param, ok_zero_loss_batch]}
 
 if __name__ == "__main__":
     torch.manual_seed(0)
