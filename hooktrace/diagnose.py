@@ -16,11 +16,20 @@ module call):
   parameter a step (W1: 11 ms a step);
 * parameters no optimizer holds: PyTorch's global optimizer step hook keeps the parameters of
   every optimizer that steps; when one steps with parameters not seen before, each model's
-  modules are sorted by it (a signal when that changes).
+  modules are sorted by it (a signal when that changes);
+* gradients zeroed before the step (``clip_grad_norm_`` with ``max_norm=0``, ``zero_grad``
+  between backward and step): after a recorded pass, until said once, an optimizer about to
+  step with every ``.grad`` exactly zero. On CPU the ``.grad`` are read one by one until one is
+  not zero (the first, in a healthy run); elsewhere one fused max per device, one device sync;
+* a parameter created in ``forward`` (``self.scale = nn.Parameter(...)`` at every call): at
+  the end of each recorded step, the ids of each module's own parameters, summed into one int
+  per module, against the last step's (a walk of the modules, no object kept per step); a
+  trainable parameter whose object changed at two recorded steps in a row is said.
 """
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +45,8 @@ from hooktrace import schema
 from hooktrace.naming import ModInfo
 from hooktrace.records import BackwardStart, Mode, Observer, PassEnd
 from hooktrace.sites import forward_site
+
+RECORDED = Mode.RECORDED
 
 Emit = Callable[[Any], None]
 
@@ -73,6 +84,16 @@ class Diagnosis(Observer):
         self._stepped_after: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = (
             weakref.WeakKeyDictionary())
         self._bn_checked = False
+        self._reported_zeroed = False
+        self._recorded_pass = False  # the last backward pass was in a recorded step
+        # every module seen, and the sum of the ids of its own parameters at the last recorded
+        # step's end (-1 once said): ints, which the garbage collector does not track
+        self._seen: list[ModInfo] = []
+        self._param_ids: list[int] = []
+        self._prune_at = 64  # how many may be listed before the dead ones are dropped
+        self._looks = 0  # recorded steps whose end looked at them
+        # modules whose parameters changed at a look: that step, the look, ids by trainable name
+        self._changed: dict[ModInfo, tuple[int, int, dict[str, int]]] = {}
         self._handles = [register_optimizer_step_pre_hook(self._optimizer_stepping),
                          register_optimizer_step_post_hook(self._optimizer_stepped)]
         self._step = 0
@@ -88,6 +109,11 @@ class Diagnosis(Observer):
             for hook in list(module._backward_hooks.values()):
                 self._emit(schema.Signal(self._step, info.model, info.name, "backward-hook",
                                          {"hook": getattr(hook, "__qualname__", repr(hook))}))
+        self._seen.append(info)
+        self._param_ids.append(_ids_sum(module))
+        if len(self._seen) > self._prune_at:  # modules made in forward come and go
+            self._prune()
+            self._prune_at = 2 * len(self._seen) + 64
         trainable = [p for p in module._parameters.values() if p is not None and p.requires_grad]
         if module._parameters:
             self._modules.append((weakref.ref(module), info))
@@ -109,6 +135,9 @@ class Diagnosis(Observer):
 
     def backward_end(self, end: PassEnd) -> None:
         self._step = end.step
+        self._recorded_pass = end.mode is RECORDED
+        if self._recorded_pass:
+            self._new_parameters(end.step)
         for model in self._models_reached:
             entry = self._entries.get(model)
             module = entry() if entry is not None else None
@@ -137,6 +166,47 @@ class Diagnosis(Observer):
                     and not any(p.requires_grad for p in m.parameters(recurse=False))):
                 self._emit(schema.Signal(step, info.model, info.name, "frozen-bn-training"))
 
+    def _new_parameters(self, step: int) -> None:
+        """Modules whose own parameters are other objects than at the last recorded step's end;
+        said when a trainable one changed at two such ends in a row (once is a layer swapped or
+        built lazily at its first call)."""
+        self._looks += 1
+        seen, ids = self._seen, self._param_ids
+        gone = False
+        for i, info in enumerate(seen):
+            module = info.ref()
+            if module is None:
+                gone = True
+            elif ids[i] != -1 and (now := sum(map(id, module._parameters.values()))) != ids[i]:
+                ids[i] = now
+                if self._changed_again(step, info, module):
+                    ids[i] = -1
+        if gone:
+            self._prune()
+
+    def _prune(self) -> None:
+        seen, ids = self._seen, self._param_ids
+        kept = [i for i, info in enumerate(seen) if info.ref() is not None]
+        self._seen = [seen[i] for i in kept]
+        self._param_ids = [ids[i] for i in kept]
+
+    def _changed_again(self, step: int, info: ModInfo, module: nn.Module) -> bool:
+        now = {name: id(p) for name, p in module._parameters.items()
+               if p is not None and p.requires_grad}
+        before = self._changed.get(info)
+        if before is None or before[1] != self._looks - 1:
+            self._changed[info] = (step, self._looks, now)
+            return False
+        first, _, then = before
+        new = [name for name, ident in now.items() if then.get(name) != ident]
+        if not new:
+            self._changed[info] = (first, self._looks, now)
+            return False
+        del self._changed[info]
+        self._emit(schema.Signal(first, info.model, info.name, "params-recreated",
+                                 {"params": new}))
+        return True
+
     def _optimizer_stepping(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         """Before a step: a parameter whose ``.grad`` is still the tensor the previous step
         left, added to since by each pass that reached its model (one version each) and never
@@ -145,6 +215,8 @@ class Diagnosis(Observer):
         try:
             if not self._reported_cleared:
                 self._cleared_before_step(optimizer)
+            if not self._reported_zeroed and self._recorded_pass:
+                self._zeroed_before_step(optimizer)
             if self._reported_carry:
                 return
             carried: dict[int, dict[str, None]] = {}
@@ -171,16 +243,39 @@ class Diagnosis(Observer):
         params = [p for group in optimizer.param_groups for p in group["params"]]
         if not params or any(p.grad is not None for p in params):
             return
+        for model, names in self._reached(optimizer, params):
+            self._reported_cleared = True
+            self._emit(schema.Signal(self._step, model, "", "grads-cleared",
+                                     {"modules": names}))
+
+    def _reached(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]
+                 ) -> list[tuple[int, list[str]]]:
+        """Per model, the modules of ``params`` a backward pass reached since the optimizer's
+        last step."""
         since = self._stepped_after.get(optimizer, 0)
         reached: dict[int, dict[str, None]] = {}
         for p in params:
             info = self._owner.get(id(p))
             if info is not None and self._last_reached.get(info.model, 0) > since:
                 reached.setdefault(info.model, {})[info.name] = None
-        for model, names in sorted(reached.items()):
-            self._reported_cleared = True
-            self._emit(schema.Signal(self._step, model, "", "grads-cleared",
-                                     {"modules": list(names)}))
+        return [(model, list(names)) for model, names in sorted(reached.items())]
+
+    def _zeroed_before_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """An optimizer about to step with every ``.grad`` there is exactly zero, after a
+        backward pass reached their modules: zeroed in between (``clip_grad_norm_`` with
+        ``max_norm=0``, ``zero_grad(set_to_none=False)``). Whether that backward made them
+        non-zero, the ``params`` record of the step tells the checker."""
+        params = [p for group in optimizer.param_groups for p in group["params"]
+                  if p.grad is not None]
+        grads = [p.grad for p in params]
+        if not grads or any(type(g) is not torch.Tensor or g.is_sparse for g in grads):
+            return  # none, or a DTensor's or a sparse one: not read here
+        if not _all_zero(grads):
+            return
+        for model, names in self._reached(optimizer, params):
+            self._reported_zeroed = True
+            self._emit(schema.Signal(self._step, model, "", "grads-zeroed",
+                                     {"modules": names}))
 
     def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         try:
@@ -233,3 +328,24 @@ class Diagnosis(Observer):
             if self._sorted.get(model) != detail:
                 self._sorted[model] = detail
                 self._emit(schema.Signal(step, model, "", "optimizers", detail))
+
+
+def _ids_sum(module: nn.Module) -> int:
+    """The ids of a module's own parameters (and Nones), summed: one int that changes with any
+    of them."""
+    return sum(map(id, module._parameters.values()))
+
+
+def _all_zero(grads: list[torch.Tensor]) -> bool:
+    """On CPU, tensor by tensor until one is not zero (no device sync there); on an
+    accelerator, one fused max of each device's, nothing while compiled or captured."""
+    if all(g.is_cpu for g in grads):  # the last layers' first: the likeliest to be non-zero
+        return not any(g.any() for g in reversed(grads))
+    if torch.compiler.is_compiling() or (
+            torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+        return False
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for g in grads:
+        by_device.setdefault(g.device, []).append(g)
+    return all(torch.stack(torch._foreach_norm(same, math.inf)).max().item() == 0
+               for same in by_device.values())

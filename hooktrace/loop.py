@@ -2,8 +2,9 @@
 
 Each is a frequent forum question that module hooks can answer: backward in eval mode,
 parameters no optimizer holds, gradients never cleared, the deprecated backward hook that sees
-only the last op, frozen BatchNorms still updating, a model no backward reaches, weights that
-never change. Pure: a
+only the last op, frozen BatchNorms still updating, a model no backward reaches, a parameter
+its module reads outside autograd, gradients zeroed before the step, a parameter created in
+forward, weights that never change. Pure: a
 ``Collected`` in, findings out.
 """
 
@@ -107,6 +108,37 @@ def _outside_autograd(c: Collected) -> list[Finding]:
                 {"steps": steps[:20]},
                 ".item(), float(), .data, .detach(), .numpy() or torch.tensor(p) on a parameter "
                 "cut it from the graph: compute with the parameter tensor itself"))
+    return out + _params_outside_autograd(c, held)
+
+
+def _params_outside_autograd(c: Collected, held: set[ModuleKey]) -> list[Finding]:
+    """The same, per parameter: a module an optimizer steps whose own parameters got a
+    gradient in part, in every recorded step that said so (``params-without-grad``)."""
+    first: dict[ModuleKey, int] = {}
+    without: dict[ModuleKey, list[str]] = {}  # said in every signal of the module
+    with_grad: dict[ModuleKey, list[str]] = {}  # as last said
+    for s in c.signals:
+        key = (s.model, s.name)
+        if s.kind != "params-without-grad" or key not in held:
+            continue
+        said = s.detail.get("params", [])
+        first.setdefault(key, s.step)
+        without[key] = [p for p in without.get(key, said) if p in said]
+        with_grad[key] = s.detail.get("with_grad", [])
+    out = []
+    for (model, name), params in without.items():
+        got, step = with_grad[(model, name)], first[(model, name)]
+        if params and got:
+            out.append(Finding(
+                "no-grad", WARNING, c.model_name(model), name, step,
+                f"{c.label(model, name)}: its {names_text(params)} never got a gradient "
+                f"though its {names_text(got)} did (from step {step} on): its forward "
+                f"uses {'it' if len(params) == 1 else 'them'} outside autograd (.data, "
+                ".detach(), a copy), or not at all",
+                {"params": params, "with_grad": got},
+                f"compute with the parameter itself (self.{params[0]}, not "
+                f"self.{params[0]}.data or a copy); for weight normalisation, "
+                "torch.nn.utils.parametrizations.weight_norm"))
     return out
 
 
@@ -185,6 +217,38 @@ def _weights_unchanged(c: Collected, s: Signal) -> list[Finding]:
         {"modules": modules, "optimizer_steps": steps, "lr": lrs}, hint)]
 
 
+def _zeroed(c: Collected, s: Signal) -> list[Finding]:
+    """An optimizer stepped with every gradient exactly zero: a problem when the backward of
+    that step gave them non-zero norms (without a ``params`` record of it, taken as given)."""
+    modules = sorted(s.detail.get("modules", []), key=lambda name: _order(c, s.model, name))
+    norms = [v for model, names, values in c.param_norms.get(s.step, [])
+             if model == s.model for name, v in zip(names, values, strict=True)
+             if name in modules]
+    if norms and not any(norms):
+        return []  # the backward gave zero gradients itself (a loss of 0): nothing was zeroed
+    return [Finding(
+        "grads-zeroed", WARNING, c.model_name(s.model), modules[0] if modules else "", s.step,
+        f"optimizer.step() after step {s.step} found every gradient of model "
+        f"'{c.model_name(s.model)}' exactly zero, though its backward gave "
+        f"{plural(len(modules), 'module')} ({names_text(modules)}) non-zero ones: they were "
+        "zeroed between backward() and step(), so the weights do not change",
+        {"modules": modules},
+        "clip_grad_norm_ with max_norm=0 (it does not mean off: leave the call out), or "
+        "zero_grad() between backward() and step(): order the loop as "
+        "optimizer.zero_grad(); loss.backward(); optimizer.step()")]
+
+
+def _recreated(c: Collected, s: Signal) -> list[Finding]:
+    params = s.detail.get("params", [])
+    quoted = ", ".join(f"'{p}'" for p in params)
+    return [Finding(
+        "params-recreated", WARNING, c.model_name(s.model), s.name, s.step,
+        f"{c.label(s.model, s.name)} creates a new nn.Parameter {quoted} in its forward at every "
+        "call: no optimizer holds it, and it restarts from its initial value each step",
+        {"params": params},
+        "create it once, in __init__, and use it in forward")]
+
+
 def _backward_hook(c: Collected, s: Signal) -> list[Finding]:
     hook = s.detail.get("hook", "?")
     return [Finding(
@@ -243,6 +307,8 @@ _BY_KIND = {
     "optimizers": _not_held,
     "grads-carried-over": _carried_over,
     "grads-cleared": _cleared,
+    "grads-zeroed": _zeroed,
+    "params-recreated": _recreated,
     "backward-hook": _backward_hook,
     "frozen-bn-training": _frozen_bn,
     "weights-unchanged": _weights_unchanged,

@@ -240,6 +240,16 @@ class Signal:
     * ``grads-cleared``: an optimizer stepped with every ``.grad`` None although a backward
       pass reached its parameters' modules since its last step: ``zero_grad()`` ran between
       ``backward()`` and ``step()`` (``detail.modules``: fqns of the modules reached);
+    * ``params-without-grad``: after a recorded backward pass, ``name`` has trainable own
+      parameters that got no ``.grad`` while others of its own got one (a weight read through
+      ``.data`` in its forward): ``detail.params``, their names, ``detail.with_grad``, the
+      others'; written again when that changes (``params`` empty: all of them got one since);
+    * ``grads-zeroed``: after a recorded backward pass, an optimizer stepped with every
+      ``.grad`` it holds exactly zero (not None) although a backward pass reached their modules
+      since its last step (``detail.modules``: fqns); once a run;
+    * ``params-recreated``: ``name``'s own trainable parameters ``detail.params`` were new
+      objects at the end of two recorded steps in a row (an ``nn.Parameter`` created in its
+      forward), ``step`` the first of them; once per module;
     * ``weights-unchanged``: the trainable parameters of the model that got gradients kept
       their values from this step's backward to step ``detail.through``'s, although
       optimizers stepped in ``detail.optimizer_steps`` steps between (0: none stepped in the
@@ -249,7 +259,8 @@ class Signal:
     TYPE: ClassVar[str] = "signal"
     KINDS: ClassVar[tuple[str, ...]] = ("eval-backward", "optimizers", "grads-carried-over",
                                         "backward-hook", "frozen-bn-training", "grads-cleared",
-                                        "weights-unchanged")
+                                        "params-without-grad", "grads-zeroed",
+                                        "params-recreated", "weights-unchanged")
     step: int
     model: int
     name: str
