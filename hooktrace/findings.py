@@ -20,6 +20,9 @@ class Thresholds:
     exploding: float = 1e4  # a parameter-gradient norm above this
     orders: float = 4.0  # activation-gradient norms across the network differing by this many
     gain: float = 1e-6  # a module passing back at most this fraction of the gradient it gets
+    # a saturating activation passing back at most this: no layer scale (ConvNeXt's is 1e-6),
+    # its branch starves even with a shortcut around it
+    saturated: float = 1e-9
 
 
 @dataclass
