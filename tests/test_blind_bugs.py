@@ -28,6 +28,11 @@ BUGS: dict[str, list[tuple[Any, ...]]] = {
     "std_zero": [("nonfinite-forward", "error", "model", "0", 0),
                  ("nonfinite-backward", "error", "model", "", 0)],
     "saturated_gate": [("saturated", "warning", "model", "1.sigmoid", 0)],
+    # the gradients that grew until the overflow: a warning, not a passing note (the steps
+    # after are NaN, not within the threshold)
+    "fp16_overflow": [("nonfinite-forward", "error", "model", "0", 3),
+                      ("nonfinite-backward", "error", "model", "", 3),
+                      ("exploding", "warning", "model", "2", 2)],
 }
 # the same, in any order: the backward finding that follows from the forward NaN/Inf comes
 # first today, and should not (BLIND_REPORT: the cause should lead)
@@ -94,6 +99,10 @@ CAUSES = {
                  "division by 0"),
     "log_softmax_inf": ("nonfinite-forward", "first NaN/Inf in a forward output: 2 (ProbHead)",
                         "log or sqrt of <= 0"),
+    "fp16_overflow": ("nonfinite-forward",
+                      "at step 3 (again in steps 4, 5): a float16 overflow (Inf past 65504, no "
+                      "NaN, from finite inputs), after the largest parameter-gradient norm grew",
+                      "torch.amp.GradScaler"),
     "saturated_gate": ("saturated", "it is saturated: it passes back 4.8e-18 of the gradient",
                        "a bias initialised far from 0"),
 }
