@@ -20,6 +20,7 @@ from hooktrace.findings import (
     WARNING,
     Finding,
     Thresholds,
+    after_causes,
     ancestors,
     plural,
     steps_text,
@@ -78,6 +79,7 @@ def check_nonfinite(c: Collected) -> list[Finding]:
             backward.step,
             f"first NaN/Inf gradient {'produced by' if produced else 'reached'} {label} at step "
             f"{backward.step}" + (" (follows from the forward NaN/Inf)" if follows else ""),
+            {**backward.evidence, "follows": "nonfinite-forward"} if follows else
             backward.evidence,
             "fix the forward NaN/Inf first" if follows else
             "its backward turned finite gradients into NaN/Inf (sqrt or log near 0, division by "
@@ -424,4 +426,4 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
     order = {m.name: m.first_seq or 0 for m in c.modules.values()}
     findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1,
                                  order.get(f.module, 0), f.kind))
-    return findings
+    return after_causes(findings)

@@ -15,7 +15,7 @@ def _evidence(evidence: dict[str, Any]) -> str:
     parts = []
     for key, value in evidence.items():
         if (key in ("grad_norm", "ranks") and isinstance(value, dict)) or value == [] \
-                or key == "produced":
+                or key in ("produced", "follows"):
             continue  # listed in the message, or nothing to say
         if key in ("grad_output", "grad_input"):
             value = ", ".join(f"{key} {g['index']}: {g['nan']} NaN, {g['inf']} Inf"
