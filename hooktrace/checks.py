@@ -354,7 +354,9 @@ def _one_note_per_model(found: list[Finding]) -> list[Finding]:
 
 def check_info(c: Collected) -> list[Finding]:
     out = []
-    for model in sorted({m.model for m in c.modules.values()}):
+    # with no backward pass to end a step, every iteration falls in one: nothing per step to say
+    stepped = bool(c.backward_steps) or c.unfinished is not None
+    for model in sorted({m.model for m in c.modules.values()} if stepped else ()):
         several = sorted((m for m in c.modules.values()
                           if m.model == model and m.max_calls_per_step > 1),
                          key=lambda m: m.first_seq or 0)

@@ -131,6 +131,13 @@ def test_healthy_look_alikes_are_silent(runs: dict[str, Run], case: str) -> None
     assert status == 0
 
 
+def test_no_backward_means_no_step_to_count_calls_in(runs: dict[str, Run]) -> None:
+    """A loss from argmax never runs backward: the iterations are not told apart, so modules
+    called once an iteration are not "called several times per step"."""
+    _, found = findings(runs, "argmax_loss")
+    assert [f["kind"] for f in found] == ["never-reached"]
+
+
 def test_a_too_broad_freeze_is_a_note_on_each_frozen_layer(runs: dict[str, Run]) -> None:
     """A name match meant for encoder.layers.0 froze decoder.layers.0 too: not an error (a
     frozen layer beside trainable ones is legal), but each is said, the unintended one included."""
