@@ -317,7 +317,8 @@ _CAUSES = {
         "no-grad", "the gradient stops inside its forward: the output of {branch} gets no "
         "gradient back",
         "look in its forward, where {branch}'s output is used, for .detach(), .data, "
-        ".item()/.numpy() round trips, or an output the loss does not use"),
+        ".item()/.numpy() round trips, a tensor rebuilt with torch.tensor(...) or "
+        "torch.from_numpy, or an output the loss does not use"),
     "no_grad": (
         "no-grad-under-no_grad", "inside its forward, torch.no_grad() covers {branch}: no "
         "gradient can reach {branch}",

@@ -77,7 +77,7 @@ def test_the_boundary_is_named(runs: dict[str, Run], case: str) -> None:
 # case -> (kind of the finding, words of its message, words of its hint) that say the cause
 CAUSES = {
     "tensor_rewrap": ("no-grad", "the output of encoder gets no gradient back",
-                      ".item()/.numpy() round trips"),
+                      "a tensor rebuilt with torch.tensor(...) or torch.from_numpy"),
     "wrong_return": ("no-grad", "the output of block2 gets no gradient back",
                      "an output the loss does not use"),
     "optimizer_head_only": ("not-optimized",
