@@ -17,7 +17,7 @@ from hooktrace.checks import check_all
 from hooktrace.collect import Collector, collect
 from hooktrace.collected import Collected
 from hooktrace.errors import HooktraceError
-from hooktrace.findings import ERROR, SEVERITY_ORDER, Finding, Report, Thresholds
+from hooktrace.findings import ERROR, SEVERITY_ORDER, Finding, Report, Thresholds, after_causes
 from hooktrace.logio import LogReader, capture_dir
 from hooktrace.ranks import first_divergence, open_ranks
 
@@ -86,8 +86,8 @@ def run_checks_ranks(paths: Sequence[str | os.PathLike[str]], step: int | None =
     for f in merged.values():
         if f.ranks == every:
             f.ranks = None  # on every rank: nothing rank-local about it
-    findings = sorted([*diverged, *merged.values()], key=lambda f: (
-        SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1, f.kind))
+    findings = after_causes(sorted([*diverged, *merged.values()], key=lambda f: (
+        SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1, f.kind)))
     return Report(findings, [w for r in reports for w in r.warnings],
                   max(r.steps for r in reports), sum(r.events for r in reports),
                   "; ".join(r.captured for r in reports if r.captured) or None)

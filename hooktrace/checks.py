@@ -20,6 +20,7 @@ from hooktrace.findings import (
     WARNING,
     Finding,
     Thresholds,
+    after_causes,
     ancestors,
     plural,
     steps_text,
@@ -30,12 +31,13 @@ from hooktrace.magnitudes import (
     check_magnitudes,
     growth,
     growth_text,
+    largest_norms,
     start,
     start_orders,
 )
 
 if TYPE_CHECKING:
-    from hooktrace.collected import Collected, Keys, ModuleKey, ModuleStats
+    from hooktrace.collected import Collected, Keys, ModuleKey, ModuleStats, Nonfinite
 
 CONTAINERS = {"ModuleList", "ModuleDict", "ParameterList", "ParameterDict"}  # never called
 
@@ -48,7 +50,7 @@ def check_nonfinite(c: Collected) -> list[Finding]:
     backward = c.first_backward_nonfinite
     if forward is not None:
         later = sorted(c.forward_nonfinite_steps - {forward.step})
-        why, hint = _forward_cause(c, forward.step, backward.step if backward else None)
+        why, hint = _forward_cause(c, forward, backward.step if backward else None)
         out.append(Finding(
             "nonfinite-forward", ERROR, c.model_name(forward.model), forward.name, forward.step,
             f"first NaN/Inf in a forward output: {c.label(forward.model, forward.name)} at "
@@ -77,6 +79,7 @@ def check_nonfinite(c: Collected) -> list[Finding]:
             backward.step,
             f"first NaN/Inf gradient {'produced by' if produced else 'reached'} {label} at step "
             f"{backward.step}" + (" (follows from the forward NaN/Inf)" if follows else ""),
+            {**backward.evidence, "follows": "nonfinite-forward"} if follows else
             backward.evidence,
             "fix the forward NaN/Inf first" if follows else
             "its backward turned finite gradients into NaN/Inf (sqrt or log near 0, division by "
@@ -87,21 +90,50 @@ def check_nonfinite(c: Collected) -> list[Finding]:
     return out
 
 
-def _forward_cause(c: Collected, step: int, backward: int | None) -> tuple[str, str]:
-    """Why a forward output turned NaN/Inf at ``step``: NaN/Inf gradients of an earlier step
-    that an optimizer applied, weights blown up by growing updates (parameter-gradient norms up
-    by 3 orders of magnitude or more since the first step), else something in its forward."""
+def _forward_cause(c: Collected, forward: Nonfinite, backward: int | None) -> tuple[str, str]:
+    """Why a forward output turned NaN/Inf: NaN/Inf gradients of an earlier step that an
+    optimizer applied, a float16 overflow, weights blown up by growing updates
+    (parameter-gradient norms up by 3 orders of magnitude or more since the first step), else
+    something in its forward."""
+    step = forward.step
     if backward is not None and backward < step:
         return (f", after the NaN/Inf gradients of step {backward}",
                 f"an optimizer step applied the NaN/Inf gradients of step {backward} to the "
                 "weights: fix where they start (the nonfinite-backward finding); "
                 "torch.nn.utils.clip_grad_norm_(..., error_if_nonfinite=True) stops such steps")
+    if _overflowed(c, forward):
+        grew = growth(c, before=step, factor=10)
+        norms = [f"{v:.3g}" for v in largest_norms(c, step).values()]
+        return (": a float16 overflow (Inf past 65504, no NaN, from finite inputs)" + (
+                    f", after the largest parameter-gradient norm grew "
+                    f"{grew[3] / grew[1]:.0f}x over steps {grew[0]}-{grew[2]} ("
+                    + " -> ".join(norms if len(norms) <= 4 else [norms[0], "...", norms[-1]])
+                    + ")" if grew else ""),
+                "normalise the inputs and lower the learning rate, or keep the weights in "
+                "float32 and train with torch.autocast(dtype=torch.float16) and "
+                "torch.amp.GradScaler")
     grown = growth(c, before=step)
     if grown is not None:
         return f", after {growth_text(grown)}", DIVERGES
     return ("", "the modules before it gave finite outputs: look inside its forward, or at the "
                 "functional code that feeds it (log or sqrt of <= 0, division by 0, fp16 "
                 "overflow)")
+
+
+# torch modules whose output from finite inputs and weights is NaN/Inf only by overflow
+_PRODUCTS = {"Linear", "LazyLinear", "Bilinear", *(f"{lazy}Conv{t}{d}d" for lazy in ("", "Lazy")
+                                                   for t in ("", "Transpose") for d in (1, 2, 3))}
+
+
+def _overflowed(c: Collected, forward: Nonfinite) -> bool:
+    """The first NaN/Inf in a forward is certainly a float16 overflow: a Linear or Conv whose
+    float16 outputs hold Inf and no NaN, after modules whose outputs were finite (bfloat16
+    overflows only past float32's range)."""
+    m = c.modules.get((forward.model, forward.name))
+    outputs = forward.evidence.get("outputs") or []
+    return m is not None and m.cls in _PRODUCTS and bool(outputs) and all(
+        o.get("dtype") == "float16" and o.get("nan") == 0 and (o.get("inf") or 0) > 0
+        for o in outputs)
 
 
 def _recovered(c: Collected) -> bool:
@@ -322,7 +354,9 @@ def _one_note_per_model(found: list[Finding]) -> list[Finding]:
 
 def check_info(c: Collected) -> list[Finding]:
     out = []
-    for model in sorted({m.model for m in c.modules.values()}):
+    # with no backward pass to end a step, every iteration falls in one: nothing per step to say
+    stepped = bool(c.backward_steps) or c.unfinished is not None
+    for model in sorted({m.model for m in c.modules.values()} if stepped else ()):
         several = sorted((m for m in c.modules.values()
                           if m.model == model and m.max_calls_per_step > 1),
                          key=lambda m: m.first_seq or 0)
@@ -394,4 +428,4 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
     order = {m.name: m.first_seq or 0 for m in c.modules.values()}
     findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1,
                                  order.get(f.module, 0), f.kind))
-    return findings
+    return after_causes(findings)

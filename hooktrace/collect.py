@@ -20,7 +20,7 @@ from typing import Any
 
 from hooktrace import firstnan, flow, schema
 from hooktrace.collected import Collected, Keys, ModuleKey, ModuleStats
-from hooktrace.decoder import BackwardRows, ForwardMore, ForwardRows
+from hooktrace.decoder import BackwardRows, ForwardMore, ForwardRows, Signature
 from hooktrace.logio import LogReader
 
 Indices = frozenset[int]  # of module keys (Collector._keys): cheap to hash, unlike keys
@@ -111,7 +111,7 @@ class Collector:
             if only is None or step == only:
                 index = ids[module] if module in ids else self._id(module)
                 if more is not None:
-                    self._unusual_forward(seq, step, index, call, outs[0], more)
+                    self._unusual_forward(seq, step, index, call, outs, more)
                     continue
                 calls.append(index)
                 if self._judging:
@@ -260,8 +260,8 @@ class Collector:
         return m
 
     def _unusual_forward(self, seq: int, step: int, index: int, call: int,
-                         shapes: list[Any], more: ForwardMore) -> None:
-        """A forward call with a flag or NaN/Inf outputs (``shapes``: of its outputs)."""
+                         outs: Signature, more: ForwardMore) -> None:
+        """A forward call with a flag or NaN/Inf outputs (``outs``: their shapes, dtypes)."""
         if more.recompute:
             self._forward_calls.append(None)
             self._recomputed = True
@@ -275,7 +275,7 @@ class Collector:
         if more.no_grad:
             self._no_grad_calls.append(index)
         if more.output_nonfinite:
-            firstnan.forward_outputs(self.c, step, self._keys[index], call, shapes,
+            firstnan.forward_outputs(self.c, step, self._keys[index], call, *outs,
                                      more.output_nonfinite)
 
     def _judge_call(self, step: int, seq: int, index: int, call: int, grad: bool) -> None:

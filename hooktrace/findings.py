@@ -20,6 +20,9 @@ class Thresholds:
     exploding: float = 1e4  # a parameter-gradient norm above this
     orders: float = 4.0  # activation-gradient norms across the network differing by this many
     gain: float = 1e-6  # a module passing back at most this fraction of the gradient it gets
+    # a saturating activation passing back at most this: no layer scale (ConvNeXt's is 1e-6),
+    # its branch starves even with a shortcut around it
+    saturated: float = 1e-9
 
 
 @dataclass
@@ -51,6 +54,20 @@ class Report:
     @property
     def problems(self) -> list[Finding]:
         return [f for f in self.findings if f.severity != NOTE]
+
+
+def after_causes(findings: list[Finding]) -> list[Finding]:
+    """``findings`` with each one that follows from another (its evidence's ``follows``: the
+    kind of that other, in the same model) moved to just after the other: the cause reads
+    first, whatever the sort put between them."""
+    out = list(findings)
+    for f in findings:
+        follows = f.evidence.get("follows")
+        if follows and any(o.kind == follows and o.model == f.model for o in out):
+            out = [o for o in out if o is not f]
+            at = max(i for i, o in enumerate(out) if o.kind == follows and o.model == f.model)
+            out.insert(at + 1, f)
+    return out
 
 
 def plural(n: int, word: str) -> str:

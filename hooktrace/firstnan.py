@@ -28,13 +28,15 @@ def _counts(stats: Iterable[list[float] | None]) -> list[dict[str, Any]]:
 
 
 def forward_outputs(c: Collected, step: int, module: tuple[int, str], call: int,
-                    shapes: list[Any], nonfinite: list[list[int]]) -> None:
-    """A forward call whose outputs held NaN/Inf: ``[output index, nan, inf]`` each."""
+                    shapes: list[Any], dtypes: list[str], nonfinite: list[list[int]]) -> None:
+    """A forward call whose outputs held NaN/Inf: ``[output index, nan, inf]`` each; the
+    outputs' dtypes where the log has them (an overflow depends on it)."""
     c.forward_nonfinite_steps.add(step)
     if c.first_forward_nonfinite is None:
         c.first_forward_nonfinite = Nonfinite(step, *module, {
             "call": call, "outputs": [
                 {"index": i, "shape": shapes[i] if i < len(shapes) else None,
+                 **({"dtype": dtypes[i]} if i < len(dtypes) else {}),
                  "nan": nan, "inf": inf} for i, nan, inf in nonfinite],
         })
 

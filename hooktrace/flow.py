@@ -159,11 +159,13 @@ def _judge_step(flow: Flow, step: int, calls: list[Call],
             else:
                 _add_inside(flow, step, enclosing, v)
         elif v.g_out is not None:
-            b = _nearest_after(v, candidates, partial(_starves, v=v))
+            b = (_nearest_after(v, candidates, partial(_starves, v=v))
+                 or _gated_by(v, candidates, enclosing, modules, t))
             if b is None:
                 continue
             if b.seq not in bypassed:
-                bypassed[b.seq] = _bypassed(b, calls, modules)
+                bypassed[b.seq] = (not _saturated(b, modules, t)
+                                   and _bypassed(b, calls, modules))
             if not bypassed[b.seq]:
                 _add(flow, step, b, _cause(b, modules), v)
 
@@ -199,6 +201,27 @@ def _bypassed(b: Call, calls: list[Call], modules: dict[ModuleKey, ModuleStats])
     round ``b`` (a residual shortcut), and what ``b`` starves is its own branch."""
     return any(c.seq < b.seq and c.fed and c.g_out is not None and _trainable(modules, c.key)
                and not _starves(b, c) for c in calls)
+
+
+def _saturated(b: Call, modules: dict[ModuleKey, ModuleStats], t: Thresholds) -> bool:
+    """A saturating activation whose gain is far below a layer scale's: it starves its branch
+    whatever goes round it (a gate whose bias closes it)."""
+    m = modules.get(b.key)
+    gain = _gain(b)
+    return m is not None and m.cls in _SATURATING and gain is not None and gain <= t.saturated
+
+
+def _gated_by(v: Call, candidates: list[Call], enclosing: _Enclosing,
+              modules: dict[ModuleKey, ModuleStats], t: Thresholds) -> Call | None:
+    """A saturated activation in the same forward as ``v`` whose output multiplies ``v``'s (a
+    gate ``sigmoid(gate(x)) * value(x)``): ``v``'s gradient is as small as what it passes back,
+    though ``v`` may run after it."""
+    around = enclosing.chain(v)[:1]
+    for b in candidates:
+        if (around and _saturated(b, modules, t) and _starves(b, v)
+                and not _contains(b.key, v.key) and enclosing.chain(b)[:1] == around):
+            return b
+    return None
 
 
 def _nearest_after(v: Call, candidates: list[Call], ok: Callable[[Call], bool]) -> Call | None:
@@ -294,7 +317,8 @@ _CAUSES = {
         "no-grad", "the gradient stops inside its forward: the output of {branch} gets no "
         "gradient back",
         "look in its forward, where {branch}'s output is used, for .detach(), .data, "
-        ".item()/.numpy() round trips, or an output the loss does not use"),
+        ".item()/.numpy() round trips, a tensor rebuilt with torch.tensor(...) or "
+        "torch.from_numpy, or an output the loss does not use"),
     "no_grad": (
         "no-grad-under-no_grad", "inside its forward, torch.no_grad() covers {branch}: no "
         "gradient can reach {branch}",
@@ -324,8 +348,9 @@ _CAUSES = {
         "inputs not normalised; LeakyReLU or a normalisation layer keep it alive"),
     "saturated": (
         "saturated", "it is saturated: it passes back {gain} of the gradient it receives",
-        "its inputs are far too large: normalise them (BatchNorm/LayerNorm), lower the "
-        "initialisation scale or the learning rate"),
+        "its inputs are far from 0: look at the layer before it for too large weights or a bias "
+        "initialised far from 0 (a gate closed at -40); normalise its inputs (BatchNorm/LayerNorm) "
+        "or lower the learning rate"),
     "small_gain": (
         "vanishing", "it passes back only {gain} of the gradient it receives",
         "check its weights' scale and initialisation"),
@@ -344,10 +369,13 @@ def _finding(flow: Flow, b: Boundary, modules: dict[ModuleKey, ModuleStats],
     _, what, hint = _CAUSES[b.cause]
     branch = names_text(list(b.branches), 3) if b.branches else "a child"
     gain = f"{b.g_in / b.g_out:.1e}" if b.g_in is not None and b.g_out else "?"
-    victims = sorted(b.victims, key=lambda k: (modules[k].first_seq or 0) if k in modules else 0)
+    victims = sorted(b.victims, key=lambda k: _first_seq(modules, k))
+    # a gate's value runs after the gate's sigmoid, and starves all the same
+    before = " before it" if all(_first_seq(modules, k) < _first_seq(modules, b.key)
+                                 for k in victims) else ""
     message = (f"{name or '(root)'} ({m.cls if m else '?'}): "
                f"{what.format(branch=branch, gain=gain)}; it starves "
-               f"{plural(len(victims), 'trainable module')} before it "
+               f"{plural(len(victims), 'trainable module')}{before} "
                f"({names_text([k[1] for k in victims])}) at {steps_text(b.steps)}")
     judged = flow.judged.get(model, [])
     later = len(judged) - len(b.steps)
@@ -372,3 +400,8 @@ def _finding(flow: Flow, b: Boundary, modules: dict[ModuleKey, ModuleStats],
         evidence["grad_input_norm"] = b.g_in
     return Finding(b.kind, NOTE if passing else WARNING, model_name.get(model, str(model)),
                    name, b.steps[0], message, evidence, hint.format(branch=branch))
+
+
+def _first_seq(modules: dict[ModuleKey, ModuleStats], key: ModuleKey) -> int:
+    m = modules.get(key)
+    return (m.first_seq or 0) if m is not None else 0

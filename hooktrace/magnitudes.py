@@ -60,14 +60,15 @@ class _BeyondThreshold:
     norm: float
     of: int = 0  # steps with a finite norm for it, past the threshold or not
     last: int = -1  # the last of those steps
+    broke: bool = False  # a NaN/Inf norm for it after the last
 
     @property
     def lasting(self) -> bool:
-        """Past it in most of the steps, or in the last two or more: not a passing moment (a
-        zero-initialised head at the first step, stochastic depth dropping a whole block in
-        one)."""
+        """Past it in most of the steps, or in the last two or more, or in the last before its
+        norm turned NaN/Inf: not a passing moment (a zero-initialised head at the first step,
+        stochastic depth dropping a whole block in one)."""
         return 2 * len(self.steps) > self.of or (
-            len(self.steps) >= 2 and self.steps[-1] == self.last)
+            self.steps[-1] == self.last and (len(self.steps) >= 2 or self.broke))
 
 
 def _past_thresholds(c: Collected, t: Thresholds, starts: dict[ModuleKey, int]
@@ -102,15 +103,21 @@ def _past_thresholds(c: Collected, t: Thresholds, starts: dict[ModuleKey, int]
                 past.steps.append(step)
     seen = dict.fromkeys((key for modules in flagged.values() for key in modules), 0)
     last = dict.fromkeys(seen, -1)
+    broke = dict.fromkeys(seen, -1)  # the last step with a NaN/Inf norm
     if seen:  # the steps with a finite norm for each of them: a second pass, rarely made
         for step in c.param_norms:
             for key, norm in _step_norms(c, step).items():
-                if key in seen and norm is not None and math.isfinite(norm):
-                    seen[key] += 1
-                    last[key] = max(last[key], step)
-        for modules in flagged.values():
+                if key in seen and norm is not None:
+                    if math.isfinite(norm):
+                        seen[key] += 1
+                        last[key] = max(last[key], step)
+                    else:
+                        broke[key] = max(broke[key], step)
+        for kind, modules in flagged.items():
             for key, past in modules.items():
                 past.of, past.last = seen[key], last[key]
+                # growing until it overflowed; a small norm before NaN says nothing
+                past.broke = kind == "exploding" and broke[key] > last[key]
     return flagged
 
 
@@ -154,6 +161,9 @@ def check_magnitudes(c: Collected, t: Thresholds, explained: Set[ModuleKey] = fr
         lasting = {k: p for k, p in past.items() if p.lasting}
         if lasting or finding is not None:
             out.append(_magnitude_finding(c, t, starts, kind, lasting, finding))
+            if kind == "exploding" and any(p.broke for p in lasting.values()):
+                out[-1].message += ", up to the step before its gradients turned NaN/Inf"
+                out[-1].hint = DIVERGES
             if kind == "exploding" and grown is not None:
                 out[-1].message += f"; over the steps, {growth_text(grown)}"
                 out[-1].hint = DIVERGES
@@ -187,17 +197,23 @@ def _zero_finding(c: Collected, starts: dict[ModuleKey, int],
         "masked in forward, or a custom autograd.Function returning zeros for them")
 
 
-def growth(c: Collected, before: float = math.inf) -> tuple[int, float, int, float] | None:
+def largest_norms(c: Collected, before: float = math.inf) -> dict[int, float]:
+    """Per step before ``before``, the largest finite parameter-gradient norm."""
+    return {s: max((v for _, _, norms in records for v in norms
+                    if v is not None and math.isfinite(v)), default=0.0)
+            for s, records in sorted(c.param_norms.items()) if s < before}
+
+
+def growth(c: Collected, before: float = math.inf, factor: float = 1e3
+           ) -> tuple[int, float, int, float] | None:
     """Training that diverges: the largest finite parameter-gradient norm of the steps before
-    ``before`` grew by 3 orders of magnitude or more from the first of them to the last
-    (first step, its norm, last step, its norm); None when it did not."""
-    largest = {s: max((v for _, _, norms in records for v in norms
-                       if v is not None and math.isfinite(v)), default=0.0)
-               for s, records in c.param_norms.items() if s < before}
+    ``before`` grew by ``factor`` (3 orders of magnitude) or more from the first of them to the
+    last (first step, its norm, last step, its norm); None when it did not."""
+    largest = largest_norms(c, before)
     if len(largest) < 2:
         return None
     first, last = min(largest), max(largest)
-    if largest[first] > 0 and largest[last] >= 1e3 * largest[first]:
+    if largest[first] > 0 and largest[last] >= factor * largest[first]:
         return first, largest[first], last, largest[last]
     return None
 

@@ -15,7 +15,7 @@ def _evidence(evidence: dict[str, Any]) -> str:
     parts = []
     for key, value in evidence.items():
         if (key in ("grad_norm", "ranks") and isinstance(value, dict)) or value == [] \
-                or key == "produced":
+                or key in ("produced", "follows"):
             continue  # listed in the message, or nothing to say
         if key in ("grad_output", "grad_input"):
             value = ", ".join(f"{key} {g['index']}: {g['nan']} NaN, {g['inf']} Inf"
@@ -24,12 +24,18 @@ def _evidence(evidence: dict[str, Any]) -> str:
             continue
         if key == "outputs":
             value = ", ".join(f"output {o['index']}" + (f" {o['shape']}" if o.get("shape") else "")
-                              + f": {o['nan']} NaN, {o['inf']} Inf" for o in value)
+                              + _dtype(o) + f": {o['nan']} NaN, {o['inf']} Inf" for o in value)
         elif key == "profile":
             value = " -> ".join(f"{p['module'] or '(root)'} {p['grad_output_norm']:.2g}"
                                 for p in _thin(value))
         parts.append(f"{key}: {value}")
     return "; ".join(parts)
+
+
+def _dtype(output: dict[str, Any]) -> str:
+    """An output's dtype where it is not the usual float32 (a half precision overflows)."""
+    dtype = output.get("dtype")
+    return f" {dtype}" if dtype and dtype != "float32" else ""
 
 
 def _thin(profile: list[dict[str, Any]], keep: int = 8) -> list[dict[str, Any]]:
