@@ -74,8 +74,19 @@ def _not_held(c: Collected, s: Signal) -> list[Finding]:
         "they are not registered submodules (kept in a plain list or dict, or built inside "
         "forward), so model.parameters() misses them: use nn.ModuleList / nn.ModuleDict, or "
         "assign them in __init__" if any("(" in name for name in missing) else
+        _only_held_hint(s) or
         "build the optimizer after adding layers (or add_param_group), from this model's "
         "parameters(), not from another copy's")]
+
+
+def _only_held_hint(s: Signal) -> str:
+    """The optimizer holds one subtree of the model (its head) and not the modules beside it."""
+    held = s.detail.get("held") or []
+    tops = sorted({name.split(".")[0] for name in held if name})
+    if len(tops) != 1 or any(n.split(".")[0] == tops[0] for n in s.detail.get("not_held", [])):
+        return ""
+    return (f"the optimizer holds only {tops[0]}'s parameters: pass model.parameters() (or "
+            "freeze the others with requires_grad_(False) if intended)")
 
 
 def _outside_autograd(c: Collected) -> list[Finding]:
@@ -291,9 +302,10 @@ def _never_reached(c: Collected) -> list[Finding]:
             f"model '{c.model_name(model)}' ran forward with gradients on and an optimizer "
             "steps its parameters, but no backward pass ever reached it: its parameters never "
             "get a gradient",
-            {}, "the loss is computed from a detached output (.detach(), .item(), numpy, or a "
-            "new tensor such as torch.tensor(loss.item(), requires_grad=True)): compute it "
-            "from the model's output tensor"))
+            {}, "the loss is computed from a detached output (.detach(), .item(), numpy, a "
+            "new tensor such as torch.tensor(loss.item(), requires_grad=True)) or from argmax, "
+            "round or comparisons, which have no gradient (loss.requires_grad = True only hides "
+            "the error): compute it from the model's output tensor"))
     return out
 
 

@@ -82,9 +82,11 @@ CAUSES = {
                      "an output the loss does not use"),
     "optimizer_head_only": ("not-optimized",
                             "no optimizer that steps holds the parameters of backbone.0, "
-                            "backbone.2 (2 modules of model 'model')", "parameters()"),
+                            "backbone.2 (2 modules of model 'model')",
+                            "the optimizer holds only fc's parameters: pass model.parameters()"),
     "argmax_loss": ("never-reached", "no backward pass ever reached it",
-                    "the loss is computed from a detached output"),
+                    "argmax, round or comparisons, which have no gradient "
+                    "(loss.requires_grad = True only hides the error)"),
     "std_zero": ("nonfinite-forward", "first NaN/Inf in a forward output: 0 (Standardize)",
                  "division by 0"),
     "log_softmax_inf": ("nonfinite-forward", "first NaN/Inf in a forward output: 2 (ProbHead)",
