@@ -83,7 +83,8 @@ def check_nonfinite(c: Collected) -> list[Finding]:
             backward.evidence,
             "fix the forward NaN/Inf first" if follows else
             "its backward turned finite gradients into NaN/Inf (sqrt or log near 0, division by "
-            "a tiny norm)" if produced else
+            "a tiny norm; torch.where does not stop the gradient of the branch it does not "
+            "pick: clamp the input, torch.sqrt(x.clamp(min=1e-12)))" if produced else
             "the gradient was NaN/Inf when it reached this module: it comes from the loss or "
             "from functional code after the last module",
         ))

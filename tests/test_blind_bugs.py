@@ -28,6 +28,9 @@ BUGS: dict[str, list[tuple[Any, ...]]] = {
     "std_zero": [("nonfinite-forward", "error", "model", "0", 0),
                  ("nonfinite-backward", "error", "model", "", 0)],
     "saturated_gate": [("saturated", "warning", "model", "1.sigmoid", 0)],
+    # the NaN gradients an optimizer step wrote into the weights: the next step's forward
+    "where_sqrt": [("nonfinite-backward", "error", "model", "1", 0),
+                   ("nonfinite-forward", "error", "model", "0", 1)],
     # the backward finding follows from the forward one at the same module and step: after it
     "log_softmax_inf": [("nonfinite-forward", "error", "model", "2", 0),
                         ("nonfinite-backward", "error", "model", "2", 0)],
@@ -95,6 +98,8 @@ CAUSES = {
                       "at step 3 (again in steps 4, 5): a float16 overflow (Inf past 65504, no "
                       "NaN, from finite inputs), after the largest parameter-gradient norm grew",
                       "torch.amp.GradScaler"),
+    "where_sqrt": ("nonfinite-backward", "first NaN/Inf gradient produced by 1 (SafeSqrt)",
+                   "torch.where does not stop the gradient of the branch it does not pick"),
     "saturated_gate": ("saturated", "it is saturated: it passes back 4.8e-18 of the gradient",
                        "a bias initialised far from 0"),
 }

@@ -232,6 +232,18 @@ def wrong_return() -> None:
     train(TwoBlocks(), *batch())
 
 
+class SafeSqrt(nn.Module):
+    """torch.where to 'guard' a sqrt of negatives (the bug): the forward is finite, but the
+    branch where does not pick still gets a gradient, 0 * inf = NaN."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.where(x > 0, torch.sqrt(x), torch.zeros_like(x))
+
+
+def where_sqrt() -> None:
+    train(nn.Sequential(nn.Linear(8, 16), SafeSqrt(), nn.Linear(16, 3)), *batch())
+
+
 # healthy: gradient accumulation, zero_grad every 2 steps
 def ok_grad_accum() -> None:
     model = Classifier()
@@ -301,7 +313,8 @@ def ok_aux_small_weight() -> None:
 CASES: dict[str, Callable[[], None]] = {f.__name__: f for f in [
     tensor_rewrap, freeze_too_broad, optimizer_head_only, argmax_loss, data_in_forward,
     log_softmax_inf, std_zero, param_in_forward, saturated_gate, fp16_overflow, clip_zero,
-    wrong_return, ok_grad_accum, ok_frozen_bn_stats, ok_detach_skip, ok_aux_small_weight]}
+    wrong_return, where_sqrt, ok_grad_accum, ok_frozen_bn_stats, ok_detach_skip,
+    ok_aux_small_weight]}
 
 if __name__ == "__main__":
     torch.manual_seed(0)
