@@ -20,7 +20,7 @@ module call):
 * gradients zeroed before the step (``clip_grad_norm_`` with ``max_norm=0``, ``zero_grad``
   between backward and step): after a recorded pass, until said once, an optimizer about to
   step with every ``.grad`` exactly zero. On CPU the ``.grad`` are read one by one until one is
-  not zero (the first, in a healthy run); elsewhere one fused max per device, one device sync;
+  not zero (the first, in a healthy run); on a device not at all (a read would wait for it);
 * a parameter created in ``forward`` (``self.scale = nn.Parameter(...)`` at every call): at
   the end of each recorded step, the ids of each module's own parameters, summed into one int
   per module, against the last step's (a walk of the modules, no object kept per step); a
@@ -29,7 +29,6 @@ module call):
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -45,6 +44,7 @@ from hooktrace import schema
 from hooktrace.naming import ModInfo
 from hooktrace.records import BackwardStart, Mode, Observer, PassEnd
 from hooktrace.sites import forward_site
+from hooktrace.stats import on_host
 
 RECORDED = Mode.RECORDED
 
@@ -337,15 +337,7 @@ def _ids_sum(module: nn.Module) -> int:
 
 
 def _all_zero(grads: list[torch.Tensor]) -> bool:
-    """On CPU, tensor by tensor until one is not zero (no device sync there); on an
-    accelerator, one fused max of each device's, nothing while compiled or captured."""
-    if all(g.is_cpu for g in grads):  # the last layers' first: the likeliest to be non-zero
-        return not any(g.any() for g in reversed(grads))
-    if torch.compiler.is_compiling() or (
-            torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
-        return False
-    by_device: dict[torch.device, list[torch.Tensor]] = {}
-    for g in grads:
-        by_device.setdefault(g.device, []).append(g)
-    return all(torch.stack(torch._foreach_norm(same, math.inf)).max().item() == 0
-               for same in by_device.values())
+    """Tensor by tensor until one is not zero, the last layers' first (the likeliest to be
+    non-zero), where that reads no device (``stats.on_host``); elsewhere not checked: a read per
+    optimizer step would wait for the device (weights-unchanged tells the same bug there)."""
+    return on_host(grads) and not any(g.any() for g in reversed(grads))

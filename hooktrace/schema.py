@@ -253,7 +253,8 @@ class Signal:
     * ``weights-unchanged``: the trainable parameters of the model that got gradients kept
       their values from this step's backward to step ``detail.through``'s, although
       optimizers stepped in ``detail.optimizer_steps`` steps between (0: none stepped in the
-      run), with learning rates ``detail.lr`` (``weights.py``); ``detail.modules``: fqns.
+      run), with learning rates ``detail.lr`` (``weights.py``); ``detail.modules``: fqns. Only
+      for parameters on the CPU, as ``grads-zeroed`` (a device read per step would wait).
     """
 
     TYPE: ClassVar[str] = "signal"

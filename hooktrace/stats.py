@@ -18,7 +18,7 @@ import torch
 
 from hooktrace.devicestats import FINITE, DeviceStats, Targets
 
-__all__ = ["DEFER_ENV", "FINITE", "HOLD_BYTES", "HostStats", "Stats"]
+__all__ = ["DEFER_ENV", "FINITE", "HOLD_BYTES", "HostStats", "Stats", "on_host"]
 
 #: Set to 1, CPU tensors take the accelerator's path (numbers kept as tensors until the step
 #: ends): how the tests run that path on machines without an accelerator.
@@ -61,6 +61,13 @@ class HostStats:
             if value == math.inf:  # maybe only the float32 sum of squares overflowed
                 values[j] = torch.linalg.vector_norm(grads[j], dtype=torch.float64).item()
         fill(owners, values)
+
+
+def on_host(tensors: list[torch.Tensor]) -> bool:
+    """Whether numbers of ``tensors`` can be read now without waiting for a device: all on the
+    CPU, and the device path not forced (``HOOKTRACE_DEFER_STATS=1`` runs it on CPU tensors).
+    An observer outside the statistics reads its own numbers only then."""
+    return os.environ.get(DEFER_ENV) != "1" and all(t.is_cpu for t in tensors)
 
 
 class Stats:

@@ -15,7 +15,9 @@ again at the next recorded steps. The model is decided once:
   optimizer) change the fingerprint.
 
 Cost: a fused norm of the parameters per recorded step until the model is decided (two steps
-in a run that trains), one read each; nothing per module call, nothing in watched steps.
+in a run that trains), one read each; nothing per module call, nothing in watched steps. Only
+where the parameters are on the CPU (``stats.on_host``): on a device each read would wait for
+it, and a step has one transfer, the statistics' (so a GPU run gets no such signal yet).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from hooktrace import schema
 from hooktrace.naming import ModInfo
 from hooktrace.records import Mode, Observer, PassEnd
+from hooktrace.stats import on_host
 
 Emit = Callable[[Any], None]
 
@@ -92,8 +95,8 @@ class WeightChange(Observer):
 
     def _fingerprint(self, step: int) -> None:
         for model, (names, params) in self._models().items():
-            if not params:
-                continue
+            if not params or not on_host(params):
+                continue  # on a device a read would wait for it: not checked there
             baseline = self._baselines.get(model)
             if baseline is None or len(baseline.params) != len(params) or any(
                     a is not b for a, b in zip(baseline.params, params, strict=True)):

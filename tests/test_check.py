@@ -228,9 +228,13 @@ def test_lasting_vanishing_is_a_problem(tmp_path: Path) -> None:
     script = tmp_path / "frozen_lr.py"
     script.write_text((SCRIPTS / "transformer_train.py").read_text().replace("lr=1e-2", "lr=0.0"))
     status, report = check_json(trace(tmp_path, script))
-    assert summary(problems(report)) == {("zero-gradient", "warning", "head", 0)}
-    [finding] = problems(report)
+    # and the weights that the learning rate of 0 leaves as they are
+    assert summary(problems(report)) == {("zero-gradient", "warning", "head", 0),
+                                         ("weights-unchanged", "warning", "", 0)}
+    [finding] = [f for f in problems(report) if f["kind"] == "zero-gradient"]
     assert finding["evidence"]["steps"] == [0, 1, 2, 3]
+    [unchanged] = [f for f in problems(report) if f["kind"] == "weights-unchanged"]
+    assert unchanged["message"].endswith(": the optimizer's learning rate is 0")
     assert status == 1
 
 
