@@ -10,9 +10,10 @@ again at the next recorded steps. The model is decided once:
 * a fingerprint changed: it trains; nothing more is computed for it;
 * unchanged after optimizer steps in two different steps since the first fingerprint (one
   step with a learning rate of 0 is a warmup's first): a ``weights-unchanged`` signal;
-* unchanged through the run's recorded steps with no optimizer step at all: the same signal,
-  written when tracing stops (``detail.optimizer_steps`` 0). Weights changed by hand (no
-  optimizer) change the fingerprint.
+* unchanged through the run's recorded steps with no optimizer step at all, though the
+  gradients were cleared between steps (a loop meant to train): the same signal, written when
+  tracing stops (``detail.optimizer_steps`` 0). Weights changed by hand (no optimizer) change
+  the fingerprint; gradients only added to, never cleared, are an analysis.
 
 Cost: a fused norm of the parameters per recorded step until the model is decided (two steps
 in a run that trains), one read each; nothing per module call, nothing in watched steps. Only
@@ -41,7 +42,8 @@ Emit = Callable[[Any], None]
 class _Baseline:
     """A model's first fingerprint, and what happened since."""
 
-    __slots__ = ("step", "names", "params", "norms", "stepped_in", "lrs", "last_same")
+    __slots__ = ("step", "names", "params", "norms", "stepped_in", "lrs", "last_same",
+                 "grad", "version", "cleared")
 
     def __init__(self, step: int, names: list[str], params: list[torch.Tensor],
                  norms: list[float]) -> None:
@@ -52,6 +54,17 @@ class _Baseline:
         self.stepped_in: set[int] = set()  # steps in which an optimizer stepped since
         self.lrs: set[float] = set()  # their learning rates
         self.last_same = step  # the last step whose fingerprint was the same
+        # the first parameter's .grad then, and its version: whether gradients were cleared
+        # between steps (zero_grad: a loop meant to train), or only added to (an analysis)
+        self.grad, self.version = _grad_state(params[0])
+        self.cleared = False
+
+    def look(self, step: int) -> None:
+        """Another step with the same fingerprint; one pass since the last look."""
+        grad, version = _grad_state(self.params[0])
+        if grad() is not self.grad() or version != self.version + (step - self.last_same):
+            self.cleared = True
+        self.grad, self.version, self.last_same = grad, version, step
 
 
 class WeightChange(Observer):
@@ -106,7 +119,7 @@ class WeightChange(Observer):
                 self._decided.add(model)  # it trains
                 del self._baselines[model]
                 continue
-            baseline.last_same = step
+            baseline.look(step)
             if len(baseline.stepped_in) >= 2:
                 self._decide(model, baseline)
 
@@ -135,11 +148,17 @@ class WeightChange(Observer):
 
     def stop(self, step: int, mode: Mode) -> None:
         self._handle.remove()
-        if self._optimizer_steps == 0:  # no optimizer stepped in the run
+        if self._optimizer_steps == 0:  # no optimizer stepped, though gradients were cleared
             for model, baseline in list(self._baselines.items()):
-                if baseline.last_same > baseline.step:
+                if baseline.last_same > baseline.step and baseline.cleared:
                     self._decide(model, baseline)
         self._baselines.clear()
+
+
+def _grad_state(p: torch.Tensor) -> tuple[weakref.ref[torch.Tensor], int]:
+    grad = p.grad
+    assert grad is not None  # only parameters with a gradient are fingerprinted
+    return weakref.ref(grad), grad._version
 
 
 def _norms(params: list[torch.Tensor]) -> list[float]:

@@ -1,7 +1,8 @@
 """``weights-unchanged``: a model whose weights got gradients and never changed, named with the
 cause (no optimizer.step(), a learning rate of 0 or too small for float32), on real runs of
 ``hooktrace run``; and silence where the weights do change late or by hand (a warmup from 0,
-gradient accumulation, a manual update, Adam at 1e-6) or nothing trains (an analysis)."""
+gradient accumulation, a manual update, Adam at 1e-6) or nothing trains (an analysis, gradients
+summed and never cleared with no optimizer)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ def test_weights_that_never_change_are_named_with_their_cause(tmp_path: Path, ca
     assert hint in finding["hint"]
 
 
-@pytest.mark.parametrize("case", ["ok_warmup", "ok_accumulate", "ok_manual_sgd", "ok_small_lr"])
+@pytest.mark.parametrize("case", ["ok_warmup", "ok_accumulate", "ok_manual_sgd", "ok_small_lr",
+                                  "ok_gradients_summed"])
 def test_weights_that_change_are_not_reported(tmp_path: Path, case: str) -> None:
     assert check_case(tmp_path, case) == []
 

@@ -81,6 +81,13 @@ def ok_small_lr() -> None:
     train(model, torch.optim.Adam(model.parameters(), lr=1e-6))
 
 
+def ok_gradients_summed() -> None:
+    """Healthy: gradients summed over batches, never cleared, no optimizer (a Fisher estimate)."""
+    model = mlp()
+    for _ in range(4):
+        F.cross_entropy(model(X), Y).backward()
+
+
 def saliency() -> None:
     """An analysis, no training: input gradients of a model in eval mode, no optimizer."""
     model = mlp().eval()
