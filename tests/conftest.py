@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -56,6 +57,24 @@ def hooktrace_cmd(*args: str | os.PathLike[str], cwd: str | os.PathLike[str] | N
         [sys.executable, "-m", "hooktrace", *map(str, args)], cwd=cwd, capture_output=True,
         text=True, timeout=timeout, **kwargs,  # type: ignore[call-overload]
     )
+
+
+#: a real ``hooktrace run`` of a case, and ``hooktrace check --json`` of its log
+Run = tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]
+
+
+def run_findings(run: Run) -> tuple[int, list[dict[str, Any]]]:
+    """check's exit status and findings, once the run and the check both ended as they may."""
+    traced, check = run
+    assert traced.returncode == 0, traced.stderr
+    assert check.returncode in (0, 1), check.stderr
+    return check.returncode, json.loads(check.stdout)["findings"]
+
+
+def problems(found: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """(kind, severity, model, module, step) of each finding that is not a note, in order."""
+    return [(f["kind"], f["severity"], f["model"], f["module"], f["step"]) for f in found
+            if f["severity"] != "note"]
 
 
 def resnet18_step(device: str = "cpu", size: int = 32) -> tuple[Any, Callable[[], None]]:

@@ -6,18 +6,14 @@ auxiliary loss with a small weight). The cases it misses stay in the script, unt
 
 from __future__ import annotations
 
-import json
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import hooktrace_cmd
+from conftest import Run, hooktrace_cmd, problems, run_findings
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "blind_bugs.py"
-
-Run = tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]
 
 # case -> its problems (kind, severity, model, module, step), in check's order
 BUGS: dict[str, list[tuple[Any, ...]]] = {
@@ -59,15 +55,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
 
 
 def findings(runs: dict[str, Run], case: str) -> tuple[int, list[dict[str, Any]]]:
-    run, check = runs[case]
-    assert run.returncode == 0, run.stderr
-    assert check.returncode in (0, 1), check.stderr
-    return check.returncode, json.loads(check.stdout)["findings"]
-
-
-def problems(found: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    return [(f["kind"], f["severity"], f["model"], f["module"], f["step"]) for f in found
-            if f["severity"] != "note"]
+    return run_findings(runs[case])
 
 
 @pytest.mark.parametrize("case", sorted(BUGS))

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import hooktrace_cmd
+from conftest import hooktrace_cmd, problems
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "forum_bugs.py"
 
@@ -22,11 +22,6 @@ def check_case(tmp_path: Path, case: str, exit_code: int = 0) -> tuple[int, list
     result = hooktrace_cmd("check", "--json", log)
     assert result.returncode in (0, 1), result.stderr
     return result.returncode, json.loads(result.stdout)["findings"]
-
-
-def problems(found: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    return [(f["kind"], f["severity"], f["model"], f["module"], f["step"]) for f in found
-            if f["severity"] != "note"]
 
 
 # case -> (the script's own exit code, the one problem: kind, severity, model, module, step)
