@@ -196,10 +196,9 @@ def _weights_unchanged(c: Collected, s: Signal) -> list[Finding]:
     optimizers = [t for t in c.signals if t.model == model and t.kind == "optimizers"]
     not_held = set(optimizers[-1].detail.get("not_held", [])) if optimizers else set()
     modules = [name for name in s.detail.get("modules", []) if name not in not_held]
-    for m, names, norms in c.param_norms.get(s.step, []):
-        if m == model:  # with statistics: only gradients that were not zero count
-            nonzero = {n for n, v in zip(names, norms, strict=True) if v}
-            modules = [name for name in modules if name in nonzero]
+    norms = _norms_at(c, model, s.step)
+    if norms:  # with statistics: only gradients that were not zero count
+        modules = [name for name in modules if norms.get(name)]
     if not modules:
         return []
     steps, lrs, through = (s.detail.get("optimizer_steps", 0), s.detail.get("lr", []),
@@ -232,9 +231,8 @@ def _zeroed(c: Collected, s: Signal) -> list[Finding]:
     """An optimizer stepped with every gradient exactly zero: a problem when the backward of
     that step gave them non-zero norms (without a ``params`` record of it, taken as given)."""
     modules = sorted(s.detail.get("modules", []), key=lambda name: _order(c, s.model, name))
-    norms = [v for model, names, values in c.param_norms.get(s.step, [])
-             if model == s.model for name, v in zip(names, values, strict=True)
-             if name in modules]
+    at_step = _norms_at(c, s.model, s.step)
+    norms = [at_step[name] for name in modules if name in at_step]
     if norms and not any(norms):
         return []  # the backward gave zero gradients itself (a loss of 0): nothing was zeroed
     return [Finding(
@@ -307,6 +305,13 @@ def _never_reached(c: Collected) -> list[Finding]:
             "round or comparisons, which have no gradient (loss.requires_grad = True only hides "
             "the error): compute it from the model's output tensor"))
     return out
+
+
+def _norms_at(c: Collected, model: int, step: int) -> dict[str, float | None]:
+    """The parameter-gradient norm of each of ``model``'s modules in ``step``'s params
+    records (empty without statistics)."""
+    return {name: norm for m, names, norms in c.param_norms.get(step, []) if m == model
+            for name, norm in zip(names, norms, strict=True)}
 
 
 def _order(c: Collected, model: int, name: str) -> int:
