@@ -100,18 +100,25 @@ def run(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[
                    "deepest that keeps the picture readable.")
 @click.option("--phase", type=click.Choice(["forward", "backward", "both"]), default="both",
               show_default=True, help="The edges to draw.")
+@click.option("--no-findings", is_flag=True,
+              help="Do not outline where check finds a problem (saves reading the whole log).")
 def render(logs: tuple[Path, ...], rank: int | None, output: Path | None, fmt: str | None,
-           step: int | None, model: str | None, depth: int | None, phase: str) -> None:
+           step: int | None, model: str | None, depth: int | None, phase: str,
+           no_findings: bool) -> None:
     """Draw one step of LOG as a call graph: forward order and backward order. Several logs (or
     a quoted glob) are the ranks of one run: --rank picks the one to draw."""
     from hooktrace.ranks import pick_rank
     from hooktrace.render import write_picture
 
     written = write_picture(pick_rank(logs, rank), output, fmt, step=step, model=model,
-                            depth=depth, phase=phase)
+                            depth=depth, phase=phase, findings=not no_findings)
     for warning in written.picture.warnings:
         click.echo(f"hooktrace: warning: {warning}", err=True)
     click.echo(f"hooktrace: {written.summary()}", err=True)
+    if elsewhere := written.picture.elsewhere:
+        steps = ", ".join(map(str, elsewhere))
+        click.echo(f"hooktrace: check finds problems in other steps ({steps}): "
+                   f"--step {elsewhere[0]} draws the first", err=True)
 
 
 @cli.command()

@@ -13,8 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, Union
 
+from hooktrace.checklog import run_checks
 from hooktrace.errors import HooktraceError
+from hooktrace.findings import Finding, plural
 from hooktrace.graph import build
+from hooktrace.marks import marks
 from hooktrace.render import dot
 from hooktrace.steplog import load_step
 
@@ -42,6 +45,8 @@ class Picture:
     backward_edges: int
     warnings: list[str] = field(default_factory=list)
     captured: str | None = None  # the run's --capture folder, "<folder> (N files)"
+    problems: int = 0  # check's problems outlined in the picture
+    elsewhere: list[int] = field(default_factory=list)  # the steps of those not in it
 
     def pipe(self, format: str = "svg") -> bytes:
         """The picture laid out by Graphviz ``dot`` as svg, png or pdf."""
@@ -57,8 +62,11 @@ class Picture:
         depth = f"depth {self.depth}{' (auto)' if self.auto_depth else ''}"
         edges = self.forward_edges + self.backward_edges
         captured = f"; captured tensors: {self.captured}" if self.captured else ""
+        outlined = f"; {plural(self.problems, 'problem')} of check outlined" \
+            if self.problems else ""
         return (f"step {self.step}, {depth}: {self.nodes} modules, {edges} edges "
-                f"({self.forward_edges} forward, {self.backward_edges} backward){captured}")
+                f"({self.forward_edges} forward, {self.backward_edges} backward)"
+                f"{outlined}{captured}")
 
 
 def _log_path(log: LogLike) -> Path:
@@ -66,22 +74,38 @@ def _log_path(log: LogLike) -> Path:
 
 
 def picture(log: LogLike, *, step: int | None = None, model: str | None = None,
-            depth: int | None = None, phase: str = "both") -> Picture:
-    """The call graph of one step of ``log``; see ``hooktrace render --help`` for the options."""
-    loaded = load_step(_log_path(log), step, model)
+            depth: int | None = None, phase: str = "both", findings: bool = True) -> Picture:
+    """The call graph of one step of ``log``; see ``hooktrace render --help`` for the options.
+    ``findings``: outline where ``check`` finds a problem (it reads the whole log)."""
+    path = _log_path(log)
+    loaded = load_step(path, step, model)
     view = build(loaded, depth, phase)
+    problems, warnings = _problems(path) if findings else ([], [])
+    drawn = marks(view, problems)
+    outlined = {id(f) for inside in drawn.values() for f in inside}
+    elsewhere = sorted({f.step for f in problems if id(f) not in outlined and f.step is not None
+                        and f.step != loaded.step and model in (None, f.model)})
     edges = view.edges()
     forward = sum(e.phase == "forward" for e in edges)
-    return Picture(dot.to_dot(view), loaded.step, view.depth, view.auto_depth,
-                   len(view.node_map), forward, len(edges) - forward, loaded.warnings,
-                   loaded.captured)
+    return Picture(dot.to_dot(view, drawn), loaded.step, view.depth, view.auto_depth,
+                   len(view.node_map), forward, len(edges) - forward,
+                   [*loaded.warnings, *warnings], loaded.captured, len(outlined), elsewhere)
+
+
+def _problems(path: Path) -> tuple[list[Finding], list[str]]:
+    """check's problems in the log at ``path``; none, and why, where the steps the picture does
+    not draw cannot be checked (a damaged line): the picture is still drawn."""
+    try:
+        return run_checks(path).problems, []
+    except HooktraceError as e:
+        return [], [f"problems of check not outlined: {e}"]
 
 
 def render(log: LogLike, *, step: int | None = None, model: str | None = None,
-           depth: int | None = None, phase: str = "both") -> Picture:
+           depth: int | None = None, phase: str = "both", findings: bool = True) -> Picture:
     """For notebooks: ``picture()``, with the log's warnings (a missing end record) raised as
     Python warnings. Displaying the result needs the Graphviz ``dot`` program."""
-    result = picture(log, step=step, model=model, depth=depth, phase=phase)
+    result = picture(log, step=step, model=model, depth=depth, phase=phase, findings=findings)
     for message in result.warnings:
         warnings.warn(message, stacklevel=2)
     return result
@@ -143,7 +167,8 @@ def write_file(path: Path, data: bytes, log: Path) -> None:
 
 def write_picture(log: str | os.PathLike[str], output: str | os.PathLike[str] | None = None,
                   fmt: str | None = None, *, step: int | None = None, model: str | None = None,
-                  depth: int | None = None, phase: str = "both") -> Written:
+                  depth: int | None = None, phase: str = "both", findings: bool = True
+                  ) -> Written:
     """``hooktrace render``: draw one step of ``log`` into ``output`` (default: the log's name
     with the format's extension). Without the ``dot`` program the DOT text is written to a
     ``.dot`` file next to ``output`` and DotMissingError says so."""
@@ -154,7 +179,7 @@ def write_picture(log: str | os.PathLike[str], output: str | os.PathLike[str] | 
     chosen = _format(fmt, out)
     out = out or log.with_suffix(f".{chosen}")
     _refuse_log(out, log)  # a log named x.svg
-    result = picture(log, step=step, model=model, depth=depth, phase=phase)
+    result = picture(log, step=step, model=model, depth=depth, phase=phase, findings=findings)
     if chosen == "dot":
         data = result.source.encode("utf-8")
     else:

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
 from hooktrace.errors import HooktraceError
-from hooktrace.findings import Thresholds
+from hooktrace.findings import Finding, Thresholds
 from hooktrace.graph import Cluster, Edge, Node, NodeKey, View, grad_output_norm
+from hooktrace.marks import Box
 from hooktrace.render.text import printable, shapes_text
 
 FORWARD_COLOUR = "#303030"
@@ -36,6 +38,7 @@ STATES = {
     "vanishing": ("#d9d2ef", f"grad_output norm below {VANISHING:g}"),
     "exploding": ("#ffd0a0", f"grad_output norm above {EXPLODING:g}"),
 }
+PROBLEM_COLOUR = "#c00000"  # the outline of a box where check finds a problem
 TIMES = "\N{MULTIPLICATION SIGN}"  # shapes read 8x3x224x224 with it
 _CLUSTER_FILLS = ("#f7f7f7", "#eeeeee")
 _FONT = "Helvetica"
@@ -90,8 +93,14 @@ def _small(text: str, colour: str = "#505050") -> str:
     return f'<FONT POINT-SIZE="{_SMALL}" COLOR="{colour}">{text}</FONT>'
 
 
-def node_label(node: Node, view: View) -> str:
-    """fqn, class (and which call), output shapes, folded calls, and what backward did."""
+def _kinds(found: Sequence[Finding]) -> str:
+    kinds = sorted({f.kind for f in found})
+    return f'<FONT COLOR="{PROBLEM_COLOUR}"><B>{_html(" · ".join(kinds))}</B></FONT>'
+
+
+def node_label(node: Node, view: View, found: Sequence[Finding] = ()) -> str:
+    """fqn, class (and which call), output shapes, folded calls, what backward did, and the
+    kinds of the problems check finds there."""
     model, fqn, call = node.key
     name = _html(fqn) if fqn else _html(view.log.models.get(model, f"model {model}"))
     kind = _html(node.cls)
@@ -111,10 +120,12 @@ def node_label(node: Node, view: View) -> str:
         lines.append(_small(f"<I>{node.missing} of {node.grad_calls} calls got no backward</I>"))
     if node.recomputed:
         lines.append(_small("<I>recomputed in backward</I>"))
+    if found:
+        lines.append(_kinds(found))
     return "<" + "<BR/>".join(lines) + ">"
 
 
-def cluster_label(cluster: Cluster, view: View) -> str:
+def cluster_label(cluster: Cluster, view: View, found: Sequence[Finding] = ()) -> str:
     model, fqn = cluster.key
     name = _html(fqn) if fqn else _html(view.log.models.get(model, f"model {model}"))
     parts = [f"<B>{name}</B>", _html(cluster.cls)]
@@ -124,6 +135,8 @@ def cluster_label(cluster: Cluster, view: View) -> str:
         parts.append(_html(shapes_text(cluster.output_shapes, TIMES)))
     if cluster.missing:
         parts.append("<I>no backward</I>")
+    if found:
+        parts.append(_kinds(found))
     return "<" + " · ".join(parts) + ">"
 
 
@@ -168,7 +181,7 @@ def _edge(edge: Edge, view: View) -> tuple[str, str, dict[str, str]]:
     return src, dst, {**attrs, "constraint": "false"}
 
 
-def _legend(view: View, states: set[str]) -> str:
+def _legend(view: View, states: set[str], marked: bool) -> str:
     rows = []
     if view.phase != "backward":
         rows.append((f'<FONT COLOR="{FORWARD_COLOUR}">——▶ 1, 2, …</FONT>',
@@ -194,6 +207,9 @@ def _legend(view: View, states: set[str]) -> str:
         fill, text = STATES[state]
         swatches[len(rows)] = f' BGCOLOR="{fill}" BORDER="1"'
         rows.append(("", text))
+    if marked:
+        rows.append((f'<FONT COLOR="{PROBLEM_COLOUR}"><B>▭ kind</B></FONT>',
+                     "where hooktrace check finds a problem (the boundary it names)"))
     if any(n.folded for n in view.nodes()):
         rows.append(("+N calls inside", f"calls deeper than depth {view.depth} folded in "
                      "(--depth)"))
@@ -214,8 +230,9 @@ def _title(view: View) -> str:
     return f"<<B>{names}</B> · step {log.step} · {phase} · {depth}>"
 
 
-def to_dot(view: View) -> str:
-    """The DOT text of ``view``: the same view gives the same text, byte for byte."""
+def to_dot(view: View, marks: Mapping[Box, Sequence[Finding]] | None = None) -> str:
+    """The DOT text of ``view``: the same view gives the same text, byte for byte. ``marks``
+    (``hooktrace.marks.marks``): the boxes outlined as where check finds a problem."""
     graphviz = _graphviz()
     g = graphviz.Digraph("hooktrace", graph_attr={
         "rankdir": "TB", "newrank": "true", "fontname": _FONT, "fontsize": "11",
@@ -225,7 +242,7 @@ def to_dot(view: View) -> str:
            margin="0.1,0.04", penwidth="0.8")
     g.attr("edge", fontname=_FONT, fontsize="8", arrowsize="0.6", penwidth="0.8")
     states: set[str] = set()
-    _emit(g, None, view, states)
+    _emit(g, None, view, states, marks or {})
     if view.backward_start is not None:
         key, event = view.backward_start
         g.node("backward start", label="", shape="point", width="0.08",
@@ -238,7 +255,8 @@ def to_dot(view: View) -> str:
     for edge in view.edges():
         tail, head, attrs = _edge(edge, view)
         g.edge(tail, head, **attrs)
-    g.node("legend", label=_legend(view, states), shape="plaintext", style="", fontsize="9")
+    g.node("legend", label=_legend(view, states, bool(marks)), shape="plaintext", style="",
+           fontsize="9")
     source: str = g.source
     return source
 
@@ -253,23 +271,30 @@ def _tooltip(view: View, cls: str) -> dict[str, str]:
     return {"tooltip": f"{cls}.forward · {file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{line}"}
 
 
-def _emit(graph: Any, cluster: Cluster | None, view: View, states: set[str]) -> None:
+_OUTLINE = {"color": PROBLEM_COLOUR, "penwidth": "2.5"}
+
+
+def _emit(graph: Any, cluster: Cluster | None, view: View, states: set[str],
+          marks: Mapping[Box, Sequence[Finding]]) -> None:
     """Write the clusters and nodes inside ``cluster`` into ``graph`` (a graphviz.Digraph or a
     subgraph of one), nested, in forward order."""
     for item in view.inside(cluster.key if cluster else None):
+        found = marks.get(item.key, ())
         if isinstance(item, Node):
             state = node_state(item, view.checked)
             states.add(state)
-            graph.node(node_id(item.key), label=node_label(item, view),
-                       fillcolor=STATES[state][0], **_tooltip(view, item.cls))
+            graph.node(node_id(item.key), label=node_label(item, view, found),
+                       fillcolor=STATES[state][0], **_tooltip(view, item.cls),
+                       **(_OUTLINE if found else {}))
             continue
         model, fqn = item.key
         fill = _CLUSTER_FILLS[fqn.count(".") % 2 if fqn else 0]
+        outline = _OUTLINE if found else {"color": "#b0b0b0", "penwidth": "0.8"}
         with graph.subgraph(name=_cluster_id(model, fqn)) as sub:
-            sub.attr(label=cluster_label(item, view), style="rounded,filled", fillcolor=fill,
-                     color="#b0b0b0", fontsize="10", labeljust="l", penwidth="0.8",
-                     **_tooltip(view, item.cls))
-            _emit(sub, item, view, states)
+            sub.attr(label=cluster_label(item, view, found), style="rounded,filled",
+                     fillcolor=fill, color=outline["color"], fontsize="10", labeljust="l",
+                     penwidth=outline["penwidth"], **_tooltip(view, item.cls))
+            _emit(sub, item, view, states, marks)
 
 
 def run_dot(source: str, fmt: str) -> bytes:

@@ -12,8 +12,9 @@ from typing import Any
 import orjson
 
 from hooktrace import schema
-from hooktrace.findings import Finding
+from hooktrace.findings import NOTE, Finding
 from hooktrace.graph import Node, View, build
+from hooktrace.marks import marks
 from hooktrace.render.dot import node_id, node_state, run_dot, to_dot
 from hooktrace.render.text import shapes_text
 from hooktrace.steplog import SelectionError, StepLog, load_step
@@ -49,10 +50,10 @@ def _forward_details(e: schema.ForwardEvent) -> dict[str, Any]:
 
 
 def node_details(node: Node, view: View, events: dict[tuple[int, str, int], Any],
-                 findings: Sequence[Finding]) -> dict[str, Any]:
+                 inside: Sequence[Finding]) -> dict[str, Any]:
     """What hovering ``node`` shows: names, where its class's forward is, shapes, dtypes,
-    gradient norms, NaN/Inf, state and the findings that name it (or a module folded into
-    it)."""
+    gradient norms, NaN/Inf, state and ``inside``, the findings that name it (or a module
+    folded into it: ``marks.marks``)."""
     model, fqn, call = node.key
     name = view.log.models.get(model, str(model))
     found: dict[str, Any] = {"model": name, "fqn": fqn, "class": node.cls,
@@ -70,23 +71,21 @@ def node_details(node: Node, view: View, events: dict[tuple[int, str, int], Any]
     if node.backward is not None:
         found["grad_output norm"] = _norms(node.backward.grad_output_stats) or ["no statistics"]
         found["grad_input norm"] = _norms(node.backward.grad_input_stats) or ["no statistics"]
-    inside = [f for f in findings if f.model == name and (
-        f.module == fqn or (node.folded and f.module.startswith(f"{fqn}."))
-        or (not fqn and node.folded)) and (f.step is None or f.step == view.log.step)]
     if inside:
         found["findings"] = [f"[{f.kind}] {f.module or '(root)'}: {f.message}" for f in inside]
     return found
 
 
-def _svg(view: View) -> str:
-    svg = run_dot(to_dot(view), "svg").decode("utf-8")
-    return svg[svg.index("<svg"):]  # no XML prolog, doctype or comment inside HTML
-
-
 def _drawing(view: View, events: dict[tuple[int, str, int], Any],
              findings: Sequence[Finding]) -> dict[str, Any]:
-    nodes = {node_id(n.key): node_details(n, view, events, findings) for n in view.nodes()}
-    return {"svg": _svg(view), "nodes": nodes, "depth": view.depth,
+    found = marks(view, findings)
+    nodes = {node_id(n.key): node_details(n, view, events, found.get(n.key, []))
+             for n in view.nodes()}
+    problems = {box: kept for box, inside in found.items()
+                if (kept := [f for f in inside if f.severity != NOTE])}
+    svg = run_dot(to_dot(view, problems), "svg").decode("utf-8")
+    svg = svg[svg.index("<svg"):]  # no XML prolog, doctype or comment inside HTML
+    return {"svg": svg, "nodes": nodes, "depth": view.depth,
             "summary": f"{len(view.node_map)} nodes at depth {view.depth} of {view.deepest}"}
 
 
