@@ -99,12 +99,14 @@ def test_a_backward_that_raised_names_its_module(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("case", ["ok_layer_scale", "ok_frozen_backbone", "ok_reloaded_eval",
-                                  "ok_stochastic_depth", "ok_inplace_dropout_view"])
+                                  "ok_stochastic_depth", "ok_inplace_dropout_view",
+                                  "ok_level_heads"])
 def test_healthy_look_alikes_are_silent(tmp_path: Path, case: str) -> None:
     """A layer scale on a residual branch, a frozen backbone, a reloaded copy evaluated under
     no_grad (which never calls its MultiheadAttention's out_proj), stochastic depth dropping a
-    whole batch's branch in a few of 8 steps (notes), and an in-place Dropout on a flattened
-    view (autograd rebases the view's history: its input is not lost): no problem."""
+    whole batch's branch in a few of 8 steps (notes), an in-place Dropout on a flattened
+    view (autograd rebases the view's history: its input is not lost), and detection heads
+    shared across feature levels whose box loss skips a level: no problem."""
     status, found = check_case(tmp_path, case, "8")
     assert [f for f in found if f["severity"] != "note"] == []
     assert status == 0

@@ -162,3 +162,27 @@ def test_training_steps_are_no_false_alarm(log_path: Path, name: str) -> None:
             optimizer.step()
     assert not any(orjson.loads(line).get("lost") for line in log_path.read_bytes().splitlines())
     assert run_checks(log_path).problems == []
+
+
+def test_detection_training_is_no_false_alarm(log_path: Path) -> None:
+    """Faster R-CNN's RPN head runs once per feature level; the box loss reads only anchors
+    that match a target, and on small images no anchor of the coarsest level does: that call
+    of ``rpn.head.bbox_pred`` gets an exactly-zero gradient while its other calls train it.
+    check finds no problem (it said "multiplied by 0 or fully masked" before)."""
+    torch.manual_seed(0)
+    model = tvm.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
+        weights=None, weights_backbone=None, num_classes=3).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    images = [torch.rand(3, 128, 128) for _ in range(2)]
+    targets = [{"boxes": torch.tensor([[10.0, 10.0, 60.0, 60.0]]), "labels": torch.tensor([1])}
+               for _ in range(2)]
+    with hooktrace.trace(log_path, model=model):
+        for _ in range(2):
+            optimizer.zero_grad()
+            sum(model(images, targets).values()).backward()
+            optimizer.step()
+    zero = {e.name for e in events(log_path, "backward")
+            if isinstance(e, schema.BackwardEvent) and e.grad_output_stats
+            and all(s is not None and s[0] == 0 for s in e.grad_output_stats)}
+    assert "rpn.head.bbox_pred" in zero  # the case is what it says
+    assert run_checks(log_path).problems == []

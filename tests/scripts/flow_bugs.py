@@ -236,6 +236,27 @@ class PooledHead(nn.Module):
         return self.head(self.body(x).view(8, 4, 4).flatten(1))  # type: ignore[no-any-return]
 
 
+class LevelHeads(nn.Module):
+    """Healthy: detection heads shared across three feature levels (torchvision's RPN); the box
+    loss reads only the levels with a matching anchor, and the last level has none (small
+    images): that call of ``box`` gets an exactly-zero gradient, its other calls do not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(8, 16)
+        self.levels = nn.ModuleList(nn.Linear(16, 16) for _ in range(3))
+        self.cls = nn.Linear(16, 4)
+        self.box = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.stem(x))
+        features = [torch.relu(level(h)) for level in self.levels]
+        logits = torch.stack([self.cls(f) for f in features]).sum(0)
+        boxes = torch.stack([self.box(f) for f in features])
+        matched = torch.tensor([True, True, False])
+        return logits + boxes[matched].sum(0)
+
+
 CASES: dict[str, Callable[[], nn.Module]] = {
     "detached": Detached,
     "numpy_block": NumpyModel,
@@ -253,6 +274,7 @@ CASES: dict[str, Callable[[], nn.Module]] = {
     "ok_stochastic_depth": lambda: nn.Sequential(nn.Linear(8, 16), *(DropBlock() for _ in range(4)),
                                                  nn.Linear(16, 4)),
     "ok_inplace_dropout_view": PooledHead,
+    "ok_level_heads": LevelHeads,
 }
 
 
