@@ -69,7 +69,12 @@ class Call:
 
     def gradients(self, outs: Sequence[Sequence[float] | None] | None,
                   ins: Sequence[Sequence[float] | None] | None) -> None:
-        """Its backward's statistics (``[norm, absmax, ...]`` per tensor) into norms."""
+        """Its backward's statistics (``[norm, absmax, ...]`` per tensor) into norms. A call
+        that was fed keeps that: its backward runs again, with other numbers, when a later pass
+        goes back through its gradient's graph (a gradient penalty, ``create_graph=True``,
+        where a ReLU's second derivative is exactly zero)."""
+        if self.fed:
+            return
         self.backed = True
         self.g_out, out_ok = _norm(outs)
         self.g_in, in_ok = _norm(ins)

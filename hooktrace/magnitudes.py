@@ -33,9 +33,14 @@ def _profile_finding(c: Collected, t: Thresholds, explained: Set[ModuleKey]) -> 
         modules, norms = c.profiles[step]  # backward order: output side first
         if len(norms) < 3 or (norms[-1] < norms[0] and modules[-1] in explained):
             continue
-        top, bottom = norms[0], norms[-1]
-        if top <= 0 or bottom <= 0:
+        # the output side: the first quarter in backward order. A model with several heads
+        # (a detector's box, mask and proposal heads) has one gradient per head there, each as
+        # large as its loss; growth is measured from the largest, a fall from the smallest
+        side = [v for v in norms[:max(1, len(norms) // 4)] if v > 0]
+        bottom = norms[-1]
+        if not side or bottom <= 0:
             continue
+        top = max(side) if bottom > norms[0] else min(side)
         orders = math.log10(bottom / top)
         if abs(orders) >= t.orders:
             model, name = modules[-1]
@@ -158,7 +163,10 @@ def check_magnitudes(c: Collected, t: Thresholds, explained: Set[ModuleKey] = fr
     grown = growth(c)
     for kind, past in flagged.items():
         finding = profile if profile is not None and profile.kind == kind else None
-        lasting = {k: p for k, p in past.items() if p.lasting}
+        # past the threshold where the largest norm ended after growing over the steps: the
+        # training diverges, even when that is the last step recorded
+        lasting = {k: p for k, p in past.items() if p.lasting or (
+            kind == "exploding" and grown is not None and grown[2] in p.steps)}
         if lasting or finding is not None:
             out.append(_magnitude_finding(c, t, starts, kind, lasting, finding))
             if kind == "exploding" and any(p.broke for p in lasting.values()):
@@ -167,7 +175,7 @@ def check_magnitudes(c: Collected, t: Thresholds, explained: Set[ModuleKey] = fr
             if kind == "exploding" and grown is not None:
                 out[-1].message += f"; over the steps, {growth_text(grown)}"
                 out[-1].hint = DIVERGES
-        passing = {k: p for k, p in past.items() if not p.lasting}
+        passing = {k: p for k, p in past.items() if k not in lasting}
         if passing:
             out.append(_magnitude_finding(c, t, starts, kind, passing, None, note="passing"))
     if bypassed:

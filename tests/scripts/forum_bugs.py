@@ -223,6 +223,52 @@ def ok_adversarial() -> None:
         opt.step()
 
 
+def ok_gradient_penalty() -> None:
+    """WGAN-GP: the critic's gradient at a mix of real and fake samples, with create_graph=True,
+    enters its loss; that loss's backward runs back through the gradient's graph, where the
+    second derivative of a ReLU is exactly zero for the layer before it."""
+    generator, critic = mlp(4, 16, 8), mlp(8, 16, 1)
+    opt_g = torch.optim.Adam(generator.parameters(), lr=1e-4, betas=(0.5, 0.9))
+    opt_c = torch.optim.Adam(critic.parameters(), lr=1e-4, betas=(0.5, 0.9))
+    for _ in range(3):
+        real, fake = torch.randn(8, 8), generator(torch.randn(8, 4)).detach()
+        eps = torch.rand(8, 1)
+        mix = (eps * real + (1 - eps) * fake).requires_grad_(True)
+        [grad] = torch.autograd.grad(critic(mix).sum(), mix, create_graph=True)
+        penalty = ((grad.norm(2, dim=1) - 1) ** 2).mean()
+        opt_c.zero_grad()
+        (critic(fake).mean() - critic(real).mean() + 10 * penalty).backward()
+        opt_c.step()
+        opt_g.zero_grad()
+        (-critic(generator(torch.randn(8, 4))).mean()).backward()
+        opt_g.step()
+
+
+class TwoHeads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = mlp(8, *[32] * 8)
+        self.main = nn.Linear(32, 4)
+        self.aux = nn.Linear(32, 1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.relu(self.trunk(x))
+        return self.main(h), self.aux(h)
+
+
+def ok_tiny_auxiliary_head() -> None:
+    """A deep trunk with a main head and an auxiliary head whose loss weighs 1e-8: the
+    auxiliary head's backward runs first and its gradient is tiny, while the trunk's is not."""
+    model = TwoHeads()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(3):
+        x, y = data()
+        logits, value = model(x)
+        opt.zero_grad()
+        (F.cross_entropy(logits, y) + 1e-8 * value.pow(2).mean()).backward()
+        opt.step()
+
+
 def ok_lbfgs() -> None:
     """LBFGS clears and computes the gradients inside the closure it is given."""
     model = mlp(8, 16, 4)
@@ -255,7 +301,8 @@ def ok_teacher() -> None:
 CASES: dict[str, Callable[[], None]] = {f.__name__: f for f in (
     item_param, plain_list, model_recreated, no_grad_backbone, cleared_before_step, frozen_all,
     inplace_param, hidden_carried, all_padding, diverges, nan_gradient_applied,
-    ok_gan_rerun, ok_adversarial, ok_lbfgs, ok_teacher)}
+    ok_gan_rerun, ok_adversarial, ok_gradient_penalty, ok_tiny_auxiliary_head, ok_lbfgs,
+    ok_teacher)}
 
 
 if __name__ == "__main__":
