@@ -24,6 +24,7 @@ from types import FrameType
 
 import torch
 from torch import nn
+from torch.nn.utils.parametrize import ParametrizationList
 
 from hooktrace import schema
 
@@ -242,8 +243,12 @@ class Naming:
         return self._infos.get(root)  # None for a wrapper: only what it wraps is traced
 
     def _from_owner(self, module: nn.Module) -> ModInfo | None:
-        """Name a module first called outside any traced module through its owner's tree."""
+        """Name a module first called outside any traced module through its owner's tree; a
+        parametrization evaluated while it is registered (``spectral_norm`` on a layer not yet
+        in a model) is not named then: its model names it when it first calls it."""
         owner = owner_of(module)
+        if isinstance(owner, ParametrizationList) and owner not in self._infos:
+            return None
         if owner is module:
             name = variable_name(module)
             holder = holder_of(module) if name is None else None

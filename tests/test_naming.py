@@ -248,3 +248,26 @@ def test_owner_found_once_per_model_not_per_call(log_path: Path) -> None:
         sys.setprofile(None)
     assert list(calls.values()) == [1, 1]
     assert len(events(log_path, "forward")) == 15
+
+
+def test_spectral_norm_built_while_tracing_stays_in_its_model(log_path: Path) -> None:
+    """``spectral_norm`` evaluates its parametrization when it registers it, on a layer not yet
+    in any model: that call makes no model of its own; the model that calls the layer names
+    the parametrization under it, and check finds nothing (it said 'ran forward but no gradient
+    reached it' of a model 'ParametrizationList' before)."""
+    from torch.nn.utils.parametrizations import spectral_norm
+
+    torch.manual_seed(0)
+    with hooktrace.trace(log_path):
+        critic = nn.Sequential(spectral_norm(nn.Linear(8, 16)), nn.LeakyReLU(0.2),
+                               spectral_norm(nn.Linear(16, 1)))
+        optimizer = torch.optim.Adam(critic.parameters(), lr=1e-3)
+        for _ in range(3):
+            optimizer.zero_grad()
+            nn.functional.softplus(-critic(torch.randn(8, 8))).mean().backward()
+            optimizer.step()
+    models, modules = models_and_modules(log_path)
+    assert models == [(0, "critic", "Sequential")]
+    assert (0, "0.parametrizations.weight.0") in modules
+    assert "0.parametrizations.weight.0" in [e.name for e in events(log_path, "forward", 0)]
+    assert [f for f in check_findings(log_path) if f[1] != "note"] == []
