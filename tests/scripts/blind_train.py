@@ -393,13 +393,27 @@ def ok_linear_probe() -> None:
         opt.step()
 
 
+# Healthy (added after the blind score, beside the weight-decay and schedule findings): AdamW with
+# a large but usual weight decay, and a cosine schedule stepped per batch down to 0 at the end.
+def ok_adamw_decay_cosine() -> None:
+    model = mlp(8, 16, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=12)
+    x, y = batch()
+    for _ in range(12):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        sched.step()
+
+
 CASES: dict[str, Callable[[], None]] = {f.__name__: f for f in [
     gan_g_loss_detached, d_step_wrong_optimizer, zero_grad_wrong_optimizer, scheduler_per_batch,
     loss_requires_grad_hack, unfreeze_not_in_optimizer, huge_weight_decay, masked_mean_empty,
     fp16_underflow_no_scaler, eval_helper_freezes_encoder, loss_on_aux_only,
     dqn_target_not_detached,
     mse_broadcast, unnormalized_input, ok_gan, ok_unfreeze_schedule, ok_ema_teacher, ok_onecycle,
-    ok_dqn_target_net, ok_masked_guarded, ok_linear_probe]}
+    ok_dqn_target_net, ok_masked_guarded, ok_linear_probe, ok_adamw_decay_cosine]}
 
 if __name__ == "__main__":
     torch.manual_seed(0)
