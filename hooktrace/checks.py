@@ -35,6 +35,7 @@ from hooktrace.magnitudes import (
     start,
     start_orders,
 )
+from hooktrace.trainable import drop_frozen, frozen_since, unfrozen_at
 
 if TYPE_CHECKING:
     from hooktrace.collected import Collected, Keys, ModuleKey, ModuleStats, Nonfinite
@@ -192,6 +193,7 @@ def check_no_grad(c: Collected, explained: Set[ModuleKey] = frozenset()) -> list
     out: list[Finding] = []
     detached: list[tuple[ModuleStats, Finding]] = []
     no_backward, no_grad_only = _detached(c), _no_grad_only(c)
+    unfrozen = unfrozen_at(c)
     for key in explained:  # starved modules whose boundary ``flow`` names
         no_backward.pop(key, None)
         no_grad_only.pop(key, None)
@@ -207,6 +209,8 @@ def check_no_grad(c: Collected, explained: Set[ModuleKey] = frozenset()) -> list
                 "frozen", WARNING if before else NOTE, c.model_name(m.model), m.name,
                 None,
                 f"{m.name} ({m.cls}): parameters frozen (requires_grad=False)"
+                + (f" until step {unfrozen[(m.model, m.name)]}, trainable from then on"
+                   if (m.model, m.name) in unfrozen else "")
                 + (f", while {', '.join(trainable_twins[:3])} beside it train" if trainable_twins
                    else ""),
                 {"params": m.params, "trainable_siblings": trainable_twins},
@@ -419,7 +423,8 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
         c.backward_steps.discard(c.unfinished[0])
     flowed = flow.analyse([call for call in c.calls if c.unfinished is None
                            or call.step != c.unfinished[0]], c.modules, thresholds)
-    explained = _explained(c, flowed)
+    drop_frozen(c, flowed)
+    explained = _explained(c, flowed) | set(frozen_since(c))
     findings = [*check_crash(c), *check_nonfinite(c), *check_loop(c),
                 *flow.findings(flowed, c.modules, c.models),
                 *check_no_grad(c, explained), *check_lost_gradient(c),

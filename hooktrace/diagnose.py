@@ -24,7 +24,11 @@ module call):
 * a parameter created in ``forward`` (``self.scale = nn.Parameter(...)`` at every call): at
   the end of each recorded step, the ids of each module's own parameters, summed into one int
   per module, against the last step's (a walk of the modules, no object kept per step); a
-  trainable parameter whose object changed at two recorded steps in a row is said.
+  trainable parameter whose object changed at two recorded steps in a row is said;
+* parameters frozen or unfrozen during the run (``requires_grad_`` in an evaluation helper, a
+  freeze schedule): in the same walk, each module's count of trainable own parameters against
+  the last recorded step's (an int per module); a change is said once per model and step, and
+  the modules are sorted by the optimizers again at their next step.
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ class Diagnosis(Observer):
         # step's end (-1 once said): ints, which the garbage collector does not track
         self._seen: list[ModInfo] = []
         self._param_ids: list[int] = []
+        self._trainable: list[int] = []  # how many of its own parameters require a gradient
         self._prune_at = 64  # how many may be listed before the dead ones are dropped
         self._looks = 0  # recorded steps whose end looked at them
         # modules whose parameters changed at a look: that step, the look, ids by trainable name
@@ -111,6 +116,7 @@ class Diagnosis(Observer):
                                          {"hook": getattr(hook, "__qualname__", repr(hook))}))
         self._seen.append(info)
         self._param_ids.append(_ids_sum(module))
+        self._trainable.append(_trainable_count(module))
         if len(self._seen) > self._prune_at:  # modules made in forward come and go
             self._prune()
             self._prune_at = 2 * len(self._seen) + 64
@@ -171,24 +177,44 @@ class Diagnosis(Observer):
         said when a trainable one changed at two such ends in a row (once is a layer swapped or
         built lazily at its first call)."""
         self._looks += 1
-        seen, ids = self._seen, self._param_ids
+        seen, ids, counts = self._seen, self._param_ids, self._trainable
         gone = False
+        changed: dict[int, dict[str, list[str]]] = {}  # per model: frozen, unfrozen modules
         for i, info in enumerate(seen):
             module = info.ref()
             if module is None:
                 gone = True
-            elif ids[i] != -1 and (now := sum(map(id, module._parameters.values()))) != ids[i]:
+                continue
+            if not module._parameters:
+                continue
+            if ids[i] != -1 and (now := sum(map(id, module._parameters.values()))) != ids[i]:
                 ids[i] = now
                 if self._changed_again(step, info, module):
                     ids[i] = -1
+            if (count := _trainable_count(module)) != counts[i]:
+                key = "frozen" if count < counts[i] else "unfrozen"
+                changed.setdefault(info.model, {"frozen": [], "unfrozen": []})[key].append(
+                    info.name)
+                counts[i] = count
+                self._adopt(module, info)
+        for model, detail in sorted(changed.items()):
+            self._held_changed = True  # sort the modules by the optimizers again
+            self._emit(schema.Signal(step, model, "", "trainable-changed", detail))
         if gone:
             self._prune()
 
+    def _adopt(self, module: nn.Module, info: ModInfo) -> None:
+        """A module whose parameters now require a gradient: its own, known as its."""
+        for p in module._parameters.values():
+            if p is not None and p.requires_grad:
+                self._owner[id(p)] = info
+
     def _prune(self) -> None:
-        seen, ids = self._seen, self._param_ids
+        seen, ids, counts = self._seen, self._param_ids, self._trainable
         kept = [i for i, info in enumerate(seen) if info.ref() is not None]
         self._seen = [seen[i] for i in kept]
         self._param_ids = [ids[i] for i in kept]
+        self._trainable = [counts[i] for i in kept]
 
     def _changed_again(self, step: int, info: ModInfo, module: nn.Module) -> bool:
         now = {name: id(p) for name, p in module._parameters.items()
@@ -334,6 +360,11 @@ def _ids_sum(module: nn.Module) -> int:
     """The ids of a module's own parameters (and Nones), summed: one int that changes with any
     of them."""
     return sum(map(id, module._parameters.values()))
+
+
+def _trainable_count(module: nn.Module) -> int:
+    """How many of a module's own parameters require a gradient."""
+    return sum(1 for p in module._parameters.values() if p is not None and p.requires_grad)
 
 
 def _all_zero(grads: list[torch.Tensor]) -> bool:

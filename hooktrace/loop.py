@@ -4,8 +4,10 @@ Each is a frequent forum question that module hooks can answer: backward in eval
 parameters no optimizer holds, gradients never cleared, the deprecated backward hook that sees
 only the last op, frozen BatchNorms still updating, a model no backward reaches, a parameter
 its module reads outside autograd, gradients zeroed before the step, a parameter created in
-forward, weights that never change. Pure: a
-``Collected`` in, findings out.
+forward, weights that never change, a learning rate scheduled down to nothing early on, a
+weight decay that shrinks every weight, modules frozen during the run (an evaluation helper's
+``requires_grad_(False)``) or unfrozen with no optimizer holding them. Pure: a ``Collected``
+in, findings out.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from hooktrace.findings import (
     plural,
     steps_text,
 )
+from hooktrace.trainable import frozen_during_run, unfrozen_at
 
 if TYPE_CHECKING:
     from hooktrace.collected import Collected, ModuleKey
@@ -36,7 +39,7 @@ def check_loop(c: Collected) -> list[Finding]:
         make = _BY_KIND.get(s.kind)
         if make is not None:
             out += make(c, s)
-    return out + _never_reached(c) + _outside_autograd(c)
+    return out + _never_reached(c) + _outside_autograd(c) + frozen_during_run(c)
 
 
 def _eval_backward(c: Collected, s: Signal) -> list[Finding]:
@@ -54,6 +57,7 @@ def _not_held(c: Collected, s: Signal) -> list[Finding]:
     missing = [name for name in s.detail.get("not_held", []) if name in got]
     if not missing:
         return []
+    unfrozen = {name: step for name, step in unfrozen_at(c).items() if name[0] == s.model}
     if not s.detail.get("held"):
         return [Finding(
             "not-optimized", WARNING, c.model_name(s.model), "", None,
@@ -61,9 +65,24 @@ def _not_held(c: Collected, s: Signal) -> list[Finding]:
             f"its {plural(len(missing), 'module')} with trainable parameters "
             f"({names_text(missing)}) get gradients and never train",
             {"modules": missing},
-            "the optimizer was built from another copy of the model (the model created again "
+            ("the loop steps another model's optimizer where this model's should step "
+             "(opt_g.step() after d_loss.backward()), or " if _others_held(c, s.model) else "")
+            + "the optimizer was built from another copy of the model (the model created again "
             "after the optimizer, a deepcopy, a reloaded checkpoint): build it from the "
             "parameters() of the model you train")]
+    thawed = [unfrozen[(s.model, name)] for name in missing if (s.model, name) in unfrozen]
+    if thawed:
+        return [Finding(
+            "not-optimized", WARNING, c.model_name(s.model), missing[0], min(thawed),
+            f"{names_text(missing)} ({plural(len(missing), 'module')} of model "
+            f"'{c.model_name(s.model)}') were unfrozen (requires_grad=True) at step "
+            f"{min(thawed)}, but no optimizer that steps holds their parameters: they get "
+            "gradients and never train",
+            {"modules": missing, "unfrozen_at": min(thawed)},
+            "the optimizer was built while they were frozen (from the parameters that "
+            "required a gradient then): add them when unfreezing "
+            "(optimizer.add_param_group({'params': module.parameters()})), or build it from "
+            "all of model.parameters(): frozen ones get no gradient and are not updated")]
     return [Finding(
         "not-optimized", WARNING, c.model_name(s.model), missing[0], None,
         f"no optimizer that steps holds the parameters of {names_text(missing)} "
@@ -77,6 +96,13 @@ def _not_held(c: Collected, s: Signal) -> list[Finding]:
         _only_held_hint(s) or
         "build the optimizer after adding layers (or add_param_group), from this model's "
         "parameters(), not from another copy's")]
+
+
+def _others_held(c: Collected, model: int) -> bool:
+    """Whether an optimizer that steps holds parameters of another model (several models
+    trained side by side, each with its own optimizer)."""
+    return any(t.kind == "optimizers" and t.model != model and t.detail.get("held")
+               for t in c.signals)
 
 
 def _only_held_hint(s: Signal) -> str:
@@ -213,6 +239,12 @@ def _weights_unchanged(c: Collected, s: Signal) -> list[Finding]:
     elif lrs and max(lrs) < 1e-7:
         cause = f"the learning rate ({max(lrs):.0e}) is too small to change float32 weights"
         hint = "raise the learning rate; float32 cannot hold updates below ~1e-7 of a weight"
+    elif s.detail.get("dtype"):
+        cause = (f"the weights are {s.detail['dtype']}: each update (learning rate x "
+                 "gradient) is below their precision and rounds away")
+        hint = ("keep the weights in float32 (no model.half()) and train under "
+                "torch.autocast(dtype=torch.float16) with torch.amp.GradScaler, which also keeps "
+                "small gradients from underflowing to 0")
     else:
         cause = (f"optimizer.step() ran in {plural(steps, 'step')} and left them as they were: "
                  "their gradients were zero when it ran")
@@ -225,6 +257,37 @@ def _weights_unchanged(c: Collected, s: Signal) -> list[Finding]:
         f"step {through} though they got gradients ({plural(len(modules), 'module')}: "
         f"{names_text(modules)}): {cause}",
         {"modules": modules, "optimizer_steps": steps, "lr": lrs}, hint)]
+
+
+def _lr_collapsed(c: Collected, s: Signal) -> list[Finding]:
+    """An optimizer that spent half its steps or more with a learning rate below 1e-4 of its
+    peak: a schedule meant per epoch stepped per batch."""
+    d = s.detail
+    low, steps = d.get("low_steps", 0), d.get("optimizer_steps", 0)
+    return [Finding(
+        "lr-collapsed", WARNING, c.model_name(s.model), "", s.step,
+        f"the learning rate of the optimizer of model '{c.model_name(s.model)}' fell below "
+        f"1e-4 of its peak ({d.get('peak', 0):.3g}) at step {s.step} and stepped {low} of its "
+        f"{steps} steps there (last {d.get('lr', 0):.2g}): from then on the weights hardly "
+        "change", {"peak": d.get("peak"), "lr": d.get("lr"), "low_steps": low,
+                   "optimizer_steps": steps},
+        "a scheduler meant to step once per epoch (StepLR, MultiStepLR, ExponentialLR) "
+        "stepped once per batch: call scheduler.step() after each epoch, or give it a "
+        "step_size in batches")]
+
+
+def _weight_decay(c: Collected, s: Signal) -> list[Finding]:
+    """A weight decay that takes 1% or more of every weight at each step."""
+    lr, wd = s.detail.get("lr", 0.0), s.detail.get("weight_decay", 0.0)
+    shrink = lr * wd
+    return [Finding(
+        "weight-decay", WARNING, c.model_name(s.model), "", s.step,
+        f"the weight decay of the {s.detail.get('optimizer', '?')} optimizer of model "
+        f"'{c.model_name(s.model)}' takes {min(shrink, 1.0):.0%} of every weight at each step "
+        f"(lr {lr:.3g} x weight_decay {wd:.3g}): the weights shrink toward 0 whatever the "
+        "gradients say", {"lr": lr, "weight_decay": wd},
+        "weight_decay is usually 1e-4 to 0.1 (a typo such as 5 for 5e-4?): lr x weight_decay "
+        "is the fraction of each weight the decay removes per step")]
 
 
 def _zeroed(c: Collected, s: Signal) -> list[Finding]:
@@ -329,4 +392,6 @@ _BY_KIND = {
     "backward-hook": _backward_hook,
     "frozen-bn-training": _frozen_bn,
     "weights-unchanged": _weights_unchanged,
+    "lr-collapsed": _lr_collapsed,
+    "weight-decay": _weight_decay,
 }

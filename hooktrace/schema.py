@@ -253,15 +253,27 @@ class Signal:
     * ``weights-unchanged``: the trainable parameters of the model that got gradients kept
       their values from this step's backward to step ``detail.through``'s, although
       optimizers stepped in ``detail.optimizer_steps`` steps between (0: none stepped in the
-      run), with learning rates ``detail.lr`` (``weights.py``); ``detail.modules``: fqns. Only
-      for parameters on the CPU, as ``grads-zeroed`` (a device read per step would wait).
+      run), with learning rates ``detail.lr`` (``weights.py``); ``detail.modules``: fqns;
+      ``detail.dtype``, ``float16`` or ``bfloat16`` where such weights are among them. Only
+      for parameters on the CPU, as ``grads-zeroed`` (a device read per step would wait);
+    * ``trainable-changed``: at the end of recorded backward pass ``step``, modules of the
+      model with fewer trainable own parameters than at the last recorded pass's end
+      (``detail.frozen``: fqns; ``requires_grad_(False)`` in between) or more
+      (``detail.unfrozen``); once per model and step with a change;
+    * ``lr-collapsed``: when tracing stops, for the models of an optimizer that stepped
+      ``detail.low_steps`` of its ``detail.optimizer_steps`` steps (half or more) with a learning
+      rate below 1e-4 of its peak ``detail.peak``, from ``step`` on (``detail.lr``: its last);
+    * ``weight-decay``: the models of an optimizer (``detail.optimizer``: its class) whose step
+      multiplies each weight by ``1 - lr * weight_decay`` with that product 0.01 or more
+      (``detail.lr``, ``detail.weight_decay``), at the first such step; once per optimizer.
     """
 
     TYPE: ClassVar[str] = "signal"
     KINDS: ClassVar[tuple[str, ...]] = ("eval-backward", "optimizers", "grads-carried-over",
                                         "backward-hook", "frozen-bn-training", "grads-cleared",
                                         "params-without-grad", "grads-zeroed",
-                                        "params-recreated", "weights-unchanged")
+                                        "params-recreated", "weights-unchanged",
+                                        "trainable-changed", "lr-collapsed", "weight-decay")
     step: int
     model: int
     name: str

@@ -15,6 +15,16 @@ again at the next recorded steps. The model is decided once:
   tracing stops (``detail.optimizer_steps`` 0). Weights changed by hand (no optimizer) change
   the fingerprint; gradients only added to, never cleared, are an analysis.
 
+A learning rate that a schedule brings down to nothing early in the run (``StepLR`` meant per
+epoch stepped per batch) is said too: per optimizer, its peak learning rate and the steps it
+stepped with less than ``LR_FLOOR`` of it; when tracing stops, an optimizer that spent half
+its steps or more there gets an ``lr-collapsed`` signal (a few floats per optimizer step, read
+from its ``param_groups``; a schedule that ends near 0, as OneCycleLR and cosine do, spends
+only its last steps there). And a weight decay that takes ``DECAY_SHRINK`` or more of every
+weight at each step (``weight_decay=5`` meant as 5e-4): where the step multiplies each weight by
+``1 - lr * weight_decay`` (SGD, AdamW and any decoupled decay; Adam's coupled decay is scaled by
+its normalisation, not said), a ``weight-decay`` signal once per optimizer.
+
 Cost: a fused norm of the parameters per recorded step until the model is decided (two steps
 in a run that trains), one read each; nothing per module call, nothing in watched steps. Only
 where the parameters are on the CPU (``stats.on_host``): on a device each read would wait for
@@ -37,6 +47,30 @@ from hooktrace.records import Mode, Observer, PassEnd
 from hooktrace.stats import on_host
 
 Emit = Callable[[Any], None]
+LR_FLOOR = 1e-4  # of the peak learning rate: updates this much smaller change next to nothing
+DECAY_SHRINK = 0.01  # lr * weight_decay: 1% of every weight a step (SGD 0.1 x 5e-4: 5e-5)
+_SHRINKING = {"SGD", "AdamW"}  # optimizers whose weight decay multiplies by 1 - lr * wd
+
+
+class _Schedule:
+    """An optimizer's learning rates so far: its peak, and its steps below ``LR_FLOOR`` of it."""
+
+    __slots__ = ("models", "peak", "last", "steps", "low", "low_from", "decay_said")
+
+    def __init__(self, models: list[int]) -> None:
+        self.models = models  # those its parameters belong to, at its first step
+        self.peak = self.last = 0.0
+        self.steps = self.low = 0
+        self.low_from: int | None = None  # the run's step where it first fell there
+        self.decay_said = False
+
+    def stepped(self, lr: float, step: int) -> None:
+        self.steps += 1
+        self.peak, self.last = max(self.peak, lr), lr
+        if lr < LR_FLOOR * self.peak:
+            self.low += 1
+            if self.low_from is None:
+                self.low_from = step
 
 
 class _Baseline:
@@ -80,6 +114,11 @@ class WeightChange(Observer):
         self._optimizer_steps = 0
         self._step = 0
         self._off = False
+        # per optimizer (and kept past it: a training function's optimizer is gone when
+        # tracing stops)
+        self._schedules: weakref.WeakKeyDictionary[torch.optim.Optimizer, _Schedule] = (
+            weakref.WeakKeyDictionary())
+        self._all_schedules: list[_Schedule] = []
         self._handle = register_optimizer_step_post_hook(self._stepped)
 
     def module_seen(self, module: nn.Module, info: ModInfo) -> None:
@@ -90,6 +129,15 @@ class WeightChange(Observer):
         try:
             self._optimizer_steps += 1
             lrs = {g.get("lr") for g in optimizer.param_groups}
+            numbers = [float(lr) for lr in lrs if isinstance(lr, (int, float))]
+            if numbers:
+                schedule = self._schedules.get(optimizer)
+                if schedule is None:
+                    schedule = self._schedules[optimizer] = _Schedule(self._models_of(optimizer))
+                    self._all_schedules.append(schedule)
+                schedule.stepped(max(numbers), max(self._step - 1, 0))  # the pass before
+                if not schedule.decay_said:
+                    self._decay(optimizer, schedule)
             for baseline in self._baselines.values():
                 baseline.stepped_in.add(self._step)
                 baseline.lrs.update(lr for lr in lrs if isinstance(lr, (int, float)))
@@ -142,17 +190,58 @@ class WeightChange(Observer):
     def _decide(self, model: int, baseline: _Baseline) -> None:
         self._decided.add(model)
         self._baselines.pop(model, None)
-        self._emit(schema.Signal(baseline.step, model, "", "weights-unchanged", {
-            "modules": baseline.names, "through": baseline.last_same,
-            "optimizer_steps": len(baseline.stepped_in), "lr": sorted(baseline.lrs)}))
+        detail = {"modules": baseline.names, "through": baseline.last_same,
+                  "optimizer_steps": len(baseline.stepped_in), "lr": sorted(baseline.lrs)}
+        half = sorted({str(p.dtype).removeprefix("torch.") for p in baseline.params
+                       if p.dtype in (torch.float16, torch.bfloat16)})
+        if half:  # updates below their precision round away (model.half(), no master copy)
+            detail["dtype"] = half[0]
+        self._emit(schema.Signal(baseline.step, model, "", "weights-unchanged", detail))
 
     def stop(self, step: int, mode: Mode) -> None:
         self._handle.remove()
+        self._collapsed()
         if self._optimizer_steps == 0:  # no optimizer stepped, though gradients were cleared
             for model, baseline in list(self._baselines.items()):
                 if baseline.last_same > baseline.step and baseline.cleared:
                     self._decide(model, baseline)
         self._baselines.clear()
+
+
+    def _decay(self, optimizer: torch.optim.Optimizer, schedule: _Schedule) -> None:
+        """A ``weight-decay`` signal for the models of ``optimizer`` where a step's decay alone
+        takes ``DECAY_SHRINK`` or more of every weight."""
+        shrinking = type(optimizer).__name__ in _SHRINKING
+        for group in optimizer.param_groups:
+            lr, wd = group.get("lr"), group.get("weight_decay")
+            if not (shrinking or group.get("decoupled_weight_decay")) or not (
+                    isinstance(lr, (int, float)) and isinstance(wd, (int, float))):
+                continue  # a tensor learning rate (capturable): not read, it may be on a device
+            if lr * wd >= DECAY_SHRINK:
+                schedule.decay_said = True
+                for model in schedule.models:
+                    self._emit(schema.Signal(max(self._step - 1, 0), model, "", "weight-decay", {
+                        "lr": float(lr), "weight_decay": float(wd),
+                        "optimizer": type(optimizer).__name__}))
+                return
+
+    def _models_of(self, optimizer: torch.optim.Optimizer) -> list[int]:
+        """The models whose parameters ``optimizer`` holds (once per optimizer)."""
+        owner = {id(p): info.model for ref, info in self._modules
+                 if (m := ref()) is not None for p in m._parameters.values() if p is not None}
+        return sorted({owner[id(p)] for group in optimizer.param_groups
+                       for p in group["params"] if id(p) in owner})
+
+    def _collapsed(self) -> None:
+        """An ``lr-collapsed`` signal per optimizer that stepped half its steps or more with
+        less than ``LR_FLOOR`` of its peak learning rate, for the models of its parameters."""
+        for schedule in self._all_schedules:
+            if schedule.low_from is None or 2 * schedule.low < schedule.steps:
+                continue
+            for model in schedule.models:
+                self._emit(schema.Signal(schedule.low_from, model, "", "lr-collapsed", {
+                    "peak": schedule.peak, "lr": schedule.last, "low_steps": schedule.low,
+                    "optimizer_steps": schedule.steps}))
 
 
 def _grad_state(p: torch.Tensor) -> tuple[weakref.ref[torch.Tensor], int]:
