@@ -19,7 +19,9 @@ record (``records.py``):
     backward_start(BackwardStart)     its backward began in this pass (recorded or watched)
     grad_output(start, index, grad)   a gradient reached its output ``index``  } ``follows``
     grad_input(start, index, grad)    the gradient of its input ``index``      }
-    backward_end(PassEnd)             the pass ended: the step is over
+    backward_end(PassEnd)             the pass ended: the step is over; it names the modules
+                                      called in the step and those whose backward began in the
+                                      pass, so that no observer needs a call per module for that
     stop(step, mode)                  tracing stops; the hooks are already gone
 
 Each record carries the step's ``Mode``; ``step_mode`` alone decides it. A watched step follows
@@ -84,12 +86,15 @@ class _Call:
     (the record is made again, equal, when the backward begins)."""
 
     __slots__ = ("step", "seq", "info", "index", "recompute", "n_in", "n_out")
+    seq: int
+    index: int
+    recompute: bool
+    n_in: int
+    n_out: int
 
     def __init__(self, step: int) -> None:
         self.step = step
-        self.info: ModInfo | None = None  # the fields are set when the forward returns
-        self.seq = self.index = self.n_in = self.n_out = 0
-        self.recompute = False
+        self.info: ModInfo | None = None  # the other fields are set when the forward returns
 
     def record(self) -> ForwardCall:
         assert self.info is not None
@@ -149,7 +154,9 @@ class CallTracker:
         # the modes whose every call's backward is followed; a watched step follows only its
         # model calls' (their backward's start, the gradient reaching them, the pass's end),
         # unless --break-on nan must see each call's gradients
-        self._every_backward = {RECORDED, WATCHED} if options.break_on_nan else {RECORDED}
+        every_backward = {RECORDED, WATCHED} if options.break_on_nan else {RECORDED}
+        self._every_backward = [mode in every_backward for mode in Mode]  # indexed by mode
+        self._max_events = options.max_events
         self._naming: Naming | None = None
         self._observers: list[Observer] = []
 
@@ -207,17 +214,14 @@ class CallTracker:
             print(f"hooktrace: internal error, tracing stopped (your script goes on): "
                   f"{self.error}", file=sys.stderr)
 
-    def _take_event(self) -> bool:
-        """Count one recorded event; past --max-events, the rest of the run is not recorded."""
-        if self.events < self._options.max_events:
-            self.events += 1
-            return True
+    def _refuse_event(self) -> bool:
+        """Past --max-events (called only there): the rest of the run is not recorded."""
         if self.dropped == 0:
             print(f"hooktrace: --max-events {self._options.max_events} reached at step "
                   f"{self.step}; recording stopped, the log stays valid", file=sys.stderr)
         self.dropped += 1
         self.mode = step_mode(self.step, self._options, True)
-        return False
+        return True
 
     # -- forward ---------------------------------------------------------------------------
     def _pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
@@ -258,16 +262,20 @@ class CallTracker:
 
     def _start_forward(self, module: nn.Module, info: ModInfo, mode: Mode, grad: bool,
                        args: tuple[Any, ...]) -> tuple[ForwardStart, _Call]:
-        recorded = mode is RECORDED
         # inputs where each call's backward is followed (recorded; watched with --break-on nan)
-        inputs, seen = leaves(args) if mode in self._every_backward else _NO_LEAVES
+        each = self._every_backward[mode]
+        inputs, seen = leaves(args) if each else _NO_LEAVES
         call = _Call(self.step)
-        start = ForwardStart(module, info, self.step, mode, grad, inputs, seen - len(inputs),
-                             summarize(inputs) if recorded else _NO_SUMMARY,
-                             tuple(t._version for t in inputs) if recorded and grad else ())
+        if mode is RECORDED:
+            start = ForwardStart(module, info, self.step, mode, grad, inputs, seen - len(inputs),
+                                 summarize(inputs),
+                                 tuple([t._version for t in inputs]) if grad else ())
+        else:
+            start = ForwardStart(module, info, self.step, mode, grad, inputs, seen - len(inputs),
+                                 _NO_SUMMARY, ())
         for forward_start in self._to_forward_start[mode]:
             forward_start(start)
-        if grad and mode in self._every_backward:
+        if grad and each:
             attach = self._grads.attach
             for i, t in enumerate(inputs):
                 if t.requires_grad:
@@ -304,7 +312,7 @@ class CallTracker:
     def _end_forward(self, start: ForwardStart, call: _Call, args: tuple[Any, ...],
                      kwargs: dict[str, Any], output: Any, top: bool) -> None:
         info = start.info
-        kw_inputs, kw_seen = (leaves(kwargs) if kwargs and start.mode in self._every_backward
+        kw_inputs, kw_seen = (leaves(kwargs) if kwargs and self._every_backward[start.mode]
                               else _NO_LEAVES)
         outputs, n_out = leaves(output)
         recompute = _graph_task() != -1
@@ -315,7 +323,9 @@ class CallTracker:
         seq = -1
         if mode is RECORDED:
             seq = next(self._seq)  # atomic under the GIL: backward may run in another thread
-            if not self._take_event():
+            if self.events < self._max_events:
+                self.events += 1
+            elif self._refuse_event():
                 return
         elif mode is OFF:
             return
@@ -330,9 +340,10 @@ class CallTracker:
                          self._grads.in_backward, top)
         for forward_end in self._to_forward_end[mode]:
             forward_end(end)
-        if start.grad and (top or mode in self._every_backward):
+        each = self._every_backward[mode]
+        if start.grad and (top or each):
             attach = self._grads.attach
-            if mode in self._every_backward:
+            if each:
                 for j, t in enumerate(kw_inputs):
                     if t.requires_grad:
                         attach(t, call, ~(n_args + j))
@@ -360,7 +371,9 @@ class CallTracker:
             return None
         mode = self.mode
         if mode is RECORDED:
-            if not self._take_event():
+            if self.events < self._max_events:
+                self.events += 1
+            elif self._refuse_event():
                 return None
             seq = next(self._seq)
         elif mode is WATCHED:
@@ -375,8 +388,10 @@ class CallTracker:
         return start
 
     def _end_pass(self) -> None:
+        called = tuple({**self._calls, **self._recomputed})  # in the order they first returned
+        reached = tuple({start.call.info: None for start in self._backwards.values()})
         self._backwards.clear()
-        end = PassEnd(self.step, self.mode)
+        end = PassEnd(self.step, self.mode, called, reached)
         for backward_end in self._to_backward_end:
             try:
                 backward_end(end)

@@ -8,6 +8,7 @@ record. A watched step writes only what the others emit.
 
 from __future__ import annotations
 
+from itertools import compress, repeat
 from typing import Any, Protocol
 
 import torch
@@ -150,14 +151,17 @@ class LogRecorder(Observer):
         stopped inside the call. Calls of older steps than the last are forgotten (forward-only
         code keeps none)."""
         needs = self._needs
-        for event in self._open.values():
+        if needs:
+            events = list(self._open.values())
+            fwds = [event.fwd for event in events]
             for of_step in needs.values():  # this step's calls, or the last's (retain_graph)
-                needed = of_step.pop(event.fwd, 0)
-                if needed:
-                    lost = [i for i, shape in enumerate(event.grad_input_shapes)
-                            if shape is None and needed >> i & 1]
-                    event.lost = lost or None
-                    break
+                # a seq is in one step's only; popped: a second pass over the graph has none
+                needed = list(map(of_step.pop, fwds, repeat(0)))
+                for event, bits in compress(zip(events, needed, strict=True), needed):
+                    if None in event.grad_input_shapes:  # else every input got its gradient
+                        lost = [i for i, shape in enumerate(event.grad_input_shapes)
+                                if shape is None and bits >> i & 1]
+                        event.lost = lost or None
         for old in [s for s in needs if s < step]:
             del needs[old]
 

@@ -105,6 +105,13 @@ class PassEnd(NamedTuple):
 
     step: int
     mode: Mode
+    #: the traced modules whose forward returned in the step (recorded or watched), each once,
+    #: in the order they first did: what an observer would otherwise learn from a call per
+    #: module (``forward_end``)
+    called: tuple[ModInfo, ...]
+    #: the modules whose backward began in this pass, each once, in that order (in a watched
+    #: step, model calls only)
+    reached: tuple[ModInfo, ...]
 
 
 class Observer:
