@@ -16,7 +16,7 @@ record (``records.py``):
     model_call(module, info, step)    a top-level call begins (read ``module.training`` here)
     forward_start(ForwardStart)       a traced call begins        } in the modes the
     forward_end(ForwardEnd)           it returned                 } observer ``follows``
-    backward_start(BackwardStart)     its backward began in this pass (recorded or watched)
+    backward_start(BackwardStart)     its backward began in this pass          }
     grad_output(start, index, grad)   a gradient reached its output ``index``  } ``follows``
     grad_input(start, index, grad)    the gradient of its input ``index``      }
     backward_end(PassEnd)             the pass ended: the step is over; it names the modules
@@ -43,6 +43,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -66,6 +67,7 @@ from hooktrace.tensors import leaves, summarize
 
 _is_compiling = torch.compiler.is_compiling
 _graph_task = torch._C._current_graph_task_id
+_version = attrgetter("_version")
 OFF, WATCHED, RECORDED = Mode.OFF, Mode.WATCHED, Mode.RECORDED
 _NO_LEAVES: tuple[list[torch.Tensor], int] = ([], 0)  # never appended to
 _NO_SUMMARY: tuple[tuple[tuple[int, ...], ...], tuple[str, ...]] = ((), ())
@@ -163,9 +165,10 @@ class CallTracker:
     def start(self, naming: Naming, observers: Sequence[Observer]) -> CallTracker:
         self._naming = naming
         self._observers = list(observers)
-        for name in ("module_seen", "model_call", "backward_start", "backward_end"):
+        for name in ("module_seen", "model_call", "backward_end"):
             setattr(self, f"_to_{name}", _wanting(observers, name))
-        for name in ("forward_start", "forward_end", "grad_output", "grad_input"):
+        for name in ("forward_start", "forward_end", "backward_start", "grad_output",
+                     "grad_input"):
             setattr(self, f"_to_{name}", _per_mode(observers, name))
         self._handles = [
             nn_module.register_module_forward_pre_hook(self._pre),
@@ -269,7 +272,7 @@ class CallTracker:
         if mode is RECORDED:
             start = ForwardStart(module, info, self.step, mode, grad, inputs, seen - len(inputs),
                                  summarize(inputs),
-                                 tuple([t._version for t in inputs]) if grad else ())
+                                 tuple(map(_version, inputs)) if grad else ())
         else:
             start = ForwardStart(module, info, self.step, mode, grad, inputs, seen - len(inputs),
                                  _NO_SUMMARY, ())
@@ -383,7 +386,7 @@ class CallTracker:
         else:
             return None
         start = self._backwards[call] = BackwardStart(call.record(), seq, self.step, mode)
-        for backward_start in self._to_backward_start:
+        for backward_start in self._to_backward_start[mode]:
             backward_start(start)
         return start
 
@@ -414,7 +417,7 @@ class CallTracker:
     _to_model_call: list[Callable[[nn.Module, ModInfo, int], None]]
     _to_forward_start: list[list[Callable[[ForwardStart], None]]]
     _to_forward_end: list[list[Callable[[ForwardEnd], None]]]
-    _to_backward_start: list[Callable[[BackwardStart], None]]
+    _to_backward_start: list[list[Callable[[BackwardStart], None]]]
     _to_grad_output: list[list[Callable[[BackwardStart, int, torch.Tensor], None]]]
     _to_grad_input: list[list[Callable[[BackwardStart, int, torch.Tensor], None]]]
     _to_backward_end: list[Callable[[PassEnd], None]]

@@ -125,8 +125,8 @@ class Observer:
     (``recorder.py``): what it emits lands after the step's events and before the step record.
     It registers hooks of its own (an optimizer's) itself and removes them in ``stop``."""
 
-    #: the modes whose calls it is handed (forward_start, forward_end, grad_output,
-    #: grad_input); the other methods are called in every mode
+    #: the modes whose calls it is handed (forward_start, forward_end, backward_start,
+    #: grad_output, grad_input); the other methods are called in every mode
     follows: ClassVar[tuple[Mode, ...]] = (Mode.WATCHED, Mode.RECORDED)
 
     def module_seen(self, module: nn.Module, info: ModInfo) -> None:
