@@ -16,10 +16,12 @@ record (``records.py``):
     model_call(module, info, step)    a top-level call begins (read ``module.training`` here)
     forward_start(ForwardStart)       a traced call begins        } in the modes the
     forward_end(ForwardEnd)           it returned                 } observer ``follows``
-    backward_start(BackwardStart)     its backward began in this pass (recorded or watched)
+    backward_start(BackwardStart)     its backward began in this pass          }
     grad_output(start, index, grad)   a gradient reached its output ``index``  } ``follows``
     grad_input(start, index, grad)    the gradient of its input ``index``      }
-    backward_end(PassEnd)             the pass ended: the step is over
+    backward_end(PassEnd)             the pass ended: the step is over; it names the modules
+                                      called in the step and those whose backward began in the
+                                      pass, so that no observer needs a call per module for that
     stop(step, mode)                  tracing stops; the hooks are already gone
 
 Each record carries the step's ``Mode``; ``step_mode`` alone decides it. A watched step follows
@@ -41,6 +43,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -64,6 +67,7 @@ from hooktrace.tensors import leaves, summarize
 
 _is_compiling = torch.compiler.is_compiling
 _graph_task = torch._C._current_graph_task_id
+_version = attrgetter("_version")
 OFF, WATCHED, RECORDED = Mode.OFF, Mode.WATCHED, Mode.RECORDED
 _NO_LEAVES: tuple[list[torch.Tensor], int] = ([], 0)  # never appended to
 _NO_SUMMARY: tuple[tuple[tuple[int, ...], ...], tuple[str, ...]] = ((), ())
@@ -84,12 +88,15 @@ class _Call:
     (the record is made again, equal, when the backward begins)."""
 
     __slots__ = ("step", "seq", "info", "index", "recompute", "n_in", "n_out")
+    seq: int
+    index: int
+    recompute: bool
+    n_in: int
+    n_out: int
 
     def __init__(self, step: int) -> None:
         self.step = step
-        self.info: ModInfo | None = None  # the fields are set when the forward returns
-        self.seq = self.index = self.n_in = self.n_out = 0
-        self.recompute = False
+        self.info: ModInfo | None = None  # the other fields are set when the forward returns
 
     def record(self) -> ForwardCall:
         assert self.info is not None
@@ -149,16 +156,19 @@ class CallTracker:
         # the modes whose every call's backward is followed; a watched step follows only its
         # model calls' (their backward's start, the gradient reaching them, the pass's end),
         # unless --break-on nan must see each call's gradients
-        self._every_backward = {RECORDED, WATCHED} if options.break_on_nan else {RECORDED}
+        every_backward = {RECORDED, WATCHED} if options.break_on_nan else {RECORDED}
+        self._every_backward = [mode in every_backward for mode in Mode]  # indexed by mode
+        self._max_events = options.max_events
         self._naming: Naming | None = None
         self._observers: list[Observer] = []
 
     def start(self, naming: Naming, observers: Sequence[Observer]) -> CallTracker:
         self._naming = naming
         self._observers = list(observers)
-        for name in ("module_seen", "model_call", "backward_start", "backward_end"):
+        for name in ("module_seen", "model_call", "backward_end"):
             setattr(self, f"_to_{name}", _wanting(observers, name))
-        for name in ("forward_start", "forward_end", "grad_output", "grad_input"):
+        for name in ("forward_start", "forward_end", "backward_start", "grad_output",
+                     "grad_input"):
             setattr(self, f"_to_{name}", _per_mode(observers, name))
         self._handles = [
             nn_module.register_module_forward_pre_hook(self._pre),
@@ -207,17 +217,14 @@ class CallTracker:
             print(f"hooktrace: internal error, tracing stopped (your script goes on): "
                   f"{self.error}", file=sys.stderr)
 
-    def _take_event(self) -> bool:
-        """Count one recorded event; past --max-events, the rest of the run is not recorded."""
-        if self.events < self._options.max_events:
-            self.events += 1
-            return True
+    def _refuse_event(self) -> bool:
+        """Past --max-events (called only there): the rest of the run is not recorded."""
         if self.dropped == 0:
             print(f"hooktrace: --max-events {self._options.max_events} reached at step "
                   f"{self.step}; recording stopped, the log stays valid", file=sys.stderr)
         self.dropped += 1
         self.mode = step_mode(self.step, self._options, True)
-        return False
+        return True
 
     # -- forward ---------------------------------------------------------------------------
     def _pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
@@ -258,16 +265,20 @@ class CallTracker:
 
     def _start_forward(self, module: nn.Module, info: ModInfo, mode: Mode, grad: bool,
                        args: tuple[Any, ...]) -> tuple[ForwardStart, _Call]:
-        recorded = mode is RECORDED
         # inputs where each call's backward is followed (recorded; watched with --break-on nan)
-        inputs, seen = leaves(args) if mode in self._every_backward else _NO_LEAVES
+        each = self._every_backward[mode]
+        inputs, seen = leaves(args) if each else _NO_LEAVES
         call = _Call(self.step)
-        start = ForwardStart(module, info, self.step, mode, grad, inputs, seen - len(inputs),
-                             summarize(inputs) if recorded else _NO_SUMMARY,
-                             tuple(t._version for t in inputs) if recorded and grad else ())
+        if mode is RECORDED:
+            start = ForwardStart(module, info, self.step, mode, grad, inputs, seen - len(inputs),
+                                 summarize(inputs),
+                                 tuple(map(_version, inputs)) if grad else ())
+        else:
+            start = ForwardStart(module, info, self.step, mode, grad, inputs, seen - len(inputs),
+                                 _NO_SUMMARY, ())
         for forward_start in self._to_forward_start[mode]:
             forward_start(start)
-        if grad and mode in self._every_backward:
+        if grad and each:
             attach = self._grads.attach
             for i, t in enumerate(inputs):
                 if t.requires_grad:
@@ -304,7 +315,7 @@ class CallTracker:
     def _end_forward(self, start: ForwardStart, call: _Call, args: tuple[Any, ...],
                      kwargs: dict[str, Any], output: Any, top: bool) -> None:
         info = start.info
-        kw_inputs, kw_seen = (leaves(kwargs) if kwargs and start.mode in self._every_backward
+        kw_inputs, kw_seen = (leaves(kwargs) if kwargs and self._every_backward[start.mode]
                               else _NO_LEAVES)
         outputs, n_out = leaves(output)
         recompute = _graph_task() != -1
@@ -315,7 +326,9 @@ class CallTracker:
         seq = -1
         if mode is RECORDED:
             seq = next(self._seq)  # atomic under the GIL: backward may run in another thread
-            if not self._take_event():
+            if self.events < self._max_events:
+                self.events += 1
+            elif self._refuse_event():
                 return
         elif mode is OFF:
             return
@@ -330,9 +343,10 @@ class CallTracker:
                          self._grads.in_backward, top)
         for forward_end in self._to_forward_end[mode]:
             forward_end(end)
-        if start.grad and (top or mode in self._every_backward):
+        each = self._every_backward[mode]
+        if start.grad and (top or each):
             attach = self._grads.attach
-            if mode in self._every_backward:
+            if each:
                 for j, t in enumerate(kw_inputs):
                     if t.requires_grad:
                         attach(t, call, ~(n_args + j))
@@ -360,7 +374,9 @@ class CallTracker:
             return None
         mode = self.mode
         if mode is RECORDED:
-            if not self._take_event():
+            if self.events < self._max_events:
+                self.events += 1
+            elif self._refuse_event():
                 return None
             seq = next(self._seq)
         elif mode is WATCHED:
@@ -370,13 +386,15 @@ class CallTracker:
         else:
             return None
         start = self._backwards[call] = BackwardStart(call.record(), seq, self.step, mode)
-        for backward_start in self._to_backward_start:
+        for backward_start in self._to_backward_start[mode]:
             backward_start(start)
         return start
 
     def _end_pass(self) -> None:
+        called = tuple({**self._calls, **self._recomputed})  # in the order they first returned
+        reached = tuple({start.call.info: None for start in self._backwards.values()})
         self._backwards.clear()
-        end = PassEnd(self.step, self.mode)
+        end = PassEnd(self.step, self.mode, called, reached)
         for backward_end in self._to_backward_end:
             try:
                 backward_end(end)
@@ -399,7 +417,7 @@ class CallTracker:
     _to_model_call: list[Callable[[nn.Module, ModInfo, int], None]]
     _to_forward_start: list[list[Callable[[ForwardStart], None]]]
     _to_forward_end: list[list[Callable[[ForwardEnd], None]]]
-    _to_backward_start: list[Callable[[BackwardStart], None]]
+    _to_backward_start: list[list[Callable[[BackwardStart], None]]]
     _to_grad_output: list[list[Callable[[BackwardStart, int, torch.Tensor], None]]]
     _to_grad_input: list[list[Callable[[BackwardStart, int, torch.Tensor], None]]]
     _to_backward_end: list[Callable[[PassEnd], None]]

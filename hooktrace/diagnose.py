@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
+from itertools import compress, repeat
+from operator import attrgetter, is_, is_not
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -46,7 +48,7 @@ from torch.optim.optimizer import (
 
 from hooktrace import schema
 from hooktrace.naming import ModInfo
-from hooktrace.records import BackwardStart, Mode, Observer, PassEnd
+from hooktrace.records import Mode, Observer, PassEnd
 from hooktrace.sites import forward_site
 from hooktrace.stats import on_host
 
@@ -136,10 +138,8 @@ class Diagnosis(Observer):
         self._entries[info.model] = weakref.ref(module)
         self._step = step
 
-    def backward_start(self, start: BackwardStart) -> None:
-        self._models_reached.add(start.call.info.model)
-
     def backward_end(self, end: PassEnd) -> None:
+        self._models_reached = set(map(_model, end.reached))
         self._step = end.step
         self._recorded_pass = end.mode is RECORDED
         if self._recorded_pass:
@@ -178,20 +178,23 @@ class Diagnosis(Observer):
         built lazily at its first call)."""
         self._looks += 1
         seen, ids, counts = self._seen, self._param_ids, self._trainable
+        modules = [info.ref() for info in seen]
+        now = [_GONE if m is None else sum(map(id, m._parameters.values())) for m in modules]
+        trainable = [0 if m is None else _trainable_count(m) for m in modules]
+        if now == ids and trainable == counts:  # the usual case: two comparisons in C
+            return
         gone = False
         changed: dict[int, dict[str, list[str]]] = {}  # per model: frozen, unfrozen modules
         for i, info in enumerate(seen):
-            module = info.ref()
+            module = modules[i]
             if module is None:
                 gone = True
                 continue
-            if not module._parameters:
-                continue
-            if ids[i] != -1 and (now := sum(map(id, module._parameters.values()))) != ids[i]:
-                ids[i] = now
+            if ids[i] != -1 and now[i] != ids[i]:
+                ids[i] = now[i]
                 if self._changed_again(step, info, module):
                     ids[i] = -1
-            if (count := _trainable_count(module)) != counts[i]:
+            if (count := trainable[i]) != counts[i]:
                 key = "frozen" if count < counts[i] else "unfrozen"
                 changed.setdefault(info.model, {"frozen": [], "unfrozen": []})[key].append(
                     info.name)
@@ -239,19 +242,20 @@ class Diagnosis(Observer):
         reset (set to None, or zeroed: one version more), carries the previous step's gradient
         into this one. Said once a run."""
         try:
+            params = _params(optimizer)
             if not self._reported_cleared:
-                self._cleared_before_step(optimizer)
+                self._cleared_before_step(optimizer, params)
             if not self._reported_zeroed and self._recorded_pass:
-                self._zeroed_before_step(optimizer)
+                self._zeroed_before_step(optimizer, params)
             if self._reported_carry:
                 return
             carried: dict[int, dict[str, None]] = {}
-            for group in optimizer.param_groups:
-                for p in group["params"]:
-                    left = self._stepped_grad.get(id(p))
-                    grad: torch.Tensor | None = p.grad
-                    if left is None or grad is None or left() is not grad:
-                        continue
+            grads: list[torch.Tensor | None] = [p.grad for p in params]
+            left = [None if ref is None else ref()
+                    for ref in map(self._stepped_grad.get, map(id, params))]
+            # one look per parameter, in C: the .grad that is the tensor the last step left
+            for p, grad in compress(zip(params, grads, strict=True), map(is_, left, grads)):
+                if grad is not None:
                     info = self._owner[id(p)]
                     added = self._passes.get(info.model, 0) - self._stepped_passes[id(p)]
                     if added and grad._version == self._stepped_version[id(p)] + added:
@@ -263,10 +267,10 @@ class Diagnosis(Observer):
         except Exception:  # never into the program: these signals go quiet instead
             self._remove_hooks()
 
-    def _cleared_before_step(self, optimizer: torch.optim.Optimizer) -> None:
+    def _cleared_before_step(self, optimizer: torch.optim.Optimizer,
+                             params: list[torch.Tensor]) -> None:
         """An optimizer about to step with every ``.grad`` None, though a backward pass reached
         its parameters' modules since its last step: the gradients were cleared in between."""
-        params = [p for group in optimizer.param_groups for p in group["params"]]
         if not params or any(p.grad is not None for p in params):
             return
         for model, names in self._reached(optimizer, params):
@@ -286,15 +290,16 @@ class Diagnosis(Observer):
                 reached.setdefault(info.model, {})[info.name] = None
         return [(model, list(names)) for model, names in sorted(reached.items())]
 
-    def _zeroed_before_step(self, optimizer: torch.optim.Optimizer) -> None:
+    def _zeroed_before_step(self, optimizer: torch.optim.Optimizer,
+                            params: list[torch.Tensor]) -> None:
         """An optimizer about to step with every ``.grad`` there is exactly zero, after a
         backward pass reached their modules: zeroed in between (``clip_grad_norm_`` with
         ``max_norm=0``, ``zero_grad(set_to_none=False)``). Whether that backward made them
         non-zero, the ``params`` record of the step tells the checker."""
-        params = [p for group in optimizer.param_groups for p in group["params"]
-                  if p.grad is not None]
-        grads = [p.grad for p in params]
-        if not grads or any(type(g) is not torch.Tensor or g.is_sparse for g in grads):
+        params = [p for p in params if p.grad is not None]
+        grads = [g for g in (p.grad for p in params) if g is not None]
+        if (not grads or not all(map(is_, map(type, grads), repeat(torch.Tensor)))
+                or any(map(_is_sparse, grads))):
             return  # none, or a DTensor's or a sparse one: not read here
         if not _all_zero(grads):
             return
@@ -306,24 +311,36 @@ class Diagnosis(Observer):
     def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         try:
             self._stepped_after[optimizer] = self._pass_count
-            held, owner, passes = self._held, self._owner, self._passes
-            grads, versions, passes_then = (
-                self._stepped_grad, self._stepped_version, self._stepped_passes)
-            follow = not self._reported_carry  # said once a run: then nothing more to keep
-            for group in optimizer.param_groups:
-                for p in group["params"]:
-                    key = id(p)
-                    if key not in held:
-                        held.add(key)
-                        self._held_changed = True
-                    grad = p.grad
-                    if follow and grad is not None and (info := owner.get(key)) is not None:
-                        grads[key] = weakref.ref(grad)
-                        versions[key] = grad._version
-                        passes_then[key] = passes.get(info.model, 0)
+            params = _params(optimizer)
+            keys = list(map(id, params))
+            if not self._held.issuperset(keys):
+                self._held.update(keys)
+                self._held_changed = True
+            if not self._reported_carry:  # said once a run: then nothing more to keep
+                self._keep_grads(params, keys)
             self._sort_modules(self._step)
         except Exception:
             self._remove_hooks()
+
+    def _keep_grads(self, params: list[torch.Tensor], keys: list[int]) -> None:
+        """What the step leaves of each parameter's ``.grad`` that a module owns: the tensor, its
+        version, the passes that had reached its model. Per parameter in C where every one has
+        a ``.grad`` and an owner (a Python loop over 400 W1 parameters costs a recorded step
+        about 1%); else one by one."""
+        grads = [p.grad for p in params]
+        infos = list(map(self._owner.get, keys))
+        if all(map(is_not, grads, repeat(None))) and all(map(is_not, infos, repeat(None))):
+            self._stepped_grad.update(zip(keys, map(weakref.ref, cast(_Tensors, grads)),
+                                          strict=True))
+            self._stepped_version.update(zip(keys, map(_version, grads), strict=True))
+            self._stepped_passes.update(zip(
+                keys, map(self._passes.get, map(_model, infos), repeat(0)), strict=True))
+            return
+        for key, grad, info in zip(keys, grads, infos, strict=True):
+            if grad is not None and info is not None:
+                self._stepped_grad[key] = weakref.ref(grad)
+                self._stepped_version[key] = grad._version
+                self._stepped_passes[key] = self._passes.get(info.model, 0)
 
     def _remove_hooks(self) -> None:
         for handle in self._handles:
@@ -354,6 +371,17 @@ class Diagnosis(Observer):
             if self._sorted.get(model) != detail:
                 self._sorted[model] = detail
                 self._emit(schema.Signal(step, model, "", "optimizers", detail))
+
+
+_Tensors = list[torch.Tensor]
+_GONE = -2  # a dead module's ids sum at a look (-1: said)
+_version = attrgetter("_version")
+_model = attrgetter("model")
+_is_sparse = attrgetter("is_sparse")
+
+
+def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
 
 
 def _ids_sum(module: nn.Module) -> int:

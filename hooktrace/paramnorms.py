@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from itertools import compress
+from operator import attrgetter
 from typing import Any
 
 import torch
 
 from hooktrace import schema
 from hooktrace.naming import ModInfo
-from hooktrace.records import BackwardStart, ForwardEnd, Mode, Observer, PassEnd
+from hooktrace.records import Mode, Observer, PassEnd
 from hooktrace.stats import Stats
 
 RECORDED = Mode.RECORDED
+_has_params = attrgetter("has_params")
 
 
 class ParamNorms(Observer):
@@ -27,40 +30,32 @@ class ParamNorms(Observer):
     read through ``.data``) is said in a ``params-without-grad`` signal, when what it has
     without one changes: found in the same walk over the parameters, at no cost otherwise."""
 
-    follows = (RECORDED,)
+    follows = ()  # no module call: the step's end names the modules that took part
 
     def __init__(self, stats: Stats | None, uncalled: dict[ModInfo, None],
                  emit: Callable[[Any], None]) -> None:
         self._stats = stats
         self._uncalled = uncalled  # the naming's: traced modules with parameters never called
         self._emit = emit
-        self._step_params: dict[ModInfo, None] = {}  # modules with parameters in this step
         # modules said to have parameters without a gradient: their names, as last said
         self._partial: dict[ModInfo, list[str]] = {}
 
-    def forward_end(self, end: ForwardEnd) -> None:
-        info = end.call.info
-        if info.has_params:
-            self._step_params[info] = None
-
-    def backward_start(self, start: BackwardStart) -> None:
-        info = start.call.info
-        if info.has_params:
-            self._step_params[info] = None
-
     def backward_end(self, end: PassEnd) -> None:
         if end.mode is RECORDED:
+            # the modules with parameters called in the step, or whose backward began in it
+            infos = end.called + end.reached
+            step_params = dict.fromkeys(compress(infos, map(_has_params, infos)))
             signals: list[schema.Signal] = []
-            for record in self._norms(end.step, signals):
+            for record in self._norms(end.step, step_params, signals):
                 self._emit(record)
             for signal in signals:
                 self._emit(signal)
-        self._step_params.clear()
 
-    def _norms(self, step: int, signals: list[schema.Signal]) -> list[schema.ParamGrads]:
+    def _norms(self, step: int, step_params: dict[ModInfo, None],
+               signals: list[schema.Signal]) -> list[schema.ParamGrads]:
         uncalled = self._uncalled
         if uncalled:
-            for info in self._step_params:
+            for info in step_params:
                 uncalled.pop(info, None)
             for info in [info for info in uncalled if info.ref() is None]:
                 del uncalled[info]  # its model is gone
@@ -68,7 +63,7 @@ class ParamNorms(Observer):
             return []
         records: dict[int, schema.ParamGrads] = {}
         groups: list[tuple[dict[str, Any], str, list[torch.Tensor]]] = []
-        called = self._step_params if self._stats is not None else ()
+        called = step_params if self._stats is not None else {}
         partial = self._partial
         for info in itertools.chain(called, uncalled):
             module = info.ref()

@@ -8,6 +8,7 @@ record. A watched step writes only what the others emit.
 
 from __future__ import annotations
 
+from itertools import compress, repeat
 from typing import Any, Protocol
 
 import torch
@@ -45,7 +46,7 @@ class LogRecorder(Observer):
         self._pending: list[schema.ForwardEvent | schema.BackwardEvent] = []
         self._after: list[Any] = []  # emitted while events were held: written after them
         self._open: dict[int, schema.BackwardEvent] = {}  # this pass's backward events, by seq
-        self._counts = [0, 0]  # forward, backward events of the current step
+        self._forwards = self._backwards = 0  # events of the current step
         # step -> forward seq -> the inputs of a recorded call that needed a gradient (bit i:
         # input i): those that get none by the end of the pass are the event's ``lost``. An
         # int, not a container: what lives until the backward is what the garbage collector
@@ -85,12 +86,16 @@ class LogRecorder(Observer):
             for i, t in enumerate(start.inputs):
                 if t.requires_grad and not (t._version != versions[i] and t._is_view()):
                     needs |= 1 << i
-            for j, t in enumerate(end.kw_inputs, len(start.inputs)):
-                if t.requires_grad:
-                    needs |= 1 << j
+            if end.kw_inputs:
+                for j, t in enumerate(end.kw_inputs, len(start.inputs)):
+                    if t.requires_grad:
+                        needs |= 1 << j
             if needs:
-                self._needs.setdefault(call.step, {})[call.seq] = needs
-        self._counts[0] += 1
+                of_step = self._needs.get(call.step)
+                if of_step is None:
+                    of_step = self._needs[call.step] = {}
+                of_step[call.seq] = needs
+        self._forwards += 1
         # inside backward, or while statistics wait for the device: held, written in seq order
         stats = self._stats
         if end.in_backward or self._pending or (stats is not None and stats.deferred):
@@ -112,7 +117,7 @@ class LogRecorder(Observer):
             [None] * n_in, [None] * n_out, call.recompute,
             [None] * n_in if stats else None, [None] * n_out if stats else None)
         self._pending.append(event)
-        self._counts[1] += 1
+        self._backwards += 1
 
     def grad_output(self, start: BackwardStart, index: int, grad: torch.Tensor) -> None:
         event = self._open.get(start.seq)
@@ -136,11 +141,11 @@ class LogRecorder(Observer):
         self._mark_lost(end.step)
         error = self._write_pending()
         self._open.clear()  # written: let them go now, not when the graph is freed
-        if end.mode is RECORDED or self._counts != [0, 0]:  # also the step the cap cut short
-            forward, backward = self._counts
+        forward, backward = self._forwards, self._backwards
+        if end.mode is RECORDED or forward or backward:  # also the step the cap cut short
             self._sink.write(schema.Step(end.step, forward, backward))
         self._sink.flush()
-        self._counts = [0, 0]
+        self._forwards = self._backwards = 0
         if self._outputs is not None:
             self._outputs.reset()
         self._raise(error)
@@ -150,14 +155,17 @@ class LogRecorder(Observer):
         stopped inside the call. Calls of older steps than the last are forgotten (forward-only
         code keeps none)."""
         needs = self._needs
-        for event in self._open.values():
+        if needs:
+            events = list(self._open.values())
+            fwds = [event.fwd for event in events]
             for of_step in needs.values():  # this step's calls, or the last's (retain_graph)
-                needed = of_step.pop(event.fwd, 0)
-                if needed:
-                    lost = [i for i, shape in enumerate(event.grad_input_shapes)
-                            if shape is None and needed >> i & 1]
-                    event.lost = lost or None
-                    break
+                # a seq is in one step's only; popped: a second pass over the graph has none
+                needed = list(map(of_step.pop, fwds, repeat(0)))
+                for event, bits in compress(zip(events, needed, strict=True), needed):
+                    if None in event.grad_input_shapes:  # else every input got its gradient
+                        lost = [i for i, shape in enumerate(event.grad_input_shapes)
+                                if shape is None and bits >> i & 1]
+                        event.lost = lost or None
         for old in [s for s in needs if s < step]:
             del needs[old]
 

@@ -105,6 +105,13 @@ class PassEnd(NamedTuple):
 
     step: int
     mode: Mode
+    #: the traced modules whose forward returned in the step (recorded or watched), each once,
+    #: in the order they first did: what an observer would otherwise learn from a call per
+    #: module (``forward_end``)
+    called: tuple[ModInfo, ...]
+    #: the modules whose backward began in this pass, each once, in that order (in a watched
+    #: step, model calls only)
+    reached: tuple[ModInfo, ...]
 
 
 class Observer:
@@ -118,8 +125,8 @@ class Observer:
     (``recorder.py``): what it emits lands after the step's events and before the step record.
     It registers hooks of its own (an optimizer's) itself and removes them in ``stop``."""
 
-    #: the modes whose calls it is handed (forward_start, forward_end, grad_output,
-    #: grad_input); the other methods are called in every mode
+    #: the modes whose calls it is handed (forward_start, forward_end, backward_start,
+    #: grad_output, grad_input); the other methods are called in every mode
     follows: ClassVar[tuple[Mode, ...]] = (Mode.WATCHED, Mode.RECORDED)
 
     def module_seen(self, module: nn.Module, info: ModInfo) -> None:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from itertools import repeat
+from operator import attrgetter, is_
 from typing import Any
 
 import torch
@@ -81,6 +83,7 @@ class Stats:
         self.hold_bytes = HOLD_BYTES  # tensors kept alive for a later look, at most
         self._host = HostStats()
         self._device = DeviceStats(self.hold_bytes)
+        self._device_used = False  # until then nothing can wait for a device: deferred is False
         # the last gradient and its numbers: one gradient is often both a module's grad_output
         # and the next module's grad_input, and is reduced once
         self._last_grad: torch.Tensor | None = None
@@ -88,7 +91,7 @@ class Stats:
 
     @property
     def deferred(self) -> bool:
-        return self._device.deferred
+        return self._device_used and self._device.deferred
 
     @property
     def transfers(self) -> int:
@@ -96,18 +99,21 @@ class Stats:
         return self._device.transfers
 
     def _for(self, t: torch.Tensor) -> HostStats | DeviceStats:
-        return self._host if self._immediate or (t.is_cpu and not self._defer_host) else (
-            self._device)
+        if self._immediate or (t.is_cpu and not self._defer_host):
+            return self._host
+        self._device_used = True
+        return self._device
 
     def grad(self, grad: torch.Tensor, target: list[Any], index: int, full: bool = True) -> None:
         """Set ``target[index]`` to (norm, absmax) (+ (nan, inf) counts when not finite).
 
         ``full=False`` (a watched step, which writes no event): only whether the gradient is
         finite, by one sum; a finite gradient gets ``FINITE``, not its numbers."""
-        local = _local(grad)
-        if local is None:
-            return
-        grad = local
+        if type(grad) is not torch.Tensor:  # a subclass: its local numbers, if any
+            local = _local(grad)
+            if local is None:
+                return
+            grad = local
         if (not grad.is_floating_point() and not grad.is_complex()) or grad.is_meta:
             return  # a meta tensor (shapes only) has no numbers
         if self._last_grad is grad:
@@ -133,10 +139,11 @@ class Stats:
     def nonfinite(self, t: torch.Tensor, target: list[list[int]], index: int) -> None:
         """Append [index, nan, inf] to ``target`` when ``t`` holds NaN or Inf (on a device, when
         the step's numbers are resolved)."""
-        local = _local(t)
-        if local is None:
-            return
-        t = local
+        if type(t) is not torch.Tensor:
+            local = _local(t)
+            if local is None:
+                return
+            t = local
         if not t.is_floating_point() or t.numel() == 0 or t.is_meta:
             return
         self._for(t).nonfinite(t, target, index)
@@ -178,15 +185,7 @@ class Stats:
         """``fill(positions, norms)`` once per device and dtype among ``tensors``; a norm that
         came back inf (maybe only its float32 sum of squares overflowed) is taken again in
         double."""
-        batches: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[int]]] = {}
-        for i, g in enumerate(tensors):
-            local = g if type(g) is torch.Tensor else _local(g)
-            if local is None or local.is_meta:
-                continue
-            batch = batches.setdefault((local.device, local.dtype), ([], []))
-            batch[0].append(local)
-            batch[1].append(i)
-        for grads, positions in batches.values():
+        for grads, positions in _batches(tensors):
             if any(g.is_sparse for g in grads):
                 norms = [torch.linalg.vector_norm(g.coalesce().values()) for g in grads]
             else:
@@ -201,6 +200,32 @@ class Stats:
 
 
 _PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
+
+
+def _batches(tensors: list[torch.Tensor]) -> Iterable[tuple[list[torch.Tensor], list[int]]]:
+    """The tensors with numbers of this process (their local shards), by device and dtype, and
+    their positions among ``tensors``."""
+    if _one_batch(tensors):  # the usual case: one look per tensor, in C
+        return [(tensors, list(range(len(tensors))))]
+    batches: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[int]]] = {}
+    for i, g in enumerate(tensors):
+        local = g if type(g) is torch.Tensor else _local(g)
+        if local is None or local.is_meta:
+            continue
+        batch = batches.setdefault((local.device, local.dtype), ([], []))
+        batch[0].append(local)
+        batch[1].append(i)
+    return batches.values()
+
+
+def _one_batch(tensors: list[torch.Tensor]) -> bool:
+    """Plain tensors, none meta, all of one device and dtype (``_fused_norms``' one batch)."""
+    return bool(tensors) and all(map(is_, map(type, tensors), repeat(torch.Tensor))) and (
+        not any(map(_is_meta, tensors)) and len(set(map(_device, tensors))) == 1
+        and len(set(map(_dtype, tensors))) == 1)
+
+
+_is_meta, _device, _dtype = attrgetter("is_meta"), attrgetter("device"), attrgetter("dtype")
 
 
 def _local(t: torch.Tensor) -> torch.Tensor | None:

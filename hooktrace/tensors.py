@@ -7,6 +7,8 @@ and None; other leaves are ignored. ``torch.utils._pytree`` misses dataclasses, 
 from __future__ import annotations
 
 import dataclasses
+from itertools import repeat
+from operator import attrgetter, is_
 from typing import Any
 
 import torch
@@ -48,6 +50,7 @@ def _walk(obj: Any, out: list[torch.Tensor], depth: int) -> int:
 
 
 _Tensor = torch.Tensor
+_shape, _dtype = attrgetter("shape"), attrgetter("dtype")
 
 
 def leaves(*objs: Any) -> tuple[list[torch.Tensor], int]:
@@ -56,7 +59,7 @@ def leaves(*objs: Any) -> tuple[list[torch.Tensor], int]:
         obj = objs[0]
         if type(obj) is tuple and len(obj) <= MAX_LEAVES:
             # the common case, a module's positional args: plain tensors, no walk needed
-            if all(type(x) is _Tensor for x in obj):
+            if all(map(is_, map(type, obj), repeat(_Tensor))):  # in C: no generator
                 return list(obj), len(obj)
         elif type(obj) is _Tensor:
             return [obj], 1
@@ -84,12 +87,11 @@ def shape_of(t: torch.Tensor) -> tuple[int, ...]:
 def summarize(tensors: list[torch.Tensor]) -> Summary:
     """Shapes and dtype names of ``tensors``, as tuples (the log interns them)."""
     shapes: tuple[tuple[int, ...], ...]
-    try:
-        shapes = tuple([tuple(t.shape) for t in tensors])
+    try:  # map, not a comprehension: per tensor in C
+        shapes = tuple(map(tuple, map(_shape, tensors)))
     except RuntimeError:  # a nested tensor among them
         shapes = tuple([shape_of(t) for t in tensors])
-    names = _dtype_names
     try:
-        return shapes, tuple([names[t.dtype] for t in tensors])
+        return shapes, tuple(map(_dtype_names.__getitem__, map(_dtype, tensors)))
     except KeyError:
         return shapes, tuple([dtype_name(t.dtype) for t in tensors])

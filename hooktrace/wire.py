@@ -87,12 +87,16 @@ class Encoder:
 
     def _forward(self, e: ForwardEvent) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        d: dict[str, Any] = {
-            "type": "forward", "seq": e.seq, "step": e.step,
-            "module": self._module(e.model, e.name, out), "call": e.call,
-            "in": self._ids(e.input_shapes, e.input_dtypes, out),
-            "out": self._ids(e.output_shapes, e.output_dtypes, out),
-        }
+        try:  # the usual case, a module and tensors seen before: looks in C, no call
+            module = self._modules[e.model, e.name]
+            ins = self._tensors[e.input_shapes, e.input_dtypes]
+            outs = self._tensors[e.output_shapes, e.output_dtypes]
+        except (KeyError, TypeError):  # new ones (a record first), or lists of shapes
+            module = self._module(e.model, e.name, out)
+            ins = self._ids(e.input_shapes, e.input_dtypes, out)
+            outs = self._ids(e.output_shapes, e.output_dtypes, out)
+        d: dict[str, Any] = {"type": "forward", "seq": e.seq, "step": e.step, "module": module,
+                             "call": e.call, "in": ins, "out": outs}
         if e.no_grad:
             d["no_grad"] = True
         if e.recompute:
@@ -108,12 +112,16 @@ class Encoder:
 
     def _backward(self, e: BackwardEvent) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        d: dict[str, Any] = {
-            "type": "backward", "seq": e.seq, "step": e.step,
-            "module": self._module(e.model, e.name, out), "call": e.call, "fwd": e.fwd,
-            "in": self._ids(e.grad_input_shapes, None, out),
-            "out": self._ids(e.grad_output_shapes, None, out),
-        }
+        try:  # as in _forward; shapes here are lists, whose tuples are hashable
+            module = self._modules[e.model, e.name]
+            ins = self._tensors[tuple(e.grad_input_shapes), None]
+            outs = self._tensors[tuple(e.grad_output_shapes), None]
+        except (KeyError, TypeError):
+            module = self._module(e.model, e.name, out)
+            ins = self._ids(e.grad_input_shapes, None, out)
+            outs = self._ids(e.grad_output_shapes, None, out)
+        d: dict[str, Any] = {"type": "backward", "seq": e.seq, "step": e.step, "module": module,
+                             "call": e.call, "fwd": e.fwd, "in": ins, "out": outs}
         if e.recompute:
             d["recompute"] = True
         if e.lost:
