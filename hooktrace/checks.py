@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Set
 from typing import TYPE_CHECKING
 
-from hooktrace import flow
+from hooktrace import causes, flow
 from hooktrace.crash import check_crash
 from hooktrace.findings import (
     ERROR,
@@ -421,7 +421,7 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
                            or call.step != c.unfinished[0]], c.modules, thresholds)
     explained = _explained(c, flowed)
     findings = [*check_crash(c), *check_nonfinite(c), *check_loop(c),
-                *flow.findings(flowed, c.modules, c.models),
+                *causes.findings(flowed, c.modules, c.models),
                 *check_no_grad(c, explained), *check_lost_gradient(c),
                 *check_magnitudes(c, thresholds, explained),
                 *check_unused(c), *check_info(c)]
