@@ -35,6 +35,7 @@ from hooktrace.magnitudes import (
     start,
     start_orders,
 )
+from hooktrace.registered import check_loose
 
 if TYPE_CHECKING:
     from hooktrace.collected import Collected, Keys, ModuleKey, ModuleStats, Nonfinite
@@ -118,7 +119,9 @@ def _forward_cause(c: Collected, forward: Nonfinite, backward: int | None) -> tu
         return f", after {growth_text(grown)}", DIVERGES
     return ("", "the modules before it gave finite outputs: look inside its forward, or at the "
                 "functional code that feeds it (log or sqrt of <= 0, division by 0, fp16 "
-                "overflow)")
+                "overflow, a softmax over a row masked entirely with -inf: an attention mask "
+                "that hides every key, exp overflowing in a softmax that does not subtract the "
+                "max)")
 
 
 # torch modules whose output from finite inputs and weights is NaN/Inf only by overflow
@@ -424,7 +427,7 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
                 *causes.findings(flowed, c.modules, c.models),
                 *check_no_grad(c, explained), *check_lost_gradient(c),
                 *check_magnitudes(c, thresholds, explained),
-                *check_unused(c), *check_info(c)]
+                *check_unused(c), *check_loose(c), *check_info(c)]
     _add_sources(c, findings)
     order = {m.name: m.first_seq or 0 for m in c.modules.values()}
     findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1,

@@ -144,7 +144,7 @@ class Collector:
     def _record(self, r: schema.Record) -> None:
         if type(r) is schema.Module:
             m = self.c.modules.setdefault((r.model, r.name), ModuleStats(
-                r.model, r.name, r.cls, r.params, r.trainable))
+                r.model, r.name, r.cls, r.params, r.trainable, loose=tuple(r.loose or ())))
             if m.trainable:
                 self._trainable.add(self._key_index((r.model, r.name)))
             self._index_of_id.clear()

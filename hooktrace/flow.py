@@ -9,9 +9,15 @@ gradient is lost, with the starved calls as its evidence:
   ReLU, a custom ``autograd.Function`` returning zeros) or at most ``Thresholds.gain`` of it
   (a saturated sigmoid), or whose input needed a gradient and got none (``lost``: a
   ``.detach()``, ``.data`` or numpy round trip inside its forward);
+* a ``LayerNorm``-like module over a last dim of size 1 with a gain of at most 1e-3: its output
+  is a constant, its gain rounding noise;
 * failing that, the innermost call enclosing the starved one that did get a gradient: the
   gradient stops inside *its* forward (a ``.detach()`` or ``torch.no_grad()`` around a child's
-  output, a branch multiplied by 0).
+  output, a branch multiplied by 0, a softmax over a child's size-1 last dim, a call whose
+  result a loop overwrites while another call of the module is used); or, for a weak one, the
+  forward where it gets at most ``_FLAT_INSIDE`` of a sibling's gradient (a saturated softmax).
+
+What each cause says is ``causes.py``'s.
 
 Only calls inside a top-level call that got a gradient are judged: a whole model call without
 backward (a validation pass, a teacher) is not a lost gradient. A tiny gradient whose module is

@@ -32,6 +32,7 @@ BUGS: dict[str, list[tuple[Any, ...]]] = {
                            ("nonfinite-forward", "error", "model", "embed.0", 1)],
     "residual_halving": [("vanishing", "warning", "model", "stem", 0)],
     "rnn_hidden_reset": [("no-grad", "warning", "model", "", 0)],
+    "plain_tensor_param": [("not-a-parameter", "warning", "model", "", None)],
 }
 HEALTHY = ["ok_attn_pool", "ok_mha_padding", "ok_ste_round", "ok_data_mask", "ok_pair_dist_eps",
            "ok_rnn_loop", "ok_frozen_teacher"]
@@ -85,6 +86,14 @@ CAUSES = {
                           "its drop probability is 1"),
     "custom_fn_no_return": ("no-grad", "its input needed a gradient and none came back",
                             "a custom autograd.Function whose backward returns None"),
+    # a key_padding_mask True on the real tokens: a sequence without padding has every key masked
+    "mha_mask_inverted": ("nonfinite-forward", "first NaN/Inf in a forward output: attn "
+                          "(MultiheadAttention) at step 0",
+                          "a softmax over a row masked entirely with -inf"),
+    "softmax_overflow": ("nonfinite-forward", "first NaN/Inf in a forward output: attn "
+                         "(NaiveAttention) at step 4", "exp overflowing in a softmax"),
+    "residual_halving": ("vanishing", "from head (0.209) back to stem",
+                         "residual blocks that scale their sum down"),
     "pairwise_sqrt_zero": ("nonfinite-backward", "first NaN/Inf gradient produced by dist",
                            "sqrt or log near 0"),
     # the state reset in the loop: the first time steps' calls are thrown away, their modules
@@ -92,6 +101,10 @@ CAUSES = {
     "rnn_hidden_reset": ("no-grad", "the output of ih, hh, ih (call 1) and 5 more gets no "
                          "gradient back while another call of the same module does",
                          "a recurrent state re-initialised inside the time loop"),
+    "plain_tensor_param": ("not-a-parameter", "(root) (TempScaled) holds 1 tensor with "
+                           "requires_grad=True that is not an nn.Parameter (log_temp): "
+                           "model.parameters() does not hold it",
+                           "self.log_temp = nn.Parameter(...)"),
 }
 
 
