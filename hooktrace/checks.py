@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Set
 from typing import TYPE_CHECKING
 
-from hooktrace import flow
+from hooktrace import causes, flow
 from hooktrace.crash import check_crash
 from hooktrace.findings import (
     ERROR,
@@ -35,6 +35,7 @@ from hooktrace.magnitudes import (
     start,
     start_orders,
 )
+from hooktrace.registered import check_loose
 from hooktrace.trainable import drop_frozen, frozen_since, unfrozen_at
 
 if TYPE_CHECKING:
@@ -119,7 +120,9 @@ def _forward_cause(c: Collected, forward: Nonfinite, backward: int | None) -> tu
         return f", after {growth_text(grown)}", DIVERGES
     return ("", "the modules before it gave finite outputs: look inside its forward, or at the "
                 "functional code that feeds it (log or sqrt of <= 0, division by 0, fp16 "
-                "overflow)")
+                "overflow, a softmax over a row masked entirely with -inf: an attention mask "
+                "that hides every key, exp overflowing in a softmax that does not subtract the "
+                "max)")
 
 
 # torch modules whose output from finite inputs and weights is NaN/Inf only by overflow
@@ -426,10 +429,10 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
     drop_frozen(c, flowed)
     explained = _explained(c, flowed) | set(frozen_since(c))
     findings = [*check_crash(c), *check_nonfinite(c), *check_loop(c),
-                *flow.findings(flowed, c.modules, c.models),
+                *causes.findings(flowed, c.modules, c.models),
                 *check_no_grad(c, explained), *check_lost_gradient(c),
                 *check_magnitudes(c, thresholds, explained),
-                *check_unused(c), *check_info(c)]
+                *check_unused(c), *check_loose(c), *check_info(c)]
     _add_sources(c, findings)
     order = {m.name: m.first_seq or 0 for m in c.modules.values()}
     findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1,

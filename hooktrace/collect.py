@@ -115,7 +115,7 @@ class Collector:
                     continue
                 calls.append(index)
                 if self._judging:
-                    self._judge_call(step, seq, index, call, True)
+                    self._judge_call(step, seq, index, call, True, outs)
 
     def _backwards(self, rows: BackwardRows) -> None:
         """Backward rows: into the lists of their step."""
@@ -144,7 +144,7 @@ class Collector:
     def _record(self, r: schema.Record) -> None:
         if type(r) is schema.Module:
             m = self.c.modules.setdefault((r.model, r.name), ModuleStats(
-                r.model, r.name, r.cls, r.params, r.trainable))
+                r.model, r.name, r.cls, r.params, r.trainable, loose=tuple(r.loose or ())))
             if m.trainable:
                 self._trainable.add(self._key_index((r.model, r.name)))
             self._index_of_id.clear()
@@ -271,15 +271,19 @@ class Collector:
             return
         self._forward_calls.append(index)
         if self._judging:
-            self._judge_call(step, seq, index, call, not more.no_grad)
+            self._judge_call(step, seq, index, call, not more.no_grad, outs)
         if more.no_grad:
             self._no_grad_calls.append(index)
         if more.output_nonfinite:
             firstnan.forward_outputs(self.c, step, self._keys[index], call, *outs,
                                      more.output_nonfinite)
 
-    def _judge_call(self, step: int, seq: int, index: int, call: int, grad: bool) -> None:
-        judged = self._judged[seq] = flow.Call(step, seq, self._keys[index], call, grad)
+    def _judge_call(self, step: int, seq: int, index: int, call: int, grad: bool,
+                    outs: Signature) -> None:
+        shapes = outs[0]  # a softmax or norm over a last dim of size 1 is a constant
+        unit = bool(shapes) and type(shapes[0]) is list and shapes[0][-1:] == [1]
+        judged = self._judged[seq] = flow.Call(step, seq, self._keys[index], call, grad,
+                                               unit_last=unit)
         self._judged_calls[(step, index, call)] = judged
 
     def _compare_orders(self) -> None:

@@ -24,6 +24,7 @@ class ModuleStats:
     first_seq: int | None = None  # first forward call: execution order
     calls: int = 0
     max_calls_per_step: int = 0  # with gradient recording on
+    loose: tuple[str, ...] = ()  # tensors meant to train that are not parameters (schema.Module)
 
 
 @dataclass

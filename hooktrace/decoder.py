@@ -375,7 +375,8 @@ def from_dict(d: Any) -> Record | None:
         aliases = _strs(d, "aliases") or None
         return Module(model=_get(d, "model", int), name=_get(d, "name", str),
                       cls=_get(d, "class", str, "?"), params=_get(d, "params", int, 0),
-                      trainable=_get(d, "trainable", int, 0), aliases=aliases)
+                      trainable=_get(d, "trainable", int, 0), aliases=aliases,
+                      loose=_strs(d, "loose") or None)
     if kind == "anomaly":
         anomaly = _get(d, "kind", str)
         if anomaly not in Anomaly.KINDS:

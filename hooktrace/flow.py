@@ -9,9 +9,15 @@ gradient is lost, with the starved calls as its evidence:
   ReLU, a custom ``autograd.Function`` returning zeros) or at most ``Thresholds.gain`` of it
   (a saturated sigmoid), or whose input needed a gradient and got none (``lost``: a
   ``.detach()``, ``.data`` or numpy round trip inside its forward);
+* a ``LayerNorm``-like module over a last dim of size 1 with a gain of at most 1e-3: its output
+  is a constant, its gain rounding noise;
 * failing that, the innermost call enclosing the starved one that did get a gradient: the
   gradient stops inside *its* forward (a ``.detach()`` or ``torch.no_grad()`` around a child's
-  output, a branch multiplied by 0).
+  output, a branch multiplied by 0, a softmax over a child's size-1 last dim, a call whose
+  result a loop overwrites while another call of the module is used); or, for a weak one, the
+  forward where it gets at most ``_FLAT_INSIDE`` of a sibling's gradient (a saturated softmax).
+
+What each cause says is ``causes.py``'s.
 
 Only calls inside a top-level call that got a gradient are judged: a whole model call without
 backward (a validation pass, a teacher) is not a lost gradient. A tiny gradient whose module is
@@ -25,18 +31,9 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from hooktrace.findings import (
-    NOTE,
-    WARNING,
-    Finding,
-    Thresholds,
-    ancestors,
-    names_text,
-    plural,
-    steps_text,
-)
+from hooktrace.findings import Thresholds, ancestors
 
 if TYPE_CHECKING:
     from hooktrace.collected import ModuleKey, ModuleStats
@@ -50,6 +47,14 @@ _DROPPING = {"StochasticDepth", "DropPath", "Dropout", "Dropout1d", "Dropout2d",
              "AlphaDropout", "FeatureAlphaDropout"}
 _SATURATING = {"Sigmoid", "Tanh", "Softmax", "LogSigmoid", "Hardsigmoid", "Softsign",
                "Tanhshrink", "GELU", "SiLU", "Mish", "Hardswish", "Softplus", "LogSoftmax"}
+# layers that normalise over the last dim: over a dim of size 1 their output is a constant, and
+# the gain they pass back is rounding noise (1e-5 for a LayerNorm), not an exact zero
+_NORMALISING_LAST = {"LayerNorm", "RMSNorm", "Softmax", "Softmin", "LogSoftmax"}
+_UNIT_NORM_GAIN = 1e-3
+# a child's gradient at most this fraction of a sibling's in the same forward, nothing on its
+# way back to blame: something flat inside that forward. Below any layer scale in use (1e-6 is
+# ConvNeXt's, the smallest); a layer scale's branch has no sibling fed a full gradient
+_FLAT_INSIDE = 1e-7
 
 
 @dataclass(slots=True)
@@ -66,6 +71,7 @@ class Call:
     g_in: float | None = None  # norm of the gradients of its inputs (None: none flowed)
     lost: bool = False  # an input that needed a gradient got none
     finite: bool = True
+    unit_last: bool = False  # its first output's last dim has size 1
 
     def gradients(self, outs: Sequence[Sequence[float] | None] | None,
                   ins: Sequence[Sequence[float] | None] | None) -> None:
@@ -105,14 +111,17 @@ class Boundary:
     """One module where gradient is lost, over the judged steps."""
 
     key: ModuleKey
-    kind: str
-    cause: str  # a key of _CAUSES
+    cause: str  # a key of causes.CAUSES
     steps: list[int] = field(default_factory=list)
     victims: dict[ModuleKey, None] = field(default_factory=dict)
     # for a cause inside a forward: its children whose outputs starve
     branches: dict[str, None] = field(default_factory=dict)
     g_out: float | None = None  # at the first step
     g_in: float | None = None
+    # inside a forward: the largest ratio of a starved child's gradient to a sibling's, where
+    # it was not exactly zero (None: zero at every step)
+    ratio: float | None = None
+    exact: bool = False  # and exactly zero at some step
 
 
 @dataclass
@@ -149,7 +158,7 @@ def _trainable(modules: dict[ModuleKey, ModuleStats], key: ModuleKey) -> bool:
 def _judge_step(flow: Flow, step: int, calls: list[Call],
                 modules: dict[ModuleKey, ModuleStats], t: Thresholds) -> None:
     enclosing = _Enclosing(calls)
-    candidates = _candidates(calls, t)
+    candidates = _candidates(calls, modules, t)
     bypassed: dict[int, bool] = {}  # per candidate's seq
     # a shared module's parameters train through its fed calls: an exactly-zero gradient on
     # another call is a loss that reads part of its outputs (a detection head on the feature
@@ -173,6 +182,7 @@ def _judge_step(flow: Flow, step: int, calls: list[Call],
             b = (_nearest_after(v, candidates, partial(_starves, v=v))
                  or _gated_by(v, candidates, enclosing, modules, t))
             if b is None:
+                _add_flat_inside(flow, step, enclosing, v, calls, modules)
                 continue
             if b.seq not in bypassed:
                 bypassed[b.seq] = (not _saturated(b, modules, t)
@@ -181,16 +191,25 @@ def _judge_step(flow: Flow, step: int, calls: list[Call],
                 _add(flow, step, b, _cause(b, modules), v)
 
 
-def _candidates(calls: list[Call], t: Thresholds) -> list[Call]:
+def _candidates(calls: list[Call], modules: dict[ModuleKey, ModuleStats],
+                t: Thresholds) -> list[Call]:
     """The calls that may be a boundary, in forward order: fed, with a lost input or a gain of
-    at most ``t.gain``; not those fed only what an earlier boundary (on the way back) let
-    through: in a chain of small gains, the first one is the cause."""
+    at most ``t.gain`` (``_UNIT_NORM_GAIN`` for a normalisation over a dim of size 1); not those
+    fed only what an earlier boundary (on the way back) let through: in a chain of small gains,
+    the first one is the cause."""
     found: list[Call] = []
     for c in reversed(calls):  # backward order, roughly
-        if c.fed and (c.lost or ((gain := _gain(c)) is not None and gain <= t.gain)) and not any(
+        gain = _gain(c)
+        limit = _UNIT_NORM_GAIN if _unit_norm(c, modules) else t.gain
+        if c.fed and (c.lost or (gain is not None and gain <= limit)) and not any(
                 b.g_in is not None and c.g_out is not None and _starves(b, c) for b in found):
             found.append(c)
     return found[::-1]
+
+
+def _unit_norm(c: Call, modules: dict[ModuleKey, ModuleStats]) -> bool:
+    m = modules.get(c.key)
+    return c.unit_last and m is not None and m.cls in _NORMALISING_LAST
 
 
 def _gain(c: Call) -> float | None:
@@ -268,6 +287,10 @@ class _Enclosing:
                 out.append(call)
         return out
 
+    def fed_elsewhere(self, v: Call) -> bool:
+        """Another call of ``v``'s module in the step got a gradient."""
+        return any(c.fed for c in self._by_key.get(v.key, ()) if c is not v)
+
     def outermost(self, v: Call) -> Call | None:
         chain = self.chain(v)
         return chain[-1] if chain else None
@@ -279,11 +302,41 @@ def _add_inside(flow: Flow, step: int, enclosing: _Enclosing, v: Call) -> None:
     branch = v
     for outer in enclosing.chain(v):
         if outer.fed:
-            cause = "zeroed" if v.backed else "detached_inside" if v.grad else "no_grad"
-            label = branch.key[1] + (f" (call {branch.call})" if branch.call else "")
-            _add(flow, step, outer, cause, v).branches[label] = None
+            cause = ("zeroed_unit" if branch.unit_last else "zeroed") if v.backed else \
+                ("unused_calls" if enclosing.fed_elsewhere(v) else "detached_inside") \
+                if v.grad else "no_grad"
+            b = _add(flow, step, outer, cause, v)
+            b.branches[_label(branch)] = None
+            b.exact = True
             return
         branch = outer
+
+
+def _label(c: Call) -> str:
+    return c.key[1] + (f" (call {c.call})" if c.call else "")
+
+
+def _add_flat_inside(flow: Flow, step: int, enclosing: _Enclosing, v: Call, calls: list[Call],
+                     modules: dict[ModuleKey, ModuleStats]) -> None:
+    """``v``'s gradient is tiny with no module to blame on its way back: a boundary (as a zeroed
+    one, with its ratio) where it is at most ``_FLAT_INSIDE`` of a sibling's, a call with
+    parameters inside the forward of the innermost call around ``v`` that got a gradient, and
+    the gradients there fall in two groups far apart (attention's q and k behind a saturated
+    softmax, its v fed in full); not a gradual fall, as through a deep stack (``vanishing``)."""
+    chain = enclosing.chain(v)
+    at = next((i for i, c in enumerate(chain) if c.fed), None)
+    if at is None or not v.g_out:
+        return
+    outer, branch = chain[at], chain[at - 1] if at else v
+    inside = [c.g_out for c in calls if c.seq < outer.seq and c.fed and c.g_out
+              and _trainable(modules, c.key) and not _contains(c.key, v.key)
+              and not _contains(v.key, c.key) and any(o is outer for o in enclosing.chain(c))]
+    best = max(inside, default=0.0)
+    if v.g_out > _FLAT_INSIDE * best or any(1e3 * v.g_out < g < 1e-3 * best for g in inside):
+        return
+    b = _add(flow, step, outer, "zeroed", v)
+    b.branches[_label(branch)] = None
+    b.ratio = max(b.ratio or 0.0, v.g_out / best)
 
 
 def _cause(b: Call, modules: dict[ModuleKey, ModuleStats]) -> str:
@@ -291,6 +344,8 @@ def _cause(b: Call, modules: dict[ModuleKey, ModuleStats]) -> str:
     cls = m.cls if m else "?"
     if b.lost:
         return "lost_input"
+    if _unit_norm(b, modules):
+        return "unit_norm"
     if b.g_in == 0:
         if cls in _RELU_LIKE:
             return "dead_activation"
@@ -303,116 +358,11 @@ def _cause(b: Call, modules: dict[ModuleKey, ModuleStats]) -> str:
 
 
 def _add(flow: Flow, step: int, b: Call, cause: str, victim: Call) -> Boundary:
-    kind = _CAUSES[cause][0]
     found = flow.boundaries.get((b.key, cause))
     if found is None:
-        found = flow.boundaries[(b.key, cause)] = Boundary(b.key, kind, cause, g_out=b.g_out,
+        found = flow.boundaries[(b.key, cause)] = Boundary(b.key, cause, g_out=b.g_out,
                                                            g_in=b.g_in)
     if not found.steps or found.steps[-1] != step:
         found.steps.append(step)
     found.victims[victim.key] = None
     return found
-
-
-_RANDOM_ZERO = {"zeroed", "zero_backward", "dead_activation"}
-
-# cause -> (finding kind, what happens, hint)
-_CAUSES = {
-    "lost_input": (
-        "no-grad", "its input needed a gradient and none came back: the gradient stops inside "
-        "its forward",
-        "look in its forward for .detach(), .data, a torch.no_grad() block, .item()/.numpy(), "
-        "a tensor rebuilt from numbers (torch.tensor(x), torch.from_numpy), or a custom "
-        "autograd.Function whose backward returns None for that input"),
-    "detached_inside": (
-        "no-grad", "the gradient stops inside its forward: the output of {branch} gets no "
-        "gradient back",
-        "look in its forward, where {branch}'s output is used, for .detach(), .data, "
-        ".item()/.numpy() round trips, a tensor rebuilt with torch.tensor(...) or "
-        "torch.from_numpy, or an output the loss does not use"),
-    "no_grad": (
-        "no-grad-under-no_grad", "inside its forward, torch.no_grad() covers {branch}: no "
-        "gradient can reach {branch}",
-        "move {branch} out of the torch.no_grad() block, or freeze what should not train with "
-        ".requires_grad_(False)"),
-    "zeroed": (
-        "zero-gradient", "the gradient of {branch}'s output is exactly zero: inside its "
-        "forward, {branch}'s output is multiplied by 0 or fully masked",
-        "look for a loss weight or gate of 0, or a mask that removes every element"),
-    "zero_weights": (
-        "zero-gradient", "it passes back an exactly-zero gradient: its weights are zero",
-        "a zero-initialised layer passes no gradient back until its first update; if it stays "
-        "zero, check that its parameters are in the optimizer and train"),
-    "zero_backward": (
-        "zero-gradient", "it passes back an exactly-zero gradient for a non-zero one",
-        "a custom autograd.Function whose backward returns zeros, or a mask or a "
-        "multiplication by 0 inside its forward"),
-    "dropped": (
-        "zero-gradient", "it dropped its whole input (every sample of the batch): it passes "
-        "back an exactly-zero gradient",
-        "stochastic depth and dropout drop a whole small batch now and then (a note); in every "
-        "step, its drop probability is 1"),
-    "dead_activation": (
-        "dead-activation", "every element of its input is in the flat part (a ReLU whose "
-        "input is all negative): it passes back an exactly-zero gradient",
-        "look at the layer before it: a large negative bias, a too large learning rate, or "
-        "inputs not normalised; LeakyReLU or a normalisation layer keep it alive"),
-    "saturated": (
-        "saturated", "it is saturated: it passes back {gain} of the gradient it receives",
-        "its inputs are far from 0: look at the layer before it for too large weights or a bias "
-        "initialised far from 0 (a gate closed at -40); normalise its inputs (BatchNorm/LayerNorm) "
-        "or lower the learning rate"),
-    "small_gain": (
-        "vanishing", "it passes back only {gain} of the gradient it receives",
-        "check its weights' scale and initialisation"),
-}
-
-
-def findings(flow: Flow, modules: dict[ModuleKey, ModuleStats],
-             model_name: dict[int, str]) -> list[Finding]:
-    return [_finding(flow, b, modules, model_name) for b in flow.boundaries.values()]
-
-
-def _finding(flow: Flow, b: Boundary, modules: dict[ModuleKey, ModuleStats],
-             model_name: dict[int, str]) -> Finding:
-    model, name = b.key
-    m = modules.get(b.key)
-    _, what, hint = _CAUSES[b.cause]
-    branch = names_text(list(b.branches), 3) if b.branches else "a child"
-    gain = f"{b.g_in / b.g_out:.1e}" if b.g_in is not None and b.g_out else "?"
-    victims = sorted(b.victims, key=lambda k: _first_seq(modules, k))
-    # a gate's value runs after the gate's sigmoid, and starves all the same
-    before = " before it" if all(_first_seq(modules, k) < _first_seq(modules, b.key)
-                                 for k in victims) else ""
-    message = (f"{name or '(root)'} ({m.cls if m else '?'}): "
-               f"{what.format(branch=branch, gain=gain)}; it starves "
-               f"{plural(len(victims), 'trainable module')}{before} "
-               f"({names_text([k[1] for k in victims])}) at {steps_text(b.steps)}")
-    judged = flow.judged.get(model, [])
-    later = len(judged) - len(b.steps)
-    first = b.steps == judged[:len(b.steps)] and (
-        later > 0 or (b.cause == "zero_weights" and len(judged) == 1))
-    # a zero that one batch can make, in a quarter of the steps or fewer, or a drop layer's
-    # (stochastic depth, dropout) in some steps only; never a detach or no_grad: code does those
-    now_and_then = not first and (
-        (b.cause in _RANDOM_ZERO and 4 * len(b.steps) <= len(judged))
-        or (b.cause == "dropped" and b.steps != judged))  # a drop layer: a bug in every step
-    passing = first or now_and_then
-    if now_and_then:
-        message += f", not in the other {plural(later, 'step')} judged"
-    elif passing and later:
-        message += f", not in the {plural(later, 'later step')}"
-    elif passing:  # only the first step is in the log
-        message += ": usual at the first step after a zero-initialised layer (a ViT head)"
-    evidence: dict[str, Any] = {"starved": [k[1] for k in victims], "steps": b.steps[:20]}
-    if b.g_out is not None:
-        evidence["grad_output_norm"] = b.g_out
-    if b.g_in is not None:
-        evidence["grad_input_norm"] = b.g_in
-    return Finding(b.kind, NOTE if passing else WARNING, model_name.get(model, str(model)),
-                   name, b.steps[0], message, evidence, hint.format(branch=branch))
-
-
-def _first_seq(modules: dict[ModuleKey, ModuleStats], key: ModuleKey) -> int:
-    m = modules.get(key)
-    return (m.first_seq or 0) if m is not None else 0

@@ -52,8 +52,9 @@ def _profile_finding(c: Collected, t: Thresholds, explained: Set[ModuleKey]) -> 
                 f"({bottom:.3g}) at step {step}",
                 {"profile": [{"module": n, "grad_output_norm": v}
                              for (_, n), v in zip(modules, norms, strict=True)]},
-                "deep stacks without normalisation or residual connections, or a too large/small "
-                "initialisation")
+                "deep stacks without normalisation or residual connections, a too large/small "
+                "initialisation, or residual blocks that scale their sum down (returning "
+                "(x + f(x)) * 0.5 halves the gradient in every block)")
     return None
 
 

@@ -90,6 +90,14 @@ def _own_params(module: nn.Module) -> tuple[int, int]:
     return total, trainable
 
 
+def _loose(module: nn.Module) -> list[str] | None:
+    """Its attributes that are meant to train but are not registered: leaf tensors with
+    requires_grad=True that are not nn.Parameters (once per module, when it is named)."""
+    found = sorted(k for k, v in vars(module).items() if isinstance(v, torch.Tensor)
+                   and not isinstance(v, nn.Parameter) and v.requires_grad and v.is_leaf)
+    return found or None
+
+
 def is_library(filename: str) -> bool:
     """Whether code in ``filename`` is torch's, hooktrace's, the standard library's or an
     installed package's, not the user's."""
@@ -235,7 +243,8 @@ class Naming:
                 if info.has_params and info.traced:
                     self.uncalled[info] = None
             self._infos[module] = info  # a former top-level model found inside this one is adopted
-            records[fqn] = schema.Module(model, fqn, info.cls, params, trainable)
+            records[fqn] = schema.Module(model, fqn, info.cls, params, trainable,
+                                         loose=_loose(module))
         for fqn, record in records.items():
             if (model, fqn) not in self._written:
                 self._written.add((model, fqn))

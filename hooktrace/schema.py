@@ -111,11 +111,15 @@ class Module:
     params: int = 0
     trainable: int = 0
     aliases: list[str] | None = None  # further fqns of a module registered in several places
+    # its own attributes that are leaf tensors with requires_grad=True but not nn.Parameters
+    # (``self.scale = torch.ones(1, requires_grad=True)``): model.parameters() never holds them
+    loose: list[str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _compact({
             "type": self.TYPE, "model": self.model, "name": self.name, "class": self.cls,
             "params": self.params, "trainable": self.trainable, "aliases": self.aliases,
+            "loose": self.loose,
         })
 
 

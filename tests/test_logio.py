@@ -25,7 +25,7 @@ HEADER_LINE = orjson.dumps(HEADER.to_dict()) + b"\n"
 
 RECORDS: list[Any] = [
     schema.Model(model=0, name="net", cls="Net"),
-    schema.Module(model=0, name="", cls="Net"),
+    schema.Module(model=0, name="", cls="Net", loose=["scale"]),
     schema.Module(model=0, name="fc1", cls="Linear", params=40, trainable=40,
                   aliases=["shared.fc1"]),
     schema.ForwardEvent(seq=1, step=0, model=0, name="fc1", call=0, input_shapes=[[5, 4]],
@@ -288,7 +288,8 @@ json_values = st.recursive(
 )
 KEYS = ["type", "seq", "step", "model", "module", "name", "call", "fwd", "class", "status", "id",
         "in", "out", "shapes", "dtypes", "in_stats", "out_stats", "output_nonfinite",
-        "grad_norm", "error", "exit_code", "events", "aliases", "params", "no_grad", "schema",
+        "grad_norm", "error", "exit_code", "events", "aliases", "loose", "params", "no_grad",
+        "schema",
         "argv", "options"]
 small_ints = st.integers(min_value=-1, max_value=3)
 records_like = st.dictionaries(st.sampled_from(KEYS), json_values | small_ints,
