@@ -33,14 +33,16 @@ def _profile_finding(c: Collected, t: Thresholds, explained: Set[ModuleKey]) -> 
         modules, norms = c.profiles[step]  # backward order: output side first
         if len(norms) < 3 or (norms[-1] < norms[0] and modules[-1] in explained):
             continue
-        # the output side: the first quarter in backward order. A model with several heads
-        # (a detector's box, mask and proposal heads) has one gradient per head there, each as
-        # large as its loss; growth is measured from the largest, a fall from the smallest
-        side = [v for v in norms[:max(1, len(norms) // 4)] if v > 0]
+        # growth is measured from the largest gradient on the output side (the first quarter
+        # in backward order): a model with several heads (a detector's box, mask and proposal
+        # heads, an auxiliary loss weighted 1e-8) has one gradient per head there, each as
+        # large as its loss, and the smallest says nothing of the way back
         bottom = norms[-1]
-        if not side or bottom <= 0:
+        at = max(range(max(1, len(norms) // 4)), key=lambda i: norms[i]) \
+            if bottom > norms[0] else 0
+        top = norms[at]
+        if top <= 0 or bottom <= 0:
             continue
-        top = max(side) if bottom > norms[0] else min(side)
         orders = math.log10(bottom / top)
         if abs(orders) >= t.orders:
             model, name = modules[-1]
@@ -48,7 +50,7 @@ def _profile_finding(c: Collected, t: Thresholds, explained: Set[ModuleKey]) -> 
                 "exploding" if orders > 0 else "vanishing", WARNING, c.model_name(model), name,
                 step,
                 f"gradient norms {'grow' if orders > 0 else 'fall'} by {abs(orders):.1f} orders of "
-                f"magnitude from {modules[0][1] or '(root)'} ({top:.3g}) back to {name} "
+                f"magnitude from {modules[at][1] or '(root)'} ({top:.3g}) back to {name} "
                 f"({bottom:.3g}) at step {step}",
                 {"profile": [{"module": n, "grad_output_norm": v}
                              for (_, n), v in zip(modules, norms, strict=True)]},
