@@ -6,7 +6,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,19 @@ def hooktrace_cmd(*args: str | os.PathLike[str], cwd: str | os.PathLike[str] | N
 
 #: a real ``hooktrace run`` of a case, and ``hooktrace check --json`` of its log
 Run = tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]
+
+
+def run_cases(tmp: Path, cases: Sequence[str], script: Callable[[str], Path]) -> dict[str, Run]:
+    """Each case traced (``hooktrace run -o TMP/CASE.jsonl SCRIPT CASE``, ``script(case)``
+    says which script) and checked (``check --json``) once, two at a time: each run is mostly
+    torch's import."""
+    def run(case: str) -> Run:
+        log = tmp / f"{case}.jsonl"
+        return (hooktrace_cmd("run", "-o", log, script(case), case),
+                hooktrace_cmd("check", "--json", log))
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(cases, pool.map(run, cases), strict=True))
 
 
 def run_findings(run: Run) -> tuple[int, list[dict[str, Any]]]:

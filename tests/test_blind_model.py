@@ -5,12 +5,11 @@ healthy look-alikes (a straight-through estimator, a padding mask, a frozen teac
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Run, hooktrace_cmd, problems, run_findings
+from conftest import Run, problems, run_cases, run_findings
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "blind_model.py"
 
@@ -42,14 +41,7 @@ CASES = [*BUGS, *HEALTHY]
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
     """Every case traced and checked once, two at a time (each run is mostly torch's import)."""
-    tmp = tmp_path_factory.mktemp("blind_model")
-
-    def run(case: str) -> Run:
-        log = tmp / f"{case}.jsonl"
-        return hooktrace_cmd("run", "-o", log, SCRIPT, case), hooktrace_cmd("check", "--json", log)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(CASES, pool.map(run, CASES), strict=True))
+    return run_cases(tmp_path_factory.mktemp("blind_model"), CASES, lambda case: SCRIPT)
 
 
 @pytest.mark.parametrize("case", sorted(BUGS))

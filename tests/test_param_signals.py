@@ -7,12 +7,11 @@ lazily once, a loss multiplied by 0, gradient accumulation)."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Run, hooktrace_cmd, problems, run_findings
+from conftest import Run, problems, run_cases, run_findings
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 BLIND, LOOK_ALIKES = SCRIPTS / "blind_bugs.py", SCRIPTS / "param_signals.py"
@@ -45,15 +44,10 @@ CASES = [*BUGS, *HEALTHY, *BLIND_HEALTHY]
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
     """Every case traced and checked once, two at a time."""
-    tmp = tmp_path_factory.mktemp("params")
+    def script(case: str) -> Path:
+        return LOOK_ALIKES if case in HEALTHY or case == "zero_grad_between" else BLIND
 
-    def run(case: str) -> Run:
-        log = tmp / f"{case}.jsonl"
-        script = LOOK_ALIKES if case in HEALTHY or case == "zero_grad_between" else BLIND
-        return hooktrace_cmd("run", "-o", log, script, case), hooktrace_cmd("check", "--json", log)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(CASES, pool.map(run, CASES), strict=True))
+    return run_cases(tmp_path_factory.mktemp("params"), CASES, script)
 
 
 def findings(runs: dict[str, Run], case: str) -> tuple[int, list[dict[str, Any]]]:
