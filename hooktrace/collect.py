@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from hooktrace import firstnan, flow, schema
-from hooktrace.collected import Collected, Keys, ModuleKey, ModuleStats
+from hooktrace.collected import Collected, Keys, LossCall, ModuleKey, ModuleStats
 from hooktrace.decoder import BackwardRows, ForwardMore, ForwardRows, Signature
 from hooktrace.logio import LogReader
+from hooktrace.losses import LOSSES
 
 Indices = frozenset[int]  # of module keys (Collector._keys): cheap to hash, unlike keys
 
@@ -52,6 +53,7 @@ class Collector:
         self._index_of_key: dict[ModuleKey, int] = {}
         self._index_of_id: dict[int, int] = {}  # the log's module id -> index (ids may move)
         self._trainable: set[int] = set()
+        self._losses: set[int] = set()  # loss modules not yet called
         self._step_of_forward: dict[int, int] = {}  # forward seq -> its step, recent steps only
         self._recent: list[tuple[int, list[int]]] = []  # (step, its forward seqs) in it
         self._forwards_step: int | None = None  # of the forward calls since it last changed:
@@ -104,12 +106,15 @@ class Collector:
             self._close_backward()
         ids, only, seqs, calls = self._index_of_id, self._only_step, self._forward_seqs, \
             self._forward_calls
-        for seq, step, module, call, _, outs, more in rows:
+        losses = self._losses
+        for seq, step, module, call, ins, outs, more in rows:
             if step != self._forwards_step:
                 self._start_forward_step(step)
             seqs.append(seq)
             if only is None or step == only:
                 index = ids[module] if module in ids else self._id(module)
+                if index in losses:
+                    self._loss_call(step, index, ins)
                 if more is not None:
                     self._unusual_forward(seq, step, index, call, outs, more)
                     continue
@@ -147,6 +152,8 @@ class Collector:
                 r.model, r.name, r.cls, r.params, r.trainable, loose=tuple(r.loose or ())))
             if m.trainable:
                 self._trainable.add(self._key_index((r.model, r.name)))
+            if r.cls in LOSSES:
+                self._losses.add(self._key_index((r.model, r.name)))
             self._index_of_id.clear()
         elif type(r) is schema.Model:
             self.c.models[r.model] = r.name
@@ -166,6 +173,16 @@ class Collector:
             self.c.sources.setdefault(r.cls, f"{r.file}:{r.line}")
         elif type(r) is schema.End:
             self.c.end = r
+
+    def _loss_call(self, step: int, index: int, ins: Signature) -> None:
+        """A loss module's first call: its inputs' shapes and what it took them from."""
+        self._losses.discard(index)
+        before = [self._keys[i] for i in self._forward_calls[-2:] if i is not None]
+        after = None
+        if len(before) == 2 and before[1][1] == "" and before[0][0] == before[1][0]:
+            m = self.c.modules.get(before[0])
+            after = (before[0][0], before[0][1], m.cls) if m is not None else None
+        self.c.losses[self._keys[index]] = LossCall(step, list(ins[0]), after)
 
     def _key_index(self, key: ModuleKey) -> int:
         index = self._index_of_key.get(key)

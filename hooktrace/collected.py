@@ -28,6 +28,17 @@ class ModuleStats:
 
 
 @dataclass
+class LossCall:
+    """The first call of a loss module (``losses.LOSSES``): its tensor inputs' shapes, and the
+    model and class of the module whose output it took, where the call before it was that
+    model's root and the one before that its last module (``model(x)`` then ``criterion``)."""
+
+    step: int
+    shapes: list[Any]
+    after: tuple[int, str, str] | None  # (model, fqn, class) of the model's last module
+
+
+@dataclass
 class Nonfinite:
     step: int
     model: int
@@ -74,6 +85,7 @@ class Collected:
     unfinished: tuple[int, ModuleKey] | None = None
     signals: list[schema.Signal] = field(default_factory=list)  # in file order
     sources: dict[str, str] = field(default_factory=dict)  # class -> "file:line" of forward
+    losses: dict[ModuleKey, LossCall] = field(default_factory=dict)
 
     def model_name(self, model: int) -> str:
         return self.models.get(model, str(model))

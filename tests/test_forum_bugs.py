@@ -103,7 +103,8 @@ def test_nan_gradients_applied_by_the_optimizer(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("case", ["ok_gan_rerun", "ok_adversarial", "ok_gradient_penalty",
-                                  "ok_tiny_auxiliary_head", "ok_lbfgs", "ok_teacher"])
+                                  "ok_tiny_auxiliary_head", "ok_loss_modules", "ok_lbfgs",
+                                  "ok_teacher"])
 def test_healthy_look_alikes_are_silent(tmp_path: Path, case: str) -> None:
     status, found = check_case(tmp_path, case)
     assert problems(found) == []

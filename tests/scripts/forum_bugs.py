@@ -269,6 +269,22 @@ def ok_tiny_auxiliary_head() -> None:
         opt.step()
 
 
+def ok_loss_modules() -> None:
+    """Loss modules given what they want: log-probabilities to NLLLoss, logits to
+    CrossEntropyLoss, a target of the prediction's shape to MSELoss."""
+    classifier = nn.Sequential(mlp(8, 16, 4), nn.LogSoftmax(dim=1))
+    scorer, regressor = mlp(8, 16, 4), mlp(8, 16, 1)
+    nll, ce, mse = nn.NLLLoss(), nn.CrossEntropyLoss(), nn.MSELoss()
+    params = [*classifier.parameters(), *scorer.parameters(), *regressor.parameters()]
+    opt = torch.optim.SGD(params, lr=0.1)
+    for _ in range(3):
+        x, y = data()
+        opt.zero_grad()
+        loss = nll(classifier(x), y) + ce(scorer(x), y)
+        (loss + mse(regressor(x), x.sum(1, keepdim=True))).backward()
+        opt.step()
+
+
 def ok_lbfgs() -> None:
     """LBFGS clears and computes the gradients inside the closure it is given."""
     model = mlp(8, 16, 4)
@@ -301,8 +317,8 @@ def ok_teacher() -> None:
 CASES: dict[str, Callable[[], None]] = {f.__name__: f for f in (
     item_param, plain_list, model_recreated, no_grad_backbone, cleared_before_step, frozen_all,
     inplace_param, hidden_carried, all_padding, diverges, nan_gradient_applied,
-    ok_gan_rerun, ok_adversarial, ok_gradient_penalty, ok_tiny_auxiliary_head, ok_lbfgs,
-    ok_teacher)}
+    ok_gan_rerun, ok_adversarial, ok_gradient_penalty, ok_tiny_auxiliary_head, ok_loss_modules,
+    ok_lbfgs, ok_teacher)}
 
 
 if __name__ == "__main__":
