@@ -178,11 +178,9 @@ class Collector:
         """A loss module's first call: its inputs' shapes and what it took them from."""
         self._losses.discard(index)
         before = [self._keys[i] for i in self._forward_calls[-2:] if i is not None]
-        after = None
-        if len(before) == 2 and before[1][1] == "" and before[0][0] == before[1][0]:
-            m = self.c.modules.get(before[0])
-            after = (before[0][0], before[0][1], m.cls) if m is not None else None
-        self.c.losses[self._keys[index]] = LossCall(step, list(ins[0]), after)
+        model_last = len(before) == 2 and before[1][1] == "" and before[0][0] == before[1][0]
+        self.c.losses[self._keys[index]] = LossCall(step, list(ins[0]),
+                                                    before[0] if model_last else None)
 
     def _key_index(self, key: ModuleKey) -> int:
         index = self._index_of_key.get(key)

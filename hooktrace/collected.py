@@ -30,12 +30,12 @@ class ModuleStats:
 @dataclass
 class LossCall:
     """The first call of a loss module (``losses.LOSSES``): its tensor inputs' shapes, and the
-    model and class of the module whose output it took, where the call before it was that
-    model's root and the one before that its last module (``model(x)`` then ``criterion``)."""
+    module whose output it took, where the call before it was that module's model's root and
+    the one before that its last module (``model(x)`` then ``criterion``)."""
 
     step: int
     shapes: list[Any]
-    after: tuple[int, str, str] | None  # (model, fqn, class) of the model's last module
+    after: ModuleKey | None  # the model's last module
 
 
 @dataclass

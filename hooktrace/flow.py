@@ -160,18 +160,15 @@ def _judge_step(flow: Flow, step: int, calls: list[Call],
     enclosing = _Enclosing(calls)
     candidates = _candidates(calls, modules, t)
     bypassed: dict[int, bool] = {}  # per candidate's seq
-    # a shared module's parameters train through its fed calls: an exactly-zero gradient on
-    # another call is a loss that reads part of its outputs (a detection head on the feature
-    # levels without a matching anchor); a call that got no gradient at all is still lost
-    fed = {c.key for c in calls if c.fed}
     for v in calls:
         if not _trainable(modules, v.key) or not v.finite:
             continue
         top = enclosing.outermost(v)
         if top is None or not top.fed:
             continue  # a whole call without backward: not a gradient lost inside a model
-        if v.dead and v.backed and v.key in fed:
-            continue
+        if v.dead and v.backed and enclosing.fed_elsewhere(v):
+            continue  # a shared module trains through its fed calls: a zero one is a loss
+            # reading part of its outputs (a detection head's level without a matching anchor)
         if v.dead:
             b = _nearest_after(v, candidates, lambda b: b.lost or b.g_in == 0)
             if b is not None:

@@ -61,8 +61,9 @@ def _broadcast(c: Collected, model: int, name: str, cls: str, call: LossCall) ->
 
 def _probabilities(c: Collected, cls: str, call: LossCall) -> list[Finding]:
     assert call.after is not None
-    model, last, last_cls = call.after
+    model, last = call.after
     forbidden, does, hint = _WANTS_SCORES[cls]
+    last_cls = c.modules[call.after].cls if call.after in c.modules else ""
     if last_cls not in forbidden:
         return []
     return [Finding(
