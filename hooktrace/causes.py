@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 # a zero that one batch can make (a note when rare); never a detach or no_grad: code does those
 RANDOM_ZERO = {"zeroed", "zeroed_unit", "zero_backward", "dead_activation"}
+# a drop layer's whole drops are its own chance unless their probability is below this
+CHANCE = 1e-6
 
 # what makes a gradient stop at once: integer results, step functions, detaching
 _NOT_DIFFERENTIABLE = (
@@ -91,8 +93,9 @@ CAUSES = {
     "dropped": (
         "zero-gradient", "it dropped its whole input (every sample of the batch): it passes "
         "back an exactly-zero gradient",
-        "stochastic depth and dropout drop a whole small batch now and then (a note); in every "
-        "step, its drop probability is 1"),
+        "stochastic depth and dropout drop a whole small batch now and then, by chance (not "
+        "reported); this many drops are not chance: its drop probability is 1 (a keep "
+        "probability passed as p?) or far too high"),
     "dead_activation": (
         "dead-activation", "every element of its input is in the flat part (a ReLU whose "
         "input is all negative): it passes back an exactly-zero gradient",
@@ -111,12 +114,16 @@ CAUSES = {
 
 def findings(flow: Flow, modules: dict[ModuleKey, ModuleStats],
              model_name: dict[int, str]) -> list[Finding]:
-    return [_finding(flow, b, modules, model_name) for b in flow.boundaries.values()]
+    return [f for b in flow.boundaries.values()
+            if (f := _finding(flow, b, modules, model_name)) is not None]
 
 
 def _finding(flow: Flow, b: Boundary, modules: dict[ModuleKey, ModuleStats],
-             model_name: dict[int, str]) -> Finding:
+             model_name: dict[int, str]) -> Finding | None:
     model, name = b.key
+    chance = flow.by_chance(b)
+    if chance is not None and chance >= CHANCE:
+        return None  # a drop layer's own probability makes this many whole drops
     m = modules.get(b.key)
     cause = "flat_inside" if b.ratio is not None and b.cause == "zeroed" else b.cause
     kind, what, hint = CAUSES[cause]
@@ -133,8 +140,13 @@ def _finding(flow: Flow, b: Boundary, modules: dict[ModuleKey, ModuleStats],
     # (stochastic depth, dropout) in some steps only; never a detach or no_grad: code does those
     now_and_then = not first and (
         (b.cause in RANDOM_ZERO and 4 * len(b.steps) <= len(judged))
-        or (b.cause == "dropped" and b.steps != judged))  # a drop layer: a bug in every step
+        or (b.cause == "dropped" and chance is None and b.steps != judged))
     passing = first or now_and_then
+    if chance == 0:
+        message += " (its drop probability is 1: it drops every input)"
+    elif chance is not None:
+        message += (f" ({plural(len(b.drops), 'whole drop')} in {flow.draws[b.key][0]} "
+                    f"calls: a chance of at most {chance:.0e} at its drop probability)")
     if now_and_then:
         message += f", not in the other {plural(later, 'step')} judged"
     elif passing and later:

@@ -21,6 +21,7 @@ from hooktrace.findings import (
     Thresholds,
     after_causes,
     ancestors,
+    names_text,
     plural,
     steps_text,
 )
@@ -68,14 +69,17 @@ def _detached(c: Collected) -> dict[ModuleKey, list[int]]:
 
 def _no_grad_only(c: Collected) -> dict[ModuleKey, list[int]]:
     """Per module, the steps it ran only under no_grad while its model trained (another of its
-    modules ran with gradient recording on and got a backward)."""
+    modules ran with gradient recording on and got a backward), and got no backward: a
+    forward under no_grad recomputed inside the backward (reversible layers, hand-made
+    checkpointing) gives its weights their gradients there."""
     out: dict[ModuleKey, list[int]] = {}
     for step in sorted(c.no_grad):
         if step in c.backward_steps:
             grad = c.grad.get(step, frozenset())
-            trained = {key[0] for key in grad & c.backward.get(step, frozenset())}
+            backed = c.backward.get(step, frozenset())
+            trained = {key[0] for key in grad & backed}
             for key in c.no_grad[step]:
-                if key not in grad and key[0] in trained:
+                if key not in grad and key not in backed and key[0] in trained:
                     out.setdefault(key, []).append(step)
     return out
 
@@ -83,6 +87,7 @@ def _no_grad_only(c: Collected) -> dict[ModuleKey, list[int]]:
 def check_no_grad(c: Collected, explained: Set[ModuleKey] = frozenset()) -> list[Finding]:
     out: list[Finding] = []
     detached: list[tuple[ModuleStats, Finding]] = []
+    frozen: list[tuple[ModuleStats, Finding]] = []  # frozen on purpose, all run: notes
     no_backward, no_grad_only = _detached(c), _no_grad_only(c)
     unfrozen = unfrozen_at(c)
     for key in explained:  # starved modules whose boundary ``flow`` names
@@ -96,7 +101,7 @@ def check_no_grad(c: Collected, explained: Set[ModuleKey] = frozenset()) -> list
             trainable_twins = [o.name for o in twins]
             # no trainable twin before it: a frozen backbone (a frozen prefix), on purpose
             before = any((o.first_seq or 0) < (m.first_seq or 0) for o in twins)
-            out.append(Finding(
+            finding = Finding(
                 "frozen", WARNING if before else NOTE, c.model_name(m.model), m.name,
                 None,
                 f"{m.name} ({m.cls}): parameters frozen (requires_grad=False)"
@@ -106,7 +111,11 @@ def check_no_grad(c: Collected, explained: Set[ModuleKey] = frozenset()) -> list
                    else ""),
                 {"params": m.params, "trainable_siblings": trainable_twins},
                 "call .requires_grad_(True) on it if it should train" if before else "",
-            ))
+            )
+            if before or (m.model, m.name) in unfrozen:
+                out.append(finding)
+            else:
+                frozen.append((m, finding))
             continue
         steps = no_backward.get((m.model, m.name))
         if steps:
@@ -128,7 +137,7 @@ def check_no_grad(c: Collected, explained: Set[ModuleKey] = frozenset()) -> list
                 "move it out of torch.no_grad(), or freeze it explicitly with "
                 ".requires_grad_(False)",
             ))
-    return _group_subtrees(c, detached) + out
+    return _group_subtrees(c, detached) + _group_frozen(c, frozen) + out
 
 
 def check_lost_gradient(c: Collected) -> list[Finding]:
@@ -142,6 +151,32 @@ def check_lost_gradient(c: Collected) -> list[Finding]:
             {"steps": steps[:20]},
             "something started detaching it or stopped using its output in the loss",
         ))
+    return out
+
+
+def _group_frozen(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> list[Finding]:
+    """One note for a module all of whose modules with parameters are frozen all run (a
+    frozen backbone: ``features``, or a whole model), instead of one per layer."""
+    flagged = {(m.model, m.name): f for m, f in found}
+    out: list[Finding] = []
+    grouped: set[ModuleKey] = set()
+    for (model, name), finding in flagged.items():
+        if (model, name) in grouped:
+            continue
+        for top in ancestors(name):  # outermost first
+            below = [m for m in c.modules.values() if m.model == model and m.params and m.calls
+                     and (top == "" or m.name.startswith(top + "."))]
+            if len(below) >= 2 and all((m.model, m.name) in flagged for m in below):
+                break
+        else:
+            out.append(finding)
+            continue
+        grouped.update((m.model, m.name) for m in below)
+        out.append(Finding(
+            "frozen", NOTE, finding.model, top, None,
+            f"{c.label(model, top)}: parameters frozen (requires_grad=False) in all "
+            f"{len(below)} of its modules that have any ({names_text([m.name for m in below])})",
+            {"modules": [m.name for m in below][:50], "params": sum(m.params for m in below)}))
     return out
 
 
@@ -252,7 +287,8 @@ def check_info(c: Collected) -> list[Finding]:
     out = []
     # with no backward pass to end a step, every iteration falls in one: nothing per step to say
     stepped = bool(c.backward_steps) or c.unfinished is not None
-    for model in sorted({m.model for m in c.modules.values()} if stepped else ()):
+    models = {m.model for m in c.modules.values()} - c.data_models()  # not data transforms
+    for model in sorted(models if stepped else ()):
         several = sorted((m for m in c.modules.values()
                           if m.model == model and m.max_calls_per_step > 1),
                          key=lambda m: m.first_seq or 0)

@@ -116,11 +116,11 @@ class Collector:
                 if index in losses:
                     self._loss_call(step, index, ins)
                 if more is not None:
-                    self._unusual_forward(seq, step, index, call, outs, more)
+                    self._unusual_forward(seq, step, index, call, ins, outs, more)
                     continue
                 calls.append(index)
                 if self._judging:
-                    self._judge_call(step, seq, index, call, True, outs)
+                    self._judge_call(step, seq, index, call, True, ins, outs)
 
     def _backwards(self, rows: BackwardRows) -> None:
         """Backward rows: into the lists of their step."""
@@ -149,7 +149,8 @@ class Collector:
     def _record(self, r: schema.Record) -> None:
         if type(r) is schema.Module:
             m = self.c.modules.setdefault((r.model, r.name), ModuleStats(
-                r.model, r.name, r.cls, r.params, r.trainable, loose=tuple(r.loose or ())))
+                r.model, r.name, r.cls, r.params, r.trainable, loose=tuple(r.loose or ()),
+                drop=None if r.drop is None else (r.drop, r.drop_unit or "element")))
             if m.trainable:
                 self._trainable.add(self._key_index((r.model, r.name)))
             if r.cls in LOSSES:
@@ -275,7 +276,7 @@ class Collector:
         return m
 
     def _unusual_forward(self, seq: int, step: int, index: int, call: int,
-                         outs: Signature, more: ForwardMore) -> None:
+                         ins: Signature, outs: Signature, more: ForwardMore) -> None:
         """A forward call with a flag or NaN/Inf outputs (``outs``: their shapes, dtypes)."""
         if more.recompute:
             self._forward_calls.append(None)
@@ -286,7 +287,7 @@ class Collector:
             return
         self._forward_calls.append(index)
         if self._judging:
-            self._judge_call(step, seq, index, call, not more.no_grad, outs)
+            self._judge_call(step, seq, index, call, not more.no_grad, ins, outs)
         if more.no_grad:
             self._no_grad_calls.append(index)
         if more.output_nonfinite:
@@ -294,11 +295,14 @@ class Collector:
                                      more.output_nonfinite)
 
     def _judge_call(self, step: int, seq: int, index: int, call: int, grad: bool,
-                    outs: Signature) -> None:
+                    ins: Signature, outs: Signature) -> None:
         shapes = outs[0]  # a softmax or norm over a last dim of size 1 is a constant
         unit = bool(shapes) and type(shapes[0]) is list and shapes[0][-1:] == [1]
-        judged = self._judged[seq] = flow.Call(step, seq, self._keys[index], call, grad,
-                                               unit_last=unit)
+        key = self._keys[index]
+        m = self.c.modules.get(key)
+        chance = None if m is None or m.drop is None else flow.whole_drop(*m.drop, ins[0])
+        judged = self._judged[seq] = flow.Call(step, seq, key, call, grad, unit_last=unit,
+                                               chance=chance)
         self._judged_calls[(step, index, call)] = judged
 
     def _compare_orders(self) -> None:

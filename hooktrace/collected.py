@@ -25,6 +25,7 @@ class ModuleStats:
     calls: int = 0
     max_calls_per_step: int = 0  # with gradient recording on
     loose: tuple[str, ...] = ()  # tensors meant to train that are not parameters (schema.Module)
+    drop: tuple[float, str] | None = None  # a random-drop layer's p and unit (schema.Module)
 
 
 @dataclass
@@ -89,6 +90,13 @@ class Collected:
 
     def model_name(self, model: int) -> str:
         return self.models.get(model, str(model))
+
+    def data_models(self) -> set[int]:
+        """The models that prepare data: no parameters, never reached by a backward pass
+        (torchvision transforms are modules: ``Resize``, ``RandomHorizontalFlip``)."""
+        backed = {key[0] for keys in self.backward.values() for key in keys}
+        with_params = {m.model for m in self.modules.values() if m.params}
+        return {m.model for m in self.modules.values()} - backed - with_params
 
     def label(self, model: int, name: str) -> str:
         """A module as findings name it: ``layer1.0 (BasicBlock)``, ``(root)`` for the root."""

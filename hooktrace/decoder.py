@@ -315,6 +315,15 @@ def _shapes(d: dict[str, Any], key: str, allow_none: bool = False) -> list[Any]:
     return value  # type: ignore[no-any-return]
 
 
+def _drop(d: dict[str, Any]) -> dict[str, Any]:
+    """A module record's ``drop`` as ``Module``'s fields (none where absent or unknown)."""
+    drop = _get(d, "drop", dict, {})
+    p, per = drop.get("p"), drop.get("per")
+    if type(p) not in _NUMBER_TYPES or per not in Module.DROP_UNITS:
+        return {}
+    return {"drop": float(p), "drop_unit": per}
+
+
 def _strs(d: dict[str, Any], key: str) -> list[str]:
     value = _get(d, key, list, [])
     if not all(isinstance(s, str) for s in value):
@@ -376,7 +385,7 @@ def from_dict(d: Any) -> Record | None:
         return Module(model=_get(d, "model", int), name=_get(d, "name", str),
                       cls=_get(d, "class", str, "?"), params=_get(d, "params", int, 0),
                       trainable=_get(d, "trainable", int, 0), aliases=aliases,
-                      loose=_strs(d, "loose") or None)
+                      loose=_strs(d, "loose") or None, **_drop(d))
     if kind == "anomaly":
         anomaly = _get(d, "kind", str)
         if anomaly not in Anomaly.KINDS:

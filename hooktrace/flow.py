@@ -72,6 +72,7 @@ class Call:
     lost: bool = False  # an input that needed a gradient got none
     finite: bool = True
     unit_last: bool = False  # its first output's last dim has size 1
+    chance: float | None = None  # a random-drop layer's: that it drops its whole input
 
     def gradients(self, outs: Sequence[Sequence[float] | None] | None,
                   ins: Sequence[Sequence[float] | None] | None) -> None:
@@ -122,6 +123,7 @@ class Boundary:
     # it was not exactly zero (None: zero at every step)
     ratio: float | None = None
     exact: bool = False  # and exactly zero at some step
+    drops: dict[int, None] = field(default_factory=dict)  # a drop layer's: the calls (seq)
 
 
 @dataclass
@@ -130,10 +132,39 @@ class Flow:
 
     boundaries: dict[tuple[ModuleKey, str], Boundary] = field(default_factory=dict)
     judged: dict[int, list[int]] = field(default_factory=dict)  # per model, its judged steps
+    # per random-drop layer: its calls that received a gradient, and the largest chance
+    # one of them had to drop its whole input
+    draws: dict[ModuleKey, tuple[int, float]] = field(default_factory=dict)
 
     @property
     def victims(self) -> set[ModuleKey]:
         return {v for b in self.boundaries.values() for v in b.victims}
+
+    def by_chance(self, b: Boundary) -> float | None:
+        """For a drop layer's whole drops: a bound on the probability that its own drop
+        probability makes as many in the calls judged (None: its probability is unknown; 0: it
+        is 1, which drops every input, a bug whatever the odds)."""
+        draws = self.draws.get(b.key)
+        if b.cause != "dropped" or draws is None or not b.drops:
+            return None
+        n, q = draws
+        if q >= 1:
+            return 0.0
+        k = min(len(b.drops), n)
+        return min(1.0, math.comb(n, k) * q ** k)
+
+
+def whole_drop(p: float, unit: str, inputs: Sequence[object]) -> float | None:
+    """The chance that a drop layer of probability ``p`` drops every value of its input
+    (``inputs``: the shapes of its tensor inputs), one draw per ``unit``; None: unknown."""
+    shape = inputs[0] if inputs else None
+    if not isinstance(shape, list) or not all(type(d) is int for d in shape):
+        return None
+    if p >= 1 or unit == "batch":
+        return min(p, 1.0)
+    draws = math.prod(shape) if unit == "element" else math.prod(shape[:2 if unit ==
+                                                                   "channel" else 1])
+    return float(p ** draws) if draws else 1.0
 
 
 def analyse(calls: Iterable[Call], modules: dict[ModuleKey, ModuleStats],
@@ -142,6 +173,9 @@ def analyse(calls: Iterable[Call], modules: dict[ModuleKey, ModuleStats],
     groups: dict[tuple[int, int], list[Call]] = {}
     for c in calls:
         groups.setdefault((c.step, c.key[0]), []).append(c)
+        if c.chance is not None and c.fed:
+            n, q = flow.draws.get(c.key, (0, 0.0))
+            flow.draws[c.key] = (n + 1, max(q, c.chance))
     for (step, model), group in sorted(groups.items()):
         if any(c.backed for c in group):
             flow.judged.setdefault(model, []).append(step)
@@ -361,5 +395,7 @@ def _add(flow: Flow, step: int, b: Call, cause: str, victim: Call) -> Boundary:
                                                            g_in=b.g_in)
     if not found.steps or found.steps[-1] != step:
         found.steps.append(step)
+    if cause == "dropped":
+        found.drops[b.seq] = None
     found.victims[victim.key] = None
     return found

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch.autograd.function import BackwardCFunction
 from torch.autograd.variable import Variable
 
 from hooktrace.errors import NonFiniteError
@@ -29,8 +30,9 @@ _MAX_LEAVES = 4096  # leaf tensors hooked at once; forward-only code never ends 
 
 
 class _NodeDispatch(list[Any]):
-    """The prehook of one autograd node: a flat list of (output_nr, call, index) triples, so
-    that a registration allocates no tuple and no bound method. These objects live as long as
+    """The prehook of one autograd node: a flat list of (output_nr, call, index, shape)
+    quadruples, so that a registration allocates no tuple and no bound method (``shape``: the
+    shape of a tensor that views this node's output whole, else None). These objects live as long as
     the graph (often into the next step): the fewer, the rarer Python's full collections."""
 
     __slots__ = ("hooks",)
@@ -43,10 +45,12 @@ class _NodeDispatch(list[Any]):
         try:
             hooks.activity()
             on_grad = hooks.on_grad
-            for k in range(len(self) - 3, -1, -3):  # latest registered first
+            for k in range(len(self) - 4, -1, -4):  # latest registered first
                 grad = grad_outputs[self[k]]
                 if grad is not None:
-                    on_grad(self[k + 1], self[k + 2], grad)
+                    shape = self[k + 3]
+                    on_grad(self[k + 1], self[k + 2], grad if shape is None
+                            else grad.reshape(shape))
         except NonFiniteError:
             raise  # --break-on nan: stopping the program is what the user asked for
         except Exception as e:  # never break the user's backward
@@ -77,6 +81,17 @@ class GradHooks:
             if call is not None:
                 self._attach_leaf(t, call, index)
             return
+        output_nr, shape = t.output_nr, None
+        if call is not None and t._is_view() and not isinstance(node, BackwardCFunction):
+            # a view of a whole tensor (``F.linear`` on a 3-d input returns one): an in-place
+            # op on it later (``ReLU(inplace=True)``, ``x += y``) rebuilds the view's node, and
+            # the old one never runs; the base's node still does, with the same gradient (not
+            # so a custom ``autograd.Function``'s output that views its input: its node is
+            # the function's backward)
+            base = t._base
+            if (base is not None and base.grad_fn is not None and base.numel() == t.numel()
+                    and base.dtype == t.dtype):
+                node, output_nr, shape = base.grad_fn, base.output_nr, t.shape
         metadata: dict[Any, Any] = node.metadata  # type: ignore[assignment]  # a dict at runtime
         dispatch = metadata.get(self)
         if dispatch is None:
@@ -84,7 +99,7 @@ class GradHooks:
             dispatch.hooks = self
             node.register_prehook(dispatch)
         if call is not None:
-            dispatch.extend((t.output_nr, call, index))
+            dispatch.extend((output_nr, call, index, shape))
 
     def _attach_leaf(self, t: torch.Tensor, call: Any, index: int) -> None:
         entry = self._leaves.get(id(t))
@@ -95,13 +110,13 @@ class GradHooks:
             dispatch.hooks = self
             handle = t.register_hook(lambda g: dispatch((g,)))  # type: ignore[no-untyped-call]
             entry = self._leaves[id(t)] = (weakref.ref(t), dispatch, handle)
-        entry[1].extend((0, call, index))
+        entry[1].extend((0, call, index, None))
 
     def prune_leaf_hooks(self, keep: Callable[[Any], bool]) -> None:
         """Drop the callbacks of calls ``keep`` rejects, and the hooks of freed leaves."""
         for key, (ref, dispatch, handle) in list(self._leaves.items()):
-            dispatch[:] = [x for k in range(0, len(dispatch), 3) if keep(dispatch[k + 1])
-                           for x in dispatch[k: k + 3]]
+            dispatch[:] = [x for k in range(0, len(dispatch), 4) if keep(dispatch[k + 1])
+                           for x in dispatch[k: k + 4]]
             if ref() is None or not dispatch:
                 handle.remove()
                 del self._leaves[key]

@@ -145,10 +145,13 @@ class LogNames:
         self.models: dict[int, str] = {}
         self.classes: dict[tuple[int, str], str] = {}  # (model, fqn) -> class
         self.sources: dict[str, str] = {}  # class -> "file:line" of its forward
+        self.with_params: set[int] = set()  # the models with a module that has parameters
 
     def take(self, record: schema.Record) -> None:
         if isinstance(record, schema.Module):
             self.classes[(record.model, record.name)] = record.cls
+            if record.params:
+                self.with_params.add(record.model)
         elif isinstance(record, schema.Model):
             self.models[record.model] = record.name
         elif isinstance(record, schema.Source):

@@ -23,6 +23,7 @@ from hooktrace.findings import (
     plural,
     steps_text,
 )
+from hooktrace.modes import eval_backward
 from hooktrace.trainable import frozen_during_run, unfrozen_at
 
 if TYPE_CHECKING:
@@ -40,15 +41,6 @@ def check_loop(c: Collected) -> list[Finding]:
         if make is not None:
             out += make(c, s)
     return out + _never_reached(c) + _outside_autograd(c) + frozen_during_run(c)
-
-
-def _eval_backward(c: Collected, s: Signal) -> list[Finding]:
-    return [Finding(
-        "eval-backward", WARNING, c.model_name(s.model), s.name, s.step,
-        f"model '{c.model_name(s.model)}' ran backward in eval mode (model.training is False) "
-        f"from step {s.step} on: dropout is off, and BatchNorm normalises with its running "
-        "statistics and does not update them", {},
-        "call model.train() again after a validation pass (model.eval()) before training on")]
 
 
 def _not_held(c: Collected, s: Signal) -> list[Finding]:
@@ -383,7 +375,7 @@ def _order(c: Collected, model: int, name: str) -> int:
 
 
 _BY_KIND = {
-    "eval-backward": _eval_backward,
+    "eval-backward": eval_backward,
     "optimizers": _not_held,
     "grads-carried-over": _carried_over,
     "grads-cleared": _cleared,

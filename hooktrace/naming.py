@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import torch
 from torch import nn
@@ -96,6 +97,27 @@ def _loose(module: nn.Module) -> list[str] | None:
     found = sorted(k for k, v in vars(module).items() if isinstance(v, torch.Tensor)
                    and not isinstance(v, nn.Parameter) and v.requires_grad and v.is_leaf)
     return found or None
+
+
+def _drop(module: nn.Module) -> dict[str, Any]:
+    """A random-drop layer's probability and what one draw drops (``schema.Module.drop``):
+    torch's ``Dropout*`` (``p``), torchvision's ``StochasticDepth`` (``p``, ``mode``) and the
+    ``DropPath`` of timm and others (``drop_prob``, one draw a sample)."""
+    cls = type(module).__name__
+    p = getattr(module, "drop_prob", None) if "DropPath" in cls else getattr(module, "p", None)
+    if not isinstance(p, (float, int)) or isinstance(p, bool):
+        return {}
+    if cls == "StochasticDepth":
+        unit = "batch" if getattr(module, "mode", "row") == "batch" else "sample"
+    elif "DropPath" in cls:
+        unit = "sample"
+    elif isinstance(module, (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.FeatureAlphaDropout)):
+        unit = "channel"
+    elif isinstance(module, nn.modules.dropout._DropoutNd):
+        unit = "element"
+    else:
+        return {}
+    return {"drop": float(p), "drop_unit": unit}
 
 
 def is_library(filename: str) -> bool:
@@ -244,7 +266,7 @@ class Naming:
                     self.uncalled[info] = None
             self._infos[module] = info  # a former top-level model found inside this one is adopted
             records[fqn] = schema.Module(model, fqn, info.cls, params, trainable,
-                                         loose=_loose(module))
+                                         loose=_loose(module), **_drop(module))
         for fqn, record in records.items():
             if (model, fqn) not in self._written:
                 self._written.add((model, fqn))

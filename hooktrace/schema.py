@@ -5,7 +5,9 @@ A log is JSON Lines, UTF-8, one record per line, each with a ``"type"`` key:
 ``header``   first line: schema version, versions, argv, pid, rank, filters in force.
 ``model``    a top-level model seen by the tracer (``model`` index, a name, its class).
 ``module``   one per named submodule, written once when its model is first seen: its ``id``
-             (events refer to it), class, own parameter counts, other names of a shared module.
+             (events refer to it), class, own parameter counts, other names of a shared module;
+             for a random-drop layer, ``drop``: its probability ``p`` and what one draw drops,
+             ``per`` the whole ``batch``, a ``sample``, a ``channel`` or an ``element``.
 ``tensors``  a tensor signature, written before the first event that uses its ``id``: the
              shapes of a call's tensor leaves in order, with their dtypes for a forward one (for
              gradients, ``null`` where none flowed).
@@ -114,12 +116,19 @@ class Module:
     # its own attributes that are leaf tensors with requires_grad=True but not nn.Parameters
     # (``self.scale = torch.ones(1, requires_grad=True)``): model.parameters() never holds them
     loose: list[str] | None = None
+    # a layer that drops at random (Dropout, StochasticDepth, DropPath): its drop probability
+    # and what one draw drops (``DROP_UNITS``), for telling a whole input dropped by chance
+    drop: float | None = None
+    drop_unit: str | None = None
+
+    DROP_UNITS: ClassVar[tuple[str, ...]] = ("batch", "sample", "channel", "element")
 
     def to_dict(self) -> dict[str, Any]:
         return _compact({
             "type": self.TYPE, "model": self.model, "name": self.name, "class": self.cls,
             "params": self.params, "trainable": self.trainable, "aliases": self.aliases,
             "loose": self.loose,
+            "drop": None if self.drop is None else {"p": self.drop, "per": self.drop_unit},
         })
 
 

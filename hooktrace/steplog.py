@@ -61,6 +61,14 @@ class StepLog:
         return self.classes.get((model, fqn), "?")
 
 
+def without_data_prep(events: list[Event], names: LogNames) -> list[Event]:
+    """``events`` without those of models that prepare data (torchvision transforms are
+    modules): no parameters, no backward in the step. They stay in the log, and are drawn
+    where nothing else ran."""
+    keep = names.with_params | {e.model for e in events if e.phase == "backward"}
+    return [e for e in events if e.model in keep] or events
+
+
 class StepChooser:
     """Chooses the step to draw: the requested one, or the first with a backward event; keeps
     its events as they are read."""
@@ -181,6 +189,8 @@ def load_step(path: str | os.PathLike[str], step: int | None = None,
         raise SelectionError(f"no step {chosen} in {reader.path}; its steps: "
                              f"{ranges(sorted(chooser.steps))}")
     events = sorted(chooser.kept.get(chosen, []), key=lambda e: e.seq)
+    if model is None:
+        events = without_data_prep(events, loaded.names)
     forward = {e.seq for e in events if isinstance(e, schema.ForwardEvent)}
     earlier = {models.get(e.model, str(e.model)) for e in events
                if isinstance(e, schema.BackwardEvent) and e.fwd not in forward}

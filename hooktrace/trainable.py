@@ -70,3 +70,4 @@ def frozen_during_run(c: Collected) -> list[Finding]:
 def _first_seq(c: Collected, model: int, name: str) -> int:
     m = c.modules.get((model, name))
     return m.first_seq or 0 if m is not None else 0
+

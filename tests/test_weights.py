@@ -53,8 +53,9 @@ def test_weights_that_change_are_not_reported(tmp_path: Path, case: str) -> None
 
 
 def test_an_analysis_without_optimizer_is_not_told_to_step(tmp_path: Path) -> None:
-    # input gradients of a model in eval mode: the one problem is the eval-mode backward
-    assert [f["kind"] for f in check_case(tmp_path, "saliency")] == ["eval-backward"]
+    # input gradients of a model in eval mode: no optimizer to step, and eval mode changes
+    # nothing in a model without norm or dropout layers
+    assert check_case(tmp_path, "saliency") == []
 
 
 def test_too_few_recorded_steps_decide_nothing(tmp_path: Path) -> None:
