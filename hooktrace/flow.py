@@ -162,8 +162,8 @@ def whole_drop(p: float, unit: str, inputs: Sequence[object]) -> float | None:
         return None
     if p >= 1 or unit == "batch":
         return min(p, 1.0)
-    draws = math.prod(shape) if unit == "element" else math.prod(shape[:2 if unit ==
-                                                                   "channel" else 1])
+    leading = {"sample": 1, "channel": 2}.get(unit)  # the dims a draw covers; else all
+    draws = math.prod(shape[:leading])
     return float(p ** draws) if draws else 1.0
 
 

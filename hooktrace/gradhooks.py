@@ -29,11 +29,17 @@ GradCallback = Callable[[Any, int, torch.Tensor], None]
 _MAX_LEAVES = 4096  # leaf tensors hooked at once; forward-only code never ends a pass: bound it
 
 
+#: in a dispatch's ``shape`` slot: the entry of a tensor that views another whole, whose base's
+#: node holds a fallback entry (with the view's shape) for when an in-place op rebuilt its node
+_VIEW = ()
+
+
 class _NodeDispatch(list[Any]):
     """The prehook of one autograd node: a flat list of (output_nr, call, index, shape)
-    quadruples, so that a registration allocates no tuple and no bound method (``shape``: the
-    shape of a tensor that views this node's output whole, else None). These objects live as long as
-    the graph (often into the next step): the fewer, the rarer Python's full collections."""
+    quadruples, so that a registration allocates no tuple and no bound method. ``shape`` is
+    None for a plain entry, ``_VIEW`` for a whole view's own, and the view's shape for its
+    fallback on the base's node. These objects live as long as the graph (often into the next
+    step): the fewer, the rarer Python's full collections."""
 
     __slots__ = ("hooks",)
     hooks: GradHooks  # set right after creation: an __init__ calling list's costs a third more
@@ -49,8 +55,10 @@ class _NodeDispatch(list[Any]):
                 grad = grad_outputs[self[k]]
                 if grad is not None:
                     shape = self[k + 3]
-                    on_grad(self[k + 1], self[k + 2], grad if shape is None
-                            else grad.reshape(shape))
+                    if shape is None:
+                        on_grad(self[k + 1], self[k + 2], grad)
+                    else:
+                        hooks.viewed(self[k + 1], self[k + 2], grad, shape)
         except NonFiniteError:
             raise  # --break-on nan: stopping the program is what the user asked for
         except Exception as e:  # never break the user's backward
@@ -66,6 +74,7 @@ class GradHooks:
         self.on_error = on_error
         self._on_pass_end = on_pass_end
         self._open_tasks: set[int] = set()
+        self._viewed: set[tuple[Any, int]] = set()  # whole views whose own node ran this pass
         # id(leaf) -> (weak reference, dispatch, hook handle)
         self._leaves: dict[int, tuple[weakref.ref[torch.Tensor], _NodeDispatch, Any]] = {}
 
@@ -81,25 +90,40 @@ class GradHooks:
             if call is not None:
                 self._attach_leaf(t, call, index)
             return
-        output_nr, shape = t.output_nr, None
+        shape = None
         if call is not None and t._is_view() and not isinstance(node, BackwardCFunction):
             # a view of a whole tensor (``F.linear`` on a 3-d input returns one): an in-place
             # op on it later (``ReLU(inplace=True)``, ``x += y``) rebuilds the view's node, and
-            # the old one never runs; the base's node still does, with the same gradient (not
-            # so a custom ``autograd.Function``'s output that views its input: its node is
-            # the function's backward)
+            # the old one never runs; the base's node still does, with the same gradient: a
+            # fallback there (not for a custom ``autograd.Function``'s output that views its
+            # input: its node is the function's backward)
             base = t._base
             if (base is not None and base.grad_fn is not None and base.numel() == t.numel()
                     and base.dtype == t.dtype):
-                node, output_nr, shape = base.grad_fn, base.output_nr, t.shape
-        metadata: dict[Any, Any] = node.metadata  # type: ignore[assignment]  # a dict at runtime
-        dispatch = metadata.get(self)
+                self._dispatch(base.grad_fn).extend((base.output_nr, call, index, t.shape))
+                shape = _VIEW
+        dispatch = self._dispatch(node)
+        if call is not None:
+            dispatch.extend((t.output_nr, call, index, shape))
+
+    def _dispatch(self, node: Any) -> _NodeDispatch:
+        metadata: dict[Any, Any] = node.metadata  # a dict at runtime
+        dispatch: _NodeDispatch | None = metadata.get(self)
         if dispatch is None:
             dispatch = metadata[self] = _NodeDispatch()
             dispatch.hooks = self
             node.register_prehook(dispatch)
-        if call is not None:
-            dispatch.extend((output_nr, call, index, shape))
+        return dispatch
+
+    def viewed(self, call: Any, index: int, grad: torch.Tensor, shape: Any) -> None:
+        """A whole view's gradient: from its own node (``_VIEW``), or from its base's where
+        its own never ran in this pass (an in-place op rebuilt it), in the view's shape."""
+        key = (call, index)
+        if shape is _VIEW:
+            self._viewed.add(key)
+            self.on_grad(call, index, grad)
+        elif key not in self._viewed:
+            self.on_grad(call, index, grad.reshape(shape))
 
     def _attach_leaf(self, t: torch.Tensor, call: Any, index: int) -> None:
         entry = self._leaves.get(id(t))
@@ -130,6 +154,8 @@ class GradHooks:
     def _task_done(self, task: int) -> None:
         try:
             self._open_tasks.discard(task)
+            if not self._open_tasks:
+                self._viewed.clear()
             if not self._open_tasks and self.active:  # the outermost backward pass ended
                 self._on_pass_end()
         except Exception as e:

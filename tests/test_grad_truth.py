@@ -132,3 +132,22 @@ def test_drops_chance_cannot_explain_are_reported(log_path: Path) -> None:
     [found] = [f for f in run_checks(log_path).problems if f.kind == "zero-gradient"]
     assert found.module == "drops.0"
     assert "1 whole drop in 2 calls" in found.message
+
+
+def test_a_whole_view_used_beside_its_base_keeps_its_own_gradient(log_path: Path) -> None:
+    class Both(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.flat = nn.Conv2d(1, 2, 3), nn.Flatten()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.conv(x)
+            return 2 * self.flat(h).sum() + h.pow(2).sum()  # the base has a gradient of its own
+
+    model = Both()
+    with hooktrace.trace(log_path, model=model):
+        model(torch.randn(2, 1, 5, 5)).backward()
+    bwd = {e.name: e for e in events(log_path, "backward")}
+    [stat] = bwd["flat"].grad_output_stats or [None]
+    assert stat is not None
+    assert stat[0] == pytest.approx(2 * (2 * 2 * 3 * 3) ** 0.5, rel=1e-3)  # 2 everywhere
