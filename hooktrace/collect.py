@@ -375,8 +375,9 @@ class Collector:
         self._patterns.clear()
 
     def _finish(self) -> None:
-        """The per-step sets as module keys; the judged calls."""
+        """The per-step sets as module keys; the judged calls; the true gradient norms."""
         self.c.calls = list(self._judged_calls.values())
+        self.c.unscale()
         if self._last_backward is not None and self._last_backward[0] not in self._closed:
             step, index = self._last_backward
             self.c.unfinished = (step, self._keys[index])

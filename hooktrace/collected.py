@@ -91,6 +91,22 @@ class Collected:
     def model_name(self, model: int) -> str:
         return self.models.get(model, str(model))
 
+    def unscale(self) -> None:
+        """Parameter-gradient norms divided by the loss scale in force at their step (the
+        ``loss-scale`` signals): a backward pass leaves gradients scaled until the scaler's
+        step unscales them."""
+        changes = sorted((s.step, s.model, float(s.detail.get("scale") or 1.0))
+                         for s in self.signals if s.kind == "loss-scale")
+        if not changes:
+            return
+        for step, records in self.param_norms.items():
+            for i, (model, names, norms) in enumerate(records):
+                scale = next((x for s, m, x in reversed(changes) if s <= step and m == model),
+                             1.0)
+                if scale != 1.0:
+                    records[i] = (model, names, tuple(None if n is None else n / scale
+                                                      for n in norms))
+
     def data_models(self) -> set[int]:
         """The models that prepare data: no parameters, never reached by a backward pass
         (torchvision transforms are modules: ``Resize``, ``RandomHorizontalFlip``)."""

@@ -278,7 +278,10 @@ class Signal:
       rate below 1e-4 of its peak ``detail.peak``, from ``step`` on (``detail.lr``: its last);
     * ``weight-decay``: the models of an optimizer (``detail.optimizer``: its class) whose step
       multiplies each weight by ``1 - lr * weight_decay`` with that product 0.01 or more
-      (``detail.lr``, ``detail.weight_decay``), at the first such step; once per optimizer.
+      (``detail.lr``, ``detail.weight_decay``), at the first such step; once per optimizer;
+    * ``loss-scale``: the scale ``detail.scale`` of the loss scaler (``torch.amp.GradScaler``)
+      held by the code that ran the recorded backward pass ``step``, which the gradients of
+      the pass still carry (they are unscaled in ``scaler.step``); when it changes.
     """
 
     TYPE: ClassVar[str] = "signal"
@@ -286,7 +289,8 @@ class Signal:
                                         "backward-hook", "frozen-bn-training", "grads-cleared",
                                         "params-without-grad", "grads-zeroed",
                                         "params-recreated", "weights-unchanged",
-                                        "trainable-changed", "lr-collapsed", "weight-decay")
+                                        "trainable-changed", "lr-collapsed", "weight-decay",
+                                        "loss-scale")
     step: int
     model: int
     name: str

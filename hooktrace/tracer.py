@@ -18,6 +18,7 @@ from hooktrace.breakon import BreakOnNonfinite
 from hooktrace.capture import Capture, CaptureObserver
 from hooktrace.core import CallTracker
 from hooktrace.diagnose import Diagnosis
+from hooktrace.lossscale import LossScale
 from hooktrace.naming import Naming
 from hooktrace.options import TraceOptions
 from hooktrace.outputs import OutputCheck
@@ -83,6 +84,7 @@ class Tracer:
         if stats is not None and self._options.watch:
             observers.append(Watch(stats, recorder.emit))
         observers.append(Diagnosis(recorder.emit))
+        observers.append(LossScale(recorder.emit))
         observers.append(WeightChange(recorder.emit))
         observers.append(recorder)  # after those that emit: their records precede the step's
         if stats is not None and self._options.break_on_nan:

@@ -155,3 +155,34 @@ def test_data_transforms_are_not_models(log_path: Path) -> None:
     # not in the picture, not in the findings (it said their gradients add up, before)
     assert {step.models[e.model] for e in step.events} == {"model"}
     assert run_checks(log_path).findings == []
+
+
+def _amp_steps(path: Path, scaled: bool) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                          nn.Linear(256, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")  # its default scale: 65536
+    with hooktrace.trace(path, model=model, steps="0:3"):
+        for _ in range(3):
+            x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            if scaled:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            else:  # the same size of gradients, never unscaled: they are that large
+                (loss * 65536).backward()
+                optimizer.step()
+
+
+def test_gradients_a_loss_scaler_scales_are_not_exploding(log_path: Path) -> None:
+    _amp_steps(log_path, scaled=True)
+    assert run_checks(log_path).problems == []
+
+
+def test_gradients_as_large_without_a_scaler_are_exploding(log_path: Path) -> None:
+    _amp_steps(log_path, scaled=False)
+    assert [f.kind for f in run_checks(log_path).problems] == ["exploding"]
