@@ -39,7 +39,7 @@ def cli() -> None:
     """Trace the forward and backward order of PyTorch modules, and debug gradient flow."""
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@cli.command(context_settings={"allow_interspersed_args": False})
 @click.option("-o", "--output", type=click.Path(path_type=Path), default="hooktrace.jsonl",
               show_default=True, help="Where to write the log (JSON lines).")
 @click.option("-m", "as_module", is_flag=True, help="Run TARGET as a module, like python -m.")
