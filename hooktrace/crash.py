@@ -13,7 +13,7 @@ from __future__ import annotations
 import signal
 from typing import TYPE_CHECKING, Any
 
-from hooktrace.errors import plain
+from hooktrace.errors import HooktraceError, plain
 from hooktrace.findings import ERROR, Finding
 from hooktrace.options import Steps
 
@@ -121,37 +121,42 @@ def check_crash(c: Collected) -> list[Finding]:
 def _stopped(c: Collected) -> list[Finding]:
     """A run that stopped without an error of its own: killed (no end record), interrupted
     by a signal, or ``sys.exit`` with a failure status; with the last step it completed."""
-    end = c.end
-    if end is None:
-        how, status, done = ("the log has no end record: the process was killed (kill -9, out "
-                             "of memory, a job's time limit) or is still running"), "killed", \
-            c.last_step
-        hint = ("a process killed without a word is most often out of memory (the kernel's "
-                "OOM killer: dmesg says so) or a scheduler's limit; the findings cover what the "
-                "log holds")
-    elif end.status == "interrupted":
-        how, status, done = f"it was interrupted by {_signal(end)}", "interrupted", end.steps - 1
-        hint = "the findings cover the steps it ran; trace a run to its end to check it whole"
-    elif end.status == "error" and (exited := _exit(end)):  # sys.exit(n), not an exception
-        how, status, done = exited, "exit", end.steps - 1
-        hint = "the script chose to stop with a failure status: its output says why"
-    else:
+    ended = _how(c)
+    if ended is None:
         return []
+    how, status, hint = ended
     evidence: dict[str, Any] = {"status": status}
-    if end is not None and end.exit_code is not None:
-        evidence["exit_code"] = end.exit_code
+    if c.end is not None and c.end.exit_code is not None:
+        evidence["exit_code"] = c.end.exit_code
     if not _ran(c):
         return [Finding("stopped", ERROR, "", "", None,
-                        f"the run did not finish: {how}, before any model ran",
-                        evidence, hint)]
-    evidence["last_step"] = done if done is not None and done >= 0 else None
+                        f"the run did not finish: {how}, before any model ran", evidence, hint)]
+    done = c.last_step if c.end is None else c.end.steps - 1
     if done is None or done < 0:
-        last = "before it completed a step"
+        done, last = None, "before it completed a step"
     else:
         last = f"the last step it completed is {done}{_maybe_later(c, done)}"
-    step = 0 if done is None else done + 1
-    return [Finding("stopped", ERROR, _last_model(c), "", step,
+    evidence["last_step"] = done
+    return [Finding("stopped", ERROR, _last_model(c), "", 0 if done is None else done + 1,
                     f"the run did not finish: {how}; {last}", evidence, hint)]
+
+
+def _how(c: Collected) -> tuple[str, str, str] | None:
+    """How a run that did not finish ended, its ``status`` in the evidence, and a hint; None
+    for a run that finished (or crashed: ``check_crash`` says it)."""
+    end = c.end
+    if end is None:
+        return ("its log has no end record, so the process was killed (kill -9, out of memory, "
+                "a job's time limit) or is still running", "killed",
+                "a process killed without a word is most often out of memory (the kernel's OOM "
+                "killer: dmesg says so) or a scheduler's limit; the findings cover what the log "
+                "holds")
+    if end.status == "interrupted":
+        return (f"it was interrupted by {_signal(end)}", "interrupted",
+                "the findings cover the steps it ran; trace a run to its end to check it whole")
+    if end.status == "error" and (exited := _exit(end)):  # sys.exit(n), not an exception
+        return exited, "exit", "the script chose to stop with a failure status: its output says why"
+    return None
 
 
 def _exit(end: End) -> str:
@@ -185,7 +190,11 @@ def _maybe_later(c: Collected, done: int) -> str:
     run watched past ``--steps``): the run may have gone further."""
     if c.end is not None:
         return ""
-    steps = Steps.parse(str(c.header.options.get("steps") or ""))
+    text = c.header.options.get("steps")  # absent: every step recorded
+    try:
+        steps = Steps.parse(text) if isinstance(text, str) and text else Steps()
+    except HooktraceError:  # not a selection this hooktrace reads: say what may be
+        steps = Steps(())
     if done + 1 in steps:
         return ""
     return f" or later (steps after {done} were not recorded in full: --steps)"
