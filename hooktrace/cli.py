@@ -154,9 +154,9 @@ def show(log: Path, step: int | None, phase: str, model: str | None, limit: int)
 def check(logs: tuple[Path, ...], as_json: bool, step: int | None, vanishing: float,
           exploding: float, orders: float) -> None:
     """Find gradient-flow problems in LOGS: NaN/Inf, no gradient, frozen or unused modules,
-    vanishing or exploding gradients. Several logs (or a quoted glob, 'run.rank*.jsonl') are the
-    ranks of one run: they are also compared step by step. Exit status 1 when problems are
-    found."""
+    vanishing or exploding gradients, and runs that did not finish. Several logs (or a quoted
+    glob, 'run.rank*.jsonl') are the ranks of one run: they are also compared step by step.
+    Exit status 1 when problems are found."""
     from hooktrace import checklog, report
     from hooktrace.findings import Thresholds
 
