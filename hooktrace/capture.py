@@ -1,10 +1,14 @@
 """``--capture GLOB``: save the tensors of matching module calls for inspection (torch.save).
 
-For each recorded call of a matching module: ``<log>.capture/step<S>/<fqn>.call<C>.forward.pt``
-holds ``{"inputs": [...], "outputs": [...]}`` and ``...backward.pt`` holds
+For each recorded call of a matching module:
+``<log>.capture/step<S>/<model>.<fqn>.call<C>.forward.pt`` (``<model>.call<C>...`` for a model's
+root) holds ``{"inputs": [...], "outputs": [...]}`` and ``...backward.pt`` holds
 ``{"grad_inputs": [...], "grad_outputs": [...]}``: detached CPU copies, in the order of the log's
-shape lists (None where no gradient flowed). A size cap bounds the folder; past it, capturing
-stops with a note. The folder is marked as hooktrace's, and one that is not is never touched.
+shape lists (None where no gradient flowed). The model is in the name: a GAN's ``netG`` and
+``netD`` both have a module ``0``. A name that two calls would share (characters a file name
+cannot hold, made ``_``) gets ``-2``, ``-3``: no file is written over. A size cap bounds the
+folder; past it, capturing stops with a note. The folder is marked as hooktrace's, and one that
+is not is never touched.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import fnmatch
 import re
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +68,7 @@ class Capture:
     def matches(self, fqn: str) -> bool:
         return any(fnmatch.fnmatchcase(fqn, p) for p in self._patterns)
 
-    def save(self, step: int, fqn: str, call: int, phase: str,
+    def save(self, step: int, model: str, fqn: str, call: int, phase: str,
              tensors: Mapping[str, Sequence[torch.Tensor | None]]) -> None:
         if self.full:
             return
@@ -78,9 +82,14 @@ class Capture:
         self._bytes += size
         folder = self.dir / f"step{step}"
         folder.mkdir(exist_ok=True)
-        data: dict[str, Any] = {"module": fqn, "step": step, "call": call}
+        data: dict[str, Any] = {"model": model, "module": fqn, "step": step, "call": call}
         data.update({key: _copy(ts) for key, ts in tensors.items()})
-        torch.save(data, folder / f"{_safe(fqn)}.call{call}.{phase}.pt")
+        name = _safe(model) + (f".{_safe(fqn)}" if fqn else "") + f".call{call}.{phase}"
+        path, n = folder / f"{name}.pt", 1
+        while path.exists():  # another module whose name is made the same
+            n += 1
+            path = folder / f"{name}-{n}.pt"
+        torch.save(data, path)
         self.files += 1
 
 
@@ -88,8 +97,9 @@ class CaptureObserver(Observer):
     """Saves the tensors of matching calls in recorded steps: inputs as the call began (before
     an in-place op changes them), outputs, and the gradients when the backward pass ends."""
 
-    def __init__(self, capture: Capture) -> None:
+    def __init__(self, capture: Capture, model_name: Callable[[int], str]) -> None:
         self._capture = capture
+        self._model_name = model_name  # a model's index -> its name in the log
         self._matches: dict[ModInfo, bool] = {}
         self._inputs: dict[ForwardStart, list[torch.Tensor]] = {}  # calls running
         self._grads: dict[ForwardCall, dict[str, list[torch.Tensor | None]]] = {}
@@ -104,7 +114,8 @@ class CaptureObserver(Observer):
         if inputs is None or end.mode is not Mode.RECORDED:
             return
         call = end.call
-        self._capture.save(call.step, call.info.name, call.call_index, "forward", {
+        self._capture.save(call.step, self._model_name(call.info.model), call.info.name,
+                           call.call_index, "forward", {
             "inputs": [*inputs, *end.kw_inputs], "outputs": list(end.outputs)})
         self._grads[call] = {"grad_inputs": [None] * call.n_in,
                              "grad_outputs": [None] * call.n_out}
@@ -128,7 +139,8 @@ class CaptureObserver(Observer):
         for call in in_pass:
             saved = self._grads.pop(call, None)
             if saved is not None:
-                self._capture.save(end.step, call.info.name, call.call_index, "backward", saved)
+                self._capture.save(end.step, self._model_name(call.info.model),
+                                   call.info.name, call.call_index, "backward", saved)
 
     def _captures(self, info: ModInfo) -> bool:
         match = self._matches.get(info)

@@ -17,7 +17,15 @@ from hooktrace.checks import check_all
 from hooktrace.collect import Collector, collect
 from hooktrace.collected import Collected
 from hooktrace.errors import HooktraceError
-from hooktrace.findings import ERROR, SEVERITY_ORDER, Finding, Report, Thresholds, after_causes
+from hooktrace.findings import (
+    ERROR,
+    SEVERITY_ORDER,
+    Finding,
+    Report,
+    Thresholds,
+    after_causes,
+    plural,
+)
 from hooktrace.logio import LogReader, capture_dir
 from hooktrace.ranks import first_divergence, open_ranks
 
@@ -35,11 +43,11 @@ def _report(c: Collected, path: str | os.PathLike[str], step: int | None,
         have = f"{seen[0]}-{seen[-1]}" if seen else "none"
         raise HooktraceError(f"no step {step} in {path}; its steps: {have}")
     findings = check_all(c, thresholds or Thresholds())
-    events = c.end.events if c.end else sum(m.calls for m in c.modules.values())
+    events = c.end.events if c.end else c.events  # without an end record: what the log holds
     steps = c.end.steps if c.end and step is None else len(c.backward_steps)
     captured = None
     if c.end is not None and c.end.captured:
-        captured = f"{capture_dir(Path(path))} ({c.end.captured} files)"
+        captured = f"{capture_dir(Path(path))} ({plural(c.end.captured, 'file')})"
     return Report(findings, c.warnings, steps, events, captured)
 
 

@@ -256,8 +256,9 @@ def check_unused(c: Collected) -> list[Finding]:
         out.append(Finding(
             "unused", WARNING if trainable else NOTE, c.model_name(m.model), m.name, None,
             f"{m.name} ({m.cls}) is registered but never called"
-            + (f" ({len(below)} submodules, {trainable} trainable parameters)" if below
-               else f" ({trainable} trainable parameters)" if trainable else ""),
+            + (f" ({plural(len(below), 'submodule')}, {plural(trainable, 'trainable parameter')})"
+               if below else f" ({plural(trainable, 'trainable parameter')})" if trainable
+               else ""),
             {"submodules": len(below), "trainable": trainable},
             "DDP needs find_unused_parameters=True for it; remove it if it is not needed"
             if trainable else "",

@@ -39,7 +39,7 @@ def cli() -> None:
     """Trace the forward and backward order of PyTorch modules, and debug gradient flow."""
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@cli.command(context_settings={"allow_interspersed_args": False})
 @click.option("-o", "--output", type=click.Path(path_type=Path), default="hooktrace.jsonl",
               show_default=True, help="Where to write the log (JSON lines).")
 @click.option("-m", "as_module", is_flag=True, help="Run TARGET as a module, like python -m.")
@@ -154,9 +154,9 @@ def show(log: Path, step: int | None, phase: str, model: str | None, limit: int)
 def check(logs: tuple[Path, ...], as_json: bool, step: int | None, vanishing: float,
           exploding: float, orders: float) -> None:
     """Find gradient-flow problems in LOGS: NaN/Inf, no gradient, frozen or unused modules,
-    vanishing or exploding gradients. Several logs (or a quoted glob, 'run.rank*.jsonl') are the
-    ranks of one run: they are also compared step by step. Exit status 1 when problems are
-    found."""
+    vanishing or exploding gradients, and runs that did not finish. Several logs (or a quoted
+    glob, 'run.rank*.jsonl') are the ranks of one run: they are also compared step by step.
+    Exit status 1 when problems are found."""
     from hooktrace import checklog, report
     from hooktrace.findings import Thresholds
 

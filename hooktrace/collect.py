@@ -86,8 +86,10 @@ class Collector:
     def take(self, item: ForwardRows | BackwardRows | schema.Record) -> None:
         """One item of the scan: rows of one type, or a record."""
         if isinstance(item, ForwardRows):
+            self.c.events += len(item)
             self._forwards(item)
         elif isinstance(item, BackwardRows):
+            self.c.events += len(item)
             self._backwards(item)
         else:
             self._record(item)
@@ -168,6 +170,7 @@ class Collector:
                 firstnan.anomaly(self.c, r)
         elif type(r) is schema.Step:
             self._closed.add(r.step)
+            self.c.last_step = max(r.step, -1 if self.c.last_step is None else self.c.last_step)
         elif type(r) is schema.Signal:
             self.c.signals.append(r)
         elif type(r) is schema.Source:

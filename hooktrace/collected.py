@@ -79,6 +79,8 @@ class Collected:
     lost_gradient: dict[ModuleKey, list[int]] = field(default_factory=dict)  # watched
     warnings: list[str] = field(default_factory=list)
     end: schema.End | None = None
+    events: int = 0  # forward and backward events read, of every step
+    last_step: int | None = None  # the last step with a step record: its backward pass ended
     # the calls of the first recorded steps, each with its backward's gradient norms
     calls: list[flow.Call] = field(default_factory=list)
     # a backward pass that never ended (it raised): its step, and the module of its last

@@ -1,6 +1,9 @@
-"""The project's error types: each carries a one-line message and an exit code for the CLI."""
+"""The project's error types: each carries a one-line message and an exit code for the CLI; and
+the plain text of an error raised in a traced script."""
 
 from __future__ import annotations
+
+import re
 
 
 class HooktraceError(Exception):
@@ -19,3 +22,11 @@ class LogWriteError(LogError):
 
 class NonFiniteError(RuntimeError):
     """Raised into the traced program by ``--break-on nan`` when there is no terminal for pdb."""
+
+
+_COLOUR = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # terminal escape sequences (ANSI CSI)
+
+
+def plain(message: str) -> str:
+    """An error message without terminal colour codes (some libraries colour theirs)."""
+    return _COLOUR.sub("", message) if "\x1b" in message else message

@@ -21,6 +21,7 @@ import orjson
 
 from hooktrace import schema
 from hooktrace.errors import HooktraceError
+from hooktrace.findings import plural
 from hooktrace.graph import depth_of
 from hooktrace.logio import LogNames, LogReader
 from hooktrace.ranks import open_ranks
@@ -28,7 +29,8 @@ from hooktrace.render.text import shape_text
 
 FORMATS = ("csv", "jsonl")
 
-#: (column, type, what it holds). Empty (CSV) / null (JSON) only where a float column says so.
+#: (column, type, what it holds). Empty (CSV) / null (JSON) only where a column says so (pandas
+#: reads an int column with empty fields as float).
 COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("rank", "int", "the process's rank (0 without a launcher)"),
     ("seq", "int", "position in the log: events in execution order"),
@@ -48,8 +50,8 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("input_dtypes", "str", "forward: their dtypes"),
     ("output_shapes", "str", "forward: output tensor shapes"),
     ("output_dtypes", "str", "forward: their dtypes"),
-    ("output_nan", "int", "forward: NaN elements in the outputs"),
-    ("output_inf", "int", "forward: Inf elements in the outputs"),
+    ("output_nan", "int", "forward: NaN elements in the outputs (empty in backward rows)"),
+    ("output_inf", "int", "forward: Inf elements in the outputs (empty in backward rows)"),
     ("grad_output_len", "int", "backward: gradients of the outputs (0 for forward rows)"),
     ("grad_input_len", "int", "backward: gradients of the inputs"),
     ("grad_output_shapes", "str", "backward: their shapes, - where no gradient flowed"),
@@ -57,12 +59,12 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("grad_output_norm", "float", "L2 norm over the grad_output tensors; empty without "
                                   "statistics"),
     ("grad_output_absmax", "float", "largest absolute grad_output element"),
-    ("grad_output_nan", "int", "NaN elements in grad_output"),
-    ("grad_output_inf", "int", "Inf elements in grad_output"),
+    ("grad_output_nan", "int", "backward: NaN elements in grad_output (empty in forward rows)"),
+    ("grad_output_inf", "int", "backward: Inf elements in grad_output (empty in forward rows)"),
     ("grad_input_norm", "float", "L2 norm over the grad_input tensors"),
     ("grad_input_absmax", "float", "largest absolute grad_input element"),
-    ("grad_input_nan", "int", "NaN elements in grad_input"),
-    ("grad_input_inf", "int", "Inf elements in grad_input"),
+    ("grad_input_nan", "int", "backward: NaN elements in grad_input (empty in forward rows)"),
+    ("grad_input_inf", "int", "backward: Inf elements in grad_input (empty in forward rows)"),
 )
 NAMES = tuple(name for name, _, _ in COLUMNS)
 _COUNTS = ("output_nan", "output_inf", "grad_output_nan", "grad_output_inf", "grad_input_nan",
@@ -134,13 +136,14 @@ class _Rows:
             output_shapes=self.shapes(e.output_shapes), output_dtypes=", ".join(e.output_dtypes),
             output_nan=sum(b[1] for b in bad), output_inf=sum(b[2] for b in bad),
             grad_output_len=0, grad_input_len=0, grad_output_shapes="", grad_input_shapes="",
-            grad_output_norm=None, grad_output_absmax=None, grad_output_nan=0, grad_output_inf=0,
-            grad_input_norm=None, grad_input_absmax=None, grad_input_nan=0, grad_input_inf=0)
+            grad_output_norm=None, grad_output_absmax=None, grad_output_nan=None,
+            grad_output_inf=None, grad_input_norm=None, grad_input_absmax=None,
+            grad_input_nan=None, grad_input_inf=None)
 
     def _backward(self, row: dict[str, Any], e: schema.BackwardEvent) -> None:
         row.update(forward_seq=e.fwd, no_grad=False, input_shapes="", input_dtypes="",
                    output_shapes="", output_dtypes="",
-                   output_nan=0, output_inf=0, grad_output_len=e.grad_output_len,
+                   output_nan=None, output_inf=None, grad_output_len=e.grad_output_len,
                    grad_input_len=e.grad_input_len,
                    grad_output_shapes=self.shapes(e.grad_output_shapes),
                    grad_input_shapes=self.shapes(e.grad_input_shapes))
@@ -206,7 +209,7 @@ class Exported:
 
     def summary(self) -> str:
         where = f"wrote {self.path}" if self.path else "wrote"
-        return f"{where}: {self.rows} rows ({self.format})"
+        return f"{where}: {plural(self.rows, 'row')} ({self.format})"
 
 
 def _output(logs: Sequence[Path], fmt: str | None, output: Path | None) -> tuple[str, Path]:

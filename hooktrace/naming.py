@@ -236,6 +236,10 @@ class Naming:
         self._emit(schema.Model(model=index, name=unique, cls=type(module).__name__))
         return index
 
+    def model_name(self, model: int) -> str:
+        """The name of model ``model`` (its index), as the log's model record has it."""
+        return self._model_names[model]
+
     def add_model(self, module: nn.Module, name: str | None = None) -> ModInfo | None:
         """Register ``module`` as a new top-level model and name its whole tree."""
         model = self._new_model_index(module, name or variable_name(module))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hooktrace.align import Event, Feed, Walk, lockstep, parting
 from hooktrace.errors import HooktraceError
+from hooktrace.findings import plural
 from hooktrace.logio import LogReader
 
 
@@ -104,7 +105,7 @@ def _first_divergence(walks: Sequence[Walk], ranks: list[int]) -> Divergence | N
     for step, here in lockstep(walks, keep=lambda s: bool(s.events)):
         if any(s is None for s in here):  # a rank recorded fewer or other steps
             return Divergence(step, 0, "", "", {
-                rank: f"{len(s.events)} events" if s is not None else "no events"
+                rank: plural(len(s.events), "event") if s is not None else "no events"
                 for rank, s in zip(ranks, here, strict=True)}, "steps")
         per_rank = [s.events for s in here if s is not None]
         cut_off = any(s is not None and s.cut_off for s in here)

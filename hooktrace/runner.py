@@ -115,7 +115,7 @@ def _summary(session: Trace) -> None:
     if end is None:
         return
     dropped = f", {end.dropped} more not written (--max-events)" if end.dropped else ""
-    captured = (f", {end.captured} tensor files in {capture_dir(session.path)}"
+    captured = (f", {plural(end.captured, 'tensor file')} in {capture_dir(session.path)}"
                 if end.captured else "")
     stopped = " (tracing stopped early, see above)" if end.tracer_error else ""
     print(f"hooktrace: {plural(end.events, 'event')}, {plural(end.steps, 'step')}{dropped}"

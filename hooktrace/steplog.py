@@ -15,6 +15,7 @@ from pathlib import Path
 from hooktrace import schema
 from hooktrace.decoder import BackwardRows, ForwardRows
 from hooktrace.errors import HooktraceError, LogError
+from hooktrace.findings import plural
 from hooktrace.logio import LogNames, LogReader, capture_dir
 
 Event = schema.ForwardEvent | schema.BackwardEvent
@@ -198,7 +199,7 @@ def load_step(path: str | os.PathLike[str], step: int | None = None,
     if earlier:
         warnings.append(f"step {chosen} also runs the backward of calls made in an earlier step "
                         f"(model {', '.join(sorted(earlier))}); they are drawn in that step")
-    captured = (f"{capture_dir(reader.path)} ({reader.end.captured} files)"
+    captured = (f"{capture_dir(reader.path)} ({plural(reader.end.captured, 'file')})"
                 if reader.end is not None and reader.end.captured else None)
     return StepLog(reader.path, chosen, sorted(chooser.steps), models, loaded.classes, events,
                    warnings, {f: s for f, s in loaded.later.items() if f in forward}, captured,

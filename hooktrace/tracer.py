@@ -18,6 +18,7 @@ from hooktrace.breakon import BreakOnNonfinite
 from hooktrace.capture import Capture, CaptureObserver
 from hooktrace.core import CallTracker
 from hooktrace.diagnose import Diagnosis
+from hooktrace.errors import plain
 from hooktrace.lossscale import LossScale
 from hooktrace.naming import Naming
 from hooktrace.options import TraceOptions
@@ -79,7 +80,7 @@ class Tracer:
         recorder = LogRecorder(self._sink, stats, outputs)
         observers: list[Observer] = []
         if self._capture is not None:
-            observers.append(CaptureObserver(self._capture))
+            observers.append(CaptureObserver(self._capture, naming.model_name))
         observers.append(ParamNorms(stats, naming.uncalled, recorder.emit))
         if stats is not None and self._options.watch:
             observers.append(Watch(stats, recorder.emit))
@@ -99,7 +100,7 @@ class Tracer:
     def describe(self, error: BaseException) -> dict[str, Any]:
         """The end record's ``error``: its type and message, the module whose call raised it
         (when tracing had named it) and the line of the user's code it came through."""
-        described: dict[str, Any] = {"type": type(error).__name__, "message": str(error)}
+        described: dict[str, Any] = {"type": type(error).__name__, "message": plain(str(error))}
         if isinstance(error, (SystemExit, KeyboardInterrupt)):
             return described  # the script chose to stop: no place to point at
         try:

@@ -32,16 +32,18 @@ def test_capture_saves_forward_and_backward_tensors(log_path: Path) -> None:
         net(x).sum().backward()
     folder = log_path.with_name("trace.capture")
     assert sorted(p.name for p in (folder / "step0").iterdir()) == [
-        "0.call0.backward.pt", "0.call0.forward.pt", "2.call0.backward.pt", "2.call0.forward.pt"]
-    forward = torch.load(folder / "step0" / "0.call0.forward.pt")
-    assert (forward["module"], forward["step"], forward["call"]) == ("0", 0, 0)
+        "net.0.call0.backward.pt", "net.0.call0.forward.pt", "net.2.call0.backward.pt",
+        "net.2.call0.forward.pt"]
+    forward = torch.load(folder / "step0" / "net.0.call0.forward.pt")
+    assert (forward["model"], forward["module"], forward["step"], forward["call"]) == (
+        "net", "0", 0, 0)
     assert torch.equal(forward["inputs"][0], x)
     # the output as the module returned it, before the in-place ReLU changed it
     assert torch.equal(forward["outputs"][0], net[0](x).detach())
-    backward = torch.load(folder / "step0" / "2.call0.backward.pt")
+    backward = torch.load(folder / "step0" / "net.2.call0.backward.pt")
     assert torch.equal(backward["grad_outputs"][0], torch.ones(3, 2))
     assert backward["grad_inputs"][0].shape == (3, 8)
-    first = torch.load(folder / "step0" / "0.call0.backward.pt")
+    first = torch.load(folder / "step0" / "net.0.call0.backward.pt")
     assert first["grad_inputs"] == [None]  # x needs no gradient
     end = read_log(log_path)[-1]
     assert isinstance(end, schema.End) and end.captured == 4
@@ -60,6 +62,35 @@ def test_capture_is_mentioned_by_run_and_check(tmp_path: Path) -> None:
     assert rendered.returncode == 0, rendered.stderr
     assert rendered.stderr.rstrip().endswith(
         f"; captured tensors: {tmp_path / 'log.capture'} (8 files)")
+
+
+_GAN = """
+import torch
+from torch import nn
+
+netG = nn.Sequential(nn.Linear(4, 8), nn.Tanh())
+netD = nn.Sequential(nn.Linear(8, 1))
+for _ in range(2):
+    netD(netG(torch.randn(3, 4))).sum().backward()
+"""
+
+
+def test_capture_keeps_models_apart_and_counts_what_it_wrote(tmp_path: Path) -> None:
+    """A GAN's generator and discriminator both have a module "0": each call is its own file,
+    named with its model, and the count said is the files there are."""
+    script = tmp_path / "gan.py"
+    script.write_text(_GAN)
+    log = tmp_path / "gan.jsonl"
+    result = hooktrace_cmd("run", "-o", log, "--capture", "0", script)
+    assert result.returncode == 0, result.stderr
+    files = sorted(str(p.relative_to(tmp_path / "gan.capture"))
+                   for p in (tmp_path / "gan.capture").rglob("*.pt"))
+    assert files == [f"step{s}/{model}.0.call0.{phase}.pt" for s in (0, 1)
+                     for model in ("netD", "netG") for phase in ("backward", "forward")]
+    assert f"8 tensor files in {tmp_path / 'gan.capture'}" in result.stderr
+    generator = torch.load(tmp_path / "gan.capture" / "step1" / "netG.0.call0.forward.pt")
+    assert (generator["model"], generator["module"], generator["step"]) == ("netG", "0", 1)
+    assert generator["outputs"][0].shape == (3, 8)
 
 
 def test_capture_stops_at_its_size_cap(log_path: Path) -> None:

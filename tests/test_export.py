@@ -3,6 +3,7 @@ cut off, bad input, and memory that does not grow with the log."""
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from hooktrace.logio import LogWriter
 
 pd = pytest.importorskip("pandas")
 
+COUNTS = [name for name in NAMES if name.endswith(("_nan", "_inf"))]
 TYPED = {"int": pd.api.types.is_integer_dtype, "float": pd.api.types.is_float_dtype,
          "bool": pd.api.types.is_bool_dtype, "str": pd.api.types.is_string_dtype}
 
@@ -57,6 +59,8 @@ def test_columns_are_typed_and_hold_the_logs_numbers(mnist_log: Path, tmp_path: 
     frame = export(mnist_log, tmp_path / f"mnist.{fmt}")
     assert tuple(frame.columns) == NAMES
     for name, kind, _ in COLUMNS:
+        if name in COUNTS:  # empty in the other phase's rows: pandas reads them as float
+            continue
         assert TYPED[kind](frame[name]), (name, frame[name].dtype)
         if kind in ("int", "bool"):
             assert not frame[name].isna().any(), name
@@ -78,6 +82,24 @@ def test_columns_are_typed_and_hold_the_logs_numbers(mnist_log: Path, tmp_path: 
     root = frame[frame.depth == 0]  # Net, a class of the sample's: where its forward is
     assert len(root) and root.source.str.endswith(f"mnist_net.py:{forward_line}").all()
     assert (frame[frame.depth > 0].source.fillna("") == "").all()  # torch's classes: empty
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_nan_inf_counts_are_empty_in_the_other_phase(mnist_log: Path, tmp_path: Path,
+                                                     fmt: str) -> None:
+    """A forward row has no gradient to count NaN in, a backward row no output: empty (null),
+    as the README says, not 0; in its own phase a count is a whole number."""
+    frame = export(mnist_log, tmp_path / f"mnist.{fmt}")
+    for name in COUNTS:
+        own = frame.phase == ("forward" if name.startswith("output") else "backward")
+        assert frame.loc[~own, name].isna().all(), name
+        counted = frame.loc[own, name]
+        assert not counted.isna().any() and (counted == counted.round()).all(), name
+        assert (counted == 0).all(), name  # the MNIST sample is finite
+    if fmt == "jsonl":
+        first = json.loads((tmp_path / "mnist.jsonl").read_text().splitlines()[0])
+        assert first["phase"] == "forward" and first["output_nan"] == 0
+        assert all(first[name] is None for name in COUNTS if name.startswith("grad"))
 
 
 def test_backward_rows_point_at_their_forward(mnist_log: Path, tmp_path: Path) -> None:

@@ -447,10 +447,11 @@ def test_sigkill_leaves_a_readable_log(tmp_path: Path) -> None:
     assert [r.step for r in steps] == list(range(len(steps)))
     evs = [r for r in records if isinstance(r, (schema.ForwardEvent, schema.BackwardEvent))]
     assert len(evs) >= 8 * len(steps)
-    # check and render work on it, and say the run did not finish
+    # check and render work on it, and say the run did not finish (check: a problem)
     checked = hooktrace_cmd("check", log)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.returncode == 1, checked.stdout + checked.stderr
     assert "has no end record: the run did not finish" in checked.stdout
+    assert "[stopped]" in checked.stdout
     rendered = hooktrace_cmd("render", "--format", "dot", log)
     assert rendered.returncode == 0, rendered.stderr
     assert "has no end record: the run did not finish" in rendered.stderr
@@ -481,3 +482,17 @@ def test_bad_input_is_one_line_exit_2(args: list[str], message: str) -> None:
     assert_user_error(result, message)
     assert [p.read_bytes() for p in files] == before
     assert not (SCRIPTS / "hooktrace.jsonl").exists()
+
+
+def test_an_unknown_option_is_said_as_such(tmp_path: Path) -> None:
+    """An option of run's that does not exist, before the script, is not taken for the
+    script's name; after the script, options are the script's own."""
+    result = hooktrace_cmd("run", "--stepz", "0:3", "exit_code.py", cwd=SCRIPTS)
+    assert result.returncode == 2, result.stderr
+    assert "No such option '--stepz'" in result.stderr and "'--steps'" in result.stderr
+    assert "no such script" not in result.stderr and result.stdout == ""
+    assert not (SCRIPTS / "hooktrace.jsonl").exists()
+    passed = hooktrace_cmd("run", "-o", tmp_path / "log.jsonl", "show_argv.py", "--stepz",
+                           "-o", "x", cwd=SCRIPTS)
+    assert passed.returncode == 0, passed.stderr
+    assert "argv ['show_argv.py', '--stepz', '-o', 'x']" in passed.stdout.splitlines()

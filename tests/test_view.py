@@ -117,7 +117,7 @@ def test_page_in_a_real_browser(resnet18_page: Path, browser: Any) -> None:
     cells = browser.find_elements(By.CSS_SELECTOR, "table.heat td")
     assert len(cells) > 60 * 3
     ActionChains(browser).move_to_element(cells[5]).perform()
-    assert "step" in tip.text and "calls" in tip.text
+    assert "step" in tip.text and "1 call, 1 backward" in tip.text  # one call: not "1 calls"
     assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
 
 

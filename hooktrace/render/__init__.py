@@ -64,7 +64,8 @@ class Picture:
         captured = f"; captured tensors: {self.captured}" if self.captured else ""
         outlined = f"; {plural(self.problems, 'problem')} of check outlined" \
             if self.problems else ""
-        return (f"step {self.step}, {depth}: {self.nodes} modules, {edges} edges "
+        return (f"step {self.step}, {depth}: {plural(self.nodes, 'module')}, "
+                f"{plural(edges, 'edge')} "
                 f"({self.forward_edges} forward, {self.backward_edges} backward)"
                 f"{outlined}{captured}")
 
@@ -84,7 +85,8 @@ def picture(log: LogLike, *, step: int | None = None, model: str | None = None,
     drawn = marks(view, problems)
     outlined = {id(f) for inside in drawn.values() for f in inside}
     elsewhere = sorted({f.step for f in problems if id(f) not in outlined and f.step is not None
-                        and f.step != loaded.step and model in (None, f.model)})
+                        and f.step != loaded.step and f.step in loaded.steps  # --step draws it
+                        and model in (None, f.model)})
     edges = view.edges()
     forward = sum(e.phase == "forward" for e in edges)
     return Picture(dot.to_dot(view, drawn), loaded.step, view.depth, view.auto_depth,

@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import quote
 
 from hooktrace.errors import HooktraceError
-from hooktrace.findings import Finding, Thresholds
+from hooktrace.findings import Finding, Thresholds, plural
 from hooktrace.graph import Cluster, Edge, Node, NodeKey, View, grad_output_norm
 from hooktrace.marks import Box
 from hooktrace.render.text import printable, shapes_text
@@ -110,7 +110,7 @@ def node_label(node: Node, view: View, found: Sequence[Finding] = ()) -> str:
     if node.output_shapes:
         lines.append(_small(_html(shapes_text(node.output_shapes, TIMES))))
     if node.folded:
-        lines.append(_small(f"+{node.folded} calls inside"))
+        lines.append(_small(f"+{plural(node.folded, 'call')} inside"))
     state = node_state(node, view.checked)
     if state == "backward later":
         lines.append(_small(f"<I>backward in step {node.later}</I>", "#303030"))

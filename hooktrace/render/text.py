@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hooktrace import schema
+from hooktrace.findings import plural
 from hooktrace.graph import depth_of
 from hooktrace.steplog import Event, StepLog, load_step, ranges
 
@@ -92,7 +93,7 @@ def table(log: StepLog, phase: str | None = None, limit: int = DEFAULT_LIMIT) ->
     shown = chosen if limit <= 0 else chosen[:limit]
     lines = [head, "", *_columns([title, *(_row(log, e, several) for e in shown)])]
     if len(shown) < len(chosen):
-        lines.append(f"... {len(chosen) - len(shown)} more events: --limit 0 shows all; "
+        lines.append(f"... {plural(len(chosen) - len(shown), 'more event')}: --limit 0 shows all; "
                      "--phase, --model and --step narrow the view")
     lines += ["", "shapes: forward input -> output; backward grad_output -> grad_input "
               "(- where no gradient flowed)"]

@@ -17,7 +17,7 @@ from typing import Any
 
 from hooktrace.checklog import run_checks_ranks
 from hooktrace.errors import HooktraceError
-from hooktrace.findings import Finding
+from hooktrace.findings import Finding, plural
 from hooktrace.logio import LogReader
 from hooktrace.ranks import expand, open_ranks
 from hooktrace.render import write_file
@@ -138,9 +138,9 @@ def view_page(logs: Sequence[str | os.PathLike[str]], rank: int | None = None
     header = first.header
     status = first.end.status if first.end else "no end record (cut off)"
     meta = (f"{' '.join(header.argv)} · torch {header.torch} · hooktrace {header.hooktrace} · "
-            f"{len(runs)} rank{'s' * (len(runs) > 1)} · {len(first.steps)} recorded steps · "
-            f"{status} · {len(report.problems)} problems, "
-            f"{len(report.findings) - len(report.problems)} notes")
+            f"{plural(len(runs), 'rank')} · {plural(len(first.steps), 'recorded step')} · "
+            f"{status} · {plural(len(report.problems), 'problem')}, "
+            f"{plural(len(report.findings) - len(report.problems), 'note')}")
     title = readers[0].path.name if len(readers) == 1 else f"{readers[0].path.name} +ranks"
     return page(title, meta, data, _legend(heats[0])), [w for d in runs for w in d.warnings]
 

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from hooktrace import schema
-from hooktrace.findings import NOTE, Finding
+from hooktrace.findings import NOTE, Finding, plural
 from hooktrace.graph import Node, View, build
 from hooktrace.marks import marks
 from hooktrace.render.dot import node_id, node_state, run_dot, to_dot
@@ -64,7 +64,7 @@ def node_details(node: Node, view: View, events: dict[tuple[int, str, int], Any]
     if call >= 0:
         found["call"] = f"{call + 1} of {node.module_calls}"
     if node.folded:
-        found["folded"] = f"{node.folded} calls inside"
+        found["folded"] = f"{plural(node.folded, 'call')} inside"
     forward = events.get(node.key)
     if isinstance(forward, schema.ForwardEvent):
         found.update(_forward_details(forward))
@@ -86,7 +86,8 @@ def _drawing(view: View, events: dict[tuple[int, str, int], Any],
     svg = run_dot(to_dot(view, problems), "svg").decode("utf-8")
     svg = svg[svg.index("<svg"):]  # no XML prolog, doctype or comment inside HTML
     return {"svg": svg, "nodes": nodes, "depth": view.depth,
-            "summary": f"{len(view.node_map)} nodes at depth {view.depth} of {view.deepest}"}
+            "summary": f"{plural(len(view.node_map), 'node')} at depth {view.depth} of "
+                       f"{view.deepest}"}
 
 
 def _packed(drawing: dict[str, Any]) -> str:

@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hooktrace.findings import NOTE, Finding
+from hooktrace.findings import NOTE, Finding, plural
 from hooktrace.graph import ModuleKey, depth_of
 from hooktrace.render.dot import norm_text
 from hooktrace.view.data import Cell, RunData
@@ -88,7 +88,7 @@ def _mark(cell: Cell | None, values: str, anomalies: list[str]) -> str | None:
 def _tip(cell: Cell | None, anomalies: list[str]) -> str:
     if cell is None:
         return "; ".join(anomalies) or "not called"
-    parts = [f"{cell.calls} calls, {cell.backward} backward"]
+    parts = [f"{plural(cell.calls, 'call')}, {cell.backward} backward"]
     if cell.no_grad:
         parts.append(f"{cell.no_grad} under no_grad")
     if cell.grad_norm is not None:
