@@ -265,12 +265,14 @@ class _Candidates:
 
     def zero_after(self, v: Call) -> Call | None:
         """The nearest one after ``v`` (see ``_after``) that passes back nothing."""
+        if not self._found:
+            return None
         return self._after(v, self._found, self._zero, bisect_right(self._seqs, v.seq), 1.0,
                            _zero)
 
     def starving_after(self, v: Call) -> Call | None:
         """The nearest one after ``v`` (see ``_after``) that starves it."""
-        if v.g_out is None:
+        if v.g_out is None or not self._found:
             return None
         return self._after(v, self._found, self._starving, bisect_right(self._seqs, v.seq),
                            v.g_out, lambda b: _starves(b, v))
@@ -293,9 +295,6 @@ class _Candidates:
         """A saturated activation in the same forward as ``v`` whose output multiplies ``v``'s
         (a gate ``sigmoid(gate(x)) * value(x)``): ``v``'s gradient is as small as what it
         passes back, though ``v`` may run after it."""
-        around = self._enclosing.chain(v)[:1]
-        if not around or v.g_out is None:
-            return None
         if self._gates is None:  # the saturated ones, by the innermost call around them
             by_around: dict[int, list[Call]] = {}
             for b in self._found:
@@ -304,8 +303,11 @@ class _Candidates:
                     by_around.setdefault(chain[0].seq, []).append(b)
             self._gates = {seq: (bs, FirstAtLeast([_reach(b) for b in bs]))
                            for seq, bs in by_around.items()}
-        found, tree = self._gates.get(around[0].seq, ([], FirstAtLeast([])))
-        return self._after(v, found, tree, 0, v.g_out, lambda b: _starves(b, v))
+        around = self._enclosing.chain(v)[:1] if self._gates else None
+        gates = self._gates.get(around[0].seq) if around else None
+        if gates is None or v.g_out is None:
+            return None
+        return self._after(v, *gates, 0, v.g_out, lambda b: _starves(b, v))
 
 
 def _zero(b: Call) -> bool:
@@ -343,16 +345,17 @@ def _add_flat_inside(flow: Flow, step: int, enclosing: Enclosing, v: Call) -> No
     parameters inside the forward of the innermost call around ``v`` that got a gradient, and
     the gradients there fall in two groups far apart (attention's q and k behind a saturated
     softmax, its v fed in full); not a gradual fall, as through a deep stack (``vanishing``)."""
+    if not v.g_out or v.g_out > _FLAT_INSIDE * enclosing.largest:
+        return  # not tiny next to any gradient of the step (most calls: no more to ask)
     chain = enclosing.chain(v)
     at = next((i for i, c in enumerate(chain) if c.fed), None)
-    if at is None or not v.g_out:
+    if at is None:
         return
     outer, branch = chain[at], chain[at - 1] if at else v
     # the gradients of the calls with parameters inside outer's forward, but for v's lineage
-    inside = enclosing.inside(outer)
-    lineage = enclosing.lineage(outer, v)
-    best = inside.largest(lineage)
-    if v.g_out > _FLAT_INSIDE * best or inside.between(1e3 * v.g_out, 1e-3 * best, lineage):
+    lineage, best = enclosing.lineage(outer, v)
+    if v.g_out > _FLAT_INSIDE * best or enclosing.inside(outer).between(
+            1e3 * v.g_out, 1e-3 * best, lineage):
         return
     b = _add(flow, step, outer, "zeroed", v)
     b.branches[_label(branch)] = None

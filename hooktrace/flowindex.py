@@ -94,8 +94,10 @@ class Enclosing:
         self._names = sorted(key[1] for key in self._by_key)  # of the step's model
         self._at = {c.seq: c for c in calls}
         self._chains: dict[int, list[Call]] = {}
+        # per module: its ancestors that ran in the step, innermost first (seqs, calls)
+        self._above: dict[ModuleKey, list[tuple[list[int], list[Call]]]] = {}
         self._inside: dict[int, Inside] = {}
-        self._lineages: dict[tuple[int, ModuleKey], set[ModuleKey]] = {}
+        self._lineages: dict[tuple[int, ModuleKey], tuple[set[ModuleKey], float]] = {}
         self._trainable = trainable
         # before the i-th call: the largest g_out of a fed call with parameters
         self._call_seqs, self._before = [c.seq for c in calls], []
@@ -104,19 +106,23 @@ class Enclosing:
             self._before.append(top)
             if c.fed and c.g_out is not None and trainable(c.key):
                 top = c.g_out if top is None else max(top, c.g_out)
+        self.largest = top or 0.0  # of them all: no call inside any forward got more
 
     def chain(self, v: Call) -> list[Call]:
         """Innermost first."""
         out = self._chains.get(v.seq)
         if out is None:
+            above = self._above.get(v.key)
+            if above is None:
+                model = v.key[0]
+                above = self._above[v.key] = [
+                    (self._seqs[(model, name)], self._by_key[(model, name)])
+                    for name in reversed(ancestors(v.key[1])) if (model, name) in self._by_key]
             out = self._chains[v.seq] = []
-            model = v.key[0]
-            for name in reversed(ancestors(v.key[1])):
-                found = self._by_key.get((model, name))
-                if found is not None:
-                    i = bisect_right(self._seqs[(model, name)], v.seq)
-                    if i < len(found):
-                        out.append(found[i])
+            for seqs, found in above:
+                i = bisect_right(seqs, v.seq)
+                if i < len(found):
+                    out.append(found[i])
         return out
 
     def fed_elsewhere(self, v: Call) -> bool:
@@ -159,14 +165,15 @@ class Enclosing:
             out.append(n)
         return out
 
-    def lineage(self, outer: Call, v: Call) -> set[ModuleKey]:
-        """The modules of ``inside(outer)`` that hold ``v``'s module, are it, or lie in it."""
+    def lineage(self, outer: Call, v: Call) -> tuple[set[ModuleKey], float]:
+        """The modules of ``inside(outer)`` that hold ``v``'s module, are it, or lie in it;
+        and the largest gradient inside ``outer`` of a module that does not (0.0: none)."""
         found = self._lineages.get((outer.seq, v.key))
         if found is None:
             inside, (model, name) = self.inside(outer), v.key
-            found = self._lineages[(outer.seq, v.key)] = {
-                (model, n) for n in [*ancestors(name), name, *self._below(name)]
-                if (model, n) in inside}
+            lineage = {(model, n) for n in [*ancestors(name), name, *self._below(name)]
+                       if (model, n) in inside}
+            found = self._lineages[(outer.seq, v.key)] = (lineage, inside.largest(lineage))
         return found
 
     def outermost(self, v: Call) -> Call | None:
