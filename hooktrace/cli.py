@@ -102,16 +102,20 @@ def run(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[
               show_default=True, help="The edges to draw.")
 @click.option("--no-findings", is_flag=True,
               help="Do not outline where check finds a problem (saves reading the whole log).")
+@click.option("--every-call", is_flag=True,
+              help="Draw each call of a module as its own node. Default: a module called more "
+                   "than 16 times in the step (an unrolled loop) is one node, 'LSTMCell x999'.")
 def render(logs: tuple[Path, ...], rank: int | None, output: Path | None, fmt: str | None,
            step: int | None, model: str | None, depth: int | None, phase: str,
-           no_findings: bool) -> None:
+           no_findings: bool, every_call: bool) -> None:
     """Draw one step of LOG as a call graph: forward order and backward order. Several logs (or
     a quoted glob) are the ranks of one run: --rank picks the one to draw."""
     from hooktrace.ranks import pick_rank
     from hooktrace.render import write_picture
 
     written = write_picture(pick_rank(logs, rank), output, fmt, step=step, model=model,
-                            depth=depth, phase=phase, findings=not no_findings)
+                            depth=depth, phase=phase, findings=not no_findings,
+                            every_call=every_call)
     for warning in written.picture.warnings:
         click.echo(f"hooktrace: warning: {warning}", err=True)
     click.echo(f"hooktrace: {written.summary()}", err=True)
@@ -228,8 +232,11 @@ def export(logs: tuple[Path, ...], fmt: str | None, output: str | None) -> None:
                                       "parameter-gradient norm.")
 @click.option("--rank", type=int, help="with the logs of several ranks: the rank svg/png "
                                        "draws and the page opens at (default the first).")
+@click.option("--every-call", is_flag=True,
+              help="Draw each call of a module as its own node. Default: a module called more "
+                   "than 16 times in the step (an unrolled loop) is one node, 'LSTMCell x999'.")
 def view(logs: tuple[Path, ...], output: Path | None, fmt: str | None, values: str,
-         rank: int | None) -> None:
+         rank: int | None, every_call: bool) -> None:
     """Write one self-contained HTML page to explore LOGS offline: the call graph of each step
     (hover a node for its numbers), a gradient-flow heatmap (modules x steps, colour = log10
     of the gradient norm, NaN/Inf and no-gradient marked) and check's findings, linked to
@@ -237,7 +244,7 @@ def view(logs: tuple[Path, ...], output: Path | None, fmt: str | None, values: s
     --format svg or png writes the heatmap alone, for notebooks and CI artifacts."""
     from hooktrace.view import write_view
 
-    written = write_view(logs, output, fmt, values, rank)
+    written = write_view(logs, output, fmt, values, rank, every_call)
     for warning in written.warnings:
         click.echo(f"hooktrace: warning: {warning}", err=True)
     click.echo(f"hooktrace: {written.summary()}", err=True)

@@ -28,12 +28,14 @@ reported; an exactly-zero one always is.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING
 
-from hooktrace.findings import Thresholds, ancestors
+from hooktrace.findings import Thresholds
+from hooktrace.flowindex import Enclosing, FirstAtLeast
 
 if TYPE_CHECKING:
     from hooktrace.collected import ModuleKey, ModuleStats
@@ -191,8 +193,8 @@ def _trainable(modules: dict[ModuleKey, ModuleStats], key: ModuleKey) -> bool:
 
 def _judge_step(flow: Flow, step: int, calls: list[Call],
                 modules: dict[ModuleKey, ModuleStats], t: Thresholds) -> None:
-    enclosing = _Enclosing(calls)
-    candidates = _candidates(calls, modules, t)
+    enclosing = Enclosing(calls, partial(_trainable, modules))
+    candidates = _Candidates(_candidates(calls, modules, t), enclosing, modules, t)
     bypassed: dict[int, bool] = {}  # per candidate's seq
     for v in calls:
         if not _trainable(modules, v.key) or not v.finite:
@@ -204,20 +206,19 @@ def _judge_step(flow: Flow, step: int, calls: list[Call],
             continue  # a shared module trains through its fed calls: a zero one is a loss
             # reading part of its outputs (a detection head's level without a matching anchor)
         if v.dead:
-            b = _nearest_after(v, candidates, lambda b: b.lost or b.g_in == 0)
+            b = candidates.zero_after(v)
             if b is not None:
                 _add(flow, step, b, _cause(b, modules), v)
             else:
                 _add_inside(flow, step, enclosing, v)
         elif v.g_out is not None:
-            b = (_nearest_after(v, candidates, partial(_starves, v=v))
-                 or _gated_by(v, candidates, enclosing, modules, t))
+            b = candidates.starving_after(v) or candidates.gated_by(v)
             if b is None:
-                _add_flat_inside(flow, step, enclosing, v, calls, modules)
+                _add_flat_inside(flow, step, enclosing, v)
                 continue
             if b.seq not in bypassed:
                 bypassed[b.seq] = (not _saturated(b, modules, t)
-                                   and _bypassed(b, calls, modules))
+                                   and _bypassed(b, enclosing))
             if not bypassed[b.seq]:
                 _add(flow, step, b, _cause(b, modules), v)
 
@@ -229,12 +230,15 @@ def _candidates(calls: list[Call], modules: dict[ModuleKey, ModuleStats],
     fed only what an earlier boundary (on the way back) let through: in a chain of small gains,
     the first one is the cause."""
     found: list[Call] = []
+    reach = -math.inf  # the largest _reach of those found: what starves c is c.g_out below it
     for c in reversed(calls):  # backward order, roughly
         gain = _gain(c)
         limit = _UNIT_NORM_GAIN if _unit_norm(c, modules) else t.gain
-        if c.fed and (c.lost or (gain is not None and gain <= limit)) and not any(
-                b.g_in is not None and c.g_out is not None and _starves(b, c) for b in found):
+        if c.fed and (c.lost or (gain is not None and gain <= limit)) and (
+                c.g_out is None or c.g_out > reach or (c.g_out == reach and not any(
+                    b.g_in is not None and _starves(b, c) for b in found))):
             found.append(c)
+            reach = max(reach, _reach(c))
     return found[::-1]
 
 
@@ -257,11 +261,20 @@ def _starves(b: Call, v: Call) -> bool:
     return v.g_out <= 1e3 * b.g_in and v.g_out < 1e-3 * b.g_out
 
 
-def _bypassed(b: Call, calls: list[Call], modules: dict[ModuleKey, ModuleStats]) -> bool:
+def _bypassed(b: Call, enclosing: Enclosing) -> bool:
     """A module before ``b`` got a gradient that ``b``'s small gain cannot explain: it came
-    round ``b`` (a residual shortcut), and what ``b`` starves is its own branch."""
-    return any(c.seq < b.seq and c.fed and c.g_out is not None and _trainable(modules, c.key)
-               and not _starves(b, c) for c in calls)
+    round ``b`` (a residual shortcut), and what ``b`` starves is its own branch. Asked of the
+    largest gradient of a fed call with parameters before ``b``: if ``b`` does not starve that
+    one, some module got round it."""
+    top = enclosing.largest_before(b)
+    return top is not None and not _starves(b, replace(b, g_out=top))
+
+
+def _reach(b: Call) -> float:
+    """``_starves(b, v)`` needs ``v.g_out`` at most this (-inf: ``b`` starves nothing)."""
+    if b.g_out is None or b.g_in is None:
+        return -math.inf
+    return min(1e3 * b.g_in, 1e-3 * b.g_out)
 
 
 def _saturated(b: Call, modules: dict[ModuleKey, ModuleStats], t: Thresholds) -> bool:
@@ -272,26 +285,67 @@ def _saturated(b: Call, modules: dict[ModuleKey, ModuleStats], t: Thresholds) ->
     return m is not None and m.cls in _SATURATING and gain is not None and gain <= t.saturated
 
 
-def _gated_by(v: Call, candidates: list[Call], enclosing: _Enclosing,
-              modules: dict[ModuleKey, ModuleStats], t: Thresholds) -> Call | None:
-    """A saturated activation in the same forward as ``v`` whose output multiplies ``v``'s (a
-    gate ``sigmoid(gate(x)) * value(x)``): ``v``'s gradient is as small as what it passes back,
-    though ``v`` may run after it."""
-    around = enclosing.chain(v)[:1]
-    for b in candidates:
-        if (around and _saturated(b, modules, t) and _starves(b, v)
-                and not _contains(b.key, v.key) and enclosing.chain(b)[:1] == around):
-            return b
-    return None
+class _Candidates:
+    """The candidates of a step (in forward order), indexed for what is asked of them per
+    call: a max tree of each question's necessary number finds the first that may answer."""
+
+    def __init__(self, found: list[Call], enclosing: Enclosing,
+                 modules: dict[ModuleKey, ModuleStats], t: Thresholds) -> None:
+        self._found, self._seqs = found, [b.seq for b in found]
+        self._enclosing, self._modules, self._t = enclosing, modules, t
+        self._zero = FirstAtLeast([1.0 if _zero(b) else -math.inf for b in found])
+        self._starving = FirstAtLeast([_reach(b) for b in found])
+        self._gates: dict[int, tuple[list[Call], FirstAtLeast]] | None = None
+
+    def zero_after(self, v: Call) -> Call | None:
+        """The nearest one after ``v`` (see ``_after``) that passes back nothing."""
+        if not self._found:
+            return None
+        return self._after(v, self._found, self._zero, bisect_right(self._seqs, v.seq), 1.0,
+                           _zero)
+
+    def starving_after(self, v: Call) -> Call | None:
+        """The nearest one after ``v`` (see ``_after``) that starves it."""
+        if v.g_out is None or not self._found:
+            return None
+        return self._after(v, self._found, self._starving, bisect_right(self._seqs, v.seq),
+                           v.g_out, lambda b: _starves(b, v))
+
+    @staticmethod
+    def _after(v: Call, found: list[Call], tree: FirstAtLeast, i: int, x: float,
+               ok: Callable[[Call], bool]) -> Call | None:
+        """The first of ``found`` from ``i`` on, outside ``v``'s own subtree and not one of its
+        ancestors, that is ``ok`` (its number in ``tree`` at least ``x``, as ``ok`` needs). Asked
+        from the first to run after ``v`` in forward: on the gradient's way back, the last module
+        before ``v``."""
+        while (at := tree.find(i, x)) is not None:
+            b = found[at]
+            if not _contains(b.key, v.key) and ok(b):
+                return b
+            i = at + 1
+        return None
+
+    def gated_by(self, v: Call) -> Call | None:
+        """A saturated activation in the same forward as ``v`` whose output multiplies ``v``'s
+        (a gate ``sigmoid(gate(x)) * value(x)``): ``v``'s gradient is as small as what it
+        passes back, though ``v`` may run after it."""
+        if self._gates is None:  # the saturated ones, by the innermost call around them
+            by_around: dict[int, list[Call]] = {}
+            for b in self._found:
+                chain = self._enclosing.chain(b)
+                if chain and _saturated(b, self._modules, self._t):
+                    by_around.setdefault(chain[0].seq, []).append(b)
+            self._gates = {seq: (bs, FirstAtLeast([_reach(b) for b in bs]))
+                           for seq, bs in by_around.items()}
+        around = self._enclosing.chain(v)[:1] if self._gates else None
+        gates = self._gates.get(around[0].seq) if around else None
+        if gates is None or v.g_out is None:
+            return None
+        return self._after(v, *gates, 0, v.g_out, lambda b: _starves(b, v))
 
 
-def _nearest_after(v: Call, candidates: list[Call], ok: Callable[[Call], bool]) -> Call | None:
-    """The first candidate to run after ``v`` in forward, outside ``v``'s own subtree and not
-    one of its ancestors: on the gradient's way back, the last module before ``v``."""
-    for b in candidates:
-        if b.seq > v.seq and not _contains(b.key, v.key) and ok(b):
-            return b
-    return None
+def _zero(b: Call) -> bool:
+    return b.lost or b.g_in == 0
 
 
 def _contains(outer: ModuleKey, inner: ModuleKey) -> bool:
@@ -299,35 +353,7 @@ def _contains(outer: ModuleKey, inner: ModuleKey) -> bool:
                                      or inner[1].startswith(outer[1] + "."))
 
 
-class _Enclosing:
-    """The calls enclosing a call: for each ancestor module (by fqn), its first call to return
-    after the call returned (a parent returns after its children)."""
-
-    def __init__(self, calls: list[Call]) -> None:
-        self._by_key: dict[ModuleKey, list[Call]] = {}
-        for c in calls:
-            self._by_key.setdefault(c.key, []).append(c)
-
-    def chain(self, v: Call) -> list[Call]:
-        """Innermost first."""
-        out = []
-        model = v.key[0]
-        for name in reversed(ancestors(v.key[1])):
-            call = next((c for c in self._by_key.get((model, name), ()) if c.seq > v.seq), None)
-            if call is not None:
-                out.append(call)
-        return out
-
-    def fed_elsewhere(self, v: Call) -> bool:
-        """Another call of ``v``'s module in the step got a gradient."""
-        return any(c.fed for c in self._by_key.get(v.key, ()) if c is not v)
-
-    def outermost(self, v: Call) -> Call | None:
-        chain = self.chain(v)
-        return chain[-1] if chain else None
-
-
-def _add_inside(flow: Flow, step: int, enclosing: _Enclosing, v: Call) -> None:
+def _add_inside(flow: Flow, step: int, enclosing: Enclosing, v: Call) -> None:
     """``v`` starves with no module to blame on its way back: the gradient stops inside the
     forward of the innermost call around it that got one."""
     branch = v
@@ -347,23 +373,23 @@ def _label(c: Call) -> str:
     return c.key[1] + (f" (call {c.call})" if c.call else "")
 
 
-def _add_flat_inside(flow: Flow, step: int, enclosing: _Enclosing, v: Call, calls: list[Call],
-                     modules: dict[ModuleKey, ModuleStats]) -> None:
+def _add_flat_inside(flow: Flow, step: int, enclosing: Enclosing, v: Call) -> None:
     """``v``'s gradient is tiny with no module to blame on its way back: a boundary (as a zeroed
     one, with its ratio) where it is at most ``_FLAT_INSIDE`` of a sibling's, a call with
     parameters inside the forward of the innermost call around ``v`` that got a gradient, and
     the gradients there fall in two groups far apart (attention's q and k behind a saturated
     softmax, its v fed in full); not a gradual fall, as through a deep stack (``vanishing``)."""
+    if not v.g_out or v.g_out > _FLAT_INSIDE * enclosing.largest:
+        return  # not tiny next to any gradient of the step (most calls: no more to ask)
     chain = enclosing.chain(v)
     at = next((i for i, c in enumerate(chain) if c.fed), None)
-    if at is None or not v.g_out:
+    if at is None:
         return
     outer, branch = chain[at], chain[at - 1] if at else v
-    inside = [c.g_out for c in calls if c.seq < outer.seq and c.fed and c.g_out
-              and _trainable(modules, c.key) and not _contains(c.key, v.key)
-              and not _contains(v.key, c.key) and any(o is outer for o in enclosing.chain(c))]
-    best = max(inside, default=0.0)
-    if v.g_out > _FLAT_INSIDE * best or any(1e3 * v.g_out < g < 1e-3 * best for g in inside):
+    # the gradients of the calls with parameters inside outer's forward, but for v's lineage
+    lineage, best = enclosing.lineage(outer, v)
+    if v.g_out > _FLAT_INSIDE * best or enclosing.inside(outer).between(
+            1e3 * v.g_out, 1e-3 * best, lineage):
         return
     b = _add(flow, step, outer, "zeroed", v)
     b.branches[_label(branch)] = None

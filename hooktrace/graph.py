@@ -16,8 +16,12 @@ Which calls become nodes: the module tree of the step's calls is rebuilt from fq
 (a call belongs to the nearest ancestor module's call that returned after it; forward events are
 written on return). Calls with child calls become clusters, the others nodes. ``depth`` D folds
 every call deeper than D into one node per call of its ancestor at depth D, labelled with the
-number of calls folded into it. Recomputes (activation checkpointing) are drawn on the call they
-re-ran, not as more nodes. The default depth is the deepest whose picture has at most
+number of calls folded into it. A module called more than ``FOLD_CALLS`` times in the step (an
+``LSTMCell`` unrolled over 999 time steps, a decoder in a ``generate()`` loop) is one node for all
+its calls (``LSTMCell x999``, key call ``-1``) and the edges its calls repeat are one edge each,
+with the count: a picture of what the step does, not a wall of 3,000 boxes (``every_call``
+draws each call). Recomputes (activation checkpointing) are drawn on the call they re-ran, not
+as more nodes. The default depth is the deepest whose picture has at most
 ``AUTO_MAX_NODES`` nodes: the whole MNIST net, a two-layer transformer encoder to its Linear and
 LayerNorm calls, and resnet50 at depth 2 (stem, 16 Bottleneck nodes in four layer clusters, fc).
 """
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +44,9 @@ NodeKey = tuple[int, str, int]  # (model, fqn, call); call -1: folded calls, no 
 
 PHASES = ("forward", "backward", "both")
 AUTO_MAX_NODES = 40  # resnet50: 22 nodes at depth 2, 154 at depth 3
+# a module called more often in one step is drawn as one node for all its calls (resnet's
+# blocks call their relu 2-3 times; a module shared by a transformer's 12 layers stays 12 nodes)
+FOLD_CALLS = 16
 
 
 def depth_of(fqn: str) -> int:
@@ -132,12 +139,31 @@ def node_key(c: Call, calls: dict[NodeKey, Call], depth: int) -> NodeKey | None:
     return (c.model, top, -1)
 
 
-def auto_depth(calls: dict[NodeKey, Call]) -> int:
+def repeated(calls: dict[NodeKey, Call]) -> set[ModuleKey]:
+    """The modules called more than FOLD_CALLS times in the step: one node each."""
+    count: dict[ModuleKey, int] = {}
+    for c in calls.values():
+        count[(c.model, c.fqn)] = count.get((c.model, c.fqn), 0) + 1
+    return {key for key, n in count.items() if n > FOLD_CALLS}
+
+
+def node_keys(calls: dict[NodeKey, Call], depth: int, fold: set[ModuleKey]
+              ) -> dict[NodeKey, NodeKey | None]:
+    """Each call's node at ``depth`` (None: a cluster); the calls of a module in ``fold``
+    share the node ``(model, fqn, -1)``."""
+    keys = {key: node_key(c, calls, depth) for key, c in calls.items()}
+    if fold:
+        keys = {key: node if node is None or (node[0], node[1]) not in fold
+                else (node[0], node[1], -1) for key, node in keys.items()}
+    return keys
+
+
+def auto_depth(calls: dict[NodeKey, Call], fold: set[ModuleKey] | None = None) -> int:
     """The deepest depth whose picture has at most AUTO_MAX_NODES nodes (at least 1)."""
     deepest = max((c.depth for c in calls.values()), default=0)
     chosen = min(1, deepest)
     for depth in range(2, deepest + 1):
-        if len({node_key(c, calls, depth) for c in calls.values()} - {None}) > AUTO_MAX_NODES:
+        if len(set(node_keys(calls, depth, fold or set()).values()) - {None}) > AUTO_MAX_NODES:
             break
         chosen = depth
     return chosen
@@ -180,11 +206,13 @@ class Edge:
     src: NodeKey
     dst: NodeKey
     phase: str
-    order: int  # 1..n in the order the phase ran
+    order: int  # 1..n in the order the phase ran (the first, for an edge run several times)
     grad_input_len: int = 0  # backward: of dst's backward event as it started
     grad_output_len: int = 0
     mirrored: bool = True  # backward: forward ran the same edge the other way
     grad_norm: float | None = None  # backward: norm of dst's grad_output (None: no statistics)
+    runs: int = 1  # times the phase ran it: an edge between folded calls' nodes repeats
+    last: int = 0  # the order of its last run, where it ran several times
 
 
 @dataclass(slots=True)
@@ -243,29 +271,34 @@ class View:
         return tree
 
 
-def build(log: StepLog, depth: int | None = None, phase: str = "both") -> View:
-    """The picture's model: ``depth`` None picks one (see the module docstring)."""
+def build(log: StepLog, depth: int | None = None, phase: str = "both",
+          every_call: bool = False) -> View:
+    """The picture's model: ``depth`` None picks one; ``every_call`` draws each call of a
+    module called many times (see the module docstring)."""
     if phase not in PHASES:
         raise HooktraceError(f"unknown phase {phase!r}; choose one of {', '.join(PHASES)}")
     calls, backward = calls_of(log)
-    chosen = auto_depth(calls) if depth is None else depth
-    keys = {key: node_key(c, calls, chosen) for key, c in calls.items()}
+    fold = set() if every_call else repeated(calls)
+    chosen = auto_depth(calls, fold) if depth is None else depth
+    keys = node_keys(calls, chosen, fold)
     view = View(log, chosen, depth is None, max((c.depth for c in calls.values()), default=0),
                 phase, log.has_backward and phase != "forward")
     _add_nodes(view, calls, keys)
     _add_clusters(view, calls)
     forward = _chain([(keys[c.key], None) for c in calls.values()])
     if phase != "backward":
-        for order, (src, dst, _) in enumerate(forward, 1):
-            view.edge_list.append(Edge(src, dst, "forward", order))
+        for (src, dst, *_), runs in _runs(forward, fold).items():
+            view.edge_list.append(Edge(src, dst, "forward", runs[0][0], runs=len(runs),
+                                       last=runs[-1][0]))
     visits = [(keys[c.key], e) for c, e in backward]
     if phase != "forward":
         mirrors = {(dst, src) for src, dst, _ in forward}
-        for order, (src, dst, e) in enumerate(_chain(visits), 1):
+        for (src, dst, *_), runs in _runs(_chain(visits), fold).items():
+            e = runs[0][1]
             assert e is not None
-            view.edge_list.append(Edge(src, dst, "backward", order, e.grad_input_len,
+            view.edge_list.append(Edge(src, dst, "backward", runs[0][0], e.grad_input_len,
                                        e.grad_output_len, (src, dst) in mirrors,
-                                       grad_output_norm(e)))
+                                       _largest(r[1] for r in runs), len(runs), runs[-1][0]))
         view.backward_start = next(((k, e) for k, e in visits if k is not None and e), None)
     return view
 
@@ -287,6 +320,25 @@ def _chain(visits: Sequence[tuple[NodeKey | None, schema.BackwardEvent | None]])
     return links
 
 
+def _runs(links: list[_Link], fold: set[ModuleKey]
+          ) -> dict[tuple[Any, ...], list[tuple[int, schema.BackwardEvent | None]]]:
+    """The links, each with its runs (order, event) in order: a link to or from the node of
+    a module's folded calls is one link however often it ran; any other is its own."""
+    nodes = {(model, fqn, -1) for model, fqn in fold}
+    found: dict[tuple[Any, ...], list[tuple[int, schema.BackwardEvent | None]]] = {}
+    for order, (src, dst, e) in enumerate(links, 1):
+        key = (src, dst) if src in nodes or dst in nodes else (src, dst, order)
+        found.setdefault(key, []).append((order, e))
+    return found
+
+
+def _largest(events: Iterable[schema.BackwardEvent | None]) -> float | None:
+    """The grad_output norm an edge run several times shows: the largest, or the first that
+    is not finite (as a node's)."""
+    norms = [n for e in events if e is not None and (n := grad_output_norm(e)) is not None]
+    return next((n for n in norms if not math.isfinite(n)), max(norms, default=None))
+
+
 def _add_nodes(view: View, calls: dict[NodeKey, Call], keys: dict[NodeKey, NodeKey | None]
                ) -> None:
     members: dict[NodeKey, list[Call]] = {}
@@ -302,8 +354,9 @@ def _add_nodes(view: View, calls: dict[NodeKey, Call], keys: dict[NodeKey, NodeK
         first = min(with_backward, key=lambda e: e.seq, default=None)
         node = Node(
             key, own.cls if own else view.log.cls(key[0], key[1]), min(c.seq for c in group),
-            own.output_shapes if own else [], per_module.get((key[0], key[1]), 0),
-            folded=sum(c.key != key for c in group),
+            own.output_shapes if own else _shared_shapes(key, group),
+            per_module.get((key[0], key[1]), 0),
+            folded=sum((c.model, c.fqn) != key[:2] for c in group),
             grad_calls=sum(not c.no_grad for c in group),
             missing=sum(not c.no_grad and c.backward is None and c.later is None for c in group),
             backward=own.backward if own and own.backward else first,
@@ -314,6 +367,13 @@ def _add_nodes(view: View, calls: dict[NodeKey, Call], keys: dict[NodeKey, NodeK
                           default=None),
             recomputed=any(c.recomputed for c in group))
         view.node_map[key] = node
+
+
+def _shared_shapes(key: NodeKey, group: list[Call]) -> Sequence[schema.Shape]:
+    """The output shapes of the node of a module's folded calls: those of every call, where
+    they are the same ([] otherwise, and for a node with no call of its own module)."""
+    shapes = [c.output_shapes for c in group if (c.model, c.fqn) == key[:2]]
+    return shapes[0] if shapes and all(s == shapes[0] for s in shapes) else []
 
 
 def _stats(e: schema.BackwardEvent | None) -> list[list[float] | None]:

@@ -9,6 +9,7 @@ library only: no torch.
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,12 +108,27 @@ class StepChooser:
         return self.first_backward if self.first_backward is not None else min(self.steps)
 
 
+class StepsChooser(StepChooser):
+    """Keeps each of several given steps (the view page draws up to 20): one pass for all."""
+
+    def __init__(self, steps: Collection[int]) -> None:
+        super().__init__(None)
+        self.wanted = set(steps)
+
+    def may_draw(self, step: int) -> bool:
+        return step in self.wanted
+
+    def target(self, step: int, backward: bool) -> list[Event] | None:
+        self.steps.add(step)
+        return self.kept.setdefault(step, []) if step in self.wanted else None
+
+
 class _Loader:
     """What ``load_step`` gathers in its pass over the log."""
 
-    def __init__(self, reader: LogReader, step: int | None, model: str | None) -> None:
+    def __init__(self, reader: LogReader, chooser: StepChooser, model: str | None) -> None:
         self.reader = reader
-        self.chooser = StepChooser(step)
+        self.chooser = chooser
         self.model = model
         self.names = LogNames()
         self.models, self.classes, self.sources = (self.names.models, self.names.classes,
@@ -174,10 +190,26 @@ def load_step(path: str | os.PathLike[str], step: int | None = None,
               model: str | None = None) -> StepLog:
     """Stream the log at ``path`` and keep step ``step`` (default: the first with a backward
     event) of the model named ``model`` (default: all). Raises LogError / SelectionError."""
-    reader = LogReader(path)
-    loaded = _Loader(reader, step, model)
+    loaded = _load(LogReader(path), StepChooser(step), model)
+    chosen = loaded.chooser.chosen()
+    if chosen not in loaded.chooser.steps:
+        raise SelectionError(f"no step {chosen} in {loaded.reader.path}; its steps: "
+                             f"{ranges(sorted(loaded.chooser.steps))}")
+    return _step_log(loaded, chosen)
+
+
+def load_steps(path: str | os.PathLike[str], steps: Collection[int],
+               model: str | None = None) -> dict[int, StepLog]:
+    """``load_step`` of each of ``steps`` that the model ran, in one pass over the log."""
+    loaded = _load(LogReader(path), StepsChooser(steps), model)
+    return {step: _step_log(loaded, step) for step in sorted(steps)
+            if step in loaded.chooser.steps}
+
+
+def _load(reader: LogReader, chooser: StepChooser, model: str | None) -> _Loader:
+    loaded = _Loader(reader, chooser, model)
     loaded.read()
-    chooser, models = loaded.chooser, loaded.models
+    models = loaded.models
     if not loaded.any_events:
         raise LogError(f"{reader.path} has no events: no module call was recorded")
     if model is not None and model not in models.values():
@@ -185,10 +217,11 @@ def load_step(path: str | os.PathLike[str], step: int | None = None,
         raise SelectionError(f"no model {model!r} in {reader.path}; its models: {names}")
     if not chooser.steps:
         raise SelectionError(f"model {model!r} has no events in {reader.path}")
-    chosen = chooser.chosen()
-    if chosen not in chooser.steps:
-        raise SelectionError(f"no step {chosen} in {reader.path}; its steps: "
-                             f"{ranges(sorted(chooser.steps))}")
+    return loaded
+
+
+def _step_log(loaded: _Loader, chosen: int) -> StepLog:
+    reader, chooser, models = loaded.reader, loaded.chooser, loaded.models
     events = sorted(chooser.kept.get(chosen, []), key=lambda e: e.seq)
     if model is None:
         events = without_data_prep(events, loaded.names)

@@ -28,7 +28,7 @@ from hooktrace.cli import cli
 from hooktrace.graph import View, build
 from hooktrace.logio import LogWriter
 from hooktrace.render import picture, render, write_picture
-from hooktrace.render.dot import node_state, norm_text
+from hooktrace.render.dot import TIMES, node_state, norm_text
 from hooktrace.render.text import printable
 
 ODD_NAMES = ['q"uote', "<lt>", "a&b", "{brace}", "p|ipe", "back\\slash", "new\nline", "end\\"]
@@ -595,3 +595,72 @@ def test_counts_kept_where_not_one_to_one_and_no_norm_without_statistics(tmp_pat
         counted = [line for line in source.splitlines() if "gi 2 go 1" in line and "->" in line]
         assert len(counted) == 1 and '"m0/mix#0" -> "m0/head#0"' in counted[0], counted
         assert "gi 1 go 1" not in source
+
+
+# -- an unrolled loop: a module's many calls, one node ------------------------------------------
+
+
+class Unrolled(nn.Module):
+    """One LSTMCell and a Linear called once per time step, as an RNN loop unrolled by hand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = nn.LSTMCell(2, 4)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = c = torch.zeros(x.size(0), 4)
+        outputs = []
+        for t in range(x.size(1)):
+            h, c = self.cell(x[:, t], (h, c))
+            outputs.append(self.head(h))
+        return torch.stack(outputs, 1)
+
+
+@pytest.fixture(scope="module")
+def unrolled_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    log = tmp_path_factory.mktemp("unrolled") / "unrolled.jsonl"
+    model = Unrolled()
+    with hooktrace.trace(log, model=model):
+        model(torch.randn(3, 20, 2)).sum().backward()
+    return log
+
+
+def test_an_unrolled_loop_is_one_node_per_module(unrolled_log: Path) -> None:
+    """20 calls of each module (more than FOLD_CALLS): a node each, ``LSTMCell x20``, and the
+    edges their calls repeat are one edge each with their first and last number and count."""
+    view = view_of(unrolled_log)
+    assert sorted(view.node_map) == [(0, "cell", -1), (0, "head", -1)]
+    cell = view.node_map[(0, "cell", -1)]
+    assert (cell.module_calls, cell.folded, cell.grad_calls, cell.missing) == (20, 0, 20, 0)
+    assert cell.output_shapes == [[3, 4], [3, 4]]  # the same in every call
+    assert [(e.phase, e.src[1], e.dst[1], e.order, e.last, e.runs) for e in view.edges()] == [
+        ("forward", "cell", "head", 1, 39, 20), ("forward", "head", "cell", 2, 38, 19),
+        ("backward", "head", "cell", 1, 39, 20), ("backward", "cell", "head", 2, 38, 19)]
+    source = picture(unrolled_log, findings=False).source
+    assert f"LSTMCell {TIMES}20" in source and f"Linear {TIMES}20" in source
+    assert f"1\N{HORIZONTAL ELLIPSIS}39 {TIMES}20" in source
+    assert "(--every-call: each)" in source  # and the legend says what it means
+    every = build(steplog.load_step(unrolled_log), every_call=True)
+    assert len(every.node_map) == 40
+    assert {e.runs for e in every.edges()} == {1}
+    each = picture(unrolled_log, findings=False, every_call=True).source
+    assert f"LSTMCell {TIMES}20" not in each and "LSTMCell · call 20/20" in each
+
+
+def test_every_call_on_the_command_line(unrolled_log: Path, tmp_path: Path) -> None:
+    for flags, nodes in (((), 2), (("--every-call",), 40)):
+        out = tmp_path / f"u{len(flags)}.dot"
+        result = hooktrace_cmd("render", unrolled_log, "-o", out, *flags)
+        assert result.returncode == 0, result.stderr
+        assert f"{nodes} modules" in result.stderr
+
+
+def test_load_steps_keeps_each_step_as_load_step_does(tmp_path: Path) -> None:
+    """The view page loads the steps it draws in one pass: the same as one load per step."""
+    events = [record for step in range(5) for record in chain_step(step, 10 * step + 1)]
+    log = write_log(tmp_path / "five.jsonl", events)
+    loaded = steplog.load_steps(log, [1, 3, 7])
+    assert sorted(loaded) == [1, 3]  # no step 7 in the log
+    for step, one in loaded.items():
+        assert one == steplog.load_step(log, step)

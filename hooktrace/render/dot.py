@@ -106,6 +106,8 @@ def node_label(node: Node, view: View, found: Sequence[Finding] = ()) -> str:
     kind = _html(node.cls)
     if node.module_calls > 1 and call >= 0:
         kind += f" · call {call + 1}/{node.module_calls}"
+    elif node.module_calls > 1:  # its calls folded into one node
+        kind += f" {TIMES}{node.module_calls}"
     lines = [f"<B>{name}</B>", kind]
     if node.output_shapes:
         lines.append(_small(_html(shapes_text(node.output_shapes, TIMES))))
@@ -161,16 +163,24 @@ def backward_text(grad_norm: float | None, grad_input_len: int, grad_output_len:
     return " · ".join(parts)
 
 
+def order_text(edge: Edge) -> str:
+    """An edge's number in its phase: ``3``; for an edge run several times (between folded
+    calls), its first and last and how often: ``3…2996 x999`` (with a multiplication sign)."""
+    if edge.runs == 1:
+        return str(edge.order)
+    return f"{edge.order}\N{HORIZONTAL ELLIPSIS}{edge.last} {TIMES}{edge.runs}"
+
+
 def _edge(edge: Edge, view: View) -> tuple[str, str, dict[str, str]]:
     """(tail id, head id, attributes). A backward edge that goes back up the forward order is
     written head first with ``dir=back``: dot then lays it beside the forward edge it mirrors,
     labels apart, and it keeps the ranks forward gave."""
     src, dst = node_id(edge.src), node_id(edge.dst)
     if edge.phase == "forward":
-        return src, dst, {"label": str(edge.order), "color": FORWARD_COLOUR}
+        return src, dst, {"label": order_text(edge), "color": FORWARD_COLOUR}
     more = backward_text(edge.grad_norm, edge.grad_input_len, edge.grad_output_len)
     attrs = {
-        "label": f"{edge.order} · {more}" if more else str(edge.order),
+        "label": f"{order_text(edge)} · {more}" if more else order_text(edge),
         "style": "dashed", "color": BACKWARD_COLOUR, "fontcolor": BACKWARD_COLOUR,
     }
     if not edge.mirrored:
@@ -213,6 +223,9 @@ def _legend(view: View, states: set[str], marked: bool) -> str:
     if any(n.folded for n in view.nodes()):
         rows.append(("+N calls inside", f"calls deeper than depth {view.depth} folded in "
                      "(--depth)"))
+    if any(n.key[2] < 0 and n.module_calls > 1 for n in view.nodes()):
+        rows.append((f"{TIMES}N", "N calls of a module as one node, or an edge they ran N "
+                     "times (--every-call: each)"))
     cells = "".join(f'<TR><TD ALIGN="LEFT"{swatches.get(i, "")}>{a}</TD>'
                     f'<TD ALIGN="LEFT">{b}</TD></TR>' for i, (a, b) in enumerate(rows))
     return (f'<<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="0" CELLPADDING="2">'

@@ -95,12 +95,13 @@ def _anomalies(data: RunData) -> str:
     return f"<h2>Watched steps: anomaly records</h2><ul>{items}</ul>"
 
 
-def _rank_data(data: RunData, findings: Sequence[Finding]) -> tuple[dict[str, Any], Heatmap]:
+def _rank_data(data: RunData, findings: Sequence[Finding], every_call: bool = False
+               ) -> tuple[dict[str, Any], Heatmap]:
     mine = _mine(findings, data.rank)
     heats = {values: heatmap(data, mine, values) for values in VALUES}
     return {
         "rank": data.rank, "models": sorted(data.models.values()),
-        "graphs": step_graphs(data, mine),
+        "graphs": step_graphs(data, mine, every_call),
         "heat": {values: to_html(heat, data.rank) for values, heat in heats.items()},
         "anomalies": _anomalies(data),
     }, heats["grad_output"]
@@ -122,15 +123,15 @@ def _legend(heat: Heatmap) -> str:
         '<span style="outline:2px solid #000"></span>named by a finding'
 
 
-def view_page(logs: Sequence[str | os.PathLike[str]], rank: int | None = None
-              ) -> tuple[str, list[str]]:
+def view_page(logs: Sequence[str | os.PathLike[str]], rank: int | None = None,
+              every_call: bool = False) -> tuple[str, list[str]]:
     """The page's HTML for one log or the ranks of one run (opening at ``rank``), and the logs'
-    warnings."""
+    warnings. ``every_call``: the call graphs draw each call of a module called many times."""
     readers = open_ranks(logs)
     start = _rank_index(readers, rank)
     runs = [gather(r) for r in readers]
     report = run_checks_ranks([r.path for r in readers])
-    per_rank = [_rank_data(data, report.findings) for data in runs]
+    per_rank = [_rank_data(data, report.findings, every_call) for data in runs]
     heats = [heat for _, heat in per_rank]
     data = {"ranks": [d for d, _ in per_rank], "start": start,
             "findings": [_finding(f, heats, runs) for f in report.findings]}
@@ -146,8 +147,8 @@ def view_page(logs: Sequence[str | os.PathLike[str]], rank: int | None = None
 
 
 def write_view(logs: Sequence[str | os.PathLike[str]], output: str | os.PathLike[str] | None,
-               fmt: str | None = None, values: str = "grad_output", rank: int | None = None
-               ) -> Viewed:
+               fmt: str | None = None, values: str = "grad_output", rank: int | None = None,
+               every_call: bool = False) -> Viewed:
     """``hooktrace view``: the page (html) or the heatmap picture (svg, png) of ``logs`` into
     ``output`` (default: the first log's name with the format's extension)."""
     out = Path(output) if output is not None else None
@@ -158,7 +159,7 @@ def write_view(logs: Sequence[str | os.PathLike[str]], output: str | os.PathLike
     paths = expand(logs)
     out = out or paths[0].with_suffix(f".{chosen}")
     if chosen == "html":
-        text, warnings = view_page(logs, rank)
+        text, warnings = view_page(logs, rank, every_call)
         data = text.encode("utf-8")
     else:
         picture = heatmap_picture(logs, values, rank)

@@ -17,11 +17,12 @@ from hooktrace.graph import Node, View, build
 from hooktrace.marks import marks
 from hooktrace.render.dot import node_id, node_state, run_dot, to_dot
 from hooktrace.render.text import shapes_text
-from hooktrace.steplog import SelectionError, StepLog, load_step
+from hooktrace.steplog import SelectionError, StepLog, load_steps
 from hooktrace.view.data import RunData
 
 MAX_GRAPH_STEPS = 20  # steps drawn per rank and model: the first ones recorded
 MAX_UNFOLD_NODES = 400  # a deeper drawing with more nodes is left out (resnet50: 154)
+PASS_EVENTS = 200_000  # events of the drawn steps held at once (about 100 MB)
 
 
 def _norms(stats: list[schema.GradStat | None] | None) -> list[str]:
@@ -63,6 +64,8 @@ def node_details(node: Node, view: View, events: dict[tuple[int, str, int], Any]
         found["forward"] = source
     if call >= 0:
         found["call"] = f"{call + 1} of {node.module_calls}"
+    elif node.module_calls > 1:
+        found["calls"] = f"{node.module_calls}, one node (--every-call: one each)"
     if node.folded:
         found["folded"] = f"{plural(node.folded, 'call')} inside"
     forward = events.get(node.key)
@@ -96,30 +99,50 @@ def _packed(drawing: dict[str, Any]) -> str:
     return base64.b64encode(gzip.compress(orjson.dumps(drawing), mtime=0)).decode("ascii")
 
 
-def _graph(loaded: StepLog, findings: Sequence[Finding]) -> dict[str, Any]:
+def _graph(loaded: StepLog, findings: Sequence[Finding], every_call: bool = False
+           ) -> dict[str, Any]:
     """The step's drawing at the automatic depth, and under "unfold" the one a level deeper
     (packed; absent when nothing is folded or it is too big to draw)."""
-    view = build(loaded)
+    view = build(loaded, every_call=every_call)
     events = {(e.model, e.name, e.call): e for e in loaded.events
               if isinstance(e, schema.ForwardEvent) and not e.recompute}
     found = _drawing(view, events, findings)
     if any(n.folded for n in view.node_map.values()):
-        deeper = build(loaded, view.depth + 1)
+        deeper = build(loaded, view.depth + 1, every_call=every_call)
         if len(deeper.node_map) <= MAX_UNFOLD_NODES:
             found["unfold"] = _packed(_drawing(deeper, events, findings))
     return found
 
 
-def step_graphs(data: RunData, findings: Sequence[Finding]) -> dict[str, dict[str, Any]]:
+def _batches(data: RunData, steps: list[int]) -> list[list[int]]:
+    """``steps`` in runs of at most PASS_EVENTS events (one at least): each run is loaded in one
+    pass over the log, so the page reads the log once or a few times, not once per step."""
+    events: dict[int, int] = {}
+    for (_, _, step), cell in data.cells.items():
+        events[step] = events.get(step, 0) + cell.calls + cell.no_grad + cell.backward
+    batches: list[list[int]] = [[]]
+    held = 0
+    for step in steps:
+        if batches[-1] and held + events.get(step, 0) > PASS_EVENTS:
+            batches.append([])
+            held = 0
+        batches[-1].append(step)
+        held += events.get(step, 0)
+    return batches
+
+
+def step_graphs(data: RunData, findings: Sequence[Finding], every_call: bool = False
+                ) -> dict[str, dict[str, Any]]:
     """``"model|step"`` (model "" for all models) -> the graph of that step."""
     names = sorted(data.models.values()) if len(data.models) > 1 else []
     out: dict[str, dict[str, Any]] = {}
     for model in [None, *names]:
-        for step in sorted(data.steps)[:MAX_GRAPH_STEPS]:
+        for batch in _batches(data, sorted(data.steps)[:MAX_GRAPH_STEPS]):
             try:
-                loaded = load_step(data.path, step, model)
-            except SelectionError:  # the model ran nothing in that step
+                loaded = load_steps(data.path, batch, model)
+            except SelectionError:  # the model ran nothing in these steps
                 continue
-            out[f"{model or ''}|{step}"] = _graph(loaded, findings)
+            for step, one in loaded.items():  # those the model ran
+                out[f"{model or ''}|{step}"] = _graph(one, findings, every_call)
     return out
 
