@@ -185,7 +185,6 @@ class _Loader:
                 target.append(self.reader.backward_event(row))
 
 
-
 def load_step(path: str | os.PathLike[str], step: int | None = None,
               model: str | None = None) -> StepLog:
     """Stream the log at ``path`` and keep step ``step`` (default: the first with a backward
@@ -223,7 +222,7 @@ def _load(reader: LogReader, chooser: StepChooser, model: str | None) -> _Loader
 def _step_log(loaded: _Loader, chosen: int) -> StepLog:
     reader, chooser, models = loaded.reader, loaded.chooser, loaded.models
     events = sorted(chooser.kept.get(chosen, []), key=lambda e: e.seq)
-    if model is None:
+    if loaded.model is None:
         events = without_data_prep(events, loaded.names)
     forward = {e.seq for e in events if isinstance(e, schema.ForwardEvent)}
     earlier = {models.get(e.model, str(e.model)) for e in events
