@@ -8,7 +8,7 @@ function turns them into findings and ``check_all`` runs them all. Reading the l
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Iterator, Set
 from typing import TYPE_CHECKING
 
 from hooktrace import causes, flow
@@ -154,27 +154,38 @@ def check_lost_gradient(c: Collected) -> list[Finding]:
     return out
 
 
-def _group_frozen(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> list[Finding]:
-    """One note for a module all of whose modules with parameters are frozen all run (a
-    frozen backbone: ``features``, or a whole model), instead of one per layer."""
+def _subtrees(found: list[tuple[ModuleStats, Finding]], candidates: list[ModuleStats]
+              ) -> Iterator[tuple[Finding, str | None, list[ModuleStats]]]:
+    """Each flagged module's finding with the outermost module above it all of whose
+    ``candidates`` below (two or more) are flagged, and those; or with None, alone."""
     flagged = {(m.model, m.name): f for m, f in found}
-    out: list[Finding] = []
     grouped: set[ModuleKey] = set()
     for (model, name), finding in flagged.items():
         if (model, name) in grouped:
             continue
         for top in ancestors(name):  # outermost first
-            below = [m for m in c.modules.values() if m.model == model and m.params and m.calls
+            below = [m for m in candidates if m.model == model
                      and (top == "" or m.name.startswith(top + "."))]
             if len(below) >= 2 and all((m.model, m.name) in flagged for m in below):
+                grouped.update((m.model, m.name) for m in below)
+                yield finding, top, below
                 break
         else:
+            yield finding, None, []
+
+
+def _group_frozen(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> list[Finding]:
+    """One note for a module all of whose modules with parameters are frozen all run (a
+    frozen backbone: ``features``, or a whole model), instead of one per layer."""
+    out: list[Finding] = []
+    with_params = [m for m in c.modules.values() if m.params and m.calls]
+    for finding, top, below in _subtrees(found, with_params):
+        if top is None:
             out.append(finding)
             continue
-        grouped.update((m.model, m.name) for m in below)
         out.append(Finding(
             "frozen", NOTE, finding.model, top, None,
-            f"{c.label(model, top)}: parameters frozen (requires_grad=False) in all "
+            f"{c.label(below[0].model, top)}: parameters frozen (requires_grad=False) in all "
             f"{len(below)} of its modules that have any ({names_text([m.name for m in below])})",
             {"modules": [m.name for m in below][:50], "params": sum(m.params for m in below)}))
     return out
@@ -183,27 +194,17 @@ def _group_frozen(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> lis
 def _group_subtrees(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> list[Finding]:
     """One finding for a module all of whose trainable modules below got no gradient (a whole
     detached branch), instead of one per layer."""
-    flagged = {(m.model, m.name): f for m, f in found}
-    trained = [m for m in c.modules.values() if m.trainable and m.calls]
     out: list[Finding] = []
-    grouped: set[tuple[int, str]] = set()
-    for (model, name), finding in flagged.items():
-        if (model, name) in grouped:
-            continue
-        for top in ancestors(name):
-            below = [m for m in trained if m.model == model
-                     and (top == "" or m.name.startswith(top + "."))]
-            if len(below) >= 2 and all((m.model, m.name) in flagged for m in below):
-                break
-        else:
+    trained = [m for m in c.modules.values() if m.trainable and m.calls]
+    for finding, top, below in _subtrees(found, trained):
+        if top is None:
             out.append(finding)
             continue
-        grouped.update((m.model, m.name) for m in below)
         names = ", ".join(m.name for m in below[:6]) + (", ..." if len(below) > 6 else "")
         out.append(Finding(
             finding.kind, finding.severity, finding.model, top, finding.step,
-            f"{c.label(model, top)}: no gradient reached any of its {len(below)} trainable "
-            f"modules ({names}): detached or not on the loss path "
+            f"{c.label(below[0].model, top)}: no gradient reached any of its {len(below)} "
+            f"trainable modules ({names}): detached or not on the loss path "
             f"({steps_text(finding.evidence['steps'])})",
             {"modules": [m.name for m in below], "steps": finding.evidence["steps"],
              "trainable": sum(m.trainable for m in below)},
