@@ -65,6 +65,7 @@ class Truth:
 
     grads: dict[str, float | None]  # parameter name -> norm of its .grad, None without one
     shared: frozenset[str]  # parameters some other module holds too
+    leaf: bool  # a module without children
 
     @property
     def state(self) -> str:
@@ -113,7 +114,8 @@ class GradTruth:
                     found[(index, fqn)] = Truth(
                         {n: None if p.grad is None else float(p.grad.detach().double().norm())
                          for n, p in params},
-                        frozenset(n for n, p in params if self._owners.get(id(p), 0) > 1))
+                        frozenset(n for n, p in params if self._owners.get(id(p), 0) > 1),
+                        not any(True for _ in module.children()))
         self.steps.append(found)
 
 
@@ -126,7 +128,8 @@ class Contradiction:
     truth: str
 
     def __str__(self) -> str:
-        return f"step {self.step} {self.module}: {self.source} says {self.claim}; PyTorch: {self.truth}"
+        return (f"step {self.step} {self.module}: {self.source} says {self.claim}; "
+                f"PyTorch: {self.truth}")
 
 
 @dataclass
@@ -208,7 +211,11 @@ def contradictions(path: str | os.PathLike[str], findings: Sequence[Finding], tr
                    scoped: bool = True) -> list[Contradiction]:
     """Every claim of the log at ``path`` and of ``findings`` (check's, on that log) that
     ``truth`` (recorded in the same run) contradicts."""
-    claims = _read(path, truth.models, scoped)
+    return _compare(_read(path, truth.models, scoped), findings, truth)
+
+
+def _compare(claims: _Claims, findings: Sequence[Finding], truth: GradTruth
+             ) -> list[Contradiction]:
     out: list[Contradiction] = []
 
     def label(key: ModuleKey) -> str:
@@ -219,7 +226,13 @@ def contradictions(path: str | os.PathLike[str], findings: Sequence[Finding], tr
                                  f"{len(truth.steps)} recorded"))
     for (step, key), said in sorted(claims.calls.items()):
         t = truth.steps[step].get(key) if step < len(truth.steps) else None
-        if t is not None and t.shared != frozenset(t.grads) and _got(said) != _got(t.own_state):
+        if t is None or t.shared == frozenset(t.grads):
+            continue
+        # no gradient at its outputs: none for its own parameters. The reverse holds only for
+        # a leaf's .grad being None: a non-zero output gradient can leave a parameter's at zero
+        # (a zero input, a zero-initialised layer after it inside the module: ViT's head)
+        if (not _got(said) and _got(t.own_state)) or (
+                said == NONZERO and t.leaf and t.own_state == NONE):
             out.append(Contradiction(step, label(key), "its backward events", _SAID[said],
                                      t.text()))
     for (step, key), norm in sorted(claims.params.items(), key=lambda kv: kv[0]):
@@ -245,7 +258,8 @@ def _close(a: float | None, b: float | None) -> bool:
         return a is b
     if not (math.isfinite(a) and math.isfinite(b)):
         return not math.isfinite(a) and not math.isfinite(b)
-    return math.isclose(a, b, rel_tol=1e-3, abs_tol=1e-12)
+    # float32 sums: vgg11_bn's classifier.0 (103M weights) logs 57.5 for a float64 57.7
+    return math.isclose(a, b, rel_tol=1e-2, abs_tol=1e-12)
 
 
 def _finding_contradictions(f: Finding, claims: _Claims, truth: GradTruth,
@@ -270,7 +284,8 @@ def _finding_contradictions(f: Finding, claims: _Claims, truth: GradTruth,
         names = list(ev["starved"])
     elif "modules" in ev and isinstance(ev["modules"], list):
         names = list(ev["modules"])
-    elif f.kind in ("unused", "never-reached"):  # the module and everything below it
+    elif f.kind in ("unused", "never-reached") or not (f.module or ev):
+        # the module and everything below it (a whole model, named by its root)
         names = [n for (i, n) in truth.steps[0] if i == model and (
             not f.module or n == f.module or n.startswith(f.module + "."))] if truth.steps else []
         steps = all_steps
@@ -303,6 +318,7 @@ class Result:
     report: Report
     contradictions: list[Contradiction]
     seconds: float
+    models: list[str]  # the log's names of the case's models
 
     @property
     def problems(self) -> list[str]:
@@ -326,8 +342,9 @@ def run_case(path: str | os.PathLike[str], case: Case, steps: int) -> Result:
             truth.record()
             case.update()
     report = run_checks(path)
-    found = contradictions(path, report.findings, truth, case.scoped)
-    return Result(report, found, time.perf_counter() - start)
+    claims = _read(path, truth.models, case.scoped)
+    found = _compare(claims, report.findings, truth)
+    return Result(report, found, time.perf_counter() - start, list(claims.models.values()))
 
 
 def sgd(models: Sequence[nn.Module], lr: float = 1e-3) -> Callable[[], None]:

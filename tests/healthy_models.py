@@ -4,10 +4,12 @@ and Hugging Face transformers built from tiny configs (no download anywhere).
 
 Input sizes: the smallest each model accepts at which its gradients are sane. Below it a
 network's last BatchNorm normalises a 1x1 map over a batch of 2 (two values per channel), and
-its gradients truly explode (resnet50 at 32x32: a conv1 gradient norm of 5e9, against 5e2 at
-224x224): a true ``exploding`` finding that says nothing about a healthy program. The sizes
-were found by trying 32, 64, 96, ..., 299 and keeping the first where a step runs and every
-parameter's gradient norm stays below 1e3 (check warns above 1e4).
+its gradients truly explode (resnet50 at 32x32: a conv1 gradient norm of 4e9, against 3e3 at
+64x64): a true ``exploding`` finding that says nothing about a healthy program. Each size is the
+first of 32, 64, 96, 128, ..., 224, 256, 299 at which a step runs and every parameter's gradient
+norm stays below 5e3 (half of check's exploding threshold, 1e4), one untraced step from seed 0.
+resnet152 stays above it at every size (7.4e3 at 299, 1.04e4 at 224): 299. shufflenet_v2_x0_5,
+3.2e3 at 32 in that step, gave 1.1e4 traced at 32 (another batch): 64.
 """
 
 from __future__ import annotations
@@ -23,12 +25,19 @@ from torch.nn import functional as F
 
 #: a classification model's input size where it is not 64 (see the module's docstring)
 SIZES = {
-    "convnext_tiny": 32, "convnext_small": 32, "convnext_base": 32, "convnext_large": 32,
-    "mobilenet_v3_large": 32, "mobilenet_v3_small": 32,
-    "googlenet": 96, "inception_v3": 299,  # the only size inception_v3's aux head accepts
-    "maxvit_t": 224,  # its 7x7 windows need 224 (or a multiple of 224 / 7 * 7)
-    "vit_b_16": 224, "vit_b_32": 224, "vit_l_16": 224, "vit_l_32": 224,  # image_size=224
-    "vit_h_14": 224,
+    **dict.fromkeys(["convnext_tiny", "convnext_small", "convnext_base", "convnext_large",
+                     "googlenet", "mobilenet_v3_large", "mobilenet_v3_small",
+                     "squeezenet1_0", "squeezenet1_1",
+                     "swin_t", "swin_s", "swin_b", "swin_v2_t", "swin_v2_s", "swin_v2_b",
+                     "vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19",
+                     "vgg19_bn"], 32),
+    **dict.fromkeys(["resnet101", "resnext101_32x8d", "resnext101_64x4d", "wide_resnet101_2"],
+                    128),
+    "resnet152": 299,
+    "inception_v3": 299,  # the only size its auxiliary head accepts
+    "maxvit_t": 224,  # its 7x7 partitions of every stage
+    **dict.fromkeys(["vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14"],
+                    224),  # its image_size
 }
 #: googlenet and inception_v3 train their auxiliary heads too, weighted as torchvision's
 #: reference scripts do
