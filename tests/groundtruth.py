@@ -258,8 +258,9 @@ def _close(a: float | None, b: float | None) -> bool:
         return a is b
     if not (math.isfinite(a) and math.isfinite(b)):
         return not math.isfinite(a) and not math.isfinite(b)
-    # float32 sums: vgg11_bn's classifier.0 (103M weights) logs 57.5 for a float64 57.7
-    return math.isclose(a, b, rel_tol=1e-2, abs_tol=1e-12)
+    # the log's norms are float32 sums: torch's float32 norm of 103M normal values is 1.1% below
+    # the float64 one (vgg11_bn's classifier.0 logs 57.5 for 57.7)
+    return math.isclose(a, b, rel_tol=5e-2, abs_tol=1e-12)
 
 
 def _finding_contradictions(f: Finding, claims: _Claims, truth: GradTruth,

@@ -62,8 +62,24 @@ _NO_GRAD_UNDER_NO_GRAD = (
     "module run under no_grad; PyTorch: every such module's param.grad is non-zero, from the "
     "recompute in backward)")
 
+_DROPPED = (
+    "[zero-gradient] warning {model}:{module}: {module} (StochasticDepth): it dropped its whole "
+    "input (every sample of the batch): it passes back an exactly-zero gradient ... at step 0 "
+    "({n} such warning{s} in one step: chance, at p**2 per block and batch 2)")
+#: the 1-step runs of the sweep where stochastic depth dropped a whole batch (seed 0)
+_DROPS = {"convnext_base": ("ConvNeXt", "features.5.4", 3),
+          "convnext_large": ("ConvNeXt", "features.5.10", 6),
+          "convnext_small": ("ConvNeXt", "features.5.26", 1),
+          "efficientnet_b1": ("EfficientNet", "features.6.1", 1),
+          "efficientnet_b5": ("EfficientNet", "features.5.3", 1),
+          "efficientnet_b7": ("EfficientNet", "features.6.1", 2),
+          "efficientnet_v2_m": ("EfficientNet", "features.7.4", 1)}
+
 #: (family, name, steps or None for both) -> the false finding hooktrace makes today
 KNOWN: dict[tuple[str, str, int | None], str] = {
+    **{("classification", name, 1): _DROPPED.format(
+        model=model, module=f"{block}.stochastic_depth", n=n, s="s" if n > 1 else "")
+       for name, (model, block, n) in _DROPS.items()},
     ("classification", "swin_v2_t", None): (
         "[no-grad] warning SwinTransformer:features.1.0.attn.cpb_mlp: features.1.0.attn.cpb_mlp "
         "(Sequential): the gradient stops inside its forward: the output of "
