@@ -42,7 +42,8 @@ pytestmark = pytest.mark.slow
 #: VGG, AlexNet), the cheapest of each
 CI = {
     "classification": {
-        "alexnet", "convnext_tiny", "densenet121", "efficientnet_b0", "efficientnet_v2_s",
+        "alexnet", "convnext_tiny", "densenet121", "efficientnet_b0", "efficientnet_b1",
+        "efficientnet_v2_s",
         "googlenet", "inception_v3", "maxvit_t", "mnasnet0_5", "mobilenet_v2",
         "mobilenet_v3_small", "regnet_x_400mf", "regnet_y_400mf", "resnet18", "resnet50",
         "resnext50_32x4d", "shufflenet_v2_x0_5", "squeezenet1_1", "swin_t", "swin_v2_t",
@@ -56,52 +57,13 @@ CI = {
     "pattern": set(PATTERNS),
 }
 
-_NO_GRAD_UNDER_NO_GRAD = (
-    "[no-grad-under-no_grad] warning {model}:{module}: {module} ({cls}) ran under torch.no_grad "
-    "while the rest of its model trained: its {n} trainable parameters get no gradient (one per "
-    "module run under no_grad; PyTorch: every such module's param.grad is non-zero, from the "
-    "recompute in backward)")
-
-_DROPPED = (
-    "[zero-gradient] warning {model}:{module}: {module} (StochasticDepth): it dropped its whole "
-    "input (every sample of the batch): it passes back an exactly-zero gradient ... at step 0 "
-    "({n} such warning{s} in one step: chance, at p**2 per block and batch 2)")
-#: the 1-step runs of the sweep where stochastic depth dropped a whole batch (seed 0)
-_DROPS = {"convnext_base": ("ConvNeXt", "features.5.4", 3),
-          "convnext_large": ("ConvNeXt", "features.5.10", 6),
-          "convnext_small": ("ConvNeXt", "features.5.26", 1),
-          "efficientnet_b1": ("EfficientNet", "features.6.1", 1),
-          "efficientnet_b5": ("EfficientNet", "features.5.3", 1),
-          "efficientnet_b7": ("EfficientNet", "features.6.1", 2),
-          "efficientnet_v2_m": ("EfficientNet", "features.7.4", 1)}
-
-#: (family, name, steps or None for both) -> the false finding hooktrace makes today
-KNOWN: dict[tuple[str, str, int | None], str] = {
-    **{("classification", name, 1): _DROPPED.format(
-        model=model, module=f"{block}.stochastic_depth", n=n, s="s" if n > 1 else "")
-       for name, (model, block, n) in _DROPS.items()},
-    ("classification", "swin_v2_t", None): (
-        "[no-grad] warning SwinTransformer:features.1.0.attn.cpb_mlp: features.1.0.attn.cpb_mlp "
-        "(Sequential): the gradient stops inside its forward: the output of "
-        "features.1.0.attn.cpb_mlp.0 gets no gradient back; it starves 1 trainable module "
-        "before it (features.1.0.attn.cpb_mlp.0) at step 0 (and in every block); PyTorch: "
-        "features.1.0.attn.cpb_mlp.0's param.grad is non-zero (norm 0.884)"),
-    ("pattern", "reversible", None): _NO_GRAD_UNDER_NO_GRAD.format(
-        model="RevNet", module="blocks.0.f.1", cls="Linear", n=1056),
-    ("pattern", "checkpoint_reentrant", None): _NO_GRAD_UNDER_NO_GRAD.format(
-        model="Checkpointed", module="blocks.0.1", cls="Linear", n=2112),
-    ("pattern", "linear_probe", None): (
-        "[eval-backward] warning ResNet:(root): model 'ResNet' ran backward in eval mode "
-        "(model.training is False) from step 0 on: dropout is off, and BatchNorm normalises "
-        "with its running statistics and does not update them"),
-    ("pattern", "transforms", None): (
-        "[called-several-times] note augment:(Resize): 4 modules called several times per "
-        "step: (Resize) x2, (RandomResizedCrop) x2, (RandomHorizontalFlip) x2, (root) x2"),
-    ("pattern", "grad_scaler", None): (
-        "[exploding] warning Sequential:0: 2 modules with a parameter-gradient norm above "
-        "10000: 0 2.8e+04, 4 7.5e+04 (the gradients scaled by GradScaler's 2**16; unscaled, "
-        "0.43 and 1.1)"),
-}
+#: (family, name, steps or None for both) -> a false finding hooktrace makes today, its exact
+#: text: a strict xfail until it is fixed. Empty: the ones this sweep found (stochastic depth's
+#: chance drops in efficientnet_b1/b5/b7/v2_m and convnext_small/base/large at one step,
+#: swin_v2_t's cpb_mlp said to get no gradient, reversible layers and reentrant checkpointing
+#: said to run under no_grad, linear probing's eval mode, data transforms as models, gradients
+#: scaled by a GradScaler said to explode) are fixed
+KNOWN: dict[tuple[str, str, int | None], str] = {}
 
 #: steps traced: 1 and 10, except where one step cannot show the pattern
 STEPS: dict[str, tuple[int, ...]] = {
