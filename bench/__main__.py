@@ -25,7 +25,7 @@ import orjson
 import torch
 
 import hooktrace
-from bench import logtools, measure, report, tables, targets, variants, workloads
+from bench import logtools, measure, report, tables, targets, unrolled, variants, workloads
 
 _ROOT = Path(__file__).resolve().parent.parent
 _FULL_LOG_SIZES = (10_000, 100_000, 1_000_000)
@@ -44,23 +44,41 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, help="interleaved rounds per workload "
                                                     "(default: each workload's own)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--skip-logs", action="store_true", help="do not measure check/render")
+    parser.add_argument("--skip-logs", action="store_true",
+                        help="do not measure check/render/view on logs")
+    parser.add_argument("--logs-only", action="store_true",
+                        help="measure check/render/view on logs only (big W2 logs, the unrolled "
+                             "loop), no training step")
+    parser.add_argument("--unrolled", action="store_true",
+                        help="measure only the unrolled-loop logs (check/view/render by calls "
+                             "per step); writes bench-unrolled.json/.md")
     parser.add_argument("--variants", default=None,
                         help="comma-separated variants to measure (default: all; untraced, the "
                              "floor and hooktrace are always measured: ratios are against the "
                              "first two, and hooktrace's log counts the events per step)")
+    parser.add_argument("--observers", action="store_true",
+                        help="what each observer adds: hooktrace with each left out in turn, "
+                             "recorded and watched steps (default W1,W2; no logs); writes "
+                             "bench-observers.json/.md")
     parser.add_argument("--cprofile", nargs="?", const="hooktrace", metavar="VARIANT",
                         help="only print a cProfile of 20 steps of the first workload under "
                              "VARIANT (default hooktrace)")
     args = parser.parse_args(argv)
-    default = "W3,W4" if args.device == "cuda" else ",".join(workloads.NAMES)
+    default = "W3,W4" if args.device == "cuda" else "W1,W2" if args.observers \
+        else ",".join(workloads.NAMES)
     args.workloads = (args.workloads or default).split(",")
     unknown = set(args.workloads) - set(workloads.NAMES)
     if unknown:
         parser.error(f"unknown workload(s) {sorted(unknown)}; choose from {workloads.NAMES}")
     names = [v.name for v in variants.VARIANTS]
+    if args.unrolled:
+        args.logs_only = True
+    if args.observers:
+        args.skip_logs = True
+        args.variants = ",".join(["hooktrace_nostats", "hooktrace_watched", *(
+            v.name for v in variants.VARIANTS if v.extra)])
     args.variants = ({"untraced", "floor", "hooktrace", *args.variants.split(",")} if args.variants
-                     else set(names))
+                     else {v.name for v in variants.VARIANTS if not v.extra})
     if args.variants - set(names):
         parser.error(f"unknown variant(s) {sorted(args.variants - set(names))}; choose from "
                      f"{names}")
@@ -126,7 +144,8 @@ def bench_logs(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
 
 def _write(results: dict[str, Any], text: str, args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = "bench-quick" if args.quick else "bench"
+    stem = ("bench-observers" if args.observers else "bench-unrolled" if args.unrolled
+            else "bench-quick" if args.quick else "bench")
     (args.out / f"{stem}.json").write_bytes(
         orjson.dumps(results, option=orjson.OPT_INDENT_2) + b"\n")
     (args.out / f"{stem}.md").write_text(text)
@@ -145,11 +164,12 @@ def main(argv: list[str] | None = None) -> None:
             print(measure.cprofile(workload, variant, 20, folder))
             return
         results: dict[str, Any] = {"meta": _meta(args), "workloads": {}, "log_tools": []}
-        for name in args.workloads:
+        for name in [] if args.logs_only else args.workloads:
             results["workloads"][name] = bench_workload(name, args, folder)
             _progress(f"{name}: {results['workloads'][name]['seconds']:.0f} s")
         if not args.skip_logs:
-            results["log_tools"] = bench_logs(args, folder)
+            results["log_tools"] = [] if args.unrolled else bench_logs(args, folder)
+            results["unrolled"] = unrolled.measure(args.quick, folder, _progress)
     results["meta"]["load_after"] = round(os.getloadavg()[0], 2)
     results["meta"]["seconds"] = time.perf_counter() - started
     results["targets"] = targets.evaluate(results)

@@ -69,6 +69,60 @@ def tools_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def unrolled_table(found: dict[str, Any]) -> str:
+    lines = [
+        "### The unrolled loop: check, view, render by calls per step (time_sequence_prediction's "
+        "LSTMCell x2 + Linear)",
+        "",
+        "| calls per step | steps | events | file MB | command | CPU s | wall s | us/event (CPU) "
+        "| peak MB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in [*found["sizes"], *found["issue"]]:
+        lines.append(f"| {r['calls_per_step']:,} | {r['steps']} | {r['events']:,} "
+                     f"| {r['file_mb']:.1f} | {r['tool']} | {r['cpu_s']:.2f} | {r['wall_s']:.2f} "
+                     f"| {r['us_per_event']:.1f} | {r['peak_mb']:.0f} |")
+    return "\n".join(lines)
+
+
+def observers_table(results: dict[str, Any]) -> str:
+    """What each observer adds to a step: the whole session's median step time less the one
+    without it, in ms and in percent of the untraced step (recorded steps; watched steps for
+    the watch and for all observers)."""
+    lines = ["### What each observer adds per step (hooktrace minus hooktrace without it; "
+             "medians)", ""]
+    workloads = list(results["workloads"].items())
+    lines.append("| left out | " + " | ".join(f"{name}: x untraced without it | {name}: adds "
+                                               f"ms/step (% of untraced)" for name, _ in workloads)
+                 + " |")
+    lines.append("|---|" + "---|---|" * len(workloads))
+    rows: list[tuple[str, str, str]] = [("(nothing: the whole session)", "hooktrace", "")]
+    for name, v in ((n, v) for n, w in workloads[:1] for n, v in w["variants"].items()):
+        if name.startswith("without_"):
+            rows.append((v["label"].removeprefix("hooktrace without "), name, "hooktrace"))
+    rows.append(("statistics (stats=False)", "hooktrace_nostats", "hooktrace"))
+    rows.append(("watched steps: nothing", "hooktrace_watched", ""))
+    for name, v in ((n, v) for n, w in workloads[:1] for n, v in w["variants"].items()):
+        if name.startswith("watched_without_"):
+            rows.append((f"watched steps: {v['label'].removeprefix('watched, without ')}",
+                         name, "hooktrace_watched"))
+    for label, variant, whole in rows:
+        cells = [label]
+        for _, w in workloads:
+            row, base = w["variants"].get(variant), w["variants"]["untraced"]
+            if row is None:
+                cells += ["", ""]
+                continue
+            cells.append(f"{row['x_untraced_median']:.3f}")
+            if whole:
+                added = w["variants"][whole]["median_ms"] - row["median_ms"]
+                cells.append(f"{added:+.2f} ({added / base['median_ms']:+.1%})")
+            else:
+                cells.append(f"{row['median_ms'] - base['median_ms']:+.2f} (all it adds)")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def targets_list(verdicts: list[dict[str, Any]]) -> str:
     words = {True: "**met**", False: "**NOT MET**", None: "not measured"}
     lines = ["### Targets", ""]
@@ -86,7 +140,12 @@ def document(results: dict[str, Any]) -> str:
         f"{meta['seconds']:.0f} s.",
     ]
     parts += [workload_table(n, w) for n, w in results["workloads"].items()]
+    if any(n.startswith("without_") for w in results["workloads"].values()
+           for n in w["variants"]):
+        parts.append(observers_table(results))
     if results["log_tools"]:
         parts.append(tools_table(results["log_tools"]))
+    if results.get("unrolled"):
+        parts.append(unrolled_table(results["unrolled"]))
     parts.append(targets_list(results["targets"]))
     return "\n\n".join(parts) + "\n"

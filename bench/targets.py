@@ -111,6 +111,38 @@ def _tool(results: dict[str, Any], tool: str) -> Verdict:
                     f"({row['cpu_s']:.2f} s vs {parse['cpu_s']:.2f} s)")
 
 
+def _unrolled_flat(results: dict[str, Any], limit: float = 2.0) -> Verdict:
+    """Time per event of check and view at every calls-per-step size, within ``limit``x:
+    linear in the calls of a step (render's spread is shown: it draws one step, so a bigger
+    step is more of its work, not a worse rate)."""
+    target = (f"unrolled loop, 100 / 1,000 / 10,000 calls per step: check and view time per "
+              f"event within {limit:g}x of each other")
+    rows = results.get("unrolled", {}).get("sizes", [])
+    if not rows:
+        return _verdict(target, None, "not measured (logs skipped)")
+    met, parts = True, []
+    for tool in dict.fromkeys(r["tool"] for r in rows):
+        times = [r["us_per_event"] for r in rows if r["tool"] == tool]
+        spread = max(times) / min(times)
+        met = met and (spread <= limit or tool == "render")
+        parts.append(f"{tool} {' / '.join(f'{t:.1f}' for t in times)} us ({spread:.2f}x)")
+    return _verdict(target, met, "; ".join(parts))
+
+
+def _unrolled_issue(results: dict[str, Any], limit: float = 5.0) -> Verdict:
+    target = (f"the issue's unrolled log (999 time steps x 3 modules, 10 steps, 60k events): "
+              f"check < {limit:g} s")
+    rows = [r for r in results.get("unrolled", {}).get("issue", []) if r["tool"] == "check"]
+    if not rows:
+        return _verdict(target, None, "not measured (logs skipped)")
+    r = rows[0]
+    others = ", ".join(f"{o['tool']} {o['cpu_s']:.2f} s" for o in
+                       results["unrolled"]["issue"] if o["tool"] != "check")
+    return _verdict(target, r["cpu_s"] < limit,
+                    f"{r['cpu_s']:.2f} s CPU ({r['wall_s']:.2f} s wall) for {r['events']:,} "
+                    f"events; {others}")
+
+
 def _gpu(results: dict[str, Any]) -> Verdict:
     target = "GPU, W4: statistics on cost <= 5% steps/s; no per-module device sync"
     on, off = _row(results, "W4", "hooktrace"), _row(results, "W4", "hooktrace_nostats")
@@ -142,5 +174,7 @@ def evaluate(results: dict[str, Any]) -> list[Verdict]:
         _log_size(results),
         _tool(results, "check"),
         _tool(results, "render"),
+        _unrolled_flat(results),
+        _unrolled_issue(results),
         _gpu(results),
     ]
