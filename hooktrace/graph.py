@@ -324,10 +324,11 @@ def _runs(links: list[_Link], fold: set[ModuleKey]
           ) -> dict[tuple[Any, ...], list[tuple[int, schema.BackwardEvent | None]]]:
     """The links, each with its runs (order, event) in order: a link to or from the node of
     a module's folded calls is one link however often it ran; any other is its own."""
+    nodes = {(model, fqn, -1) for model, fqn in fold}
     found: dict[tuple[Any, ...], list[tuple[int, schema.BackwardEvent | None]]] = {}
     for order, (src, dst, e) in enumerate(links, 1):
-        folded = fold and any(k[2] == -1 and (k[0], k[1]) in fold for k in (src, dst))
-        found.setdefault((src, dst) if folded else (src, dst, order), []).append((order, e))
+        key = (src, dst) if src in nodes or dst in nodes else (src, dst, order)
+        found.setdefault(key, []).append((order, e))
     return found
 
 
