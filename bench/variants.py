@@ -36,6 +36,7 @@ class Variant:
     writes_log: bool = False  # a hooktrace session: its log is summarised after each session
     only: tuple[str, ...] = ()  # the workloads it runs on (none named: all)
     cpu_only: bool = False  # left out of --device cuda runs
+    extra: bool = False  # run only when asked for (--observers, --variants)
 
     def runs_on(self, workload: str, device: str) -> bool:
         return (not self.only or workload in self.only) and not (self.cpu_only and
@@ -191,6 +192,48 @@ def hooktrace_watched(model: nn.Module, log: Path) -> AbstractContextManager[Any
     return hooktrace.trace(log, model=model, steps=str(10**9))
 
 
+# what --observers leaves out of a session in turn: (name in the table, observer classes)
+OBSERVERS = (
+    ("recorder", ("LogRecorder",)),  # the log writer: events, shapes, statistics written
+    ("parameter norms", ("ParamNorms",)),
+    ("weights", ("WeightChange",)),
+    ("diagnosis", ("Diagnosis",)),
+    ("watch", ("Watch",)),
+    ("every observer", ("LogRecorder", "ParamNorms", "WeightChange", "Diagnosis", "Watch")),
+)
+
+
+def _without(classes: tuple[str, ...], watched: bool = False) -> Opener:
+    """hooktrace (statistics on; every step recorded, or with ``watched`` none: every step
+    watched) with the observers of ``classes`` left out of the session (``tracer.py``
+    assembles them): what they cost is the difference to the whole session. The core calls
+    only the observers it is handed, so one left out costs nothing."""
+    from hooktrace.core import CallTracker
+
+    @contextlib.contextmanager
+    def open_session(model: nn.Module, log: Path) -> Iterator[None]:
+        original = CallTracker.start
+
+        def start(self: CallTracker, naming: Any, observers: Any) -> CallTracker:
+            kept = [o for o in observers if type(o).__name__ not in classes]
+            return original(self, naming, kept)
+
+        with contextlib.ExitStack() as stack:
+            CallTracker.start = start  # type: ignore[method-assign]  # for this session only
+            try:
+                stack.enter_context(hooktrace.trace(
+                    log, model=model, steps=str(10**9) if watched else "all"))
+            finally:
+                CallTracker.start = original  # type: ignore[method-assign]
+            yield
+
+    return open_session
+
+
+def _slug(name: str) -> str:
+    return name.replace(" ", "_")
+
+
 def module_tracker(model: nn.Module, log: Path) -> AbstractContextManager[Any]:
     from torch.utils.module_tracker import ModuleTracker
 
@@ -252,4 +295,10 @@ VARIANTS = (
     Variant("hooktrace_watched", "hooktrace, watched steps", hooktrace_watched),
     Variant("moduletracker", "ModuleTracker", module_tracker),
     Variant("profiler", "torch.profiler(record_shapes)", profiler),
+    # --observers: each observer left out in turn, recorded steps and watched ones
+    *(Variant(f"without_{_slug(name)}", f"hooktrace without {name}", _without(classes),
+              extra=True) for name, classes in OBSERVERS),
+    *(Variant(f"watched_without_{_slug(name)}", f"watched, without {name}",
+              _without(classes, watched=True), extra=True)
+      for name, classes in OBSERVERS if name in ("watch", "every observer")),
 )
