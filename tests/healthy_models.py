@@ -70,7 +70,8 @@ def _box_targets(size: int, masks: bool = False, keypoints: bool = False
     out = []
     for i in range(2):
         box = torch.tensor([[8.0 + 4 * i, 10.0, 60.0, 64.0 + 4 * i]])
-        target = {"boxes": box, "labels": torch.tensor([1 + i])}
+        # a keypoint model has one class besides the background: the person
+        target = {"boxes": box, "labels": torch.tensor([1 if keypoints else 1 + i])}
         if masks:
             mask = torch.zeros(1, size, size, dtype=torch.uint8)
             mask[0, 10:64, 8:60] = 1
@@ -136,7 +137,8 @@ def segmentation(name: str) -> Case:
 
 #: video model -> clip shape (channels, frames, height, width)
 VIDEO = {"r3d_18": (3, 8, 64, 64), "mc3_18": (3, 8, 64, 64), "r2plus1d_18": (3, 8, 64, 64),
-         "s3d": (3, 16, 64, 64), "swin3d_t": (3, 8, 64, 64),
+         "s3d": (3, 16, 224, 224),  # its last pooling is fixed at 2x7x7
+         "swin3d_t": (3, 8, 64, 64),
          "mvit_v2_s": (3, 16, 224, 224)}  # its positional sizes are fixed at 16x224x224
 
 
