@@ -3,8 +3,9 @@
 A backward pass that raised (autograd's "modified by an inplace operation") is named by the
 module whose backward was running; any other error by the module whose call raised it and the
 line of the user's code, as the end record keeps them. A run that stopped without an error of
-its own (killed: no end record; interrupted by a signal; ``sys.exit`` with a failure status) is
-said with the last step it completed. A run that did not finish is never "no problems found".
+its own (killed: no end record; interrupted by a signal) is said with the last step it
+completed. ``sys.exit(n)`` is the script's own choice of status, a run that finished (a
+framework's runner exits so after training). A run that did not finish is never "no problems found".
 Pure: a ``Collected`` in, findings out.
 """
 
@@ -120,7 +121,7 @@ def check_crash(c: Collected) -> list[Finding]:
 
 def _stopped(c: Collected) -> list[Finding]:
     """A run that stopped without an error of its own: killed (no end record), interrupted
-    by a signal, or ``sys.exit`` with a failure status; with the last step it completed."""
+    by a signal; with the last step it completed."""
     ended = _how(c)
     if ended is None:
         return []
@@ -154,24 +155,7 @@ def _how(c: Collected) -> tuple[str, str, str] | None:
     if end.status == "interrupted":
         return (f"it was interrupted by {_signal(end)}", "interrupted",
                 "the findings cover the steps it ran; trace a run to its end to check it whole")
-    if end.status == "error" and (exited := _exit(end)):  # sys.exit(n), not an exception
-        return exited, "exit", "the script chose to stop with a failure status: its output says why"
     return None
-
-
-def _exit(end: End) -> str:
-    """How a script that ended by ``sys.exit`` with a failure status did; "" for any other end.
-    ``hooktrace run`` keeps the status; ``hooktrace.trace`` keeps the SystemExit only."""
-    error = end.error or {}
-    if end.exit_code:
-        said = str(error.get("message", "")) if error.get("type") == "SystemExit" else ""
-        return f"the script exited with status {end.exit_code}" + (
-            f" (sys.exit: {message_text(said, 100)})" if said and not said.lstrip("-").isdigit()
-            else "")
-    if end.exit_code is None and error.get("type") == "SystemExit" and \
-            str(error.get("message", "")) not in ("", "0", "None"):
-        return f"the script raised SystemExit({message_text(str(error['message']), 100)})"
-    return ""
 
 
 def _signal(end: End) -> str:
