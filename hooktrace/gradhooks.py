@@ -31,7 +31,7 @@ _MAX_LEAVES = 4096  # leaf tensors hooked at once; forward-only code never ends 
 
 #: in a dispatch's ``shape`` slot: the entry of a tensor that views another whole, whose base's
 #: node holds a fallback entry (with the view's shape) for when an in-place op rebuilt its node
-_VIEW = ()
+_VIEW = object()
 
 
 class _NodeDispatch(list[Any]):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hooktrace.findings import NOTE, WARNING, Finding, names_text
+from hooktrace.trainable import trainable_at
 
 if TYPE_CHECKING:
     from hooktrace.collected import Collected
@@ -37,7 +38,7 @@ def modal_training(c: Collected, model: int, step: int) -> list[str]:
     trains at ``step``: a BatchNorm whose own parameters train (one without parameters, or a
     drop layer of p > 0, whose parent's other modules train). None: eval mode changes nothing
     that trains (linear probing: a frozen backbone in eval mode, a trainable head)."""
-    trains = _trainable_at(c, model, step)
+    trains = trainable_at(c, model, step)
     out = []
     for (m, name), stats in c.modules.items():
         if m != model or not stats.calls:
@@ -51,13 +52,3 @@ def modal_training(c: Collected, model: int, step: int) -> list[str]:
             if any(t != name and (parent == "" or t.startswith(parent + ".")) for t in trains):
                 out.append(name)
     return sorted(out, key=lambda name: (c.modules[(model, name)].first_seq or 0))
-
-
-def _trainable_at(c: Collected, model: int, step: int) -> set[str]:
-    """The modules of ``model`` with trainable parameters at ``step``."""
-    trains = {name for (m, name), stats in c.modules.items() if m == model and stats.trainable}
-    for s in c.signals:
-        if s.kind == "trainable-changed" and s.model == model and s.step <= step:
-            trains -= set(s.detail.get("frozen", []))
-            trains |= set(s.detail.get("unfrozen", []))
-    return trains

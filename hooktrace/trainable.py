@@ -71,3 +71,13 @@ def _first_seq(c: Collected, model: int, name: str) -> int:
     m = c.modules.get((model, name))
     return m.first_seq or 0 if m is not None else 0
 
+
+def trainable_at(c: Collected, model: int, step: int) -> set[str]:
+    """The modules of ``model`` with trainable parameters at ``step``: as first seen, then as
+    the ``trainable-changed`` signals up to ``step`` changed them."""
+    trains = {name for (m, name), stats in c.modules.items() if m == model and stats.trainable}
+    for s in c.signals:
+        if s.kind == "trainable-changed" and s.model == model and s.step <= step:
+            trains -= set(s.detail.get("frozen", []))
+            trains |= set(s.detail.get("unfrozen", []))
+    return trains
