@@ -4,8 +4,9 @@
 a learning rate of 0, gradients zeroed before the step (``clip_grad_norm_`` with
 ``max_norm=0``, ``zero_grad(set_to_none=False)`` between ``backward`` and ``step``). Each
 model's trainable parameters that got a gradient are fingerprinted at the end of a recorded
-step's backward (one fused float64 norm: an update of one ulp in one element changes it) and
-again at the next recorded steps. The model is decided once:
+step's backward (per tensor, the sum of its elements' bits, wrapped at their width: a change
+of one bit in one element changes it) and again at the next recorded steps. The model is
+decided once:
 
 * a fingerprint changed: it trains; nothing more is computed for it;
 * unchanged after optimizer steps in two different steps since the first fingerprint (one
@@ -25,8 +26,9 @@ weight at each step (``weight_decay=5`` meant as 5e-4): where the step multiplie
 ``1 - lr * weight_decay`` (SGD, AdamW and any decoupled decay; Adam's coupled decay is scaled by
 its normalisation, not said), a ``weight-decay`` signal once per optimizer.
 
-Cost: a fused norm of the parameters per recorded step until the model is decided (two steps
-in a run that trains), one read each; nothing per module call, nothing in watched steps. Only
+Cost: one integer sum over the parameters per recorded step until the model is decided (two
+steps in a run that trains; 4.8 ms for resnet18's 11M parameters, a sixth of a float64 norm),
+one read each; nothing per module call, nothing in watched steps. Only
 where the parameters are on the CPU (``stats.on_host``): on a device each read would wait for
 it, and a step has one transfer, the statistics' (so a GPU run gets no such signal yet).
 """
@@ -76,15 +78,15 @@ class _Schedule:
 class _Baseline:
     """A model's first fingerprint, and what happened since."""
 
-    __slots__ = ("step", "names", "params", "norms", "stepped_in", "lrs", "last_same",
+    __slots__ = ("step", "names", "params", "bits", "stepped_in", "lrs", "last_same",
                  "grad", "version", "cleared")
 
     def __init__(self, step: int, names: list[str], params: list[torch.Tensor],
-                 norms: list[float]) -> None:
+                 bits: list[int]) -> None:
         self.step = step
         self.names = names  # the modules whose parameters are fingerprinted
         self.params = params
-        self.norms = norms
+        self.bits = bits
         self.stepped_in: set[int] = set()  # steps in which an optimizer stepped since
         self.lrs: set[float] = set()  # their learning rates
         self.last_same = step  # the last step whose fingerprint was the same
@@ -161,9 +163,9 @@ class WeightChange(Observer):
             baseline = self._baselines.get(model)
             if baseline is None or len(baseline.params) != len(params) or any(
                     a is not b for a, b in zip(baseline.params, params, strict=True)):
-                self._baselines[model] = _Baseline(step, names, params, _norms(params))
+                self._baselines[model] = _Baseline(step, names, params, _bits(params))
                 continue  # a first fingerprint, or one of other parameters
-            if _norms(params) != baseline.norms:
+            if _bits(params) != baseline.bits:
                 self._decided.add(model)  # it trains
                 del self._baselines[model]
                 continue
@@ -250,9 +252,20 @@ def _grad_state(p: torch.Tensor) -> tuple[weakref.ref[torch.Tensor], int]:
     return weakref.ref(grad), grad._version
 
 
-def _norms(params: list[torch.Tensor]) -> list[float]:
-    """Each tensor's norm in float64, read at once (a NaN never equals itself: NaN weights
-    count as changed; their NaN is check's other findings')."""
-    norms = torch._foreach_norm([p.detach() for p in params], 2, dtype=torch.float64)
-    device = norms[0].device
-    return torch.stack([n.to(device) for n in norms]).tolist()
+#: the integer type of each element size: a float tensor's bits, summed as integers
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(params: list[torch.Tensor]) -> list[int]:
+    """Per tensor, the sum of its elements' bit patterns, wrapped at their width: two states
+    that differ in one element always differ here (two distinct values of n bits differ by less
+    than 2**n), read at once. Exact where a float norm rounds, and a sixth of a float64 norm's
+    cost. A NaN that stays NaN is unchanged here; NaN weights are check's other findings'."""
+    sums = []
+    for p in params:
+        data = p.detach()
+        if data.is_complex():
+            data = torch.view_as_real(data)
+        sums.append(data.view(_BITS[data.element_size()]).sum(dtype=_BITS[data.element_size()]))
+    device = sums[0].device
+    return torch.stack([s.to(device) for s in sums]).tolist()

@@ -7,11 +7,15 @@ summed and never cleared with no optimizer)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from conftest import hooktrace_cmd
+
+from hooktrace.weights import _bits
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "weights_loop.py"
 
@@ -62,3 +66,18 @@ def test_too_few_recorded_steps_decide_nothing(tmp_path: Path) -> None:
     # two recorded steps hold one optimizer step: a warmup's first may have a learning rate
     # of 0, so nothing is said
     assert check_case(tmp_path, "lr_zero", "--steps", "0:2") == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64,
+                                   torch.complex64])
+def test_one_ulp_in_one_element_changes_the_fingerprint(dtype: torch.dtype) -> None:
+    # the fingerprint is exact: the smallest update an optimizer can make to one weight of
+    # many, and an update that moves the norm by less than its rounding, are both seen
+    weights = torch.randn(4096, dtype=torch.float64).to(dtype)
+    for i in (0, 1777, 4095):
+        nudged = weights.clone()
+        real = torch.view_as_real(nudged) if dtype.is_complex else nudged
+        flat = real.view(-1)
+        flat[i] = torch.nextafter(flat[i], torch.tensor(math.inf, dtype=flat.dtype))
+        assert _bits([weights]) != _bits([nudged])
+    assert _bits([weights]) == _bits([weights.clone()])
