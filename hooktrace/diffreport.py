@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 
 from hooktrace.diff import Difference, DiffReport, ranges
+from hooktrace.findings import plural
 
 
 def _where(d: Difference) -> str:
@@ -77,7 +78,7 @@ def _params(report: DiffReport, compared: bool) -> list[str]:
         return [f"{title}: not compared"]
     if not report.param_steps:
         return [f"{title}: agree"]
-    lines = [f"{title}: differ in {report.param_steps} of {len(report.steps)} steps"]
+    lines = [f"{title}: differ in {report.param_steps} of {plural(len(report.steps), 'step')}"]
     for p in report.params[:3]:
         shown = ", ".join(f"{name or '(root)'} {_norm(a)} vs {_norm(b)}"
                           for name, a, b in p.modules)

@@ -45,7 +45,7 @@ def _thin(profile: list[dict[str, Any]], keep: int = 8) -> list[dict[str, Any]]:
     return [profile[round(i * step)] for i in range(keep)]
 
 
-def _where(f: Finding) -> str:
+def where(f: Finding) -> str:
     """The module, model and step a finding names; a finding of no model is about the run."""
     step = f"step {f.step}" if f.step is not None else "all steps"
     if not f.model:
@@ -59,7 +59,7 @@ def _finding(f: Finding) -> list[str]:
         listed = ", ".join(map(str, f.ranks))
         ranks = f" · rank{'s' if len(f.ranks) > 1 else ''} {listed}"
         ranks += "" if f.kind == "rank-divergence" else " only"
-    lines = [f"  [{f.kind}] {_where(f)}{ranks}", f"    {f.message}"]
+    lines = [f"  [{f.kind}] {where(f)}{ranks}", f"    {f.message}"]
     evidence = _evidence(f.evidence) if f.severity != NOTE else ""  # a note's message says it
     if evidence:
         lines.append(f"    evidence: {evidence}")

@@ -76,7 +76,8 @@ def test_mnist_order_indent_and_columns(mnist_log: Path) -> None:
 
 def test_phase_and_step(mnist_log: Path) -> None:
     text, _ = show(mnist_log, "--phase", "backward", "--step", "1")
-    assert text.startswith("step 1 (steps in the log: 0-1): model (Net): 7 forward, 7 backward")
+    assert text.startswith(
+        "step 1 (steps in the log: 0-1): model (Net): 7 forward events, 7 backward events")
     assert [r[1] for r in rows(text)] == ["backward"] * 7
     assert [r[0] for r in rows(text)] == [str(n) for n in range(22, 29)]
 

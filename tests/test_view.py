@@ -348,3 +348,16 @@ def test_hover_says_where_the_forward_is(tmp_path: Path) -> None:
     [quantize] = [d for d in nodes.values() if d["class"] == "Quantize"]
     assert quantize["forward"].rsplit("/", 1)[-1].startswith("flow_bugs.py:")
     assert not [d for d in nodes.values() if d["class"] == "Linear" and "forward" in d]
+
+
+def test_findings_say_where_as_check_does(tmp_path: Path) -> None:
+    """The page's list of findings names each one's place with check's own words, also where a
+    finding has no module ("(root)") or no model."""
+    log = trace(tmp_path, "nan", SAMPLES / "nan_layer.py")
+    page = view(log, tmp_path / "nan.html").read_text()
+    data = json.loads(page.split('id="data">')[1].split("</script>", 1)[0])
+    text = hooktrace_cmd("check", log).stdout
+    places = [line.split("] ", 1)[1] for line in text.splitlines()
+              if line.startswith("  [")]
+    assert [f["where"] for f in data["findings"]] == places
+    assert places and all(" · model 'model' · " in p for p in places)

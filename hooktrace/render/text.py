@@ -84,7 +84,8 @@ def table(log: StepLog, phase: str | None = None, limit: int = DEFAULT_LIMIT) ->
                       for m in models)
     forward = sum(e.phase == "forward" for e in log.events)
     head = (f"step {log.step} (steps in the log: {ranges(log.steps)}): {names}: "
-            f"{forward} forward, {len(log.events) - forward} backward events")
+            f"{plural(forward, 'forward event')}, "
+            f"{plural(len(log.events) - forward, 'backward event')}")
     if not chosen:
         return f"{head}\nno {phase} events in step {log.step}\n"
     several = len(models) > 1

@@ -22,6 +22,7 @@ from hooktrace.logio import LogReader
 from hooktrace.ranks import expand, open_ranks
 from hooktrace.render import write_file
 from hooktrace.render.dot import run_dot
+from hooktrace.report import where
 from hooktrace.view.data import RunData, gather
 from hooktrace.view.graphs import step_graphs
 from hooktrace.view.heatmap import VALUES, Heatmap, heatmap, legend_items, to_dot, to_html
@@ -114,7 +115,8 @@ def _finding(f: Finding, heats: list[Heatmap], runs: list[RunData]) -> dict[str,
         if (model, f.module) in heat.rows:
             rows[str(i)] = heat.rows.index((model, f.module))  # type: ignore[arg-type]
     return {"kind": f.kind, "severity": f.severity, "model": f.model, "module": f.module,
-            "step": f.step, "message": f.message, "ranks": f.ranks, "rows": rows}
+            "step": f.step, "where": where(f), "message": f.message, "ranks": f.ranks,
+            "rows": rows}
 
 
 def _legend(heat: Heatmap) -> str:

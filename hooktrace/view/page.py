@@ -197,9 +197,7 @@ function setupFindings() {
   DATA.findings.forEach((f, i) => {
     const li = document.createElement("li");
     li.innerHTML = "<span class='sev-" + f.severity + "'>[" + esc(f.kind) + "]</span> " +
-      esc(f.module || "(root)") + " · " + esc(f.model) +
-      (f.step === null ? " · all steps" : " · step " + f.step) +
-      (f.ranks ? " · rank " + f.ranks.join(", ") : "") +
+      esc(f.where) + (f.ranks ? " · rank " + f.ranks.join(", ") : "") +
       "<br><span class='muted'>" + esc(f.message) + "</span>";
     li.addEventListener("click", () => goFinding(f));
     li.id = "finding-" + i; ul.appendChild(li);
