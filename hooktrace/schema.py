@@ -216,9 +216,10 @@ class ParamGrads:
 @dataclass(slots=True)
 class Anomaly:
     """In a watched step (outside ``--steps``, where events are not written): the first module
-    whose forward output held NaN/Inf (``nonfinite-forward``), the first whose backward produced
-    or received a NaN/Inf gradient (``nonfinite-backward``), or a module that received gradient
-    before and no longer does (``no-grad``)."""
+    whose forward output held NaN/Inf (``nonfinite-forward``; ``detail.weights``: its own
+    parameters that held NaN/Inf too, where any did, ``detail.weights_dtypes`` their dtypes),
+    the first whose backward produced or received a NaN/Inf gradient (``nonfinite-backward``),
+    or a module that received gradient before and no longer does (``no-grad``)."""
 
     TYPE: ClassVar[str] = "anomaly"
     KINDS: ClassVar[tuple[str, ...]] = ("nonfinite-forward", "nonfinite-backward", "no-grad")
@@ -281,7 +282,11 @@ class Signal:
       (``detail.lr``, ``detail.weight_decay``), at the first such step; once per optimizer;
     * ``loss-scale``: the scale ``detail.scale`` of the loss scaler (``torch.amp.GradScaler``)
       held by the code that ran the recorded backward pass ``step``, which the gradients of
-      the pass still carry (they are unscaled in ``scaler.step``); when it changes.
+      the pass still carry (they are unscaled in ``scaler.step``); when it changes;
+    * ``nonfinite-weights``: the first call of recorded step ``step`` with NaN/Inf in its
+      outputs, ``name``, ran with NaN/Inf in its own parameters ``detail.params`` (names;
+      ``detail.dtypes``: theirs): an optimizer step before made them so. Written after that
+      call's event.
     """
 
     TYPE: ClassVar[str] = "signal"
@@ -290,7 +295,7 @@ class Signal:
                                         "params-without-grad", "grads-zeroed",
                                         "params-recreated", "weights-unchanged",
                                         "trainable-changed", "lr-collapsed", "weight-decay",
-                                        "loss-scale")
+                                        "loss-scale", "nonfinite-weights")
     step: int
     model: int
     name: str

@@ -1,0 +1,36 @@
+"""NaN/Inf in a forward output, and whether the module's own weights held them when it ran.
+
+    python nan_weights.py CASE     (CASE: data_nan, update_overflow, loaded_nan)
+
+``data_nan``: a NaN arrives in the data at step 2; the weights are finite (not the optimizer).
+``update_overflow``: float32 weights and a hand-written update whose step overflows: the first
+step makes the weights Inf and NaN (finite gradients, finite data).
+``loaded_nan``: a weight is NaN before training starts (a bad checkpoint)."""
+
+import sys
+
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+torch.set_num_threads(1)
+case = sys.argv[1]
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+if case == "loaded_nan":
+    with torch.no_grad():
+        model[2].weight[0, 3] = float("nan")
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(4):
+    x, y = torch.randn(4, 8), torch.randn(4, 1)
+    if case == "data_nan" and step == 2:
+        x[0, 0] = float("nan")
+    optimizer.zero_grad()
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    if case == "update_overflow":
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= p.grad * 1e30 * 1e9  # past float32's 3.4e38
+    else:
+        optimizer.step()
+print("weights finite:", all(bool(torch.isfinite(p).all()) for p in model.parameters()))

@@ -1,0 +1,58 @@
+"""The first NaN/Inf of a forward, told by the module's own weights: weights that an update
+made NaN/Inf from finite gradients (float16 weights with Adam's eps=1e-8, an update that
+overflowed), weights that came NaN, and silence on the weights where the NaN came from the data.
+Real runs of ``hooktrace run``, recorded and watched steps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import hooktrace_cmd
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+def first_nan(tmp_path: Path, script: str, case: str, *options: str) -> dict[str, Any]:
+    log = tmp_path / f"{case}.jsonl"
+    run = hooktrace_cmd("run", "-o", log, *options, SCRIPTS / script, case)
+    assert run.returncode == 0, run.stderr
+    result = hooktrace_cmd("check", "--json", log)
+    assert result.returncode == 1, result.stderr
+    [found] = [f for f in json.loads(result.stdout)["findings"]
+               if f["kind"] == "nonfinite-forward"]
+    return dict(found)
+
+
+@pytest.mark.parametrize("steps", ["0:10", "0:1"])  # step 1 recorded, or watched
+def test_float16_weights_an_adam_step_made_nan(tmp_path: Path, steps: str) -> None:
+    found = first_nan(tmp_path, "blind_bugs4.py", "adam_eps_fp16", "--steps", steps)
+    assert (found["module"], found["step"]) == ("0", 1)
+    assert found["message"].endswith(
+        ": its own weights (weight, bias) already held NaN/Inf when it ran, though every "
+        "gradient before was finite: the update after step 0 made them so")
+    assert "Adam's eps=1e-8 rounds to 0" in found["hint"]
+
+
+def test_an_update_that_overflowed(tmp_path: Path) -> None:
+    found = first_nan(tmp_path, "nan_weights.py", "update_overflow")
+    assert (found["module"], found["step"]) == ("0", 1)
+    assert "the update after step 0 made them so" in found["message"]
+    assert found["hint"].startswith("the update itself overflowed")
+
+
+def test_weights_that_came_nan(tmp_path: Path) -> None:
+    found = first_nan(tmp_path, "nan_weights.py", "loaded_nan")
+    assert (found["module"], found["step"]) == ("2", 0)
+    assert found["message"].endswith(
+        ": its own weights (weight) already held NaN/Inf when it ran, at the first step the log "
+        "holds: they were initialised, loaded or changed so before it")
+
+
+def test_nan_from_the_data_does_not_blame_the_weights(tmp_path: Path) -> None:
+    # step 2's batch holds a NaN; the weights are finite until step 2's update
+    found = first_nan(tmp_path, "nan_weights.py", "data_nan")
+    assert (found["module"], found["step"]) == ("0", 2)
+    assert "weights" not in found["message"] and "weights" not in found["evidence"]
