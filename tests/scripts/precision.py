@@ -1,11 +1,14 @@
-"""NaN/Inf in a forward output, and whether the module's own weights held them when it ran.
+"""Precision: NaN/Inf in a forward output and whether the module's own weights held them when
+it ran; a float16 gradient that is exactly zero and why.
 
-    python nan_weights.py CASE     (CASE: data_nan, update_overflow, loaded_nan)
+    python precision.py CASE     (CASE: data_nan, update_overflow, loaded_nan, fp16_zero_head)
 
 ``data_nan``: a NaN arrives in the data at step 2; the weights are finite (not the optimizer).
 ``update_overflow``: float32 weights and a hand-written update whose step overflows: the first
 step makes the weights Inf and NaN (finite gradients, finite data).
-``loaded_nan``: a weight is NaN before training starts (a bad checkpoint)."""
+``loaded_nan``: a weight is NaN before training starts (a bad checkpoint).
+``fp16_zero_head``: a float16 model whose last layer starts at zero: the first layer's gradient
+is exactly zero (not an underflow: the gradient at the output is not zero)."""
 
 import sys
 
@@ -16,12 +19,17 @@ torch.manual_seed(0)
 torch.set_num_threads(1)
 case = sys.argv[1]
 model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+if case == "fp16_zero_head":
+    nn.init.zeros_(model[2].weight)
+    model = model.half()
 if case == "loaded_nan":
     with torch.no_grad():
         model[2].weight[0, 3] = float("nan")
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 for step in range(4):
     x, y = torch.randn(4, 8), torch.randn(4, 1)
+    if case == "fp16_zero_head":
+        x, y = x.half(), y.half()
     if case == "data_nan" and step == 2:
         x[0, 0] = float("nan")
     optimizer.zero_grad()
