@@ -283,6 +283,10 @@ class Signal:
     * ``loss-scale``: the scale ``detail.scale`` of the loss scaler (``torch.amp.GradScaler``)
       held by the code that ran the recorded backward pass ``step``, which the gradients of
       the pass still carry (they are unscaled in ``scaler.step``); when it changes;
+    * ``updates-rounded``: the model's float16 or bfloat16 trainable weights (``detail.dtype``)
+      barely moved from this step's backward to step ``detail.through``'s though optimizers
+      stepped: of ``detail.compared`` sampled elements with a non-zero gradient, ``detail.moved``
+      changed (under 25% a step; ``halfupdates.py``), with learning rates ``detail.lr``;
     * ``nonfinite-weights``: the first call of recorded step ``step`` with NaN/Inf in its
       outputs, ``name``, ran with NaN/Inf in its own parameters ``detail.params`` (names;
       ``detail.dtypes``: theirs): an optimizer step before made them so. Written after that
@@ -295,7 +299,8 @@ class Signal:
                                         "params-without-grad", "grads-zeroed",
                                         "params-recreated", "weights-unchanged",
                                         "trainable-changed", "lr-collapsed", "weight-decay",
-                                        "loss-scale", "nonfinite-weights")
+                                        "loss-scale", "nonfinite-weights",
+                                        "updates-rounded")
     step: int
     model: int
     name: str

@@ -19,6 +19,7 @@ from hooktrace.capture import Capture, CaptureObserver
 from hooktrace.core import CallTracker
 from hooktrace.diagnose import Diagnosis
 from hooktrace.errors import plain
+from hooktrace.halfupdates import HalfUpdates
 from hooktrace.lossscale import LossScale
 from hooktrace.naming import Naming
 from hooktrace.options import TraceOptions
@@ -87,6 +88,7 @@ class Tracer:
         observers.append(Diagnosis(recorder.emit))
         observers.append(LossScale(recorder.emit))
         observers.append(WeightChange(recorder.emit))
+        observers.append(HalfUpdates(recorder.emit))
         observers.append(recorder)  # after those that emit: their records precede the step's
         if stats is not None and self._options.break_on_nan:
             observers.append(BreakOnNonfinite(stats))  # the NaN's own event is written first

@@ -2,7 +2,8 @@
 update made NaN/Inf from finite gradients (float16 weights with Adam's eps=1e-8, an update that
 overflowed), weights that came NaN, and silence on the weights where the NaN came from the data.
 Float16 gradients that underflow to exactly zero without a loss scaler, and a float16 zero that
-is not one. Real runs of ``hooktrace run``, recorded and watched steps."""
+is not one. Half-precision weights whose updates round away, and ones that train. Real runs of
+``hooktrace run``, recorded and watched steps."""
 
 from __future__ import annotations
 
@@ -78,3 +79,22 @@ def test_a_float16_zero_from_a_zero_layer_is_not_an_underflow(tmp_path: Path) ->
     assert [(f["kind"], f["severity"], f["module"]) for f in found] == [
         ("zero-gradient", "note", "2")]
     assert "float16" not in found[0]["message"] and "its weights are zero" in found[0]["message"]
+
+
+@pytest.mark.parametrize(("script", "case"), [("blind_bugs4.py", "bf16_weights_stall"),
+                                              ("precision.py", "bf16_sgd_tiny")])
+def test_bfloat16_weights_whose_updates_round_away(tmp_path: Path, script: str,
+                                                   case: str) -> None:
+    [found] = findings(tmp_path, script, case)
+    assert (found["kind"], found["severity"], found["model"], found["step"]) == (
+        "updates-rounded", "warning", "model", 0)
+    assert found["message"].startswith(
+        "the bfloat16 weights of model 'model' barely change: from step 0 to step 2, ")
+    assert found["message"].endswith(
+        "sampled weights with a non-zero gradient moved: each update (learning rate 0.0001) is "
+        "below a bfloat16 weight's precision and rounds back to it")
+    assert found["evidence"]["moved"] < 0.25 * found["evidence"]["compared"]
+
+
+def test_bfloat16_weights_that_train_are_not_said(tmp_path: Path) -> None:
+    assert findings(tmp_path, "precision.py", "bf16_adam") == []
