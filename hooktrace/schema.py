@@ -281,7 +281,11 @@ class Signal:
       (``detail.lr``, ``detail.weight_decay``), at the first such step; once per optimizer;
     * ``loss-scale``: the scale ``detail.scale`` of the loss scaler (``torch.amp.GradScaler``)
       held by the code that ran the recorded backward pass ``step``, which the gradients of
-      the pass still carry (they are unscaled in ``scaler.step``); when it changes.
+      the pass still carry (they are unscaled in ``scaler.step``); when it changes;
+    * ``grad-zeros``: after recorded backward pass ``step``, for the calls of modules with
+      children whose output gradients are partly exactly zero: ``detail.share``, by the call's
+      forward ``seq`` (a string), the share of exactly-zero elements in those of their output
+      gradients that are not all zero (a loss reading part of the output; ``gradzeros.py``).
     """
 
     TYPE: ClassVar[str] = "signal"
@@ -290,7 +294,7 @@ class Signal:
                                         "params-without-grad", "grads-zeroed",
                                         "params-recreated", "weights-unchanged",
                                         "trainable-changed", "lr-collapsed", "weight-decay",
-                                        "loss-scale")
+                                        "loss-scale", "grad-zeros")
     step: int
     model: int
     name: str
