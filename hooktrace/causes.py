@@ -62,9 +62,9 @@ CAUSES = {
         f"look for a loss weight or gate of 0, a mask that removes every element, or "
         f"{_STEP_FUNCTIONS}"),
     "selected": (
-        "zero-gradient", "the gradient of {branch}'s output is exactly zero, and the loss reads "
-        "only part of the output of {reads}: a selection by the data (anchors matched to boxes, a "
-        "mask) that leaves {branch} out",
+        "zero-gradient", "the gradient of {branch}'s output is exactly zero, and only part of "
+        "the output of {reads} is read: a selection by the data (the anchors matched to boxes, "
+        "a mask, a max-pool) that leaves {branch} out",
         "usual where which part is read depends on the data (a detector's feature levels or "
         "anchors with no matching box); if it never changes over varied batches, check the "
         "matching (anchor sizes against the boxes) or the mask; a branch multiplied by 0 "

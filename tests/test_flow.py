@@ -128,6 +128,6 @@ def test_a_loss_reading_part_of_an_output_is_a_note(tmp_path: Path) -> None:
     [note] = [f for f in found if f["kind"] == "zero-gradient"]
     assert (note["severity"], note["module"], note["evidence"]["starved"]) == (
         "note", "boxes", ["boxes.heads.2"])
-    assert "the loss reads only part of the output of boxes (75.0% of its gradient exactly " \
-        "zero): a selection by the data" in note["message"]
+    assert "and only part of the output of boxes (75.0% of its gradient exactly zero) is " \
+        "read: a selection by the data" in note["message"]
     assert status == 0
