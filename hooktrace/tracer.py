@@ -19,6 +19,7 @@ from hooktrace.capture import Capture, CaptureObserver
 from hooktrace.core import CallTracker
 from hooktrace.diagnose import Diagnosis
 from hooktrace.errors import plain
+from hooktrace.lossgraph import LossGraph
 from hooktrace.lossscale import LossScale
 from hooktrace.naming import Naming
 from hooktrace.options import TraceOptions
@@ -86,6 +87,8 @@ class Tracer:
             observers.append(Watch(stats, recorder.emit))
         observers.append(Diagnosis(recorder.emit))
         observers.append(LossScale(recorder.emit))
+        core = self._core
+        observers.append(LossGraph(recorder.emit, lambda: core.mode))
         observers.append(WeightChange(recorder.emit))
         observers.append(recorder)  # after those that emit: their records precede the step's
         if stats is not None and self._options.break_on_nan:
