@@ -41,6 +41,8 @@ _BUDGET = 64  # autograd nodes one walk visits at most
 _CHAIN = 12  # nodes followed from a loss's input back to the model's output
 _ROOTS = 4  # roots of one backward() call walked
 _LOOKS = 16  # recorded passes in which to look for a scaler on the stack
+#: ops a loss goes through on its way to backward (a scale, a mean, a sum of losses)
+_ARITH = frozenset({"Mul", "Div", "Add", "Sub", "Neg", "Sum", "Mean"})
 _graph_task = torch._C._current_graph_task_id
 _is_compiling = torch.compiler.is_compiling
 
@@ -117,8 +119,11 @@ def _chain(loss: Any, trained: set[int]) -> Loss | None:
 
 
 def walk(root: Any, trained: set[int], scale_ptr: int | None) -> Walk:
-    """Breadth first from ``root``, stopping at traced calls' outputs and at leaves."""
-    depth = {root: int(scale_ptr is not None and is_scale(root, scale_ptr))}
+    """Breadth first from ``root``, stopping at traced calls' outputs and at leaves. Scale
+    multiplications are counted along paths of arithmetic from the root only (a gradient
+    penalty's double-backward graph multiplies by the scale too, below the ops it takes)."""
+    scaled = scale_ptr is not None
+    depth: dict[Any, int | None] = {root: int(scaled and is_scale(root, scale_ptr or 0))}
     queue = deque([root])
     losses: list[Loss] = []
     models: set[int] = set()
@@ -130,16 +135,20 @@ def walk(root: Any, trained: set[int], scale_ptr: int | None) -> Walk:
         if infos:
             models.update(info.model for info in infos)
             continue
-        if is_loss(op_name(node)):
+        op = op_name(node)
+        if is_loss(op):
             found = _chain(node, trained)
             if found is not None:
                 losses.append(found)
+        d = depth[node]
+        d = d if d is not None and op in _ARITH else None
         for child, _ in node.next_functions:
             if child is None or child in depth or type(child).__name__ == "AccumulateGrad":
                 continue
-            depth[child] = depth[node] + int(scale_ptr is not None and is_scale(child, scale_ptr))
+            depth[child] = None if d is None else d + int(scaled and is_scale(child,
+                                                                               scale_ptr or 0))
             queue.append(child)
-    return Walk(losses, models, max(depth.values()) if scale_ptr is not None else -1)
+    return Walk(losses, models, max(n or 0 for n in depth.values()) if scaled else -1)
 
 
 def _roots(tensors: Any) -> list[Any]:
