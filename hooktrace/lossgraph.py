@@ -152,7 +152,10 @@ def walk(root: Any, trained: set[int], scale_ptr: int | None) -> Walk:
 
 
 def _roots(tensors: Any) -> list[Any]:
-    many = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)[:_ROOTS]
+    """The nodes of ``backward()``'s tensors: of a tensor, a list or a tuple only (an iterator
+    read here would reach backward used up)."""
+    many = [tensors] if isinstance(tensors, torch.Tensor) else \
+        tensors[:_ROOTS] if isinstance(tensors, (list, tuple)) else []
     return [t.grad_fn for t in many if isinstance(t, torch.Tensor) and t.grad_fn is not None]
 
 

@@ -4,6 +4,7 @@ program, and ``check`` on the bugs and look-alikes of ``scripts/loss_graph.py``.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +148,7 @@ def test_tracing_changes_nothing_and_puts_everything_back(tmp_path: Path) -> Non
         model, (x, y) = mlp(), batch()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         scaler = torch.amp.GradScaler("cpu")
-        with hooktrace.trace(tmp_path / "log.jsonl") if trace else _nothing():
+        with hooktrace.trace(tmp_path / "log.jsonl") if trace else nullcontext():
             for _ in range(3):
                 opt.zero_grad()
                 with torch.autocast("cpu", dtype=torch.float16):
@@ -163,14 +164,6 @@ def test_tracing_changes_nothing_and_puts_everything_back(tmp_path: Path) -> Non
     assert all(torch.equal(a, b) for a, b in zip(untraced, traced, strict=True))
     assert torch.autograd.backward is backward and nn.utils.clip_grad_norm_ is clip
     assert [s.kind for s in signals(tmp_path / "log.jsonl", "scaled-clip")] == ["scaled-clip"]
-
-
-class _nothing:  # noqa: N801 - a context manager that does nothing, like contextlib's
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *_: object) -> None:
-        return None
 
 
 def test_an_error_in_the_walk_never_reaches_the_program(
@@ -236,3 +229,11 @@ def test_healthy_look_alikes_are_silent(runs: dict[str, Run], case: str) -> None
     status, found = run_findings(runs[case])
     assert problems(found) == []
     assert status == 0
+
+
+def test_backward_of_a_generator_gets_all_its_tensors(tmp_path: Path) -> None:
+    model, (x, y) = mlp(), batch()
+    with hooktrace.trace(tmp_path / "log.jsonl"):
+        losses = [F.cross_entropy(model(x), y), model(x).pow(2).mean()]
+        torch.autograd.backward(loss for loss in losses)
+    assert all(p.grad is not None for p in model.parameters())
