@@ -126,10 +126,11 @@ def check_loss_ops(c: Collected, module_found: set[str]) -> list[Finding]:
             continue
         loss, out_op = str(s.detail.get("loss", "")), str(s.detail.get("out", ""))
         ops = [o for o in [*s.detail.get("ops", []), out_op] if o not in VIEW_OPS]
-        squashed = ops[1] if loss in _NLL and ops[:1] == ["LogSoftmax"] and len(ops) > 1 \
-            else ops[0] if loss == "BinaryCrossEntropyWithLogits" and ops else ""
-        if squashed in _SQUASHED:  # in the model where it made the module's output
-            found = _squashed(c, s, squashed, in_model=ops[-1] == squashed)
+        squashed = "Softmax" if loss in _NLL and ops[:2] == ["LogSoftmax", "Softmax"] else \
+            "Sigmoid" if loss == "BinaryCrossEntropyWithLogits" and ops[:1] == ["Sigmoid"] \
+            else ""
+        if squashed:  # in the model where it made the module's output
+            found = _squashed(c, s, squashed, in_model=out_op == squashed)
         elif loss in _NLL and len(ops) == 1 and ops[0] in _RAW:
             found = _raw_scores(c, s)
         else:

@@ -237,3 +237,44 @@ def test_backward_of_a_generator_gets_all_its_tensors(tmp_path: Path) -> None:
         losses = [F.cross_entropy(model(x), y), model(x).pow(2).mean()]
         torch.autograd.backward(loss for loss in losses)
     assert all(p.grad is not None for p in model.parameters())
+
+
+# -- check's reading of the signals, on records written here --------------------------------------
+
+def loss_findings(*details: dict[str, Any]) -> list[tuple[str, str]]:
+    from hooktrace.collected import Collected
+    from hooktrace.losses import check_losses
+
+    c = Collected(header=schema.Header(schema=schema.SCHEMA_VERSION, hooktrace="test"))
+    c.models[0] = "model"
+    c.signals = [schema.Signal(0, 0, "", "loss-ops", d) for d in details]
+    return [(f.kind, f.module) for f in check_losses(c)]
+
+
+@pytest.mark.parametrize(("ops", "out", "named"), [
+    (["LogSoftmax", "Softmax"], "Addmm", True),  # F.cross_entropy(F.softmax(model(x)))
+    (["LogSoftmax", "View", "Softmax", "ToCopy"], "Addmm", True),  # views and casts between
+    (["LogSoftmax"], "Softmax", True),  # the model ends with a softmax
+    (["LogSoftmax"], "Addmm", False),  # F.cross_entropy(model(x))
+    (["LogSoftmax", "Sigmoid"], "Addmm", False),  # another squashing, not a softmax twice
+    (["Log", "Add", "Softmax"], "Addmm", False),  # torch.log of probabilities
+    ([], "LogSoftmax", False),  # the model ends with log_softmax
+])
+def test_probabilities_into_cross_entropy(ops: list[str], out: str, named: bool) -> None:
+    found = loss_findings({"loss": "NllLoss", "ops": ops, "out": out, "last": "2"})
+    assert found == ([("loss-input", "2" if out == "Softmax" else "")] if named else [])
+
+
+@pytest.mark.parametrize(("loss", "ops", "out", "named"), [
+    ("NllLoss", [], "Addmm", True),
+    ("NllLoss2D", ["View"], "Convolution", True),
+    ("NllLoss", ["Sub"], "Addmm", False),  # scores minus their logsumexp: log-probabilities
+    ("MseLoss", [], "Addmm", False),
+    ("BinaryCrossEntropyWithLogits", ["Sigmoid"], "Addmm", True),
+    ("BinaryCrossEntropyWithLogits", [], "Sigmoid", True),
+    ("BinaryCrossEntropyWithLogits", [], "Addmm", False),
+    ("BinaryCrossEntropy", ["Sigmoid"], "Addmm", False),
+])
+def test_scores_and_probabilities_into_other_losses(loss: str, ops: list[str], out: str,
+                                                    named: bool) -> None:
+    assert bool(loss_findings({"loss": loss, "ops": ops, "out": out})) == named
