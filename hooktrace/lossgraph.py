@@ -236,7 +236,11 @@ class LossGraph(Observer):
 
     def backward_end(self, end: PassEnd) -> None:
         walks, self._pending = self._pending, None
-        if not walks or end.mode is not Mode.RECORDED or not self._on:
+        if end.mode is not Mode.RECORDED:
+            if self._scaled:
+                self._scaled.clear()  # past the recorded steps: optimizer steps pay nothing
+            return
+        if not walks or not self._on:
             return
         try:
             self._write(end.step, walks)
