@@ -30,6 +30,7 @@ from hooktrace.losses import check_losses
 from hooktrace.magnitudes import check_magnitudes, start, start_orders
 from hooktrace.nonfinite import check_nonfinite
 from hooktrace.registered import check_loose
+from hooktrace.scaling import check_scaling, explain
 from hooktrace.trainable import drop_frozen, frozen_since, unfrozen_at
 
 if TYPE_CHECKING:
@@ -358,7 +359,9 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
                 *causes.findings(flowed, c.modules, c.models),
                 *check_no_grad(c, explained), *check_lost_gradient(c),
                 *check_magnitudes(c, thresholds, explained),
-                *check_unused(c), *check_loose(c), *check_losses(c), *check_info(c)]
+                *check_unused(c), *check_loose(c), *check_losses(c), *check_info(c),
+                *check_scaling(c)]
+    explain(findings)
     _add_sources(c, findings)
     order = {m.name: m.first_seq or 0 for m in c.modules.values()}
     findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1,

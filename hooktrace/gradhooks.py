@@ -165,3 +165,15 @@ class GradHooks:
         for _, _, handle in self._leaves.values():
             handle.remove()
         self._leaves.clear()
+
+
+def output_calls(node: Any) -> list[Any]:
+    """The calls whose outputs ``node`` made, as any ``GradHooks`` registered them on it (the
+    core's handles, innermost call first: a child's forward returns before its parent's);
+    empty for a node no call's output came from."""
+    calls: list[Any] = []
+    for dispatch in node.metadata.values():
+        if type(dispatch) is _NodeDispatch:
+            calls.extend(dispatch[k + 1] for k in range(0, len(dispatch), 4)
+                         if dispatch[k + 2] >= 0)
+    return calls

@@ -1,17 +1,22 @@
 """Loss modules given the wrong inputs: a target of another shape that broadcasts (an
 ``MSELoss`` of ``[16, 1]`` against ``[16]`` compares every prediction with every target), and
 probabilities where the loss wants scores (a model ending in ``Softmax`` fed to
-``CrossEntropyLoss``, which applies log_softmax itself). Pure: a ``Collected`` in; seen only
-where the loss is a module (``nn.MSELoss()``), not a function (``F.mse_loss``)."""
+``CrossEntropyLoss``, which applies log_softmax itself). Pure: a ``Collected`` in. Seen where
+the loss is a module (``nn.MSELoss()``) from its call; where it is a function
+(``F.cross_entropy``), from the ops the tracer found between it and the model's output
+(``loss-ops`` signals): probabilities into a loss that wants scores, and raw scores into
+``nll_loss``, which wants log-probabilities."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from hooktrace.findings import WARNING, Finding
+from hooktrace.schema import VIEW_OPS
 
 if TYPE_CHECKING:
     from hooktrace.collected import Collected, LossCall
+    from hooktrace.schema import Signal
 
 # losses comparing input and target element by element: another shape broadcasts
 _ELEMENTWISE = {"MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss"}
@@ -38,7 +43,7 @@ def check_losses(c: Collected) -> list[Finding]:
             out.extend(_broadcast(c, model, name, cls, call))
         elif cls in _WANTS_SCORES and call.after is not None:
             out.extend(_probabilities(c, cls, call))
-    return out
+    return out + check_loss_ops(c, {f.model for f in out if f.kind == "loss-input"})
 
 
 def _broadcast(c: Collected, model: int, name: str, cls: str, call: LossCall) -> list[Finding]:
@@ -85,3 +90,83 @@ def _broadcast_shape(a: list[Any], b: list[Any]) -> list[int] | None:
 
 def _text(shape: list[Any]) -> str:
     return "[" + ", ".join(map(str, shape)) + "]"
+
+
+# -- functional losses: the ops from the loss back to the model's output (``loss-ops``) ----------
+
+_NLL = {"NllLoss", "NllLoss2D"}
+# ops whose output is raw scores: a layer's product (Linear, Conv), no normalisation after it
+_RAW = {"Addmm", "Mm", "Bmm", "Baddbmm", "Linear", "Convolution"}
+# the op that made probabilities -> what it is, the loss that wants scores, what it does, and the
+# hints where it is outside the model and where the model ends with it
+_SQUASHED = {
+    "Softmax": ("a softmax", "cross_entropy (F.cross_entropy or nn.CrossEntropyLoss)",
+                "applies log_softmax itself",
+                "pass the raw scores (logits) to the loss: drop the softmax before it (apply it "
+                "only when predicting)",
+                "return the raw scores (logits) from the model: drop the final softmax, or "
+                "apply it only when predicting"),
+    "Sigmoid": ("a sigmoid", "binary_cross_entropy_with_logits (F."
+                "binary_cross_entropy_with_logits or nn.BCEWithLogitsLoss)",
+                "applies the sigmoid itself",
+                "pass the raw scores (logits) to the loss: drop the sigmoid before it, or use "
+                "F.binary_cross_entropy on probabilities",
+                "return the raw scores (logits) from the model (apply the sigmoid only when "
+                "predicting), or keep it and use F.binary_cross_entropy on the probabilities"),
+}
+
+
+def check_loss_ops(c: Collected, module_found: set[str]) -> list[Finding]:
+    """The losses written as functions given the wrong inputs, as the ``loss-ops`` signals show
+    them; not for a model ``check_losses`` already named (``module_found``: model names)."""
+    out: list[Finding] = []
+    said: set[tuple[int, str]] = set()
+    for s in c.signals:
+        if s.kind != "loss-ops" or c.model_name(s.model) in module_found:
+            continue
+        loss, out_op = str(s.detail.get("loss", "")), str(s.detail.get("out", ""))
+        ops = [o for o in [*s.detail.get("ops", []), out_op] if o not in VIEW_OPS]
+        squashed = "Softmax" if loss in _NLL and ops[:2] == ["LogSoftmax", "Softmax"] else \
+            "Sigmoid" if loss == "BinaryCrossEntropyWithLogits" and ops[:1] == ["Sigmoid"] \
+            else ""
+        if squashed:  # in the model where it made the module's output
+            found = _squashed(c, s, squashed, in_model=out_op == squashed)
+        elif loss in _NLL and len(ops) == 1 and ops[0] in _RAW:
+            found = _raw_scores(c, s)
+        else:
+            continue
+        if (s.model, found.message) not in said:
+            said.add((s.model, found.message))
+            out.append(found)
+    return out
+
+
+def _output_of(c: Collected, s: Signal) -> str:
+    model = c.model_name(s.model)
+    return f"model '{model}'" if s.name == "" else f"{c.label(s.model, s.name)} of model '{model}'"
+
+
+def _squashed(c: Collected, s: Signal, op: str, in_model: bool) -> Finding:
+    what, loss, does, hint, hint_in_model = _SQUASHED[op]
+    name = str(s.detail.get("last", s.name)) if in_model else s.name
+    where = (f"{_output_of(c, s)} ends with {what}, in {c.label(s.model, name)}, and its output "
+             f"goes" if in_model else f"the output of {_output_of(c, s)} goes through {what}, then")
+    return Finding(
+        "loss-input", WARNING, c.model_name(s.model), name, s.step,
+        f"{where} to {loss}, which {does}: probabilities where it wants scores; the loss can "
+        "hardly move and the gradient shrinks",
+        {"loss": s.detail.get("loss"), "ops": s.detail.get("ops"), "out": s.detail.get("out")},
+        hint_in_model if in_model else hint)
+
+
+def _raw_scores(c: Collected, s: Signal) -> Finding:
+    last = str(s.detail.get("last", s.name))
+    return Finding(
+        "loss-input", WARNING, c.model_name(s.model), s.name, s.step,
+        f"nll_loss (F.nll_loss or nn.NLLLoss) takes the output of {_output_of(c, s)} as it is: "
+        f"the raw scores of {c.label(s.model, last)}, where it wants log-probabilities; "
+        "-score[target] has no lower bound, so the loss goes negative and the scores grow "
+        "without end",
+        {"loss": s.detail.get("loss"), "ops": s.detail.get("ops"), "out": s.detail.get("out")},
+        "apply F.log_softmax(scores, dim=1) before nll_loss, or use F.cross_entropy on the "
+        "scores")

@@ -294,7 +294,23 @@ class Signal:
     * ``nonfinite-weights``: the first call of recorded step ``step`` with NaN/Inf in its
       outputs, ``name``, ran with NaN/Inf in its own parameters ``detail.params`` (names;
       ``detail.dtypes``: theirs): an optimizer step before made them so. Written after that
-      call's event.
+      call's event;
+    * ``loss-ops``: the autograd ops of a recorded pass from a loss function (``detail.loss``:
+      its node's name without ``Backward0``: ``NllLoss``, ``BinaryCrossEntropyWithLogits``,
+      ``MseLoss``) back to the output of ``name`` (the outermost call that returned it):
+      ``detail.ops``, the ops between, the loss's input first, and ``detail.out``, the op that
+      made that output (below views and casts, ``VIEW_OPS``); ``detail.last``, the innermost
+      module that returned it where it is another; when it changes;
+    * ``loss-scaled``: the root of a recorded pass that reached the model was multiplied by
+      the scale of the ``GradScaler`` the code holds ``detail.times`` times along one path
+      (1: ``scaler.scale(loss)``); when it changes;
+    * ``scaled-step``: an optimizer (``detail.optimizer``: its class) stepped gradients that
+      a scaled pass (of step ``step``) left unchanged while the scaler had not unscaled them
+      for it (``optimizer.step()`` without ``scaler.step``): ``detail.modules``, fqns; once per
+      optimizer;
+    * ``scaled-clip``: ``clip_grad_norm_`` (``detail.max_norm``) clipped gradients that a
+      scaled pass of step ``step`` left unchanged before any optimizer was unscaled
+      (``detail.modules``, fqns); once a run.
     """
 
     TYPE: ClassVar[str] = "signal"
@@ -304,7 +320,8 @@ class Signal:
                                         "params-recreated", "weights-unchanged",
                                         "trainable-changed", "lr-collapsed", "weight-decay",
                                         "loss-scale", "nonfinite-weights",
-                                        "updates-rounded", "grad-zeros")
+                                        "updates-rounded", "grad-zeros", "loss-ops",
+                                        "loss-scaled", "scaled-step", "scaled-clip")
     step: int
     model: int
     name: str
@@ -314,6 +331,13 @@ class Signal:
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.TYPE, "step": self.step, "model": self.model, "name": self.name,
                 "kind": self.kind, "detail": self.detail}
+
+
+#: autograd ops (node names without ``Backward<n>``) that only view, reshape, copy or cast a
+#: tensor: in a ``loss-ops`` signal, what lies between ops that compute
+VIEW_OPS = frozenset({"View", "UnsafeView", "Reshape", "ReshapeAlias", "Alias", "Expand",
+                      "Squeeze", "Unsqueeze", "Transpose", "Permute", "T", "ToCopy", "Clone",
+                      "Contiguous"})
 
 
 @dataclass(slots=True)

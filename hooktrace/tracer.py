@@ -21,6 +21,7 @@ from hooktrace.diagnose import Diagnosis
 from hooktrace.errors import plain
 from hooktrace.gradzeros import GradZeros
 from hooktrace.halfupdates import HalfUpdates
+from hooktrace.lossgraph import LossGraph
 from hooktrace.lossscale import LossScale
 from hooktrace.naming import Naming
 from hooktrace.options import TraceOptions
@@ -88,6 +89,8 @@ class Tracer:
             observers.append(Watch(stats, recorder.emit))
         observers.append(Diagnosis(recorder.emit))
         observers.append(LossScale(recorder.emit))
+        core = self._core
+        observers.append(LossGraph(recorder.emit, lambda: core.mode))
         observers.append(WeightChange(recorder.emit))
         observers.append(HalfUpdates(recorder.emit))
         if stats is not None:
