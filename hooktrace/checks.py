@@ -25,6 +25,12 @@ from hooktrace.findings import (
     plural,
     steps_text,
 )
+from hooktrace.holds import (
+    check_on_wrapper,
+    check_shared_storage,
+    check_stepped_twice,
+    on_wrapper,
+)
 from hooktrace.loop import check_loop
 from hooktrace.losses import check_losses
 from hooktrace.magnitudes import check_magnitudes, start, start_orders
@@ -242,7 +248,8 @@ def check_unused(c: Collected) -> list[Finding]:
     unused = [m for m in c.modules.values()
               if m.model in trained and not m.calls and m.cls not in CONTAINERS]
     used = _used_directly(c, {(m.model, m.name) for m in unused if m.trainable})
-    unused = [m for m in unused if (m.model, m.name) not in used
+    beside = on_wrapper(c)  # set on a wrapper, not the model: set-on-wrapper says so
+    unused = [m for m in unused if (m.model, m.name) not in used | beside
               and not (m.trainable == 0 and _holds_called(c, m))]
     names = {(m.model, m.name) for m in unused}
     out: list[Finding] = []
@@ -358,7 +365,8 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
                 *causes.findings(flowed, c.modules, c.models),
                 *check_no_grad(c, explained), *check_lost_gradient(c),
                 *check_magnitudes(c, thresholds, explained),
-                *check_unused(c), *check_loose(c), *check_losses(c), *check_info(c)]
+                *check_unused(c), *check_loose(c), *check_losses(c), *check_info(c),
+                *check_on_wrapper(c), *check_shared_storage(c), *check_stepped_twice(c)]
     _add_sources(c, findings)
     order = {m.name: m.first_seq or 0 for m in c.modules.values()}
     findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1,

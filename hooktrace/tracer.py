@@ -84,7 +84,7 @@ class Tracer:
         observers.append(ParamNorms(stats, naming.uncalled, recorder.emit))
         if stats is not None and self._options.watch:
             observers.append(Watch(stats, recorder.emit))
-        observers.append(Diagnosis(recorder.emit))
+        observers.append(Diagnosis(recorder.emit, naming.uncalled))
         observers.append(LossScale(recorder.emit))
         observers.append(WeightChange(recorder.emit))
         observers.append(recorder)  # after those that emit: their records precede the step's
