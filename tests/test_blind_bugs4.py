@@ -1,8 +1,12 @@
 """``check`` on a fourth set of bugs written blind (``scripts/blind_bugs4.py``, real runs of
 ``hooktrace run``) for the three families of issue 26: what the optimizer holds versus what the
 model is, mixed precision and gradient scaling, and losses and sampling written as functions.
-Judged before any fix: 8 of 22 named, 4 misnamed, 10 missed; 15 of 15 healthy look-alikes
-silent (notes only).
+Scored before any fix: 8 of 22 named, 4 misnamed, 10 missed; 15 of 15 healthy look-alikes
+silent (notes only). Since: the optimizer versus the model 8 of 8 named (a head set on a
+DataParallel wrapper: ``set-on-wrapper``; weights tied through ``.data``: ``shared-storage``;
+the blocks of a plain list each under its own name, no longer one module "called x2"; the
+parametrization after the optimizer says the optimizer holds the old weight; the encoder's
+optimizer stepped twice a backward is said beside the decoder's that never steps).
 
 By family: the optimizer versus the model 6 of 8 named (a head set on a DataParallel wrapper
 and weights tied through ``.data`` missed); mixed precision 0 of 7 named (4 misnamed: the place
@@ -27,16 +31,22 @@ SCRIPT = Path(__file__).resolve().parent / "scripts" / "blind_bugs4.py"
 # every case -> its verdict before any fix, and what check said (the first line of each problem)
 SCORECARD: dict[str, str] = {
     # the optimizer versus the model
-    "list_blocks": "named: not-optimized (Sequential).0, 'not registered submodules (kept in a "
-                   "plain list...)' (the two unnamed blocks are one name; a note calls it x2)",
+    "list_blocks": "named: not-optimized (blocks[0]).0, (blocks[1]).0, 'not registered "
+                   "submodules (kept in a plain list...)' (before: the two blocks were one "
+                   "name, (Sequential).0, and a note called it x2)",
     "layer_in_forward": "named: not-optimized + params-recreated (Linear), 'creates a new "
                         "nn.Parameter in its forward at every call'",
-    "head_on_wrapper": "missed: silent (the new head on the DataParallel wrapper never runs)",
-    "tied_by_data": "missed: silent (two Parameters over one storage, both in the optimizer)",
-    "weight_norm_after_opt": "named: not-optimized 2.parametrizations.weight, 'build the "
-                             "optimizer after adding layers'",
-    "two_opts_one_twice": "named: not-optimized model 'decoder', 'the loop steps another "
-                          "model's optimizer' (the encoder's double step not said)",
+    "head_on_wrapper": "named: set-on-wrapper (DataParallel).fc, 'set it on the wrapped "
+                       "model (model.module.fc = ...)' (before: missed, silent)",
+    "tied_by_data": "named: shared-storage lm_head, 'tie the Parameter itself (lm_head.weight "
+                    "= embed.weight)' (before: missed, silent)",
+    "weight_norm_after_opt": "named: not-optimized 2.parametrizations.weight, 'instead, its "
+                             "optimizer holds 1 parameter that no module of the model has "
+                             "([3, 32])', a parametrization hint (before: 'build the optimizer "
+                             "after adding layers')",
+    "two_opts_one_twice": "named: not-optimized model 'decoder' 'while the Adam optimizer of "
+                          "model 'encoder' steps twice after one backward pass', and "
+                          "stepped-twice model 'encoder' (before: the double step not said)",
     "step_before_backward": "named: grads-cleared, 'optimizer.step() found every gradient "
                             "already cleared ... order the loop as zero_grad; backward; step'",
     "no_zero_grad": "named: grads-carried-over, 'not cleared after optimizer.step()'",
@@ -81,12 +91,15 @@ SCORECARD: dict[str, str] = {
 
 # the bugs named today -> their problems (kind, severity, model, module, step), in check's order
 BUGS: dict[str, list[tuple[Any, ...]]] = {
-    "list_blocks": [("not-optimized", "warning", "model", "(Sequential).0", None)],
+    "list_blocks": [("not-optimized", "warning", "model", "(blocks[0]).0", None)],
+    "head_on_wrapper": [("set-on-wrapper", "warning", "model", "(DataParallel).fc", None)],
+    "tied_by_data": [("shared-storage", "warning", "model", "lm_head", 0)],
     "layer_in_forward": [("not-optimized", "warning", "model", "(Linear)", None),
                          ("params-recreated", "warning", "model", "(Linear)", 1)],
     "weight_norm_after_opt": [("not-optimized", "warning", "model",
                                "2.parametrizations.weight", None)],
-    "two_opts_one_twice": [("not-optimized", "warning", "decoder", "", None)],
+    "two_opts_one_twice": [("not-optimized", "warning", "decoder", "", None),
+                           ("stepped-twice", "warning", "encoder", "", 0)],
     "step_before_backward": [("grads-cleared", "warning", "model", "0", 1)],
     "no_zero_grad": [("grads-carried-over", "warning", "model", "0", 1)],
     "aux_loss_item": [("no-grad", "warning", "model", "", 0)],
