@@ -114,6 +114,7 @@ def _loose(module: nn.Module) -> list[str] | None:
 
 
 _MODULE_ATTRS = frozenset(vars(nn.Module()))  # nn.Module's own: _modules, _parameters, ...
+_SAME_NAME_ALIVE = 64  # distinct names for unregistered modules of one class alive at once
 _PLACES_SCANNED = 1024  # items per list, tuple or dict attribute: a dataset kept on a model is not
 
 
@@ -360,13 +361,13 @@ class Naming:
         """``caller.(base)``, or ``caller.(base#2)``, ... where a module still alive holds it: two
         unregistered modules are never one name; one built anew at each call (its predecessor
         gone) keeps the name."""
-        n = 1
-        while True:
+        for n in range(1, _SAME_NAME_ALIVE + 1):
             name = f"({base})" if n == 1 else f"({base}#{n})"
             fqn = f"{caller.name}.{name}" if caller.name else name
             taken = self._by_name.get((caller.model, fqn))
             held = taken.ref() if taken is not None else None
             if held is None or held is module:
                 return fqn
-            n += 1
+        # modules built in forward and kept alive (a leak): no name per module without bound
+        return f"{caller.name}.({base})" if caller.name else f"({base})"
 

@@ -8,14 +8,15 @@
   model for the ``optimizers`` signal (``outside``: a parameter a parametrization replaced
   after the optimizer was built);
 * at every step: whether it steps again with the very ``.grad`` tensor its last step left, not
-  added to since (its version unchanged: no backward pass, no ``zero_grad``), on the first
-  parameter that has one; a step with a closure (LBFGS) recomputes them and is not judged. An
+  added to since (its version unchanged: no backward pass, no ``zero_grad``), on one parameter
+  (the first that had one at its first step); a step with a closure (LBFGS) recomputes them
+  and is not judged. An
   optimizer that did so in two steps or more, in half of its steps or more, gets a
   ``stepped-twice`` signal when tracing stops.
 
 Cost: the first step, O(parameters) of Python (a ``data_ptr`` and a shape per parameter, no
-read of their data; 400 W1 parameters: about 1 ms, once per optimizer); each later step, a look
-at one ``.grad`` (a few attribute reads).
+read of their data; once per optimizer); each later step, a look at one ``.grad`` (a few
+attribute reads).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ OUTSIDE_LISTED = 8  # shapes kept per model: the signal says how many there are
 class _Twice:
     """One optimizer's steps and the steps where it stepped again with the same gradients."""
 
-    __slots__ = ("cls", "models", "stepped", "last", "again", "most", "row", "grad", "version")
+    __slots__ = ("cls", "models", "stepped", "last", "again", "most", "row", "index", "grad",
+                 "version")
 
     def __init__(self, cls: str, models: list[int]) -> None:
         self.cls = cls
@@ -46,7 +48,8 @@ class _Twice:
         self.again: list[int] = []  # those where it stepped again with the same gradients
         self.most = 1  # steps in a row with the same gradients
         self.row = 1
-        self.grad: weakref.ref[torch.Tensor] | None = None  # the first .grad its last step left
+        self.index = -1  # its first parameter with a .grad at its first step: the one looked at
+        self.grad: weakref.ref[torch.Tensor] | None = None  # its .grad as the last step left it
         self.version = -1
 
     def count(self, step: int) -> None:
@@ -76,7 +79,8 @@ class OptimizerView:
             return
         twice.count(step)
         grad = twice.grad() if twice.grad is not None else None
-        if grad is not None and grad._version == twice.version and _first_grad(params) is grad:
+        if (grad is not None and grad._version == twice.version
+                and twice.index < len(params) and params[twice.index].grad is grad):
             twice.row += 1
             twice.most = max(twice.most, twice.row)
             if not twice.again or twice.again[-1] != step:
@@ -100,7 +104,8 @@ class OptimizerView:
             if models:
                 self._shared(twice, params, step)
                 found = self._outside(models, params)
-        grad = _first_grad(params)
+            twice.index = next((i for i, p in enumerate(params) if p.grad is not None), -1)
+        grad = params[twice.index].grad if 0 <= twice.index < len(params) else None
         twice.grad = weakref.ref(grad) if grad is not None else None
         twice.version = grad._version if grad is not None else -1
         return found
@@ -108,8 +113,9 @@ class OptimizerView:
     def _shared(self, twice: _Twice, params: list[torch.Tensor], step: int) -> None:
         groups: dict[tuple[Any, ...], list[torch.Tensor]] = {}
         for p in params:
-            if type(p) is not torch.nn.Parameter or p.layout is not torch.strided or not p.numel():
-                continue  # a subclass (DTensor), sparse, or empty (data_ptr 0): not compared
+            if (type(p) is not torch.nn.Parameter or p.layout is not torch.strided
+                    or not p.numel() or p.is_meta):
+                continue  # a subclass (DTensor), sparse, empty or meta (data_ptr 0): not compared
             key = (p.data_ptr(), p.device, p.dtype, tuple(p.shape), p.stride())
             group = groups.setdefault(key, [])
             if all(q is not p for q in group):
@@ -151,13 +157,6 @@ class OptimizerView:
                         "optimizer": twice.cls, "steps": twice.again[:20],
                         "most": twice.most}))
         self._all.clear()
-
-
-def _first_grad(params: list[torch.Tensor]) -> torch.Tensor | None:
-    for p in params:
-        if p.grad is not None:
-            return p.grad
-    return None
 
 
 def _param_name(p: torch.Tensor, info: ModInfo | None) -> str:
