@@ -7,7 +7,7 @@ optimizer was built replaced them). Pure: a ``Collected`` in, findings out."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hooktrace.findings import WARNING, Finding, names_text, plural, steps_text
 
@@ -148,15 +148,11 @@ def parametrized_hint(missing: list[str], old_held: bool) -> str:
             + ": register the parametrization before building the optimizer")
 
 
-def outside_text(c: Collected, model: int) -> str:
-    """What the optimizers of ``model`` hold that no module of it has (the last ``optimizers``
-    signal's ``outside``): '; its optimizer holds instead 1 parameter ...', or ''."""
-    last = next((s for s in reversed(c.signals) if s.kind == "optimizers" and s.model == model),
-                None)
-    if last is None:
-        return ""
-    shapes = [list(shape) for shape in last.detail.get("outside", [])]
-    count = int(last.detail.get("outside_count", len(shapes)))
+def outside_text(detail: dict[str, Any]) -> str:
+    """What the optimizers of a model hold that no module of it has (its ``optimizers``
+    signal's ``outside``): '; instead, its optimizer holds 1 parameter ...', or ''."""
+    shapes = [list(shape) for shape in detail.get("outside", [])]
+    count = int(detail.get("outside_count", len(shapes)))
     if not count:
         return ""
     listed = ", ".join(str(shape) for shape in shapes[:4]) + (

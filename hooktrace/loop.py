@@ -80,7 +80,7 @@ def _not_held(c: Collected, s: Signal) -> list[Finding]:
         "not-optimized", WARNING, c.model_name(s.model), missing[0], None,
         f"no optimizer that steps holds the parameters of {names_text(missing)} "
         f"({plural(len(missing), 'module')} of model '{c.model_name(s.model)}'): they get "
-        "gradients and never train" + outside_text(c, s.model),
+        "gradients and never train" + outside_text(s.detail),
         {"modules": missing},
         # "block.(Linear)": called inside a forward, not in the model's tree
         "they are not registered submodules (kept in a plain list or dict, or built inside "
