@@ -74,8 +74,9 @@ class OptimizerView:
                  args: tuple[Any, ...], kwargs: dict[str, Any], step: int) -> None:
         """Before a step: whether it applies the gradients its last step applied."""
         twice = self._looked.get(optimizer)
-        # the hook's args start with the optimizer itself; a closure comes after it
-        if twice is None or len(args) > 1 or kwargs.get("closure") is not None:
+        # the hook's args start with the optimizer itself; a closure (or None) comes after it
+        if (twice is None or any(a is not None for a in args[1:])
+                or kwargs.get("closure") is not None):
             return
         twice.count(step)
         grad = twice.grad() if twice.grad is not None else None
