@@ -25,12 +25,7 @@ from hooktrace.findings import (
     plural,
     steps_text,
 )
-from hooktrace.holds import (
-    check_on_wrapper,
-    check_shared_storage,
-    check_stepped_twice,
-    on_wrapper,
-)
+from hooktrace.holds import on_wrapper
 from hooktrace.loop import check_loop
 from hooktrace.losses import check_losses
 from hooktrace.magnitudes import check_magnitudes, start, start_orders
@@ -365,8 +360,7 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
                 *causes.findings(flowed, c.modules, c.models),
                 *check_no_grad(c, explained), *check_lost_gradient(c),
                 *check_magnitudes(c, thresholds, explained),
-                *check_unused(c), *check_loose(c), *check_losses(c), *check_info(c),
-                *check_on_wrapper(c), *check_shared_storage(c), *check_stepped_twice(c)]
+                *check_unused(c), *check_loose(c), *check_losses(c), *check_info(c)]
     _add_sources(c, findings)
     order = {m.name: m.first_seq or 0 for m in c.modules.values()}
     findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1,

@@ -6,7 +6,8 @@ only the last op, frozen BatchNorms still updating, a model no backward reaches,
 its module reads outside autograd, gradients zeroed before the step, a parameter created in
 forward, weights that never change, a learning rate scheduled down to nothing early on, a
 weight decay that shrinks every weight, modules frozen during the run (an evaluation helper's
-``requires_grad_(False)``) or unfrozen with no optimizer holding them. Pure: a ``Collected``
+``requires_grad_(False)``) or unfrozen with no optimizer holding them; and what the optimizer
+holds versus what the model is (``holds``). Pure: a ``Collected``
 in, findings out.
 """
 
@@ -23,7 +24,14 @@ from hooktrace.findings import (
     plural,
     steps_text,
 )
-from hooktrace.holds import outside_text, parametrized_hint, twice_text
+from hooktrace.holds import (
+    check_on_wrapper,
+    check_shared_storage,
+    check_stepped_twice,
+    outside_text,
+    parametrized_hint,
+    twice_text,
+)
 from hooktrace.modes import eval_backward
 from hooktrace.trainable import frozen_during_run, unfrozen_at
 
@@ -41,7 +49,8 @@ def check_loop(c: Collected) -> list[Finding]:
         make = _BY_KIND.get(s.kind)
         if make is not None:
             out += make(c, s)
-    return out + _never_reached(c) + _outside_autograd(c) + frozen_during_run(c)
+    return (out + _never_reached(c) + _outside_autograd(c) + frozen_during_run(c)
+            + check_on_wrapper(c) + check_shared_storage(c) + check_stepped_twice(c))
 
 
 def _not_held(c: Collected, s: Signal) -> list[Finding]:
