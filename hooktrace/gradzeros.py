@@ -6,7 +6,9 @@ A loss that reads only part of a module's output (a detector's matched anchors, 
 mask) leaves the rest of that output's gradient exactly zero; a branch multiplied by 0 inside a
 forward leaves the gradient reaching the forward's output whole. ``check`` tells the two apart
 with this share (``flow.py``). Only modules with children are counted (a forward where a child's
-gradient can stop): one more reduction for a few calls, read once per step.
+gradient can stop): one more reduction for a few calls, read once per step. Only where the
+gradients are on the CPU (``stats.on_host``): on a device the read would be a second transfer a
+step, and a GPU run gets no such signal yet (``check`` judges those zeros as it did before).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 
 from hooktrace import schema
 from hooktrace.records import BackwardStart, Mode, Observer, PassEnd
+from hooktrace.stats import on_host
 
 Emit = Callable[[Any], None]
 
@@ -30,6 +33,7 @@ class GradZeros(Observer):
         # this pass's counts: (model, forward seq, elements, how many are not zero)
         self._counts: list[tuple[int, int, int, torch.Tensor]] = []
         self._parents: dict[int, bool] = {}  # per module (by its info's id): has children
+        self._host = on_host([])  # not when the device path is forced on CPU tensors
 
     def grad_output(self, start: BackwardStart, index: int, grad: torch.Tensor) -> None:
         info = start.call.info
@@ -38,9 +42,9 @@ class GradZeros(Observer):
             module = info.ref()
             parent = self._parents[id(info)] = module is not None and bool(module._modules)
         if not parent or type(grad) is not torch.Tensor or grad.layout is not torch.strided \
-                or grad.is_meta or not grad.numel():
+                or not grad.is_cpu or not self._host or not grad.numel():
             return
-        # a tensor: on a device, read with the others when the pass ends (no sync per call)
+        # a tensor: read with the others when the pass ends
         self._counts.append((info.model, start.call.seq, grad.numel(), torch.count_nonzero(grad)))
 
     def backward_end(self, end: PassEnd) -> None:

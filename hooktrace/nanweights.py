@@ -10,10 +10,14 @@ from torch import nn
 
 
 def nonfinite_params(module: nn.Module | None) -> dict[str, str]:
-    """``module``'s own parameters holding NaN/Inf (one read each), name -> dtype
-    (``float16``)."""
+    """``module``'s own parameters holding NaN/Inf, name -> dtype (``float16``)."""
     if module is None:
         return {}
-    return {name: str(p.dtype).removeprefix("torch.") for name, p in module._parameters.items()
-            if p is not None and (p.is_floating_point() or p.is_complex()) and not p.is_meta
-            and not bool(torch.isfinite(p.detach()).all())}
+    params = [(name, p) for name, p in module._parameters.items()
+              if p is not None and (p.is_floating_point() or p.is_complex()) and not p.is_meta]
+    if not params:
+        return {}
+    # one read for all of them (on a device, one transfer)
+    finite = torch.stack([torch.isfinite(p.detach()).all() for _, p in params]).tolist()
+    return {name: str(p.dtype).removeprefix("torch.")
+            for (name, p), ok in zip(params, finite, strict=True) if not ok}
