@@ -305,7 +305,7 @@ class Collector:
         m = self.c.modules.get(key)
         chance = None if m is None or m.drop is None else flow.whole_drop(*m.drop, ins[0])
         judged = self._judged[seq] = flow.Call(step, seq, key, call, grad, unit_last=unit,
-                                               chance=chance)
+                                               chance=chance, half="float16" in outs[1])
         self._judged_calls[(step, index, call)] = judged
 
     def _compare_orders(self) -> None:

@@ -75,6 +75,7 @@ class Call:
     finite: bool = True
     unit_last: bool = False  # its first output's last dim has size 1
     chance: float | None = None  # a random-drop layer's: that it drops its whole input
+    half: bool = False  # its outputs are float16 (where gradients below 6e-8 round to 0)
 
     def gradients(self, outs: Sequence[Sequence[float] | None] | None,
                   ins: Sequence[Sequence[float] | None] | None) -> None:

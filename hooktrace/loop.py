@@ -251,6 +251,26 @@ def _weights_unchanged(c: Collected, s: Signal) -> list[Finding]:
         {"modules": modules, "optimizer_steps": steps, "lr": lrs}, hint)]
 
 
+def _updates_rounded(c: Collected, s: Signal) -> list[Finding]:
+    """Half-precision weights whose updates round away: most do not move though their
+    gradients are not zero (all of them unmoved is ``weights-unchanged``'s)."""
+    if any(t.model == s.model and t.kind == "weights-unchanged" for t in c.signals):
+        return []
+    d = s.detail
+    dtype, moved, compared = d.get("dtype", "?"), d.get("moved", 0), d.get("compared", 0)
+    lrs = d.get("lr") or []
+    lr = f" (learning rate {max(lrs):.3g})" if lrs else ""
+    return [Finding(
+        "updates-rounded", WARNING, c.model_name(s.model), "", s.step,
+        f"the {dtype} weights of model '{c.model_name(s.model)}' barely change: from step "
+        f"{s.step} to step {d.get('through', '?')}, {moved} of {compared} sampled weights with "
+        f"a non-zero gradient moved: each update{lr} is below a {dtype} weight's precision "
+        "and rounds back to it", {k: d[k] for k in ("moved", "compared", "dtype", "lr") if k in d},
+        "keep the weights in float32 and train under torch.autocast(dtype=torch.bfloat16 or "
+        "torch.float16) so the optimizer updates float32 master weights; a larger learning rate "
+        "only hides it")]
+
+
 def _lr_collapsed(c: Collected, s: Signal) -> list[Finding]:
     """An optimizer that spent half its steps or more with a learning rate below 1e-4 of its
     peak: a schedule meant per epoch stepped per batch."""
@@ -384,6 +404,7 @@ _BY_KIND = {
     "backward-hook": _backward_hook,
     "frozen-bn-training": _frozen_bn,
     "weights-unchanged": _weights_unchanged,
+    "updates-rounded": _updates_rounded,
     "lr-collapsed": _lr_collapsed,
     "weight-decay": _weight_decay,
 }

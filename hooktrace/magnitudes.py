@@ -199,13 +199,31 @@ def _zero_finding(c: Collected, starts: dict[ModuleKey, int],
     order = sorted(modules, key=lambda k: start(starts, k))
     first = order[0]
     steps = sorted({s for p in modules.values() for s in p.steps})
-    return Finding(
-        "zero-gradient", WARNING, c.model_name(first[0]), first[1], steps[0],
-        f"{plural(len(order), 'module')} whose parameters' gradient is exactly zero "
-        f"({names_text([k[1] for k in order])}, {steps_text(steps)}): no update can change them",
-        {"modules": [k[1] for k in order], "steps": steps[:20]},
-        "an Embedding whose every index is its padding_idx, parameters multiplied by 0 or fully "
-        "masked in forward, or a custom autograd.Function returning zeros for them")
+    message = (f"{plural(len(order), 'module')} whose parameters' gradient is exactly zero "
+               f"({names_text([k[1] for k in order])}, {steps_text(steps)}): no update can "
+               "change them")
+    hint = ("an Embedding whose every index is its padding_idx, parameters multiplied by 0 or "
+            "fully masked in forward, or a custom autograd.Function returning zeros for them")
+    if _underflowed(c, {k[0] for k in order}, set(steps)):
+        message += ("; the gradient reaching the float16 output of model "
+                    f"'{c.model_name(first[0])}' is already exactly zero, and no loss scaler "
+                    "scales the loss: its gradients fall below float16's smallest value (6e-8) "
+                    "and round to 0")
+        hint = ("keep the weights in float32 and train with torch.autocast(dtype=torch.float16) "
+                "and torch.amp.GradScaler, which multiplies the loss by 65536 before backward "
+                "(or scale the loss up yourself and the gradients down before the step)")
+    return Finding("zero-gradient", WARNING, c.model_name(first[0]), first[1], steps[0],
+                   message, {"modules": [k[1] for k in order], "steps": steps[:20]}, hint)
+
+
+def _underflowed(c: Collected, models: set[int], steps: set[int]) -> bool:
+    """The models' outputs are float16 and their gradient exactly zero in every judged step
+    among ``steps``, and no loss scaler ran: float16 underflow (bfloat16 has float32's range)."""
+    if any(s.kind == "loss-scale" for s in c.signals):
+        return False
+    roots = [call for call in c.calls
+             if call.key[1] == "" and call.key[0] in models and call.step in steps]
+    return bool(roots) and all(call.half and call.backed and call.g_out == 0 for call in roots)
 
 
 def largest_norms(c: Collected, before: float = math.inf) -> dict[int, float]:

@@ -72,6 +72,22 @@ def _forward_cause(c: Collected, forward: Nonfinite, backward: int | None) -> tu
                 f"an optimizer step applied the NaN/Inf gradients of step {backward} to the "
                 "weights: fix where they start (the nonfinite-backward finding); "
                 "torch.nn.utils.clip_grad_norm_(..., error_if_nonfinite=True) stops such steps")
+    weights, dtypes = _nonfinite_weights(c, forward)
+    if weights:
+        held = f": its own weights ({', '.join(weights)}) already held NaN/Inf when it ran"
+        before = [s for s in c.backward_steps if s < step]
+        if not before:  # nothing in the log changed them: they came so
+            return (held + ", at the first step the log holds: they were initialised, loaded or "
+                    "changed so before it", "check the checkpoint or the initialisation "
+                    "(torch.isfinite(p).all() for each parameter) before training")
+        half = "float16" in dtypes or "bfloat16" in dtypes
+        return (held + f", though every gradient before was finite: the update after step "
+                f"{max(before)} made them so",
+                "keep the weights in float32 and train with torch.autocast and "
+                "torch.amp.GradScaler: in float16, Adam's eps=1e-8 rounds to 0 (an update of "
+                "0/0 where a gradient is 0) and updates overflow; or set eps=1e-4" if half else
+                "the update itself overflowed: lower the learning rate, check the optimizer's "
+                "eps and weight_decay, clip the gradients (torch.nn.utils.clip_grad_norm_)")
     if _overflowed(c, forward):
         grew = growth(c, before=step, factor=10)
         norms = [f"{v:.3g}" for v in largest_norms(c, step).values()]
@@ -91,6 +107,21 @@ def _forward_cause(c: Collected, forward: Nonfinite, backward: int | None) -> tu
                 "overflow, a softmax over a row masked entirely with -inf: an attention mask "
                 "that hides every key, exp overflowing in a softmax that does not subtract the "
                 "max)")
+
+
+def _nonfinite_weights(c: Collected, forward: Nonfinite) -> tuple[list[str], set[str]]:
+    """The first forward NaN/Inf's module's own parameters that held NaN/Inf when it ran, and
+    their dtypes (a watched step's anomaly says so itself; a recorded one, a
+    ``nonfinite-weights`` signal)."""
+    said = forward.evidence.get("weights")
+    if isinstance(said, list):
+        return [str(n) for n in said], set(map(str, forward.evidence.get("weights_dtypes") or []))
+    for s in c.signals:
+        if s.kind == "nonfinite-weights" and (s.step, s.model, s.name) == (
+                forward.step, forward.model, forward.name):
+            return ([str(n) for n in s.detail.get("params") or []],
+                    set(map(str, s.detail.get("dtypes") or [])))
+    return [], set()
 
 
 # torch modules whose output from finite inputs and weights is NaN/Inf only by overflow

@@ -14,6 +14,8 @@ from typing import Any, Protocol
 import torch
 
 from hooktrace import schema
+from hooktrace.naming import ModInfo
+from hooktrace.nanweights import nonfinite_params
 from hooktrace.outputs import OutputCheck
 from hooktrace.records import (
     BackwardStart,
@@ -52,6 +54,10 @@ class LogRecorder(Observer):
         # int, not a container: what lives until the backward is what the garbage collector
         # walks, and promotes
         self._needs: dict[int, dict[int, int]] = {}
+        # the step's first call with NaN/Inf outputs has its weights looked at: until then,
+        # while statistics wait for the device, the calls that may be it
+        self._weights_looked = False
+        self._suspects: list[tuple[schema.ForwardEvent, ModInfo]] = []
 
     def emit(self, record: Any) -> None:
         """Write another observer's record, after the events held so far."""
@@ -63,6 +69,7 @@ class LogRecorder(Observer):
         self._sink.write(record)
 
     def forward_end(self, end: ForwardEnd) -> None:
+        stats = self._stats
         call = end.call
         start, info = end.start, call.info
         in_shapes, in_dtypes = start.input_summary
@@ -76,8 +83,14 @@ class LogRecorder(Observer):
             inputs_more=(start.inputs_more + end.kw_inputs_more) or None,
             outputs_more=end.outputs_more or None,
         )
+        found = None
         if self._outputs is not None:
             event.output_nonfinite = self._outputs.check(end.outputs)
+            if not self._weights_looked:
+                if event.output_nonfinite:
+                    found = self._look_at_weights(event, info)
+                elif stats is not None and stats.deferred and len(self._suspects) < _MAX_PENDING:
+                    self._suspects.append((event, info))  # known when the numbers are read
         if start.grad:
             # not an input the call changed in place while a view: autograd rebased its history
             # (CopySlices), and the node its gradient hook is on may never run
@@ -97,13 +110,14 @@ class LogRecorder(Observer):
                 of_step[call.seq] = needs
         self._forwards += 1
         # inside backward, or while statistics wait for the device: held, written in seq order
-        stats = self._stats
         if end.in_backward or self._pending or (stats is not None and stats.deferred):
             self._pending.append(event)
             if len(self._pending) > _MAX_PENDING and not end.in_backward:
                 self._raise(self._write_pending())  # forward-only code: no backward will come
         else:
             self._sink.write(event)
+        if found is not None:
+            self.emit(found)  # after its event
 
     def backward_start(self, start: BackwardStart) -> None:
         if start.mode is not RECORDED:
@@ -146,6 +160,7 @@ class LogRecorder(Observer):
             self._sink.write(schema.Step(end.step, forward, backward))
         self._sink.flush()
         self._forwards = self._backwards = 0
+        self._weights_looked = False
         if self._outputs is not None:
             self._outputs.reset()
         self._raise(error)
@@ -186,6 +201,12 @@ class LogRecorder(Observer):
                 self._stats.resolve()
             except Exception as e:
                 error = e
+        suspects, self._suspects = self._suspects, []
+        for suspect, info in suspects:
+            if suspect.output_nonfinite and not self._weights_looked:
+                found = self._look_at_weights(suspect, info)
+                if found is not None:
+                    self._after.insert(0, found)  # after the events
         pending.sort(key=lambda e: e.seq)
         for event in pending:
             self._sink.write(event)
@@ -193,6 +214,18 @@ class LogRecorder(Observer):
         for record in after:
             self._sink.write(record)
         return error
+
+    def _look_at_weights(self, event: schema.ForwardEvent,
+                         info: ModInfo) -> schema.Signal | None:
+        """The step's first call with NaN/Inf outputs: a ``nonfinite-weights`` signal when its
+        own weights hold NaN/Inf too (they did when it ran: nothing steps an optimizer inside
+        a forward, nor before the step's numbers are read)."""
+        self._weights_looked = True
+        params = nonfinite_params(info.ref())
+        if not params:
+            return None
+        return schema.Signal(event.step, event.model, event.name, "nonfinite-weights",
+                             {"params": list(params), "dtypes": sorted(set(params.values()))})
 
     @staticmethod
     def _raise(error: Exception | None) -> None:

@@ -216,9 +216,10 @@ class ParamGrads:
 @dataclass(slots=True)
 class Anomaly:
     """In a watched step (outside ``--steps``, where events are not written): the first module
-    whose forward output held NaN/Inf (``nonfinite-forward``), the first whose backward produced
-    or received a NaN/Inf gradient (``nonfinite-backward``), or a module that received gradient
-    before and no longer does (``no-grad``)."""
+    whose forward output held NaN/Inf (``nonfinite-forward``; ``detail.weights``: its own
+    parameters that held NaN/Inf too, where any did, ``detail.weights_dtypes`` their dtypes),
+    the first whose backward produced or received a NaN/Inf gradient (``nonfinite-backward``),
+    or a module that received gradient before and no longer does (``no-grad``)."""
 
     TYPE: ClassVar[str] = "anomaly"
     KINDS: ClassVar[tuple[str, ...]] = ("nonfinite-forward", "nonfinite-backward", "no-grad")
@@ -282,6 +283,14 @@ class Signal:
     * ``loss-scale``: the scale ``detail.scale`` of the loss scaler (``torch.amp.GradScaler``)
       held by the code that ran the recorded backward pass ``step``, which the gradients of
       the pass still carry (they are unscaled in ``scaler.step``); when it changes;
+    * ``updates-rounded``: the model's float16 or bfloat16 trainable weights (``detail.dtype``)
+      barely moved from this step's backward to step ``detail.through``'s though optimizers
+      stepped: of ``detail.compared`` sampled elements with a non-zero gradient, ``detail.moved``
+      changed (under 25% a step; ``halfupdates.py``), with learning rates ``detail.lr``;
+    * ``nonfinite-weights``: the first call of recorded step ``step`` with NaN/Inf in its
+      outputs, ``name``, ran with NaN/Inf in its own parameters ``detail.params`` (names;
+      ``detail.dtypes``: theirs): an optimizer step before made them so. Written after that
+      call's event;
     * ``loss-ops``: the autograd ops of a recorded pass from a loss function (``detail.loss``:
       its node's name without ``Backward0``: ``NllLoss``, ``BinaryCrossEntropyWithLogits``,
       ``MseLoss``) back to the output of ``name`` (the outermost call that returned it):
@@ -306,7 +315,8 @@ class Signal:
                                         "params-without-grad", "grads-zeroed",
                                         "params-recreated", "weights-unchanged",
                                         "trainable-changed", "lr-collapsed", "weight-decay",
-                                        "loss-scale", "loss-ops", "loss-scaled",
+                                        "loss-scale", "nonfinite-weights",
+                                        "updates-rounded", "loss-ops", "loss-scaled",
                                         "scaled-step", "scaled-clip")
     step: int
     model: int

@@ -19,6 +19,7 @@ from hooktrace.capture import Capture, CaptureObserver
 from hooktrace.core import CallTracker
 from hooktrace.diagnose import Diagnosis
 from hooktrace.errors import plain
+from hooktrace.halfupdates import HalfUpdates
 from hooktrace.lossgraph import LossGraph
 from hooktrace.lossscale import LossScale
 from hooktrace.naming import Naming
@@ -90,6 +91,7 @@ class Tracer:
         core = self._core
         observers.append(LossGraph(recorder.emit, lambda: core.mode))
         observers.append(WeightChange(recorder.emit))
+        observers.append(HalfUpdates(recorder.emit))
         observers.append(recorder)  # after those that emit: their records precede the step's
         if stats is not None and self._options.break_on_nan:
             observers.append(BreakOnNonfinite(stats))  # the NaN's own event is written first

@@ -24,6 +24,7 @@ import torch
 
 from hooktrace import schema
 from hooktrace.naming import ModInfo
+from hooktrace.nanweights import nonfinite_params
 from hooktrace.outputs import Found, HeldOutputs
 from hooktrace.records import BackwardStart, ForwardCall, ForwardEnd, Mode, Observer, PassEnd
 from hooktrace.stats import Stats
@@ -112,9 +113,15 @@ class Watch(Observer):
             return []
         call, found = bad[0]
         info = call.info
-        return [schema.Anomaly(step, info.model, info.name, "nonfinite-forward", call.call_index, {
+        detail: dict[str, Any] = {
             "outputs": [{"index": i, "nan": nan, "inf": inf} for i, nan, inf in found],
-            "modules_with_nonfinite_outputs": len(bad)})]
+            "modules_with_nonfinite_outputs": len(bad)}
+        weights = nonfinite_params(info.ref())  # as they are now: no optimizer step since
+        if weights:
+            detail["weights"] = list(weights)
+            detail["weights_dtypes"] = sorted(set(weights.values()))
+        return [schema.Anomaly(step, info.model, info.name, "nonfinite-forward", call.call_index,
+                               detail)]
 
     def _end_step(self, step: int, changed: list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]],
                   norms: list[float | None]) -> list[schema.Anomaly]:
