@@ -75,7 +75,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         args.logs_only = True
     if args.observers:
         args.skip_logs = True
-        args.variants = ",".join(["hooktrace_nostats", "hooktrace_watched", *(
+        # with ModuleTracker and the bare reductions: every recorded-step target in one run
+        args.variants = ",".join(["hooktrace_nostats", "hooktrace_watched", "moduletracker",
+                                  "floor_stats", *(
             v.name for v in variants.VARIANTS if v.extra)])
     args.variants = ({"untraced", "floor", "hooktrace", *args.variants.split(",")} if args.variants
                      else {v.name for v in variants.VARIANTS if not v.extra})

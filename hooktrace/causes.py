@@ -61,6 +61,14 @@ CAUSES = {
         "forward, {branch}'s output is multiplied by 0 or fully masked",
         f"look for a loss weight or gate of 0, a mask that removes every element, or "
         f"{_STEP_FUNCTIONS}"),
+    "selected": (
+        "zero-gradient", "the gradient of {branch}'s output is exactly zero, and only part of "
+        "the output of {reads} is read: a selection by the data (the anchors matched to boxes, "
+        "a mask, a max-pool) that leaves {branch} out",
+        "usual where which part is read depends on the data (a detector's feature levels or "
+        "anchors with no matching box); if it never changes over varied batches, check the "
+        "matching (anchor sizes against the boxes) or the mask; a branch multiplied by 0 "
+        "inside this forward looks the same"),
     "zeroed_unit": (
         "zero-gradient", "the gradient of {branch}'s output is exactly zero: its last dim has "
         "size 1, and inside its forward a softmax or normalisation over that dim makes it a "
@@ -130,7 +138,7 @@ def _finding(flow: Flow, b: Boundary, modules: dict[ModuleKey, ModuleStats],
     branch = names_text(list(b.branches), 3) if b.branches else "a child"
     victims = sorted(b.victims, key=lambda k: _first_seq(modules, k))
     message = (f"{name or '(root)'} ({m.cls if m else '?'}): "
-               f"{what.format(branch=branch, gain=_gain(b), ratio=_ratio(b))}; "
+               f"{what.format(branch=branch, gain=_gain(b), ratio=_ratio(b), reads=_reads(b))}; "
                f"{_victims(b, victims, modules)} at {steps_text(b.steps)}")
     judged = flow.judged.get(model, [])
     later = len(judged) - len(b.steps)
@@ -141,13 +149,17 @@ def _finding(flow: Flow, b: Boundary, modules: dict[ModuleKey, ModuleStats],
     now_and_then = not first and (
         (b.cause in RANDOM_ZERO and 4 * len(b.steps) <= len(judged))
         or (b.cause == "dropped" and chance is None and b.steps != judged))
-    passing = first or now_and_then
+    # a loss reading part of an output: the evidence cannot tell the data's selection from a
+    # branch zeroed inside the forward as well
+    passing = first or now_and_then or b.cause == "selected"
     if chance == 0:
         message += " (its drop probability is 1: it drops every input)"
     elif chance is not None:
         message += (f" ({plural(len(b.drops), 'whole drop')} in {flow.draws[b.key][0]} "
                     f"calls: a chance of at most {chance:.0e} at its drop probability)")
-    if now_and_then:
+    if b.cause == "selected":
+        pass
+    elif now_and_then:
         message += f", not in the other {plural(later, 'step')} judged"
     elif passing and later:
         message += f", not in the {plural(later, 'later step')}"
@@ -164,6 +176,13 @@ def _finding(flow: Flow, b: Boundary, modules: dict[ModuleKey, ModuleStats],
 
 def _gain(b: Boundary) -> str:
     return f"{b.g_in / b.g_out:.1e}" if b.g_in is not None and b.g_out else "?"
+
+
+def _reads(b: Boundary) -> str:
+    """The calls whose outputs the loss reads in part, with the share of exactly-zero
+    gradient at each."""
+    return names_text([f"{name} ({share:.1%} of its gradient exactly zero)"
+                       for name, share in b.reads.items()], 2)
 
 
 def _ratio(b: Boundary) -> str:

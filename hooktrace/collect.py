@@ -172,7 +172,10 @@ class Collector:
             self._closed.add(r.step)
             self.c.last_step = max(r.step, -1 if self.c.last_step is None else self.c.last_step)
         elif type(r) is schema.Signal:
-            self.c.signals.append(r)
+            if r.kind == "grad-zeros":
+                self._grad_zeros(r)
+            else:
+                self.c.signals.append(r)
         elif type(r) is schema.Source:
             self.c.sources.setdefault(r.cls, f"{r.file}:{r.line}")
         elif type(r) is schema.End:
@@ -305,8 +308,19 @@ class Collector:
         m = self.c.modules.get(key)
         chance = None if m is None or m.drop is None else flow.whole_drop(*m.drop, ins[0])
         judged = self._judged[seq] = flow.Call(step, seq, key, call, grad, unit_last=unit,
-                                               chance=chance, half="float16" in outs[1])
+                                               chance=chance, half="float16" in outs[1],
+                                               out_shapes=shapes)
         self._judged_calls[(step, index, call)] = judged
+
+    def _grad_zeros(self, r: schema.Signal) -> None:
+        """The share of exactly-zero gradient at the outputs of calls being judged."""
+        share = r.detail.get("share")
+        if not isinstance(share, dict) or not self._judged:
+            return
+        for seq, value in share.items():
+            judged = self._judged.get(int(seq)) if seq.isdigit() else None
+            if judged is not None and isinstance(value, (int, float)):
+                judged.zeros = float(value)
 
     def _compare_orders(self) -> None:
         """Does the step's backward run its calls in the reverse of their forward order?"""

@@ -57,6 +57,10 @@ _UNIT_NORM_GAIN = 1e-3
 # way back to blame: something flat inside that forward. Below any layer scale in use (1e-6 is
 # ConvNeXt's, the smallest); a layer scale's branch has no sibling fed a full gradient
 _FLAT_INSIDE = 1e-7
+# a loss that reads only part of a call's outputs (a selection by the data: a detector's
+# matched anchors, a mask) leaves at least this share of their gradient exactly zero; a loss
+# over all of them (cross-entropy, an MSE), none of it
+_READ_PART = 0.5
 
 
 @dataclass(slots=True)
@@ -76,6 +80,11 @@ class Call:
     unit_last: bool = False  # its first output's last dim has size 1
     chance: float | None = None  # a random-drop layer's: that it drops its whole input
     half: bool = False  # its outputs are float16 (where gradients below 6e-8 round to 0)
+    out_shapes: Sequence[object] | None = None  # its outputs' shapes (the forward event's)
+    # the share of exactly-zero elements in the gradients reaching its outputs, where some
+    # are and some are not (a module with children; None: not known, or none or all of them)
+    zeros: float | None = None
+    zero_outs: tuple[int, ...] = ()  # its outputs whose gradient is exactly zero
 
     def gradients(self, outs: Sequence[Sequence[float] | None] | None,
                   ins: Sequence[Sequence[float] | None] | None) -> None:
@@ -87,6 +96,8 @@ class Call:
             return
         self.backed = True
         self.g_out, out_ok = _norm(outs)
+        if outs is not None and len(outs) > 1:
+            self.zero_outs = tuple(i for i, s in enumerate(outs) if s is not None and s[0] == 0)
         self.g_in, in_ok = _norm(ins)
         self.finite = out_ok and in_ok
 
@@ -127,6 +138,9 @@ class Boundary:
     ratio: float | None = None
     exact: bool = False  # and exactly zero at some step
     drops: dict[int, None] = field(default_factory=dict)  # a drop layer's: the calls (seq)
+    # for "selected": the calls whose outputs the loss reads in part, and the share of their
+    # gradient that is exactly zero
+    reads: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -195,6 +209,7 @@ def _trainable(modules: dict[ModuleKey, ModuleStats], key: ModuleKey) -> bool:
 def _judge_step(flow: Flow, step: int, calls: list[Call],
                 modules: dict[ModuleKey, ModuleStats], t: Thresholds) -> None:
     enclosing = Enclosing(calls, partial(_trainable, modules))
+    sparse = [c for c in calls if c.fed and c.zeros is not None and c.zeros >= _READ_PART]
     candidates = _Candidates(_candidates(calls, modules, t), enclosing, modules, t)
     bypassed: dict[int, bool] = {}  # per candidate's seq
     for v in calls:
@@ -211,7 +226,7 @@ def _judge_step(flow: Flow, step: int, calls: list[Call],
             if b is not None:
                 _add(flow, step, b, _cause(b, modules), v)
             else:
-                _add_inside(flow, step, enclosing, v)
+                _add_inside(flow, step, enclosing, v, sparse)
         elif v.g_out is not None:
             b = candidates.starving_after(v) or candidates.gated_by(v)
             if b is None:
@@ -354,20 +369,51 @@ def _contains(outer: ModuleKey, inner: ModuleKey) -> bool:
                                      or inner[1].startswith(outer[1] + "."))
 
 
-def _add_inside(flow: Flow, step: int, enclosing: Enclosing, v: Call) -> None:
+def _add_inside(flow: Flow, step: int, enclosing: Enclosing, v: Call,
+                sparse: list[Call]) -> None:
     """``v`` starves with no module to blame on its way back: the gradient stops inside the
-    forward of the innermost call around it that got one."""
+    forward of the innermost call around it that got one; or, where that call returns the
+    child's output as one of its own whose gradient is exactly zero, after it returned: in the
+    forward of the next one out. Where the loss reads only part of that call's outputs, or of
+    a call inside its forward (``sparse``: at least ``_READ_PART`` of their gradient exactly
+    zero), the zero may be that selection's (``selected``)."""
     branch = v
+    fed = [outer for outer in enclosing.chain(v) if outer.fed]
     for outer in enclosing.chain(v):
         if outer.fed:
+            if v.backed and outer is not fed[-1] and _passes_zero(outer, branch):
+                branch = outer  # the zero arises where outer's output is read
+                continue
             cause = ("zeroed_unit" if branch.unit_last else "zeroed") if v.backed else \
                 ("unused_calls" if enclosing.fed_elsewhere(v) else "detached_inside") \
                 if v.grad else "no_grad"
-            b = _add(flow, step, outer, cause, v)
+            reads = _reading_part(enclosing, outer, sparse) if v.backed else {}
+            b = _add(flow, step, outer, "selected" if reads else cause, v)
             b.branches[_label(branch)] = None
+            for name, share in reads.items():
+                b.reads[name] = max(share, b.reads.get(name, 0.0))
             b.exact = True
             return
         branch = outer
+
+
+def _passes_zero(outer: Call, branch: Call) -> bool:
+    """``outer`` returns ``branch``'s output (an output of the same shape) and the gradient of
+    that output is exactly zero, while another of its outputs got one."""
+    shapes = outer.out_shapes
+    if not outer.zero_outs or not branch.out_shapes or not shapes:
+        return False
+    return any(i < len(shapes) and shapes[i] == branch.out_shapes[0] for i in outer.zero_outs)
+
+
+def _reading_part(enclosing: Enclosing, outer: Call, sparse: list[Call]) -> dict[str, float]:
+    """``outer`` or the outermost calls inside its forward whose outputs the loss reads only in
+    part: their labels and the share of exactly-zero gradient at their outputs."""
+    if outer in sparse:
+        return {_label(outer): outer.zeros or 0.0}
+    inside = [c for c in sparse if outer in enclosing.chain(c)]
+    return {_label(c): c.zeros or 0.0 for c in inside
+            if not any(d in inside for d in enclosing.chain(c))}
 
 
 def _label(c: Call) -> str:

@@ -283,6 +283,10 @@ class Signal:
     * ``loss-scale``: the scale ``detail.scale`` of the loss scaler (``torch.amp.GradScaler``)
       held by the code that ran the recorded backward pass ``step``, which the gradients of
       the pass still carry (they are unscaled in ``scaler.step``); when it changes;
+    * ``grad-zeros``: after recorded backward pass ``step``, for the calls of modules with
+      children whose output gradients are partly exactly zero: ``detail.share``, by the call's
+      forward ``seq`` (a string), the share of exactly-zero elements in those of their output
+      gradients that are not all zero (a loss reading part of the output; ``gradzeros.py``);
     * ``updates-rounded``: the model's float16 or bfloat16 trainable weights (``detail.dtype``)
       barely moved from this step's backward to step ``detail.through``'s though optimizers
       stepped: of ``detail.compared`` sampled elements with a non-zero gradient, ``detail.moved``
@@ -316,8 +320,8 @@ class Signal:
                                         "params-recreated", "weights-unchanged",
                                         "trainable-changed", "lr-collapsed", "weight-decay",
                                         "loss-scale", "nonfinite-weights",
-                                        "updates-rounded", "loss-ops", "loss-scaled",
-                                        "scaled-step", "scaled-clip")
+                                        "updates-rounded", "grad-zeros", "loss-ops",
+                                        "loss-scaled", "scaled-step", "scaled-clip")
     step: int
     model: int
     name: str

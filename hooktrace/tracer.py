@@ -1,10 +1,10 @@
 """Assembles a tracing session: the hook core and its observers, in the order they must run.
 
 ``core.py`` follows the module calls; the observers (``records.Observer``) do the rest:
-capture (``--capture``), parameter-gradient norms, watch (steps after ``--steps``), the log
-writer (it writes what those before it emit after the step's events), and break on NaN/Inf
-(``--break-on nan``, after the writer: the NaN's own event is written first). Statistics
-(``stats.Stats``) are shared by the observers that read numbers.
+capture (``--capture``), parameter-gradient norms, watch (steps after ``--steps``), partly-zero
+gradients, the log writer (it writes what those before it emit after the step's events), and
+break on NaN/Inf (``--break-on nan``, after the writer: the NaN's own event is written first).
+Statistics (``stats.Stats``) are shared by the observers that read numbers.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from hooktrace.capture import Capture, CaptureObserver
 from hooktrace.core import CallTracker
 from hooktrace.diagnose import Diagnosis
 from hooktrace.errors import plain
+from hooktrace.gradzeros import GradZeros
 from hooktrace.halfupdates import HalfUpdates
 from hooktrace.lossgraph import LossGraph
 from hooktrace.lossscale import LossScale
@@ -92,6 +93,8 @@ class Tracer:
         observers.append(LossGraph(recorder.emit, lambda: core.mode))
         observers.append(WeightChange(recorder.emit))
         observers.append(HalfUpdates(recorder.emit))
+        if stats is not None:
+            observers.append(GradZeros(recorder.emit))
         observers.append(recorder)  # after those that emit: their records precede the step's
         if stats is not None and self._options.break_on_nan:
             observers.append(BreakOnNonfinite(stats))  # the NaN's own event is written first

@@ -36,6 +36,11 @@ BUGS = {
     "zero_grad_function": ("zero-gradient", "warning", "3", 0, ["0", "2"]),
     "masked_branch": ("zero-gradient", "warning", "", 0, ["aux.0", "aux.2"]),
     "shared_detached": ("no-grad", "warning", "", 0, ["embed", "encoder.0"]),
+    # a head per level, one multiplied by 0 inside the heads' forward, the whole output read
+    "zeroed_level": ("zero-gradient", "warning", "boxes", 0, ["boxes.heads.2"]),
+    # the loss reads the boxes through a mask that is always empty
+    "empty_mask": ("zero-gradient", "warning", "", 0,
+                   ["boxes.heads.0", "boxes.heads.1", "boxes.heads.2"]),
 }
 
 
@@ -100,13 +105,29 @@ def test_a_backward_that_raised_names_its_module(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("case", ["ok_layer_scale", "ok_frozen_backbone", "ok_reloaded_eval",
                                   "ok_stochastic_depth", "ok_inplace_dropout_view",
-                                  "ok_level_heads"])
+                                  "ok_level_heads", "ok_level_selection"])
 def test_healthy_look_alikes_are_silent(tmp_path: Path, case: str) -> None:
     """A layer scale on a residual branch, a frozen backbone, a reloaded copy evaluated under
     no_grad (which never calls its MultiheadAttention's out_proj), stochastic depth dropping a
     whole batch's branch in a few of 8 steps (notes), an in-place Dropout on a flattened
     view (autograd rebases the view's history: its input is not lost), and detection heads
-    shared across feature levels whose box loss skips a level: no problem."""
+    shared across feature levels whose box loss skips a level, or one head per level whose
+    loss reads the matched rows only: no problem."""
     status, found = check_case(tmp_path, case, "8")
     assert [f for f in found if f["severity"] != "note"] == []
+    assert status == 0
+
+
+def test_a_loss_reading_part_of_an_output_is_a_note(tmp_path: Path) -> None:
+    """A head per feature level, concatenated; the loss reads the rows the data matches, never
+    the last level's (SSD's coarse levels with small boxes): the last head's exactly-zero
+    gradient is that selection's (75% of the heads' output gradient is exactly zero, a share
+    the log records), a note that names it; the same head multiplied by 0 while every row is
+    read, or a mask that is always empty, stays a warning (BUGS)."""
+    status, found = check_case(tmp_path, "ok_level_selection")
+    [note] = [f for f in found if f["kind"] == "zero-gradient"]
+    assert (note["severity"], note["module"], note["evidence"]["starved"]) == (
+        "note", "boxes", ["boxes.heads.2"])
+    assert "and only part of the output of boxes (75.0% of its gradient exactly zero) is " \
+        "read: a selection by the data" in note["message"]
     assert status == 0

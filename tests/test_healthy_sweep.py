@@ -62,22 +62,9 @@ CI = {
 #: chance drops in efficientnet_b1/b5/b7/v2_m and convnext_small/base/large at one step,
 #: swin_v2_t's cpb_mlp said to get no gradient, reversible layers and reentrant checkpointing
 #: said to run under no_grad, linear probing's eval mode, data transforms as models, gradients
-#: scaled by a GradScaler said to explode) are fixed
-KNOWN: dict[tuple[str, str, int | None], str] = {
-    # the losses inside torchvision's detectors read a data-dependent part of the heads'
-    # outputs: with two small boxes a batch, the coarse levels' anchors never match (SSD's
-    # hard negatives come from the other levels too), and their layers get an exactly-zero
-    # gradient at every step, which check blames on the forward around them
-    ("detection", "ssdlite320_mobilenet_v3_large", None): (
-        "[zero-gradient] warning SSD:backbone: backbone (SSDLiteFeatureExtractorMobileNet): the "
-        "gradient of backbone.extra.1, backbone.extra.2's output is exactly zero: inside its "
-        "forward, ... multiplied by 0 or fully masked (and 5 more on the heads' levels)"),
-    # FCOS's box regression reads only the locations inside a box: none at step 0 here
-    ("detection", "fcos_resnet50_fpn", 1): (
-        "[zero-gradient] warning FCOS:head.regression_head: head.regression_head "
-        "(FCOSRegressionHead): the gradient of head.regression_head.bbox_reg, ... (call 2) and 1 "
-        "more's output is exactly zero: inside its forward, ... multiplied by 0 or fully masked"),
-}
+#: scaled by a GradScaler said to explode, SSDlite's and FCOS's losses reading the anchors that
+#: match a box, blamed on the forward of their heads) are fixed
+KNOWN: dict[tuple[str, str, int | None], str] = {}
 
 #: steps traced: 1 and 10, except where one step cannot show the pattern
 STEPS: dict[str, tuple[int, ...]] = {

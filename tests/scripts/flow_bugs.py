@@ -257,6 +257,49 @@ class LevelHeads(nn.Module):
         return logits + boxes[matched].sum(0)
 
 
+class PerLevelBoxes(nn.Module):
+    """A box head per feature level (SSD's), their outputs concatenated; ``zero_level``: the
+    bug, that level's output multiplied by 0 inside the forward."""
+
+    def __init__(self, zero_level: int | None = None) -> None:
+        super().__init__()
+        self.heads = nn.ModuleList(nn.Linear(16, 4) for _ in range(3))
+        self.zero_level = zero_level
+
+    def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
+        outs = [head(f) for head, f in zip(self.heads, features, strict=True)]
+        if self.zero_level is not None:
+            outs[self.zero_level] = outs[self.zero_level] * 0
+        return torch.cat(outs)
+
+
+class LevelSelection(nn.Module):
+    """A detector whose loss reads the boxes of the matched rows only. ``read``: "matched",
+    healthy, rows of the first two levels chosen by the data, the last level never (small
+    boxes: SSD's coarse levels); "all", every row, with the last level multiplied by 0 inside
+    the box head (the bug); "none", a mask that is always empty (the bug)."""
+
+    def __init__(self, read: str = "matched") -> None:
+        super().__init__()
+        self.stem = nn.Linear(8, 16)
+        self.levels = nn.ModuleList(nn.Linear(16, 16) for _ in range(3))
+        self.cls = nn.Linear(16, 4)
+        self.boxes = PerLevelBoxes(2 if read == "all" else None)
+        self.read = read
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.stem(x))
+        features = [torch.relu(level(h)) for level in self.levels]
+        logits = torch.stack([self.cls(f) for f in features]).sum(0)
+        boxes = self.boxes(features)  # 3 levels x 8 rows
+        matched = torch.zeros(len(boxes), dtype=torch.bool)
+        if self.read == "matched":
+            matched[:16] = (x[:, 0] > 0).repeat(2)  # the data decides; the last level never
+        elif self.read == "all":
+            matched[:] = True
+        return logits + boxes[matched].sum(0)
+
+
 CASES: dict[str, Callable[[], nn.Module]] = {
     "detached": Detached,
     "numpy_block": NumpyModel,
@@ -268,6 +311,8 @@ CASES: dict[str, Callable[[], nn.Module]] = {
     "zero_grad_function": lambda: mlp(Quantize(), nn.Linear(16, 4)),
     "masked_branch": MaskedBranch,
     "shared_detached": SharedEncoder,
+    "zeroed_level": lambda: LevelSelection("all"),
+    "empty_mask": lambda: LevelSelection("none"),
     "backward_inplace": lambda: mlp(InplaceGate(), nn.Linear(16, 4)),
     "ok_layer_scale": layer_scale,
     "ok_frozen_backbone": lambda: mlp(nn.ReLU(), nn.Linear(16, 4)),
@@ -275,6 +320,7 @@ CASES: dict[str, Callable[[], nn.Module]] = {
                                                  nn.Linear(16, 4)),
     "ok_inplace_dropout_view": PooledHead,
     "ok_level_heads": LevelHeads,
+    "ok_level_selection": LevelSelection,
 }
 
 
