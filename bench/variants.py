@@ -199,7 +199,11 @@ OBSERVERS = (
     ("weights", ("WeightChange",)),
     ("diagnosis", ("Diagnosis",)),
     ("watch", ("Watch",)),
-    ("every observer", ("LogRecorder", "ParamNorms", "WeightChange", "Diagnosis", "Watch")),
+    ("loss graph", ("LossGraph",)),
+    ("gradient zeros", ("GradZeros",)),
+    ("loss scale and half updates", ("LossScale", "HalfUpdates")),
+    ("every observer", ("LogRecorder", "ParamNorms", "WeightChange", "Diagnosis", "Watch",
+                        "LossGraph", "GradZeros", "LossScale", "HalfUpdates")),
 )
 
 

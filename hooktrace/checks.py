@@ -25,6 +25,7 @@ from hooktrace.findings import (
     plural,
     steps_text,
 )
+from hooktrace.holds import on_wrapper
 from hooktrace.loop import check_loop
 from hooktrace.losses import check_losses
 from hooktrace.magnitudes import check_magnitudes, start, start_orders
@@ -243,7 +244,8 @@ def check_unused(c: Collected) -> list[Finding]:
     unused = [m for m in c.modules.values()
               if m.model in trained and not m.calls and m.cls not in CONTAINERS]
     used = _used_directly(c, {(m.model, m.name) for m in unused if m.trainable})
-    unused = [m for m in unused if (m.model, m.name) not in used
+    beside = on_wrapper(c)  # set on a wrapper, not the model: set-on-wrapper says so
+    unused = [m for m in unused if (m.model, m.name) not in used | beside
               and not (m.trainable == 0 and _holds_called(c, m))]
     names = {(m.model, m.name) for m in unused}
     out: list[Finding] = []

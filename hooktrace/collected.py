@@ -26,6 +26,7 @@ class ModuleStats:
     max_calls_per_step: int = 0  # with gradient recording on
     loose: tuple[str, ...] = ()  # tensors meant to train that are not parameters (schema.Module)
     drop: tuple[float, str] | None = None  # a random-drop layer's p and unit (schema.Module)
+    wrapper: str | None = None  # held by a wrapper beside the model it wraps (schema.Module)
 
 
 @dataclass

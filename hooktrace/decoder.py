@@ -385,7 +385,8 @@ def from_dict(d: Any) -> Record | None:
         return Module(model=_get(d, "model", int), name=_get(d, "name", str),
                       cls=_get(d, "class", str, "?"), params=_get(d, "params", int, 0),
                       trainable=_get(d, "trainable", int, 0), aliases=aliases,
-                      loose=_strs(d, "loose") or None, **_drop(d))
+                      loose=_strs(d, "loose") or None, wrapper=_get(d, "wrapper", str, None),
+                      **_drop(d))
     if kind == "anomaly":
         anomaly = _get(d, "kind", str)
         if anomaly not in Anomaly.KINDS:

@@ -25,6 +25,9 @@ module call):
   the end of each recorded step, the ids of each module's own parameters, summed into one int
   per module, against the last step's (a walk of the modules, no object kept per step); a
   trainable parameter whose object changed at two recorded steps in a row is said;
+* what an optimizer holds against what the model is (``optimizer_view``): at its first step,
+  Parameters over one storage and parameters of no named module; at each step, whether it
+  steps again with the gradients its last step applied;
 * parameters frozen or unfrozen during the run (``requires_grad_`` in an evaluation helper, a
   freeze schedule): in the same walk, each module's count of trainable own parameters against
   the last recorded step's (an int per module); a change is said once per model and step, and
@@ -48,6 +51,7 @@ from torch.optim.optimizer import (
 
 from hooktrace import schema
 from hooktrace.naming import ModInfo
+from hooktrace.optimizer_view import OptimizerView
 from hooktrace.records import Mode, Observer, PassEnd
 from hooktrace.sites import forward_site
 from hooktrace.stats import on_host
@@ -63,7 +67,7 @@ class Diagnosis(Observer):
 
     follows = ()  # no module call: first sights, top-level calls and passes only
 
-    def __init__(self, emit: Emit) -> None:
+    def __init__(self, emit: Emit, uncalled: dict[ModInfo, None] | None = None) -> None:
         self._emit = emit
         self._classes: set[type] = set()
         self._entries: dict[int, weakref.ref[nn.Module]] = {}  # model -> its last entry module
@@ -73,6 +77,7 @@ class Diagnosis(Observer):
         self._passes: dict[int, int] = {}  # per model, the passes that reached it
         self._modules: list[tuple[weakref.ref[nn.Module], ModInfo]] = []  # with parameters
         self._owner: dict[int, ModInfo] = {}  # id(parameter) -> its module
+        self._view = OptimizerView(emit, self._owner, {} if uncalled is None else uncalled)
         self._held: set[int] = set()  # ids of the parameters of optimizers that stepped
         self._held_changed = False
         self._sorted: dict[int, dict[str, list[str]]] = {}  # model -> its last optimizers signal
@@ -236,13 +241,15 @@ class Diagnosis(Observer):
                                  {"params": new}))
         return True
 
-    def _optimizer_stepping(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+    def _optimizer_stepping(self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...],
+                            kwargs: dict[str, Any]) -> None:
         """Before a step: a parameter whose ``.grad`` is still the tensor the previous step
         left, added to since by each pass that reached its model (one version each) and never
         reset (set to None, or zeroed: one version more), carries the previous step's gradient
         into this one. Said once a run."""
         try:
             params = _params(optimizer)
+            self._view.stepping(optimizer, params, args, kwargs, self._step)
             if not self._reported_cleared:
                 self._cleared_before_step(optimizer, params)
             if not self._reported_zeroed and self._recorded_pass:
@@ -316,6 +323,8 @@ class Diagnosis(Observer):
             if not self._held.issuperset(keys):
                 self._held.update(keys)
                 self._held_changed = True
+            if self._view.stepped(optimizer, params, self._step):
+                self._held_changed = True
             if not self._reported_carry:  # said once a run: then nothing more to keep
                 self._keep_grads(params, keys)
             self._sort_modules(self._step)
@@ -350,6 +359,7 @@ class Diagnosis(Observer):
     def stop(self, step: int, mode: Mode) -> None:
         self._remove_hooks()
         self._sort_modules(step)
+        self._view.stop(step)
 
     def _sort_modules(self, step: int) -> None:
         """Once optimizers have stepped with parameters not seen before: per model, the modules
@@ -367,7 +377,11 @@ class Diagnosis(Observer):
                 into = held if any(id(p) in self._held for p in params) else not_held
                 into.setdefault(info.model, []).append(info.name)
         for model in sorted(held.keys() | not_held.keys()):
-            detail = {"held": held.get(model, []), "not_held": not_held.get(model, [])}
+            detail: dict[str, Any] = {"held": held.get(model, []),
+                                      "not_held": not_held.get(model, [])}
+            if model in self._view.outside:
+                shapes, count = self._view.outside[model]
+                detail.update(outside=shapes, outside_count=count)
             if self._sorted.get(model) != detail:
                 self._sorted[model] = detail
                 self._emit(schema.Signal(step, model, "", "optimizers", detail))

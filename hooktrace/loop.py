@@ -6,7 +6,8 @@ only the last op, frozen BatchNorms still updating, a model no backward reaches,
 its module reads outside autograd, gradients zeroed before the step, a parameter created in
 forward, weights that never change, a learning rate scheduled down to nothing early on, a
 weight decay that shrinks every weight, modules frozen during the run (an evaluation helper's
-``requires_grad_(False)``) or unfrozen with no optimizer holding them. Pure: a ``Collected``
+``requires_grad_(False)``) or unfrozen with no optimizer holding them; and what the optimizer
+holds versus what the model is (``holds``). Pure: a ``Collected``
 in, findings out.
 """
 
@@ -22,6 +23,14 @@ from hooktrace.findings import (
     names_text,
     plural,
     steps_text,
+)
+from hooktrace.holds import (
+    check_on_wrapper,
+    check_shared_storage,
+    check_stepped_twice,
+    outside_text,
+    parametrized_hint,
+    twice_text,
 )
 from hooktrace.modes import eval_backward
 from hooktrace.trainable import frozen_during_run, unfrozen_at
@@ -40,7 +49,8 @@ def check_loop(c: Collected) -> list[Finding]:
         make = _BY_KIND.get(s.kind)
         if make is not None:
             out += make(c, s)
-    return out + _never_reached(c) + _outside_autograd(c) + frozen_during_run(c)
+    return (out + _never_reached(c) + _outside_autograd(c) + frozen_during_run(c)
+            + check_on_wrapper(c) + check_shared_storage(c) + check_stepped_twice(c))
 
 
 def _not_held(c: Collected, s: Signal) -> list[Finding]:
@@ -55,7 +65,7 @@ def _not_held(c: Collected, s: Signal) -> list[Finding]:
             "not-optimized", WARNING, c.model_name(s.model), "", None,
             f"no optimizer that steps holds any parameter of model '{c.model_name(s.model)}': "
             f"its {plural(len(missing), 'module')} with trainable parameters "
-            f"({names_text(missing)}) get gradients and never train",
+            f"({names_text(missing)}) get gradients and never train{twice_text(c)}",
             {"modules": missing},
             ("the loop steps another model's optimizer where this model's should step "
              "(opt_g.step() after d_loss.backward()), or " if _others_held(c, s.model) else "")
@@ -79,13 +89,13 @@ def _not_held(c: Collected, s: Signal) -> list[Finding]:
         "not-optimized", WARNING, c.model_name(s.model), missing[0], None,
         f"no optimizer that steps holds the parameters of {names_text(missing)} "
         f"({plural(len(missing), 'module')} of model '{c.model_name(s.model)}'): they get "
-        "gradients and never train",
+        "gradients and never train" + outside_text(s.detail),
         {"modules": missing},
         # "block.(Linear)": called inside a forward, not in the model's tree
         "they are not registered submodules (kept in a plain list or dict, or built inside "
         "forward), so model.parameters() misses them: use nn.ModuleList / nn.ModuleDict, or "
         "assign them in __init__" if any("(" in name for name in missing) else
-        _only_held_hint(s) or
+        parametrized_hint(missing, bool(s.detail.get("outside_count"))) or _only_held_hint(s) or
         "build the optimizer after adding layers (or add_param_group), from this model's "
         "parameters(), not from another copy's")]
 

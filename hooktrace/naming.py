@@ -9,7 +9,12 @@ own owner. The owner is a top-level *model*: its whole tree is named at that
 moment (``named_modules()`` names, wrapper prefixes such as DDP's ``module.`` removed) and
 written as ``model`` + ``module`` records. A module first seen inside another's forward (one
 built inside ``forward``, or never registered) is named under its caller as
-``caller.(ClassName)``. ``id()`` is never used as identity: ids of freed modules are reused.
+``caller.(ClassName)``, or after the place its caller keeps it in, ``caller.(blocks[0])`` for a
+module in a plain list (or tuple, or dict) attribute; two such modules alive at once never share
+a name (``(Linear#2)``), while one built anew at each call keeps its predecessor's. A child that a
+wrapper holds beside the model it wraps (``DataParallel(model).fc = ...``) is named
+``(DataParallel).fc``: the wrapper's forward never calls it. ``id()`` is never used as identity:
+ids of freed modules are reused.
 """
 
 from __future__ import annotations
@@ -61,19 +66,28 @@ def _wrapped(module: nn.Module) -> nn.Module | None:
     return inner
 
 
-def _walk(
-    module: nn.Module, prefix: str, seen: set[int]
-) -> Iterator[tuple[str, nn.Module | None, nn.Module]]:
-    """(fqn, None, module) in named_modules() order, (fqn, wrapper, inner) for a skipped wrapper.
+Walked = tuple[str, nn.Module | None, nn.Module, str | None]
+
+
+def _walk(module: nn.Module, prefix: str, seen: set[int], beside: str | None = None
+          ) -> Iterator[Walked]:
+    """(fqn, None, module, None) in named_modules() order, (fqn, wrapper, inner, None) for a
+    skipped wrapper, then the wrapper's other children under ``(WrapperClass)``, each with the
+    wrapper's class as its fourth item (``beside``).
 
     A module reached a second time is yielded again (an alias) but its children are not walked.
     """
     inner = _wrapped(module)
     if inner is not None:
-        yield prefix, module, inner
+        yield prefix, module, inner, None
         yield from _walk(inner, prefix, seen)
+        cls = type(module).__name__
+        for child_name, child in module._modules.items():
+            if child is not None and child is not inner:
+                here = f"({cls}).{child_name}"
+                yield from _walk(child, f"{prefix}.{here}" if prefix else here, seen, cls)
         return
-    yield prefix, None, module
+    yield prefix, None, module, beside
     if id(module) in seen:  # ids are stable here: every module of the tree is alive
         return
     seen.add(id(module))
@@ -97,6 +111,30 @@ def _loose(module: nn.Module) -> list[str] | None:
     found = sorted(k for k, v in vars(module).items() if isinstance(v, torch.Tensor)
                    and not isinstance(v, nn.Parameter) and v.requires_grad and v.is_leaf)
     return found or None
+
+
+_MODULE_ATTRS = frozenset(vars(nn.Module()))  # nn.Module's own: _modules, _parameters, ...
+_SAME_NAME_ALIVE = 64  # distinct names for unregistered modules of one class alive at once
+_PLACES_SCANNED = 1024  # items per list, tuple or dict attribute: a dataset kept on a model is not
+
+
+def _place(holder: nn.Module | None, module: nn.Module) -> str | None:
+    """Where ``holder`` keeps an unregistered ``module``: ``blocks[0]`` for a plain list, tuple
+    or dict attribute (keys without dots), None when it is in none (one built in forward)."""
+    if holder is None:
+        return None
+    for key, value in vars(holder).items():
+        if key in _MODULE_ATTRS:
+            continue
+        if isinstance(value, (list, tuple)) and len(value) <= _PLACES_SCANNED:
+            for i, item in enumerate(value):
+                if item is module:
+                    return f"{key}[{i}]"
+        elif isinstance(value, dict) and len(value) <= _PLACES_SCANNED:
+            for k, item in value.items():
+                if item is module and isinstance(k, (str, int)) and "." not in str(k):
+                    return f"{key}[{k!r}]"
+    return None
 
 
 def _drop(module: nn.Module) -> dict[str, Any]:
@@ -247,7 +285,7 @@ class Naming:
 
     def _name_tree(self, root: nn.Module, model: int, prefix: str) -> ModInfo | None:
         records: dict[str, schema.Module] = {}
-        for fqn, wrapper, module in _walk(root, prefix, set()):
+        for fqn, wrapper, module, beside in _walk(root, prefix, set()):
             if wrapper is not None:
                 self._infos[wrapper] = None
                 continue
@@ -270,7 +308,8 @@ class Naming:
                     self.uncalled[info] = None
             self._infos[module] = info  # a former top-level model found inside this one is adopted
             records[fqn] = schema.Module(model, fqn, info.cls, params, trainable,
-                                         loose=_loose(module), **_drop(module))
+                                         loose=_loose(module), wrapper=beside,
+                                         **_drop(module))
         for fqn, record in records.items():
             if (model, fqn) not in self._written:
                 self._written.add((model, fqn))
@@ -315,8 +354,20 @@ class Naming:
                 self._infos[module] = None
                 return None
             return self._from_owner(module)
-        prefix = f"{caller.name}.({type(module).__name__})" if caller.name else (
-            f"({type(module).__name__})"
-        )
-        return self._name_tree(module, caller.model, prefix)
+        base = _place(caller.ref(), module) or type(module).__name__
+        return self._name_tree(module, caller.model, self._free(module, caller, base))
+
+    def _free(self, module: nn.Module, caller: ModInfo, base: str) -> str:
+        """``caller.(base)``, or ``caller.(base#2)``, ... where a module still alive holds it: two
+        unregistered modules are never one name; one built anew at each call (its predecessor
+        gone) keeps the name."""
+        for n in range(1, _SAME_NAME_ALIVE + 1):
+            name = f"({base})" if n == 1 else f"({base}#{n})"
+            fqn = f"{caller.name}.{name}" if caller.name else name
+            taken = self._by_name.get((caller.model, fqn))
+            held = taken.ref() if taken is not None else None
+            if held is None or held is module:
+                return fqn
+        # modules built in forward and kept alive (a leak): no name per module without bound
+        return f"{caller.name}.({base})" if caller.name else f"({base})"
 

@@ -120,6 +120,10 @@ class Module:
     # and what one draw drops (``DROP_UNITS``), for telling a whole input dropped by chance
     drop: float | None = None
     drop_unit: str | None = None
+    # set on a child that a wrapper (DataParallel, DDP, torch.compile's) holds beside the model
+    # it wraps, named ``(Wrapper).child``: the wrapper's class; the wrapper's forward never
+    # calls it (``DataParallel(model).fc = ...`` meant for ``model.module.fc``)
+    wrapper: str | None = None
 
     DROP_UNITS: ClassVar[tuple[str, ...]] = ("batch", "sample", "channel", "element")
 
@@ -129,6 +133,7 @@ class Module:
             "params": self.params, "trainable": self.trainable, "aliases": self.aliases,
             "loose": self.loose,
             "drop": None if self.drop is None else {"p": self.drop, "per": self.drop_unit},
+            "wrapper": self.wrapper,
         })
 
 
@@ -244,7 +249,17 @@ class Signal:
       (once, until it is seen training again);
     * ``optimizers``: when tracing stops, if an optimizer stepped: ``detail.held``, the model's
       modules whose trainable parameters an optimizer that stepped holds (fqns), and
-      ``detail.not_held``, the modules with trainable parameters none holds;
+      ``detail.not_held``, the modules with trainable parameters none holds; where the
+      optimizers of the model held, at their first step, trainable parameters of no named
+      module that had no gradient (one a parametrization replaced after the optimizer was
+      built), ``detail.outside``, the shapes of the first 8, and ``detail.outside_count``;
+    * ``shared-storage``: at an optimizer's first step, Parameters it holds that share one
+      storage (``data_ptr``, device, dtype, shape, stride): ``detail.params`` in its order
+      (``lm_head.weight``), ``detail.optimizer`` its class; ``name``, the last one's module;
+    * ``stepped-twice``: when tracing stops, an optimizer (``detail.optimizer``) that stepped
+      again with the gradients its last step applied (no backward pass between) in
+      ``detail.steps`` (two at least, half of its steps or more; ``step``, the first),
+      ``detail.most`` steps in a row at most;
     * ``grads-carried-over``: parameters whose ``.grad`` was neither zeroed nor set to None
       after an optimizer step, so the next backward adds to it (``detail.modules``: fqns);
     * ``backward-hook``: ``name`` has a deprecated ``register_backward_hook`` hook
@@ -314,7 +329,8 @@ class Signal:
     """
 
     TYPE: ClassVar[str] = "signal"
-    KINDS: ClassVar[tuple[str, ...]] = ("eval-backward", "optimizers", "grads-carried-over",
+    KINDS: ClassVar[tuple[str, ...]] = ("eval-backward", "optimizers", "shared-storage",
+                                        "stepped-twice", "grads-carried-over",
                                         "backward-hook", "frozen-bn-training", "grads-cleared",
                                         "params-without-grad", "grads-zeroed",
                                         "params-recreated", "weights-unchanged",

@@ -87,7 +87,7 @@ class Tracer:
         observers.append(ParamNorms(stats, naming.uncalled, recorder.emit))
         if stats is not None and self._options.watch:
             observers.append(Watch(stats, recorder.emit))
-        observers.append(Diagnosis(recorder.emit))
+        observers.append(Diagnosis(recorder.emit, naming.uncalled))
         observers.append(LossScale(recorder.emit))
         core = self._core
         observers.append(LossGraph(recorder.emit, lambda: core.mode))

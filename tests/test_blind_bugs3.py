@@ -26,7 +26,7 @@ BUGS: dict[str, list[tuple[Any, ...]]] = {
                          ("nonfinite-backward", "error", "model", "", 0)],
     "sqrt_pairwise_nan": [("nonfinite-backward", "error", "embedder", "", 0),
                           ("nonfinite-forward", "error", "embedder", "0", 1)],
-    "python_list_layers": [("not-optimized", "warning", "model", "(Sequential).0", None)],
+    "python_list_layers": [("not-optimized", "warning", "model", "(blocks[0]).0", None)],
     "init_zeros": [("zero-gradient", "warning", "model", "4", 0)],
     "param_group_forgot_head": [("not-optimized", "warning", "model", "head", None)],
     "double_softmax_ce": [("loss-input", "warning", "model", "3", 0)],

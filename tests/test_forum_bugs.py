@@ -27,7 +27,7 @@ def check_case(tmp_path: Path, case: str, exit_code: int = 0) -> tuple[int, list
 # case -> (the script's own exit code, the one problem: kind, severity, model, module, step)
 BUGS = {
     "item_param": (0, ("no-grad", "warning", "model", "temp", 0)),
-    "plain_list": (0, ("not-optimized", "warning", "model", "(Linear)", None)),
+    "plain_list": (0, ("not-optimized", "warning", "model", "(hidden[0])", None)),
     "model_recreated": (0, ("not-optimized", "warning", "model", "", None)),
     "no_grad_backbone": (0, ("no-grad-under-no_grad", "warning", "backbone", "", None)),
     "cleared_before_step": (0, ("grads-cleared", "warning", "model", "0", 0)),
@@ -50,7 +50,8 @@ def test_the_cause_is_named(tmp_path: Path, case: str) -> None:
 # case -> words of the finding's message and of its hint that say the cause
 CAUSES = {
     "item_param": ("its backward ran but its own parameters never got a gradient", ".item()"),
-    "plain_list": ("no optimizer that steps holds the parameters of (Linear)", "nn.ModuleList"),
+    "plain_list": ("no optimizer that steps holds the parameters of (hidden[0]), (hidden[1])",
+                   "nn.ModuleList"),
     "model_recreated": ("no optimizer that steps holds any parameter of model 'model'",
                         "another copy of the model"),
     "no_grad_backbone": ("ran only under torch.no_grad() while an optimizer steps",
