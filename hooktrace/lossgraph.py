@@ -6,10 +6,11 @@ runs) walks the root's graph breadth first, at most ``_BUDGET`` nodes, stopping 
 that made a traced call's output (the core's gradient hooks mark them). It writes, when they
 change, the ops from each loss function back to the model's output (``loss-ops``) and how many
 times the scaler's scale multiplies the root (``loss-scaled``). A scaled pass leaves gradients
-scaled until ``scaler.unscale_``: the gradients it left, still unchanged when an optimizer the
-scaler never unscaled steps (``scaled-step``) or when ``clip_grad_norm_`` runs before any
-unscale (``scaled-clip``), are said once. The graph is only read: no hook is added to it and
-no saved tensor is unpacked through a hook (that would re-run a checkpointed forward).
+scaled until ``scaler.unscale_``: the gradients it left, still unchanged when an optimizer
+steps or ``clip_grad_norm_`` runs while the scaler has unscaled no optimizer since its last
+update (``scaled-step``, ``scaled-clip``), are said once. The graph is only read: no hook is
+added to it and no saved tensor is unpacked through a hook (that would re-run a checkpointed
+forward).
 
 Cost: nothing per module call; in a watched or off step one mode test per ``backward()``; in a
 recorded step a walk of a few nodes (see the README's Performance section). An exception here
@@ -307,13 +308,13 @@ class LossGraph(Observer):
             return
         try:
             scaler = self._scaler() if self._scaler is not None else None
-            state = scaler._per_optimizer_states.get(id(optimizer)) if scaler is not None \
-                else None
-            # scaler.step unscales first; an optimizer that unscales itself (fused Adam) is
-            # handed the scale as optimizer.grad_scale
-            unscaled = scaler is None or (state is not None and state["stage"] is not
-                                          OptState.READY) or getattr(optimizer, "grad_scale",
-                                                                     None) is not None
+            # scaler.step unscales first (an optimizer it wraps, ZeroRedundancyOptimizer's,
+            # steps inside it: any optimizer unscaled since the scaler's update counts); an
+            # optimizer that unscales itself (fused Adam) is handed optimizer.grad_scale
+            unscaled = scaler is None or any(
+                state["stage"] is not OptState.READY
+                for state in scaler._per_optimizer_states.values()) or getattr(
+                    optimizer, "grad_scale", None) is not None
             params = [p for group in optimizer.param_groups for p in group["params"]]
             found = self._still_scaled(params, keep=False)
             if found and not unscaled and optimizer not in self._said_steps:

@@ -320,9 +320,9 @@ class Signal:
       the scale of the ``GradScaler`` the code holds ``detail.times`` times along one path
       (1: ``scaler.scale(loss)``); when it changes;
     * ``scaled-step``: an optimizer (``detail.optimizer``: its class) stepped gradients that
-      a scaled pass (of step ``step``) left unchanged while the scaler had not unscaled them
-      for it (``optimizer.step()`` without ``scaler.step``): ``detail.modules``, fqns; once per
-      optimizer;
+      a scaled pass (of step ``step``) left unchanged while the scaler had unscaled no
+      optimizer since its last update (``optimizer.step()`` without ``scaler.step``):
+      ``detail.modules``, fqns; once per optimizer;
     * ``scaled-clip``: ``clip_grad_norm_`` (``detail.max_norm``) clipped gradients that a
       scaled pass of step ``step`` left unchanged before any optimizer was unscaled
       (``detail.modules``, fqns); once a run.

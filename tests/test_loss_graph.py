@@ -278,3 +278,29 @@ def test_probabilities_into_cross_entropy(ops: list[str], out: str, named: bool)
 def test_scores_and_probabilities_into_other_losses(loss: str, ops: list[str], out: str,
                                                     named: bool) -> None:
     assert bool(loss_findings({"loss": loss, "ops": ops, "out": out})) == named
+
+
+class Wrapping(torch.optim.Optimizer):
+    """An optimizer that steps another (as ZeroRedundancyOptimizer steps its local one)."""
+
+    def __init__(self, inner: torch.optim.Optimizer) -> None:
+        super().__init__([p for g in inner.param_groups for p in g["params"]], {})
+        self.inner = inner
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        self.inner.step()
+
+
+def test_an_optimizer_stepped_inside_the_scalers_step(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    model, (x, y) = mlp(), batch()
+    opt = Wrapping(torch.optim.SGD(model.parameters(), lr=1e-3))
+    scaler = torch.amp.GradScaler("cpu")
+    with hooktrace.trace(path):
+        for _ in range(2):
+            opt.zero_grad()
+            scaler.scale(F.cross_entropy(model(x), y)).backward()
+            scaler.step(opt)
+            scaler.update()
+    assert [s.detail for s in signals(path, "loss-scaled")] == [{"times": 1}]
+    assert signals(path, "scaled-step") == []
