@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 import hooktrace
-from hooktrace import schema
+from hooktrace.log import schema
 
 _ONE_OFF = ("header", "model", "module", "tensors", "end")  # written once per log, not per step
 _PARSE = (

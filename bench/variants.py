@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 import hooktrace
-from hooktrace.stats import DEFER_ENV
+from hooktrace.observe.stats import DEFER_ENV
 
 Opener = Callable[[nn.Module, Path], AbstractContextManager[Any]]
 
@@ -212,7 +212,7 @@ def _without(classes: tuple[str, ...], watched: bool = False) -> Opener:
     watched) with the observers of ``classes`` left out of the session (``tracer.py``
     assembles them): what they cost is the difference to the whole session. The core calls
     only the observers it is handed, so one left out costs nothing."""
-    from hooktrace.core import CallTracker
+    from hooktrace.hooks.core import CallTracker
 
     @contextlib.contextmanager
     def open_session(model: nn.Module, log: Path) -> Iterator[None]:

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.2.0"
 
 if TYPE_CHECKING:
-    from hooktrace.api import Trace, trace
+    from hooktrace.tracing.api import Trace, trace
 
 __all__ = ["Trace", "__version__", "trace"]
 
 
 def __getattr__(name: str) -> Any:
     if name in ("trace", "Trace"):
-        from hooktrace import api
+        from hooktrace.tracing import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'hooktrace' has no attribute {name!r}")

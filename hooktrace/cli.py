@@ -13,9 +13,9 @@ from typing import Any
 import click
 
 from hooktrace import __version__
-from hooktrace.diff import DEFAULT_ATOL, DEFAULT_RTOL
-from hooktrace.errors import HooktraceError
-from hooktrace.options import DEFAULT_MAX_EVENTS, DEFAULT_STEPS, Steps, TraceOptions
+from hooktrace.diff.compare import DEFAULT_ATOL, DEFAULT_RTOL
+from hooktrace.log.errors import HooktraceError
+from hooktrace.log.options import DEFAULT_MAX_EVENTS, DEFAULT_STEPS, Steps, TraceOptions
 
 
 class _UserError(click.ClickException):
@@ -74,7 +74,7 @@ def run(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[
         capture: tuple[str, ...], capture_max_mb: int, strict: bool, target: str,
         args: tuple[str, ...]) -> None:
     """Run the python script TARGET with ARGS, recording every module call to a log."""
-    from hooktrace import runner  # imports torch: only this command needs it
+    from hooktrace.tracing import runner  # imports torch: only this command needs it
 
     options = TraceOptions(include=include, exclude=exclude, steps=Steps.parse(steps),
                            max_events=max_events, stats=not no_stats, watch=not no_watch,
@@ -110,8 +110,8 @@ def render(logs: tuple[Path, ...], rank: int | None, output: Path | None, fmt: s
            no_findings: bool, every_call: bool) -> None:
     """Draw one step of LOG as a call graph: forward order and backward order. Several logs (or
     a quoted glob) are the ranks of one run: --rank picks the one to draw."""
-    from hooktrace.ranks import pick_rank
-    from hooktrace.render import write_picture
+    from hooktrace.check.ranks import pick_rank
+    from hooktrace.show.render import write_picture
 
     written = write_picture(pick_rank(logs, rank), output, fmt, step=step, model=model,
                             depth=depth, phase=phase, findings=not no_findings,
@@ -136,7 +136,7 @@ def render(logs: tuple[Path, ...], rank: int | None, output: Path | None, fmt: s
               help="Print at most this many events; 0 prints them all.")
 def show(log: Path, step: int | None, phase: str, model: str | None, limit: int) -> None:
     """Print the events of one step of LOG in order, as an indented table."""
-    from hooktrace.render.text import show as show_step
+    from hooktrace.show.render.text import show as show_step
 
     shown = show_step(log, step, None if phase == "both" else phase, model, limit)
     for warning in shown.warnings:
@@ -161,8 +161,8 @@ def check(logs: tuple[Path, ...], as_json: bool, step: int | None, vanishing: fl
     vanishing or exploding gradients, and runs that did not finish. Several logs (or a quoted
     glob, 'run.rank*.jsonl') are the ranks of one run: they are also compared step by step.
     Exit status 1 when problems are found."""
-    from hooktrace import checklog, report
-    from hooktrace.findings import Thresholds
+    from hooktrace.check import checklog, report
+    from hooktrace.check.findings import Thresholds
 
     result = checklog.run_checks_ranks(logs, step, Thresholds(vanishing, exploding, orders))
     names = " ".join(map(str, logs))
@@ -190,8 +190,8 @@ def diff(a: Path, b: Path, as_json: bool, step: int | None, model: str | None, r
     index; a module renamed between the runs is matched and reported once. Logs recorded with
     other --steps or --no-stats are compared on what both hold. Exit status 0 when the runs
     agree, 1 when they differ, 2 on bad input."""
-    from hooktrace import diffreport
-    from hooktrace.diff import diff as compare
+    from hooktrace.diff import report as diffreport
+    from hooktrace.diff.compare import diff as compare
 
     report = compare(a, b, step, model, rtol, atol)
     click.echo(diffreport.to_json(report) if as_json else diffreport.to_text(report))
@@ -210,7 +210,7 @@ def export(logs: tuple[Path, ...], fmt: str | None, output: str | None) -> None:
     call, shapes, gradient statistics, NaN/Inf counts) for pandas, DuckDB, a spreadsheet or jq.
     Several logs (or a quoted glob) are the ranks of one run, written rank after rank. The
     columns are listed in the README."""
-    from hooktrace.export import write_rows
+    from hooktrace.show.export import write_rows
 
     stream = sys.stdout if output == "-" else None
     written = write_rows(logs, fmt, None if stream else output, stream)
@@ -242,7 +242,7 @@ def view(logs: tuple[Path, ...], output: Path | None, fmt: str | None, values: s
     of the gradient norm, NaN/Inf and no-gradient marked) and check's findings, linked to
     both. Several logs (or a quoted glob) are the ranks of one run: a selector picks one.
     --format svg or png writes the heatmap alone, for notebooks and CI artifacts."""
-    from hooktrace.view import write_view
+    from hooktrace.show.view import write_view
 
     written = write_view(logs, output, fmt, values, rank, every_call)
     for warning in written.warnings:

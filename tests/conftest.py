@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from hooktrace import schema
-from hooktrace.logio import LogReader
+from hooktrace.log import schema
+from hooktrace.log.reader import LogReader
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"

@@ -31,10 +31,10 @@ import torch
 from torch import nn
 
 import hooktrace
-from hooktrace import schema
-from hooktrace.checklog import run_checks
-from hooktrace.findings import Finding, Report
-from hooktrace.logio import LogReader
+from hooktrace.check.checklog import run_checks
+from hooktrace.check.findings import Finding, Report
+from hooktrace.log import schema
+from hooktrace.log.reader import LogReader
 
 NONE, ZERO, NONZERO = "none", "zero", "nonzero"
 ModuleKey = tuple[int, str]  # (index of the model in the case's models, fqn)

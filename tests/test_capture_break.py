@@ -16,8 +16,8 @@ from conftest import SAMPLES, hooktrace_cmd, read_log
 from torch import nn
 
 import hooktrace
-from hooktrace import schema
-from hooktrace.errors import HooktraceError, NonFiniteError
+from hooktrace.log import schema
+from hooktrace.log.errors import HooktraceError, NonFiniteError
 
 
 def _net() -> nn.Sequential:

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from conftest import SAMPLES, hooktrace_cmd
 
-from hooktrace import schema
-from hooktrace.checklog import run_checks
-from hooktrace.logio import LogWriter
-from hooktrace.stats import DEFER_ENV
+from hooktrace.check.checklog import run_checks
+from hooktrace.log import schema
+from hooktrace.log.writer import LogWriter
+from hooktrace.observe.stats import DEFER_ENV
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 PROBLEM = ("error", "warning")

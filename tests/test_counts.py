@@ -7,7 +7,7 @@ from pathlib import Path
 
 from conftest import hooktrace_cmd
 
-from hooktrace.view import view_page
+from hooktrace.show.view import view_page
 
 # one module called twice in a step: one note (called-several-times), no problem
 _TWICE = """

@@ -21,8 +21,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hooktrace
-from hooktrace import schema
-from hooktrace.stats import DEFER_ENV
+from hooktrace.log import schema
+from hooktrace.observe.stats import DEFER_ENV
 
 
 class CountOps(TorchDispatchMode):
@@ -49,7 +49,7 @@ def _counted(step: Callable[[], None]) -> Counter[str]:
     return mode.ops
 
 
-def _transfers(trace: hooktrace.api.Trace) -> int:
+def _transfers(trace: hooktrace.tracing.api.Trace) -> int:
     stats = trace._tracer._stats  # type: ignore[union-attr]
     assert stats is not None
     return stats.transfers

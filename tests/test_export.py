@@ -13,9 +13,9 @@ import pytest
 from conftest import SAMPLES, events, hooktrace_cmd
 from test_multirank import _torchrun
 
-from hooktrace import schema
-from hooktrace.export import COLUMNS, NAMES
-from hooktrace.logio import LogWriter
+from hooktrace.log import schema
+from hooktrace.log.writer import LogWriter
+from hooktrace.show.export import COLUMNS, NAMES
 
 pd = pytest.importorskip("pandas")
 
@@ -190,7 +190,7 @@ def synthetic_log(path: Path, steps: int) -> Path:
 
 
 def peak_rss_mb(log: Path, out: Path) -> float:
-    code = ("import resource, sys; from hooktrace.export import write_rows; "
+    code = ("import resource, sys; from hooktrace.show.export import write_rows; "
             "write_rows([sys.argv[1]], None, sys.argv[2]); "
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
     result = subprocess.run([sys.executable, "-c", code, str(log), str(out)],

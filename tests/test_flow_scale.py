@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import time
 
-from hooktrace import flow
-from hooktrace.collected import ModuleStats
-from hooktrace.findings import Thresholds
+from hooktrace.check import flow
+from hooktrace.check.collected import ModuleStats
+from hooktrace.check.findings import Thresholds
 
 
 def _unrolled(time_steps: int, flat_at: int | None = None) -> list[flow.Call]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import events, hooktrace_cmd, read_log
 
-from hooktrace import schema
+from hooktrace.log import schema
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

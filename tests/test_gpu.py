@@ -19,8 +19,8 @@ from conftest import SAMPLES, events, hooktrace_cmd, read_log, resnet18_step
 from torch import nn
 
 import hooktrace
-from hooktrace import schema
-from hooktrace.errors import NonFiniteError
+from hooktrace.log import schema
+from hooktrace.log.errors import NonFiniteError
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

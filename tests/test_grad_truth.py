@@ -14,7 +14,7 @@ from torch import nn
 from torchvision.ops import StochasticDepth
 
 import hooktrace
-from hooktrace.checklog import run_checks
+from hooktrace.check.checklog import run_checks
 
 
 class BiasTable(nn.Module):

@@ -13,10 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hooktrace import schema, wire
-from hooktrace.decoder import BackwardRows, Decoder, ForwardRows
-from hooktrace.errors import LogError
-from hooktrace.logio import MAX_LINE_BYTES, LogReader, LogWriter
+from hooktrace.log import schema, wire
+from hooktrace.log.decoder import BackwardRows, Decoder, ForwardRows
+from hooktrace.log.errors import LogError
+from hooktrace.log.reader import MAX_LINE_BYTES, LogReader
+from hooktrace.log.writer import LogWriter
 
 HEADER = schema.Header(schema=schema.SCHEMA_VERSION, hooktrace="0.1.0", torch="2.15.0",
                        python="3.11.7", argv=["train.py", "--lr", "0.1"], pid=4242,

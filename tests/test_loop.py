@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from conftest import SAMPLES, hooktrace_cmd, read_log
 
-from hooktrace import schema
+from hooktrace.log import schema
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "loop_bugs.py"
 

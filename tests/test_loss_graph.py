@@ -1,4 +1,4 @@
-"""The loss seen from the root of each backward pass (``hooktrace/lossgraph.py``): the walk of
+"""The loss seen from the root of each backward pass (``hooktrace/observe/lossgraph.py``): the walk of
 real autograd graphs, the signals a traced run writes, that tracing changes nothing in the
 program, and ``check`` on the bugs and look-alikes of ``scripts/loss_graph.py``."""
 
@@ -15,7 +15,8 @@ from torch import nn
 from torch.nn import functional as F
 
 import hooktrace
-from hooktrace import lossgraph, schema
+from hooktrace.log import schema
+from hooktrace.observe import lossgraph
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "loss_graph.py"
 
@@ -242,8 +243,8 @@ def test_backward_of_a_generator_gets_all_its_tensors(tmp_path: Path) -> None:
 # -- check's reading of the signals, on records written here --------------------------------------
 
 def loss_findings(*details: dict[str, Any]) -> list[tuple[str, str]]:
-    from hooktrace.collected import Collected
-    from hooktrace.losses import check_losses
+    from hooktrace.check.collected import Collected
+    from hooktrace.check.losses import check_losses
 
     c = Collected(header=schema.Header(schema=schema.SCHEMA_VERSION, hooktrace="test"))
     c.models[0] = "model"

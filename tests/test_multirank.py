@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, events, hooktrace_cmd, read_log
 
-from hooktrace import schema
-from hooktrace.checklog import run_checks, run_checks_ranks
-from hooktrace.logio import LogReader, LogWriter
+from hooktrace.check.checklog import run_checks, run_checks_ranks
+from hooktrace.log import schema
+from hooktrace.log.reader import LogReader
+from hooktrace.log.writer import LogWriter
 
 SCRIPT = ROOT / "tests" / "scripts" / "ddp_train.py"
 

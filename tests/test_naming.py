@@ -19,7 +19,8 @@ from conftest import events, hooktrace_cmd, read_log
 from torch import nn
 
 import hooktrace
-from hooktrace import naming, schema
+from hooktrace.hooks import naming
+from hooktrace.log import schema
 
 
 class VAE(nn.Module):

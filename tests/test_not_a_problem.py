@@ -15,8 +15,8 @@ from torch import nn
 from torchvision.transforms import v2
 
 import hooktrace
-from hooktrace.checklog import run_checks
-from hooktrace.steplog import load_step
+from hooktrace.check.checklog import run_checks
+from hooktrace.show.steplog import load_step
 
 
 class _Reversible(torch.autograd.Function):

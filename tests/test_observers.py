@@ -8,12 +8,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from hooktrace import schema
-from hooktrace.core import CallTracker, step_mode
-from hooktrace.naming import ModInfo, Naming
-from hooktrace.options import Steps, TraceOptions
-from hooktrace.recorder import LogRecorder
-from hooktrace.records import BackwardStart, ForwardEnd, Mode, Observer, PassEnd
+from hooktrace.hooks.core import CallTracker, step_mode
+from hooktrace.hooks.naming import ModInfo, Naming
+from hooktrace.hooks.records import BackwardStart, ForwardEnd, Mode, Observer, PassEnd
+from hooktrace.log import schema
+from hooktrace.log.options import Steps, TraceOptions
+from hooktrace.observe.recorder import LogRecorder
 
 
 class ListSink:

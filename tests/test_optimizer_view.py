@@ -19,7 +19,8 @@ from torch import nn
 from torch.nn import functional as F
 
 import hooktrace
-from hooktrace import optimizer_view, schema
+from hooktrace.log import schema
+from hooktrace.observe import optimizer_view
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "optimizer_view.py"
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, SAMPLES, events, read_log
 
-from hooktrace import schema
-from hooktrace.logio import LogReader
+from hooktrace.log import schema
+from hooktrace.log.reader import LogReader
 
 LIMIT = 8_000  # bytes a file may grow to in the "disk full" runs
 

@@ -23,13 +23,14 @@ from conftest import SAMPLES, assert_golden, hooktrace_cmd
 from torch import nn
 
 import hooktrace
-from hooktrace import schema, steplog
 from hooktrace.cli import cli
-from hooktrace.graph import View, build
-from hooktrace.logio import LogWriter
-from hooktrace.render import picture, render, write_picture
-from hooktrace.render.dot import TIMES, node_state, norm_text
-from hooktrace.render.text import printable
+from hooktrace.log import schema
+from hooktrace.log.writer import LogWriter
+from hooktrace.show import steplog
+from hooktrace.show.graph import View, build
+from hooktrace.show.render import picture, render, write_picture
+from hooktrace.show.render.dot import TIMES, node_state, norm_text
+from hooktrace.show.render.text import printable
 
 ODD_NAMES = ['q"uote', "<lt>", "a&b", "{brace}", "p|ipe", "back\\slash", "new\nline", "end\\"]
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from conftest import events, hooktrace_cmd, read_log
 
-from hooktrace import schema
-from hooktrace.logio import LogReader
+from hooktrace.log import schema
+from hooktrace.log.reader import LogReader
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TRAIN = SCRIPTS / "train_small.py"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import SAMPLES, events, hooktrace_cmd, read_log
 
-from hooktrace import schema
+from hooktrace.log import schema
 
 SLOW = {"resnet_features.py"}  # a real torchvision model
 

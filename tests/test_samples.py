@@ -13,7 +13,7 @@ from conftest import SAMPLES, events, hooktrace_cmd, names, read_log
 from torch import nn
 
 import hooktrace
-from hooktrace import schema
+from hooktrace.log import schema
 
 
 def _plain(sample: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -17,9 +17,9 @@ from conftest import events, read_log
 from torch import nn
 
 import hooktrace
-from hooktrace import schema
-from hooktrace.outputs import HeldOutputs
-from hooktrace.stats import DEFER_ENV, Stats
+from hooktrace.log import schema
+from hooktrace.observe.outputs import HeldOutputs
+from hooktrace.observe.stats import DEFER_ENV, Stats
 
 REL = 1e-3  # the log keeps 4 significant digits
 
@@ -29,7 +29,7 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     if request.param != "host":
         monkeypatch.setenv(DEFER_ENV, "1")
     if request.param == "device-unheld":
-        monkeypatch.setattr("hooktrace.stats.HOLD_BYTES", 0)
+        monkeypatch.setattr("hooktrace.observe.stats.HOLD_BYTES", 0)
     return str(request.param)
 
 

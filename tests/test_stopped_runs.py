@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from conftest import events, hooktrace_cmd, read_log
 
-from hooktrace import schema
+from hooktrace.log import schema
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 LOOP = SCRIPTS / "loop_forever.py"

@@ -16,8 +16,8 @@ from torch import nn
 from torch.nn import functional as F
 
 import hooktrace
-from hooktrace import schema
-from hooktrace.checklog import run_checks
+from hooktrace.check.checklog import run_checks
+from hooktrace.log import schema
 
 pytestmark = pytest.mark.slow
 

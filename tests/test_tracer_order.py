@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import hooktrace
-from hooktrace import schema
+from hooktrace.log import schema
 
 sys.path.insert(0, str(SAMPLES))
 from mnist_net import Net as MnistNet

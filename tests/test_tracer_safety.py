@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 import hooktrace
-from hooktrace import schema
+from hooktrace.log import schema
 
 
 def end_of(path: Path) -> schema.End:

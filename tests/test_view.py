@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from conftest import ROOT, SAMPLES, hooktrace_cmd
 
-from hooktrace.logio import LogReader
-from hooktrace.view.data import gather
-from hooktrace.view.heatmap import MARKS, heatmap
+from hooktrace.log.reader import LogReader
+from hooktrace.show.view.data import gather
+from hooktrace.show.view.heatmap import MARKS, heatmap
 
 SCRIPTS = ROOT / "tests" / "scripts"
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -198,7 +198,7 @@ def test_finding_click_selects_its_step_and_cell(tmp_path: Path, browser: Any) -
 def test_heatmap_cells_of_a_nan_run(tmp_path: Path) -> None:
     """nan_layer: finite norms up to step 2, NaN from step 3; compress named by a finding."""
     log = trace(tmp_path, "nan", SAMPLES / "nan_layer.py")
-    from hooktrace.checklog import run_checks
+    from hooktrace.check.checklog import run_checks
 
     heat = heatmap(gather(LogReader(log)), run_checks(log).findings)
     assert heat.steps == [0, 1, 2, 3, 4]
@@ -327,7 +327,7 @@ def test_bad_input_is_one_line_and_exit_2(case: str, tmp_path: Path) -> None:
 def test_view_and_the_notebook_heatmap_do_not_import_torch(tmp_path: Path) -> None:
     """write_view, and heatmap_picture as Jupyter shows it inline (_repr_svg_: SVG text)."""
     log = trace(tmp_path, "mnist", SAMPLES / "mnist_net.py", "--steps", "1")
-    code = ("import sys; from hooktrace.view import heatmap_picture, write_view; "
+    code = ("import sys; from hooktrace.show.view import heatmap_picture, write_view; "
             f"write_view([{str(log)!r}], {str(tmp_path / 'v.html')!r}); "
             f"sys.stdout.write(heatmap_picture({str(log)!r})._repr_svg_()); "
             "assert 'torch' not in sys.modules")
@@ -340,8 +340,8 @@ def test_view_and_the_notebook_heatmap_do_not_import_torch(tmp_path: Path) -> No
 
 def test_hover_says_where_the_forward_is(tmp_path: Path) -> None:
     """A node's details name the file and line of its class's forward (a class of the user's)."""
-    from hooktrace.steplog import load_step
-    from hooktrace.view.graphs import _graph
+    from hooktrace.show.steplog import load_step
+    from hooktrace.show.view.graphs import _graph
 
     log = trace(tmp_path, "quantize", SCRIPTS / "flow_bugs.py", "zero_grad_function")
     nodes = _graph(load_step(log, 0), [])["nodes"]

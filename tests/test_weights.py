@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import hooktrace_cmd
 
-from hooktrace.weights import _bits
+from hooktrace.observe.weights import _bits
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "weights_loop.py"
 

@@ -1,0 +1,1 @@
+"""``hooktrace check``: a log in, findings out. Never imports torch or the tracing side."""

@@ -1,0 +1,208 @@
+"""The findings of gradient-flow boundaries (``flow.Boundary``): for each cause, the finding's
+kind, what happens at the boundary and where to look; and whether it passes (a note).
+
+In the texts, ``{branch}`` is the child (or children) whose output starves inside the
+boundary's forward; ``{gain}`` what the boundary passes back of what it receives; ``{ratio}`` the
+largest ratio of a starved child's gradient to its sibling's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from hooktrace.check.findings import NOTE, WARNING, Finding, names_text, steps_text
+from hooktrace.log.words import plural
+
+if TYPE_CHECKING:
+    from hooktrace.check.collected import ModuleKey, ModuleStats
+    from hooktrace.check.flow import Boundary, Flow
+
+# a zero that one batch can make (a note when rare); never a detach or no_grad: code does those
+RANDOM_ZERO = {"zeroed", "zeroed_unit", "zero_backward", "dead_activation"}
+# a drop layer's whole drops are its own chance unless their probability is below this
+CHANCE = 1e-6
+
+# what makes a gradient stop at once: integer results, step functions, detaching
+_NOT_DIFFERENTIABLE = (
+    "integer results (argmax/argmin indices used to index a table, .long(), a comparison such as "
+    "(x > 0).float())")
+_STEP_FUNCTIONS = (
+    "torch.round/floor/sign (a gradient of 0 everywhere: use a straight-through estimator, "
+    "x + (q - x).detach())")
+
+# cause -> (finding kind, what happens, hint)
+CAUSES = {
+    "lost_input": (
+        "no-grad", "its input needed a gradient and none came back: the gradient stops inside "
+        "its forward",
+        "look in its forward for .detach(), .data, a torch.no_grad() block, .item()/.numpy(), "
+        "a tensor rebuilt from numbers (torch.tensor(x), torch.from_numpy), "
+        f"{_NOT_DIFFERENTIABLE}, or a custom autograd.Function whose backward returns None for "
+        "that input"),
+    "detached_inside": (
+        "no-grad", "the gradient stops inside its forward: the output of {branch} gets no "
+        "gradient back",
+        "look in its forward, where {branch}'s output is used, for .detach(), .data, "
+        ".item()/.numpy() round trips, a tensor rebuilt with torch.tensor(...) or "
+        f"torch.from_numpy, {_NOT_DIFFERENTIABLE}, or an output the loss does not use"),
+    "unused_calls": (
+        "no-grad", "the output of {branch} gets no gradient back while another call of the "
+        "same module does: inside its forward, those calls' results are overwritten or never "
+        "used",
+        "a loop that throws its results away: a recurrent state re-initialised inside the time "
+        "loop (h = zeros(...) in the loop, not before it) lets only the last step reach the "
+        "loss, and the state's own layer multiplies zeros; else a result computed and not used"),
+    "no_grad": (
+        "no-grad-under-no_grad", "inside its forward, torch.no_grad() covers {branch}: no "
+        "gradient can reach {branch}",
+        "move {branch} out of the torch.no_grad() block, or freeze what should not train with "
+        ".requires_grad_(False)"),
+    "zeroed": (
+        "zero-gradient", "the gradient of {branch}'s output is exactly zero: inside its "
+        "forward, {branch}'s output is multiplied by 0 or fully masked",
+        f"look for a loss weight or gate of 0, a mask that removes every element, or "
+        f"{_STEP_FUNCTIONS}"),
+    "selected": (
+        "zero-gradient", "the gradient of {branch}'s output is exactly zero, and only part of "
+        "the output of {reads} is read: a selection by the data (the anchors matched to boxes, "
+        "a mask, a max-pool) that leaves {branch} out",
+        "usual where which part is read depends on the data (a detector's feature levels or "
+        "anchors with no matching box); if it never changes over varied batches, check the "
+        "matching (anchor sizes against the boxes) or the mask; a branch multiplied by 0 "
+        "inside this forward looks the same"),
+    "zeroed_unit": (
+        "zero-gradient", "the gradient of {branch}'s output is exactly zero: its last dim has "
+        "size 1, and inside its forward a softmax or normalisation over that dim makes it a "
+        "constant (a softmax over one element is 1 whatever it is), or it is multiplied by 0 "
+        "or fully masked",
+        "check the dim of the softmax or normalisation applied to {branch}'s output: over the "
+        "sequence (dim=1 for (batch, seq, 1) scores), not its size-1 last dim; else look for a "
+        "loss weight or gate of 0"),
+    "flat_inside": (
+        "saturated", "the gradient reaching {branch}'s output is at most {ratio} of what a "
+        "sibling module in its forward gets: inside its forward, "
+        "{branch}'s output goes through something flat",
+        "a saturated softmax or sigmoid on {branch}'s output: scores far from 0 (attention "
+        "scores multiplied by sqrt(d) instead of divided, inputs not normalised, too low a "
+        "temperature), or a multiplication by a vanishing factor"),
+    "unit_norm": (
+        "zero-gradient", "it normalises over its input's last dim, of size 1: its output is a "
+        "constant whatever its input (a LayerNorm's is its bias, a softmax's 1), and it passes "
+        "back {gain} of the gradient it receives",
+        "normalise over the features, not over a single value: drop the LayerNorm/softmax on a "
+        "one-value output, or apply it over the dim you mean"),
+    "zero_weights": (
+        "zero-gradient", "it passes back an exactly-zero gradient: its weights are zero",
+        "a zero-initialised layer passes no gradient back until its first update; if it stays "
+        "zero, check that its parameters are in the optimizer and train"),
+    "zero_backward": (
+        "zero-gradient", "it passes back an exactly-zero gradient for a non-zero one",
+        f"a custom autograd.Function whose backward returns zeros, {_STEP_FUNCTIONS}, or a "
+        "mask or a multiplication by 0 inside its forward"),
+    "dropped": (
+        "zero-gradient", "it dropped its whole input (every sample of the batch): it passes "
+        "back an exactly-zero gradient",
+        "stochastic depth and dropout drop a whole small batch now and then, by chance (not "
+        "reported); this many drops are not chance: its drop probability is 1 (a keep "
+        "probability passed as p?) or far too high"),
+    "dead_activation": (
+        "dead-activation", "every element of its input is in the flat part (a ReLU whose "
+        "input is all negative): it passes back an exactly-zero gradient",
+        "look at the layer before it: a large negative bias, a too large learning rate, or "
+        "inputs not normalised; LeakyReLU or a normalisation layer keep it alive"),
+    "saturated": (
+        "saturated", "it is saturated: it passes back {gain} of the gradient it receives",
+        "its inputs are far from 0: look at the layer before it for too large weights or a bias "
+        "initialised far from 0 (a gate closed at -40); normalise its inputs (BatchNorm/LayerNorm) "
+        "or lower the learning rate"),
+    "small_gain": (
+        "vanishing", "it passes back only {gain} of the gradient it receives",
+        "check its weights' scale and initialisation"),
+}
+
+
+def findings(flow: Flow, modules: dict[ModuleKey, ModuleStats],
+             model_name: dict[int, str]) -> list[Finding]:
+    return [f for b in flow.boundaries.values()
+            if (f := _finding(flow, b, modules, model_name)) is not None]
+
+
+def _finding(flow: Flow, b: Boundary, modules: dict[ModuleKey, ModuleStats],
+             model_name: dict[int, str]) -> Finding | None:
+    model, name = b.key
+    chance = flow.by_chance(b)
+    if chance is not None and chance >= CHANCE:
+        return None  # a drop layer's own probability makes this many whole drops
+    m = modules.get(b.key)
+    cause = "flat_inside" if b.ratio is not None and b.cause == "zeroed" else b.cause
+    kind, what, hint = CAUSES[cause]
+    branch = names_text(list(b.branches), 3) if b.branches else "a child"
+    victims = sorted(b.victims, key=lambda k: _first_seq(modules, k))
+    message = (f"{name or '(root)'} ({m.cls if m else '?'}): "
+               f"{what.format(branch=branch, gain=_gain(b), ratio=_ratio(b), reads=_reads(b))}; "
+               f"{_victims(b, victims, modules)} at {steps_text(b.steps)}")
+    judged = flow.judged.get(model, [])
+    later = len(judged) - len(b.steps)
+    first = b.steps == judged[:len(b.steps)] and (
+        later > 0 or (b.cause == "zero_weights" and len(judged) == 1))
+    # a zero that one batch can make, in a quarter of the steps or fewer, or a drop layer's
+    # (stochastic depth, dropout) in some steps only; never a detach or no_grad: code does those
+    now_and_then = not first and (
+        (b.cause in RANDOM_ZERO and 4 * len(b.steps) <= len(judged))
+        or (b.cause == "dropped" and chance is None and b.steps != judged))
+    # a loss reading part of an output: the evidence cannot tell the data's selection from a
+    # branch zeroed inside the forward as well
+    passing = first or now_and_then or b.cause == "selected"
+    if chance == 0:
+        message += " (its drop probability is 1: it drops every input)"
+    elif chance is not None:
+        message += (f" ({plural(len(b.drops), 'whole drop')} in {flow.draws[b.key][0]} "
+                    f"calls: a chance of at most {chance:.0e} at its drop probability)")
+    if b.cause == "selected":
+        pass
+    elif now_and_then:
+        message += f", not in the other {plural(later, 'step')} judged"
+    elif passing and later:
+        message += f", not in the {plural(later, 'later step')}"
+    elif passing:  # only the first step is in the log
+        message += ": usual at the first step after a zero-initialised layer (a ViT head)"
+    evidence: dict[str, Any] = {"starved": [k[1] for k in victims], "steps": b.steps[:20]}
+    if b.g_out is not None:
+        evidence["grad_output_norm"] = b.g_out
+    if b.g_in is not None:
+        evidence["grad_input_norm"] = b.g_in
+    return Finding(kind, NOTE if passing else WARNING, model_name.get(model, str(model)),
+                   name, b.steps[0], message, evidence, hint.format(branch=branch))
+
+
+def _gain(b: Boundary) -> str:
+    return f"{b.g_in / b.g_out:.1e}" if b.g_in is not None and b.g_out else "?"
+
+
+def _reads(b: Boundary) -> str:
+    """The calls whose outputs the loss reads in part, with the share of exactly-zero
+    gradient at each."""
+    return names_text([f"{name} ({share:.1%} of its gradient exactly zero)"
+                       for name, share in b.reads.items()], 2)
+
+
+def _ratio(b: Boundary) -> str:
+    ratio = f"{b.ratio:.1e}" if b.ratio is not None else "?"
+    return ratio + (" (zero at some steps)" if b.exact else "")
+
+
+def _victims(b: Boundary, victims: list[ModuleKey], modules: dict[ModuleKey, ModuleStats]) -> str:
+    """The modules it starves; for calls whose results are thrown away, the modules that learn
+    from their other calls only."""
+    names = names_text([k[1] for k in victims])
+    if b.cause == "unused_calls":
+        return f"{plural(len(victims), 'trainable module')} ({names}) learn from other calls only"
+    # a gate's value runs after the gate's sigmoid, and starves all the same
+    before = " before it" if all(_first_seq(modules, k) < _first_seq(modules, b.key)
+                                 for k in victims) else ""
+    return f"it starves {plural(len(victims), 'trainable module')}{before} ({names})"
+
+
+def _first_seq(modules: dict[ModuleKey, ModuleStats], key: ModuleKey) -> int:
+    m = modules.get(key)
+    return (m.first_seq or 0) if m is not None else 0

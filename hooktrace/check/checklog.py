@@ -1,0 +1,102 @@
+"""``hooktrace check``'s reading side: read a run's logs, run the checks, one ``Report``.
+
+One log is collected (``collect``) and checked (``checks.check_all``); the logs of several ranks
+are walked together to find where the ranks' execution diverges (``ranks.first_divergence``),
+and that walk feeds each rank's collector (each log is read once); each rank is checked, and the
+findings merged where the ranks agree.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from hooktrace.check.checks import check_all
+from hooktrace.check.collect import Collector, collect
+from hooktrace.check.collected import Collected
+from hooktrace.check.findings import (
+    ERROR,
+    SEVERITY_ORDER,
+    Finding,
+    Report,
+    Thresholds,
+    after_causes,
+)
+from hooktrace.check.ranks import first_divergence, open_ranks
+from hooktrace.log.align import Feed
+from hooktrace.log.errors import HooktraceError
+from hooktrace.log.reader import LogReader
+from hooktrace.log.words import plural
+from hooktrace.log.writer import capture_dir
+
+
+def run_checks(path: str | os.PathLike[str], step: int | None = None,
+               thresholds: Thresholds | None = None) -> Report:
+    """The findings of one log (of one rank); ``step``: that step only."""
+    return _report(collect(path, step), path, step, thresholds)
+
+
+def _report(c: Collected, path: str | os.PathLike[str], step: int | None,
+            thresholds: Thresholds | None) -> Report:
+    if step is not None and step not in c.steps_seen | c.backward_steps:
+        seen = sorted(c.steps_seen | c.backward_steps)
+        have = f"{seen[0]}-{seen[-1]}" if seen else "none"
+        raise HooktraceError(f"no step {step} in {path}; its steps: {have}")
+    findings = check_all(c, thresholds or Thresholds())
+    events = c.end.events if c.end else c.events  # without an end record: what the log holds
+    steps = c.end.steps if c.end and step is None else len(c.backward_steps)
+    captured = None
+    if c.end is not None and c.end.captured:
+        captured = f"{capture_dir(Path(path))} ({plural(c.end.captured, 'file')})"
+    return Report(findings, c.warnings, steps, events, captured)
+
+
+_PARTED = {"ran": "modules", "shapes": "shapes", "dtypes": "dtypes", "steps": "steps"}
+
+
+def check_ranks(readers: Sequence[LogReader], feeds: Sequence[Feed] | None = None
+                ) -> list[Finding]:
+    """The first step and module where the ranks' execution diverges (``feeds``: see
+    ``ranks.first_divergence``)."""
+    found = first_divergence(readers, feeds)
+    if found is None:
+        return []
+    what = "; ".join(f"rank {rank}: {desc}" for rank, desc in found.ranks.items())
+    where = f", from {found.module or '(root)'}" if found.model else ""
+    return [Finding(
+        "rank-divergence", ERROR, found.model, found.module, found.step,
+        f"the ranks ran different {_PARTED[found.kind]} at step {found.step}{where} ({what})",
+        {"position": found.position, "ranks": {str(r): d for r, d in found.ranks.items()}},
+        "DDP hangs, or fails with 'unused parameters', when ranks run different modules: look "
+        "for branches on data (a loss value, a batch's content) and uneven last batches",
+        sorted(found.ranks))]
+
+
+def run_checks_ranks(paths: Sequence[str | os.PathLike[str]], step: int | None = None,
+                     thresholds: Thresholds | None = None) -> Report:
+    """Check one log, or the logs of several ranks of one run: each rank's findings (merged
+    where ranks agree, marked where only some ranks have them) and where the ranks diverge."""
+    readers = open_ranks(paths)
+    if len(readers) == 1:
+        return run_checks(readers[0].path, step, thresholds)
+    # each log read once: the walk that finds where the ranks diverge feeds each rank's collector
+    collectors = [Collector(reader, step) for reader in readers]
+    diverged = check_ranks(readers, [c.take for c in collectors])
+    merged: dict[tuple[str, str, str, int | None], Finding] = {}
+    reports = []
+    for reader, collector in zip(readers, collectors, strict=True):
+        report = _report(collector.finish(), reader.path, step, thresholds)
+        reports.append(report)
+        for f in report.findings:
+            known = merged.setdefault((f.kind, f.model, f.module, f.step), f)
+            known.ranks = [*(known.ranks or []), reader.header.rank]
+    every = sorted(r.header.rank for r in readers)
+    for f in merged.values():
+        if f.ranks == every:
+            f.ranks = None  # on every rank: nothing rank-local about it
+    findings = after_causes(sorted([*diverged, *merged.values()], key=lambda f: (
+        SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1, f.kind)))
+    return Report(findings, [w for r in reports for w in r.warnings],
+                  max(r.steps for r in reports), sum(r.events for r in reports),
+                  "; ".join(r.captured for r in reports if r.captured) or None)

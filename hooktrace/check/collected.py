@@ -1,0 +1,124 @@
+"""What the checks need from a log: the per-module and per-step aggregates ``collect`` fills.
+
+Standard library only: ``hooktrace check`` runs without torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hooktrace.check import flow
+from hooktrace.log import schema
+
+ModuleKey = tuple[int, str]  # (model, fqn)
+Keys = frozenset[ModuleKey]
+
+
+@dataclass
+class ModuleStats:
+    model: int
+    name: str
+    cls: str
+    params: int = 0
+    trainable: int = 0
+    first_seq: int | None = None  # first forward call: execution order
+    calls: int = 0
+    max_calls_per_step: int = 0  # with gradient recording on
+    loose: tuple[str, ...] = ()  # tensors meant to train that are not parameters (schema.Module)
+    drop: tuple[float, str] | None = None  # a random-drop layer's p and unit (schema.Module)
+    wrapper: str | None = None  # held by a wrapper beside the model it wraps (schema.Module)
+
+
+@dataclass
+class LossCall:
+    """The first call of a loss module (``losses.LOSSES``): its tensor inputs' shapes, and the
+    module whose output it took, where the call before it was that module's model's root and
+    the one before that its last module (``model(x)`` then ``criterion``)."""
+
+    step: int
+    shapes: list[Any]
+    after: ModuleKey | None  # the model's last module
+
+
+@dataclass
+class Nonfinite:
+    step: int
+    model: int
+    name: str
+    evidence: dict[str, Any]
+
+
+@dataclass
+class Collected:
+    """What the checks need from a log, gathered in one streaming pass."""
+
+    header: schema.Header
+    models: dict[int, str] = field(default_factory=dict)
+    modules: dict[ModuleKey, ModuleStats] = field(default_factory=dict)
+    backward_steps: set[int] = field(default_factory=set)
+    # per step: the modules it called with gradient recording on, and under no_grad; per step
+    # of a forward call, the modules whose calls of that step got a backward
+    grad: dict[int, Keys] = field(default_factory=dict)
+    no_grad: dict[int, Keys] = field(default_factory=dict)
+    backward: dict[int, Keys] = field(default_factory=dict)
+    first_forward_nonfinite: Nonfinite | None = None
+    forward_nonfinite_steps: set[int] = field(default_factory=set)
+    first_backward_nonfinite: Nonfinite | None = None
+    backward_nonfinite_steps: set[int] = field(default_factory=set)
+    # per step: (model, fqns, parameter-gradient norms) of each params record, in file order; the
+    # fqns are a tuple shared by the records of the same modules
+    param_norms: dict[int, list[tuple[int, tuple[str, ...], tuple[float | None, ...]]]] = field(
+        default_factory=dict)
+    # per step: activation-gradient norms (grad_output) of modules with parameters, in backward
+    # order, as (modules, norms): tuples, the first shared by the steps with the same modules
+    profiles: dict[int, tuple[tuple[ModuleKey, ...], tuple[float, ...]]] = field(
+        default_factory=dict)
+    # the first step whose backward does not run the calls in the reverse of their forward
+    # order: (step, model, fqn of the first call out of place)
+    order_mismatch: tuple[int, int, str] | None = None
+    steps_seen: set[int] = field(default_factory=set)
+    lost_gradient: dict[ModuleKey, list[int]] = field(default_factory=dict)  # watched
+    warnings: list[str] = field(default_factory=list)
+    end: schema.End | None = None
+    events: int = 0  # forward and backward events read, of every step
+    last_step: int | None = None  # the last step with a step record: its backward pass ended
+    # the calls of the first recorded steps, each with its backward's gradient norms
+    calls: list[flow.Call] = field(default_factory=list)
+    # a backward pass that never ended (it raised): its step, and the module of its last
+    # backward event, whose backward was running
+    unfinished: tuple[int, ModuleKey] | None = None
+    signals: list[schema.Signal] = field(default_factory=list)  # in file order
+    sources: dict[str, str] = field(default_factory=dict)  # class -> "file:line" of forward
+    losses: dict[ModuleKey, LossCall] = field(default_factory=dict)
+
+    def model_name(self, model: int) -> str:
+        return self.models.get(model, str(model))
+
+    def unscale(self) -> None:
+        """Parameter-gradient norms divided by the loss scale in force at their step (the
+        ``loss-scale`` signals): a backward pass leaves gradients scaled until the scaler's
+        step unscales them."""
+        changes = sorted((s.step, s.model, float(s.detail.get("scale") or 1.0))
+                         for s in self.signals if s.kind == "loss-scale")
+        if not changes:
+            return
+        for step, records in self.param_norms.items():
+            for i, (model, names, norms) in enumerate(records):
+                scale = next((x for s, m, x in reversed(changes) if s <= step and m == model),
+                             1.0)
+                if scale != 1.0:
+                    records[i] = (model, names, tuple(None if n is None else n / scale
+                                                      for n in norms))
+
+    def data_models(self) -> set[int]:
+        """The models that prepare data: no parameters, never reached by a backward pass
+        (torchvision transforms are modules: ``Resize``, ``RandomHorizontalFlip``)."""
+        backed = {key[0] for keys in self.backward.values() for key in keys}
+        with_params = {m.model for m in self.modules.values() if m.params}
+        return {m.model for m in self.modules.values()} - backed - with_params
+
+    def label(self, model: int, name: str) -> str:
+        """A module as findings name it: ``layer1.0 (BasicBlock)``, ``(root)`` for the root."""
+        m = self.modules.get((model, name))
+        return f"{name or '(root)'} ({m.cls})" if m and m.cls != "?" else (name or "(root)")

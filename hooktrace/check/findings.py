@@ -1,0 +1,89 @@
+"""What ``check`` reports: a finding, its severities, the thresholds, and their wording helpers.
+
+Shared by the checks (``checks``, ``flow``), the printer (``report``) and the DOT renderer (the
+thresholds); it imports nothing of the project, so that each of them starts fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# one word for the least severity, in the report's headings and in --json alike
+ERROR, WARNING, NOTE = "error", "warning", "note"
+SEVERITY_ORDER = {ERROR: 0, WARNING: 1, NOTE: 2}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    vanishing: float = 1e-7  # a parameter-gradient norm below this (but not 0 by design)
+    exploding: float = 1e4  # a parameter-gradient norm above this
+    orders: float = 4.0  # activation-gradient norms across the network differing by this many
+    gain: float = 1e-6  # a module passing back at most this fraction of the gradient it gets
+    # a saturating activation passing back at most this: no layer scale (ConvNeXt's is 1e-6),
+    # its branch starves even with a shortcut around it
+    saturated: float = 1e-9
+
+
+@dataclass
+class Finding:
+    kind: str  # see the README's debugging section for every kind
+    severity: str
+    model: str
+    module: str  # the module where it happens (the boundary), not the modules it starves
+    step: int | None
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    hint: str = ""
+    ranks: list[int] | None = None  # with several logs: the ranks it was found on
+    source: str | None = None  # "file:line" of its module's class's forward, when known
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Report:
+    """What ``check`` found in a run's logs, with what it read."""
+    findings: list[Finding]
+    warnings: list[str]
+    steps: int
+    events: int
+    captured: str | None = None  # the --capture folder and its file count, when there is one
+
+    @property
+    def problems(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity != NOTE]
+
+
+def after_causes(findings: list[Finding]) -> list[Finding]:
+    """``findings`` with each one that follows from another (its evidence's ``follows``: the
+    kind of that other, in the same model) moved to just after the other: the cause reads
+    first, whatever the sort put between them."""
+    out = list(findings)
+    for f in findings:
+        follows = f.evidence.get("follows")
+        if follows and any(o.kind == follows and o.model == f.model for o in out):
+            out = [o for o in out if o is not f]
+            at = max(i for i, o in enumerate(out) if o.kind == follows and o.model == f.model)
+            out.insert(at + 1, f)
+    return out
+
+
+def steps_text(steps: list[int]) -> str:
+    """``step 3``, ``steps 0, 1, 2``, ``steps 0, 1, 2, 3, 4 and 7 more``."""
+    shown = ", ".join(map(str, steps[:5]))
+    more = f" and {len(steps) - 5} more" if len(steps) > 5 else ""
+    return ("step " if len(steps) == 1 else "steps ") + shown + more
+
+
+def names_text(names: list[str], keep: int = 6) -> str:
+    """``a, b, c`` or ``a, b, c, ... and 4 more``, ``(root)`` for the root."""
+    shown = ", ".join(n or "(root)" for n in names[:keep])
+    return shown + (f" and {len(names) - keep} more" if len(names) > keep else "")
+
+
+def ancestors(name: str) -> list[str]:
+    """Outermost first: "a.b.c" -> ["", "a", "a.b"]."""
+    parts = name.split(".") if name else []
+    return [".".join(parts[:i]) for i in range(len(parts))]

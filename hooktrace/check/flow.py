@@ -1,0 +1,474 @@
+"""Where the gradient dies: the boundary module of each gradient lost or zeroed, per call.
+
+Along each recorded step, a module call is *starved* when it has trainable parameters and its
+backward got no gradient, or an exactly-zero one (*dead*), or one orders of magnitude below what
+a later module received (*weak*). The finding names the **boundary**, the module where the
+gradient is lost, with the starved calls as its evidence:
+
+* a call that receives a usable gradient and passes back exactly zero (zero weights, a dead
+  ReLU, a custom ``autograd.Function`` returning zeros) or at most ``Thresholds.gain`` of it
+  (a saturated sigmoid), or whose input needed a gradient and got none (``lost``: a
+  ``.detach()``, ``.data`` or numpy round trip inside its forward);
+* a ``LayerNorm``-like module over a last dim of size 1 with a gain of at most 1e-3: its output
+  is a constant, its gain rounding noise;
+* failing that, the innermost call enclosing the starved one that did get a gradient: the
+  gradient stops inside *its* forward (a ``.detach()`` or ``torch.no_grad()`` around a child's
+  output, a branch multiplied by 0, a softmax over a child's size-1 last dim, a call whose
+  result a loop overwrites while another call of the module is used); or, for a weak one, the
+  forward where it gets at most ``_FLAT_INSIDE`` of a sibling's gradient (a saturated softmax).
+
+What each cause says is ``causes.py``'s.
+
+Only calls inside a top-level call that got a gradient are judged: a whole model call without
+backward (a validation pass, a teacher) is not a lost gradient. A tiny gradient whose module is
+bypassed (a module before it gets a large one: a layer scale on a residual branch) is not
+reported; an exactly-zero one always is.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import TYPE_CHECKING
+
+from hooktrace.check.findings import Thresholds
+from hooktrace.check.flowindex import Enclosing, FirstAtLeast
+
+if TYPE_CHECKING:
+    from hooktrace.check.collected import ModuleKey, ModuleStats
+
+STEPS = 32  # recorded steps judged call by call (the first ones): bounded memory on long logs
+
+# element-wise activations: what a zero or tiny gain means for them
+_RELU_LIKE = {"ReLU", "ReLU6", "Hardtanh", "Threshold", "RReLU", "CELU", "ELU", "SELU"}
+# layers that drop whole inputs at random: an exactly-zero gradient now and then is theirs
+_DROPPING = {"StochasticDepth", "DropPath", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d",
+             "AlphaDropout", "FeatureAlphaDropout"}
+_SATURATING = {"Sigmoid", "Tanh", "Softmax", "LogSigmoid", "Hardsigmoid", "Softsign",
+               "Tanhshrink", "GELU", "SiLU", "Mish", "Hardswish", "Softplus", "LogSoftmax"}
+# layers that normalise over the last dim: over a dim of size 1 their output is a constant, and
+# the gain they pass back is rounding noise (1e-5 for a LayerNorm), not an exact zero
+_NORMALISING_LAST = {"LayerNorm", "RMSNorm", "Softmax", "Softmin", "LogSoftmax"}
+_UNIT_NORM_GAIN = 1e-3
+# a child's gradient at most this fraction of a sibling's in the same forward, nothing on its
+# way back to blame: something flat inside that forward. Below any layer scale in use (1e-6 is
+# ConvNeXt's, the smallest); a layer scale's branch has no sibling fed a full gradient
+_FLAT_INSIDE = 1e-7
+# a loss that reads only part of a call's outputs (a selection by the data: a detector's
+# matched anchors, a mask) leaves at least this share of their gradient exactly zero; a loss
+# over all of them (cross-entropy, an MSE), none of it
+_READ_PART = 0.5
+
+
+@dataclass(slots=True)
+class Call:
+    """One forward call of a judged step, and what its backward received and gave."""
+
+    step: int
+    seq: int
+    key: ModuleKey
+    call: int
+    grad: bool  # ran with gradient recording on
+    backed: bool = False  # its backward ran
+    g_out: float | None = None  # norm of the gradients reaching its outputs (None: unknown)
+    g_in: float | None = None  # norm of the gradients of its inputs (None: none flowed)
+    lost: bool = False  # an input that needed a gradient got none
+    finite: bool = True
+    unit_last: bool = False  # its first output's last dim has size 1
+    chance: float | None = None  # a random-drop layer's: that it drops its whole input
+    half: bool = False  # its outputs are float16 (where gradients below 6e-8 round to 0)
+    out_shapes: Sequence[object] | None = None  # its outputs' shapes (the forward event's)
+    # the share of exactly-zero elements in the gradients reaching its outputs, where some
+    # are and some are not (a module with children; None: not known, or none or all of them)
+    zeros: float | None = None
+    zero_outs: tuple[int, ...] = ()  # its outputs whose gradient is exactly zero
+
+    def gradients(self, outs: Sequence[Sequence[float] | None] | None,
+                  ins: Sequence[Sequence[float] | None] | None) -> None:
+        """Its backward's statistics (``[norm, absmax, ...]`` per tensor) into norms. A call
+        that was fed keeps that: its backward runs again, with other numbers, when a later pass
+        goes back through its gradient's graph (a gradient penalty, ``create_graph=True``,
+        where a ReLU's second derivative is exactly zero)."""
+        if self.fed:
+            return
+        self.backed = True
+        self.g_out, out_ok = _norm(outs)
+        if outs is not None and len(outs) > 1:
+            self.zero_outs = tuple(i for i, s in enumerate(outs) if s is not None and s[0] == 0)
+        self.g_in, in_ok = _norm(ins)
+        self.finite = out_ok and in_ok
+
+    @property
+    def fed(self) -> bool:
+        """It received a usable gradient: finite, not zero (or of unknown size: no stats)."""
+        return self.backed and self.finite and (self.g_out is None or self.g_out > 0)
+
+    @property
+    def dead(self) -> bool:
+        return not self.backed or (self.finite and self.g_out == 0)
+
+
+def _norm(stats: Sequence[Sequence[float] | None] | None) -> tuple[float | None, bool]:
+    if stats is None:
+        return None, True
+    norms = [s[0] for s in stats if s is not None]
+    if not norms:
+        return None, True
+    total = math.sqrt(sum(n * n for n in norms))
+    return total, math.isfinite(total)
+
+
+@dataclass
+class Boundary:
+    """One module where gradient is lost, over the judged steps."""
+
+    key: ModuleKey
+    cause: str  # a key of causes.CAUSES
+    steps: list[int] = field(default_factory=list)
+    victims: dict[ModuleKey, None] = field(default_factory=dict)
+    # for a cause inside a forward: its children whose outputs starve
+    branches: dict[str, None] = field(default_factory=dict)
+    g_out: float | None = None  # at the first step
+    g_in: float | None = None
+    # inside a forward: the largest ratio of a starved child's gradient to a sibling's, where
+    # it was not exactly zero (None: zero at every step)
+    ratio: float | None = None
+    exact: bool = False  # and exactly zero at some step
+    drops: dict[int, None] = field(default_factory=dict)  # a drop layer's: the calls (seq)
+    # for "selected": the calls whose outputs the loss reads in part, and the share of their
+    # gradient that is exactly zero
+    reads: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Flow:
+    """The boundaries found, and the modules they explain (no other finding needs them)."""
+
+    boundaries: dict[tuple[ModuleKey, str], Boundary] = field(default_factory=dict)
+    judged: dict[int, list[int]] = field(default_factory=dict)  # per model, its judged steps
+    # per random-drop layer: its calls that received a gradient, and the largest chance
+    # one of them had to drop its whole input
+    draws: dict[ModuleKey, tuple[int, float]] = field(default_factory=dict)
+
+    @property
+    def victims(self) -> set[ModuleKey]:
+        return {v for b in self.boundaries.values() for v in b.victims}
+
+    def by_chance(self, b: Boundary) -> float | None:
+        """For a drop layer's whole drops: a bound on the probability that its own drop
+        probability makes as many in the calls judged (None: its probability is unknown; 0: it
+        is 1, which drops every input, a bug whatever the odds)."""
+        draws = self.draws.get(b.key)
+        if b.cause != "dropped" or draws is None or not b.drops:
+            return None
+        n, q = draws
+        if q >= 1:
+            return 0.0
+        k = min(len(b.drops), n)
+        return min(1.0, math.comb(n, k) * q ** k)
+
+
+def whole_drop(p: float, unit: str, inputs: Sequence[object]) -> float | None:
+    """The chance that a drop layer of probability ``p`` drops every value of its input
+    (``inputs``: the shapes of its tensor inputs), one draw per ``unit``; None: unknown."""
+    shape = inputs[0] if inputs else None
+    if not isinstance(shape, list) or not all(type(d) is int for d in shape):
+        return None
+    if p >= 1 or unit == "batch":
+        return min(p, 1.0)
+    leading = {"sample": 1, "channel": 2}.get(unit)  # the dims a draw covers; else all
+    draws = math.prod(shape[:leading])
+    return float(p ** draws) if draws else 1.0
+
+
+def analyse(calls: Iterable[Call], modules: dict[ModuleKey, ModuleStats],
+            t: Thresholds) -> Flow:
+    flow = Flow()
+    groups: dict[tuple[int, int], list[Call]] = {}
+    for c in calls:
+        groups.setdefault((c.step, c.key[0]), []).append(c)
+        if c.chance is not None and c.fed:
+            n, q = flow.draws.get(c.key, (0, 0.0))
+            flow.draws[c.key] = (n + 1, max(q, c.chance))
+    for (step, model), group in sorted(groups.items()):
+        if any(c.backed for c in group):
+            flow.judged.setdefault(model, []).append(step)
+            group.sort(key=lambda c: c.seq)
+            _judge_step(flow, step, group, modules, t)
+    return flow
+
+
+def _trainable(modules: dict[ModuleKey, ModuleStats], key: ModuleKey) -> bool:
+    m = modules.get(key)
+    return m is not None and m.trainable > 0
+
+
+def _judge_step(flow: Flow, step: int, calls: list[Call],
+                modules: dict[ModuleKey, ModuleStats], t: Thresholds) -> None:
+    enclosing = Enclosing(calls, partial(_trainable, modules))
+    sparse = [c for c in calls if c.fed and c.zeros is not None and c.zeros >= _READ_PART]
+    candidates = _Candidates(_candidates(calls, modules, t), enclosing, modules, t)
+    bypassed: dict[int, bool] = {}  # per candidate's seq
+    for v in calls:
+        if not _trainable(modules, v.key) or not v.finite:
+            continue
+        top = enclosing.outermost(v)
+        if top is None or not top.fed:
+            continue  # a whole call without backward: not a gradient lost inside a model
+        if v.dead and v.backed and enclosing.fed_elsewhere(v):
+            continue  # a shared module trains through its fed calls: a zero one is a loss
+            # reading part of its outputs (a detection head's level without a matching anchor)
+        if v.dead:
+            b = candidates.zero_after(v)
+            if b is not None:
+                _add(flow, step, b, _cause(b, modules), v)
+            else:
+                _add_inside(flow, step, enclosing, v, sparse)
+        elif v.g_out is not None:
+            b = candidates.starving_after(v) or candidates.gated_by(v)
+            if b is None:
+                _add_flat_inside(flow, step, enclosing, v)
+                continue
+            if b.seq not in bypassed:
+                bypassed[b.seq] = (not _saturated(b, modules, t)
+                                   and _bypassed(b, enclosing))
+            if not bypassed[b.seq]:
+                _add(flow, step, b, _cause(b, modules), v)
+
+
+def _candidates(calls: list[Call], modules: dict[ModuleKey, ModuleStats],
+                t: Thresholds) -> list[Call]:
+    """The calls that may be a boundary, in forward order: fed, with a lost input or a gain of
+    at most ``t.gain`` (``_UNIT_NORM_GAIN`` for a normalisation over a dim of size 1); not those
+    fed only what an earlier boundary (on the way back) let through: in a chain of small gains,
+    the first one is the cause."""
+    found: list[Call] = []
+    reach = -math.inf  # the largest _reach of those found: what starves c is c.g_out below it
+    for c in reversed(calls):  # backward order, roughly
+        gain = _gain(c)
+        limit = _UNIT_NORM_GAIN if _unit_norm(c, modules) else t.gain
+        if c.fed and (c.lost or (gain is not None and gain <= limit)) and (
+                c.g_out is None or c.g_out > reach or (c.g_out == reach and not any(
+                    b.g_in is not None and _starves(b, c) for b in found))):
+            found.append(c)
+            reach = max(reach, _reach(c))
+    return found[::-1]
+
+
+def _unit_norm(c: Call, modules: dict[ModuleKey, ModuleStats]) -> bool:
+    m = modules.get(c.key)
+    return c.unit_last and m is not None and m.cls in _NORMALISING_LAST
+
+
+def _gain(c: Call) -> float | None:
+    if c.g_out is None or c.g_in is None or not c.g_out:
+        return None
+    return c.g_in / c.g_out
+
+
+def _starves(b: Call, v: Call) -> bool:
+    """``v``'s gradient is as small as what ``b`` passes back, far below what ``b`` receives
+    (unknown sizes, a lost input's among them, say nothing)."""
+    if b.g_out is None or b.g_in is None or v.g_out is None:
+        return False
+    return v.g_out <= 1e3 * b.g_in and v.g_out < 1e-3 * b.g_out
+
+
+def _bypassed(b: Call, enclosing: Enclosing) -> bool:
+    """A module before ``b`` got a gradient that ``b``'s small gain cannot explain: it came
+    round ``b`` (a residual shortcut), and what ``b`` starves is its own branch. Asked of the
+    largest gradient of a fed call with parameters before ``b``: if ``b`` does not starve that
+    one, some module got round it."""
+    top = enclosing.largest_before(b)
+    return top is not None and not _starves(b, replace(b, g_out=top))
+
+
+def _reach(b: Call) -> float:
+    """``_starves(b, v)`` needs ``v.g_out`` at most this (-inf: ``b`` starves nothing)."""
+    if b.g_out is None or b.g_in is None:
+        return -math.inf
+    return min(1e3 * b.g_in, 1e-3 * b.g_out)
+
+
+def _saturated(b: Call, modules: dict[ModuleKey, ModuleStats], t: Thresholds) -> bool:
+    """A saturating activation whose gain is far below a layer scale's: it starves its branch
+    whatever goes round it (a gate whose bias closes it)."""
+    m = modules.get(b.key)
+    gain = _gain(b)
+    return m is not None and m.cls in _SATURATING and gain is not None and gain <= t.saturated
+
+
+class _Candidates:
+    """The candidates of a step (in forward order), indexed for what is asked of them per
+    call: a max tree of each question's necessary number finds the first that may answer."""
+
+    def __init__(self, found: list[Call], enclosing: Enclosing,
+                 modules: dict[ModuleKey, ModuleStats], t: Thresholds) -> None:
+        self._found, self._seqs = found, [b.seq for b in found]
+        self._enclosing, self._modules, self._t = enclosing, modules, t
+        self._zero = FirstAtLeast([1.0 if _zero(b) else -math.inf for b in found])
+        self._starving = FirstAtLeast([_reach(b) for b in found])
+        self._gates: dict[int, tuple[list[Call], FirstAtLeast]] | None = None
+
+    def zero_after(self, v: Call) -> Call | None:
+        """The nearest one after ``v`` (see ``_after``) that passes back nothing."""
+        if not self._found:
+            return None
+        return self._after(v, self._found, self._zero, bisect_right(self._seqs, v.seq), 1.0,
+                           _zero)
+
+    def starving_after(self, v: Call) -> Call | None:
+        """The nearest one after ``v`` (see ``_after``) that starves it."""
+        if v.g_out is None or not self._found:
+            return None
+        return self._after(v, self._found, self._starving, bisect_right(self._seqs, v.seq),
+                           v.g_out, lambda b: _starves(b, v))
+
+    @staticmethod
+    def _after(v: Call, found: list[Call], tree: FirstAtLeast, i: int, x: float,
+               ok: Callable[[Call], bool]) -> Call | None:
+        """The first of ``found`` from ``i`` on, outside ``v``'s own subtree and not one of its
+        ancestors, that is ``ok`` (its number in ``tree`` at least ``x``, as ``ok`` needs). Asked
+        from the first to run after ``v`` in forward: on the gradient's way back, the last module
+        before ``v``."""
+        while (at := tree.find(i, x)) is not None:
+            b = found[at]
+            if not _contains(b.key, v.key) and ok(b):
+                return b
+            i = at + 1
+        return None
+
+    def gated_by(self, v: Call) -> Call | None:
+        """A saturated activation in the same forward as ``v`` whose output multiplies ``v``'s
+        (a gate ``sigmoid(gate(x)) * value(x)``): ``v``'s gradient is as small as what it
+        passes back, though ``v`` may run after it."""
+        if self._gates is None:  # the saturated ones, by the innermost call around them
+            by_around: dict[int, list[Call]] = {}
+            for b in self._found:
+                chain = self._enclosing.chain(b)
+                if chain and _saturated(b, self._modules, self._t):
+                    by_around.setdefault(chain[0].seq, []).append(b)
+            self._gates = {seq: (bs, FirstAtLeast([_reach(b) for b in bs]))
+                           for seq, bs in by_around.items()}
+        around = self._enclosing.chain(v)[:1] if self._gates else None
+        gates = self._gates.get(around[0].seq) if around else None
+        if gates is None or v.g_out is None:
+            return None
+        return self._after(v, *gates, 0, v.g_out, lambda b: _starves(b, v))
+
+
+def _zero(b: Call) -> bool:
+    return b.lost or b.g_in == 0
+
+
+def _contains(outer: ModuleKey, inner: ModuleKey) -> bool:
+    return outer[0] == inner[0] and (outer[1] == "" or inner[1] == outer[1]
+                                     or inner[1].startswith(outer[1] + "."))
+
+
+def _add_inside(flow: Flow, step: int, enclosing: Enclosing, v: Call,
+                sparse: list[Call]) -> None:
+    """``v`` starves with no module to blame on its way back: the gradient stops inside the
+    forward of the innermost call around it that got one; or, where that call returns the
+    child's output as one of its own whose gradient is exactly zero, after it returned: in the
+    forward of the next one out. Where the loss reads only part of that call's outputs, or of
+    a call inside its forward (``sparse``: at least ``_READ_PART`` of their gradient exactly
+    zero), the zero may be that selection's (``selected``)."""
+    branch = v
+    fed = [outer for outer in enclosing.chain(v) if outer.fed]
+    for outer in enclosing.chain(v):
+        if outer.fed:
+            if v.backed and outer is not fed[-1] and _passes_zero(outer, branch):
+                branch = outer  # the zero arises where outer's output is read
+                continue
+            cause = ("zeroed_unit" if branch.unit_last else "zeroed") if v.backed else \
+                ("unused_calls" if enclosing.fed_elsewhere(v) else "detached_inside") \
+                if v.grad else "no_grad"
+            reads = _reading_part(enclosing, outer, sparse) if v.backed else {}
+            b = _add(flow, step, outer, "selected" if reads else cause, v)
+            b.branches[_label(branch)] = None
+            for name, share in reads.items():
+                b.reads[name] = max(share, b.reads.get(name, 0.0))
+            b.exact = True
+            return
+        branch = outer
+
+
+def _passes_zero(outer: Call, branch: Call) -> bool:
+    """``outer`` returns ``branch``'s output (an output of the same shape) and the gradient of
+    that output is exactly zero, while another of its outputs got one."""
+    shapes = outer.out_shapes
+    if not outer.zero_outs or not branch.out_shapes or not shapes:
+        return False
+    return any(i < len(shapes) and shapes[i] == branch.out_shapes[0] for i in outer.zero_outs)
+
+
+def _reading_part(enclosing: Enclosing, outer: Call, sparse: list[Call]) -> dict[str, float]:
+    """``outer`` or the outermost calls inside its forward whose outputs the loss reads only in
+    part: their labels and the share of exactly-zero gradient at their outputs."""
+    if outer in sparse:
+        return {_label(outer): outer.zeros or 0.0}
+    inside = [c for c in sparse if outer in enclosing.chain(c)]
+    return {_label(c): c.zeros or 0.0 for c in inside
+            if not any(d in inside for d in enclosing.chain(c))}
+
+
+def _label(c: Call) -> str:
+    return c.key[1] + (f" (call {c.call})" if c.call else "")
+
+
+def _add_flat_inside(flow: Flow, step: int, enclosing: Enclosing, v: Call) -> None:
+    """``v``'s gradient is tiny with no module to blame on its way back: a boundary (as a zeroed
+    one, with its ratio) where it is at most ``_FLAT_INSIDE`` of a sibling's, a call with
+    parameters inside the forward of the innermost call around ``v`` that got a gradient, and
+    the gradients there fall in two groups far apart (attention's q and k behind a saturated
+    softmax, its v fed in full); not a gradual fall, as through a deep stack (``vanishing``)."""
+    if not v.g_out or v.g_out > _FLAT_INSIDE * enclosing.largest:
+        return  # not tiny next to any gradient of the step (most calls: no more to ask)
+    chain = enclosing.chain(v)
+    at = next((i for i, c in enumerate(chain) if c.fed), None)
+    if at is None:
+        return
+    outer, branch = chain[at], chain[at - 1] if at else v
+    # the gradients of the calls with parameters inside outer's forward, but for v's lineage
+    lineage, best = enclosing.lineage(outer, v)
+    if v.g_out > _FLAT_INSIDE * best or enclosing.inside(outer).between(
+            1e3 * v.g_out, 1e-3 * best, lineage):
+        return
+    b = _add(flow, step, outer, "zeroed", v)
+    b.branches[_label(branch)] = None
+    b.ratio = max(b.ratio or 0.0, v.g_out / best)
+
+
+def _cause(b: Call, modules: dict[ModuleKey, ModuleStats]) -> str:
+    m = modules.get(b.key)
+    cls = m.cls if m else "?"
+    if b.lost:
+        return "lost_input"
+    if _unit_norm(b, modules):
+        return "unit_norm"
+    if b.g_in == 0:
+        if cls in _RELU_LIKE:
+            return "dead_activation"
+        if cls in _SATURATING:
+            return "saturated"
+        if cls in _DROPPING:
+            return "dropped"
+        return "zero_weights" if m is not None and m.params else "zero_backward"
+    return "saturated" if cls in _SATURATING or cls in _RELU_LIKE else "small_gain"
+
+
+def _add(flow: Flow, step: int, b: Call, cause: str, victim: Call) -> Boundary:
+    found = flow.boundaries.get((b.key, cause))
+    if found is None:
+        found = flow.boundaries[(b.key, cause)] = Boundary(b.key, cause, g_out=b.g_out,
+                                                           g_in=b.g_in)
+    if not found.steps or found.steps[-1] != step:
+        found.steps.append(step)
+    if cause == "dropped":
+        found.drops[b.seq] = None
+    found.victims[victim.key] = None
+    return found

@@ -1,0 +1,172 @@
+"""Loss modules given the wrong inputs: a target of another shape that broadcasts (an
+``MSELoss`` of ``[16, 1]`` against ``[16]`` compares every prediction with every target), and
+probabilities where the loss wants scores (a model ending in ``Softmax`` fed to
+``CrossEntropyLoss``, which applies log_softmax itself). Pure: a ``Collected`` in. Seen where
+the loss is a module (``nn.MSELoss()``) from its call; where it is a function
+(``F.cross_entropy``), from the ops the tracer found between it and the model's output
+(``loss-ops`` signals): probabilities into a loss that wants scores, and raw scores into
+``nll_loss``, which wants log-probabilities."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from hooktrace.check.findings import WARNING, Finding
+from hooktrace.log.schema import VIEW_OPS
+
+if TYPE_CHECKING:
+    from hooktrace.check.collected import Collected, LossCall
+    from hooktrace.log.schema import Signal
+
+# losses comparing input and target element by element: another shape broadcasts
+_ELEMENTWISE = {"MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss"}
+# loss -> the last modules whose output it must not get, and what it wants instead
+_WANTS_SCORES = {
+    "CrossEntropyLoss": ({"Softmax", "Softmin"}, "applies log_softmax itself",
+                         "return the raw scores (logits) from the model: drop the final Softmax, "
+                         "or apply it only when predicting"),
+    "BCEWithLogitsLoss": ({"Sigmoid"}, "applies the sigmoid itself",
+                          "return the raw scores (logits) from the model: drop the final "
+                          "Sigmoid, or use nn.BCELoss on probabilities"),
+    "NLLLoss": ({"Softmax", "Softmin"}, "wants log-probabilities",
+                "end the model with nn.LogSoftmax, or return the scores and use "
+                "nn.CrossEntropyLoss"),
+}
+LOSSES = _ELEMENTWISE | _WANTS_SCORES.keys()
+
+
+def check_losses(c: Collected) -> list[Finding]:
+    out = []
+    for (model, name), call in sorted(c.losses.items()):
+        cls = c.modules[(model, name)].cls if (model, name) in c.modules else ""
+        if cls in _ELEMENTWISE:
+            out.extend(_broadcast(c, model, name, cls, call))
+        elif cls in _WANTS_SCORES and call.after is not None:
+            out.extend(_probabilities(c, cls, call))
+    return out + check_loss_ops(c, {f.model for f in out if f.kind == "loss-input"})
+
+
+def _broadcast(c: Collected, model: int, name: str, cls: str, call: LossCall) -> list[Finding]:
+    shapes = [s for s in call.shapes if isinstance(s, list)]
+    if len(shapes) != 2 or shapes[0] == shapes[1]:
+        return []
+    joint = _broadcast_shape(shapes[0], shapes[1])
+    if joint is None:
+        return []
+    a, b = (_text(s) for s in shapes)
+    return [Finding(
+        "loss-broadcast", WARNING, c.model_name(model), name, call.step,
+        f"{c.label(model, name)} compares input {a} with target {b}: they broadcast to "
+        f"{_text(joint)}, so each prediction is compared with every target (torch warns "
+        "'Using a target size that is different to the input size'): the loss cannot fall as "
+        "it should",
+        {"input": shapes[0], "target": shapes[1], "broadcast": joint},
+        "give both the same shape: pred.squeeze(-1), or target.view_as(pred)")]
+
+
+def _probabilities(c: Collected, cls: str, call: LossCall) -> list[Finding]:
+    assert call.after is not None
+    model, last = call.after
+    forbidden, does, hint = _WANTS_SCORES[cls]
+    last_cls = c.modules[call.after].cls if call.after in c.modules else ""
+    if last_cls not in forbidden:
+        return []
+    return [Finding(
+        "loss-input", WARNING, c.model_name(model), last, call.step,
+        f"model '{c.model_name(model)}' ends with {c.label(model, last)}, and its output goes "
+        f"to {cls}, which {does}: probabilities where it wants scores; the loss can hardly move "
+        "and the gradient shrinks", {"loss": cls, "last": last_cls}, hint)]
+
+
+def _broadcast_shape(a: list[Any], b: list[Any]) -> list[int] | None:
+    out = []
+    for x, y in zip(reversed([1] * (len(b) - len(a)) + a), reversed([1] * (len(a) - len(b)) + b),
+                    strict=True):
+        if x != y and 1 not in (x, y):
+            return None
+        out.append(max(x, y))
+    return out[::-1]
+
+
+def _text(shape: list[Any]) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
+# -- functional losses: the ops from the loss back to the model's output (``loss-ops``) ----------
+
+_NLL = {"NllLoss", "NllLoss2D"}
+# ops whose output is raw scores: a layer's product (Linear, Conv), no normalisation after it
+_RAW = {"Addmm", "Mm", "Bmm", "Baddbmm", "Linear", "Convolution"}
+# the op that made probabilities -> what it is, the loss that wants scores, what it does, and the
+# hints where it is outside the model and where the model ends with it
+_SQUASHED = {
+    "Softmax": ("a softmax", "cross_entropy (F.cross_entropy or nn.CrossEntropyLoss)",
+                "applies log_softmax itself",
+                "pass the raw scores (logits) to the loss: drop the softmax before it (apply it "
+                "only when predicting)",
+                "return the raw scores (logits) from the model: drop the final softmax, or "
+                "apply it only when predicting"),
+    "Sigmoid": ("a sigmoid", "binary_cross_entropy_with_logits (F."
+                "binary_cross_entropy_with_logits or nn.BCEWithLogitsLoss)",
+                "applies the sigmoid itself",
+                "pass the raw scores (logits) to the loss: drop the sigmoid before it, or use "
+                "F.binary_cross_entropy on probabilities",
+                "return the raw scores (logits) from the model (apply the sigmoid only when "
+                "predicting), or keep it and use F.binary_cross_entropy on the probabilities"),
+}
+
+
+def check_loss_ops(c: Collected, module_found: set[str]) -> list[Finding]:
+    """The losses written as functions given the wrong inputs, as the ``loss-ops`` signals show
+    them; not for a model ``check_losses`` already named (``module_found``: model names)."""
+    out: list[Finding] = []
+    said: set[tuple[int, str]] = set()
+    for s in c.signals:
+        if s.kind != "loss-ops" or c.model_name(s.model) in module_found:
+            continue
+        loss, out_op = str(s.detail.get("loss", "")), str(s.detail.get("out", ""))
+        ops = [o for o in [*s.detail.get("ops", []), out_op] if o not in VIEW_OPS]
+        squashed = "Softmax" if loss in _NLL and ops[:2] == ["LogSoftmax", "Softmax"] else \
+            "Sigmoid" if loss == "BinaryCrossEntropyWithLogits" and ops[:1] == ["Sigmoid"] \
+            else ""
+        if squashed:  # in the model where it made the module's output
+            found = _squashed(c, s, squashed, in_model=out_op == squashed)
+        elif loss in _NLL and len(ops) == 1 and ops[0] in _RAW:
+            found = _raw_scores(c, s)
+        else:
+            continue
+        if (s.model, found.message) not in said:
+            said.add((s.model, found.message))
+            out.append(found)
+    return out
+
+
+def _output_of(c: Collected, s: Signal) -> str:
+    model = c.model_name(s.model)
+    return f"model '{model}'" if s.name == "" else f"{c.label(s.model, s.name)} of model '{model}'"
+
+
+def _squashed(c: Collected, s: Signal, op: str, in_model: bool) -> Finding:
+    what, loss, does, hint, hint_in_model = _SQUASHED[op]
+    name = str(s.detail.get("last", s.name)) if in_model else s.name
+    where = (f"{_output_of(c, s)} ends with {what}, in {c.label(s.model, name)}, and its output "
+             f"goes" if in_model else f"the output of {_output_of(c, s)} goes through {what}, then")
+    return Finding(
+        "loss-input", WARNING, c.model_name(s.model), name, s.step,
+        f"{where} to {loss}, which {does}: probabilities where it wants scores; the loss can "
+        "hardly move and the gradient shrinks",
+        {"loss": s.detail.get("loss"), "ops": s.detail.get("ops"), "out": s.detail.get("out")},
+        hint_in_model if in_model else hint)
+
+
+def _raw_scores(c: Collected, s: Signal) -> Finding:
+    last = str(s.detail.get("last", s.name))
+    return Finding(
+        "loss-input", WARNING, c.model_name(s.model), s.name, s.step,
+        f"nll_loss (F.nll_loss or nn.NLLLoss) takes the output of {_output_of(c, s)} as it is: "
+        f"the raw scores of {c.label(s.model, last)}, where it wants log-probabilities; "
+        "-score[target] has no lower bound, so the loss goes negative and the scores grow "
+        "without end",
+        {"loss": s.detail.get("loss"), "ops": s.detail.get("ops"), "out": s.detail.get("out")},
+        "apply F.log_softmax(scores, dim=1) before nll_loss, or use F.cross_entropy on the "
+        "scores")

@@ -1,0 +1,150 @@
+"""The first NaN/Inf of a run, forward and backward, as findings, with why a forward output
+turned NaN/Inf (gradients an optimizer applied, a float16 overflow, training that diverges) and
+when NaN/Inf gradients are a loss scaler's skipped steps. Pure: a ``Collected`` in; which call
+came first is ``firstnan``'s rule, applied while collecting."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hooktrace.check.findings import ERROR, NOTE, Finding, steps_text
+from hooktrace.check.magnitudes import DIVERGES, growth, growth_text, largest_norms
+
+if TYPE_CHECKING:
+    from hooktrace.check.collected import Collected, Nonfinite
+
+
+def check_nonfinite(c: Collected) -> list[Finding]:
+    out = []
+    forward = c.first_forward_nonfinite
+    backward = c.first_backward_nonfinite
+    if forward is not None:
+        later = sorted(c.forward_nonfinite_steps - {forward.step})
+        why, hint = _forward_cause(c, forward, backward.step if backward else None)
+        out.append(Finding(
+            "nonfinite-forward", ERROR, c.model_name(forward.model), forward.name, forward.step,
+            f"first NaN/Inf in a forward output: {c.label(forward.model, forward.name)} at "
+            f"step {forward.step}" + (f" (again in {steps_text(later)})" if later else "") + why,
+            forward.evidence, hint))
+    if backward is not None and forward is None and _recovered(c):
+        bad = sorted(c.backward_nonfinite_steps)
+        label = c.label(backward.model, backward.name)
+        out.append(Finding(
+            "nonfinite-backward", NOTE, c.model_name(backward.model), backward.name,
+            backward.step,
+            f"NaN/Inf gradients in {steps_text(bad)}, first "
+            f"{'produced by' if backward.evidence.get('produced') else 'reaching'} {label}; "
+            "every forward output finite, and finite gradients in the steps after: those "
+            "steps' updates were skipped, as a loss scaler (torch.amp.GradScaler) skips a step "
+            "whose scaled gradients overflowed", {**backward.evidence, "steps": bad[:20]},
+            "expected with fp16 loss scaling, in its first steps and now and then after; "
+            "without a scaler, find where the NaN/Inf starts in those steps",
+        ))
+    elif backward is not None:
+        produced = backward.evidence.get("produced")
+        follows = forward is not None and forward.step <= backward.step
+        label = c.label(backward.model, backward.name)
+        out.append(Finding(
+            "nonfinite-backward", ERROR, c.model_name(backward.model), backward.name,
+            backward.step,
+            f"first NaN/Inf gradient {'produced by' if produced else 'reached'} {label} at step "
+            f"{backward.step}" + (" (follows from the forward NaN/Inf)" if follows else ""),
+            {**backward.evidence, "follows": "nonfinite-forward"} if follows else
+            backward.evidence,
+            "fix the forward NaN/Inf first" if follows else
+            "its backward turned finite gradients into NaN/Inf (sqrt or log near 0, division by "
+            "a tiny norm; torch.where does not stop the gradient of the branch it does not "
+            "pick: clamp the input, torch.sqrt(x.clamp(min=1e-12)))" if produced else
+            "the gradient was NaN/Inf when it reached this module: it comes from the loss or "
+            "from functional code after the last module",
+        ))
+    return out
+
+
+def _forward_cause(c: Collected, forward: Nonfinite, backward: int | None) -> tuple[str, str]:
+    """Why a forward output turned NaN/Inf: NaN/Inf gradients of an earlier step that an
+    optimizer applied, a float16 overflow, weights blown up by growing updates
+    (parameter-gradient norms up by 3 orders of magnitude or more since the first step), else
+    something in its forward."""
+    step = forward.step
+    if backward is not None and backward < step:
+        return (f", after the NaN/Inf gradients of step {backward}",
+                f"an optimizer step applied the NaN/Inf gradients of step {backward} to the "
+                "weights: fix where they start (the nonfinite-backward finding); "
+                "torch.nn.utils.clip_grad_norm_(..., error_if_nonfinite=True) stops such steps")
+    weights, dtypes = _nonfinite_weights(c, forward)
+    if weights:
+        held = f": its own weights ({', '.join(weights)}) already held NaN/Inf when it ran"
+        before = [s for s in c.backward_steps if s < step]
+        if not before:  # nothing in the log changed them: they came so
+            return (held + ", at the first step the log holds: they were initialised, loaded or "
+                    "changed so before it", "check the checkpoint or the initialisation "
+                    "(torch.isfinite(p).all() for each parameter) before training")
+        half = "float16" in dtypes or "bfloat16" in dtypes
+        return (held + f", though every gradient before was finite: the update after step "
+                f"{max(before)} made them so",
+                "keep the weights in float32 and train with torch.autocast and "
+                "torch.amp.GradScaler: in float16, Adam's eps=1e-8 rounds to 0 (an update of "
+                "0/0 where a gradient is 0) and updates overflow; or set eps=1e-4" if half else
+                "the update itself overflowed: lower the learning rate, check the optimizer's "
+                "eps and weight_decay, clip the gradients (torch.nn.utils.clip_grad_norm_)")
+    if _overflowed(c, forward):
+        grew = growth(c, before=step, factor=10)
+        norms = [f"{v:.3g}" for v in largest_norms(c, step).values()]
+        return (": a float16 overflow (Inf past 65504, no NaN, from finite inputs)" + (
+                    f", after the largest parameter-gradient norm grew "
+                    f"{grew[3] / grew[1]:.0f}x over steps {grew[0]}-{grew[2]} ("
+                    + " -> ".join(norms if len(norms) <= 4 else [norms[0], "...", norms[-1]])
+                    + ")" if grew else ""),
+                "normalise the inputs and lower the learning rate, or keep the weights in "
+                "float32 and train with torch.autocast(dtype=torch.float16) and "
+                "torch.amp.GradScaler")
+    grown = growth(c, before=step)
+    if grown is not None:
+        return f", after {growth_text(grown)}", DIVERGES
+    return ("", "the modules before it gave finite outputs: look inside its forward, or at the "
+                "functional code that feeds it (log or sqrt of <= 0, division by 0, fp16 "
+                "overflow, a softmax over a row masked entirely with -inf: an attention mask "
+                "that hides every key, exp overflowing in a softmax that does not subtract the "
+                "max)")
+
+
+def _nonfinite_weights(c: Collected, forward: Nonfinite) -> tuple[list[str], set[str]]:
+    """The first forward NaN/Inf's module's own parameters that held NaN/Inf when it ran, and
+    their dtypes (a watched step's anomaly says so itself; a recorded one, a
+    ``nonfinite-weights`` signal)."""
+    said = forward.evidence.get("weights")
+    if isinstance(said, list):
+        return [str(n) for n in said], set(map(str, forward.evidence.get("weights_dtypes") or []))
+    for s in c.signals:
+        if s.kind == "nonfinite-weights" and (s.step, s.model, s.name) == (
+                forward.step, forward.model, forward.name):
+            return ([str(n) for n in s.detail.get("params") or []],
+                    set(map(str, s.detail.get("dtypes") or [])))
+    return [], set()
+
+
+# torch modules whose output from finite inputs and weights is NaN/Inf only by overflow
+_PRODUCTS = {"Linear", "LazyLinear", "Bilinear", *(f"{lazy}Conv{t}{d}d" for lazy in ("", "Lazy")
+                                                   for t in ("", "Transpose") for d in (1, 2, 3))}
+
+
+def _overflowed(c: Collected, forward: Nonfinite) -> bool:
+    """The first NaN/Inf in a forward is certainly a float16 overflow: a Linear or Conv whose
+    float16 outputs hold Inf and no NaN, after modules whose outputs were finite (bfloat16
+    overflows only past float32's range)."""
+    m = c.modules.get((forward.model, forward.name))
+    outputs = forward.evidence.get("outputs") or []
+    return m is not None and m.cls in _PRODUCTS and bool(outputs) and all(
+        o.get("dtype") == "float16" and o.get("nan") == 0 and (o.get("inf") or 0) > 0
+        for o in outputs)
+
+
+def _recovered(c: Collected) -> bool:
+    """A step after the last one with NaN/Inf gradients had finite ones: a recorded step, or
+    a watched one (a watched step with NaN/Inf would have written an anomaly)."""
+    last = max(c.backward_nonfinite_steps)
+    if any(step > last for step in c.backward_steps):
+        return True
+    watched = bool(c.header.options.get("watch"))
+    return watched and c.end is not None and c.end.steps > last + 1

@@ -1,0 +1,104 @@
+"""Findings of ``hooktrace check`` as text for a person, or as JSON for a program."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from hooktrace.check.findings import ERROR, NOTE, WARNING, Finding, Report
+from hooktrace.log.words import plural
+
+_TITLES = {ERROR: "Errors", WARNING: "Warnings", NOTE: "Notes"}
+
+
+def _evidence(evidence: dict[str, Any]) -> str:
+    parts = []
+    for key, value in evidence.items():
+        if (key in ("grad_norm", "ranks") and isinstance(value, dict)) or value == [] \
+                or key in ("produced", "follows"):
+            continue  # listed in the message, or nothing to say
+        if key in ("grad_output", "grad_input"):
+            value = ", ".join(f"{key} {g['index']}: {g['nan']} NaN, {g['inf']} Inf"
+                              for g in value)
+            parts.append(value)
+            continue
+        if key == "outputs":
+            value = ", ".join(f"output {o['index']}" + (f" {o['shape']}" if o.get("shape") else "")
+                              + _dtype(o) + f": {o['nan']} NaN, {o['inf']} Inf" for o in value)
+        elif key == "profile":
+            value = " -> ".join(f"{p['module'] or '(root)'} {p['grad_output_norm']:.2g}"
+                                for p in _thin(value))
+        parts.append(f"{key}: {value}")
+    return "; ".join(parts)
+
+
+def _dtype(output: dict[str, Any]) -> str:
+    """An output's dtype where it is not the usual float32 (a half precision overflows)."""
+    dtype = output.get("dtype")
+    return f" {dtype}" if dtype and dtype != "float32" else ""
+
+
+def _thin(profile: list[dict[str, Any]], keep: int = 8) -> list[dict[str, Any]]:
+    if len(profile) <= keep:
+        return profile
+    step = (len(profile) - 1) / (keep - 1)
+    return [profile[round(i * step)] for i in range(keep)]
+
+
+def where(f: Finding) -> str:
+    """The module, model and step a finding names; a finding of no model is about the run."""
+    step = f"step {f.step}" if f.step is not None else "all steps"
+    if not f.model:
+        return step if f.step is not None else "before any model ran"
+    return f"{f.module or '(root)'} · model '{f.model}' · {step}"
+
+
+def _finding(f: Finding) -> list[str]:
+    ranks = ""
+    if f.ranks is not None:
+        listed = ", ".join(map(str, f.ranks))
+        ranks = f" · rank{'s' if len(f.ranks) > 1 else ''} {listed}"
+        ranks += "" if f.kind == "rank-divergence" else " only"
+    lines = [f"  [{f.kind}] {where(f)}{ranks}", f"    {f.message}"]
+    evidence = _evidence(f.evidence) if f.severity != NOTE else ""  # a note's message says it
+    if evidence:
+        lines.append(f"    evidence: {evidence}")
+    if f.source:
+        lines.append(f"    source: {f.source}")
+    if f.hint:
+        lines.append(f"    hint: {f.hint}")
+    return lines
+
+
+def to_text(report: Report, path: str) -> str:
+    lines = [f"hooktrace check {path}: {plural(report.steps, 'step')}, "
+             f"{plural(report.events, 'event')}"]
+    lines += [f"warning: {w}" for w in report.warnings]
+    if report.captured:
+        lines.append(f"captured tensors (torch.load): {report.captured}")
+    for severity in (ERROR, WARNING, NOTE):
+        found = [f for f in report.findings if f.severity == severity]
+        if found:
+            lines += ["", f"{_TITLES[severity]} ({len(found)})"]
+            for f in found:
+                lines += _finding(f)
+    errors = sum(f.severity == ERROR for f in report.findings)
+    warnings = sum(f.severity == WARNING for f in report.findings)
+    notes = sum(f.severity == NOTE for f in report.findings)
+    lines.append("")
+    noted = f"{notes} note" + ("" if notes == 1 else "s")
+    if errors or warnings:
+        lines.append(f"{errors + warnings} problem{'' if errors + warnings == 1 else 's'} "
+                     f"({errors} error{'' if errors == 1 else 's'}, "
+                     f"{warnings} warning{'' if warnings == 1 else 's'}), {noted}")
+    else:
+        lines.append(f"No problems found ({noted}).")
+    return "\n".join(lines)
+
+
+def to_json(report: Report) -> str:
+    return orjson.dumps({
+        "problems": len(report.problems), "steps": report.steps, "events": report.events,
+        "warnings": report.warnings, "findings": [f.to_dict() for f in report.findings],
+    }, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()

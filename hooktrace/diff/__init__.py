@@ -1,0 +1,1 @@
+"""``hooktrace diff``: where two runs part ways. Never imports torch or the tracing side."""

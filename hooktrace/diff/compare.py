@@ -1,0 +1,340 @@
+"""Compare two logs and say where the runs part ways: what ran, shapes and dtypes, numbers,
+parameter gradients, each from its first difference.
+
+The logs are read in lockstep through ``hooktrace.log.align``, one step of each in memory at a time.
+Calls are matched by model name, phase, fqn and call index; a module renamed between the runs
+is matched under its old name and reported once. Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hooktrace.diff.numbers import Growth, Numbers, Tolerance, param_differences
+from hooktrace.log.align import Event, Key, StepRecords, Walk, lockstep, parting, renames
+from hooktrace.log.errors import HooktraceError
+from hooktrace.log.reader import LogReader
+
+DEFAULT_RTOL = 2e-3  # the statistics are written to 4 significant digits: one rounding step
+DEFAULT_ATOL = 0.0
+_CONTEXT = 2  # events shown on each side of the first difference in what ran
+
+
+@dataclass
+class Difference:
+    """The first difference of one kind: where, and what each run had there."""
+
+    kind: str  # ran | shapes | dtypes | value | nonfinite
+    step: int
+    model: str
+    module: str  # the fqn as run A names it
+    phase: str
+    call: int
+    message: str
+    a: str  # what run A had there
+    b: str
+    position: int | None = None  # index of the event within its step (what ran)
+
+
+@dataclass
+class ParamDifference:
+    """Parameter-gradient norms of one step and model that differ: (fqn, A's, B's), the first
+    few, and how many modules differ in all."""
+
+    step: int
+    model: str
+    count: int
+    modules: list[tuple[str, float | None, float | None]]
+
+
+@dataclass
+class DiffReport:
+    a: str
+    b: str
+    rtol: float
+    atol: float
+    steps: list[int] = field(default_factory=list)  # compared
+    renamed: list[tuple[str, str, str]] = field(default_factory=list)  # (model, A's, B's fqn)
+    ran: Difference | None = None
+    shapes: Difference | None = None
+    divergence: Difference | None = None  # the first number past the tolerance, or NaN/Inf
+    nonfinite: Difference | None = None  # the first NaN/Inf in one run only
+    growth: list[dict[str, Any]] = field(default_factory=list)
+    params: list[ParamDifference] = field(default_factory=list)
+    param_steps: int = 0  # steps whose parameter-gradient norms differ
+    not_compared: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def differ(self) -> bool:
+        return bool(self.renamed or self.ran or self.shapes or self.divergence
+                    or self.nonfinite or self.param_steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"differ": self.differ, **asdict(self)}
+
+
+_PARAM_STEPS_KEPT = 20  # per-step parameter differences kept in the report (the count is exact)
+
+
+class _Comparison:
+    """What has been found so far, step after step."""
+
+    def __init__(self, report: DiffReport, numbers: bool) -> None:
+        self.report = report
+        self.numbers = Numbers(Tolerance(report.rtol, report.atol)) if numbers else None
+        self.growth = Growth()
+        self.tolerance = Tolerance(report.rtol, report.atol)
+
+    def step(self, step: int, a: StepRecords, b: StepRecords) -> None:
+        self.report.steps.append(step)
+        if a.events == b.events and a.params == b.params and a.anomalies == b.anomalies:
+            self.growth.agree(step)
+            return
+        if self.report.ran is None or self.report.shapes is None:
+            found = parting(a.events, b.events)
+            if found is not None and found.ran is not None and self.report.ran is None:
+                self._what_ran(step, a.events, b.events, found.ran)
+            if found is not None and found.shapes is not None and self.report.shapes is None:
+                self.report.shapes = _shapes(step, *found.shapes)
+        if self.numbers is None:
+            return
+        self._anomalies(step, a, b)
+        self._params(step, a.params, b.params)
+        if self.growth.wants(step) or (self.report.nonfinite is None
+                                       and (a.nonfinite or b.nonfinite)):
+            for event, other in _pairs(a.events, b.events):
+                self._pair(step, event, other)
+            self.growth.step_done(step)
+        else:  # the report's sections are decided: only the growth profile may want this step
+            numbers, pairs = self.numbers, (a.events, b.events)
+            self.growth.defer(step, lambda: numbers.largest(_pairs(*pairs)))
+
+    def _what_ran(self, step: int, a: list[Event], b: list[Event], i: int) -> None:
+        here_a, here_b = (a[i] if i < len(a) else None), (b[i] if i < len(b) else None)
+        keys_a, keys_b = {e.key for e in a}, {e.key for e in b}
+        if here_b is not None and here_b.key not in keys_a:
+            named, what = here_b, _only(here_b, "B", keys_a)
+        elif here_a is not None and here_a.key not in keys_b:
+            named, what = here_a, _only(here_a, "A", keys_b)
+        else:
+            assert here_a is not None and here_b is not None
+            named = here_a
+            what = (f"another order: A ran {here_a.describe()} where B ran "
+                    f"{here_b.describe()}")
+        self.report.ran = Difference("ran", step, named.model, named.name, named.phase,
+                                     named.call, what, _context(a, i), _context(b, i), i)
+
+    def _pair(self, step: int, a: Event, b: Event) -> None:
+        assert self.numbers is not None
+        found = self.numbers.compare(a, b)
+        if found is None:
+            return
+        if self.report.divergence is None or (found.kind == "nonfinite"
+                                              and self.report.nonfinite is None):
+            what, value_a, value_b = found.words()
+            difference = Difference(found.kind, step, a.model, a.name, a.phase, a.call,
+                                    f"{a.describe()}: {what}", value_a, value_b)
+            if found.kind == "nonfinite" and self.report.nonfinite is None:
+                self.report.nonfinite = difference
+            if self.report.divergence is None:
+                self.report.divergence = difference
+        self.growth.add(step, a, found.relative)
+
+    def _anomalies(self, step: int, a: StepRecords, b: StepRecords) -> None:
+        """Watched steps: a NaN/Inf anomaly in one run only."""
+        odd = sorted({x for x in a.anomalies if x[0] != "no-grad"}
+                     ^ {x for x in b.anomalies if x[0] != "no-grad"})
+        if not odd:
+            return
+        kind, model, name, call = odd[0]
+        run = "A" if odd[0] in a.anomalies else "B"
+        difference = Difference(
+            "nonfinite", step, model, name, kind.removeprefix("nonfinite-"), call,
+            f"{kind} anomaly in {run} only (a watched step)",
+            "NaN/Inf" if run == "A" else "finite", "NaN/Inf" if run == "B" else "finite")
+        self.report.nonfinite = self.report.nonfinite or difference
+        self.report.divergence = self.report.divergence or difference
+
+    def _params(self, step: int, a: dict[str, dict[str, float | None]],
+                b: dict[str, dict[str, float | None]]) -> None:
+        found = False
+        for model in sorted(a.keys() & b.keys()):
+            differ = param_differences(a[model], b[model], self.tolerance)
+            if differ:
+                found = True
+                if len(self.report.params) < _PARAM_STEPS_KEPT:
+                    self.report.params.append(ParamDifference(step, model, len(differ),
+                                                              differ[:3]))
+        self.report.param_steps += found
+
+
+def _pairs(a: list[Event], b: list[Event]) -> Iterator[tuple[Event, Event]]:
+    """The calls both runs made whose events differ, in A's order: (A's event, B's)."""
+    by_key = {e[:4]: e for e in b}
+    for event in a:
+        other = by_key.get(event[:4])
+        if other is not None and other != event:
+            yield event, other
+
+
+def _only(event: Event, run: str, other_keys: set[Key]) -> str:
+    """What ran in one run only: a call more, or a module the other run did not call."""
+    calls = sum(1 for k in other_keys if k[:3] == event.key[:3])
+    other = "A" if run == "B" else "B"
+    if calls:
+        return (f"{event.name or '(root)'} has more {event.phase} calls in {run} than in "
+                f"{other} ({other}: {calls}): {event.describe()} ran in {run} only")
+    return f"{event.describe()} ran in {run} only"
+
+
+def _short(e: Event) -> str:
+    return f"{e.phase} {e.name or '(root)'} #{e.call}"
+
+
+def _context(events: list[Event], i: int) -> str:
+    """The events around position ``i``, the one at ``i`` in brackets."""
+    shown = [_short(e) for e in events[max(0, i - _CONTEXT):i]]
+    shown.append(f"[{_short(events[i])}]" if i < len(events) else "[nothing: its step ended]")
+    shown += [_short(e) for e in events[i + 1:i + 1 + _CONTEXT]]
+    return (" · ".join(shown) + (" · ..." if i + 1 + _CONTEXT < len(events) else "")
+            if shown else "")
+
+
+def _shapes(step: int, position: int, a: Event, b: Event) -> Difference:
+    """The first call both runs made whose shapes or dtypes differ (``align.parting``)."""
+    if a.ins != b.ins or a.outs != b.outs:
+        kind, value_a, value_b = "shapes", f"{a.ins} -> {a.outs}", f"{b.ins} -> {b.outs}"
+    else:
+        kind = "dtypes"
+        value_a = f"{_dtypes(a.in_dtypes)} -> {_dtypes(a.out_dtypes)}"
+        value_b = f"{_dtypes(b.in_dtypes)} -> {_dtypes(b.out_dtypes)}"
+    what = "grad_input/grad_output" if a.phase == "backward" else "input/output"
+    return Difference(kind, step, a.model, a.name, a.phase, a.call,
+                      f"{a.describe()}: the {what} {kind} differ", value_a, value_b, position)
+
+
+def _dtypes(dtypes: Sequence[str]) -> str:
+    return "[" + ", ".join(dtypes) + "]"
+
+
+def ranges(steps: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    runs: list[list[int]] = []  # [first, last] of each run of consecutive steps
+    for s in steps:
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def diff(a: str | os.PathLike[str], b: str | os.PathLike[str], step: int | None = None,
+         model: str | None = None, rtol: float = DEFAULT_RTOL,
+         atol: float = DEFAULT_ATOL) -> DiffReport:
+    """Compare the logs ``a`` and ``b`` (optionally one step, one model)."""
+    readers = (LogReader(a), LogReader(b))
+    if readers[0].header.schema != readers[1].header.schema:
+        raise HooktraceError(f"{a} and {b} have different log schemas "
+                             f"({readers[0].header.schema}, {readers[1].header.schema})")
+    report = DiffReport(str(a), str(b), rtol, atol)
+    stats = [r.header.options.get("stats", True) is not False for r in readers]
+    compare = _Comparison(report, numbers=all(stats))
+    walks = (Walk(readers[0]), Walk(readers[1]))
+    only: dict[str, list[int]] = {"A": [], "B": []}
+    cut: dict[str, int] = {}  # run -> the step it was cut off in
+    known: dict[tuple[str, int, int], dict[str, str]] = {}
+    for number, (in_a, in_b) in lockstep(walks, keep=lambda s: step is None or s.step == step):
+        for run, records in zip("AB", (in_a, in_b), strict=True):
+            if records is not None and records.cut_off:
+                cut[run] = number
+        if in_a is None or in_b is None:
+            only["A" if in_b is None else "B"].append(number)
+            continue
+        if in_a.cut_off or in_b.cut_off:  # an unfinished step: what it lacks is no difference
+            continue
+        _select(in_a, model)
+        _select(in_b, model)
+        _rename(in_b, walks, report, known)
+        compare.step(number, in_a, in_b)
+    _check_found(report, walks, step, model, only, cut)
+    _not_compared(report, only, cut, stats, readers)
+    report.growth = compare.growth.profile()
+    report.warnings = [w for r in readers for w in r.warnings]
+    return report
+
+
+def _select(records: StepRecords, model: str | None) -> None:
+    if model is not None:
+        records.events = [e for e in records.events if e.model == model]
+        records.params = {m: p for m, p in records.params.items() if m == model}
+
+
+def _rename(b: StepRecords, walks: tuple[Walk, Walk], report: DiffReport,
+            known: dict[tuple[str, int, int], dict[str, str]]) -> None:
+    """B's events and norms under A's names, for modules renamed between the runs; ``known``
+    keeps each model's renames until a log declares more modules."""
+    for model in sorted(walks[1].modules):
+        modules_a, modules_b = walks[0].modules.get(model, {}), walks[1].modules.get(model, {})
+        mapping = known.get((model, len(modules_a), len(modules_b)))
+        if mapping is None:
+            mapping = known[model, len(modules_a), len(modules_b)] = renames(modules_a,
+                                                                             modules_b)
+        if not mapping:
+            continue
+        for new, old in mapping.items():
+            entry = (model, old, new)
+            if entry not in report.renamed and not _implied(entry, report.renamed):
+                report.renamed.append(entry)
+        b.events = [e._replace(name=mapping.get(e.name, e.name)) if e.model == model else e
+                    for e in b.events]
+        if model in b.params:
+            b.params[model] = {mapping.get(k, k): v for k, v in b.params[model].items()}
+
+
+def _implied(entry: tuple[str, str, str], known: list[tuple[str, str, str]]) -> bool:
+    """``block.0 -> stage.0`` follows from ``block -> stage``."""
+    model, old, new = entry
+    return any(m == model and old.startswith(o + ".") and new == n + old[len(o):]
+               for m, o, n in known)
+
+
+def _check_found(report: DiffReport, walks: tuple[Walk, Walk], step: int | None,
+                 model: str | None, only: dict[str, list[int]], cut: dict[str, int]) -> None:
+    if model is not None and not any(model in w.modules for w in walks):
+        have = sorted({m for w in walks for m in w.modules})
+        raise HooktraceError(f"no model {model!r} in {report.a} or {report.b}; their models: "
+                             f"{', '.join(have) or 'none'}")
+    if report.steps:
+        return
+    if step is not None:
+        runs = " and ".join(run for run, at in cut.items() if at == step)
+        raise HooktraceError(f"step {step} was cut off in {runs}" if runs
+                             else f"step {step} is not in both logs")
+    raise HooktraceError(f"{report.a} and {report.b} have no step in common (A: steps "
+                         f"{ranges(only['A']) or 'none'}; B: {ranges(only['B']) or 'none'})")
+
+
+def _not_compared(report: DiffReport, only: dict[str, list[int]], cut: dict[str, int],
+                  stats: list[bool], readers: tuple[LogReader, LogReader]) -> None:
+    for at in sorted(set(cut.values())):
+        runs = " and ".join(run for run in "AB" if cut.get(run) == at)
+        report.not_compared.append(f"step {at}: cut off in {runs} (the run did not finish it)")
+    for run, steps in only.items():
+        if not steps:
+            continue
+        other = "B" if run == "A" else "A"  # the run that lacks the steps: why it does
+        if other in cut and cut[other] < steps[0]:
+            why = f"{other} was cut off in step {cut[other]}"
+        else:
+            recorded = readers[0 if other == "A" else 1].header.options.get("steps", "?")
+            why = f"{other} recorded with --steps {recorded}"
+        report.not_compared.append(f"steps {ranges(steps)}: only in {run} ({why})")
+    missing = [run for run, has in zip("AB", stats, strict=True) if not has]
+    if missing:
+        report.not_compared.append(
+            f"numbers and parameter gradients: {' and '.join(missing)} recorded with "
+            "--no-stats")

@@ -1,0 +1,423 @@
+"""The hook core: follows every module call, forward and backward, and hands each to observers.
+
+Technique (PyTorch's ModuleTracker's, see DESIGN.md): global forward pre/post hooks, and for the
+backward, gradient hooks (``gradhooks``) on the autograd nodes that made a call's output tensors
+(its backward starts when one of them first receives gradient) and input tensors (its
+grad_input). Full module backward hooks are never used: they break in-place ops (ResNet's
+ReLU(inplace=True)). Input hooks are registered in the pre-hook, before the module runs: an
+in-place module replaces its input's node, and the old node still yields the old value's
+gradient. The end of a backward pass (an engine callback) ends the step.
+
+The core knows module calls and steps, nothing of logs, statistics or findings. It hands each
+moment to its observers (``records.Observer``), in the order they were given, as an immutable
+record (``records.py``):
+
+    module_seen(module, info)         a module called for the first time
+    model_call(module, info, step)    a top-level call begins (read ``module.training`` here)
+    forward_start(ForwardStart)       a traced call begins        } in the modes the
+    forward_end(ForwardEnd)           it returned                 } observer ``follows``
+    backward_start(BackwardStart)     its backward began in this pass          }
+    grad_output(start, index, grad)   a gradient reached its output ``index``  } ``follows``
+    grad_input(start, index, grad)    the gradient of its input ``index``      }
+    backward_end(PassEnd)             the pass ended: the step is over; it names the modules
+                                      called in the step and those whose backward began in the
+                                      pass, so that no observer needs a call per module for that
+    stop(step, mode)                  tracing stops; the hooks are already gone
+
+Each record carries the step's ``Mode``; ``step_mode`` alone decides it. A watched step follows
+the backward of model calls only (top-level: ``backward_start`` and ``grad_output`` for them,
+and the pass's end), not of each call, unless ``--break-on nan`` is on: a hook per call's
+tensors is most of what tracing costs. ``seq`` numbers the recorded forward ends and backward
+starts in the order they happened; ``--max-events`` is the number of them a run may record,
+after which steps are watched (or off). An observer may raise ``NonFiniteError`` into the
+program (``--break-on nan``); any other exception stops tracing with one line on stderr and the
+program goes on (``--strict``: a failed log write is raised). How to add an observer: see
+``records.Observer``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from operator import attrgetter
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules import module as nn_module
+
+from hooktrace.hooks.gradhooks import GradHooks
+from hooktrace.hooks.naming import ModInfo, Naming
+from hooktrace.hooks.records import (
+    BackwardStart,
+    ForwardCall,
+    ForwardEnd,
+    ForwardStart,
+    Mode,
+    Observer,
+    PassEnd,
+)
+from hooktrace.hooks.tensors import leaves, summarize
+from hooktrace.log.errors import LogWriteError, NonFiniteError
+from hooktrace.log.options import TraceOptions
+
+_is_compiling = torch.compiler.is_compiling
+_graph_task = torch._C._current_graph_task_id
+_version = attrgetter("_version")
+OFF, WATCHED, RECORDED = Mode.OFF, Mode.WATCHED, Mode.RECORDED
+_NO_LEAVES: tuple[list[torch.Tensor], int] = ([], 0)  # never appended to
+_NO_SUMMARY: tuple[tuple[tuple[int, ...], ...], tuple[str, ...]] = ((), ())
+
+
+def step_mode(step: int, options: TraceOptions, log_full: bool) -> Mode:
+    """What ``step`` is: recorded (in ``--steps``, while the log takes events), else watched
+    (``--watch`` with statistics), else off."""
+    if step in options.steps and not log_full:
+        return RECORDED
+    return WATCHED if options.watch and options.stats else OFF
+
+
+class _Call:
+    """The core's own handle on one call, what its gradient hooks carry: its ``ForwardCall``'s
+    fields once it returned. Flat fields, not the record: this lives as long as the autograd
+    graph (often into the next step), and every object that does costs the garbage collector
+    (the record is made again, equal, when the backward begins)."""
+
+    __slots__ = ("step", "seq", "info", "index", "recompute", "n_in", "n_out")
+    seq: int
+    index: int
+    recompute: bool
+    n_in: int
+    n_out: int
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.info: ModInfo | None = None  # the other fields are set when the forward returns
+
+    def record(self) -> ForwardCall:
+        assert self.info is not None
+        return ForwardCall(self.seq, self.step, self.info, self.index, self.recompute,
+                           self.n_in, self.n_out)
+
+
+class _Local(threading.local):
+    def __init__(self) -> None:
+        # module calls running in this thread: (module, info, start or None, call or None, grad)
+        self.stack: list[tuple[nn.Module, ModInfo, ForwardStart | None, _Call | None, bool]] = []
+
+
+_live: weakref.WeakSet[CallTracker] = weakref.WeakSet()
+
+
+def _stop_in_forked_child() -> None:
+    for tracker in list(_live):  # a DataLoader worker must not record into the parent's log
+        tracker.active = tracker._grads.active = False
+
+
+os.register_at_fork(after_in_child=_stop_in_forked_child)
+
+
+def _wanting(observers: Sequence[Observer], name: str) -> list[Callable[..., None]]:
+    """The bound ``name`` methods of the observers that override it."""
+    return [getattr(o, name) for o in observers
+            if getattr(type(o), name) is not getattr(Observer, name)]
+
+
+def _per_mode(observers: Sequence[Observer], name: str) -> list[list[Callable[..., None]]]:
+    """``_wanting`` for each mode (a list indexed by it): the observers that follow its calls."""
+    return [_wanting([o for o in observers if mode in o.follows], name) for mode in Mode]
+
+
+class CallTracker:
+    """Follows the module calls of every model (or of the ones ``naming`` is scoped to)."""
+
+    def __init__(self, options: TraceOptions) -> None:
+        self._options = options
+        self._local = _Local()
+        self._handles: list[Any] = []
+        self._grads = GradHooks(self._on_grad, self._end_pass, self.fail)
+        self.active = False
+        self.step = 0
+        self.mode = step_mode(0, options, False)
+        self.events = 0  # recorded forward ends and backward starts
+        self.dropped = 0  # calls past --max-events
+        self.error: str | None = None
+        self._seq = itertools.count(1)
+        # calls of each module in this step, and of recomputations (activation checkpointing)
+        self._calls: dict[ModInfo, int] = {}
+        self._recomputed: dict[ModInfo, int] = {}
+        self._seen: set[ModInfo] = set()
+        self._backwards: dict[_Call, BackwardStart] = {}  # the calls whose backward this pass began
+        self._compiled_noted = False
+        # the modes whose every call's backward is followed; a watched step follows only its
+        # model calls' (their backward's start, the gradient reaching them, the pass's end),
+        # unless --break-on nan must see each call's gradients
+        every_backward = {RECORDED, WATCHED} if options.break_on_nan else {RECORDED}
+        self._every_backward = [mode in every_backward for mode in Mode]  # indexed by mode
+        self._max_events = options.max_events
+        self._naming: Naming | None = None
+        self._observers: list[Observer] = []
+
+    def start(self, naming: Naming, observers: Sequence[Observer]) -> CallTracker:
+        self._naming = naming
+        self._observers = list(observers)
+        for name in ("module_seen", "model_call", "backward_end"):
+            setattr(self, f"_to_{name}", _wanting(observers, name))
+        for name in ("forward_start", "forward_end", "backward_start", "grad_output",
+                     "grad_input"):
+            setattr(self, f"_to_{name}", _per_mode(observers, name))
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(self._pre),
+            nn_module.register_module_forward_hook(self._post, with_kwargs=True, always_call=True),
+        ]
+        self.active = True
+        _live.add(self)
+        return self
+
+    def stop(self) -> None:
+        """Remove every hook, then let the observers finish. Safe to call twice."""
+        self.active = self._grads.active = False
+        self._remove_hooks()
+        for observer in self._observers:
+            try:
+                observer.stop(self.step, self.mode)
+            except LogWriteError:
+                raise
+            except Exception as e:  # the other observers still finish
+                self.fail(e)
+        _live.discard(self)
+
+    def _remove_hooks(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+            # torch's handle leaves this entry behind; a stale one makes torch.compile warn
+            nn_module._global_forward_hooks_with_kwargs.pop(handle.id, None)
+        self._handles.clear()
+        self._grads.remove_leaf_hooks()
+
+    def fail(self, error: BaseException) -> None:
+        """Stop tracing, say why once; the program goes on (with --strict, a failed log write
+        is raised into it instead)."""
+        first = self.error is None
+        self.active = self._grads.active = False
+        if isinstance(error, LogWriteError):
+            if first:
+                self.error = str(error)
+                print(f"hooktrace: {error}; tracing stopped (your script goes on)",
+                      file=sys.stderr)
+            if self._options.strict:
+                raise error
+            return
+        if first:
+            self.error = f"{type(error).__name__}: {error}"
+            print(f"hooktrace: internal error, tracing stopped (your script goes on): "
+                  f"{self.error}", file=sys.stderr)
+
+    def _refuse_event(self) -> bool:
+        """Past --max-events (called only there): the rest of the run is not recorded."""
+        if self.dropped == 0:
+            print(f"hooktrace: --max-events {self._options.max_events} reached at step "
+                  f"{self.step}; recording stopped, the log stays valid", file=sys.stderr)
+        self.dropped += 1
+        self.mode = step_mode(self.step, self._options, True)
+        return True
+
+    # -- forward ---------------------------------------------------------------------------
+    def _pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        if _is_compiling() or not self.active:  # inside torch.compile: stay out of the graph
+            return None
+        try:
+            stack = self._local.stack
+            assert self._naming is not None
+            info = self._naming.lookup(module, stack[-1][1] if stack else None)
+            if info is None:
+                if type(module).__name__ == "OptimizedModule" and not self._compiled_noted:
+                    self._compiled_noted = True
+                    print("hooktrace: a torch.compile'd model runs compiled code without module "
+                          "hooks; to trace it, run eagerly (TORCHDYNAMO_DISABLE=1)",
+                          file=sys.stderr)
+                return None
+            if self._to_module_seen and info not in self._seen:
+                self._seen.add(info)
+                for see in self._to_module_seen:
+                    see(module, info)
+            if not stack:
+                for model_call in self._to_model_call:
+                    model_call(module, info, self.step)
+            grad = torch.is_grad_enabled()
+            start = call = None
+            mode = self.mode
+            if info.traced:
+                if self.dropped:
+                    self.dropped += 1  # past --max-events: a forward event not written
+                if mode:
+                    start, call = self._start_forward(module, info, mode, grad, args)
+            stack.append((module, info, start, call, grad))
+        except NonFiniteError:
+            raise
+        except Exception as e:
+            self.fail(e)
+        return None
+
+    def _start_forward(self, module: nn.Module, info: ModInfo, mode: Mode, grad: bool,
+                       args: tuple[Any, ...]) -> tuple[ForwardStart, _Call]:
+        # inputs where each call's backward is followed (recorded; watched with --break-on nan)
+        each = self._every_backward[mode]
+        inputs, seen = leaves(args) if each else _NO_LEAVES
+        call = _Call(self.step)
+        if mode is RECORDED:
+            start = ForwardStart(module, info, self.step, mode, grad, inputs, seen - len(inputs),
+                                 summarize(inputs),
+                                 tuple(map(_version, inputs)) if grad else ())
+        else:
+            start = ForwardStart(module, info, self.step, mode, grad, inputs, seen - len(inputs),
+                                 _NO_SUMMARY, ())
+        for forward_start in self._to_forward_start[mode]:
+            forward_start(start)
+        if grad and each:
+            attach = self._grads.attach
+            for i, t in enumerate(inputs):
+                if t.requires_grad:
+                    attach(t, call, ~i)
+        return start, call
+
+    def _post(self, module: nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
+        if _is_compiling() or not self.active:
+            return None
+        try:
+            stack = self._local.stack
+            if not stack or stack[-1][0] is not module:
+                if not any(frame[0] is module for frame in stack):
+                    return None  # not pushed: a wrapper, or a module outside the traced models
+                while stack[-1][0] is not module:  # calls that ended without a post-hook
+                    stack.pop()
+            _, _, start, call, grad = stack.pop()
+            if len(rest) != 2:  # forward raised: always_call hooks get no kwargs and no output
+                return None
+            kwargs, output = rest
+            if start is not None and call is not None:
+                self._end_forward(start, call, args, kwargs, output, not stack)
+            elif grad and not stack:
+                # not recorded, yet top-level: its outputs still tell when a backward pass ends
+                for t in leaves(output)[0]:
+                    if t.requires_grad and t.grad_fn is not None:
+                        self._grads.attach(t)
+        except NonFiniteError:
+            raise  # --break-on nan: stopping the program is what the user asked for
+        except Exception as e:
+            self.fail(e)
+        return None
+
+    def _end_forward(self, start: ForwardStart, call: _Call, args: tuple[Any, ...],
+                     kwargs: dict[str, Any], output: Any, top: bool) -> None:
+        info = start.info
+        kw_inputs, kw_seen = (leaves(kwargs) if kwargs and self._every_backward[start.mode]
+                              else _NO_LEAVES)
+        outputs, n_out = leaves(output)
+        recompute = _graph_task() != -1
+        calls = self._recomputed if recompute else self._calls
+        index = calls.get(info, 0)
+        calls[info] = index + 1
+        mode = self.mode
+        seq = -1
+        if mode is RECORDED:
+            seq = next(self._seq)  # atomic under the GIL: backward may run in another thread
+            if self.events < self._max_events:
+                self.events += 1
+            elif self._refuse_event():
+                return
+        elif mode is OFF:
+            return
+        elif self.dropped and start.grad and any(t.requires_grad for t in outputs):
+            self.dropped += 1  # past --max-events: its backward event, not written either
+        n_args = len(start.inputs)
+        call.step, call.seq, call.index, call.recompute = self.step, seq, index, recompute
+        call.n_in, call.n_out, call.info = n_args + len(kw_inputs), len(outputs), info
+        record = call.record()
+        end = ForwardEnd(start, record, args, kwargs, output, kw_inputs,
+                         kw_seen - len(kw_inputs), outputs, n_out - len(outputs), mode,
+                         self._grads.in_backward, top)
+        for forward_end in self._to_forward_end[mode]:
+            forward_end(end)
+        each = self._every_backward[mode]
+        if start.grad and (top or each):
+            attach = self._grads.attach
+            if each:
+                for j, t in enumerate(kw_inputs):
+                    if t.requires_grad:
+                        attach(t, call, ~(n_args + j))
+            for i, t in enumerate(outputs):
+                if t.requires_grad:
+                    attach(t, call, i)
+
+    # -- backward --------------------------------------------------------------------------
+    def _on_grad(self, call: _Call, index: int, grad: torch.Tensor) -> None:
+        start = self._backwards.get(call)
+        if index < 0:
+            if start is not None:
+                for grad_input in self._to_grad_input[start.mode]:
+                    grad_input(start, ~index, grad)
+            return
+        if start is None:  # first gradient of this pass
+            start = self._start_backward(call)
+            if start is None:
+                return
+        for grad_output in self._to_grad_output[start.mode]:
+            grad_output(start, index, grad)
+
+    def _start_backward(self, call: _Call) -> BackwardStart | None:
+        if call.info is None:  # its forward has not returned
+            return None
+        mode = self.mode
+        if mode is RECORDED:
+            if self.events < self._max_events:
+                self.events += 1
+            elif self._refuse_event():
+                return None
+            seq = next(self._seq)
+        elif mode is WATCHED:
+            seq = 0  # a watched step writes no event
+            if self.dropped and call.seq >= 0:
+                self.dropped += 1  # the cap came after its forward event: this one is dropped
+        else:
+            return None
+        start = self._backwards[call] = BackwardStart(call.record(), seq, self.step, mode)
+        for backward_start in self._to_backward_start[mode]:
+            backward_start(start)
+        return start
+
+    def _end_pass(self) -> None:
+        called = tuple({**self._calls, **self._recomputed})  # in the order they first returned
+        reached = tuple({start.call.info: None for start in self._backwards.values()})
+        self._backwards.clear()
+        end = PassEnd(self.step, self.mode, called, reached)
+        for backward_end in self._to_backward_end:
+            try:
+                backward_end(end)
+            except (LogWriteError, NonFiniteError):
+                raise  # a log that cannot be written: the step is not over
+            except Exception as e:  # the other observers still finish the step
+                self.fail(e)
+        self.step += 1
+        # a graph may be backpropagated again (retain_graph, a gradient penalty): keep the
+        # previous step's calls listening on leaf inputs, forget older ones
+        self._grads.prune_leaf_hooks(lambda call: call.step >= self.step - 1)
+        self._calls.clear()
+        self._recomputed.clear()
+        self.mode = step_mode(self.step, self._options, self.dropped > 0)
+        last = self._options.steps.last
+        if last is not None and self.step > last and self.mode is OFF:
+            self._remove_hooks()  # nothing more to record: the rest of the run pays nothing
+
+    _to_module_seen: list[Callable[[nn.Module, ModInfo], None]]
+    _to_model_call: list[Callable[[nn.Module, ModInfo, int], None]]
+    _to_forward_start: list[list[Callable[[ForwardStart], None]]]
+    _to_forward_end: list[list[Callable[[ForwardEnd], None]]]
+    _to_backward_start: list[list[Callable[[BackwardStart], None]]]
+    _to_grad_output: list[list[Callable[[BackwardStart, int, torch.Tensor], None]]]
+    _to_grad_input: list[list[Callable[[BackwardStart, int, torch.Tensor], None]]]
+    _to_backward_end: list[Callable[[PassEnd], None]]

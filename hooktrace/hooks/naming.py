@@ -1,0 +1,373 @@
+"""Which model a module belongs to and its fqn, found once per module and cached weakly.
+
+A module first called outside any other traced module belongs to its *owner*: the outermost
+``nn.Module`` that is ``self`` in one of the calling frames and whose tree holds it (a VAE whose
+``encode`` calls ``self.encoder``, a LightningModule whose ``training_step`` calls ``self.net``);
+failing that, when the calling code has no variable for the module itself, the largest module
+its variables hold whose tree holds it (``model.get_input_embeddings()(ids)``); else it is its
+own owner. The owner is a top-level *model*: its whole tree is named at that
+moment (``named_modules()`` names, wrapper prefixes such as DDP's ``module.`` removed) and
+written as ``model`` + ``module`` records. A module first seen inside another's forward (one
+built inside ``forward``, or never registered) is named under its caller as
+``caller.(ClassName)``, or after the place its caller keeps it in, ``caller.(blocks[0])`` for a
+module in a plain list (or tuple, or dict) attribute; two such modules alive at once never share
+a name (``(Linear#2)``), while one built anew at each call keeps its predecessor's. A child that a
+wrapper holds beside the model it wraps (``DataParallel(model).fc = ...``) is named
+``(DataParallel).fc``: the wrapper's forward never calls it. ``id()`` is never used as identity:
+ids of freed modules are reused.
+"""
+
+from __future__ import annotations
+
+import sys
+import sysconfig
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.utils.parametrize import ParametrizationList
+
+from hooktrace.log import schema
+
+# wrapper class name -> attribute holding the wrapped module; the wrapper itself is not traced
+WRAPPERS = {
+    "DistributedDataParallel": "module",
+    "DataParallel": "module",
+    "OptimizedModule": "_orig_mod",
+    "FullyShardedDataParallel": "_fsdp_wrapped_module",
+    "CheckpointWrapper": "_checkpoint_wrapped_module",
+    "OffloadWrapper": "_checkpoint_wrapped_module",
+}
+
+_TRACER_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).parent))
+# installed packages and the standard library (runpy, and "<frozen runpy>" when frozen)
+_LIBRARY_DIRS = (*_TRACER_DIRS, "<frozen ", *sorted({
+    sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}))
+
+
+@dataclass(slots=True, eq=False)  # identity hash: a key of per-step call counters
+class ModInfo:
+    model: int
+    name: str
+    cls: str
+    traced: bool  # False: named (its children nest under it) but filtered out by include/exclude
+    ref: weakref.ReferenceType[nn.Module]
+    has_params: bool  # parameters registered directly on it
+
+
+def _wrapped(module: nn.Module) -> nn.Module | None:
+    attr = WRAPPERS.get(type(module).__name__)
+    inner = module._modules.get(attr) if attr else None
+    return inner
+
+
+Walked = tuple[str, nn.Module | None, nn.Module, str | None]
+
+
+def _walk(module: nn.Module, prefix: str, seen: set[int], beside: str | None = None
+          ) -> Iterator[Walked]:
+    """(fqn, None, module, None) in named_modules() order, (fqn, wrapper, inner, None) for a
+    skipped wrapper, then the wrapper's other children under ``(WrapperClass)``, each with the
+    wrapper's class as its fourth item (``beside``).
+
+    A module reached a second time is yielded again (an alias) but its children are not walked.
+    """
+    inner = _wrapped(module)
+    if inner is not None:
+        yield prefix, module, inner, None
+        yield from _walk(inner, prefix, seen)
+        cls = type(module).__name__
+        for child_name, child in module._modules.items():
+            if child is not None and child is not inner:
+                here = f"({cls}).{child_name}"
+                yield from _walk(child, f"{prefix}.{here}" if prefix else here, seen, cls)
+        return
+    yield prefix, None, module, beside
+    if id(module) in seen:  # ids are stable here: every module of the tree is alive
+        return
+    seen.add(id(module))
+    for child_name, child in module._modules.items():
+        if child is not None:
+            yield from _walk(child, f"{prefix}.{child_name}" if prefix else child_name, seen)
+
+
+def _own_params(module: nn.Module) -> tuple[int, int]:
+    total = trainable = 0
+    for p in module.parameters(recurse=False):
+        total += p.numel()
+        if p.requires_grad:
+            trainable += p.numel()
+    return total, trainable
+
+
+def _loose(module: nn.Module) -> list[str] | None:
+    """Its attributes that are meant to train but are not registered: leaf tensors with
+    requires_grad=True that are not nn.Parameters (once per module, when it is named)."""
+    found = sorted(k for k, v in vars(module).items() if isinstance(v, torch.Tensor)
+                   and not isinstance(v, nn.Parameter) and v.requires_grad and v.is_leaf)
+    return found or None
+
+
+_MODULE_ATTRS = frozenset(vars(nn.Module()))  # nn.Module's own: _modules, _parameters, ...
+_SAME_NAME_ALIVE = 64  # distinct names for unregistered modules of one class alive at once
+_PLACES_SCANNED = 1024  # items per list, tuple or dict attribute: a dataset kept on a model is not
+
+
+def _place(holder: nn.Module | None, module: nn.Module) -> str | None:
+    """Where ``holder`` keeps an unregistered ``module``: ``blocks[0]`` for a plain list, tuple
+    or dict attribute (keys without dots), None when it is in none (one built in forward)."""
+    if holder is None:
+        return None
+    for key, value in vars(holder).items():
+        if key in _MODULE_ATTRS:
+            continue
+        if isinstance(value, (list, tuple)) and len(value) <= _PLACES_SCANNED:
+            for i, item in enumerate(value):
+                if item is module:
+                    return f"{key}[{i}]"
+        elif isinstance(value, dict) and len(value) <= _PLACES_SCANNED:
+            for k, item in value.items():
+                if item is module and isinstance(k, (str, int)) and "." not in str(k):
+                    return f"{key}[{k!r}]"
+    return None
+
+
+def _drop(module: nn.Module) -> dict[str, Any]:
+    """A random-drop layer's probability and what one draw drops (``schema.Module.drop``):
+    torch's ``Dropout*`` (``p``), torchvision's ``StochasticDepth`` (``p``, ``mode``) and the
+    ``DropPath`` of timm and others (``drop_prob``, one draw a sample)."""
+    cls = type(module).__name__
+    p = getattr(module, "drop_prob", None) if "DropPath" in cls else getattr(module, "p", None)
+    if not isinstance(p, (float, int)) or isinstance(p, bool):
+        return {}
+    if cls == "StochasticDepth":
+        unit = "batch" if getattr(module, "mode", "row") == "batch" else "sample"
+    elif "DropPath" in cls:
+        unit = "sample"
+    elif isinstance(module, (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.FeatureAlphaDropout)):
+        unit = "channel"
+    elif isinstance(module, nn.modules.dropout._DropoutNd):
+        unit = "element"
+    else:
+        return {}
+    return {"drop": float(p), "drop_unit": unit}
+
+
+def is_library(filename: str) -> bool:
+    """Whether code in ``filename`` is torch's, hooktrace's, the standard library's or an
+    installed package's, not the user's."""
+    return filename.startswith(_LIBRARY_DIRS)
+
+
+def _user_frames(skip: tuple[str, ...], limit: int = 4) -> Iterator[FrameType]:
+    """The first ``limit`` calling frames whose file is in none of the directories ``skip``."""
+    frame: FrameType | None = sys._getframe(1)
+    found = 0
+    while frame is not None and found < limit:
+        if not frame.f_code.co_filename.startswith(skip):
+            found += 1
+            yield frame
+        frame = frame.f_back
+
+
+def variable_name(module: nn.Module) -> str | None:
+    """The name the calling code has for ``module`` (``generator``, ``self.teacher``), if any.
+
+    The user's own frames are asked first: a LightningModule is ``model`` in the script, not
+    ``pl_module`` in Lightning's loop; then the libraries' frames too (``self.model`` of a
+    pipeline object). ``self`` is no name: a model inside its own ``encode`` is found further
+    out, or in the globals of the file that defines it."""
+    for skip in (_LIBRARY_DIRS, _TRACER_DIRS):
+        for frame in _user_frames(skip):
+            for scope in (frame.f_locals, frame.f_globals):
+                for key, value in scope.items():
+                    if value is module and not key.startswith("_") and key != "self":
+                        return key
+            holder = frame.f_locals.get("self")
+            attrs = getattr(holder, "__dict__", None)
+            if isinstance(attrs, dict):  # not an nn.Module's _modules: that one is the owner
+                for key, value in attrs.items():
+                    if value is module and not key.startswith("_"):
+                        return f"self.{key}"
+    return None
+
+
+def _holds(candidate: nn.Module, module: nn.Module) -> bool:
+    return candidate is module or any(m is module for m in candidate.modules())
+
+
+def owner_of(module: nn.Module) -> nn.Module:
+    """The outermost ``nn.Module`` that is ``self`` in a calling frame and whose tree holds
+    ``module``; ``module`` itself when there is none (its own ``_call_impl`` frame is one)."""
+    selves: list[nn.Module] = []
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_argcount and code.co_varnames[0] == "self":  # f_locals only where it may pay
+            candidate = frame.f_locals.get("self")
+            if isinstance(candidate, nn.Module) and all(candidate is not s for s in selves):
+                selves.append(candidate)
+        frame = frame.f_back
+    for candidate in reversed(selves):  # outermost first
+        if _holds(candidate, module):
+            return candidate
+    return module
+
+
+def holder_of(module: nn.Module) -> nn.Module | None:
+    """For a module the calling code reaches through an expression, not a variable of its own
+    (``model.get_input_embeddings()(ids)``, ``self.model.encoder(x)`` in a plain class, a
+    helper given ``vae``): the largest ``nn.Module`` its variables hold (locals, globals, a
+    plain ``self``'s attributes) whose tree holds ``module``; None when there is none."""
+    best: nn.Module | None = None
+    size = 0
+    for frame in _user_frames(_LIBRARY_DIRS):
+        holder = frame.f_locals.get("self")
+        attrs = getattr(holder, "__dict__", None) if not isinstance(holder, nn.Module) else None
+        for scope in (frame.f_locals, frame.f_globals, attrs or {}):
+            for value in scope.values():
+                if isinstance(value, nn.Module) and value is not module and _holds(value, module):
+                    n = sum(1 for _ in value.modules())
+                    if n > size:
+                        best, size = value, n
+    return best
+
+
+class Naming:
+    """Names modules on first sight and emits their ``model``/``module`` records."""
+
+    def __init__(
+        self,
+        emit: Callable[[schema.Model | schema.Module], None],
+        matches: Callable[[str], bool],
+        scope: Sequence[nn.Module] | None = None,
+    ) -> None:
+        self._emit = emit
+        self._matches = matches
+        self._scoped = scope is not None
+        # None marks a module that is not traced at all (a wrapper, or outside the scope)
+        self._infos: weakref.WeakKeyDictionary[nn.Module, ModInfo | None] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._model_names: list[str] = []
+        self._written: set[tuple[int, str]] = set()
+        self._by_name: dict[tuple[int, str], ModInfo] = {}  # one identity per (model, fqn)
+        # traced modules with parameters of their own that no recorded step has called yet (the
+        # tracer drops them as they are called): a parent may use their parameters directly,
+        # as MultiheadAttention does its out_proj's
+        self.uncalled: dict[ModInfo, None] = {}
+        for model in scope or ():
+            self.add_model(model)
+
+    def _new_model_index(self, module: nn.Module, name: str | None) -> int:
+        base = name or type(module).__name__
+        unique, n = base, 1
+        while unique in self._model_names:
+            unique, n = f"{base}#{n}", n + 1
+        self._model_names.append(unique)
+        index = len(self._model_names) - 1
+        self._emit(schema.Model(model=index, name=unique, cls=type(module).__name__))
+        return index
+
+    def model_name(self, model: int) -> str:
+        """The name of model ``model`` (its index), as the log's model record has it."""
+        return self._model_names[model]
+
+    def add_model(self, module: nn.Module, name: str | None = None) -> ModInfo | None:
+        """Register ``module`` as a new top-level model and name its whole tree."""
+        model = self._new_model_index(module, name or variable_name(module))
+        return self._name_tree(module, model, "")
+
+    def _name_tree(self, root: nn.Module, model: int, prefix: str) -> ModInfo | None:
+        records: dict[str, schema.Module] = {}
+        for fqn, wrapper, module, beside in _walk(root, prefix, set()):
+            if wrapper is not None:
+                self._infos[wrapper] = None
+                continue
+            known = self._infos.get(module)
+            if known is not None and fqn not in records and known.name != "":
+                # shared with a model named earlier, or a second path inside this one: one identity
+                first = records.get(known.name) if known.model == model else None
+                if first is not None:
+                    first.aliases = [*(first.aliases or []), fqn]
+                continue
+            params, trainable = _own_params(module)
+            info = self._by_name.get((model, fqn))
+            if info is not None and info.cls == type(module).__name__:
+                info.ref = weakref.ref(module)  # a module built anew in each forward: same name
+            else:
+                info = ModInfo(model, fqn, type(module).__name__, self._matches(fqn),
+                               weakref.ref(module), params > 0)
+                self._by_name[(model, fqn)] = info
+                if info.has_params and info.traced:
+                    self.uncalled[info] = None
+            self._infos[module] = info  # a former top-level model found inside this one is adopted
+            records[fqn] = schema.Module(model, fqn, info.cls, params, trainable,
+                                         loose=_loose(module), wrapper=beside,
+                                         **_drop(module))
+        for fqn, record in records.items():
+            if (model, fqn) not in self._written:
+                self._written.add((model, fqn))
+                self._emit(record)
+        return self._infos.get(root)  # None for a wrapper: only what it wraps is traced
+
+    def _from_owner(self, module: nn.Module) -> ModInfo | None:
+        """Name a module first called outside any traced module through its owner's tree; a
+        parametrization evaluated while it is registered (``spectral_norm`` on a layer not yet
+        in a model) is not named then: its model names it when it first calls it."""
+        owner = owner_of(module)
+        if isinstance(owner, ParametrizationList) and owner not in self._infos:
+            return None
+        if owner is module:
+            name = variable_name(module)
+            holder = holder_of(module) if name is None else None
+            if holder is None:
+                return self.add_model(module, name)
+            owner = holder
+        if owner not in self._infos:
+            self.add_model(owner)
+        else:  # the owner is known: the module joined its tree after it was named
+            known = self._infos[owner]
+            if known is None:  # a wrapper, or outside the scope: name the module on its own
+                return self.add_model(module)
+            self._name_tree(owner, known.model, known.name)
+        return self._infos[module]
+
+    def known(self, module: nn.Module) -> ModInfo | None:
+        """The module's identity if it was named (called) while tracing; never names it."""
+        return self._infos.get(module)
+
+    def lookup(self, module: nn.Module, caller: ModInfo | None) -> ModInfo | None:
+        """The module's identity, naming it first if new. ``caller``: the traced module whose
+        forward is running, None at top level. None means: do not trace this module."""
+        try:
+            return self._infos[module]
+        except KeyError:
+            pass
+        if caller is None:
+            if self._scoped:
+                self._infos[module] = None
+                return None
+            return self._from_owner(module)
+        base = _place(caller.ref(), module) or type(module).__name__
+        return self._name_tree(module, caller.model, self._free(module, caller, base))
+
+    def _free(self, module: nn.Module, caller: ModInfo, base: str) -> str:
+        """``caller.(base)``, or ``caller.(base#2)``, ... where a module still alive holds it: two
+        unregistered modules are never one name; one built anew at each call (its predecessor
+        gone) keeps the name."""
+        for n in range(1, _SAME_NAME_ALIVE + 1):
+            name = f"({base})" if n == 1 else f"({base}#{n})"
+            fqn = f"{caller.name}.{name}" if caller.name else name
+            taken = self._by_name.get((caller.model, fqn))
+            held = taken.ref() if taken is not None else None
+            if held is None or held is module:
+                return fqn
+        # modules built in forward and kept alive (a leak): no name per module without bound
+        return f"{caller.name}.({base})" if caller.name else f"({base})"
+

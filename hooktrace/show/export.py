@@ -1,0 +1,256 @@
+"""``hooktrace export``: the events of a log as flat, self-describing rows (CSV or JSON lines).
+
+The log names modules and shapes by id to stay small; an export row spells everything out (model
+name, fqn, class, shapes as text, the gradient statistics summed over a call's tensors) so that
+pandas, DuckDB, a spreadsheet or ``jq`` read it without knowing the schema. Rows are written as
+the log is read: memory does not grow with the log. The columns are ``COLUMNS``, documented in
+the README; standard library and orjson only.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from hooktrace.check.ranks import open_ranks
+from hooktrace.log import schema
+from hooktrace.log.errors import HooktraceError
+from hooktrace.log.reader import LogNames, LogReader
+from hooktrace.log.words import plural
+from hooktrace.show.graph import depth_of
+from hooktrace.show.render.text import shape_text
+
+FORMATS = ("csv", "jsonl")
+
+#: (column, type, what it holds). Empty (CSV) / null (JSON) only where a column says so (pandas
+#: reads an int column with empty fields as float).
+COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("rank", "int", "the process's rank (0 without a launcher)"),
+    ("seq", "int", "position in the log: events in execution order"),
+    ("step", "int", "the backward pass the event belongs to"),
+    ("phase", "str", "forward or backward"),
+    ("model", "str", "the top-level model's name"),
+    ("fqn", "str", "the module's name in named_modules(); empty for the model's root"),
+    ("class", "str", "the module's class"),
+    ("source", "str", "file:line of the class's forward (a class of yours; empty for torch's)"),
+    ("depth", "int", "0 for the root, 1 for layer1, 2 for layer1.0"),
+    ("call", "int", "the module's call within the step, from 0"),
+    ("forward_seq", "int", "seq of the forward call (a backward's own forward; a forward: its "
+                           "own seq; -1 unknown)"),
+    ("no_grad", "bool", "forward ran with gradients off"),
+    ("recompute", "bool", "re-run by activation checkpointing inside backward"),
+    ("input_shapes", "str", "forward: input tensor shapes, 8x3x32x32, comma-separated"),
+    ("input_dtypes", "str", "forward: their dtypes"),
+    ("output_shapes", "str", "forward: output tensor shapes"),
+    ("output_dtypes", "str", "forward: their dtypes"),
+    ("output_nan", "int", "forward: NaN elements in the outputs (empty in backward rows)"),
+    ("output_inf", "int", "forward: Inf elements in the outputs (empty in backward rows)"),
+    ("grad_output_len", "int", "backward: gradients of the outputs (0 for forward rows)"),
+    ("grad_input_len", "int", "backward: gradients of the inputs"),
+    ("grad_output_shapes", "str", "backward: their shapes, - where no gradient flowed"),
+    ("grad_input_shapes", "str", "backward: their shapes, - where no gradient flowed"),
+    ("grad_output_norm", "float", "L2 norm over the grad_output tensors; empty without "
+                                  "statistics"),
+    ("grad_output_absmax", "float", "largest absolute grad_output element"),
+    ("grad_output_nan", "int", "backward: NaN elements in grad_output (empty in forward rows)"),
+    ("grad_output_inf", "int", "backward: Inf elements in grad_output (empty in forward rows)"),
+    ("grad_input_norm", "float", "L2 norm over the grad_input tensors"),
+    ("grad_input_absmax", "float", "largest absolute grad_input element"),
+    ("grad_input_nan", "int", "backward: NaN elements in grad_input (empty in forward rows)"),
+    ("grad_input_inf", "int", "backward: Inf elements in grad_input (empty in forward rows)"),
+)
+NAMES = tuple(name for name, _, _ in COLUMNS)
+_COUNTS = ("output_nan", "output_inf", "grad_output_nan", "grad_output_inf", "grad_input_nan",
+           "grad_input_inf")
+
+
+class _Shapes:
+    """Shapes as text, memoised: the reader hands out the same list for the same signature."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[Any, str]] = {}
+
+    def __call__(self, shapes: Sequence[Any]) -> str:
+        found = self._seen.get(id(shapes))
+        if found is not None and found[0] is shapes:
+            return found[1]
+        text = ", ".join(shape_text(s) for s in shapes)
+        self._seen[id(shapes)] = (shapes, text)  # keeps ``shapes`` alive: its id stays its own
+        return text
+
+
+def _summed(stats: Sequence[schema.GradStat | None] | None) -> tuple[Any, Any, int, int]:
+    """(norm over all tensors, absmax, NaN count, Inf count) of one side's statistics; norm and
+    absmax are None where no statistic was recorded."""
+    found = [s for s in stats or () if s is not None]
+    if not found:
+        return None, None, 0, 0
+    if len(found) == 1 and len(found[0]) == 2:  # the usual case
+        return found[0][0], found[0][1], 0, 0
+    norm = math.sqrt(sum(s[0] * s[0] for s in found))
+    absmax = max(s[1] for s in found)
+    nan = sum(int(s[2]) for s in found if len(s) == 4)
+    inf = sum(int(s[3]) for s in found if len(s) == 4)
+    return norm, absmax, nan, inf
+
+
+class _Rows:
+    """Turns one log's records into rows (dicts keyed by NAMES)."""
+
+    def __init__(self, reader: LogReader) -> None:
+        self.rank = reader.header.rank
+        self.stats = bool(reader.header.options.get("stats", True))
+        self.names = LogNames()
+        self.models, self.classes, self.sources = (self.names.models, self.names.classes,
+                                                   self.names.sources)
+        self.shapes = _Shapes()
+
+    def row(self, e: schema.ForwardEvent | schema.BackwardEvent) -> dict[str, Any]:
+        cls = self.classes.get((e.model, e.name), "?")
+        row: dict[str, Any] = {
+            "rank": self.rank, "seq": e.seq, "step": e.step, "phase": e.phase,
+            "model": self.models.get(e.model, str(e.model)), "fqn": e.name, "class": cls,
+            "source": self.sources.get(cls, ""), "depth": depth_of(e.name),
+            "call": e.call, "recompute": e.recompute,
+        }
+        if isinstance(e, schema.ForwardEvent):
+            self._forward(row, e)
+        else:
+            self._backward(row, e)
+        if not self.stats:  # no statistics recorded: the counts are unknown, not 0
+            row.update(dict.fromkeys(_COUNTS))
+        return row
+
+    def _forward(self, row: dict[str, Any], e: schema.ForwardEvent) -> None:
+        bad = e.output_nonfinite or []
+        row.update(
+            forward_seq=e.seq, no_grad=e.no_grad, input_shapes=self.shapes(e.input_shapes),
+            input_dtypes=", ".join(e.input_dtypes),
+            output_shapes=self.shapes(e.output_shapes), output_dtypes=", ".join(e.output_dtypes),
+            output_nan=sum(b[1] for b in bad), output_inf=sum(b[2] for b in bad),
+            grad_output_len=0, grad_input_len=0, grad_output_shapes="", grad_input_shapes="",
+            grad_output_norm=None, grad_output_absmax=None, grad_output_nan=None,
+            grad_output_inf=None, grad_input_norm=None, grad_input_absmax=None,
+            grad_input_nan=None, grad_input_inf=None)
+
+    def _backward(self, row: dict[str, Any], e: schema.BackwardEvent) -> None:
+        row.update(forward_seq=e.fwd, no_grad=False, input_shapes="", input_dtypes="",
+                   output_shapes="", output_dtypes="",
+                   output_nan=None, output_inf=None, grad_output_len=e.grad_output_len,
+                   grad_input_len=e.grad_input_len,
+                   grad_output_shapes=self.shapes(e.grad_output_shapes),
+                   grad_input_shapes=self.shapes(e.grad_input_shapes))
+        for side, stats in (("grad_output", e.grad_output_stats),
+                            ("grad_input", e.grad_input_stats)):
+            norm, absmax, nan, inf = _summed(stats)
+            row.update({f"{side}_norm": norm, f"{side}_absmax": absmax, f"{side}_nan": nan,
+                        f"{side}_inf": inf})
+
+    def rows(self, reader: LogReader) -> Iterator[dict[str, Any]]:
+        for record in reader:
+            if isinstance(record, (schema.ForwardEvent, schema.BackwardEvent)):
+                yield self.row(record)
+            else:
+                self.names.take(record)
+
+
+def rows(readers: Sequence[LogReader]) -> Iterator[dict[str, Any]]:
+    """The rows of one log, or of the logs of several ranks of one run (rank by rank); each
+    reader's warnings are complete once its rows are."""
+    for reader in readers:
+        yield from _Rows(reader).rows(reader)
+
+
+def _csv_value(value: Any) -> Any:
+    if value is None:
+        return ""
+    if value is True or value is False:
+        return "true" if value else "false"
+    return value
+
+
+def _write_csv(out: IO[str], found: Iterator[dict[str, Any]]) -> int:
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(NAMES)
+    n = 0
+    for row in found:
+        writer.writerow([_csv_value(row[name]) for name in NAMES])
+        n += 1
+    return n
+
+
+def _write_jsonl(out: IO[str], found: Iterator[dict[str, Any]]) -> int:
+    n = 0
+    dumps, newline = orjson.dumps, orjson.OPT_APPEND_NEWLINE
+    for row in found:  # orjson writes NaN/Inf as null: the _nan/_inf counts say which
+        ordered = {name: row[name] for name in NAMES}
+        out.write(dumps(ordered, option=newline).decode("utf-8"))
+        n += 1
+    return n
+
+
+WRITERS: dict[str, Callable[[IO[str], Iterator[dict[str, Any]]], int]] = {
+    "csv": _write_csv, "jsonl": _write_jsonl}
+
+
+@dataclass(slots=True)
+class Exported:
+    path: Path | None  # None: written to the stream given
+    format: str
+    rows: int
+    warnings: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        where = f"wrote {self.path}" if self.path else "wrote"
+        return f"{where}: {plural(self.rows, 'row')} ({self.format})"
+
+
+def _output(logs: Sequence[Path], fmt: str | None, output: Path | None) -> tuple[str, Path]:
+    suffix = output.suffix.lstrip(".").lower() if output else ""
+    chosen = (fmt or (suffix if suffix in FORMATS else "") or "csv").lower()
+    if chosen not in FORMATS:
+        raise HooktraceError(f"unknown format {chosen!r}; choose one of {', '.join(FORMATS)}")
+    path = output or logs[0].with_suffix(f".{chosen}")
+    for log in logs:
+        if path.exists() and os.path.samefile(path, log):
+            raise HooktraceError(f"refusing to write the export over the log {log}; "
+                                 "give another output path")
+    if path.is_dir():
+        raise HooktraceError(f"{path} is a directory; give a file name for the export")
+    return chosen, path
+
+
+def write_rows(logs: Sequence[str | os.PathLike[str]], fmt: str | None = None,
+           output: str | os.PathLike[str] | None = None, stream: IO[str] | None = None
+           ) -> Exported:
+    """``hooktrace export``: write every event of ``logs`` (one log, or the ranks of one run)
+    as a row, into ``stream`` when given, else into ``output`` (default: the first log's name
+    with the format's extension; csv unless ``fmt`` or the extension says jsonl). The file
+    appears whole or not at all."""
+    readers = open_ranks(logs)
+    paths = [r.path for r in readers]
+    if stream is not None:
+        chosen = (fmt or "csv").lower()
+        if chosen not in FORMATS:
+            raise HooktraceError(f"unknown format {chosen!r}; choose one of "
+                                 f"{', '.join(FORMATS)}")
+        n = WRITERS[chosen](stream, rows(readers))
+        return Exported(None, chosen, n, [w for r in readers for w in r.warnings])
+    chosen, path = _output(paths, fmt, Path(output) if output is not None else None)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with temporary.open("w", encoding="utf-8", newline="") as f:
+            n = WRITERS[chosen](f, rows(readers))
+        os.replace(temporary, path)
+    except OSError as e:
+        raise HooktraceError(f"cannot write {path}: {e.strerror or e}") from None
+    finally:
+        temporary.unlink(missing_ok=True)
+    return Exported(path, chosen, n, [w for r in readers for w in r.warnings])

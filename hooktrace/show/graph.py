@@ -1,0 +1,424 @@
+"""One step of a log as a call graph: what ran, nested how, in which order forward and backward.
+
+``build`` turns the events of one step (``hooktrace.show.steplog.load_step``) into a ``View``: the
+nodes to draw, the clusters they nest in (the fqn hierarchy, ``layer1`` > ``layer1.0``), and the
+numbered forward and backward edges between them. Standard library only (``View.graph`` gives
+networkx graphs): no torch.
+
+Node model: one node per module *call*, not one node per module with numbered visits. ResNet's
+blocks call their ``relu`` three times; as three nodes the forward order is a path that only
+moves on (``bn1 -> relu -> conv2 -> ... -> relu``), so ``dot`` ranks the picture top to bottom in
+execution order and every call keeps its own shapes and its own backward, or lack of one. One
+node with visits turns each shared module into a hub with three edges in and three out that cross
+the block, and cannot show that only its second call got no gradient.
+
+Which calls become nodes: the module tree of the step's calls is rebuilt from fqns and ``seq``
+(a call belongs to the nearest ancestor module's call that returned after it; forward events are
+written on return). Calls with child calls become clusters, the others nodes. ``depth`` D folds
+every call deeper than D into one node per call of its ancestor at depth D, labelled with the
+number of calls folded into it. A module called more than ``FOLD_CALLS`` times in the step (an
+``LSTMCell`` unrolled over 999 time steps, a decoder in a ``generate()`` loop) is one node for all
+its calls (``LSTMCell x999``, key call ``-1``) and the edges its calls repeat are one edge each,
+with the count: a picture of what the step does, not a wall of 3,000 boxes (``every_call``
+draws each call). Recomputes (activation checkpointing) are drawn on the call they re-ran, not
+as more nodes. The default depth is the deepest whose picture has at most
+``AUTO_MAX_NODES`` nodes: the whole MNIST net, a two-layer transformer encoder to its Linear and
+LayerNorm calls, and resnet50 at depth 2 (stem, 16 Bottleneck nodes in four layer clusters, fc).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hooktrace.check.findings import ancestors
+from hooktrace.log import schema
+from hooktrace.log.errors import HooktraceError
+from hooktrace.show.steplog import StepLog
+
+ModuleKey = tuple[int, str]  # (model, fqn)
+NodeKey = tuple[int, str, int]  # (model, fqn, call); call -1: folded calls, no own call
+
+PHASES = ("forward", "backward", "both")
+AUTO_MAX_NODES = 40  # resnet50: 22 nodes at depth 2, 154 at depth 3
+# a module called more often in one step is drawn as one node for all its calls (resnet's
+# blocks call their relu 2-3 times; a module shared by a transformer's 12 layers stays 12 nodes)
+FOLD_CALLS = 16
+
+
+def depth_of(fqn: str) -> int:
+    """0 for a model's root (``""``), 1 for ``layer1``, 3 for ``layer1.0.conv1``."""
+    return fqn.count(".") + 1 if fqn else 0
+
+
+@dataclass(slots=True)
+class Call:
+    """One forward call of one module in the step, with its backward event if it had one."""
+
+    model: int
+    fqn: str
+    call: int
+    cls: str
+    seq: int
+    output_shapes: Sequence[schema.Shape]
+    no_grad: bool
+    recomputed: bool = False  # activation checkpointing re-ran it inside backward
+    backward: schema.BackwardEvent | None = None
+    later: int | None = None  # the step its backward ran in, when not this one
+    nonfinite: bool = False  # an output held NaN/Inf
+    parent: NodeKey | None = None  # the call of an ancestor module it ran inside
+    children: int = 0
+
+    @property
+    def key(self) -> NodeKey:
+        return (self.model, self.fqn, self.call)
+
+    @property
+    def depth(self) -> int:
+        return depth_of(self.fqn)
+
+
+def calls_of(log: StepLog) -> tuple[dict[NodeKey, Call], list[tuple[Call, schema.BackwardEvent]]]:
+    """The step's forward calls in seq order, linked to their parents, and the backward events
+    paired to them in backward order. A recompute maps to the call it re-ran."""
+    calls: dict[NodeKey, Call] = {}
+    by_seq: dict[int, NodeKey] = {}
+    for e in log.events:
+        if isinstance(e, schema.ForwardEvent):
+            key = (e.model, e.name, e.call)
+            by_seq[e.seq] = key
+            if e.recompute:
+                if key in calls:
+                    calls[key].recomputed = True
+            elif key not in calls:
+                calls[key] = Call(e.model, e.name, e.call, log.cls(e.model, e.name), e.seq,
+                                  e.output_shapes, e.no_grad, later=log.later.get(e.seq),
+                                  nonfinite=bool(e.output_nonfinite))
+    backward: list[tuple[Call, schema.BackwardEvent]] = []
+    for e in log.events:
+        if isinstance(e, schema.BackwardEvent):
+            found = calls.get(by_seq.get(e.fwd, (e.model, e.name, e.call)))
+            if found is not None:
+                found.backward = found.backward or e
+                backward.append((found, e))
+    _link_parents(calls)
+    return calls, backward
+
+
+def _link_parents(calls: dict[NodeKey, Call]) -> None:
+    seqs: dict[ModuleKey, list[int]] = {}
+    for c in calls.values():  # seq order, so every list is sorted
+        seqs.setdefault((c.model, c.fqn), []).append(c.seq)
+    call_at = {c.seq: c for c in calls.values()}
+    for c in calls.values():
+        for fqn in reversed(ancestors(c.fqn)):  # nearest first
+            above = seqs.get((c.model, fqn), [])
+            i = bisect.bisect_right(above, c.seq)  # the first call of it to return after c
+            if i < len(above):
+                parent = call_at[above[i]]
+                c.parent = parent.key
+                parent.children += 1
+                break
+
+
+def node_key(c: Call, calls: dict[NodeKey, Call], depth: int) -> NodeKey | None:
+    """The node that shows call ``c`` at ``depth``; None when ``c`` is a cluster."""
+    if c.depth == depth or (c.depth < depth and c.children == 0):
+        return c.key
+    if c.depth < depth:
+        return None
+    top = ".".join(c.fqn.split(".")[:depth])
+    parent = c.parent
+    while parent is not None and depth_of(parent[1]) >= depth:
+        if parent[1] == top:
+            return parent
+        parent = calls[parent].parent
+    return (c.model, top, -1)
+
+
+def repeated(calls: dict[NodeKey, Call]) -> set[ModuleKey]:
+    """The modules called more than FOLD_CALLS times in the step: one node each."""
+    count: dict[ModuleKey, int] = {}
+    for c in calls.values():
+        count[(c.model, c.fqn)] = count.get((c.model, c.fqn), 0) + 1
+    return {key for key, n in count.items() if n > FOLD_CALLS}
+
+
+def node_keys(calls: dict[NodeKey, Call], depth: int, fold: set[ModuleKey]
+              ) -> dict[NodeKey, NodeKey | None]:
+    """Each call's node at ``depth`` (None: a cluster); the calls of a module in ``fold``
+    share the node ``(model, fqn, -1)``."""
+    keys = {key: node_key(c, calls, depth) for key, c in calls.items()}
+    if fold:
+        keys = {key: node if node is None or (node[0], node[1]) not in fold
+                else (node[0], node[1], -1) for key, node in keys.items()}
+    return keys
+
+
+def auto_depth(calls: dict[NodeKey, Call], fold: set[ModuleKey] | None = None) -> int:
+    """The deepest depth whose picture has at most AUTO_MAX_NODES nodes (at least 1)."""
+    deepest = max((c.depth for c in calls.values()), default=0)
+    chosen = min(1, deepest)
+    for depth in range(2, deepest + 1):
+        if len(set(node_keys(calls, depth, fold or set()).values()) - {None}) > AUTO_MAX_NODES:
+            break
+        chosen = depth
+    return chosen
+
+
+@dataclass(slots=True)
+class Node:
+    """A box in the picture: one call, or the calls folded into one call at the depth limit."""
+
+    key: NodeKey
+    cls: str
+    seq: int  # the first forward seq among its calls: the order nodes are written in
+    output_shapes: Sequence[schema.Shape]
+    module_calls: int  # calls of this module in the step, for "call 2/3"
+    folded: int = 0  # calls below it folded into this node
+    grad_calls: int = 0  # its calls (own and folded) that ran with gradient recording on
+    missing: int = 0  # ... of which got no backward event, in this step or a later one
+    backward: schema.BackwardEvent | None = None
+    later: int | None = None  # the step its backward ran in, when a later one
+    nonfinite: bool = False  # an output of its calls held NaN/Inf
+    nonfinite_grad: bool = False  # a gradient of its calls held NaN/Inf
+    grad_norm: float | None = None  # the largest grad_output norm of its calls (statistics)
+    recomputed: bool = False
+
+
+@dataclass(slots=True)
+class Cluster:
+    """A box around the nodes of one module's descendants."""
+
+    key: ModuleKey
+    cls: str
+    seq: int
+    calls: int
+    output_shapes: Sequence[schema.Shape]  # of its only call; [] when called 0 or several times
+    missing: bool  # a call of it ran with gradient on and got no backward event
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    src: NodeKey
+    dst: NodeKey
+    phase: str
+    order: int  # 1..n in the order the phase ran (the first, for an edge run several times)
+    grad_input_len: int = 0  # backward: of dst's backward event as it started
+    grad_output_len: int = 0
+    mirrored: bool = True  # backward: forward ran the same edge the other way
+    grad_norm: float | None = None  # backward: norm of dst's grad_output (None: no statistics)
+    runs: int = 1  # times the phase ran it: an edge between folded calls' nodes repeats
+    last: int = 0  # the order of its last run, where it ran several times
+
+
+@dataclass(slots=True)
+class View:
+    """What to draw for one step: nodes and edges, and the clusters they nest in."""
+
+    log: StepLog
+    depth: int
+    auto_depth: bool
+    deepest: int  # the depth of the deepest call: --depth beyond it changes nothing
+    phase: str
+    checked: bool  # the step had a backward and it is drawn: a node without one is marked
+    backward_start: tuple[NodeKey, schema.BackwardEvent] | None = None
+    node_map: dict[NodeKey, Node] = field(default_factory=dict)
+    edge_list: list[Edge] = field(default_factory=list)
+    clusters: dict[ModuleKey, Cluster] = field(default_factory=dict)
+    # containment: a cluster (None: the top) -> the clusters and nodes directly inside it
+    contents: dict[ModuleKey | None, list[ModuleKey | NodeKey]] = field(default_factory=dict)
+
+    def nodes(self) -> list[Node]:
+        return sorted(self.node_map.values(), key=lambda n: (n.seq, n.key))
+
+    def edges(self) -> list[Edge]:
+        return sorted(self.edge_list, key=lambda e: (e.phase != "forward", e.order))
+
+    def inside(self, cluster: ModuleKey | None) -> list[Cluster | Node]:
+        """The clusters and nodes directly inside ``cluster`` (None: the top), in forward order."""
+        found: list[Cluster | Node] = [
+            self.clusters[k] if len(k) == 2 else self.node_map[k]
+            for k in self.contents.get(cluster, [])]
+        return sorted(found, key=lambda x: (x.seq, x.key))
+
+    @property
+    def graph(self) -> Any:
+        """The nodes (attribute "node") and edges (attribute "edge") as a networkx
+        MultiDiGraph, for graph algorithms; drawing does not need it (nor its import time)."""
+        import networkx as nx  # type: ignore[import-untyped]  # networkx ships no type hints
+
+        graph = nx.MultiDiGraph()
+        graph.add_nodes_from((key, {"node": node}) for key, node in self.node_map.items())
+        for e in self.edge_list:
+            graph.add_edge(e.src, e.dst, key=(e.phase, e.order), edge=e)
+        return graph
+
+    @property
+    def tree(self) -> Any:
+        """The containment as a networkx DiGraph: cluster (attribute "cluster") -> the clusters
+        and nodes (attribute "node") directly inside it."""
+        import networkx as nx
+
+        tree = nx.DiGraph()
+        tree.add_nodes_from((key, {"cluster": c}) for key, c in self.clusters.items())
+        tree.add_nodes_from((key, {"node": node}) for key, node in self.node_map.items())
+        tree.add_edges_from((parent, key) for parent, inside in self.contents.items()
+                            if parent is not None for key in inside)
+        return tree
+
+
+def build(log: StepLog, depth: int | None = None, phase: str = "both",
+          every_call: bool = False) -> View:
+    """The picture's model: ``depth`` None picks one; ``every_call`` draws each call of a
+    module called many times (see the module docstring)."""
+    if phase not in PHASES:
+        raise HooktraceError(f"unknown phase {phase!r}; choose one of {', '.join(PHASES)}")
+    calls, backward = calls_of(log)
+    fold = set() if every_call else repeated(calls)
+    chosen = auto_depth(calls, fold) if depth is None else depth
+    keys = node_keys(calls, chosen, fold)
+    view = View(log, chosen, depth is None, max((c.depth for c in calls.values()), default=0),
+                phase, log.has_backward and phase != "forward")
+    _add_nodes(view, calls, keys)
+    _add_clusters(view, calls)
+    forward = _chain([(keys[c.key], None) for c in calls.values()])
+    if phase != "backward":
+        for (src, dst, *_), runs in _runs(forward, fold).items():
+            view.edge_list.append(Edge(src, dst, "forward", runs[0][0], runs=len(runs),
+                                       last=runs[-1][0]))
+    visits = [(keys[c.key], e) for c, e in backward]
+    if phase != "forward":
+        mirrors = {(dst, src) for src, dst, _ in forward}
+        for (src, dst, *_), runs in _runs(_chain(visits), fold).items():
+            e = runs[0][1]
+            assert e is not None
+            view.edge_list.append(Edge(src, dst, "backward", runs[0][0], e.grad_input_len,
+                                       e.grad_output_len, (src, dst) in mirrors,
+                                       _largest(r[1] for r in runs), len(runs), runs[-1][0]))
+        view.backward_start = next(((k, e) for k, e in visits if k is not None and e), None)
+    return view
+
+
+_Link = tuple[NodeKey, NodeKey, schema.BackwardEvent | None]
+
+
+def _chain(visits: Sequence[tuple[NodeKey | None, schema.BackwardEvent | None]]) -> list[_Link]:
+    """Edges between consecutive distinct nodes of ``visits`` (None: a cluster, skipped), each
+    with the event of the visit that entered its destination."""
+    links: list[_Link] = []
+    last: NodeKey | None = None
+    for key, event in visits:
+        if key is None or key == last:
+            continue
+        if last is not None:
+            links.append((last, key, event))
+        last = key
+    return links
+
+
+def _runs(links: list[_Link], fold: set[ModuleKey]
+          ) -> dict[tuple[Any, ...], list[tuple[int, schema.BackwardEvent | None]]]:
+    """The links, each with its runs (order, event) in order: a link to or from the node of
+    a module's folded calls is one link however often it ran; any other is its own."""
+    nodes = {(model, fqn, -1) for model, fqn in fold}
+    found: dict[tuple[Any, ...], list[tuple[int, schema.BackwardEvent | None]]] = {}
+    for order, (src, dst, e) in enumerate(links, 1):
+        key = (src, dst) if src in nodes or dst in nodes else (src, dst, order)
+        found.setdefault(key, []).append((order, e))
+    return found
+
+
+def _largest(events: Iterable[schema.BackwardEvent | None]) -> float | None:
+    """The grad_output norm an edge run several times shows: the largest, or the first that
+    is not finite (as a node's)."""
+    norms = [n for e in events if e is not None and (n := grad_output_norm(e)) is not None]
+    return next((n for n in norms if not math.isfinite(n)), max(norms, default=None))
+
+
+def _add_nodes(view: View, calls: dict[NodeKey, Call], keys: dict[NodeKey, NodeKey | None]
+               ) -> None:
+    members: dict[NodeKey, list[Call]] = {}
+    per_module: dict[ModuleKey, int] = {}
+    for c in calls.values():
+        per_module[(c.model, c.fqn)] = per_module.get((c.model, c.fqn), 0) + 1
+        key = keys[c.key]
+        if key is not None:
+            members.setdefault(key, []).append(c)
+    for key, group in members.items():
+        own = calls.get(key)
+        with_backward = [c.backward for c in group if c.backward is not None]
+        first = min(with_backward, key=lambda e: e.seq, default=None)
+        node = Node(
+            key, own.cls if own else view.log.cls(key[0], key[1]), min(c.seq for c in group),
+            own.output_shapes if own else _shared_shapes(key, group),
+            per_module.get((key[0], key[1]), 0),
+            folded=sum((c.model, c.fqn) != key[:2] for c in group),
+            grad_calls=sum(not c.no_grad for c in group),
+            missing=sum(not c.no_grad and c.backward is None and c.later is None for c in group),
+            backward=own.backward if own and own.backward else first,
+            later=min((c.later for c in group if c.later is not None), default=None),
+            nonfinite=any(c.nonfinite for c in group),
+            nonfinite_grad=any(_nonfinite_grads(c.backward) for c in group),
+            grad_norm=max((n for c in group if (n := _grad_norm(c.backward)) is not None),
+                          default=None),
+            recomputed=any(c.recomputed for c in group))
+        view.node_map[key] = node
+
+
+def _shared_shapes(key: NodeKey, group: list[Call]) -> Sequence[schema.Shape]:
+    """The output shapes of the node of a module's folded calls: those of every call, where
+    they are the same ([] otherwise, and for a node with no call of its own module)."""
+    shapes = [c.output_shapes for c in group if (c.model, c.fqn) == key[:2]]
+    return shapes[0] if shapes and all(s == shapes[0] for s in shapes) else []
+
+
+def _stats(e: schema.BackwardEvent | None) -> list[list[float] | None]:
+    if e is None:
+        return []
+    return [*(e.grad_output_stats or []), *(e.grad_input_stats or [])]
+
+
+def _nonfinite_grads(e: schema.BackwardEvent | None) -> bool:
+    return any(s is not None and not math.isfinite(s[0]) for s in _stats(e))
+
+
+def grad_output_norm(e: schema.BackwardEvent) -> float | None:
+    """The L2 norm of all of ``e``'s grad_output tensors together (NaN/Inf when one is not
+    finite); None when the log has no statistics for them."""
+    norms = [s[0] for s in e.grad_output_stats or [] if s is not None]
+    return math.sqrt(sum(n * n for n in norms)) if norms else None
+
+
+def _grad_norm(e: schema.BackwardEvent | None) -> float | None:
+    norms = [s[0] for s in (e.grad_output_stats or []) if s is not None] if e else []
+    return max(norms) if norms and all(math.isfinite(n) for n in norms) else None
+
+
+def _add_clusters(view: View, calls: dict[NodeKey, Call]) -> None:
+    """Put every node in the tree, under the cluster of its module or of the nearest one above."""
+    clusters = view.clusters
+    for node in view.nodes():
+        model, fqn, _ = node.key
+        for above in ancestors(fqn):
+            if (model, above) not in clusters:
+                clusters[(model, above)] = Cluster(
+                    (model, above), view.log.cls(model, above), node.seq, 0, [], False)
+    for c in calls.values():
+        if (c.model, c.fqn) in clusters:
+            cluster = clusters[(c.model, c.fqn)]
+            cluster.calls += 1
+            cluster.output_shapes = c.output_shapes if cluster.calls == 1 else []
+            cluster.missing |= (view.checked and not c.no_grad and c.backward is None
+                                and c.later is None)
+    inside = view.contents
+    for model, fqn in clusters:
+        inside.setdefault((model, ancestors(fqn)[-1]) if fqn else None, []).append((model, fqn))
+    for node in view.nodes():
+        model, fqn, _ = node.key
+        parent = (model, fqn) if (model, fqn) in clusters else \
+            (model, ancestors(fqn)[-1]) if fqn else None
+        inside.setdefault(parent, []).append(node.key)

@@ -1,0 +1,114 @@
+"""The text view (``hooktrace show``): a step's events as an indented table, and the small
+formatters of names and shapes that the DOT renderer shares.
+
+Readable without Graphviz and over ssh: plain ASCII apart from the names themselves, one event
+per line, indented by fqn depth. A long step is cut at ``limit`` rows with a line saying how to
+see the rest.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from hooktrace.log import schema
+from hooktrace.log.words import plural
+from hooktrace.show.graph import depth_of
+from hooktrace.show.steplog import Event, StepLog, load_step, ranges
+
+DEFAULT_LIMIT = 100  # rows; resnet50 has 366 events per step, the MNIST net 14
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters written as escapes: a newline becomes ``\\n``."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
+def shape_text(shape: schema.Shape | None, times: str = "x") -> str:
+    """``[8, 3, 224, 224]`` -> ``8x3x224x224``; ``[]`` (a scalar) -> ``()``; None -> ``-``."""
+    if shape is None:
+        return "-"
+    return times.join(map(str, shape)) if shape else "()"
+
+
+def shapes_text(shapes: Sequence[schema.Shape | None], times: str = "x", most: int = 3) -> str:
+    """Several shapes, at most ``most`` of them: ``8x10, 8x4 +2``."""
+    shown = ", ".join(shape_text(s, times) for s in shapes[:most])
+    return f"{shown} +{len(shapes) - most}" if len(shapes) > most else shown
+
+
+def module_text(fqn: str) -> str:
+    """How a fqn is shown: the root of a model is ``(root)``."""
+    return printable(fqn) if fqn else "(root)"
+
+
+def _phase(e: Event) -> str:
+    if isinstance(e, schema.ForwardEvent):
+        flags = " no_grad" * e.no_grad + " recompute" * e.recompute
+        return "forward" + flags
+    return "backward" + " recompute" * e.recompute
+
+
+def _row(log: StepLog, e: Event, several_models: bool) -> list[str]:
+    if isinstance(e, schema.ForwardEvent):
+        grads = ""
+        shapes = f"{shapes_text(e.input_shapes)} -> {shapes_text(e.output_shapes)}"
+    else:
+        grads = f"{e.grad_input_len}/{e.grad_output_len}"
+        shapes = f"{shapes_text(e.grad_output_shapes)} -> {shapes_text(e.grad_input_shapes)}"
+    model = [printable(log.models.get(e.model, str(e.model)))] if several_models else []
+    return [str(e.seq), _phase(e), *model, str(e.call),
+            "  " * depth_of(e.name) + module_text(e.name), printable(log.cls(e.model, e.name)),
+            grads, shapes]
+
+
+def _columns(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for r in rows:
+        cells = [r[0].rjust(widths[0])]
+        cells += [c.ljust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def table(log: StepLog, phase: str | None = None, limit: int = DEFAULT_LIMIT) -> str:
+    """The step's events (of one phase, or both) in seq order; ``limit`` 0: every row."""
+    chosen = [e for e in log.events if phase is None or e.phase == phase]
+    models = sorted({e.model for e in log.events})
+    names = ", ".join(f"{printable(log.models.get(m, str(m)))} ({printable(log.cls(m, ''))})"
+                      for m in models)
+    forward = sum(e.phase == "forward" for e in log.events)
+    head = (f"step {log.step} (steps in the log: {ranges(log.steps)}): {names}: "
+            f"{plural(forward, 'forward event')}, "
+            f"{plural(len(log.events) - forward, 'backward event')}")
+    if not chosen:
+        return f"{head}\nno {phase} events in step {log.step}\n"
+    several = len(models) > 1
+    title = ["seq", "phase", *(["model"] if several else []), "call", "fqn", "class",
+             "grads in/out", "shapes"]
+    shown = chosen if limit <= 0 else chosen[:limit]
+    lines = [head, "", *_columns([title, *(_row(log, e, several) for e in shown)])]
+    if len(shown) < len(chosen):
+        lines.append(f"... {plural(len(chosen) - len(shown), 'more event')}: --limit 0 shows all; "
+                     "--phase, --model and --step narrow the view")
+    lines += ["", "shapes: forward input -> output; backward grad_output -> grad_input "
+              "(- where no gradient flowed)"]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(slots=True)
+class Shown:
+    text: str
+    warnings: list[str] = field(default_factory=list)
+
+
+def show(log: str | os.PathLike[str], step: int | None = None, phase: str | None = None,
+         model: str | None = None, limit: int = DEFAULT_LIMIT) -> Shown:
+    """``hooktrace show``: the table of one step of the log at ``log``."""
+    loaded = load_step(log, step, model)
+    return Shown(table(loaded, phase, limit), loaded.warnings)

@@ -1,0 +1,239 @@
+"""Loading one step of a log for a picture: ``load_step`` reads the log once and keeps the
+events of one step (by default the first step that has a backward event) of the chosen models.
+
+The steps it will not draw are *skimmed* (``hooktrace.log.decoder``): ``StepChooser`` tells the
+reader, each time the events' step changes, whether that step may still be drawn. Standard
+library only: no torch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hooktrace.log import schema
+from hooktrace.log.decoder import BackwardRows, ForwardRows
+from hooktrace.log.errors import HooktraceError, LogError
+from hooktrace.log.reader import LogNames, LogReader
+from hooktrace.log.words import plural
+from hooktrace.log.writer import capture_dir
+
+Event = schema.ForwardEvent | schema.BackwardEvent
+ModuleKey = tuple[int, str]  # (model, fqn)
+
+
+class SelectionError(HooktraceError):
+    """``--step`` or ``--model`` names something the log does not hold."""
+
+
+def ranges(numbers: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"`` (steps in messages)."""
+    runs: list[list[int]] = []
+    for n in sorted(numbers):
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+@dataclass(slots=True)
+class StepLog:
+    """What ``load_step`` kept: one step's events of the chosen models, and the module records."""
+
+    path: Path
+    step: int
+    steps: list[int]  # every step of the chosen models that has events
+    models: dict[int, str]  # model index -> name, from the ``model`` records
+    classes: dict[ModuleKey, str]  # from the ``module`` records
+    events: list[Event]  # this step's, in seq order
+    warnings: list[str] = field(default_factory=list)
+    # forward seq -> step of its backward, for calls whose backward ran in a later step (a GAN's
+    # generator: its forward in the discriminator's step, its backward in the next)
+    later: dict[int, int] = field(default_factory=dict)
+    captured: str | None = None  # "<folder> (N files)" when the run used --capture
+    sources: dict[str, str] = field(default_factory=dict)  # class -> "file:line" of forward
+
+    @property
+    def has_backward(self) -> bool:
+        return any(e.phase == "backward" for e in self.events)
+
+    def cls(self, model: int, fqn: str) -> str:
+        return self.classes.get((model, fqn), "?")
+
+
+def without_data_prep(events: list[Event], names: LogNames) -> list[Event]:
+    """``events`` without those of models that prepare data (torchvision transforms are
+    modules): no parameters, no backward in the step. They stay in the log, and are drawn
+    where nothing else ran."""
+    keep = names.with_params | {e.model for e in events if e.phase == "backward"}
+    return [e for e in events if e.model in keep] or events
+
+
+class StepChooser:
+    """Chooses the step to draw: the requested one, or the first with a backward event; keeps
+    its events as they are read."""
+
+    def __init__(self, step: int | None) -> None:
+        self.step = step
+        self.kept: dict[int, list[Event]] = {}
+        self.steps: set[int] = set()
+        self.first_backward: int | None = None
+
+    def may_draw(self, step: int) -> bool:
+        """Whether ``step`` may still be the one drawn (the reader's step filter): the answer
+        only narrows as the log is read."""
+        if self.step is not None:
+            return step == self.step
+        return self.first_backward is None or step <= self.first_backward
+
+    def target(self, step: int, backward: bool) -> list[Event] | None:
+        """The list to keep an event of ``step`` in, or None. Only a backward event of an
+        earlier step than the first seen with one changes the answer for the events after it."""
+        self.steps.add(step)
+        if self.step is not None:
+            return self.kept.setdefault(step, []) if step == self.step else None
+        if backward and (self.first_backward is None or step < self.first_backward):
+            self.first_backward = step
+            self.kept = {step: self.kept.get(step, [])}  # earlier steps had no backward
+        if self.first_backward is None or step == self.first_backward:
+            # until a backward shows up every step is a candidate; that is one step in practice
+            return self.kept.setdefault(step, [])
+        return None
+
+    def chosen(self) -> int:
+        if self.step is not None:
+            return self.step
+        return self.first_backward if self.first_backward is not None else min(self.steps)
+
+
+class StepsChooser(StepChooser):
+    """Keeps each of several given steps (the view page draws up to 20): one pass for all."""
+
+    def __init__(self, steps: Collection[int]) -> None:
+        super().__init__(None)
+        self.wanted = set(steps)
+
+    def may_draw(self, step: int) -> bool:
+        return step in self.wanted
+
+    def target(self, step: int, backward: bool) -> list[Event] | None:
+        self.steps.add(step)
+        return self.kept.setdefault(step, []) if step in self.wanted else None
+
+
+class _Loader:
+    """What ``load_step`` gathers in its pass over the log."""
+
+    def __init__(self, reader: LogReader, chooser: StepChooser, model: str | None) -> None:
+        self.reader = reader
+        self.chooser = chooser
+        self.model = model
+        self.names = LogNames()
+        self.models, self.classes, self.sources = (self.names.models, self.names.classes,
+                                                   self.names.sources)
+        self.any_events = False
+        self.step_starts: dict[int, int] = {}  # step -> its first seq
+        self.later: dict[int, int] = {}
+        self._step: int | None = None  # of the last event, and its step's first seq:
+        self._start = 0
+
+    def read(self) -> None:
+        for item in self.reader.scan(steps=self.chooser.may_draw):
+            if isinstance(item, ForwardRows):
+                self.forwards(item)
+            elif isinstance(item, BackwardRows):
+                self.backwards(item)
+            else:
+                self.names.take(item)
+
+    # Rows in loops that do little for the steps not kept: nearly all of them (skimmed: read
+    # for their seq, step, module and fwd only)
+    def forwards(self, rows: ForwardRows) -> None:
+        self.any_events = True
+        model, models, modules = self.model, self.models, self.reader.modules
+        run: int | None = None  # the step of the events kept in target
+        target: list[Event] | None = None
+        for row in rows:
+            seq, step, module, _, _, _, _ = row
+            if step != self._step:
+                self._step, self._start = step, self.step_starts.setdefault(step, seq)
+            if model is not None and models.get(modules[module][0]) != model:
+                continue
+            if step != run:
+                run, target = step, self.chooser.target(step, False)
+            if target is not None:
+                target.append(self.reader.forward_event(row))
+
+    def backwards(self, rows: BackwardRows) -> None:
+        self.any_events = True
+        model, models, modules = self.model, self.models, self.reader.modules
+        run: int | None = None
+        target: list[Event] | None = None
+        for row in rows:
+            seq, step, module, _, fwd, _, _, _, _, _ = row
+            if step != self._step:
+                self._step, self._start = step, self.step_starts.setdefault(step, seq)
+            if fwd < self._start:
+                self.later[fwd] = step
+            if model is not None and models.get(modules[module][0]) != model:
+                continue
+            if step != run:
+                run, target = step, self.chooser.target(step, True)
+            if target is not None:
+                target.append(self.reader.backward_event(row))
+
+
+def load_step(path: str | os.PathLike[str], step: int | None = None,
+              model: str | None = None) -> StepLog:
+    """Stream the log at ``path`` and keep step ``step`` (default: the first with a backward
+    event) of the model named ``model`` (default: all). Raises LogError / SelectionError."""
+    loaded = _load(LogReader(path), StepChooser(step), model)
+    chosen = loaded.chooser.chosen()
+    if chosen not in loaded.chooser.steps:
+        raise SelectionError(f"no step {chosen} in {loaded.reader.path}; its steps: "
+                             f"{ranges(sorted(loaded.chooser.steps))}")
+    return _step_log(loaded, chosen)
+
+
+def load_steps(path: str | os.PathLike[str], steps: Collection[int],
+               model: str | None = None) -> dict[int, StepLog]:
+    """``load_step`` of each of ``steps`` that the model ran, in one pass over the log."""
+    loaded = _load(LogReader(path), StepsChooser(steps), model)
+    return {step: _step_log(loaded, step) for step in sorted(steps)
+            if step in loaded.chooser.steps}
+
+
+def _load(reader: LogReader, chooser: StepChooser, model: str | None) -> _Loader:
+    loaded = _Loader(reader, chooser, model)
+    loaded.read()
+    models = loaded.models
+    if not loaded.any_events:
+        raise LogError(f"{reader.path} has no events: no module call was recorded")
+    if model is not None and model not in models.values():
+        names = ", ".join(repr(n) for n in sorted(models.values()))
+        raise SelectionError(f"no model {model!r} in {reader.path}; its models: {names}")
+    if not chooser.steps:
+        raise SelectionError(f"model {model!r} has no events in {reader.path}")
+    return loaded
+
+
+def _step_log(loaded: _Loader, chosen: int) -> StepLog:
+    reader, chooser, models = loaded.reader, loaded.chooser, loaded.models
+    events = sorted(chooser.kept.get(chosen, []), key=lambda e: e.seq)
+    if loaded.model is None:
+        events = without_data_prep(events, loaded.names)
+    forward = {e.seq for e in events if isinstance(e, schema.ForwardEvent)}
+    earlier = {models.get(e.model, str(e.model)) for e in events
+               if isinstance(e, schema.BackwardEvent) and e.fwd not in forward}
+    warnings = list(reader.warnings)
+    if earlier:
+        warnings.append(f"step {chosen} also runs the backward of calls made in an earlier step "
+                        f"(model {', '.join(sorted(earlier))}); they are drawn in that step")
+    captured = (f"{capture_dir(reader.path)} ({plural(reader.end.captured, 'file')})"
+                if reader.end is not None and reader.end.captured else None)
+    return StepLog(reader.path, chosen, sorted(chooser.steps), models, loaded.classes, events,
+                   warnings, {f: s for f, s in loaded.later.items() if f in forward}, captured,
+                   loaded.sources)

@@ -1,0 +1,135 @@
+"""What ``hooktrace view`` shows of one log, gathered in one streaming pass: the modules in
+forward order, and per module and step the gradient's size and health (the heatmap's cells),
+the parameter-gradient norms, and the watched steps' anomaly records. Standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from hooktrace.check.findings import ancestors
+from hooktrace.log import schema
+from hooktrace.log.reader import LogReader
+from hooktrace.show.graph import ModuleKey, depth_of, grad_output_norm
+
+MAX_STEPS = 200  # heatmap columns: a longer run shows every n-th recorded step
+
+
+@dataclass(slots=True)
+class Cell:
+    """One module in one step: its calls and what their backward brought."""
+
+    calls: int = 0  # forward calls with gradients on
+    no_grad: int = 0  # forward calls with gradients off
+    backward: int = 0  # backward events
+    grad_norm: float | None = None  # the largest grad_output norm of its calls (NaN/Inf wins)
+    grad_nan: int = 0  # NaN / Inf elements in its gradients (both sides)
+    grad_inf: int = 0
+    output_nan: int = 0  # NaN / Inf elements in its forward outputs
+    output_inf: int = 0
+    param_norm: float | None = None  # its own parameters' gradient norm (params record)
+    params_seen: bool = False  # the params record named it (a None norm: no gradient)
+
+    def add_norm(self, norm: float | None) -> None:
+        """Keep the largest norm; a NaN/Inf one, once seen, stays."""
+        current = self.grad_norm
+        if norm is not None and (current is None or (
+                math.isfinite(current) and (not math.isfinite(norm) or norm > current))):
+            self.grad_norm = norm
+
+
+@dataclass(slots=True)
+class RunData:
+    """One rank's log, as the page and the heatmap need it."""
+
+    path: str
+    rank: int
+    header: schema.Header
+    models: dict[int, str] = field(default_factory=dict)
+    classes: dict[ModuleKey, str] = field(default_factory=dict)
+    first_seq: dict[ModuleKey, int] = field(default_factory=dict)  # first forward's seq
+    cells: dict[tuple[int, str, int], Cell] = field(default_factory=dict)  # (model, fqn, step)
+    steps: set[int] = field(default_factory=set)  # steps with events
+    anomalies: list[schema.Anomaly] = field(default_factory=list)
+    end: schema.End | None = None
+    warnings: list[str] = field(default_factory=list)
+    stats: bool = True
+
+    def cell(self, model: int, fqn: str, step: int) -> Cell:
+        key = (model, fqn, step)
+        found = self.cells.get(key)
+        if found is None:
+            found = self.cells[key] = Cell()
+        return found
+
+    def rows(self) -> list[ModuleKey]:
+        """Every module that ran, in forward order: a module before the modules inside it
+        (forward events are written on return, children first: a module starts with its first
+        descendant)."""
+        start = dict(self.first_seq)
+        for (model, fqn), seq in self.first_seq.items():
+            for above in ancestors(fqn):
+                key = (model, above)
+                if key in start and seq < start[key]:
+                    start[key] = seq
+        return sorted(start, key=lambda k: (start[k], depth_of(k[1]), k))
+
+    def columns(self) -> list[int]:
+        """The heatmap's steps: the recorded ones (every n-th past MAX_STEPS) and the watched
+        steps with anomaly records."""
+        recorded = sorted(self.steps)
+        if len(recorded) > MAX_STEPS:
+            every = math.ceil(len(recorded) / MAX_STEPS)
+            recorded = recorded[::every]
+        return sorted({*recorded, *(a.step for a in self.anomalies)})
+
+
+def _counts(stats: list[schema.GradStat | None] | None) -> tuple[int, int]:
+    found = [s for s in stats or [] if s is not None and len(s) == 4]
+    return sum(int(s[2]) for s in found), sum(int(s[3]) for s in found)
+
+
+def _record(data: RunData, r: Any) -> None:
+    if isinstance(r, schema.ForwardEvent):
+        data.steps.add(r.step)
+        data.first_seq.setdefault((r.model, r.name), r.seq)
+        cell = data.cell(r.model, r.name, r.step)
+        if r.no_grad:
+            cell.no_grad += 1
+        elif not r.recompute:
+            cell.calls += 1
+        for _, nan, inf in r.output_nonfinite or []:
+            cell.output_nan += nan
+            cell.output_inf += inf
+    elif isinstance(r, schema.BackwardEvent):
+        data.steps.add(r.step)
+        cell = data.cell(r.model, r.name, r.step)
+        cell.backward += 1
+        cell.add_norm(grad_output_norm(r))
+        for stats in (r.grad_output_stats, r.grad_input_stats):
+            nan, inf = _counts(stats)
+            cell.grad_nan += nan
+            cell.grad_inf += inf
+    elif isinstance(r, schema.ParamGrads):
+        for fqn, norm in r.grad_norm.items():
+            cell = data.cell(r.model, fqn, r.step)
+            cell.param_norm, cell.params_seen = norm, True
+    elif isinstance(r, schema.Anomaly):
+        data.anomalies.append(r)
+    elif isinstance(r, schema.Module):
+        data.classes[(r.model, r.name)] = r.cls
+    elif isinstance(r, schema.Model):
+        data.models[r.model] = r.name
+
+
+def gather(reader: LogReader) -> RunData:
+    """One pass over the log of ``reader``."""
+    data = RunData(str(reader.path), reader.header.rank, reader.header,
+                   stats=bool(reader.header.options.get("stats", True)))
+    for record in reader:
+        _record(data, record)
+    data.end = reader.end
+    data.warnings = list(reader.warnings)
+    return data

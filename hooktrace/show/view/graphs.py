@@ -1,0 +1,149 @@
+"""The call graphs of a view page: one SVG per step and model choice, laid out by ``dot`` from
+the ``render`` picture, and what hovering each node shows (its numbers, its findings). Each
+step also carries its drawing one level deeper, gzipped, for a click on a folded block."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from hooktrace.check.findings import NOTE, Finding
+from hooktrace.log import schema
+from hooktrace.log.words import plural
+from hooktrace.show.graph import Node, View, build
+from hooktrace.show.marks import marks
+from hooktrace.show.render.dot import node_id, node_state, run_dot, to_dot
+from hooktrace.show.render.text import shapes_text
+from hooktrace.show.steplog import SelectionError, StepLog, load_steps
+from hooktrace.show.view.data import RunData
+
+MAX_GRAPH_STEPS = 20  # steps drawn per rank and model: the first ones recorded
+MAX_UNFOLD_NODES = 400  # a deeper drawing with more nodes is left out (resnet50: 154)
+PASS_EVENTS = 200_000  # events of the drawn steps held at once (about 100 MB)
+
+
+def _norms(stats: list[schema.GradStat | None] | None) -> list[str]:
+    out = []
+    for s in stats or []:
+        if s is None:
+            out.append("-")
+        elif len(s) == 4:
+            out.append(f"{s[0]:.4g} (max |x| {s[1]:.4g}; {int(s[2])} NaN, {int(s[3])} Inf)")
+        else:
+            out.append(f"{s[0]:.4g} (max |x| {s[1]:.4g})")
+    return out
+
+
+def _forward_details(e: schema.ForwardEvent) -> dict[str, Any]:
+    ins = [f"{shapes_text([s], most=1)} {d}" for s, d in zip(e.input_shapes, e.input_dtypes,
+                                                                     strict=False)]
+    outs = [f"{shapes_text([s], most=1)} {d}" for s, d in zip(e.output_shapes,
+                                                                      e.output_dtypes,
+                                                                      strict=False)]
+    found: dict[str, Any] = {"inputs": ins or ["-"], "outputs": outs or ["-"]}
+    if e.output_nonfinite:
+        found["output NaN/Inf"] = [f"output {i}: {nan} NaN, {inf} Inf"
+                                   for i, nan, inf in e.output_nonfinite]
+    return found
+
+
+def node_details(node: Node, view: View, events: dict[tuple[int, str, int], Any],
+                 inside: Sequence[Finding]) -> dict[str, Any]:
+    """What hovering ``node`` shows: names, where its class's forward is, shapes, dtypes,
+    gradient norms, NaN/Inf, state and ``inside``, the findings that name it (or a module
+    folded into it: ``marks.marks``)."""
+    model, fqn, call = node.key
+    name = view.log.models.get(model, str(model))
+    found: dict[str, Any] = {"model": name, "fqn": fqn, "class": node.cls,
+                             "state": node_state(node, view.checked)}
+    source = view.log.sources.get(node.cls)
+    if source is not None:
+        found["forward"] = source
+    if call >= 0:
+        found["call"] = f"{call + 1} of {node.module_calls}"
+    elif node.module_calls > 1:
+        found["calls"] = f"{node.module_calls}, one node (--every-call: one each)"
+    if node.folded:
+        found["folded"] = f"{plural(node.folded, 'call')} inside"
+    forward = events.get(node.key)
+    if isinstance(forward, schema.ForwardEvent):
+        found.update(_forward_details(forward))
+    if node.backward is not None:
+        found["grad_output norm"] = _norms(node.backward.grad_output_stats) or ["no statistics"]
+        found["grad_input norm"] = _norms(node.backward.grad_input_stats) or ["no statistics"]
+    if inside:
+        found["findings"] = [f"[{f.kind}] {f.module or '(root)'}: {f.message}" for f in inside]
+    return found
+
+
+def _drawing(view: View, events: dict[tuple[int, str, int], Any],
+             findings: Sequence[Finding]) -> dict[str, Any]:
+    found = marks(view, findings)
+    nodes = {node_id(n.key): node_details(n, view, events, found.get(n.key, []))
+             for n in view.nodes()}
+    problems = {box: kept for box, inside in found.items()
+                if (kept := [f for f in inside if f.severity != NOTE])}
+    svg = run_dot(to_dot(view, problems), "svg").decode("utf-8")
+    svg = svg[svg.index("<svg"):]  # no XML prolog, doctype or comment inside HTML
+    return {"svg": svg, "nodes": nodes, "depth": view.depth,
+            "summary": f"{plural(len(view.node_map), 'node')} at depth {view.depth} of "
+                       f"{view.deepest}"}
+
+
+def _packed(drawing: dict[str, Any]) -> str:
+    """``drawing`` as base64 of gzipped JSON: SVG shrinks about tenfold, and the page unpacks
+    it only when a click asks for it (DecompressionStream, no library)."""
+    return base64.b64encode(gzip.compress(orjson.dumps(drawing), mtime=0)).decode("ascii")
+
+
+def _graph(loaded: StepLog, findings: Sequence[Finding], every_call: bool = False
+           ) -> dict[str, Any]:
+    """The step's drawing at the automatic depth, and under "unfold" the one a level deeper
+    (packed; absent when nothing is folded or it is too big to draw)."""
+    view = build(loaded, every_call=every_call)
+    events = {(e.model, e.name, e.call): e for e in loaded.events
+              if isinstance(e, schema.ForwardEvent) and not e.recompute}
+    found = _drawing(view, events, findings)
+    if any(n.folded for n in view.node_map.values()):
+        deeper = build(loaded, view.depth + 1, every_call=every_call)
+        if len(deeper.node_map) <= MAX_UNFOLD_NODES:
+            found["unfold"] = _packed(_drawing(deeper, events, findings))
+    return found
+
+
+def _batches(data: RunData, steps: list[int]) -> list[list[int]]:
+    """``steps`` in runs of at most PASS_EVENTS events (one at least): each run is loaded in one
+    pass over the log, so the page reads the log once or a few times, not once per step."""
+    events: dict[int, int] = {}
+    for (_, _, step), cell in data.cells.items():
+        events[step] = events.get(step, 0) + cell.calls + cell.no_grad + cell.backward
+    batches: list[list[int]] = [[]]
+    held = 0
+    for step in steps:
+        if batches[-1] and held + events.get(step, 0) > PASS_EVENTS:
+            batches.append([])
+            held = 0
+        batches[-1].append(step)
+        held += events.get(step, 0)
+    return batches
+
+
+def step_graphs(data: RunData, findings: Sequence[Finding], every_call: bool = False
+                ) -> dict[str, dict[str, Any]]:
+    """``"model|step"`` (model "" for all models) -> the graph of that step."""
+    names = sorted(data.models.values()) if len(data.models) > 1 else []
+    out: dict[str, dict[str, Any]] = {}
+    for model in [None, *names]:
+        for batch in _batches(data, sorted(data.steps)[:MAX_GRAPH_STEPS]):
+            try:
+                loaded = load_steps(data.path, batch, model)
+            except SelectionError:  # the model ran nothing in these steps
+                continue
+            for step, one in loaded.items():  # those the model ran
+                out[f"{model or ''}|{step}"] = _graph(one, findings, every_call)
+    return out
+

@@ -1,0 +1,2 @@
+"""A tracing session: ``hooktrace.trace`` in code, ``hooktrace run`` on a script, and the
+assembly of the hook core with its observers. Imports torch."""

@@ -1,0 +1,126 @@
+"""Assembles a tracing session: the hook core and its observers, in the order they must run.
+
+``core.py`` follows the module calls; the observers (``records.Observer``) do the rest:
+capture (``--capture``), parameter-gradient norms, watch (steps after ``--steps``), partly-zero
+gradients, the log writer (it writes what those before it emit after the step's events), and
+break on NaN/Inf (``--break-on nan``, after the writer: the NaN's own event is written first).
+Statistics (``stats.Stats``) are shared by the observers that read numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import nn
+
+from hooktrace.hooks.core import CallTracker
+from hooktrace.hooks.naming import Naming
+from hooktrace.hooks.records import Observer
+from hooktrace.hooks.sites import error_site
+from hooktrace.log.errors import plain
+from hooktrace.log.options import TraceOptions
+from hooktrace.observe.breakon import BreakOnNonfinite
+from hooktrace.observe.capture import Capture, CaptureObserver
+from hooktrace.observe.diagnose import Diagnosis
+from hooktrace.observe.gradzeros import GradZeros
+from hooktrace.observe.halfupdates import HalfUpdates
+from hooktrace.observe.lossgraph import LossGraph
+from hooktrace.observe.lossscale import LossScale
+from hooktrace.observe.outputs import OutputCheck
+from hooktrace.observe.paramnorms import ParamNorms
+from hooktrace.observe.recorder import LogRecorder, Sink
+from hooktrace.observe.stats import Stats
+from hooktrace.observe.watch import Watch
+from hooktrace.observe.weights import WeightChange
+
+__all__ = ["Sink", "Tracer"]
+
+
+class Tracer:
+    """Records every module call of every model (or of ``models`` only) into ``sink``."""
+
+    def __init__(
+        self,
+        sink: Sink,
+        options: TraceOptions | None = None,
+        models: Sequence[nn.Module] | None = None,
+        capture: Capture | None = None,
+    ) -> None:
+        self._sink = sink
+        self._options = options or TraceOptions()
+        self._models = models
+        self._capture = capture
+        self._stats = Stats(self._options.break_on_nan) if self._options.stats else None
+        self._core = CallTracker(self._options)
+        self._naming: Naming | None = None
+
+    @property
+    def steps(self) -> int:
+        """Backward passes completed while tracing."""
+        return self._core.step
+
+    @property
+    def events(self) -> int:
+        return self._core.events
+
+    @property
+    def dropped(self) -> int:
+        return self._core.dropped
+
+    @property
+    def error(self) -> str | None:
+        return self._core.error
+
+    @error.setter
+    def error(self, value: str | None) -> None:
+        self._core.error = value
+
+    def start(self) -> Tracer:
+        naming = self._naming = Naming(self._sink.write, self._options.matches, self._models)
+        stats = self._stats
+        outputs = OutputCheck(stats) if stats is not None else None
+        recorder = LogRecorder(self._sink, stats, outputs)
+        observers: list[Observer] = []
+        if self._capture is not None:
+            observers.append(CaptureObserver(self._capture, naming.model_name))
+        observers.append(ParamNorms(stats, naming.uncalled, recorder.emit))
+        if stats is not None and self._options.watch:
+            observers.append(Watch(stats, recorder.emit))
+        observers.append(Diagnosis(recorder.emit, naming.uncalled))
+        observers.append(LossScale(recorder.emit))
+        core = self._core
+        observers.append(LossGraph(recorder.emit, lambda: core.mode))
+        observers.append(WeightChange(recorder.emit))
+        observers.append(HalfUpdates(recorder.emit))
+        if stats is not None:
+            observers.append(GradZeros(recorder.emit))
+        observers.append(recorder)  # after those that emit: their records precede the step's
+        if stats is not None and self._options.break_on_nan:
+            observers.append(BreakOnNonfinite(stats))  # the NaN's own event is written first
+        self._core.start(naming, observers)
+        return self
+
+    def stop(self) -> None:
+        """Remove every hook and write what is buffered. Safe to call twice."""
+        self._core.stop()
+
+    def describe(self, error: BaseException) -> dict[str, Any]:
+        """The end record's ``error``: its type and message, the module whose call raised it
+        (when tracing had named it) and the line of the user's code it came through."""
+        described: dict[str, Any] = {"type": type(error).__name__, "message": plain(str(error))}
+        if isinstance(error, (SystemExit, KeyboardInterrupt)):
+            return described  # the script chose to stop: no place to point at
+        try:
+            module, path, line = error_site(error)
+            info = self._naming.known(module) if module is not None and self._naming else None
+            if info is not None:
+                described.update(model=info.model, module=info.name)
+            if path is not None:
+                described.update(file=path, line=line)
+        except Exception:  # a frame that cannot be read: the type and message still say it
+            pass
+        return described
+
+    def _fail(self, error: BaseException) -> None:
+        self._core.fail(error)
