@@ -14,23 +14,27 @@ import contextlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from hooktrace.log.fields import (
+    NORM_TYPES,
+    decode_number,
+    decode_stats,
+    from_dict,
+    get,
+    plain_stats,
+    shapes,
+    stats_ok,
+    strs,
+)
 from hooktrace.log.schema import (
-    END_STATUSES,
-    Anomaly,
     BackwardEvent,
     End,
     ForwardEvent,
     GradStat,
-    Header,
-    Model,
     Module,
     ParamGrads,
     Record,
     SchemaError,
     Shape,
-    Signal,
-    Source,
-    Step,
 )
 
 Signature = tuple[list[Any], list[str]]  # a tensors record: shapes of tensor leaves, dtypes
@@ -152,7 +156,7 @@ class Decoder:
                     return seq, step, module, call, fwd, [], [], None, None, None
                 if (type(i := d["in"]) is int and type(o := d["out"]) is int
                         and "recompute" not in d and "lost" not in d
-                        and _plain_stats(ins := d.get("in_stats"), outs := d.get("out_stats"))):
+                        and plain_stats(ins := d.get("in_stats"), outs := d.get("out_stats"))):
                     tensors = self.tensors
                     return seq, step, module, call, fwd, tensors[i][0], tensors[o][0], ins, outs, \
                         None
@@ -181,14 +185,14 @@ class Decoder:
         """Any other line (``kind``: its type), a record or None; ``tensors`` and ``module``
         records add to the ids known."""
         if kind == "tensors":
-            shapes = _shapes(d, "shapes", allow_none=True)
-            self.tensors[_get(d, "id", int)] = (shapes, _strs(d, "dtypes"))
+            leaf_shapes = shapes(d, "shapes", allow_none=True)
+            self.tensors[get(d, "id", int)] = (leaf_shapes, strs(d, "dtypes"))
             return None
         if kind == "params":
             return self._params(d)
         record = from_dict(d)
         if type(record) is Module:
-            ident = _get(d, "id", int)
+            ident = get(d, "id", int)
             self.modules[ident] = (record.model, record.name)
             if ident >= 0:  # the careful path reads "-1" as no id
                 self._names[str(ident)] = record.name
@@ -197,9 +201,9 @@ class Decoder:
         return record
 
     def _params(self, d: dict[str, Any]) -> ParamGrads:
-        grad_norm = _get(d, "grad_norm", dict, {})
+        grad_norm = get(d, "grad_norm", dict, {})
         norms: dict[str, float | None] | None = None
-        if {*map(type, grad_norm.values())} <= _NORM_TYPES:
+        if {*map(type, grad_norm.values())} <= NORM_TYPES:
             with contextlib.suppress(KeyError):  # ids as written, norms as floats: built in C
                 norms = dict(zip(map(self._names.__getitem__, grad_norm), grad_norm.values(),
                                  strict=True))
@@ -211,7 +215,7 @@ class Decoder:
                     raise SchemaError(f"key 'grad_norm' holds {key!r}, not the id of a module "
                                       "record")
                 norms[found[1]] = None if value is None else decode_number(value)
-        return ParamGrads(step=_get(d, "step", int), model=_get(d, "model", int),
+        return ParamGrads(step=get(d, "step", int), model=get(d, "model", int),
                           grad_norm=norms)
 
     # -- any event, one key at a time ----------------------------------------------------------
@@ -235,7 +239,7 @@ class Decoder:
         seq, step, call = d.get("seq"), d.get("step"), d.get("call")
         if type(seq) is int and type(step) is int and type(call) is int:
             return seq, step, call
-        return _get(d, "seq", int), _get(d, "step", int), _get(d, "call", int)
+        return get(d, "seq", int), get(d, "step", int), get(d, "call", int)
 
     def _forward_row(self, d: dict[str, Any]) -> ForwardRow:
         seq, step, call = self._common(d)
@@ -243,9 +247,9 @@ class Decoder:
         ins, outs = self._ids(d, "in"), self._ids(d, "out")
         if len(d) <= _FORWARD_KEYS:
             return seq, step, module, call, ins, outs, None
-        more = ForwardMore(_get(d, "no_grad", bool, False), _get(d, "recompute", bool, False),
-                           _get(d, "inputs_more", int, None), _get(d, "outputs_more", int, None),
-                           _shapes(d, "output_nonfinite") or None)
+        more = ForwardMore(get(d, "no_grad", bool, False), get(d, "recompute", bool, False),
+                           get(d, "inputs_more", int, None), get(d, "outputs_more", int, None),
+                           shapes(d, "output_nonfinite") or None)
         return seq, step, module, call, ins, outs, None if more == _PLAIN_FORWARD else more
 
     def _backward_row(self, d: dict[str, Any]) -> BackwardRow:
@@ -253,166 +257,17 @@ class Decoder:
         module = self._module(d)
         fwd = d.get("fwd", -1)
         if type(fwd) is not int:
-            fwd = _get(d, "fwd", int, -1)
+            fwd = get(d, "fwd", int, -1)
         grad_ins, grad_outs = self._ids(d, "in")[0], self._ids(d, "out")[0]
         in_stats, out_stats = d.get("in_stats"), d.get("out_stats")
         plain = True
-        if not _stats_ok(in_stats):
-            in_stats, plain = _decode_stats(d, "in_stats"), False
-        if not _stats_ok(out_stats):
-            out_stats, plain = _decode_stats(d, "out_stats"), False
-        lost = _get(d, "lost", list, None)
+        if not stats_ok(in_stats):
+            in_stats, plain = decode_stats(d, "in_stats"), False
+        if not stats_ok(out_stats):
+            out_stats, plain = decode_stats(d, "out_stats"), False
+        lost = get(d, "lost", list, None)
         if lost is not None and not all(type(i) is int for i in lost):
             raise SchemaError(f"backward event: 'lost' must list input indices, got {lost!r}")
-        more = BackwardMore(_get(d, "recompute", bool, False), lost or None)
+        more = BackwardMore(get(d, "recompute", bool, False), lost or None)
         return seq, step, module, call, fwd, grad_ins, grad_outs, in_stats, out_stats, \
             None if plain and more == _NONFINITE else more
-
-
-def decode_number(x: Any) -> float:
-    if isinstance(x, (int, float)) and not isinstance(x, bool):
-        return float(x)
-    if x in ("nan", "inf", "-inf"):
-        return float(x)
-    raise SchemaError(f"{x!r} is not a number")
-
-
-
-def _decode_stats(d: dict[str, Any], key: str) -> list[GradStat | None] | None:
-    value = d.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise SchemaError(f"key {key!r} has the wrong type ({type(value).__name__})")
-    out: list[GradStat | None] = []
-    for s in value:
-        if s is not None and (not isinstance(s, list) or len(s) not in (2, 4)):
-            raise SchemaError(f"key {key!r} holds something that is not a gradient statistic")
-        out.append(None if s is None else [decode_number(v) for v in s])
-    return out
-
-
-def _get(d: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
-    if key not in d or d[key] is None:
-        if default is ...:
-            raise SchemaError(f"missing key {key!r}")
-        return default
-    value = d[key]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise SchemaError(f"key {key!r} has the wrong type ({type(value).__name__})")
-    return value
-
-
-def _shapes(d: dict[str, Any], key: str, allow_none: bool = False) -> list[Any]:
-    value = _get(d, key, list, [])
-    for shape in value:
-        if shape is None and allow_none:
-            continue
-        if not isinstance(shape, list) or not all(
-            isinstance(n, int) and not isinstance(n, bool) for n in shape
-        ):
-            raise SchemaError(f"key {key!r} holds something that is not a shape")
-    return value  # type: ignore[no-any-return]
-
-
-def _drop(d: dict[str, Any]) -> dict[str, Any]:
-    """A module record's ``drop`` as ``Module``'s fields (none where absent or unknown)."""
-    drop = _get(d, "drop", dict, {})
-    p, per = drop.get("p"), drop.get("per")
-    if type(p) not in _NUMBER_TYPES or per not in Module.DROP_UNITS:
-        return {}
-    return {"drop": float(p), "drop_unit": per}
-
-
-def _strs(d: dict[str, Any], key: str) -> list[str]:
-    value = _get(d, key, list, [])
-    if not all(isinstance(s, str) for s in value):
-        raise SchemaError(f"key {key!r} holds something that is not a string")
-    return value  # type: ignore[no-any-return]
-
-
-_NUMBER_TYPES = frozenset((float, int))  # not bool: JSON true is no statistic
-_NORM_TYPES = frozenset((float, type(None)))
-
-
-def _stats_ok(value: Any) -> bool:
-    if type(value) is not list:
-        return value is None
-    for stat in value:
-        # 4 numbers (NaN/Inf counts) take the careful path
-        if stat is not None and (type(stat) is not list or len(stat) != 2
-                                 or type(stat[0]) not in _NUMBER_TYPES
-                                 or type(stat[1]) not in _NUMBER_TYPES):
-            return False
-    return True
-
-
-def _plain_stats(ins: Any, outs: Any) -> bool:
-    """``_stats_ok`` of both, quick for the usual one statistic each."""
-    if ins is not None and outs is not None:
-        try:  # only a list holding a list of 2 numbers unpacks so: a str or dict holds str
-            ((a, b),), ((c, d),) = ins, outs
-        except (TypeError, ValueError):
-            return _stats_ok(ins) and _stats_ok(outs)
-        numbers = _NUMBER_TYPES
-        return type(a) in numbers and type(b) in numbers and type(c) in numbers \
-            and type(d) in numbers
-    return _stats_ok(ins) and _stats_ok(outs)
-
-
-def from_dict(d: Any) -> Record | None:
-    """Build the record for one parsed line; ``None`` for a record type this version does not know.
-
-    Raises SchemaError when a known record lacks a key or holds a value of the wrong type.
-    """
-    if not isinstance(d, dict):
-        raise SchemaError(f"a record must be a JSON object, not {type(d).__name__}")
-    kind = _get(d, "type", str)
-    if kind == "header":
-        return Header(
-            schema=_get(d, "schema", int), hooktrace=_get(d, "hooktrace", str, "?"),
-            torch=_get(d, "torch", str, None), python=_get(d, "python", str, None),
-            argv=_strs(d, "argv"), pid=_get(d, "pid", int, 0), rank=_get(d, "rank", int, 0),
-            local_rank=_get(d, "local_rank", int, 0), world_size=_get(d, "world_size", int, 1),
-            hostname=_get(d, "hostname", str, None),
-            started=_get(d, "started", (int, float), None), options=_get(d, "options", dict, {}),
-        )
-    if kind == "model":
-        return Model(model=_get(d, "model", int), name=_get(d, "name", str),
-                     cls=_get(d, "class", str, "?"))
-    if kind == "module":
-        aliases = _strs(d, "aliases") or None
-        return Module(model=_get(d, "model", int), name=_get(d, "name", str),
-                      cls=_get(d, "class", str, "?"), params=_get(d, "params", int, 0),
-                      trainable=_get(d, "trainable", int, 0), aliases=aliases,
-                      loose=_strs(d, "loose") or None, wrapper=_get(d, "wrapper", str, None),
-                      **_drop(d))
-    if kind == "anomaly":
-        anomaly = _get(d, "kind", str)
-        if anomaly not in Anomaly.KINDS:
-            return None  # a kind from a newer version: skipped like an unknown record
-        return Anomaly(step=_get(d, "step", int), model=_get(d, "model", int),
-                       name=_get(d, "name", str), kind=anomaly, call=_get(d, "call", int, 0),
-                       detail=_get(d, "detail", dict, {}))
-    if kind == "signal":
-        signal = _get(d, "kind", str)
-        if signal not in Signal.KINDS:
-            return None  # a kind from a newer version: skipped like an unknown record
-        return Signal(step=_get(d, "step", int), model=_get(d, "model", int),
-                      name=_get(d, "name", str), kind=signal, detail=_get(d, "detail", dict, {}))
-    if kind == "source":
-        return Source(cls=_get(d, "class", str), file=_get(d, "file", str),
-                      line=_get(d, "line", int))
-    if kind == "step":
-        return Step(step=_get(d, "step", int), forward=_get(d, "forward", int, 0),
-                    backward=_get(d, "backward", int, 0))
-    if kind == "end":
-        status = _get(d, "status", str)
-        if status not in END_STATUSES:
-            raise SchemaError(f"unknown end status {status!r}")
-        return End(status=status, events=_get(d, "events", int, 0), steps=_get(d, "steps", int, 0),
-                   exit_code=_get(d, "exit_code", int, None), error=_get(d, "error", dict, None),
-                   dropped=_get(d, "dropped", int, None),
-                   tracer_error=_get(d, "tracer_error", str, None),
-                   captured=_get(d, "captured", int, None))
-    return None

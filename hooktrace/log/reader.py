@@ -22,9 +22,9 @@ from hooktrace.log.decoder import (
     ForwardRows,
     Rows,
     StepFilter,
-    from_dict,
 )
 from hooktrace.log.errors import LogError
+from hooktrace.log.fields import from_dict
 
 MAX_LINE_BYTES = 16 * 1024 * 1024  # no record comes near this; a longer line is not a hooktrace log
 _BUFFER_BYTES = 1 << 20  # read in blocks this size

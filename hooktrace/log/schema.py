@@ -40,6 +40,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
 
+from hooktrace.log.signals import VIEW_OPS as VIEW_OPS
+from hooktrace.log.signals import Signal as Signal
+
 SCHEMA_VERSION = 2
 
 Shape = Sequence[int]
@@ -238,122 +241,6 @@ class Anomaly:
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.TYPE, "step": self.step, "model": self.model, "name": self.name,
                 "kind": self.kind, "call": self.call, "detail": self.detail}
-
-
-@dataclass(slots=True)
-class Signal:
-    """What the training loop did around a model, written when it is first seen or changes
-    (recorded and watched steps alike), at the step it happened in:
-
-    * ``eval-backward``: a backward pass reached the model while ``model.training`` was False
-      (once, until it is seen training again);
-    * ``optimizers``: when tracing stops, if an optimizer stepped: ``detail.held``, the model's
-      modules whose trainable parameters an optimizer that stepped holds (fqns), and
-      ``detail.not_held``, the modules with trainable parameters none holds; where the
-      optimizers of the model held, at their first step, trainable parameters of no named
-      module that had no gradient (one a parametrization replaced after the optimizer was
-      built), ``detail.outside``, the shapes of the first 8, and ``detail.outside_count``;
-    * ``shared-storage``: at an optimizer's first step, Parameters it holds that share one
-      storage (``data_ptr``, device, dtype, shape, stride): ``detail.params`` in its order
-      (``lm_head.weight``), ``detail.optimizer`` its class; ``name``, the last one's module;
-    * ``stepped-twice``: when tracing stops, an optimizer (``detail.optimizer``) that stepped
-      again with the gradients its last step applied (no backward pass between) in
-      ``detail.steps`` (two at least, half of its steps or more; ``step``, the first),
-      ``detail.most`` steps in a row at most;
-    * ``grads-carried-over``: parameters whose ``.grad`` was neither zeroed nor set to None
-      after an optimizer step, so the next backward adds to it (``detail.modules``: fqns);
-    * ``backward-hook``: ``name`` has a deprecated ``register_backward_hook`` hook
-      (``detail.hook``: its function's qualified name);
-    * ``frozen-bn-training``: ``name`` is a BatchNorm without trainable parameters whose
-      running statistics update (train mode) while its model trains;
-    * ``grads-cleared``: an optimizer stepped with every ``.grad`` None although a backward
-      pass reached its parameters' modules since its last step: ``zero_grad()`` ran between
-      ``backward()`` and ``step()`` (``detail.modules``: fqns of the modules reached);
-    * ``params-without-grad``: after a recorded backward pass, ``name`` has trainable own
-      parameters that got no ``.grad`` while others of its own got one (a weight read through
-      ``.data`` in its forward): ``detail.params``, their names, ``detail.with_grad``, the
-      others'; written again when that changes (``params`` empty: all of them got one since);
-    * ``grads-zeroed``: after a recorded backward pass, an optimizer stepped with every
-      ``.grad`` it holds exactly zero (not None) although a backward pass reached their modules
-      since its last step (``detail.modules``: fqns); once a run;
-    * ``params-recreated``: ``name``'s own trainable parameters ``detail.params`` were new
-      objects at the end of two recorded steps in a row (an ``nn.Parameter`` created in its
-      forward), ``step`` the first of them; once per module;
-    * ``weights-unchanged``: the trainable parameters of the model that got gradients kept
-      their values from this step's backward to step ``detail.through``'s, although
-      optimizers stepped in ``detail.optimizer_steps`` steps between (0: none stepped in the
-      run), with learning rates ``detail.lr`` (``weights.py``); ``detail.modules``: fqns;
-      ``detail.dtype``, ``float16`` or ``bfloat16`` where such weights are among them. Only
-      for parameters on the CPU, as ``grads-zeroed`` (a device read per step would wait);
-    * ``trainable-changed``: at the end of recorded backward pass ``step``, modules of the
-      model with fewer trainable own parameters than at the last recorded pass's end
-      (``detail.frozen``: fqns; ``requires_grad_(False)`` in between) or more
-      (``detail.unfrozen``); once per model and step with a change;
-    * ``lr-collapsed``: when tracing stops, for the models of an optimizer that stepped
-      ``detail.low_steps`` of its ``detail.optimizer_steps`` steps (half or more) with a learning
-      rate below 1e-4 of its peak ``detail.peak``, from ``step`` on (``detail.lr``: its last);
-    * ``weight-decay``: the models of an optimizer (``detail.optimizer``: its class) whose step
-      multiplies each weight by ``1 - lr * weight_decay`` with that product 0.01 or more
-      (``detail.lr``, ``detail.weight_decay``), at the first such step; once per optimizer;
-    * ``loss-scale``: the scale ``detail.scale`` of the loss scaler (``torch.amp.GradScaler``)
-      held by the code that ran the recorded backward pass ``step``, which the gradients of
-      the pass still carry (they are unscaled in ``scaler.step``); when it changes;
-    * ``grad-zeros``: after recorded backward pass ``step``, for the calls of modules with
-      children whose output gradients are partly exactly zero: ``detail.share``, by the call's
-      forward ``seq`` (a string), the share of exactly-zero elements in those of their output
-      gradients that are not all zero (a loss reading part of the output; ``gradzeros.py``);
-    * ``updates-rounded``: the model's float16 or bfloat16 trainable weights (``detail.dtype``)
-      barely moved from this step's backward to step ``detail.through``'s though optimizers
-      stepped: of ``detail.compared`` sampled elements with a non-zero gradient, ``detail.moved``
-      changed (under 25% a step; ``halfupdates.py``), with learning rates ``detail.lr``;
-    * ``nonfinite-weights``: the first call of recorded step ``step`` with NaN/Inf in its
-      outputs, ``name``, ran with NaN/Inf in its own parameters ``detail.params`` (names;
-      ``detail.dtypes``: theirs): an optimizer step before made them so. Written after that
-      call's event;
-    * ``loss-ops``: the autograd ops of a recorded pass from a loss function (``detail.loss``:
-      its node's name without ``Backward0``: ``NllLoss``, ``BinaryCrossEntropyWithLogits``,
-      ``MseLoss``) back to the output of ``name`` (the outermost call that returned it):
-      ``detail.ops``, the ops between, the loss's input first, and ``detail.out``, the op that
-      made that output (below views and casts, ``VIEW_OPS``); ``detail.last``, the innermost
-      module that returned it where it is another; when it changes;
-    * ``loss-scaled``: the root of a recorded pass that reached the model was multiplied by
-      the scale of the ``GradScaler`` the code holds ``detail.times`` times along one path
-      (1: ``scaler.scale(loss)``); when it changes;
-    * ``scaled-step``: an optimizer (``detail.optimizer``: its class) stepped gradients that
-      a scaled pass (of step ``step``) left unchanged while the scaler had unscaled no
-      optimizer since its last update (``optimizer.step()`` without ``scaler.step``):
-      ``detail.modules``, fqns; once per optimizer;
-    * ``scaled-clip``: ``clip_grad_norm_`` (``detail.max_norm``) clipped gradients that a
-      scaled pass of step ``step`` left unchanged before any optimizer was unscaled
-      (``detail.modules``, fqns); once a run.
-    """
-
-    TYPE: ClassVar[str] = "signal"
-    KINDS: ClassVar[tuple[str, ...]] = ("eval-backward", "optimizers", "shared-storage",
-                                        "stepped-twice", "grads-carried-over",
-                                        "backward-hook", "frozen-bn-training", "grads-cleared",
-                                        "params-without-grad", "grads-zeroed",
-                                        "params-recreated", "weights-unchanged",
-                                        "trainable-changed", "lr-collapsed", "weight-decay",
-                                        "loss-scale", "nonfinite-weights",
-                                        "updates-rounded", "grad-zeros", "loss-ops",
-                                        "loss-scaled", "scaled-step", "scaled-clip")
-    step: int
-    model: int
-    name: str
-    kind: str
-    detail: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "step": self.step, "model": self.model, "name": self.name,
-                "kind": self.kind, "detail": self.detail}
-
-
-#: autograd ops (node names without ``Backward<n>``) that only view, reshape, copy or cast a
-#: tensor: in a ``loss-ops`` signal, what lies between ops that compute
-VIEW_OPS = frozenset({"View", "UnsafeView", "Reshape", "ReshapeAlias", "Alias", "Expand",
-                      "Squeeze", "Unsqueeze", "Transpose", "Permute", "T", "ToCopy", "Clone",
-                      "Contiguous"})
 
 
 @dataclass(slots=True)

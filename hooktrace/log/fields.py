@@ -1,0 +1,175 @@
+"""Checked reads of one parsed line's fields, and the records that are not events.
+
+``from_dict`` turns a ``header``, ``model``, ``module``, ``anomaly``, ``signal``, ``source``,
+``step`` or ``end`` line into its record; the helpers read one key with its type checked
+(a ``SchemaError`` names the key). With ``decoder`` and ``wire``, the only code that reads a
+line's keys. Standard library only: no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hooktrace.log.schema import (
+    END_STATUSES,
+    Anomaly,
+    End,
+    GradStat,
+    Header,
+    Model,
+    Module,
+    Record,
+    SchemaError,
+    Signal,
+    Source,
+    Step,
+)
+
+
+def decode_number(x: Any) -> float:
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return float(x)
+    if x in ("nan", "inf", "-inf"):
+        return float(x)
+    raise SchemaError(f"{x!r} is not a number")
+
+
+
+def decode_stats(d: dict[str, Any], key: str) -> list[GradStat | None] | None:
+    value = d.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise SchemaError(f"key {key!r} has the wrong type ({type(value).__name__})")
+    out: list[GradStat | None] = []
+    for s in value:
+        if s is not None and (not isinstance(s, list) or len(s) not in (2, 4)):
+            raise SchemaError(f"key {key!r} holds something that is not a gradient statistic")
+        out.append(None if s is None else [decode_number(v) for v in s])
+    return out
+
+
+def get(d: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    if key not in d or d[key] is None:
+        if default is ...:
+            raise SchemaError(f"missing key {key!r}")
+        return default
+    value = d[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise SchemaError(f"key {key!r} has the wrong type ({type(value).__name__})")
+    return value
+
+
+def shapes(d: dict[str, Any], key: str, allow_none: bool = False) -> list[Any]:
+    value = get(d, key, list, [])
+    for shape in value:
+        if shape is None and allow_none:
+            continue
+        if not isinstance(shape, list) or not all(
+            isinstance(n, int) and not isinstance(n, bool) for n in shape
+        ):
+            raise SchemaError(f"key {key!r} holds something that is not a shape")
+    return value  # type: ignore[no-any-return]
+
+
+def drop_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """A module record's ``drop`` as ``Module``'s fields (none where absent or unknown)."""
+    drop = get(d, "drop", dict, {})
+    p, per = drop.get("p"), drop.get("per")
+    if type(p) not in NUMBER_TYPES or per not in Module.DROP_UNITS:
+        return {}
+    return {"drop": float(p), "drop_unit": per}
+
+
+def strs(d: dict[str, Any], key: str) -> list[str]:
+    value = get(d, key, list, [])
+    if not all(isinstance(s, str) for s in value):
+        raise SchemaError(f"key {key!r} holds something that is not a string")
+    return value  # type: ignore[no-any-return]
+
+
+NUMBER_TYPES = frozenset((float, int))  # not bool: JSON true is no statistic
+NORM_TYPES = frozenset((float, type(None)))
+
+
+def stats_ok(value: Any) -> bool:
+    if type(value) is not list:
+        return value is None
+    for stat in value:
+        # 4 numbers (NaN/Inf counts) take the careful path
+        if stat is not None and (type(stat) is not list or len(stat) != 2
+                                 or type(stat[0]) not in NUMBER_TYPES
+                                 or type(stat[1]) not in NUMBER_TYPES):
+            return False
+    return True
+
+
+def plain_stats(ins: Any, outs: Any) -> bool:
+    """``stats_ok`` of both, quick for the usual one statistic each."""
+    if ins is not None and outs is not None:
+        try:  # only a list holding a list of 2 numbers unpacks so: a str or dict holds str
+            ((a, b),), ((c, d),) = ins, outs
+        except (TypeError, ValueError):
+            return stats_ok(ins) and stats_ok(outs)
+        numbers = NUMBER_TYPES
+        return type(a) in numbers and type(b) in numbers and type(c) in numbers \
+            and type(d) in numbers
+    return stats_ok(ins) and stats_ok(outs)
+
+
+def from_dict(d: Any) -> Record | None:
+    """Build the record for one parsed line; ``None`` for a record type this version does not know.
+
+    Raises SchemaError when a known record lacks a key or holds a value of the wrong type.
+    """
+    if not isinstance(d, dict):
+        raise SchemaError(f"a record must be a JSON object, not {type(d).__name__}")
+    kind = get(d, "type", str)
+    if kind == "header":
+        return Header(
+            schema=get(d, "schema", int), hooktrace=get(d, "hooktrace", str, "?"),
+            torch=get(d, "torch", str, None), python=get(d, "python", str, None),
+            argv=strs(d, "argv"), pid=get(d, "pid", int, 0), rank=get(d, "rank", int, 0),
+            local_rank=get(d, "local_rank", int, 0), world_size=get(d, "world_size", int, 1),
+            hostname=get(d, "hostname", str, None),
+            started=get(d, "started", (int, float), None), options=get(d, "options", dict, {}),
+        )
+    if kind == "model":
+        return Model(model=get(d, "model", int), name=get(d, "name", str),
+                     cls=get(d, "class", str, "?"))
+    if kind == "module":
+        aliases = strs(d, "aliases") or None
+        return Module(model=get(d, "model", int), name=get(d, "name", str),
+                      cls=get(d, "class", str, "?"), params=get(d, "params", int, 0),
+                      trainable=get(d, "trainable", int, 0), aliases=aliases,
+                      loose=strs(d, "loose") or None, wrapper=get(d, "wrapper", str, None),
+                      **drop_fields(d))
+    if kind == "anomaly":
+        anomaly = get(d, "kind", str)
+        if anomaly not in Anomaly.KINDS:
+            return None  # a kind from a newer version: skipped like an unknown record
+        return Anomaly(step=get(d, "step", int), model=get(d, "model", int),
+                       name=get(d, "name", str), kind=anomaly, call=get(d, "call", int, 0),
+                       detail=get(d, "detail", dict, {}))
+    if kind == "signal":
+        signal = get(d, "kind", str)
+        if signal not in Signal.KINDS:
+            return None  # a kind from a newer version: skipped like an unknown record
+        return Signal(step=get(d, "step", int), model=get(d, "model", int),
+                      name=get(d, "name", str), kind=signal, detail=get(d, "detail", dict, {}))
+    if kind == "source":
+        return Source(cls=get(d, "class", str), file=get(d, "file", str),
+                      line=get(d, "line", int))
+    if kind == "step":
+        return Step(step=get(d, "step", int), forward=get(d, "forward", int, 0),
+                    backward=get(d, "backward", int, 0))
+    if kind == "end":
+        status = get(d, "status", str)
+        if status not in END_STATUSES:
+            raise SchemaError(f"unknown end status {status!r}")
+        return End(status=status, events=get(d, "events", int, 0), steps=get(d, "steps", int, 0),
+                   exit_code=get(d, "exit_code", int, None), error=get(d, "error", dict, None),
+                   dropped=get(d, "dropped", int, None),
+                   tracer_error=get(d, "tracer_error", str, None),
+                   captured=get(d, "captured", int, None))
+    return None
