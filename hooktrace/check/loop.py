@@ -4,10 +4,9 @@ Each is a frequent forum question that module hooks can answer: backward in eval
 parameters no optimizer holds, gradients never cleared, the deprecated backward hook that sees
 only the last op, frozen BatchNorms still updating, a model no backward reaches, a parameter
 its module reads outside autograd, gradients zeroed before the step, a parameter created in
-forward, weights that never change, a learning rate scheduled down to nothing early on, a
-weight decay that shrinks every weight, modules frozen during the run (an evaluation helper's
-``requires_grad_(False)``) or unfrozen with no optimizer holding them; and what the optimizer
-holds versus what the model is (``holds``). Pure: a ``Collected``
+forward, modules frozen during the run (an evaluation helper's ``requires_grad_(False)``) or
+unfrozen with no optimizer holding them; updates that do not happen or do harm (``updates``);
+and what the optimizer holds versus what the model is (``holds``). Pure: a ``Collected``
 in, findings out.
 """
 
@@ -26,6 +25,13 @@ from hooktrace.check.holds import (
 )
 from hooktrace.check.modes import eval_backward
 from hooktrace.check.trainable import frozen_during_run, unfrozen_at
+from hooktrace.check.updates import (
+    lr_collapsed,
+    norms_at,
+    updates_rounded,
+    weight_decay,
+    weights_unchanged,
+)
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
@@ -208,108 +214,11 @@ def _cleared(c: Collected, s: Signal) -> list[Finding]:
         "order the loop as optimizer.zero_grad(); loss.backward(); optimizer.step()")]
 
 
-def _weights_unchanged(c: Collected, s: Signal) -> list[Finding]:
-    """A model whose weights got non-zero gradients and never changed: why, from what else
-    the loop did (a cause another finding names is left to it)."""
-    model = s.model
-    if any(t.model == model and t.kind in ("grads-cleared", "grads-zeroed") for t in c.signals):
-        return []
-    optimizers = [t for t in c.signals if t.model == model and t.kind == "optimizers"]
-    not_held = set(optimizers[-1].detail.get("not_held", [])) if optimizers else set()
-    modules = [name for name in s.detail.get("modules", []) if name not in not_held]
-    norms = _norms_at(c, model, s.step)
-    if norms:  # with statistics: only gradients that were not zero count
-        modules = [name for name in modules if norms.get(name)]
-    if not modules:
-        return []
-    steps, lrs, through = (s.detail.get("optimizer_steps", 0), s.detail.get("lr", []),
-                           s.detail.get("through", s.step))
-    if steps == 0:
-        if any(t.model == model and t.kind == "eval-backward" for t in c.signals):
-            return []  # gradients of a model in eval mode, no optimizer: an analysis
-        cause, hint = "no optimizer.step() ran", "call optimizer.step() after loss.backward()"
-    elif lrs and not any(lrs):
-        cause = "the optimizer's learning rate is 0"
-        hint = "give the optimizer a learning rate above 0 (a schedule may start at 0, not stay)"
-    elif lrs and max(lrs) < 1e-7:
-        cause = f"the learning rate ({max(lrs):.0e}) is too small to change float32 weights"
-        hint = "raise the learning rate; float32 cannot hold updates below ~1e-7 of a weight"
-    elif s.detail.get("dtype"):
-        cause = (f"the weights are {s.detail['dtype']}: each update (learning rate x "
-                 "gradient) is below their precision and rounds away")
-        hint = ("keep the weights in float32 (no model.half()) and train under "
-                "torch.autocast(dtype=torch.float16) with torch.amp.GradScaler, which also keeps "
-                "small gradients from underflowing to 0")
-    else:
-        cause = (f"optimizer.step() ran in {plural(steps, 'step')} and left them as they were: "
-                 "their gradients were zero when it ran")
-        hint = ("clip_grad_norm_(..., max_norm=0) and clip_grad_value_(..., 0) zero every "
-                "gradient (0 does not turn clipping off), as do zero_grad(set_to_none=False) or "
-                "p.grad.zero_() between backward() and step()")
-    return [Finding(
-        "weights-unchanged", WARNING, c.model_name(model), "", s.step,
-        f"the weights of model '{c.model_name(model)}' did not change from step {s.step} to "
-        f"step {through} though they got gradients ({plural(len(modules), 'module')}: "
-        f"{names_text(modules)}): {cause}",
-        {"modules": modules, "optimizer_steps": steps, "lr": lrs}, hint)]
-
-
-def _updates_rounded(c: Collected, s: Signal) -> list[Finding]:
-    """Half-precision weights whose updates round away: most do not move though their
-    gradients are not zero (all of them unmoved is ``weights-unchanged``'s)."""
-    if any(t.model == s.model and t.kind == "weights-unchanged" for t in c.signals):
-        return []
-    d = s.detail
-    dtype, moved, compared = d.get("dtype", "?"), d.get("moved", 0), d.get("compared", 0)
-    lrs = d.get("lr") or []
-    lr = f" (learning rate {max(lrs):.3g})" if lrs else ""
-    return [Finding(
-        "updates-rounded", WARNING, c.model_name(s.model), "", s.step,
-        f"the {dtype} weights of model '{c.model_name(s.model)}' barely change: from step "
-        f"{s.step} to step {d.get('through', '?')}, {moved} of {compared} sampled weights with "
-        f"a non-zero gradient moved: each update{lr} is below a {dtype} weight's precision "
-        "and rounds back to it", {k: d[k] for k in ("moved", "compared", "dtype", "lr") if k in d},
-        "keep the weights in float32 and train under torch.autocast(dtype=torch.bfloat16 or "
-        "torch.float16) so the optimizer updates float32 master weights; a larger learning rate "
-        "only hides it")]
-
-
-def _lr_collapsed(c: Collected, s: Signal) -> list[Finding]:
-    """An optimizer that spent half its steps or more with a learning rate below 1e-4 of its
-    peak: a schedule meant per epoch stepped per batch."""
-    d = s.detail
-    low, steps = d.get("low_steps", 0), d.get("optimizer_steps", 0)
-    return [Finding(
-        "lr-collapsed", WARNING, c.model_name(s.model), "", s.step,
-        f"the learning rate of the optimizer of model '{c.model_name(s.model)}' fell below "
-        f"1e-4 of its peak ({d.get('peak', 0):.3g}) at step {s.step} and stepped {low} of its "
-        f"{steps} steps there (last {d.get('lr', 0):.2g}): from then on the weights hardly "
-        "change", {"peak": d.get("peak"), "lr": d.get("lr"), "low_steps": low,
-                   "optimizer_steps": steps},
-        "a scheduler meant to step once per epoch (StepLR, MultiStepLR, ExponentialLR) "
-        "stepped once per batch: call scheduler.step() after each epoch, or give it a "
-        "step_size in batches")]
-
-
-def _weight_decay(c: Collected, s: Signal) -> list[Finding]:
-    """A weight decay that takes 1% or more of every weight at each step."""
-    lr, wd = s.detail.get("lr", 0.0), s.detail.get("weight_decay", 0.0)
-    shrink = lr * wd
-    return [Finding(
-        "weight-decay", WARNING, c.model_name(s.model), "", s.step,
-        f"the weight decay of the {s.detail.get('optimizer', '?')} optimizer of model "
-        f"'{c.model_name(s.model)}' takes {min(shrink, 1.0):.0%} of every weight at each step "
-        f"(lr {lr:.3g} x weight_decay {wd:.3g}): the weights shrink toward 0 whatever the "
-        "gradients say", {"lr": lr, "weight_decay": wd},
-        "weight_decay is usually 1e-4 to 0.1 (a typo such as 5 for 5e-4?): lr x weight_decay "
-        "is the fraction of each weight the decay removes per step")]
-
-
 def _zeroed(c: Collected, s: Signal) -> list[Finding]:
     """An optimizer stepped with every gradient exactly zero: a problem when the backward of
     that step gave them non-zero norms (without a ``params`` record of it, taken as given)."""
     modules = sorted(s.detail.get("modules", []), key=lambda name: _order(c, s.model, name))
-    at_step = _norms_at(c, s.model, s.step)
+    at_step = norms_at(c, s.model, s.step)
     norms = [at_step[name] for name in modules if name in at_step]
     if norms and not any(norms):
         return []  # the backward gave zero gradients itself (a loss of 0): nothing was zeroed
@@ -385,13 +294,6 @@ def _never_reached(c: Collected) -> list[Finding]:
     return out
 
 
-def _norms_at(c: Collected, model: int, step: int) -> dict[str, float | None]:
-    """The parameter-gradient norm of each of ``model``'s modules in ``step``'s params
-    records (empty without statistics)."""
-    return {name: norm for m, names, norms in c.param_norms.get(step, []) if m == model
-            for name, norm in zip(names, norms, strict=True)}
-
-
 def _order(c: Collected, model: int, name: str) -> int:
     m = c.modules.get((model, name))
     return m.first_seq or 0 if m is not None else 0
@@ -406,8 +308,8 @@ _BY_KIND = {
     "params-recreated": _recreated,
     "backward-hook": _backward_hook,
     "frozen-bn-training": _frozen_bn,
-    "weights-unchanged": _weights_unchanged,
-    "updates-rounded": _updates_rounded,
-    "lr-collapsed": _lr_collapsed,
-    "weight-decay": _weight_decay,
+    "weights-unchanged": weights_unchanged,
+    "updates-rounded": updates_rounded,
+    "lr-collapsed": lr_collapsed,
+    "weight-decay": weight_decay,
 }
