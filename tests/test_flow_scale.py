@@ -7,11 +7,12 @@ from __future__ import annotations
 import time
 
 from hooktrace.check import flow
+from hooktrace.check.calls import Call
 from hooktrace.check.collected import ModuleStats
 from hooktrace.check.findings import Thresholds
 
 
-def _unrolled(time_steps: int, flat_at: int | None = None) -> list[flow.Call]:
+def _unrolled(time_steps: int, flat_at: int | None = None) -> list[Call]:
     """A model's root calling ``rnn.cell`` and ``rnn.head`` once per time step (inside one
     ``rnn`` call), backward run through every call; ``flat_at``: the head call of that time
     step gets 1e-12 of the others' gradient (something flat around it in ``rnn``'s forward)."""
@@ -19,10 +20,10 @@ def _unrolled(time_steps: int, flat_at: int | None = None) -> list[flow.Call]:
     for t in range(time_steps):
         for name in ("rnn.cell", "rnn.head"):
             seq += 1
-            calls.append(flow.Call(0, seq, (0, name), t, True))
+            calls.append(Call(0, seq, (0, name), t, True))
     for name in ("rnn", ""):
         seq += 1
-        calls.append(flow.Call(0, seq, (0, name), 0, True))
+        calls.append(Call(0, seq, (0, name), 0, True))
     for c in calls:
         g = 1e-12 if c.key[1] == "rnn.head" and c.call == flat_at else 1.0 - c.seq * 1e-6
         c.gradients([[g, g]], [[g * 0.5, g]])

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hooktrace.check import firstnan, flow
+from hooktrace.check.calls import Call, whole_drop
 from hooktrace.check.collected import Collected, Keys, LossCall, ModuleKey, ModuleStats
 from hooktrace.check.losses import LOSSES
 from hooktrace.log import schema
@@ -77,8 +78,8 @@ class Collector:
         self._backward_sets: dict[int, Indices] = {}
         # the calls of the steps judged call by call (flow.STEPS), by forward seq; and by
         # (step, module index, call index), for the backward of a recomputed call
-        self._judged: dict[int, flow.Call] = {}
-        self._judged_calls: dict[tuple[int, int, int], flow.Call] = {}
+        self._judged: dict[int, Call] = {}
+        self._judged_calls: dict[tuple[int, int, int], Call] = {}
         self._judged_steps: set[int] = set()
         self._judging = False  # the forward calls' step is judged
         self._last_backward: tuple[int, int] | None = None  # (step, module index)
@@ -308,8 +309,8 @@ class Collector:
         unit = bool(shapes) and type(shapes[0]) is list and shapes[0][-1:] == [1]
         key = self._keys[index]
         m = self.c.modules.get(key)
-        chance = None if m is None or m.drop is None else flow.whole_drop(*m.drop, ins[0])
-        judged = self._judged[seq] = flow.Call(step, seq, key, call, grad, unit_last=unit,
+        chance = None if m is None or m.drop is None else whole_drop(*m.drop, ins[0])
+        judged = self._judged[seq] = Call(step, seq, key, call, grad, unit_last=unit,
                                                chance=chance, half="float16" in outs[1],
                                                out_shapes=shapes)
         self._judged_calls[(step, index, call)] = judged

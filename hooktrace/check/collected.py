@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hooktrace.check import flow
+from hooktrace.check.calls import Call
 from hooktrace.log import schema
 
 ModuleKey = tuple[int, str]  # (model, fqn)
@@ -84,7 +84,7 @@ class Collected:
     events: int = 0  # forward and backward events read, of every step
     last_step: int | None = None  # the last step with a step record: its backward pass ended
     # the calls of the first recorded steps, each with its backward's gradient norms
-    calls: list[flow.Call] = field(default_factory=list)
+    calls: list[Call] = field(default_factory=list)
     # a backward pass that never ended (it raised): its step, and the module of its last
     # backward event, whose backward was running
     unfinished: tuple[int, ModuleKey] | None = None

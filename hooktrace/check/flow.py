@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING
 
+from hooktrace.check.calls import Call, passes_nothing, reach, starves
 from hooktrace.check.findings import Thresholds
 from hooktrace.check.flowindex import Enclosing, FirstAtLeast
 
@@ -61,64 +62,6 @@ _FLAT_INSIDE = 1e-7
 # matched anchors, a mask) leaves at least this share of their gradient exactly zero; a loss
 # over all of them (cross-entropy, an MSE), none of it
 _READ_PART = 0.5
-
-
-@dataclass(slots=True)
-class Call:
-    """One forward call of a judged step, and what its backward received and gave."""
-
-    step: int
-    seq: int
-    key: ModuleKey
-    call: int
-    grad: bool  # ran with gradient recording on
-    backed: bool = False  # its backward ran
-    g_out: float | None = None  # norm of the gradients reaching its outputs (None: unknown)
-    g_in: float | None = None  # norm of the gradients of its inputs (None: none flowed)
-    lost: bool = False  # an input that needed a gradient got none
-    finite: bool = True
-    unit_last: bool = False  # its first output's last dim has size 1
-    chance: float | None = None  # a random-drop layer's: that it drops its whole input
-    half: bool = False  # its outputs are float16 (where gradients below 6e-8 round to 0)
-    out_shapes: Sequence[object] | None = None  # its outputs' shapes (the forward event's)
-    # the share of exactly-zero elements in the gradients reaching its outputs, where some
-    # are and some are not (a module with children; None: not known, or none or all of them)
-    zeros: float | None = None
-    zero_outs: tuple[int, ...] = ()  # its outputs whose gradient is exactly zero
-
-    def gradients(self, outs: Sequence[Sequence[float] | None] | None,
-                  ins: Sequence[Sequence[float] | None] | None) -> None:
-        """Its backward's statistics (``[norm, absmax, ...]`` per tensor) into norms. A call
-        that was fed keeps that: its backward runs again, with other numbers, when a later pass
-        goes back through its gradient's graph (a gradient penalty, ``create_graph=True``,
-        where a ReLU's second derivative is exactly zero)."""
-        if self.fed:
-            return
-        self.backed = True
-        self.g_out, out_ok = _norm(outs)
-        if outs is not None and len(outs) > 1:
-            self.zero_outs = tuple(i for i, s in enumerate(outs) if s is not None and s[0] == 0)
-        self.g_in, in_ok = _norm(ins)
-        self.finite = out_ok and in_ok
-
-    @property
-    def fed(self) -> bool:
-        """It received a usable gradient: finite, not zero (or of unknown size: no stats)."""
-        return self.backed and self.finite and (self.g_out is None or self.g_out > 0)
-
-    @property
-    def dead(self) -> bool:
-        return not self.backed or (self.finite and self.g_out == 0)
-
-
-def _norm(stats: Sequence[Sequence[float] | None] | None) -> tuple[float | None, bool]:
-    if stats is None:
-        return None, True
-    norms = [s[0] for s in stats if s is not None]
-    if not norms:
-        return None, True
-    total = math.sqrt(sum(n * n for n in norms))
-    return total, math.isfinite(total)
 
 
 @dataclass
@@ -169,19 +112,6 @@ class Flow:
             return 0.0
         k = min(len(b.drops), n)
         return min(1.0, math.comb(n, k) * q ** k)
-
-
-def whole_drop(p: float, unit: str, inputs: Sequence[object]) -> float | None:
-    """The chance that a drop layer of probability ``p`` drops every value of its input
-    (``inputs``: the shapes of its tensor inputs), one draw per ``unit``; None: unknown."""
-    shape = inputs[0] if inputs else None
-    if not isinstance(shape, list) or not all(type(d) is int for d in shape):
-        return None
-    if p >= 1 or unit == "batch":
-        return min(p, 1.0)
-    leading = {"sample": 1, "channel": 2}.get(unit)  # the dims a draw covers; else all
-    draws = math.prod(shape[:leading])
-    return float(p ** draws) if draws else 1.0
 
 
 def analyse(calls: Iterable[Call], modules: dict[ModuleKey, ModuleStats],
@@ -246,15 +176,15 @@ def _candidates(calls: list[Call], modules: dict[ModuleKey, ModuleStats],
     fed only what an earlier boundary (on the way back) let through: in a chain of small gains,
     the first one is the cause."""
     found: list[Call] = []
-    reach = -math.inf  # the largest _reach of those found: what starves c is c.g_out below it
+    farthest = -math.inf  # the largest reach of those found: what starves c is c.g_out below it
     for c in reversed(calls):  # backward order, roughly
         gain = _gain(c)
         limit = _UNIT_NORM_GAIN if _unit_norm(c, modules) else t.gain
         if c.fed and (c.lost or (gain is not None and gain <= limit)) and (
-                c.g_out is None or c.g_out > reach or (c.g_out == reach and not any(
-                    b.g_in is not None and _starves(b, c) for b in found))):
+                c.g_out is None or c.g_out > farthest or (c.g_out == farthest and not any(
+                    b.g_in is not None and starves(b, c) for b in found))):
             found.append(c)
-            reach = max(reach, _reach(c))
+            farthest = max(farthest, reach(c))
     return found[::-1]
 
 
@@ -269,28 +199,13 @@ def _gain(c: Call) -> float | None:
     return c.g_in / c.g_out
 
 
-def _starves(b: Call, v: Call) -> bool:
-    """``v``'s gradient is as small as what ``b`` passes back, far below what ``b`` receives
-    (unknown sizes, a lost input's among them, say nothing)."""
-    if b.g_out is None or b.g_in is None or v.g_out is None:
-        return False
-    return v.g_out <= 1e3 * b.g_in and v.g_out < 1e-3 * b.g_out
-
-
 def _bypassed(b: Call, enclosing: Enclosing) -> bool:
     """A module before ``b`` got a gradient that ``b``'s small gain cannot explain: it came
     round ``b`` (a residual shortcut), and what ``b`` starves is its own branch. Asked of the
     largest gradient of a fed call with parameters before ``b``: if ``b`` does not starve that
     one, some module got round it."""
     top = enclosing.largest_before(b)
-    return top is not None and not _starves(b, replace(b, g_out=top))
-
-
-def _reach(b: Call) -> float:
-    """``_starves(b, v)`` needs ``v.g_out`` at most this (-inf: ``b`` starves nothing)."""
-    if b.g_out is None or b.g_in is None:
-        return -math.inf
-    return min(1e3 * b.g_in, 1e-3 * b.g_out)
+    return top is not None and not starves(b, replace(b, g_out=top))
 
 
 def _saturated(b: Call, modules: dict[ModuleKey, ModuleStats], t: Thresholds) -> bool:
@@ -309,8 +224,8 @@ class _Candidates:
                  modules: dict[ModuleKey, ModuleStats], t: Thresholds) -> None:
         self._found, self._seqs = found, [b.seq for b in found]
         self._enclosing, self._modules, self._t = enclosing, modules, t
-        self._zero = FirstAtLeast([1.0 if _zero(b) else -math.inf for b in found])
-        self._starving = FirstAtLeast([_reach(b) for b in found])
+        self._zero = FirstAtLeast([1.0 if passes_nothing(b) else -math.inf for b in found])
+        self._starving = FirstAtLeast([reach(b) for b in found])
         self._gates: dict[int, tuple[list[Call], FirstAtLeast]] | None = None
 
     def zero_after(self, v: Call) -> Call | None:
@@ -318,14 +233,14 @@ class _Candidates:
         if not self._found:
             return None
         return self._after(v, self._found, self._zero, bisect_right(self._seqs, v.seq), 1.0,
-                           _zero)
+                           passes_nothing)
 
     def starving_after(self, v: Call) -> Call | None:
         """The nearest one after ``v`` (see ``_after``) that starves it."""
         if v.g_out is None or not self._found:
             return None
         return self._after(v, self._found, self._starving, bisect_right(self._seqs, v.seq),
-                           v.g_out, lambda b: _starves(b, v))
+                           v.g_out, lambda b: starves(b, v))
 
     @staticmethod
     def _after(v: Call, found: list[Call], tree: FirstAtLeast, i: int, x: float,
@@ -351,17 +266,13 @@ class _Candidates:
                 chain = self._enclosing.chain(b)
                 if chain and _saturated(b, self._modules, self._t):
                     by_around.setdefault(chain[0].seq, []).append(b)
-            self._gates = {seq: (bs, FirstAtLeast([_reach(b) for b in bs]))
+            self._gates = {seq: (bs, FirstAtLeast([reach(b) for b in bs]))
                            for seq, bs in by_around.items()}
         around = self._enclosing.chain(v)[:1] if self._gates else None
         gates = self._gates.get(around[0].seq) if around else None
         if gates is None or v.g_out is None:
             return None
-        return self._after(v, *gates, 0, v.g_out, lambda b: _starves(b, v))
-
-
-def _zero(b: Call) -> bool:
-    return b.lost or b.g_in == 0
+        return self._after(v, *gates, 0, v.g_out, lambda b: starves(b, v))
 
 
 def _contains(outer: ModuleKey, inner: ModuleKey) -> bool:

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from hooktrace.check.findings import ancestors
 
 if TYPE_CHECKING:
+    from hooktrace.check.calls import Call
     from hooktrace.check.collected import ModuleKey
-    from hooktrace.check.flow import Call
 
 
 class FirstAtLeast:

@@ -1,0 +1,102 @@
+"""One forward call of a step that ``flow`` judges, what its backward received and gave, and what
+that says: whether it passes back nothing, whom it starves, the chance a drop layer drops it all."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hooktrace.check.collected import ModuleKey
+
+
+@dataclass(slots=True)
+class Call:
+    """One forward call of a judged step, and what its backward received and gave."""
+
+    step: int
+    seq: int
+    key: ModuleKey
+    call: int
+    grad: bool  # ran with gradient recording on
+    backed: bool = False  # its backward ran
+    g_out: float | None = None  # norm of the gradients reaching its outputs (None: unknown)
+    g_in: float | None = None  # norm of the gradients of its inputs (None: none flowed)
+    lost: bool = False  # an input that needed a gradient got none
+    finite: bool = True
+    unit_last: bool = False  # its first output's last dim has size 1
+    chance: float | None = None  # a random-drop layer's: that it drops its whole input
+    half: bool = False  # its outputs are float16 (where gradients below 6e-8 round to 0)
+    out_shapes: Sequence[object] | None = None  # its outputs' shapes (the forward event's)
+    # the share of exactly-zero elements in the gradients reaching its outputs, where some
+    # are and some are not (a module with children; None: not known, or none or all of them)
+    zeros: float | None = None
+    zero_outs: tuple[int, ...] = ()  # its outputs whose gradient is exactly zero
+
+    def gradients(self, outs: Sequence[Sequence[float] | None] | None,
+                  ins: Sequence[Sequence[float] | None] | None) -> None:
+        """Its backward's statistics (``[norm, absmax, ...]`` per tensor) into norms. A call
+        that was fed keeps that: its backward runs again, with other numbers, when a later pass
+        goes back through its gradient's graph (a gradient penalty, ``create_graph=True``,
+        where a ReLU's second derivative is exactly zero)."""
+        if self.fed:
+            return
+        self.backed = True
+        self.g_out, out_ok = _norm(outs)
+        if outs is not None and len(outs) > 1:
+            self.zero_outs = tuple(i for i, s in enumerate(outs) if s is not None and s[0] == 0)
+        self.g_in, in_ok = _norm(ins)
+        self.finite = out_ok and in_ok
+
+    @property
+    def fed(self) -> bool:
+        """It received a usable gradient: finite, not zero (or of unknown size: no stats)."""
+        return self.backed and self.finite and (self.g_out is None or self.g_out > 0)
+
+    @property
+    def dead(self) -> bool:
+        return not self.backed or (self.finite and self.g_out == 0)
+
+
+def _norm(stats: Sequence[Sequence[float] | None] | None) -> tuple[float | None, bool]:
+    if stats is None:
+        return None, True
+    norms = [s[0] for s in stats if s is not None]
+    if not norms:
+        return None, True
+    total = math.sqrt(sum(n * n for n in norms))
+    return total, math.isfinite(total)
+
+
+def whole_drop(p: float, unit: str, inputs: Sequence[object]) -> float | None:
+    """The chance that a drop layer of probability ``p`` drops every value of its input
+    (``inputs``: the shapes of its tensor inputs), one draw per ``unit``; None: unknown."""
+    shape = inputs[0] if inputs else None
+    if not isinstance(shape, list) or not all(type(d) is int for d in shape):
+        return None
+    if p >= 1 or unit == "batch":
+        return min(p, 1.0)
+    leading = {"sample": 1, "channel": 2}.get(unit)  # the dims a draw covers; else all
+    draws = math.prod(shape[:leading])
+    return float(p ** draws) if draws else 1.0
+
+
+def starves(b: Call, v: Call) -> bool:
+    """``v``'s gradient is as small as what ``b`` passes back, far below what ``b`` receives
+    (unknown sizes, a lost input's among them, say nothing)."""
+    if b.g_out is None or b.g_in is None or v.g_out is None:
+        return False
+    return v.g_out <= 1e3 * b.g_in and v.g_out < 1e-3 * b.g_out
+
+
+def reach(b: Call) -> float:
+    """``starves(b, v)`` needs ``v.g_out`` at most this (-inf: ``b`` starves nothing)."""
+    if b.g_out is None or b.g_in is None:
+        return -math.inf
+    return min(1e3 * b.g_in, 1e-3 * b.g_out)
+
+
+def passes_nothing(b: Call) -> bool:
+    return b.lost or b.g_in == 0
