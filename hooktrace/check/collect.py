@@ -6,7 +6,7 @@ modules ran and got a backward, as one shared set per distinct set of modules.
 
 Speed: a step's events go into lists of module indices, counted when the step ends. A training
 loop repeats one step, so its forward calls are counted once per distinct sequence of calls (a
-``_Pattern``), not once per event. Rows with ``more`` (a flag, NaN/Inf) are looked at further,
+``Patterns``), not once per event. Rows with ``more`` (a flag, NaN/Inf) are looked at further,
 in the same loop.
 """
 
@@ -14,33 +14,16 @@ from __future__ import annotations
 
 import math
 import os
-from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 from hooktrace.check import firstnan, flow
 from hooktrace.check.calls import Call, whole_drop
 from hooktrace.check.collected import Collected, Keys, LossCall, ModuleKey, ModuleStats
 from hooktrace.check.losses import LOSSES
+from hooktrace.check.patterns import Indices, Patterns
 from hooktrace.log import schema
 from hooktrace.log.decoder import BackwardRows, ForwardMore, ForwardRows, Signature
 from hooktrace.log.reader import LogReader
-
-Indices = frozenset[int]  # of module keys (Collector._keys): cheap to hash, unlike keys
-
-
-@dataclass(slots=True)
-class _Pattern:
-    """One step's forward calls, counted; ``runs``: the steps that made exactly these calls."""
-
-    calls: dict[int, int]
-    grad_calls: dict[int, int]  # the calls with gradient recording on (not a validation pass)
-    grad: Indices
-    no_grad: Indices
-    runs: int = 0
-
-
-_PATTERNS = 1000  # counted sequences of calls kept; a model whose steps all differ cycles them
 
 
 class Collector:
@@ -70,7 +53,7 @@ class Collector:
         self._profile_modules: list[ModuleKey] = []  # the profile of that step, so far
         self._profile_norms: list[float] = []
         self._backward_order: list[int] = []  # the forward seq of this step's backward events
-        self._patterns: dict[tuple[Any, ...], _Pattern] = {}
+        self._patterns = Patterns(lambda index: self._module(self._keys[index]))
         self._interned_sets: dict[Indices, Indices] = {}  # one object per distinct set
         self._interned: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # of profiles and params
         self._grad_sets: dict[int, Indices] = {}  # the sets of Collected, as indices
@@ -99,7 +82,7 @@ class Collector:
     def finish(self) -> Collected:
         self._start_forward_step(None)
         self._start_backward_step(None)
-        self._add_patterns()
+        self._patterns.flush()
         self._finish()
         self.c.warnings.extend(self._reader.warnings)
         return self.c
@@ -260,21 +243,8 @@ class Collector:
 
     def _count(self, step: int) -> None:
         """Count the step's forward calls, once per distinct sequence of calls."""
-        key = (tuple(self._forward_calls), tuple(self._no_grad_calls))
-        pattern = self._patterns.get(key)
-        if pattern is None:  # new calls: the first call of a module may be among them
-            if len(self._patterns) >= _PATTERNS:
-                self._add_patterns()
-            calls = Counter(i for i in self._forward_calls if i is not None)
-            for seq, index in zip(self._forward_seqs, self._forward_calls, strict=True):
-                m = self._module(self._keys[index]) if index is not None else None
-                if m is not None and m.first_seq is None:
-                    m.first_seq = seq
-            grad_calls = calls - Counter(self._no_grad_calls)
-            pattern = self._patterns[key] = _Pattern(
-                dict(calls), dict(grad_calls), frozenset(grad_calls),
-                frozenset(self._no_grad_calls))
-        pattern.runs += 1
+        pattern = self._patterns.count(self._forward_calls, self._no_grad_calls,
+                                       self._forward_seqs)
         self._union(self._grad_sets, step, pattern.grad)
         self._union(self._no_grad_sets, step, pattern.no_grad)
 
@@ -384,15 +354,6 @@ class Collector:
         fwds.clear()
 
     # -- other records -------------------------------------------------------------------------
-
-    def _add_patterns(self) -> None:
-        """Add the calls of the counted steps to their modules, and forget the patterns."""
-        for pattern in self._patterns.values():
-            for index, n in pattern.calls.items():
-                m = self._module(self._keys[index])
-                m.calls += n * pattern.runs
-                m.max_calls_per_step = max(m.max_calls_per_step, pattern.grad_calls.get(index, 0))
-        self._patterns.clear()
 
     def _finish(self) -> None:
         """The per-step sets as module keys; the judged calls; the true gradient norms."""
