@@ -8,9 +8,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from hooktrace.hooks.core import CallTracker, step_mode
+from hooktrace.hooks.core import CallTracker
 from hooktrace.hooks.naming import ModInfo, Naming
-from hooktrace.hooks.records import BackwardStart, ForwardEnd, Mode, Observer, PassEnd
+from hooktrace.hooks.records import BackwardStart, ForwardEnd, Mode, Observer, PassEnd, step_mode
 from hooktrace.log import schema
 from hooktrace.log.options import Steps, TraceOptions
 from hooktrace.observe.recorder import LogRecorder

@@ -1,28 +1,17 @@
 """The hook core: follows every module call, forward and backward, and hands each to observers.
 
-Technique (PyTorch's ModuleTracker's, see DESIGN.md): global forward pre/post hooks, and for the
-backward, gradient hooks (``gradhooks``) on the autograd nodes that made a call's output tensors
-(its backward starts when one of them first receives gradient) and input tensors (its
-grad_input). Full module backward hooks are never used: they break in-place ops (ResNet's
+Technique (PyTorch's ModuleTracker's, see docs/architecture.md): global forward pre/post hooks,
+and for the backward, gradient hooks (``gradhooks``) on the autograd nodes that made a call's
+output tensors (its backward starts when one of them first receives gradient) and input tensors
+(its grad_input). Full module backward hooks are never used: they break in-place ops (ResNet's
 ReLU(inplace=True)). Input hooks are registered in the pre-hook, before the module runs: an
 in-place module replaces its input's node, and the old node still yields the old value's
 gradient. The end of a backward pass (an engine callback) ends the step.
 
 The core knows module calls and steps, nothing of logs, statistics or findings. It hands each
-moment to its observers (``records.Observer``), in the order they were given, as an immutable
-record (``records.py``):
-
-    module_seen(module, info)         a module called for the first time
-    model_call(module, info, step)    a top-level call begins (read ``module.training`` here)
-    forward_start(ForwardStart)       a traced call begins        } in the modes the
-    forward_end(ForwardEnd)           it returned                 } observer ``follows``
-    backward_start(BackwardStart)     its backward began in this pass          }
-    grad_output(start, index, grad)   a gradient reached its output ``index``  } ``follows``
-    grad_input(start, index, grad)    the gradient of its input ``index``      }
-    backward_end(PassEnd)             the pass ended: the step is over; it names the modules
-                                      called in the step and those whose backward began in the
-                                      pass, so that no observer needs a call per module for that
-    stop(step, mode)                  tracing stops; the hooks are already gone
+moment to its observers, in the order they were given, as an immutable record: a module seen,
+a model call, a call's forward start and end, its backward start and gradients, the end of a
+backward pass (which ends the step), and the stop (``records.Observer`` says when each comes).
 
 Each record carries the step's ``Mode``; ``step_mode`` alone decides it. A watched step follows
 the backward of model calls only (top-level: ``backward_start`` and ``grad_output`` for them,
@@ -60,6 +49,9 @@ from hooktrace.hooks.records import (
     Mode,
     Observer,
     PassEnd,
+    per_mode,
+    step_mode,
+    wanting,
 )
 from hooktrace.hooks.tensors import leaves, summarize
 from hooktrace.log.errors import LogWriteError, NonFiniteError
@@ -71,14 +63,6 @@ _version = attrgetter("_version")
 OFF, WATCHED, RECORDED = Mode.OFF, Mode.WATCHED, Mode.RECORDED
 _NO_LEAVES: tuple[list[torch.Tensor], int] = ([], 0)  # never appended to
 _NO_SUMMARY: tuple[tuple[tuple[int, ...], ...], tuple[str, ...]] = ((), ())
-
-
-def step_mode(step: int, options: TraceOptions, log_full: bool) -> Mode:
-    """What ``step`` is: recorded (in ``--steps``, while the log takes events), else watched
-    (``--watch`` with statistics), else off."""
-    if step in options.steps and not log_full:
-        return RECORDED
-    return WATCHED if options.watch and options.stats else OFF
 
 
 class _Call:
@@ -121,17 +105,6 @@ def _stop_in_forked_child() -> None:
 os.register_at_fork(after_in_child=_stop_in_forked_child)
 
 
-def _wanting(observers: Sequence[Observer], name: str) -> list[Callable[..., None]]:
-    """The bound ``name`` methods of the observers that override it."""
-    return [getattr(o, name) for o in observers
-            if getattr(type(o), name) is not getattr(Observer, name)]
-
-
-def _per_mode(observers: Sequence[Observer], name: str) -> list[list[Callable[..., None]]]:
-    """``_wanting`` for each mode (a list indexed by it): the observers that follow its calls."""
-    return [_wanting([o for o in observers if mode in o.follows], name) for mode in Mode]
-
-
 class CallTracker:
     """Follows the module calls of every model (or of the ones ``naming`` is scoped to)."""
 
@@ -166,10 +139,10 @@ class CallTracker:
         self._naming = naming
         self._observers = list(observers)
         for name in ("module_seen", "model_call", "backward_end"):
-            setattr(self, f"_to_{name}", _wanting(observers, name))
+            setattr(self, f"_to_{name}", wanting(observers, name))
         for name in ("forward_start", "forward_end", "backward_start", "grad_output",
                      "grad_input"):
-            setattr(self, f"_to_{name}", _per_mode(observers, name))
+            setattr(self, f"_to_{name}", per_mode(observers, name))
         self._handles = [
             nn_module.register_module_forward_pre_hook(self._pre),
             nn_module.register_module_forward_hook(self._post, with_kwargs=True, always_call=True),

@@ -10,6 +10,7 @@ documents when each observer method is called.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 if TYPE_CHECKING:
@@ -18,14 +19,23 @@ if TYPE_CHECKING:
 
     from hooktrace.hooks.naming import ModInfo
     from hooktrace.hooks.tensors import Summary
+    from hooktrace.log.options import TraceOptions
 
 
 class Mode(enum.IntEnum):
-    """What a step is: ``core.step_mode`` decides, once per step (and when the log is full)."""
+    """What a step is: ``step_mode`` decides, once per step (and when the log is full)."""
 
     OFF = 0  # no module call is followed
     WATCHED = 1  # calls followed and checked, no event written
     RECORDED = 2  # every call becomes forward and backward events
+
+
+def step_mode(step: int, options: TraceOptions, log_full: bool) -> Mode:
+    """What ``step`` is: recorded (in ``--steps``, while the log takes events), else watched
+    (``--watch`` with statistics), else off."""
+    if step in options.steps and not log_full:
+        return Mode.RECORDED
+    return Mode.WATCHED if options.watch and options.stats else Mode.OFF
 
 
 class _ForwardStart(NamedTuple):
@@ -156,3 +166,14 @@ class Observer:
 
     def stop(self, step: int, mode: Mode) -> None:
         """Tracing stops (hooks already removed) in ``step``, which did not end."""
+
+
+def wanting(observers: Sequence[Observer], name: str) -> list[Callable[..., None]]:
+    """The bound ``name`` methods of the observers that override it."""
+    return [getattr(o, name) for o in observers
+            if getattr(type(o), name) is not getattr(Observer, name)]
+
+
+def per_mode(observers: Sequence[Observer], name: str) -> list[list[Callable[..., None]]]:
+    """``wanting`` for each mode (a list indexed by it): the observers that follow its calls."""
+    return [wanting([o for o in observers if mode in o.follows], name) for mode in Mode]
