@@ -1,5 +1,5 @@
-"""The loss seen from the root of each backward pass (``hooktrace/observe/lossgraph.py``): the walk of
-real autograd graphs, the signals a traced run writes, that tracing changes nothing in the
+"""The loss seen from the root of each backward pass (``hooktrace/observe/lossgraph.py``): the
+walk of real autograd graphs, the signals a traced run writes, that tracing changes nothing in the
 program, and ``check`` on the bugs and look-alikes of ``scripts/loss_graph.py``."""
 
 from __future__ import annotations

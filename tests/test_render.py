@@ -27,7 +27,8 @@ from hooktrace.cli import cli
 from hooktrace.log import schema
 from hooktrace.log.writer import LogWriter
 from hooktrace.show import steplog
-from hooktrace.show.graph import View, build
+from hooktrace.show.graph import build
+from hooktrace.show.picture import View
 from hooktrace.show.render import picture, render, write_picture
 from hooktrace.show.render.dot import TIMES, node_state, norm_text
 from hooktrace.show.render.text import printable

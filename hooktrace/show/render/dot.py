@@ -21,8 +21,9 @@ from urllib.parse import quote
 from hooktrace.check.findings import Finding, Thresholds
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.words import plural
-from hooktrace.show.graph import Cluster, Edge, Node, NodeKey, View, grad_output_norm
+from hooktrace.show.graph import grad_output_norm
 from hooktrace.show.marks import Box
+from hooktrace.show.picture import Cluster, Edge, Node, NodeKey, View
 from hooktrace.show.render.text import printable, shapes_text
 
 FORWARD_COLOUR = "#303030"

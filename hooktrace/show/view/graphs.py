@@ -14,8 +14,9 @@ import orjson
 from hooktrace.check.findings import NOTE, Finding
 from hooktrace.log import schema
 from hooktrace.log.words import plural
-from hooktrace.show.graph import Node, View, build
+from hooktrace.show.graph import build
 from hooktrace.show.marks import marks
+from hooktrace.show.picture import Node, View
 from hooktrace.show.render.dot import node_id, node_state, run_dot, to_dot
 from hooktrace.show.render.text import shapes_text
 from hooktrace.show.steplog import SelectionError, StepLog, load_steps

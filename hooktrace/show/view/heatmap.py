@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 from hooktrace.check.findings import NOTE, Finding
 from hooktrace.log.words import plural
-from hooktrace.show.graph import ModuleKey, depth_of
+from hooktrace.show.graph import depth_of
+from hooktrace.show.picture import ModuleKey
 from hooktrace.show.render.dot import norm_text
 from hooktrace.show.view.data import Cell, RunData
 
