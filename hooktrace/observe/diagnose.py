@@ -54,7 +54,7 @@ from hooktrace.hooks.records import Mode, Observer, PassEnd
 from hooktrace.hooks.sites import forward_site
 from hooktrace.log import schema
 from hooktrace.observe.optimizer_view import OptimizerView
-from hooktrace.observe.stats import on_host
+from hooktrace.observe.paramlooks import all_zero, ids_sum, optimizer_params, trainable_count
 
 RECORDED = Mode.RECORDED
 
@@ -122,8 +122,8 @@ class Diagnosis(Observer):
                 self._emit(schema.Signal(self._step, info.model, info.name, "backward-hook",
                                          {"hook": getattr(hook, "__qualname__", repr(hook))}))
         self._seen.append(info)
-        self._param_ids.append(_ids_sum(module))
-        self._trainable.append(_trainable_count(module))
+        self._param_ids.append(ids_sum(module))
+        self._trainable.append(trainable_count(module))
         if len(self._seen) > self._prune_at:  # modules made in forward come and go
             self._prune()
             self._prune_at = 2 * len(self._seen) + 64
@@ -185,7 +185,7 @@ class Diagnosis(Observer):
         seen, ids, counts = self._seen, self._param_ids, self._trainable
         modules = [info.ref() for info in seen]
         now = [_GONE if m is None else sum(map(id, m._parameters.values())) for m in modules]
-        trainable = [0 if m is None else _trainable_count(m) for m in modules]
+        trainable = [0 if m is None else trainable_count(m) for m in modules]
         if now == ids and trainable == counts:  # the usual case: two comparisons in C
             return
         gone = False
@@ -248,7 +248,7 @@ class Diagnosis(Observer):
         reset (set to None, or zeroed: one version more), carries the previous step's gradient
         into this one. Said once a run."""
         try:
-            params = _params(optimizer)
+            params = optimizer_params(optimizer)
             self._view.stepping(optimizer, params, args, kwargs, self._step)
             if not self._reported_cleared:
                 self._cleared_before_step(optimizer, params)
@@ -308,7 +308,7 @@ class Diagnosis(Observer):
         if (not grads or not all(map(is_, map(type, grads), repeat(torch.Tensor)))
                 or any(map(_is_sparse, grads))):
             return  # none, or a DTensor's or a sparse one: not read here
-        if not _all_zero(grads):
+        if not all_zero(grads):
             return
         for model, names in self._reached(optimizer, params):
             self._reported_zeroed = True
@@ -318,7 +318,7 @@ class Diagnosis(Observer):
     def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         try:
             self._stepped_after[optimizer] = self._pass_count
-            params = _params(optimizer)
+            params = optimizer_params(optimizer)
             keys = list(map(id, params))
             if not self._held.issuperset(keys):
                 self._held.update(keys)
@@ -392,25 +392,3 @@ _GONE = -2  # a dead module's ids sum at a look (-1: said)
 _version = attrgetter("_version")
 _model = attrgetter("model")
 _is_sparse = attrgetter("is_sparse")
-
-
-def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [p for group in optimizer.param_groups for p in group["params"]]
-
-
-def _ids_sum(module: nn.Module) -> int:
-    """The ids of a module's own parameters (and Nones), summed: one int that changes with any
-    of them."""
-    return sum(map(id, module._parameters.values()))
-
-
-def _trainable_count(module: nn.Module) -> int:
-    """How many of a module's own parameters require a gradient."""
-    return sum(1 for p in module._parameters.values() if p is not None and p.requires_grad)
-
-
-def _all_zero(grads: list[torch.Tensor]) -> bool:
-    """Tensor by tensor until one is not zero, the last layers' first (the likeliest to be
-    non-zero), where that reads no device (``stats.on_host``); elsewhere not checked: a read per
-    optimizer step would wait for the device (weights-unchanged tells the same bug there)."""
-    return on_host(grads) and not any(g.any() for g in reversed(grads))
