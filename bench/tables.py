@@ -7,7 +7,7 @@ from typing import Any
 _HEAD = ("| variant | median ms | mean ms | x untraced (med / mean) | added us/event (med / mean) "
          "| x floor's added (med / mean) | GC ms/step | full GCs | session ms | log B/event |")
 
-_REFERENCE = {  # what issue 6 measured, for comparison (its floor hooked differently, see README)
+_REFERENCE = {  # what issue 6 measured (its floor hooked differently: bench/README.md)
     "W1": "Issue 6 reference (W1, CPU time, one thread): untraced 15.4 ms/step; added us/event: "
           "floor 10.5 (1.55x), ModuleTracker 23.5, torch.profiler(record_shapes) 11.8 "
           "(+0.4 s per export).",

@@ -209,7 +209,7 @@ def export(logs: tuple[Path, ...], fmt: str | None, output: str | None) -> None:
     """Write every event of LOGS as one self-describing row (model, fqn, class, phase, step,
     call, shapes, gradient statistics, NaN/Inf counts) for pandas, DuckDB, a spreadsheet or jq.
     Several logs (or a quoted glob) are the ranks of one run, written rank after rank. The
-    columns are listed in the README."""
+    columns are listed in docs/reading.md."""
     from hooktrace.show.export import write_rows
 
     stream = sys.stdout if output == "-" else None

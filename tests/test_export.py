@@ -88,7 +88,7 @@ def test_columns_are_typed_and_hold_the_logs_numbers(mnist_log: Path, tmp_path: 
 def test_nan_inf_counts_are_empty_in_the_other_phase(mnist_log: Path, tmp_path: Path,
                                                      fmt: str) -> None:
     """A forward row has no gradient to count NaN in, a backward row no output: empty (null),
-    as the README says, not 0; in its own phase a count is a whole number."""
+    as docs/reading.md says, not 0; in its own phase a count is a whole number."""
     frame = export(mnist_log, tmp_path / f"mnist.{fmt}")
     for name in COUNTS:
         own = frame.phase == ("forward" if name.startswith("output") else "backward")

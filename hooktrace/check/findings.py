@@ -27,7 +27,7 @@ class Thresholds:
 
 @dataclass
 class Finding:
-    kind: str  # see the README's debugging section for every kind
+    kind: str  # docs/findings.md lists every kind
     severity: str
     model: str
     module: str  # the module where it happens (the boundary), not the modules it starves

@@ -13,7 +13,7 @@ added to it and no saved tensor is unpacked through a hook (that would re-run a 
 forward).
 
 Cost: nothing per module call; in a watched or off step one mode test per ``backward()``; in a
-recorded step a walk of a few nodes (see the README's Performance section). An exception here
+recorded step a walk of a few nodes (see docs/performance.md). An exception here
 never reaches the program: the pass is not described, and the program's call runs as it was.
 """
 

@@ -4,7 +4,7 @@ The log names modules and shapes by id to stay small; an export row spells every
 name, fqn, class, shapes as text, the gradient statistics summed over a call's tensors) so that
 pandas, DuckDB, a spreadsheet or ``jq`` read it without knowing the schema. Rows are written as
 the log is read: memory does not grow with the log. The columns are ``COLUMNS``, documented in
-the README; standard library and orjson only.
+docs/reading.md; standard library and orjson only.
 """
 
 from __future__ import annotations
