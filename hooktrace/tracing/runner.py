@@ -29,8 +29,9 @@ from hooktrace.log.words import plural
 from hooktrace.log.writer import capture_dir
 from hooktrace.tracing.api import Trace
 
-# frames of hooktrace and runpy ("<frozen runpy>" where runpy is frozen): python shows none
-_RUNNER_FILES = (str(Path(__file__).parent), str(Path(runpy.__file__).with_suffix("")),
+# frames of hooktrace (the package, above tracing/) and runpy ("<frozen runpy>" where runpy is
+# frozen): python shows none
+_RUNNER_FILES = (str(Path(__file__).parent.parent), str(Path(runpy.__file__).with_suffix("")),
                  "<frozen runpy>")
 
 
