@@ -3,18 +3,21 @@
 A module first called outside any other traced module belongs to its *owner*: the outermost
 ``nn.Module`` that is ``self`` in one of the calling frames and whose tree holds it (a VAE whose
 ``encode`` calls ``self.encoder``, a LightningModule whose ``training_step`` calls ``self.net``);
-failing that, when the calling code has no variable for the module itself, the largest module
-its variables hold whose tree holds it (``model.get_input_embeddings()(ids)``); else it is its
-own owner. The owner is a top-level *model*: its whole tree is named at that
-moment (``named_modules()`` names, wrapper prefixes such as DDP's ``module.`` removed) and
-written as ``model`` + ``module`` records. A module first seen inside another's forward (one
-built inside ``forward``, or never registered) is named under its caller as
-``caller.(ClassName)``, or after the place its caller keeps it in, ``caller.(blocks[0])`` for a
-module in a plain list (or tuple, or dict) attribute; two such modules alive at once never share
-a name (``(Linear#2)``), while one built anew at each call keeps its predecessor's. A child that a
-wrapper holds beside the model it wraps (``DataParallel(model).fc = ...``) is named
-``(DataParallel).fc``: the wrapper's forward never calls it. ``id()`` is never used as identity:
-ids of freed modules are reused.
+failing that, when the calling code has no variable for the module itself, the largest module its
+variables hold whose tree holds it (``model.get_input_embeddings()(ids)``); else it is its own
+owner. The owner is a top-level *model*: its whole tree is named at that moment
+(``named_modules()`` names, wrapper prefixes such as DDP's ``module.`` removed) and written as
+``model`` + ``module`` records. A model whose root a later model's tree holds (SSDlite's backbone,
+called on its own at construction to size its feature maps) is adopted whole by it: its calls so
+far stay its own model's in the log, its modules are named anew in the later one (models given
+with ``model=`` stay as given). A module first
+seen inside another's forward (one built inside ``forward``, or never registered) is named under
+its caller as ``caller.(ClassName)``, or after the place its caller keeps it in,
+``caller.(blocks[0])`` for a module in a plain list (or tuple, or dict) attribute; two such modules
+alive at once never share a name (``(Linear#2)``), while one built anew at each call keeps its
+predecessor's. A child that a wrapper holds beside the model it wraps (``DataParallel(model).fc =
+...``) is named ``(DataParallel).fc``: the wrapper's forward never calls it. ``id()`` is never used
+as identity: ids of freed modules are reused.
 """
 
 from __future__ import annotations
