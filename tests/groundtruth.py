@@ -21,11 +21,13 @@ own calls need not carry their gradient), not out of the ``params`` record's.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -38,6 +40,7 @@ from hooktrace.log.reader import LogReader
 
 NONE, ZERO, NONZERO = "none", "zero", "nonzero"
 ModuleKey = tuple[int, str]  # (index of the model in the case's models, fqn)
+Layout = list[tuple[str, frozenset[str]]]  # per case model: its class, its modules' fqns
 
 #: finding kinds that say their modules got no gradient ("none") or an exactly-zero one
 CLAIMS = {"no-grad": NONE, "no-grad-under-no_grad": NONE, "unused": NONE, "never-reached": NONE,
@@ -96,6 +99,8 @@ class GradTruth:
 
     def __init__(self, models: Sequence[nn.Module]) -> None:
         self.models = list(models)
+        self.layout: Layout = [(type(m).__name__, frozenset(n for n, _ in m.named_modules()))
+                               for m in self.models]
         self.steps: list[dict[ModuleKey, Truth]] = []
         owners: dict[int, int] = {}
         for model in self.models:
@@ -117,6 +122,22 @@ class GradTruth:
                         frozenset(n for n, p in params if self._owners.get(id(p), 0) > 1),
                         not any(True for _ in module.children()))
         self.steps.append(found)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """What was recorded, as JSON: a script under ``hooktrace run`` hands it to the test."""
+        steps = [[[i, n, t.grads, sorted(t.shared), t.leaf] for (i, n), t in s.items()]
+                 for s in self.steps]
+        Path(path).write_text(json.dumps({"layout": [[c, sorted(n)] for c, n in self.layout],
+                                          "steps": steps}))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> GradTruth:
+        data = json.loads(Path(path).read_text())
+        truth = cls([])
+        truth.layout = [(c, frozenset(n)) for c, n in data["layout"]]
+        truth.steps = [{(i, n): Truth(grads, frozenset(shared), leaf)
+                        for i, n, grads, shared, leaf in s} for s in data["steps"]]
+        return truth
 
 
 @dataclass(frozen=True)
@@ -144,16 +165,16 @@ class _Claims:
     steps: int = 0
 
 
-def _map_models(records: list[schema.Model], fqns: dict[int, set[str]],
-                models: Sequence[nn.Module], scoped: bool) -> dict[int, int]:
+def _map_models(records: list[schema.Model], fqns: dict[int, set[str]], layout: Layout,
+                scoped: bool) -> dict[int, int]:
     """The log's model index -> the case's. Traced with ``model=`` they are the same; traced
     whole, a log model is the case model of its class (it must be the only one of it)."""
     if scoped:
         return {r.model: r.model for r in records}
     out = {}
     for r in records:
-        same = [i for i, m in enumerate(models) if type(m).__name__ == r.cls
-                and fqns.get(r.model, set()) <= {n for n, _ in m.named_modules()}]
+        same = [i for i, (cls, names) in enumerate(layout) if cls == r.cls
+                and fqns.get(r.model, set()) <= names]
         if len(same) > 1:
             raise ValueError(f"several models of class {r.cls}: trace them with model=[...]")
         if same:
@@ -161,7 +182,7 @@ def _map_models(records: list[schema.Model], fqns: dict[int, set[str]],
     return out
 
 
-def _read(path: str | os.PathLike[str], models: Sequence[nn.Module], scoped: bool) -> _Claims:
+def _read(path: str | os.PathLike[str], layout: Layout, scoped: bool) -> _Claims:
     reader = LogReader(path)
     records = list(reader)
     model_records = [r for r in records if isinstance(r, schema.Model)]
@@ -169,7 +190,7 @@ def _read(path: str | os.PathLike[str], models: Sequence[nn.Module], scoped: boo
     for r in records:
         if isinstance(r, schema.Module):
             fqns.setdefault(r.model, set()).add(r.name)
-    index = _map_models(model_records, fqns, models, scoped)
+    index = _map_models(model_records, fqns, layout, scoped)
     claims = _Claims()
     for r in model_records:
         if r.model in index:
@@ -211,7 +232,7 @@ def contradictions(path: str | os.PathLike[str], findings: Sequence[Finding], tr
                    scoped: bool = True) -> list[Contradiction]:
     """Every claim of the log at ``path`` and of ``findings`` (check's, on that log) that
     ``truth`` (recorded in the same run) contradicts."""
-    return _compare(_read(path, truth.models, scoped), findings, truth)
+    return _compare(_read(path, truth.layout, scoped), findings, truth)
 
 
 def _compare(claims: _Claims, findings: Sequence[Finding], truth: GradTruth
@@ -343,7 +364,18 @@ def run_case(path: str | os.PathLike[str], case: Case, steps: int) -> Result:
             truth.record()
             case.update()
     report = run_checks(path)
-    claims = _read(path, truth.models, case.scoped)
+    claims = _read(path, truth.layout, case.scoped)
+    found = _compare(claims, report.findings, truth)
+    return Result(report, found, time.perf_counter() - start, list(claims.models.values()))
+
+
+def check_run(path: str | os.PathLike[str], truth_path: str | os.PathLike[str]) -> Result:
+    """Check the log ``hooktrace run`` wrote of a script that saved its ``GradTruth`` (every
+    module call traced, from the models' construction on), compare it with PyTorch."""
+    start = time.perf_counter()
+    truth = GradTruth.load(truth_path)
+    report = run_checks(path)
+    claims = _read(path, truth.layout, scoped=False)
     found = _compare(claims, report.findings, truth)
     return Result(report, found, time.perf_counter() - start, list(claims.models.values()))
 

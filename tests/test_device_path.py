@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import events, resnet18_step
+from conftest import events, read_log, resnet18_step
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -81,7 +81,11 @@ def test_no_number_read_per_module_and_one_transfer_per_step(tmp_path: Path) -> 
     for view in ("detach", "slice"):
         del added[view]
     calls = 60 + 1  # modules and the root
-    assert 0 < added.total() <= 3 * calls + 10, added
+    # and per output gradient of a module with children (root, layers, blocks, downsamples) a
+    # count of its non-zero elements and its copy into the buffer (observe/gradzeros.py)
+    parents = sum(1 for m in model.modules() if m._modules)
+    assert added["count_nonzero"] == added["copy_"] == parents == 16, added
+    assert 0 < added.total() <= 3 * calls + 2 * parents + 10, added
     assert ops[True]["linalg_vector_norm"] <= 3 * calls
 
 
@@ -136,3 +140,36 @@ def test_device_numbers_are_the_host_numbers(tmp_path: Path,
                     continue
                 assert math.isclose(a[0], b[0], rel_tol=2e-3), (d, h)
                 assert a[1] == b[1], (d, h)
+
+
+def _partly_read(path: Path) -> tuple[list[int], int, list[tuple[int, int, Any]]]:
+    """Three steps of a loss that reads one column of a model's output (a partly-zero gradient
+    reaching the root, not its inner Sequential): the transfers of each step, the numbers read
+    in them, and the log's grad-zeros signals."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(nn.Linear(4, 8), nn.Tanh()), nn.Linear(8, 4))
+    x = torch.randn(3, 4)
+    transfers, reads = [], 0
+    with hooktrace.trace(path, model=model, steps="0:2") as trace:
+        for _ in range(3):  # two recorded steps, then a watched one
+            before = _transfers(trace)
+            reads += _counted(lambda: model(x)[:, :1].sum().backward())["_local_scalar_dense"]
+            transfers.append(_transfers(trace) - before)
+    found = [(s.step, s.model, s.detail["share"]) for s in read_log(path)
+             if isinstance(s, schema.Signal) and s.kind == "grad-zeros"]
+    return transfers, reads, found
+
+
+def test_grad_zeros_on_the_device_path_in_the_step_s_one_transfer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The share of exactly-zero elements in the gradients reaching modules with children
+    (``observe/gradzeros.py``) is counted on the device path too, into the statistics' buffer:
+    the same signals as the host path's, no number read per module, one transfer a step."""
+    transfers, reads, device = _partly_read(tmp_path / "device.jsonl")
+    assert (transfers, reads) == ([1, 1, 1], 0)
+    monkeypatch.delenv(DEFER_ENV)
+    _, _, host = _partly_read(tmp_path / "host.jsonl")
+    # the root's output: 3 of its 4 columns unread; the inner Sequential's, read in full
+    assert [(step, model, list(share.values())) for step, model, share in host] == [
+        (0, 0, [0.75]), (1, 0, [0.75])]
+    assert device == host

@@ -12,6 +12,7 @@ import math
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -105,6 +106,35 @@ def test_statistics_equal_the_cpu(tmp_path: Path) -> None:
     for a, b in zip(*params, strict=True):
         for key, norm in a.items():
             assert b[key] == pytest.approx(norm, rel=2e-3)
+
+
+def _grad_zeros(device: torch.device, log: Path) -> tuple[int, list[tuple[int, Any]]]:
+    """Two steps of a loss that reads one column of the output: the synchronisations of the
+    second, and the grad-zeros signals (the share of the root's output gradient that is 0)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(nn.Linear(4, 8), nn.Tanh()), nn.Linear(8, 4)).to(device)
+    x = torch.randn(3, 4, device=device)
+    def step() -> None:
+        model(x)[:, :1].sum().backward()
+
+    with hooktrace.trace(log, model=model):
+        step()
+        syncs = 0
+        if device == CUDA:  # the second step: its synchronisations counted
+            syncs = count_syncs(step)
+        else:
+            step()
+    return syncs, [(r.step, r.detail) for r in read_log(log)
+                   if isinstance(r, schema.Signal) and r.kind == "grad-zeros"]
+
+
+def test_grad_zeros_on_cuda(tmp_path: Path) -> None:
+    """The grad-zeros signal (observe/gradzeros.py) on a GPU: counted into the statistics'
+    buffer, read with the step's numbers (one synchronisation), the same as on the CPU."""
+    _, cpu = _grad_zeros(torch.device("cpu"), tmp_path / "cpu.jsonl")
+    syncs, gpu = _grad_zeros(CUDA, tmp_path / "cuda.jsonl")
+    assert syncs <= 1
+    assert gpu == cpu and [list(d["share"].values()) for _, d in cpu] == [[0.75], [0.75]]
 
 
 def _check(log: Path) -> set[tuple[str, str, int]]:

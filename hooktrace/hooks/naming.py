@@ -3,18 +3,21 @@
 A module first called outside any other traced module belongs to its *owner*: the outermost
 ``nn.Module`` that is ``self`` in one of the calling frames and whose tree holds it (a VAE whose
 ``encode`` calls ``self.encoder``, a LightningModule whose ``training_step`` calls ``self.net``);
-failing that, when the calling code has no variable for the module itself, the largest module
-its variables hold whose tree holds it (``model.get_input_embeddings()(ids)``); else it is its
-own owner. The owner is a top-level *model*: its whole tree is named at that
-moment (``named_modules()`` names, wrapper prefixes such as DDP's ``module.`` removed) and
-written as ``model`` + ``module`` records. A module first seen inside another's forward (one
-built inside ``forward``, or never registered) is named under its caller as
-``caller.(ClassName)``, or after the place its caller keeps it in, ``caller.(blocks[0])`` for a
-module in a plain list (or tuple, or dict) attribute; two such modules alive at once never share
-a name (``(Linear#2)``), while one built anew at each call keeps its predecessor's. A child that a
-wrapper holds beside the model it wraps (``DataParallel(model).fc = ...``) is named
-``(DataParallel).fc``: the wrapper's forward never calls it. ``id()`` is never used as identity:
-ids of freed modules are reused.
+failing that, when the calling code has no variable for the module itself, the largest module its
+variables hold whose tree holds it (``model.get_input_embeddings()(ids)``); else it is its own
+owner. The owner is a top-level *model*: its whole tree is named at that moment
+(``named_modules()`` names, wrapper prefixes such as DDP's ``module.`` removed) and written as
+``model`` + ``module`` records. A model whose root a later model's tree holds (SSDlite's backbone,
+called on its own at construction to size its feature maps) is adopted whole by it: its calls so
+far stay its own model's in the log, its modules are named anew in the later one (models given
+with ``model=`` stay as given). A module first
+seen inside another's forward (one built inside ``forward``, or never registered) is named under
+its caller as ``caller.(ClassName)``, or after the place its caller keeps it in,
+``caller.(blocks[0])`` for a module in a plain list (or tuple, or dict) attribute; two such modules
+alive at once never share a name (``(Linear#2)``), while one built anew at each call keeps its
+predecessor's. A child that a wrapper holds beside the model it wraps (``DataParallel(model).fc =
+...``) is named ``(DataParallel).fc``: the wrapper's forward never calls it. ``id()`` is never used
+as identity: ids of freed modules are reused.
 """
 
 from __future__ import annotations
@@ -56,8 +59,14 @@ class ModInfo:
     name: str
     cls: str
     traced: bool  # False: named (its children nest under it) but filtered out by include/exclude
-    ref: weakref.ReferenceType[nn.Module]
+    # the module it names; None once that module is gone, or named anew in a model found later
+    ref: Callable[[], nn.Module | None]
     has_params: bool  # parameters registered directly on it
+
+
+def _no_module() -> None:
+    """The ``ref`` of an identity given up: its module is named anew in another model."""
+    return None
 
 
 def _wrapped(module: nn.Module) -> nn.Module | None:
@@ -285,12 +294,21 @@ class Naming:
 
     def _name_tree(self, root: nn.Module, model: int, prefix: str) -> ModInfo | None:
         records: dict[str, schema.Module] = {}
+        adopted: set[int] = set()  # former top-level models found in this tree
         for fqn, wrapper, module, beside in _walk(root, prefix, set()):
             if wrapper is not None:
                 self._infos[wrapper] = None
                 continue
             known = self._infos.get(module)
-            if known is not None and fqn not in records and known.name != "":
+            if known is not None and known.model != model and not self._scoped and (
+                    known.name == "" or known.model in adopted):
+                # a model of its own until now (called on its own first, as SSDlite's backbone
+                # is at construction): from here on its whole tree is named as part of this one
+                adopted.add(known.model)
+                self.uncalled.pop(known, None)
+                known.ref = _no_module  # observers holding the old identity let it go
+            elif known is not None and fqn not in records and (
+                    known.name != "" or known.model != model):
                 # shared with a model named earlier, or a second path inside this one: one identity
                 first = records.get(known.name) if known.model == model else None
                 if first is not None:
@@ -306,7 +324,7 @@ class Naming:
                 self._by_name[(model, fqn)] = info
                 if info.has_params and info.traced:
                     self.uncalled[info] = None
-            self._infos[module] = info  # a former top-level model found inside this one is adopted
+            self._infos[module] = info
             records[fqn] = schema.Module(model, fqn, info.cls, params, trainable,
                                          loose=_loose(module), wrapper=beside,
                                          **_drop(module))

@@ -94,7 +94,9 @@ class Header:
 
 @dataclass(slots=True)
 class Model:
-    """A top-level model: a module first called outside any other traced module."""
+    """A top-level model: a module first called outside any other traced module. One called on
+    its own before a model holding it was first called is a model until then (its modules are
+    named anew, ``module`` records of that model, from its first call on)."""
 
     TYPE: ClassVar[str] = "model"
     model: int

@@ -1,14 +1,14 @@
 """Statistics on an accelerator: reductions left on the device, read in one transfer per step.
 
 Each tensor costs one or two reductions (a norm and an absolute max per gradient, an L1 norm per
-forward output), written with ``out=`` into slots of one float32 buffer per device
-(``_Values``); ``resolve()`` brings a step's numbers to the host in one transfer per device.
-NaN/Inf in a tensor kept until then (``hold_bytes``) are counted after that transfer, in a second
-one that only a step with NaN/Inf pays; past the budget, they are counted at once, into two more
-slots. A deferred number allocates no Python object that outlives its hook but the list of
-events it fills: objects that live for a step make Python's full garbage collections (0.1-0.3 s
-each with torch loaded) frequent. So pending numbers wait in columns (``_Pending``), one queue
-per kind, not as a record each.
+forward output, a count of non-zero elements where ``gradzeros`` asks for one), written with
+``out=`` into slots of one float32 buffer per device (``_Values``); ``resolve()`` brings a step's
+numbers to the host in one transfer per device. NaN/Inf in a tensor kept until then
+(``hold_bytes``) are counted after that transfer, in a second one that only a step with NaN/Inf
+pays; past the budget, they are counted at once, into two more slots. A deferred number allocates
+no Python object that outlives its hook but the list of events it fills: objects that live for a
+step make Python's full garbage collections (0.1-0.3 s each with torch loaded) frequent. So pending
+numbers wait in columns (``_Pending``), one queue per kind, not as a record each.
 """
 
 from __future__ import annotations
@@ -93,6 +93,7 @@ class DeviceStats:
         self._grads = _Pending()  # a gradient's norm and absmax; who: targets to fill
         self._checks = _Pending()  # a watched gradient's one sum; who: targets to fill
         self._outputs = _Pending()  # an output's one sum; who: its call's NaN/Inf outputs
+        self._nonzero = _Pending()  # a gradient's count of non-zero elements; who: a list
         self._params = False  # parameter norms wait in some _Values
         self._held_bytes = 0
         self._follow_ups: list[tuple[torch.Tensor, _Fill]] = []
@@ -100,7 +101,8 @@ class DeviceStats:
 
     @property
     def deferred(self) -> bool:
-        return bool(self._grads or self._checks or self._outputs) or self._params
+        return bool(self._grads or self._checks or self._outputs or self._nonzero) or \
+            self._params
 
     def _hold(self, t: torch.Tensor) -> torch.Tensor | None:
         size = t.numel() * t.element_size()
@@ -153,6 +155,14 @@ class DeviceStats:
             _count_into(t, values.slots, pos + 1)
         queue.add(values, pos, who, index, held)
 
+    def nonzero(self, t: torch.Tensor, target: list[Any], index: int) -> None:
+        """Defer the count of ``t``'s non-zero elements into ``target[index]``: one reduction
+        and its copy into a float32 slot (exact up to 2**24; above, rounded at the 8th digit)."""
+        values = self._slots_of(t)
+        pos = values.take(1)
+        values.slots[pos].copy_(torch.count_nonzero(t))
+        self._nonzero.add(values, pos, target, index, None)
+
     def param_norms(self, norms: list[torch.Tensor], grads: list[torch.Tensor],
                     fill: Callable[[list[int], list[float]], None], owners: list[int]) -> None:
         """Defer a batch of parameter norms (one device and dtype), read with the step's."""
@@ -185,6 +195,7 @@ class DeviceStats:
             return
         # the step's state is taken first: a transfer that fails leaves none behind
         grads, checks, outputs = self._grads.take(), self._checks.take(), self._outputs.take()
+        nonzero = self._nonzero.take()
         self._params, self._held_bytes = False, 0
         taken = [(values, values.used, values.params) for values in self._values.values()]
         for values, _, _ in taken:
@@ -207,6 +218,8 @@ class DeviceStats:
             self._fill_check(values.read, pos, targets, held)
         for values, pos, found, index, held in outputs:
             self._fill_output(values.read, pos, found, index, held)
+        for values, pos, target, index, _ in nonzero:
+            target[index] = int(values.read[pos])
         for then, read in params:
             then(read)
         for values in self._values.values():

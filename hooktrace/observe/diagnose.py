@@ -370,7 +370,7 @@ class Diagnosis(Observer):
         held: dict[int, list[str]] = {}
         not_held: dict[int, list[str]] = {}
         for ref, info in self._modules:
-            m = ref()
+            m = ref() if info.ref() is not None else None  # not one a model found later adopted
             params = [p for p in m._parameters.values() if p is not None and p.requires_grad] \
                 if m is not None else []
             if params:

@@ -6,9 +6,10 @@ A loss that reads only part of a module's output (a detector's matched anchors, 
 mask) leaves the rest of that output's gradient exactly zero; a branch multiplied by 0 inside a
 forward leaves the gradient reaching the forward's output whole. ``check`` tells the two apart
 with this share (``flow.py``). Only modules with children are counted (a forward where a child's
-gradient can stop): one more reduction for a few calls, read once per step. Only where the
-gradients are on the CPU (``stats.on_host``): on a device the read would be a second transfer a
-step, and a GPU run gets no such signal yet (``check`` judges those zeros as it did before).
+gradient can stop): one more reduction for a few calls. The counts are the statistics'
+(``Stats.nonzero``): on the CPU read at once, on a device written into the step's buffer of
+numbers and read with them, in the one transfer of the step, which this observer asks for when
+the pass ends (``Stats.resolve``), just before the log writer would.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 
 from hooktrace.hooks.records import BackwardStart, Mode, Observer, PassEnd
 from hooktrace.log import schema
-from hooktrace.observe.stats import on_host
+from hooktrace.observe.stats import Stats
 
 Emit = Callable[[Any], None]
 
@@ -28,12 +29,12 @@ Emit = Callable[[Any], None]
 class GradZeros(Observer):
     follows = (Mode.RECORDED,)
 
-    def __init__(self, emit: Emit) -> None:
+    def __init__(self, stats: Stats, emit: Emit) -> None:
+        self._stats = stats
         self._emit = emit
-        # this pass's counts: (model, forward seq, elements, how many are not zero)
-        self._counts: list[tuple[int, int, int, torch.Tensor]] = []
+        # this pass's counts: [model, forward seq, elements, non-zero ones (-1 until counted)]
+        self._counts: list[list[int]] = []
         self._parents: dict[int, bool] = {}  # per module (by its info's id): has children
-        self._host = on_host([])  # not when the device path is forced on CPU tensors
 
     def grad_output(self, start: BackwardStart, index: int, grad: torch.Tensor) -> None:
         info = start.call.info
@@ -42,21 +43,22 @@ class GradZeros(Observer):
             module = info.ref()
             parent = self._parents[id(info)] = module is not None and bool(module._modules)
         if not parent or type(grad) is not torch.Tensor or grad.layout is not torch.strided \
-                or not grad.is_cpu or not self._host or not grad.numel():
+                or not grad.numel():
             return
-        # a tensor: read with the others when the pass ends
-        self._counts.append((info.model, start.call.seq, grad.numel(), torch.count_nonzero(grad)))
+        count = [info.model, start.call.seq, grad.numel(), -1]
+        self._stats.nonzero(grad, count, 3)  # on a device: filled when the step is resolved
+        self._counts.append(count)
 
     def backward_end(self, end: PassEnd) -> None:
         counts, self._counts = self._counts, []
         if end.mode is not Mode.RECORDED or not counts:
             return
+        self._stats.resolve()  # the step's one transfer, with every other number of the step
         # (model, seq) -> [elements, exactly-zero ones] of its outputs that got a gradient: an
         # output whose gradient is all zero is not read at all (multiplied by 0, fully masked)
         totals: dict[tuple[int, int], list[int]] = {}
-        for (model, seq, n, _), nonzero in zip(counts, _read([c[3] for c in counts]),
-                                               strict=True):
-            if nonzero:
+        for model, seq, n, nonzero in counts:
+            if nonzero > 0:
                 total = totals.setdefault((model, seq), [0, 0])
                 total[0] += n
                 total[1] += n - nonzero
@@ -69,16 +71,3 @@ class GradZeros(Observer):
 
     def stop(self, step: int, mode: Mode) -> None:
         self._counts = []
-
-
-def _read(counts: list[torch.Tensor]) -> list[int]:
-    """The counts as numbers: one read per device."""
-    by_device: dict[torch.device, list[int]] = {}
-    for i, c in enumerate(counts):
-        by_device.setdefault(c.device, []).append(i)
-    out = [0] * len(counts)
-    for positions in by_device.values():
-        values = torch.stack([counts[i] for i in positions]).tolist()
-        for i, v in zip(positions, values, strict=True):
-            out[i] = int(v)
-    return out

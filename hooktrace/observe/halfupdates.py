@@ -139,7 +139,7 @@ class HalfUpdates(Observer):
         gradient now (on the CPU)."""
         out: dict[int, list[torch.Tensor]] = {}
         for ref, info in self._modules:
-            module = ref()
+            module = ref() if info.ref() is not None else None  # None: adopted by a later model
             if module is None or info.model in self._decided:
                 continue
             for p in module._parameters.values():

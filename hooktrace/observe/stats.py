@@ -56,6 +56,9 @@ class HostStats:
             if nan or inf:
                 target.append([index, nan, inf])
 
+    def nonzero(self, t: torch.Tensor, target: list[Any], index: int) -> None:
+        target[index] = int(torch.count_nonzero(t))
+
     def param_norms(self, norms: list[torch.Tensor], grads: list[torch.Tensor], fill: _Fill,
                     owners: list[int]) -> None:
         values = torch.stack(norms).tolist()
@@ -147,6 +150,12 @@ class Stats:
         if not t.is_floating_point() or t.numel() == 0 or t.is_meta:
             return
         self._for(t).nonfinite(t, target, index)
+
+    def nonzero(self, t: torch.Tensor, target: list[Any], index: int) -> None:
+        """Set ``target[index]`` to the number of ``t``'s non-zero elements (on a device, when
+        the step's numbers are resolved); left as it is for a meta tensor."""
+        if not t.is_meta:
+            self._for(t).nonzero(t, target, index)
 
     def param_norms(self, groups: list[tuple[dict[str, Any], str, list[torch.Tensor]]]) -> None:
         """For each (target, key, grads): ``target[key]`` = the norm of all of ``grads``

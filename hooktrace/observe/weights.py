@@ -178,7 +178,7 @@ class WeightChange(Observer):
         gradient now."""
         out: dict[int, tuple[list[str], list[torch.Tensor]]] = {}
         for ref, info in self._modules:
-            module = ref()
+            module = ref() if info.ref() is not None else None  # None: adopted by a later model
             if module is None or info.model in self._decided:
                 continue
             names, params = out.setdefault(info.model, ([], []))

@@ -94,7 +94,7 @@ class Tracer:
         observers.append(WeightChange(recorder.emit))
         observers.append(HalfUpdates(recorder.emit))
         if stats is not None:
-            observers.append(GradZeros(recorder.emit))
+            observers.append(GradZeros(stats, recorder.emit))
         observers.append(recorder)  # after those that emit: their records precede the step's
         if stats is not None and self._options.break_on_nan:
             observers.append(BreakOnNonfinite(stats))  # the NaN's own event is written first
