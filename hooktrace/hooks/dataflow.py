@@ -12,9 +12,10 @@ history (``no_grad``, ``eval``, ``.detach()``, integer tensors) is looked up by 
 address among the outputs of the step's calls, held weakly: the same tensor, or a view at its
 start (``flatten``, a ``.detach()``).
 
-A call that others ran inside (a block) also says which of them made its outputs (``made``):
-a picture that draws it as a box of its calls draws those instead. Watched steps never come
-here: the core asks only in recorded ones.
+A call that others ran inside (a block) also says which calls made its outputs (``made``): those
+inside it, and those before it whose data it passed on (a residual's skip); a picture that
+draws it as a box of its calls draws those instead. Watched steps never come here: the core
+asks only in recorded ones.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class DataFlow:
         self._stored: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
 
     def start(self, inputs: list[torch.Tensor]) -> Sources:
-        return Sources(tuple([self._of(t, -1) for t in inputs]), self._last)
+        return Sources(tuple([self._of(t) for t in inputs]), self._last)
 
     def end(self, sources: Sources | None, kw_inputs: list[torch.Tensor],
             outputs: list[torch.Tensor], seq: int) -> Flow | tuple[()]:
@@ -73,11 +74,10 @@ class DataFlow:
             return ()
         inputs = sources.inputs
         if kw_inputs:
-            inputs += tuple([self._of(t, -1) for t in kw_inputs])
+            inputs += tuple([self._of(t) for t in kw_inputs])
         made: Producers = ()
-        if self._last > sources.before:  # calls returned while it ran: inside it
-            found = {s for t in outputs for s in self._of(t, sources.before)}
-            made = tuple(sorted(found))
+        if self._last > sources.before:  # calls returned while it ran: calls inside it
+            made = tuple(sorted({s for t in outputs for s in self._of(t)}))
         stored = self._stored
         if len(stored) > _MAX_STORED:
             stored.clear()
@@ -95,27 +95,24 @@ class DataFlow:
         """The step ended: its outputs are no longer looked up by storage."""
         self._stored.clear()
 
-    def _of(self, t: torch.Tensor, after: int) -> Producers:
-        """The calls (seq > ``after``) whose outputs made ``t``."""
+    def _of(self, t: torch.Tensor) -> Producers:
+        """The recorded calls whose outputs made ``t``."""
         node = t.grad_fn
         if node is None:
             try:
                 found = self._stored.get(t.data_ptr())
             except RuntimeError:
                 return ()
-            if found is None or found[0]() is None or found[1] <= after:
-                return ()
-            return (found[1],)
-        return self._walk(node, t.output_nr, after)
+            return () if found is None or found[0]() is None else (found[1],)
+        return self._walk(node, t.output_nr)
 
-    def _walk(self, node: Any, nr: int, after: int) -> Producers:
+    def _walk(self, node: Any, nr: int) -> Producers:
         """Breadth first from output ``nr`` of ``node`` to the nearest nodes a call's output
-        made, at most MAX_NODES nodes; a call that made one is kept when its seq > ``after``
-        (a call not recorded, or not inside: kept from, but not looked past)."""
+        made, at most MAX_NODES nodes; a call not recorded (seq -1) is not looked past."""
         grads = self._grads
         dispatch = node.metadata.get(grads)
         if dispatch is not None and (seq := _made_by(dispatch, nr)) is not None:
-            return (seq,) if seq > after else ()  # the usual case: a call's output itself
+            return (seq,) if seq >= 0 else ()  # the usual case: a call's output itself
         found: set[int] = set()
         seen = {node}
         todo: list[Any] = list(node.next_functions)
@@ -129,7 +126,7 @@ class DataFlow:
             seen.add(node)
             dispatch = node.metadata.get(grads)
             if dispatch is not None and (seq := _made_by(dispatch, nr)) is not None:
-                if seq > after:
+                if seq >= 0:
                     found.add(seq)
                 continue
             todo.extend(node.next_functions)

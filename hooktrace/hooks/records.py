@@ -96,7 +96,7 @@ class ForwardEnd(NamedTuple):
     in_backward: bool  # a backward pass is running (checkpointing recomputes inside it)
     top: bool  # a model call: no other module call is running in its thread
     #: recorded steps: per input (args then kwargs) the seqs of the calls whose outputs made
-    #: it, and those of the calls inside this one that made its outputs (``dataflow``)
+    #: it, and, for a call with calls inside, those of the calls that made its outputs
     inputs_from: tuple[Producers, ...] | None = None
     made: Producers = ()
 

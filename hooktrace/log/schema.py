@@ -176,9 +176,10 @@ class ForwardEvent:
     #: input the offset back from ``seq`` (``null``: none; a list: several); absent where every
     #: input came from the call just before (``seq - 1``). None: not recorded (``dataflow``)
     inputs_from: Sequence[Sequence[int]] | None = None
-    #: for a call with calls inside it: the seqs of those inside whose outputs made its
-    #: outputs (what a picture that draws the call as a box uses in its place); on the wire
-    #: ``"made"``, offsets back from ``seq``; absent: none (a call without calls inside)
+    #: for a call with calls inside it: the seqs of the calls whose outputs made its outputs,
+    #: found as for its inputs: those inside it, and those before it whose data it passed on
+    #: (a residual's skip), what a picture that draws the call as a box of its calls uses in
+    #: its place; on the wire ``"made"``, offsets back from ``seq``; absent: none
     made: Sequence[int] | None = None
 
     @property
