@@ -18,12 +18,14 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import SAMPLES, events
+from conftest import SAMPLES
 from torch import nn
 
 import hooktrace
 from hooktrace.cli import cli
 from hooktrace.hooks import dataflow
+from hooktrace.log import schema
+from hooktrace.log.reader import LogReader
 from hooktrace.show import steplog
 from hooktrace.show.graph import build
 from hooktrace.show.picture import View
@@ -44,6 +46,14 @@ def name(key: tuple[int, str, int], view: View) -> str:
 def pairs(view: View, phase: str) -> list[Pair]:
     """The edges of a phase as (src, dst) names, in their order."""
     return [(name(e.src, view), name(e.dst, view)) for e in view.edges() if e.phase == phase]
+
+
+def events(log: Path, phase: str, step: int | None = None
+           ) -> list[schema.ForwardEvent | schema.BackwardEvent]:
+    """The log's events of a phase (and step), forward ones with their data flow."""
+    return [e for e in LogReader(log, flow=True)
+            if isinstance(e, (schema.ForwardEvent, schema.BackwardEvent))
+            and e.phase == phase and step in (None, e.step)]
 
 
 def run_sample(log: Path, script: str, *args: str) -> None:
@@ -376,11 +386,12 @@ def test_readers_that_do_not_draw_skip_the_data_flow(vae_log: Path) -> None:
     """check's and diff's rows carry no data flow (their quick path stays quick); a damaged
     "from" fails the picture of its step with the line's number, not check."""
     from hooktrace.log.decoder import ForwardRows
-    from hooktrace.log.reader import LogReader
 
     rows = [row for item in LogReader(vae_log).scan() if isinstance(item, ForwardRows)
             for row in item]
     assert len(rows) == 12 and all(row[-1] is None for row in rows)
+    assert all(e.inputs_from is None and e.made is None for e in LogReader(vae_log)
+               if isinstance(e, schema.ForwardEvent))  # unless asked for: LogReader(flow=True)
     flowing = [row for item in LogReader(vae_log).scan(flow=True)
                if isinstance(item, ForwardRows) for row in item]
     assert [row[-1].inputs_from for row in flowing][:3] == [[[]], [[1]], [[1]]]
@@ -394,3 +405,33 @@ def test_readers_that_do_not_draw_skip_the_data_flow(vae_log: Path) -> None:
     assert result.exit_code == 2
     assert f"line {at + 1}: key 'from' holds something" in result.stderr
     assert CliRunner().invoke(cli, ["check", str(damaged)]).exit_code == 0
+
+
+def test_data_flow_round_trip(tmp_path: Path) -> None:
+    """Written as offsets (none where the call just before made every input), read back as the
+    seqs written; a log whose header lacks ``dataflow`` has none, whatever its lines hold."""
+    from hooktrace.log.writer import LogWriter
+
+    flows = [((), None), (((),), None), (((4,),), None), (((4,), (4,)), None),
+             (((1, 3), (), (2,)), (2, 4))]
+    for dataflow_on in (True, False):
+        path = tmp_path / f"flow{dataflow_on}.jsonl"
+        writer = LogWriter(path)
+        writer.write(schema.Header(schema=schema.SCHEMA_VERSION, hooktrace="0",
+                                   dataflow=dataflow_on))
+        writer.write(schema.Module(model=0, name="m", cls="Linear"))
+        for i, (inputs, made) in enumerate(flows):
+            writer.write(schema.ForwardEvent(5, i, 0, "m", 0, [[1]] * len(inputs),
+                                             ["float32"] * len(inputs), inputs_from=inputs,
+                                             made=made))
+        writer.write(schema.End(status="ok"))
+        writer.close()
+        read = [(e.inputs_from, e.made) for e in LogReader(path, flow=True)
+                if isinstance(e, schema.ForwardEvent)]
+        expected = [([list(s) for s in inputs], list(made) if made else None)
+                    for inputs, made in flows]
+        assert read == (expected if dataflow_on else [(None, None)] * len(flows))
+        wire = [json.loads(line) for line in path.read_text().splitlines()]
+        assert [(d.get("from"), d.get("made")) for d in wire if d["type"] == "forward"] == [
+            (None, None), ([None], None), (None, None), (None, None),
+            ([[4, 2], None, 3], [3, 1])]

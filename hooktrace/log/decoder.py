@@ -151,8 +151,8 @@ class Decoder:
                     tensors = self.tensors
                     ins = tensors[i]
                     if self._flow:
-                        return seq, step, module, call, ins, tensors[o], _PLAIN_FORWARD._replace(
-                            **inputs_from(d, seq, len(ins[0])))
+                        return seq, step, module, call, ins, tensors[o], ForwardMore(
+                            False, False, None, None, None, *inputs_from(d, seq, len(ins[0])))
                     return seq, step, module, call, ins, tensors[o], None
         except KeyError:  # a key missing, an id unknown: said by the careful path
             pass
@@ -265,7 +265,7 @@ class Decoder:
         more = ForwardMore(get(d, "no_grad", bool, False), get(d, "recompute", bool, False),
                            get(d, "inputs_more", int, None), get(d, "outputs_more", int, None),
                            shapes(d, "output_nonfinite") or None,
-                           **(inputs_from(d, seq, len(ins[0])) if self._flow else {}))
+                           *(inputs_from(d, seq, len(ins[0])) if self._flow else ()))
         return seq, step, module, call, ins, outs, None if more == _PLAIN_FORWARD else more
 
     def _backward_row(self, d: dict[str, Any]) -> BackwardRow:

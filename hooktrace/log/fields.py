@@ -180,13 +180,14 @@ def _offsets(value: Any) -> bool:
     return type(value) is list and all(type(x) is int and x > 0 for x in value)
 
 
-def inputs_from(d: dict[str, Any], seq: int, inputs: int) -> dict[str, Any]:
+def inputs_from(d: dict[str, Any], seq: int, inputs: int
+                ) -> tuple[list[list[int]], list[int] | None]:
     """A forward event's data flow (``ForwardEvent.inputs_from`` and ``made``), its offsets
     back from ``seq`` resolved; without ``"from"``, each of its ``inputs`` came from the call
     just before it (``hooktrace.log.wire.sources``)."""
     value = d.get("from")
     if value is None:
-        found = [[seq - 1] for _ in range(inputs)]
+        found = [[seq - 1]] if inputs == 1 else [[seq - 1] for _ in range(inputs)]
     elif type(value) is list and len(value) == inputs:
         found = []
         for item in value:
@@ -201,4 +202,4 @@ def inputs_from(d: dict[str, Any], seq: int, inputs: int) -> dict[str, Any]:
     made = d.get("made")
     if made is not None and not _offsets(made):
         raise SchemaError("key 'made' must list offsets to calls")
-    return {"inputs_from": found, "made": sorted(seq - x for x in made) if made else None}
+    return found, sorted(seq - x for x in made) if made else None
