@@ -63,7 +63,7 @@ class DataFlow:
         self._stored: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
 
     def start(self, inputs: list[torch.Tensor]) -> Sources:
-        return Sources(tuple([self._of(t) for t in inputs]), self._last)
+        return Sources(tuple(map(self._of, inputs)), self._last)
 
     def end(self, sources: Sources | None, kw_inputs: list[torch.Tensor],
             outputs: list[torch.Tensor], seq: int) -> Flow | tuple[()]:
@@ -74,7 +74,7 @@ class DataFlow:
             return ()
         inputs = sources.inputs
         if kw_inputs:
-            inputs += tuple([self._of(t) for t in kw_inputs])
+            inputs += tuple(map(self._of, kw_inputs))
         made: Producers = ()
         if self._last > sources.before:  # calls returned while it ran: calls inside it
             made = tuple(sorted({s for t in outputs for s in self._of(t)}))
@@ -97,22 +97,28 @@ class DataFlow:
 
     def _of(self, t: torch.Tensor) -> Producers:
         """The recorded calls whose outputs made ``t``."""
-        node = t.grad_fn
+        node: Any = t.grad_fn  # its ``metadata`` is a dict at runtime, a method in the stubs
         if node is None:
             try:
                 found = self._stored.get(t.data_ptr())
             except RuntimeError:
                 return ()
             return () if found is None or found[0]() is None else (found[1],)
-        return self._walk(node, t.output_nr)
+        nr = t.output_nr
+        dispatch = node.metadata.get(self._grads)
+        if dispatch:  # the usual case: a call's output itself
+            if dispatch[-2] >= 0 and dispatch[-4] == nr:  # the call that returned it last
+                seq: int = dispatch[-3].seq
+                return (seq,) if seq >= 0 else ()
+            if (made := _made_by(dispatch, nr)) is not None:
+                return (made,) if made >= 0 else ()
+        return self._walk(node, nr)
 
     def _walk(self, node: Any, nr: int) -> Producers:
-        """Breadth first from output ``nr`` of ``node`` to the nearest nodes a call's output
-        made, at most MAX_NODES nodes; a call not recorded (seq -1) is not looked past."""
+        """Breadth first from output ``nr`` of ``node`` (made by no call) to the nearest nodes
+        a call's output made, at most MAX_NODES nodes; a call not recorded (seq -1) is not
+        looked past."""
         grads = self._grads
-        dispatch = node.metadata.get(grads)
-        if dispatch is not None and (seq := _made_by(dispatch, nr)) is not None:
-            return (seq,) if seq >= 0 else ()  # the usual case: a call's output itself
         found: set[int] = set()
         seen = {node}
         todo: list[Any] = list(node.next_functions)
