@@ -3,13 +3,13 @@ that used it, and backward the same edges reversed, where the gradient went back
 
 A log whose forward events name the calls that made their inputs (``ForwardEvent.inputs_from``)
 is drawn so; ``graph.build`` keeps the call order of older logs. At a depth, a producer drawn as
-a box of its calls (a cluster) stands for the calls inside it that made its outputs
-(``ForwardEvent.made``), or, where none did, for the calls that made its inputs; a consumer
-drawn as a cluster is left to the calls inside it, which take in the same data. A call used by
-several later calls branches; a residual ``+`` of two calls' outputs is two edges into the call
-that uses the sum. An edge between two calls drawn in one node (folded by ``--depth``) is not
-drawn; one between two calls of a module drawn as one node for all its calls (an unrolled
-loop's cell feeding its next call) is a loop on that node.
+a box of its calls (a cluster) stands for the calls that made its outputs (``ForwardEvent.made``:
+those inside it, and, one box back, those before it whose data it passed on: ``_Ends``); a
+consumer drawn as a cluster is left to the calls inside it, which take in the same data. A
+call used by several later calls branches; a residual ``+`` of two calls' outputs is two edges
+into the call that uses the sum. An edge between two calls drawn in one node (folded by
+``--depth``) is not drawn; one between two calls of a module drawn as one node for all its
+calls (an unrolled loop's cell feeding its next call) is a loop on that node.
 
 Forward edges are numbered in execution order: by the call that used the data, then the one
 that made it. A backward edge goes back along a forward one where the consumer's gradient of
@@ -86,7 +86,7 @@ def links(calls: dict[NodeKey, Call], keys: Keys, unfolded: Keys) -> list[Link]:
             continue
         for i, made_by in enumerate(consumer.inputs_from):
             for seq in made_by:
-                producer = by_seq.get(seq)  # None: a call of another step, or model
+                producer = by_seq.get(seq)  # None: of another step, or a model not drawn
                 for end in ends.of(producer, True) if producer else ():
                     src = keys[end.key]
                     assert src is not None
@@ -173,12 +173,10 @@ def data_edges(calls: dict[NodeKey, Call], keys: Keys, unfolded: Keys, fold: set
         back = sorted((k for k in found if k.gradient()), key=_backward_order)
         for (src, dst), runs in _numbered(back, fold).items():
             numbers = sorted({n for n, _ in runs})
-            made: list[schema.BackwardEvent] = [k.producer.backward for _, k in runs
-                                                if k.producer.backward is not None]
-            first = min(made, key=lambda e: e.seq)
+            events = [k.producer.backward for _, k in runs if k.producer.backward is not None]
+            first = min(events, key=lambda e: e.seq)  # the label's tensor counts: the first
             edges.append(Edge(dst, src, "backward", numbers[0], first.grad_input_len,
-                              first.grad_output_len, True,
-                              largest(made), len(numbers),
+                              first.grad_output_len, True, largest(events), len(numbers),
                               numbers[-1]))
     return edges
 
