@@ -134,11 +134,24 @@ def render(logs: tuple[Path, ...], rank: int | None, output: Path | None, fmt: s
 @click.option("--model", metavar="NAME", help="Show this model only (as named in the log).")
 @click.option("--limit", type=click.IntRange(min=0), default=100, show_default=True,
               help="Print at most this many events; 0 prints them all.")
-def show(log: Path, step: int | None, phase: str, model: str | None, limit: int) -> None:
-    """Print the events of one step of LOG in order, as an indented table."""
+@click.option("--edges", is_flag=True,
+              help="Print the edges that render draws instead of the events: forward, from the "
+                   "call that made a tensor to each call that used it; backward, the gradient "
+                   "back along them.")
+@click.option("--depth", type=click.IntRange(min=0), metavar="D",
+              help="With --edges: fold calls deeper than D, as render does.")
+def show(log: Path, step: int | None, phase: str, model: str | None, limit: int, edges: bool,
+         depth: int | None) -> None:
+    """Print the events of one step of LOG in order, as an indented table (--edges: the
+    edges of its picture)."""
     from hooktrace.show.render.text import show as show_step
 
-    shown = show_step(log, step, None if phase == "both" else phase, model, limit)
+    if edges:
+        from hooktrace.show.render.edges import show_edges
+
+        shown = show_edges(log, step, phase, model, depth, limit)
+    else:
+        shown = show_step(log, step, None if phase == "both" else phase, model, limit)
     for warning in shown.warnings:
         click.echo(f"hooktrace: warning: {warning}", err=True)
     click.echo(shown.text, nl=False)

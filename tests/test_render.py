@@ -8,7 +8,9 @@ the diff.
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -123,6 +125,19 @@ def edges_of(view: View) -> list[tuple[str, int, str, str]]:
     return [(e.phase, e.order, e.src[1], e.dst[1]) for e in view.edges()]
 
 
+def without_dataflow(log: Path, out: Path) -> Path:
+    """``log`` as a hooktrace from before data flow wrote it: no ``dataflow`` in the header,
+    no ``from`` or ``made`` in the events."""
+    lines = []
+    for line in log.read_text(encoding="utf-8").splitlines():
+        d = json.loads(line)
+        for key in ("dataflow", "from", "made"):
+            d.pop(key, None)
+        lines.append(json.dumps(d, separators=(",", ":")) + "\n")
+    out.write_text("".join(lines), encoding="utf-8")
+    return out
+
+
 def write_log(path: Path, events: list[schema.Record], end: bool = True) -> Path:
     """A log written by the real writer from hand-made records: model 0 is a Sequential of two."""
     writer = LogWriter(path)
@@ -175,7 +190,11 @@ def test_branching_model_golden_dot(branchy_log: Path) -> None:
     assert_golden("branchy.dot", picture(branchy_log).source)
 
 
-def test_branching_model_nodes_edges_and_states(branchy_log: Path) -> None:
+def test_branching_model_nodes_edges_and_states(branchy_log: Path, tmp_path: Path) -> None:
+    """The edges follow the data: the residual sum (act, block.1) feeds side, frozen and the
+    second act; side's output is detached and frozen's is made under no_grad: no edge leaves
+    them, and no gradient comes back along the edges into them. The same log without data
+    flow (as written before it) is drawn in call order, as then."""
     view = view_of(branchy_log)
     assert [n.key[1:] for n in view.nodes()] == [
         ("stem", 0), ("act", 0), ("block.0", 0), ("block.1", 0), ("side", 0), ("frozen", 0),
@@ -184,6 +203,26 @@ def test_branching_model_nodes_edges_and_states(branchy_log: Path) -> None:
         ("stem", 0): "ok", ("act", 0): "ok", ("block.0", 0): "ok", ("block.1", 0): "ok",
         ("side", 0): "no backward", ("frozen", 0): "no_grad", ("act", 1): "ok",
         ("head", 0): "ok"}
+    assert view.dataflow
+    assert [(e.phase, e.order, e.src[1:], e.dst[1:]) for e in view.edges()] == [
+        ("forward", 1, ("stem", 0), ("act", 0)), ("forward", 2, ("act", 0), ("block.0", 0)),
+        ("forward", 3, ("block.0", 0), ("block.1", 0)), ("forward", 4, ("act", 0), ("side", 0)),
+        ("forward", 5, ("block.1", 0), ("side", 0)), ("forward", 6, ("act", 0), ("frozen", 0)),
+        ("forward", 7, ("block.1", 0), ("frozen", 0)), ("forward", 8, ("act", 0), ("act", 1)),
+        ("forward", 9, ("block.1", 0), ("act", 1)), ("forward", 10, ("act", 1), ("head", 0)),
+        ("backward", 1, ("head", 0), ("act", 1)), ("backward", 2, ("act", 1), ("block.1", 0)),
+        ("backward", 3, ("block.1", 0), ("block.0", 0)),
+        ("backward", 4, ("act", 1), ("act", 0)), ("backward", 5, ("block.0", 0), ("act", 0)),
+        ("backward", 6, ("act", 0), ("stem", 0))]
+    assert all(e.mirrored for e in view.edges())
+    assert [type(x).__name__ for x in view.inside((0, ""))] == [
+        "Node", "Node", "Cluster", "Node", "Node", "Node", "Node"]
+    dot = picture(branchy_log).source
+    assert "call 1/2" in dot and "call 2/2" in dot
+    assert not re.search(r"penwidth=2[ \]]", dot)  # no backward edge without its forward
+    old = without_dataflow(branchy_log, tmp_path / "old.jsonl")
+    view = view_of(old)
+    assert not view.dataflow
     backward = [(e.src[1:], e.dst[1:], e.mirrored) for e in view.edges()
                 if e.phase == "backward"]
     assert backward == [
@@ -192,10 +231,9 @@ def test_branching_model_nodes_edges_and_states(branchy_log: Path) -> None:
         (("block.1", 0), ("block.0", 0), True),
         (("block.0", 0), ("act", 0), True),
         (("act", 0), ("stem", 0), True)]
-    assert [type(x).__name__ for x in view.inside((0, ""))] == [
-        "Node", "Node", "Cluster", "Node", "Node", "Node", "Node"]
-    dot = picture(branchy_log).source
-    assert "call 1/2" in dot and "call 2/2" in dot and "penwidth=2" in dot
+    dot = picture(old).source
+    assert "call 1/2" in dot and "call 2/2" in dot and re.search(r"penwidth=2[ \]]", dot)
+    assert "forward: calls in execution order" in dot
 
 
 def test_phase_forward_or_backward_only(branchy_log: Path) -> None:
@@ -203,7 +241,7 @@ def test_phase_forward_or_backward_only(branchy_log: Path) -> None:
     assert {e.phase for e in forward.edges()} == {"forward"} and not forward.checked
     assert forward.backward_start is None
     backward = view_of(branchy_log, phase="backward")
-    assert {e.phase for e in backward.edges()} == {"backward"} and len(backward.edges()) == 5
+    assert {e.phase for e in backward.edges()} == {"backward"} and len(backward.edges()) == 6
 
 
 def test_same_log_gives_the_same_dot_bytes(branchy_log: Path, tmp_path: Path) -> None:
@@ -628,15 +666,21 @@ def unrolled_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return log
 
 
-def test_an_unrolled_loop_is_one_node_per_module(unrolled_log: Path) -> None:
+def test_an_unrolled_loop_is_one_node_per_module(unrolled_log: Path, tmp_path: Path) -> None:
     """20 calls of each module (more than FOLD_CALLS): a node each, ``LSTMCell x20``, and the
-    edges their calls repeat are one edge each with their first and last number and count."""
+    edges their calls repeat are one edge each with their first and last number and count:
+    each cell's h feeds the head and the next cell (a loop on the cell's node). Without data
+    flow, as then, the calls in call order: cell, head, cell, ..."""
     view = view_of(unrolled_log)
     assert sorted(view.node_map) == [(0, "cell", -1), (0, "head", -1)]
     cell = view.node_map[(0, "cell", -1)]
     assert (cell.module_calls, cell.folded, cell.grad_calls, cell.missing) == (20, 0, 20, 0)
     assert cell.output_shapes == [[3, 4], [3, 4]]  # the same in every call
     assert [(e.phase, e.src[1], e.dst[1], e.order, e.last, e.runs) for e in view.edges()] == [
+        ("forward", "cell", "head", 1, 39, 20), ("forward", "cell", "cell", 2, 38, 19),
+        ("backward", "head", "cell", 1, 39, 20), ("backward", "cell", "cell", 2, 38, 19)]
+    old = view_of(without_dataflow(unrolled_log, tmp_path / "old.jsonl"))
+    assert [(e.phase, e.src[1], e.dst[1], e.order, e.last, e.runs) for e in old.edges()] == [
         ("forward", "cell", "head", 1, 39, 20), ("forward", "head", "cell", 2, 38, 19),
         ("backward", "head", "cell", 1, 39, 20), ("backward", "cell", "head", 2, 38, 19)]
     source = picture(unrolled_log, findings=False).source

@@ -9,9 +9,10 @@ in-place module replaces its input's node, and the old node still yields the old
 gradient. The end of a backward pass (an engine callback) ends the step.
 
 The core knows module calls and steps, nothing of logs, statistics or findings. It hands each
-moment to its observers, in the order they were given, as an immutable record: a module seen,
-a model call, a call's forward start and end, its backward start and gradients, the end of a
-backward pass (which ends the step), and the stop (``records.Observer`` says when each comes).
+moment to its observers, in order, as an immutable record: a module seen, a model call, a
+call's forward start and end (in recorded steps with the calls that made its inputs:
+``dataflow``), its backward start and gradients, the end of a backward pass (which ends the
+step), and the stop (``records.Observer`` says when each comes, and how to add an observer).
 
 Each record carries the step's ``Mode``; ``step_mode`` alone decides it. A watched step follows
 the backward of model calls only (top-level: ``backward_start`` and ``grad_output`` for them,
@@ -20,8 +21,7 @@ tensors is most of what tracing costs. ``seq`` numbers the recorded forward ends
 starts in the order they happened; ``--max-events`` is the number of them a run may record,
 after which steps are watched (or off). An observer may raise ``NonFiniteError`` into the
 program (``--break-on nan``); any other exception stops tracing with one line on stderr and the
-program goes on (``--strict``: a failed log write is raised). How to add an observer: see
-``records.Observer``.
+program goes on (``--strict``: a failed log write is raised).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
+from hooktrace.hooks.dataflow import DataFlow
 from hooktrace.hooks.gradhooks import GradHooks
 from hooktrace.hooks.naming import ModInfo, Naming
 from hooktrace.hooks.records import (
@@ -113,6 +114,7 @@ class CallTracker:
         self._local = _Local()
         self._handles: list[Any] = []
         self._grads = GradHooks(self._on_grad, self._end_pass, self.fail)
+        self._flow = DataFlow(self._grads)  # which calls made each input, in recorded steps
         self.active = False
         self.step = 0
         self.mode = step_mode(0, options, False)
@@ -244,8 +246,8 @@ class CallTracker:
         call = _Call(self.step)
         if mode is RECORDED:
             start = ForwardStart(module, info, self.step, mode, grad, inputs, seen - len(inputs),
-                                 summarize(inputs),
-                                 tuple(map(_version, inputs)) if grad else ())
+                                 summarize(inputs), tuple(map(_version, inputs)) if grad else (),
+                                 self._flow.start(inputs))
         else:
             start = ForwardStart(module, info, self.step, mode, grad, inputs, seen - len(inputs),
                                  _NO_SUMMARY, ())
@@ -311,9 +313,10 @@ class CallTracker:
         call.step, call.seq, call.index, call.recompute = self.step, seq, index, recompute
         call.n_in, call.n_out, call.info = n_args + len(kw_inputs), len(outputs), info
         record = call.record()
+        flow = self._flow.end(start.sources, kw_inputs, outputs, seq) if seq >= 0 else ()
         end = ForwardEnd(start, record, args, kwargs, output, kw_inputs,
                          kw_seen - len(kw_inputs), outputs, n_out - len(outputs), mode,
-                         self._grads.in_backward, top)
+                         self._grads.in_backward, top, *flow)
         for forward_end in self._to_forward_end[mode]:
             forward_end(end)
         each = self._every_backward[mode]
@@ -381,6 +384,7 @@ class CallTracker:
         self._grads.prune_leaf_hooks(lambda call: call.step >= self.step - 1)
         self._calls.clear()
         self._recomputed.clear()
+        self._flow.clear()
         self.mode = step_mode(self.step, self._options, self.dropped > 0)
         last = self._options.steps.last
         if last is not None and self.step > last and self.mode is OFF:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from hooktrace.hooks.dataflow import Producers, Sources
     from hooktrace.hooks.naming import ModInfo
     from hooktrace.hooks.tensors import Summary
     from hooktrace.log.options import TraceOptions
@@ -54,6 +55,8 @@ class _ForwardStart(NamedTuple):
     #: the version counters of ``inputs`` as the call began (recorded steps with gradients on):
     #: an input the call changes in place has a new one
     input_versions: tuple[int, ...]
+    #: which calls made ``inputs`` (``dataflow``): recorded steps only
+    sources: Sources | None = None
 
 
 class ForwardStart(_ForwardStart):
@@ -92,6 +95,10 @@ class ForwardEnd(NamedTuple):
     mode: Mode  # the step's mode when the call returned
     in_backward: bool  # a backward pass is running (checkpointing recomputes inside it)
     top: bool  # a model call: no other module call is running in its thread
+    #: recorded steps: per input (args then kwargs) the seqs of the calls whose outputs made
+    #: it, and, for a call with calls inside, those of the calls that made its outputs
+    inputs_from: tuple[Producers, ...] | None = None
+    made: Producers = ()
 
 
 class _BackwardStart(NamedTuple):

@@ -20,6 +20,7 @@ from hooktrace.log.fields import (
     decode_stats,
     from_dict,
     get,
+    inputs_from,
     plain_stats,
     shapes,
     stats_ok,
@@ -42,13 +43,16 @@ StepFilter = Callable[[int], bool]  # whether the events of a step are wanted in
 
 
 class ForwardMore(NamedTuple):
-    """What a forward event has beyond the usual: a flag, more leaves, NaN/Inf outputs."""
+    """What a forward event has beyond the usual: a flag, more leaves, NaN/Inf outputs; and,
+    for a decoder asked for it, its data flow (``ForwardEvent.inputs_from``, ``made``)."""
 
     no_grad: bool = False  # ran with gradient recording off
     recompute: bool = False  # re-run inside backward by activation checkpointing
     inputs_more: int | None = None  # tensor leaves beyond the ones listed
     outputs_more: int | None = None
     output_nonfinite: list[list[int]] | None = None  # [output index, nan, inf]
+    inputs_from: list[list[int]] | None = None  # per input, the seqs of the calls that made it
+    made: list[int] | None = None  # the seqs of the calls inside it that made its outputs
 
 
 class BackwardMore(NamedTuple):
@@ -109,10 +113,14 @@ class Decoder:
     ``steps`` is asked whether a step's events are wanted each time the step of the events
     changes, so that its answer may narrow as the log is read. The rows of a step it declines
     are *skimmed*: seq, step, module, call (and fwd) checked, the rest not read (``NOT_READ``
-    signatures, no statistics): the renderer reads the steps it does not draw so."""
+    signatures, no statistics): the renderer reads the steps it does not draw so.
 
-    def __init__(self, steps: StepFilter | None = None) -> None:
+    ``flow``: read each forward event's data flow into its ``more`` (a log whose header says
+    ``dataflow``); otherwise its keys are passed over, and most rows have no ``more``."""
+
+    def __init__(self, steps: StepFilter | None = None, flow: bool = False) -> None:
         self._steps = steps or _every_step
+        self._flow = flow
         self._step: Any = None  # the step last asked about, and the answer
         self._wanted = True
         self.modules: dict[int, tuple[int, str]] = {}  # module id -> (model, fqn)
@@ -135,10 +143,17 @@ class Decoder:
                     self._ask(step)
                 if not self._wanted:
                     return seq, step, module, call, NOT_READ, NOT_READ, None
-                if len(d) == _FORWARD_KEYS and type(i := d["in"]) is int \
+                keys = len(d)
+                if keys > _FORWARD_KEYS:
+                    keys -= ("from" in d) + ("made" in d)  # the data flow: read on request
+                if keys == _FORWARD_KEYS and type(i := d["in"]) is int \
                         and type(o := d["out"]) is int:
                     tensors = self.tensors
-                    return seq, step, module, call, tensors[i], tensors[o], None
+                    ins = tensors[i]
+                    if self._flow:
+                        return seq, step, module, call, ins, tensors[o], ForwardMore(
+                            False, False, None, None, None, *inputs_from(d, seq, len(ins[0])))
+                    return seq, step, module, call, ins, tensors[o], None
         except KeyError:  # a key missing, an id unknown: said by the careful path
             pass
         return self._forward_row(d)
@@ -245,11 +260,12 @@ class Decoder:
         seq, step, call = self._common(d)
         module = self._module(d)
         ins, outs = self._ids(d, "in"), self._ids(d, "out")
-        if len(d) <= _FORWARD_KEYS:
+        if len(d) <= _FORWARD_KEYS and not self._flow:
             return seq, step, module, call, ins, outs, None
         more = ForwardMore(get(d, "no_grad", bool, False), get(d, "recompute", bool, False),
                            get(d, "inputs_more", int, None), get(d, "outputs_more", int, None),
-                           shapes(d, "output_nonfinite") or None)
+                           shapes(d, "output_nonfinite") or None,
+                           *(inputs_from(d, seq, len(ins[0])) if self._flow else ()))
         return seq, step, module, call, ins, outs, None if more == _PLAIN_FORWARD else more
 
     def _backward_row(self, d: dict[str, Any]) -> BackwardRow:

@@ -133,6 +133,7 @@ def from_dict(d: Any) -> Record | None:
             local_rank=get(d, "local_rank", int, 0), world_size=get(d, "world_size", int, 1),
             hostname=get(d, "hostname", str, None),
             started=get(d, "started", (int, float), None), options=get(d, "options", dict, {}),
+            dataflow=get(d, "dataflow", bool, False),
         )
     if kind == "model":
         return Model(model=get(d, "model", int), name=get(d, "name", str),
@@ -173,3 +174,32 @@ def from_dict(d: Any) -> Record | None:
                    tracer_error=get(d, "tracer_error", str, None),
                    captured=get(d, "captured", int, None))
     return None
+
+
+def _offsets(value: Any) -> bool:
+    return type(value) is list and all(type(x) is int and x > 0 for x in value)
+
+
+def inputs_from(d: dict[str, Any], seq: int, inputs: int
+                ) -> tuple[list[list[int]], list[int] | None]:
+    """A forward event's data flow (``ForwardEvent.inputs_from`` and ``made``), its offsets
+    back from ``seq`` resolved; without ``"from"``, each of its ``inputs`` came from the call
+    just before it (``hooktrace.log.wire.sources``)."""
+    value = d.get("from")
+    if value is None:
+        found = [[seq - 1]] if inputs == 1 else [[seq - 1] for _ in range(inputs)]
+    elif type(value) is list and len(value) == inputs:
+        found = []
+        for item in value:
+            if type(item) is int and item > 0:
+                found.append([seq - item])
+            elif item is None or _offsets(item):
+                found.append(sorted(seq - x for x in item or ()))
+            else:
+                raise SchemaError("key 'from' holds something that is not an offset to a call")
+    else:
+        raise SchemaError(f"key 'from' must list one entry per tensor input ({inputs})")
+    made = d.get("made")
+    if made is not None and not _offsets(made):
+        raise SchemaError("key 'made' must list offsets to calls")
+    return found, sorted(seq - x for x in made) if made else None

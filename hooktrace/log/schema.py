@@ -2,7 +2,8 @@
 
 A log is JSON Lines, UTF-8, one record per line, each with a ``"type"`` key:
 
-``header``   first line: schema version, versions, argv, pid, rank, filters in force.
+``header``   first line: schema version, versions, argv, pid, rank, filters in force; ``dataflow``
+             when forward events say which calls made their inputs (``ForwardEvent``).
 ``model``    a top-level model seen by the tracer (``model`` index, a name, its class).
 ``module``   one per named submodule, written once when its model is first seen: its ``id``
              (events refer to it), class, own parameter counts, other names of a shared module;
@@ -82,6 +83,8 @@ class Header:
     started: float | None = None  # unix time
     #: filters in force: include, exclude, steps, max_events (absent = everything recorded)
     options: dict[str, Any] = field(default_factory=dict)
+    #: forward events carry ``inputs_from`` and ``made`` (absent: a log from before them)
+    dataflow: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -89,6 +92,7 @@ class Header:
             "torch": self.torch, "python": self.python, "argv": self.argv, "pid": self.pid,
             "rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size,
             "hostname": self.hostname, "started": self.started, "options": self.options,
+            **({"dataflow": True} if self.dataflow else {}),
         }
 
 
@@ -165,6 +169,20 @@ class ForwardEvent:
     #: outputs holding NaN/Inf, as [output index, nan count, inf count]; absent when all finite
     #: (or when statistics are off)
     output_nonfinite: list[list[int]] | None = None
+    #: per tensor input (as listed: args then kwargs), the seqs of the calls whose outputs made
+    #: it, ascending: the nearest traced calls back through its autograd graph, across
+    #: functional ops (``F.relu``, ``torch.cat``, a residual ``+``), or, where it has no
+    #: autograd history (``no_grad``, ``.detach()``, integers), the call that returned its
+    #: storage; empty where none did (a model input). A call returning another's output
+    #: unchanged (a parent its last child's) is the one named. On the wire ``"from"``: per
+    #: input the offset back from ``seq`` (``null``: none; a list: several); absent where every
+    #: input came from the call just before (``seq - 1``). None: not recorded (``dataflow``)
+    inputs_from: Sequence[Sequence[int]] | None = None
+    #: for a call with calls inside it: the seqs of the calls whose outputs made its outputs,
+    #: found as for its inputs: those inside it, and those before it whose data it passed on
+    #: (a residual's skip), what a picture that draws the call as a box of its calls uses in
+    #: its place; on the wire ``"made"``, offsets back from ``seq``; absent: none
+    made: Sequence[int] | None = None
 
     @property
     def phase(self) -> str:

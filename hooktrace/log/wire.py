@@ -26,6 +26,20 @@ def _hashable(shapes: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(None if s is None else tuple(s) for s in shapes)
 
 
+def sources(e: ForwardEvent, d: dict[str, Any]) -> None:
+    """An event's data flow as offsets back from its seq (``ForwardEvent.inputs_from``): a
+    producer is most often the call written just before, so ``"from"`` is left out where every
+    input came from it (``seq - 1``), and an input is an offset (one producer), ``null`` (none)
+    or a list (several)."""
+    seq, inputs = e.seq, e.inputs_from
+    assert inputs is not None
+    if inputs.count((seq - 1,)) != len(inputs):  # tuples, as the tracer makes them
+        d["from"] = [seq - made[0] if len(made) == 1 else [seq - s for s in made] if made
+                     else None for made in inputs]
+    if e.made:
+        d["made"] = [seq - s for s in e.made]
+
+
 class Encoder:
     """Records -> the dicts written as lines. Events name their module and their tensors by
     id: a ``module`` record (with its ``id``) and a ``tensors`` record (shapes, and dtypes for
@@ -107,6 +121,8 @@ class Encoder:
             d["outputs_more"] = e.outputs_more
         if e.output_nonfinite:
             d["output_nonfinite"] = e.output_nonfinite
+        if e.inputs_from is not None:
+            sources(e, d)
         out.append(d)
         return out
 

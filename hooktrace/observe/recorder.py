@@ -75,7 +75,8 @@ class LogRecorder(Observer):
             call.seq, call.step, info.model, info.name, call.call_index, in_shapes, in_dtypes,
             out_shapes, out_dtypes, no_grad=not start.grad, recompute=call.recompute,
             inputs_more=(start.inputs_more + end.kw_inputs_more) or None,
-            outputs_more=end.outputs_more or None,
+            outputs_more=end.outputs_more or None, inputs_from=end.inputs_from,
+            made=end.made,
         )
         found = None
         if self._outputs is not None:

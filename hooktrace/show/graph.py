@@ -30,13 +30,15 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hooktrace.check.findings import ancestors
 from hooktrace.log import schema
 from hooktrace.log.errors import HooktraceError
+from hooktrace.show.flow import data_edges, has_flow, largest
+from hooktrace.show.flow import grad_output_norm as grad_output_norm
 from hooktrace.show.picture import Cluster, Edge, ModuleKey, Node, NodeKey, View
 from hooktrace.show.steplog import StepLog
 
@@ -69,6 +71,8 @@ class Call:
     nonfinite: bool = False  # an output held NaN/Inf
     parent: NodeKey | None = None  # the call of an ancestor module it ran inside
     children: int = 0
+    inputs_from: Sequence[Sequence[int]] | None = None  # ForwardEvent's: what made its inputs
+    made: Sequence[int] = ()  # ... and the calls inside it that made its outputs
 
     @property
     def key(self) -> NodeKey:
@@ -94,7 +98,8 @@ def calls_of(log: StepLog) -> tuple[dict[NodeKey, Call], list[tuple[Call, schema
             elif key not in calls:
                 calls[key] = Call(e.model, e.name, e.call, log.cls(e.model, e.name), e.seq,
                                   e.output_shapes, e.no_grad, later=log.later.get(e.seq),
-                                  nonfinite=bool(e.output_nonfinite))
+                                  nonfinite=bool(e.output_nonfinite),
+                                  inputs_from=e.inputs_from, made=e.made or ())
     backward: list[tuple[Call, schema.BackwardEvent]] = []
     for e in log.events:
         if isinstance(e, schema.BackwardEvent):
@@ -181,22 +186,39 @@ def build(log: StepLog, depth: int | None = None, phase: str = "both",
                 phase, log.has_backward and phase != "forward")
     _add_nodes(view, calls, keys)
     _add_clusters(view, calls)
+    visits = [(keys[c.key], e) for c, e in backward]
+    if has_flow(calls.values()):  # the edges follow the data (hooktrace.show.flow)
+        view.dataflow = True
+        unfolded = node_keys(calls, chosen, set()) if fold else keys
+        view.edge_list += data_edges(calls, keys, unfolded,
+                                     {(model, fqn, -1) for model, fqn in fold}, phase)
+    else:  # a log from before: calls in call order
+        view.edge_list += _call_order(keys, calls, visits, fold, phase)
+    if phase != "forward":
+        view.backward_start = next(((k, e) for k, e in visits if k is not None and e), None)
+    return view
+
+
+def _call_order(keys: dict[NodeKey, NodeKey | None], calls: dict[NodeKey, Call],
+                visits: list[tuple[NodeKey | None, schema.BackwardEvent]], fold: set[ModuleKey],
+                phase: str) -> list[Edge]:
+    """The edges of a log without data flow: forward, between the nodes of consecutive calls;
+    backward, between the nodes of consecutive backward events."""
+    edges: list[Edge] = []
     forward = _chain([(keys[c.key], None) for c in calls.values()])
     if phase != "backward":
         for (src, dst, *_), runs in _runs(forward, fold).items():
-            view.edge_list.append(Edge(src, dst, "forward", runs[0][0], runs=len(runs),
-                                       last=runs[-1][0]))
-    visits = [(keys[c.key], e) for c, e in backward]
+            edges.append(Edge(src, dst, "forward", runs[0][0], runs=len(runs),
+                              last=runs[-1][0]))
     if phase != "forward":
         mirrors = {(dst, src) for src, dst, _ in forward}
         for (src, dst, *_), runs in _runs(_chain(visits), fold).items():
             e = runs[0][1]
             assert e is not None
-            view.edge_list.append(Edge(src, dst, "backward", runs[0][0], e.grad_input_len,
-                                       e.grad_output_len, (src, dst) in mirrors,
-                                       _largest(r[1] for r in runs), len(runs), runs[-1][0]))
-        view.backward_start = next(((k, e) for k, e in visits if k is not None and e), None)
-    return view
+            edges.append(Edge(src, dst, "backward", runs[0][0], e.grad_input_len,
+                              e.grad_output_len, (src, dst) in mirrors,
+                              largest(r[1] for r in runs), len(runs), runs[-1][0]))
+    return edges
 
 
 _Link = tuple[NodeKey, NodeKey, schema.BackwardEvent | None]
@@ -226,13 +248,6 @@ def _runs(links: list[_Link], fold: set[ModuleKey]
         key = (src, dst) if src in nodes or dst in nodes else (src, dst, order)
         found.setdefault(key, []).append((order, e))
     return found
-
-
-def _largest(events: Iterable[schema.BackwardEvent | None]) -> float | None:
-    """The grad_output norm an edge run several times shows: the largest, or the first that
-    is not finite (as a node's)."""
-    norms = [n for e in events if e is not None and (n := grad_output_norm(e)) is not None]
-    return next((n for n in norms if not math.isfinite(n)), max(norms, default=None))
 
 
 def _add_nodes(view: View, calls: dict[NodeKey, Call], keys: dict[NodeKey, NodeKey | None]
@@ -280,13 +295,6 @@ def _stats(e: schema.BackwardEvent | None) -> list[list[float] | None]:
 
 def _nonfinite_grads(e: schema.BackwardEvent | None) -> bool:
     return any(s is not None and not math.isfinite(s[0]) for s in _stats(e))
-
-
-def grad_output_norm(e: schema.BackwardEvent) -> float | None:
-    """The L2 norm of all of ``e``'s grad_output tensors together (NaN/Inf when one is not
-    finite); None when the log has no statistics for them."""
-    norms = [s[0] for s in e.grad_output_stats or [] if s is not None]
-    return math.sqrt(sum(n * n for n in norms)) if norms else None
 
 
 def _grad_norm(e: schema.BackwardEvent | None) -> float | None:

@@ -72,6 +72,7 @@ class View:
     deepest: int  # the depth of the deepest call: --depth beyond it changes nothing
     phase: str
     checked: bool  # the step had a backward and it is drawn: a node without one is marked
+    dataflow: bool = False  # edges follow the data (``hooktrace.show.flow``), not call order
     backward_start: tuple[NodeKey, schema.BackwardEvent] | None = None
     node_map: dict[NodeKey, Node] = field(default_factory=dict)
     edge_list: list[Edge] = field(default_factory=list)

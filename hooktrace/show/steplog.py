@@ -141,7 +141,7 @@ class _Loader:
         self._start = 0
 
     def read(self) -> None:
-        for item in self.reader.scan(steps=self.chooser.may_draw):
+        for item in self.reader.scan(steps=self.chooser.may_draw, flow=True):
             if isinstance(item, ForwardRows):
                 self.forwards(item)
             elif isinstance(item, BackwardRows):

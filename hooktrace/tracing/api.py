@@ -63,7 +63,7 @@ class Trace:
             python=platform.python_version(), argv=self._argv, pid=os.getpid(),
             rank=rank, local_rank=_env_int("LOCAL_RANK", 0),
             world_size=world_size, hostname=socket.gethostname(),
-            started=round(time.time(), 3), options=self._options.to_header(),
+            started=round(time.time(), 3), options=self._options.to_header(), dataflow=True,
         ))
         self._writer.flush()
         capture = (Capture(self.path, self._options.capture, self._options.capture_max_mb * 2**20)

@@ -197,10 +197,13 @@ def _legend(view: View, states: set[str], marked: bool) -> str:
     rows = []
     if view.phase != "backward":
         rows.append((f'<FONT COLOR="{FORWARD_COLOUR}">——▶ 1, 2, …</FONT>',
-                     "forward: calls in execution order"))
+                     "forward: from the call that made a tensor to each call that used it, "
+                     "in execution order" if view.dataflow
+                     else "forward: calls in execution order"))
     if view.phase != "forward" and view.backward_start is not None:
         rows.append((f'<FONT COLOR="{BACKWARD_COLOUR}">- - ▶ 1, 2, …</FONT>',
-                     "backward: in the order it ran"))
+                     "backward: the gradient back along them, in the order autograd ran"
+                     if view.dataflow else "backward: in the order it ran"))
         backward = [(grad_output_norm(e), e.grad_input_len, e.grad_output_len)
                     for e in (view.backward_start[1],)]
         backward += [(e.grad_norm, e.grad_input_len, e.grad_output_len)

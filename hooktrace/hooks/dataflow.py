@@ -1,0 +1,141 @@
+"""Which traced calls made each input of a call, in recorded steps: the data flow between calls.
+
+An input with autograd history is followed back from its ``grad_fn`` through
+``next_functions``, across functional ops (``F.relu``, ``torch.cat``, ``x * 0.5``, a residual
+``+``), to the nearest nodes that a traced call's output made: ``GradHooks`` marks them in
+``node.metadata`` for the gradient hooks, and the call that returned the node last is its
+producer (a parent returning its child's output unchanged: the parent). The walk is breadth
+first and bounded: at most ``MAX_NODES`` nodes per tensor, each once, so that an input made by
+a long computation outside any traced call (what the bound cuts short is then "made by no
+call") costs a bounded time; measured in docs/performance.md. An input without autograd
+history (``no_grad``, ``eval``, ``.detach()``, integer tensors) is looked up by its storage's
+address among the outputs of the step's calls, held weakly: the same tensor, a view from its
+first element (``flatten``) or a ``.detach()`` of it. A functional op that makes a new tensor
+without autograd history (``F.relu`` under ``no_grad``) hides its producer.
+
+A call that others ran inside (a block) also says which calls made its outputs (``made``): those
+inside it, and those before it whose data it passed on (a residual's skip); a picture that
+draws it as a box of its calls draws those instead. Watched steps never come here: the core
+asks only in recorded ones.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+
+from hooktrace.hooks.gradhooks import GradHooks
+
+#: autograd nodes looked at per tensor. Measured (docs/performance.md): every input of
+#: resnet18's and a TransformerEncoder's calls is found within 3, of a ViT's within 8
+MAX_NODES = 64
+_MAX_STORED = 8192  # outputs looked up by storage at once; forward-only code never ends a pass
+Producers = tuple[int, ...]  # the seqs of the calls that made a tensor, ascending
+Flow = tuple[tuple[Producers, ...], Producers]  # (``inputs_from``, ``made``) of a call
+
+
+class Sources(NamedTuple):
+    """What a call knows of its data flow when it begins: who made each positional input, and
+    the last seq of a forward call seen so far (the calls after it ran inside this one)."""
+
+    inputs: tuple[Producers, ...]
+    before: int
+
+
+def _made_by(dispatch: Sequence[Any], nr: int) -> int | None:
+    """The seq of the call that returned output ``nr`` of a node last, as its dispatch has it
+    (quadruples output_nr, call, index, shape; index >= 0 an output); None: none did."""
+    for k in range(len(dispatch) - 4, -1, -4):
+        if dispatch[k + 2] >= 0 and dispatch[k] == nr:
+            seq: int = dispatch[k + 1].seq
+            return seq
+    return None
+
+
+class DataFlow:
+    """The producers of a call's inputs, asked at its start (positional) and end (keywords)."""
+
+    def __init__(self, grads: GradHooks) -> None:
+        self._grads = grads
+        self._last = -1  # the seq of the last recorded forward call that returned
+        # storage address -> (the output, held weakly, and the seq of the call that returned it)
+        self._stored: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+
+    def start(self, inputs: list[torch.Tensor]) -> Sources:
+        return Sources(tuple(map(self._of, inputs)), self._last)
+
+    def end(self, sources: Sources | None, kw_inputs: list[torch.Tensor],
+            outputs: list[torch.Tensor], seq: int) -> Flow | tuple[()]:
+        """(the producers of each input, args then kwargs; the calls inside it that made its
+        outputs), and its outputs kept for the calls after it; () for a call that began in a
+        step not recorded."""
+        if sources is None:
+            return ()
+        inputs = sources.inputs
+        if kw_inputs:
+            inputs += tuple(map(self._of, kw_inputs))
+        made: Producers = ()
+        if self._last > sources.before:  # calls returned while it ran: calls inside it
+            made = tuple(sorted({s for t in outputs for s in self._of(t)}))
+        stored = self._stored
+        if len(stored) > _MAX_STORED:
+            stored.clear()
+        for t in outputs:
+            try:
+                address = t.data_ptr()
+            except RuntimeError:  # no storage (a nested or meta tensor)
+                continue
+            if address:  # 0: an empty tensor, which all share
+                stored[address] = (weakref.ref(t), seq)
+        self._last = seq
+        return inputs, made
+
+    def clear(self) -> None:
+        """The step ended: its outputs are no longer looked up by storage."""
+        self._stored.clear()
+
+    def _of(self, t: torch.Tensor) -> Producers:
+        """The recorded calls whose outputs made ``t``."""
+        node: Any = t.grad_fn  # its ``metadata`` is a dict at runtime, a method in the stubs
+        if node is None:
+            try:
+                found = self._stored.get(t.data_ptr())
+            except RuntimeError:
+                return ()
+            return () if found is None or found[0]() is None else (found[1],)
+        nr = t.output_nr
+        dispatch = node.metadata.get(self._grads)
+        if dispatch:  # the usual case: a call's output itself
+            if dispatch[-2] >= 0 and dispatch[-4] == nr:  # the call that returned it last
+                seq: int = dispatch[-3].seq
+                return (seq,) if seq >= 0 else ()
+            if (made := _made_by(dispatch, nr)) is not None:
+                return (made,) if made >= 0 else ()
+        return self._walk(node, nr)
+
+    def _walk(self, node: Any, nr: int) -> Producers:
+        """Breadth first from output ``nr`` of ``node`` (made by no call) to the nearest nodes
+        a call's output made, at most MAX_NODES nodes; a call not recorded (seq -1) is not
+        looked past."""
+        grads = self._grads
+        found: set[int] = set()
+        seen = {node}
+        todo: list[Any] = list(node.next_functions)
+        visited = 1
+        for node, nr in todo:  # grows as it goes
+            if node is None or node in seen:
+                continue
+            if visited == MAX_NODES:
+                break
+            visited += 1
+            seen.add(node)
+            dispatch = node.metadata.get(grads)
+            if dispatch is not None and (seq := _made_by(dispatch, nr)) is not None:
+                if seq >= 0:
+                    found.add(seq)
+                continue
+            todo.extend(node.next_functions)
+        return tuple(sorted(found))

@@ -1,0 +1,187 @@
+"""The edges of a drawn step that follow the data: from the call that made a tensor to each call
+that used it, and backward the same edges reversed, where the gradient went back along them.
+
+A log whose forward events name the calls that made their inputs (``ForwardEvent.inputs_from``)
+is drawn so; ``graph.build`` keeps the call order of older logs. At a depth, a producer drawn as
+a box of its calls (a cluster) stands for the calls that made its outputs (``ForwardEvent.made``:
+those inside it, and, one box back, those before it whose data it passed on: ``_Ends``); a
+consumer drawn as a cluster is left to the calls inside it, which take in the same data. A
+call used by several later calls branches; a residual ``+`` of two calls' outputs is two edges
+into the call that uses the sum. An edge between two calls drawn in one node (folded by
+``--depth``) is not drawn; one between two calls of a module drawn as one node for all its
+calls (an unrolled loop's cell feeding its next call) is a loop on that node.
+
+Forward edges are numbered in execution order: by the call that used the data, then the one
+that made it. A backward edge goes back along a forward one where the consumer's gradient of
+that input is in the log and the producer got a backward in the step; they are numbered in the
+order autograd ran them: by when the gradient reached the producer (its backward event), then
+when it left the consumer. An edge is numbered once however many calls it stands for; an edge
+to or from the node of a module's many calls counts its runs (``Edge.runs``). Standard library
+only: no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from hooktrace.log import schema
+from hooktrace.show.picture import Edge, NodeKey
+
+if TYPE_CHECKING:
+    from hooktrace.show.graph import Call
+
+Keys = dict[NodeKey, NodeKey | None]  # each call's node at the drawn depth; None: a cluster
+
+
+@dataclass(slots=True)
+class Link:
+    """Data that one call's output carried into another call, as drawn: (src, dst) nodes."""
+
+    producer: Call
+    consumer: Call
+    inputs: list[int]  # the consumer's inputs that it made
+    src: NodeKey
+    dst: NodeKey
+    run: tuple[NodeKey | None, NodeKey | None]  # the calls' nodes with no module folded
+
+    def gradient(self) -> bool:
+        """Whether the gradient went back along it: the consumer's gradient of one of those
+        inputs is in the log and the producer's backward ran in the step."""
+        back = self.consumer.backward
+        if back is None or self.producer.backward is None:
+            return False
+        grads = back.grad_input_shapes
+        return any(i < len(grads) and grads[i] is not None for i in self.inputs)
+
+
+def grad_output_norm(e: schema.BackwardEvent) -> float | None:
+    """The L2 norm of all of ``e``'s grad_output tensors together (NaN/Inf when one is not
+    finite); None when the log has no statistics for them."""
+    norms = [s[0] for s in e.grad_output_stats or [] if s is not None]
+    return math.sqrt(sum(n * n for n in norms)) if norms else None
+
+
+def largest(events: Iterable[schema.BackwardEvent | None]) -> float | None:
+    """The grad_output norm an edge run several times shows: the largest, or the first that
+    is not finite (as a node's)."""
+    norms = [n for e in events if e is not None and (n := grad_output_norm(e)) is not None]
+    return next((n for n in norms if not math.isfinite(n)), max(norms, default=None))
+
+
+def has_flow(calls: Iterable[Call]) -> bool:
+    return any(c.inputs_from is not None for c in calls)
+
+
+def links(calls: dict[NodeKey, Call], keys: Keys, unfolded: Keys) -> list[Link]:
+    """Every drawn link, in execution order (the consumer's seq, then the producer's)."""
+    ends = _Ends(calls, keys)
+    by_seq = ends.by_seq
+    found: dict[tuple[int, int], Link] = {}
+    for consumer in calls.values():  # seq order
+        dst = keys[consumer.key]
+        if dst is None or consumer.inputs_from is None:
+            continue
+        for i, made_by in enumerate(consumer.inputs_from):
+            for seq in made_by:
+                producer = by_seq.get(seq)  # None: of another step, or a model not drawn
+                for end in ends.of(producer, True) if producer else ():
+                    src = keys[end.key]
+                    assert src is not None
+                    run = (unfolded[end.key], unfolded[consumer.key])
+                    if src == dst and run[0] == run[1]:
+                        continue  # inside one node
+                    link = found.get((end.seq, consumer.seq))
+                    if link is None:
+                        found[end.seq, consumer.seq] = Link(end, consumer, [i], src, dst, run)
+                    elif i not in link.inputs:
+                        link.inputs.append(i)
+    return sorted(found.values(), key=lambda k: (k.consumer.seq, k.producer.seq))
+
+
+class _Ends:
+    """The drawn calls that stand for a call's outputs: the call, drawn as a node; drawn as a
+    cluster, the calls that made its outputs (``made``; without any, those that made its
+    inputs), each resolved so. Of those, the calls before it (data it passed on: a residual's
+    skip) are followed one box back only: in a residual stream every block's output holds
+    all the blocks' before it, and a picture with an edge from each would be unreadable."""
+
+    def __init__(self, calls: dict[NodeKey, Call], keys: Keys) -> None:
+        self.calls, self.keys = calls, keys
+        self.by_seq = {c.seq: c for c in calls.values()}
+        self._found: dict[tuple[NodeKey, bool], list[Call]] = {}
+
+    def of(self, call: Call, skip: bool) -> list[Call]:
+        """``skip``: whether data that ``call`` passed on from before it is followed."""
+        if self.keys[call.key] is not None:
+            return [call]
+        found = self._found.get((call.key, skip))
+        if found is None:
+            self._found[call.key, skip] = []  # producers come before: no cycle, but be sure
+            sources = call.made or [s for made_by in call.inputs_from or () for s in made_by]
+            ends: dict[int, Call] = {}
+            for seq in sources:
+                made = self.by_seq.get(seq)  # None: a call of another step
+                if made is None:
+                    continue
+                inside = self._inside(made, call)
+                if inside or skip:  # one made before it: passed on, followed one box back
+                    ends.update((e.seq, e) for e in self.of(made, skip and inside))
+            found = self._found[call.key, skip] = list(ends.values())
+        return found
+
+    def _inside(self, call: Call, outer: Call) -> bool:
+        parent = call.parent
+        while parent is not None and parent != outer.key:
+            parent = self.calls[parent].parent
+        return parent is not None
+
+
+def _numbered(found: Sequence[Link], fold: set[NodeKey]
+              ) -> dict[tuple[NodeKey, NodeKey], list[tuple[int, Link]]]:
+    """Each drawn edge with its runs, numbered in the order of ``found``: an edge is one run,
+    but one to or from the node of a module's many calls (``fold``) a run per pair of calls
+    (of the modules inside: ``Link.run``) it stands for."""
+    edges: dict[tuple[NodeKey, NodeKey], list[tuple[int, Link]]] = {}
+    runs: dict[tuple[NodeKey, NodeKey], set[tuple[NodeKey | None, NodeKey | None]]] = {}
+    order = 0
+    for link in found:
+        key = (link.src, link.dst)
+        seen = runs.setdefault(key, set())
+        if key in edges and (not (link.src in fold or link.dst in fold) or link.run in seen):
+            edges[key].append((edges[key][-1][0], link))  # the same run: its number
+            continue
+        order += 1
+        seen.add(link.run)
+        edges.setdefault(key, []).append((order, link))
+    return edges
+
+
+def data_edges(calls: dict[NodeKey, Call], keys: Keys, unfolded: Keys, fold: set[NodeKey],
+               phase: str) -> list[Edge]:
+    """The forward and backward edges of ``phase`` ("forward", "backward" or "both")."""
+    found = links(calls, keys, unfolded)
+    edges: list[Edge] = []
+    if phase != "backward":
+        for (src, dst), runs in _numbered(found, fold).items():
+            numbers = sorted({n for n, _ in runs})
+            edges.append(Edge(src, dst, "forward", numbers[0], runs=len(numbers),
+                              last=numbers[-1]))
+    if phase != "forward":
+        back = sorted((k for k in found if k.gradient()), key=_backward_order)
+        for (src, dst), runs in _numbered(back, fold).items():
+            numbers = sorted({n for n, _ in runs})
+            events = [k.producer.backward for _, k in runs if k.producer.backward is not None]
+            first = min(events, key=lambda e: e.seq)  # the label's tensor counts: the first
+            edges.append(Edge(dst, src, "backward", numbers[0], first.grad_input_len,
+                              first.grad_output_len, True, largest(events), len(numbers),
+                              numbers[-1]))
+    return edges
+
+
+def _backward_order(link: Link) -> tuple[int, int]:
+    made, used = link.producer.backward, link.consumer.backward
+    assert made is not None and used is not None
+    return made.seq, used.seq
