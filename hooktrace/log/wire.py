@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from hooktrace.log.schema import BackwardEvent, ForwardEvent, GradStat, Module, ParamGrads
+from hooktrace.log.schema import BackwardEvent, ForwardEvent, GradStat, Module, Ops, ParamGrads
 
 
 def encode_number(x: float) -> float | str:
@@ -24,6 +24,17 @@ def encode_number(x: float) -> float | str:
 
 def _hashable(shapes: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(None if s is None else tuple(s) for s in shapes)
+
+
+def _ops(record: Ops) -> dict[str, Any]:
+    """An ``ops`` line: its gradients' statistics written as the events' are."""
+    d = record.to_dict()
+    for op in d["ops"]:
+        for key in ("grad_out", "grad_in"):
+            if key in op:
+                op[key] = [None if s is None else [encode_number(float(v)) for v in s]
+                           for s in op[key]]
+    return d
 
 
 class Encoder:
@@ -53,6 +64,8 @@ class Encoder:
                      for name, v in record.grad_norm.items()}
             out.append({"type": "params", "step": record.step, "model": model,
                         "grad_norm": norms})
+        elif kind is Ops:
+            out.append(_ops(record))
         else:
             out.append(record.to_dict())
         return out

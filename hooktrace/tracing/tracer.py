@@ -27,6 +27,7 @@ from hooktrace.observe.gradzeros import GradZeros
 from hooktrace.observe.halfupdates import HalfUpdates
 from hooktrace.observe.lossgraph import LossGraph
 from hooktrace.observe.lossscale import LossScale
+from hooktrace.observe.ops import OpsObserver
 from hooktrace.observe.outputs import OutputCheck
 from hooktrace.observe.paramnorms import ParamNorms
 from hooktrace.observe.recorder import LogRecorder, Sink
@@ -95,6 +96,10 @@ class Tracer:
         observers.append(HalfUpdates(recorder.emit))
         if stats is not None:
             observers.append(GradZeros(recorder.emit))
+        ops = recorder.facts = OpsObserver(core.zoom, recorder.emit, self._options)
+        core.zoom.connect(ops.take, stats.nonfinite if stats else None,
+                          stats.grad if stats else None)
+        observers.append(ops)
         observers.append(recorder)  # after those that emit: their records precede the step's
         if stats is not None and self._options.break_on_nan:
             observers.append(BreakOnNonfinite(stats))  # the NaN's own event is written first
