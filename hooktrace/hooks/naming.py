@@ -44,7 +44,7 @@ WRAPPERS = {
     "OffloadWrapper": "_checkpoint_wrapped_module",
 }
 
-_TRACER_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).parent))
+_TRACER_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).parent.parent))  # and ours
 # installed packages and the standard library (runpy, and "<frozen runpy>" when frozen)
 _LIBRARY_DIRS = (*_TRACER_DIRS, "<frozen ", *sorted({
     sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}))

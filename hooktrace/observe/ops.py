@@ -14,7 +14,9 @@ step, what the tracer already has in hand says so, at no cost to a healthy step:
   one that received an exactly-zero gradient;
 * a module with trainable parameters of its own was called and its backward never began, while
   a module around it got one: the gradient stopped inside that one's forward (unless a lost
-  input in the same model says where it stopped).
+  input in the same model says where it stopped);
+* inside a zoomed call, a child's call took an input that needed a gradient and gave an output
+  that has none: the gradient stops inside the child's forward.
 
 At most ``AUTO`` modules are chosen so, and only while a later step will be recorded.
 """
@@ -128,6 +130,10 @@ class OpsObserver(Observer):
             fwd, index = (call.seq, call.index) if call.info is not None else (-1, 0)
             self._emit(schema.Ops(call.step, fwd, z.info.model, z.info.name, index, z.inputs,
                                   z.in_grad, z.outputs, z.ops, z.more))
+            for op in z.ops:
+                if op.child is not None and any(op.in_grad) and op.outs and not any(op.out_grad) \
+                        and not op.no_grad and self.open:
+                    self.fact(z.info.model, op.child)
 
 
 def enclosing(name: str) -> list[str]:
