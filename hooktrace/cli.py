@@ -109,9 +109,12 @@ def run(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[
 @click.option("--every-call", is_flag=True,
               help="Draw each call of a module as its own node. Default: a module called more "
                    "than 16 times in the step (an unrolled loop) is one node, 'LSTMCell x999'.")
+@click.option("--ops", "ops", is_flag=True,
+              help="Draw the operations of zoomed calls (run --ops) inside their boxes, each "
+                   "with its line.")
 def render(logs: tuple[Path, ...], rank: int | None, output: Path | None, fmt: str | None,
            step: int | None, model: str | None, depth: int | None, phase: str,
-           no_findings: bool, every_call: bool) -> None:
+           no_findings: bool, every_call: bool, ops: bool) -> None:
     """Draw one step of LOG as a call graph: forward order and backward order. Several logs (or
     a quoted glob) are the ranks of one run: --rank picks the one to draw."""
     from hooktrace.check.ranks import pick_rank
@@ -119,7 +122,7 @@ def render(logs: tuple[Path, ...], rank: int | None, output: Path | None, fmt: s
 
     written = write_picture(pick_rank(logs, rank), output, fmt, step=step, model=model,
                             depth=depth, phase=phase, findings=not no_findings,
-                            every_call=every_call)
+                            every_call=every_call, ops=ops)
     for warning in written.picture.warnings:
         click.echo(f"hooktrace: warning: {warning}", err=True)
     click.echo(f"hooktrace: {written.summary()}", err=True)
