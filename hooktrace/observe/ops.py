@@ -105,12 +105,16 @@ class OpsObserver(Observer):
     def _unreached(self, end: PassEnd) -> None:
         """Modules with trainable parameters called and never reached by the backward: the
         nearest module around each that was reached."""
-        reached = {(i.model, i.name): i for i in end.reached}
-        for info in end.called:
-            if (info.model, info.name) in reached or info in self._looked or not info.has_params \
-                    or info.model in self._told:
-                continue
+        missing = set(end.called).difference(end.reached, self._looked)  # in C: most steps
+        if not missing:
+            return
+        reached = {(i.model, i.name) for i in end.reached}
+        for info in [i for i in end.called if i in missing]:  # in the order they ran
+            if info.model in self._told:
+                continue  # a lost input or a NaN/Inf there says more: looked at again later
             self._looked.add(info)
+            if (info.model, info.name) in reached or not info.has_params:
+                continue
             module = info.ref()
             if module is None or not any(p.requires_grad for p in module.parameters(False)):
                 continue

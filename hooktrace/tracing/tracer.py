@@ -2,8 +2,9 @@
 
 ``core.py`` follows the module calls; the observers (``records.Observer``) do the rest:
 capture (``--capture``), parameter-gradient norms, watch (steps after ``--steps``), partly-zero
-gradients, the log writer (it writes what those before it emit after the step's events), and
-break on NaN/Inf (``--break-on nan``, after the writer: the NaN's own event is written first).
+gradients, the op zoom's records (``--ops``), the log writer (it writes what those before it
+emit after the step's events), and break on NaN/Inf (``--break-on nan``, after the writer: the
+NaN's own event is written first).
 Statistics (``stats.Stats``) are shared by the observers that read numbers.
 """
 
