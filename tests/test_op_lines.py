@@ -75,8 +75,8 @@ def test_the_operation_and_its_line(first_runs: dict[str, Any], case: str) -> No
     assert finding["module"] == module
     assert at(finding) == (op, line_of(case))
     assert finding["evidence"]["op"].get("module") == inside
-    assert f", at {op}" in finding["message"] or f"by {op}" in finding["message"] \
-        or f"backward of {op}" in finding["message"]
+    assert f", at {op}" in finding["message"] or f"; made by {op}" in finding["message"] \
+        or f"; made by the backward of {op}" in finding["message"]
     assert f"{line_of(case)})" in finding["message"]
     assert "rerun" not in finding["evidence"]
 

@@ -272,3 +272,27 @@ def test_the_record_reads_back_as_written(tmp_path: Path) -> None:
     back.ops[1].grad_in = op.grad_in = None  # NaN is not equal to itself
     assert back == record
     assert (op.text, child.text, op.site) == ("torch.sqrt()", "fc (Linear)", "train.py:12")
+
+
+def test_the_device_path_fills_the_same_numbers(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an accelerator the numbers wait for the step's end (run here on CPU tensors)."""
+    from hooktrace.observe.stats import DEFER_ENV
+
+    def numbers(defer: bool) -> list[Any]:
+        if defer:
+            monkeypatch.setenv(DEFER_ENV, "1")
+        else:
+            monkeypatch.delenv(DEFER_ENV, raising=False)
+        path = tmp_path / f"log{int(defer)}.jsonl"
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(4, 4), Unsafe())
+        with hooktrace.trace(path, model=net, ops=["1"]):
+            net(torch.randn(8, 4)).nan_to_num().sum().backward()
+        [found] = ops_of(path)
+        return [(op.op, op.nonfinite, [None if s is None else [float(f"{v:.4g}") for v in s]
+                                       for s in op.grad_in or []]) for op in found.ops]
+
+    host, device = numbers(False), numbers(True)
+    assert str(device) == str(host)  # (NaN compares unequal: their text agrees)
+    assert any(op == "torch.log" and nonfinite for op, nonfinite, _ in device)

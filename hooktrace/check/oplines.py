@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from hooktrace.check.collected import Collected
     from hooktrace.check.flow import Boundary, Flow
 
-_FLOW_KINDS = {kind for kind, _, _ in CAUSES.values()}
+# the boundaries whose cause an operation inside the module answers
+_ASKED = {"lost_input", "detached_inside", "no_grad", "zeroed", "zeroed_unit", "zero_backward"}
 _DEPTH = 4  # child calls looked into, one inside the other
 
 
@@ -44,43 +45,40 @@ def explain(findings: list[Finding], c: Collected, flowed: Flow) -> None:
         if f.kind == "backward-error":
             _inplace(f, c, f.step)
             continue
-        found = _answer(f, c, flowed, model, records)
+        asked, found = _answer(f, c, flowed, model, records)
         if found is not None:
             _say(f, *found)
-        elif _askable(f) and not any(r.step == f.step for r in records):
+        elif asked and not any(r.step == f.step for r in records):
             f.evidence["rerun"] = rerun(c, f.module, f.step)
-
-
-def _askable(f: Finding) -> bool:
-    """A finding that its module's operations can answer."""
-    return f.kind in _FLOW_KINDS or f.kind == "nonfinite-forward" or (
-        f.kind == "nonfinite-backward" and bool(f.evidence.get("produced")))
 
 
 Found = tuple[Op, int, str]  # an operation, the step of its call, the module whose call it is
 
 
 def _answer(f: Finding, c: Collected, flowed: Flow, model: int,
-            records: list[Ops]) -> Found | None:
+            records: list[Ops]) -> tuple[bool, Found | None]:
+    """Whether the finding's module's operations can answer it, and their answer."""
     key = (model, f.module)
     if f.kind == "nonfinite-forward":  # only a step whose first NaN/Inf is this module's
-        return _first([r for r in records if c.forward_first.get(r.step) == key],
-                      ops.first_nonfinite)
+        return True, _first([r for r in records if c.forward_first.get(r.step) == key],
+                            ops.first_nonfinite)
     if f.kind == "nonfinite-backward":
-        return _first([r for r in records if c.backward_first.get(r.step) == (key, True)],
-                      ops.nonfinite_backward)
+        if not f.evidence.get("produced"):
+            return False, None  # reached it: made elsewhere
+        return True, _first([r for r in records if c.backward_first.get(r.step) == (key, True)],
+                            ops.nonfinite_backward)
     b = next((b for (k, cause), b in flowed.boundaries.items()
               if k == key and CAUSES[cause][0] == f.kind), None)
-    if b is None:
-        return None
+    if b is None or b.cause not in _ASKED:
+        return False, None
     ask = _question(b)
     for record in records:
         if record.step not in b.steps:
             continue  # a step where this boundary was not found (or not judged)
         op = ask(record)
         if op is not None:
-            return _inside(c, model, (op, record.step, record.name))
-    return None
+            return True, _inside(c, model, (op, record.step, record.name))
+    return True, None
 
 
 def _question(b: Boundary) -> Callable[[Ops], Op | None]:
@@ -95,7 +93,7 @@ def _question(b: Boundary) -> Callable[[Ops], Op | None]:
     if b.cause == "no_grad":
         return lambda r: next((op for op in r.ops if op.child in b.branches and op.no_grad),
                               None)
-    if b.cause in ("zeroed", "zeroed_unit", "selected"):
+    if b.cause in ("zeroed", "zeroed_unit"):
         return lambda r: ops.zero_in(r, branches(r))
     return lambda r: ops.stop_in(r, branches(r))
 
@@ -128,21 +126,15 @@ def _say(f: Finding, op: Op, step: int, module: str) -> None:
     f.evidence["op"] = ops.where(op, step)
     if module != f.module:
         f.evidence["op"]["module"] = module
+    inside = ops.said(op, f" in {module or '(root)'}" if module != f.module else "")
     if f.kind == "nonfinite-forward":
-        verb = ", made by"
+        f.message += f"; made by {inside}"
     elif f.kind == "nonfinite-backward":
-        verb = ", by the backward of"
-    else:
-        verb = ", at"
-    if f.kind.startswith("nonfinite-"):
-        mark = f" at step {f.step}"
-        at = f.message.find(mark)
-        cut = at + len(mark) if at >= 0 else len(f.message)
-    else:
+        f.message += f"; made by the backward of {inside}"
+    else:  # after what happens at the boundary, before what it starves
         cut = f.message.find("; ")
         cut = cut if cut >= 0 else len(f.message)
-    inside = f" in {module or '(root)'}" if module != f.module else ""
-    f.message = f"{f.message[:cut]}{verb} {ops.said(op, inside)}{f.message[cut:]}"
+        f.message = f"{f.message[:cut]}, at {inside}{f.message[cut:]}"
 
 
 def _inplace(f: Finding, c: Collected, step: int) -> None:

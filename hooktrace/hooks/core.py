@@ -12,14 +12,13 @@ a model call, a call's forward start and end, its backward start and gradients, 
 backward pass (which ends the step), and the stop (``records.Observer`` says when each comes).
 
 Each record carries the step's ``Mode``; ``step_mode`` alone decides it. A watched step follows
-the backward of model calls only (top-level: ``backward_start`` and ``grad_output`` for them,
-and the pass's end), not of each call, unless ``--break-on nan`` is on: a hook per call's
-tensors is most of what tracing costs. ``seq`` numbers the recorded forward ends and backward
-starts in the order they happened; ``--max-events`` is the number of them a run may record,
-after which steps are watched (or off). An observer may raise ``NonFiniteError`` into the
-program (``--break-on nan``); any other exception stops tracing with one line on stderr and the
-program goes on (``--strict``: a failed log write is raised). How to add an observer: see
-``records.Observer``.
+the backward of model calls only (``backward_start``, ``grad_output``, the pass's end), not of
+each call, unless ``--break-on nan`` is on: a hook per call's tensors is most of what tracing
+costs. ``seq`` numbers the recorded forward ends and backward starts in the order they happened;
+``--max-events`` is how many a run may record, after which steps are watched (or off). An
+observer may raise ``NonFiniteError`` into the program (``--break-on nan``); any other exception
+stops tracing with one line on stderr and the program goes on (``--strict``: a failed log write
+is raised). How to add an observer: see ``records.Observer``.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from hooktrace.log.ops import LEAVING, Op
 
 #: what a zoomed call may record: operations per call (more are counted), calls per step
 MAX_OPS = 256
-MAX_CALLS = 32
+MAX_CALLS = 256
 _CODE_CHARS = 120
 
 _OURS = str(Path(__file__).parent.parent)  # hooktrace's own code: its operations are not the user's
