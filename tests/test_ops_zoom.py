@@ -296,3 +296,30 @@ def test_the_device_path_fills_the_same_numbers(tmp_path: Path,
     host, device = numbers(False), numbers(True)
     assert str(device) == str(host)  # (NaN compares unequal: their text agrees)
     assert any(op == "torch.log" and nonfinite for op, nonfinite, _ in device)
+
+
+class UnderDevice(nn.Module):
+    """A forward that pushes a torch function mode of its own around a child's call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.device("cpu"):  # a TorchFunctionMode
+            y = self.fc(x)
+            z = torch.zeros(4)  # made under it
+        return y * 2 + z
+
+
+def test_a_mode_the_program_pushes_keeps_its_place(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    net = nn.Sequential(nn.Linear(4, 4), UnderDevice())
+    with hooktrace.trace(path, model=net, ops=["1"]):
+        for _ in range(2):
+            net(torch.randn(2, 4)).sum().backward()
+            assert _get_current_function_mode_stack() == []
+    [first, _] = ops_of(path)
+    assert [op.op for op in first.ops] == ["Linear", "torch.zeros", "Tensor.mul",
+                                           "Tensor.add"]
+    assert first.ops[0].child == "1.fc"

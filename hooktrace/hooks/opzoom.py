@@ -7,8 +7,9 @@ gradient the node received and passed back. A ``TorchDispatchMode`` sees none of
 below autograd (no ``grad_fn`` yet, so no backward), as aten ops (``x[0] = 1`` is ``select`` +
 ``fill_``, ``.numpy()`` and ``.data`` are not there) from inside torch's frames (measured:
 docs/architecture.md). The core calls ``enter`` from its forward pre-hook and ``leave`` first
-thing in its post-hook, also when the call raised; the mode is on torch's stack only between
-the chosen call's ``enter`` and ``leave``, so nothing outside it pays.
+thing in its post-hook, also when the call raised; the mode is on torch's stack only while a
+chosen call's own code runs (not inside a child that is not chosen, nor most of the hooks'
+own work), so nothing outside it pays.
 
 Inside a chosen call, each child module's call is one entry too (its own operations are its
 own, recorded only where the child is chosen as well). Operations hooktrace's own hooks run are
@@ -134,6 +135,8 @@ class OpZoom(TorchFunctionMode):
         self._grads: GradStats | None = None
         self._frames: list[_Frame] = []
         self._top: Zoomed | None = None  # the innermost frame's zoomed call, if zoomed
+        self._pushed = False  # the mode is on torch's stack
+        self._paused_at: int | None = None  # the stack's depth when it paused
         self._thread = 0
         self._names: dict[Any, str] = {}
         self._sites: dict[tuple[Any, int], tuple[str, int, str]] = {}
@@ -164,12 +167,31 @@ class OpZoom(TorchFunctionMode):
                 if zoomed is None:
                     return
                 self._thread = threading.get_ident()
-                torch._C._push_on_torch_function_stack(self)
             self._frames.append(_Frame(module, zoomed, entry, parent))
             self.depth += 1
             self._top = zoomed
+            self._place()
         except Exception as e:
             self._fail(e)
+
+    def _place(self) -> None:
+        """The mode on torch's stack while a zoomed call's own code runs, off inside a child
+        that is not zoomed (its operations, and its children's hooks, then pay nothing). A mode
+        the program pushed meanwhile (``with torch.device(...)``) keeps its place: the zoom
+        pauses only from the top of the stack, and resumes only onto the stack it left."""
+        depth = torch._C._len_torch_function_stack()
+        if not self.depth:  # the zoomed call is over: off, from wherever it is
+            if self._pushed:
+                self._pop_mode()
+            self._pushed, self._paused_at = False, None
+        elif self._top is None and self._pushed and depth and \
+                torch._C._get_function_stack_at(depth - 1) is self:
+            torch._C._pop_torch_function_stack()
+            self._pushed, self._paused_at = False, depth - 1
+        elif self._top is not None and not self._pushed and \
+                (self._paused_at is None or depth == self._paused_at):
+            torch._C._push_on_torch_function_stack(self)
+            self._pushed, self._paused_at = True, None
 
     def leave(self, module: Any, rest: tuple[Any, ...]) -> None:
         """A call followed returned (``rest``: the post-hook's kwargs and output) or raised
@@ -194,23 +216,23 @@ class OpZoom(TorchFunctionMode):
             self._top = frames[-1].zoomed if frames else None
             if not frames:
                 self.depth = 0
-                self._pop_mode()
+            self._place()
 
     def close(self) -> None:
         """Tracing stops: the mode off torch's stack, what was followed dropped."""
         self.active = False
         self._frames.clear()
         self._top = None
-        if self.depth:
-            self.depth = 0
-            self._pop_mode()
+        self.depth = 0
+        self._place()
 
     # -- the mode ------------------------------------------------------------------------------
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         out = func(*args, **kwargs) if kwargs else func(*args)
         zoomed = self._top
-        if zoomed is not None and self.active:
+        if zoomed is not None and self.active and \
+                not sys._getframe(1).f_code.co_filename.startswith(_OURS):  # the hooks' own
             try:
                 self._record(zoomed, func, args, kwargs, out)
             except Exception as e:

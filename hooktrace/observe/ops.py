@@ -159,6 +159,7 @@ def gradient_facts(events: Iterable[Any], most: int = AUTO) -> list[tuple[int, s
     fed = {(e.model, e.name) for e in backward
            if any((n := _norm(s)) is not None and n > 0 for s in e.grad_output_stats or ())}
     found: dict[tuple[int, str], None] = {}
+    zeroed: list[Any] = []  # calls that received exactly zero
     for e in backward:
         outs = [n for s in e.grad_output_stats or () if (n := _norm(s)) is not None]
         ins = [n for s in e.grad_input_stats or () if (n := _norm(s)) is not None]
@@ -168,9 +169,10 @@ def gradient_facts(events: Iterable[Any], most: int = AUTO) -> list[tuple[int, s
         elif finite and any(n > 0 for n in outs) and ins and not any(ins):
             found[(e.model, e.name)] = None  # passed back zero
         elif outs and not any(outs):
+            zeroed.append(e)
+    if not found:  # no call's backward made the zero: a forward around one did
+        for e in zeroed:
             around = next((n for n in enclosing(e.name) if (e.model, n) in fed), None)
             if around is not None:
                 found[(e.model, around)] = None
-        if len(found) >= most:
-            break
-    return list(found)
+    return list(found)[:most]
