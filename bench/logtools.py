@@ -50,10 +50,11 @@ class LogSummary:
     total_bytes: int
     step_bytes: int  # records written every step: events, params, step, anomaly
     event_bytes: int  # event records alone
+    zoomed: int = 0  # ops records: the zoomed calls
 
 
 def summarize_log(path: Path) -> LogSummary:
-    total = step_bytes = event_bytes = 0
+    total = step_bytes = event_bytes = zoomed = 0
     end: dict[str, Any] | None = None
     with path.open("rb") as f:
         for line in f:
@@ -66,9 +67,10 @@ def summarize_log(path: Path) -> LogSummary:
                 step_bytes += len(line)
             if kind in ("forward", "backward"):
                 event_bytes += len(line)
+            zoomed += kind == "ops"
     if end is None:
         raise RuntimeError(f"{path} has no end record: the session did not close")
-    return LogSummary(end["events"], end["steps"], total, step_bytes, event_bytes)
+    return LogSummary(end["events"], end["steps"], total, step_bytes, event_bytes, zoomed)
 
 
 @dataclass

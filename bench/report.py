@@ -37,7 +37,9 @@ def _log_fields(samples: Samples) -> dict[str, Any]:
     events = sum(log.events for log in logs)
     if not events:
         return {}
+    zoomed = sum(log.zoomed for log in logs)
     return {
+        **({"zoomed_calls_per_step": zoomed / sum(log.steps for log in logs)} if zoomed else {}),
         "log_bytes_per_event": sum(log.step_bytes for log in logs) / events,
         "event_line_bytes": sum(log.event_bytes for log in logs) / events,
         "log_one_off_kb": statistics.mean(log.total_bytes - log.step_bytes for log in logs)

@@ -87,6 +87,23 @@ def _vs_untraced(results: dict[str, Any], workload: str, limit: float,
     return _verdict(target, median <= limit and mean <= limit, measured)
 
 
+def _zoomed(results: dict[str, Any], limit: float = 7.0) -> Verdict:
+    """A resnet18 step with layer1's calls zoomed (``--ops 'layer1*'``) against TorchLens's
+    whole-step trace, about 7x a step; with what each zoomed call adds to a traced step."""
+    row, whole = _row(results, "W2", "hooktrace_zoomed"), _row(results, "W2", "hooktrace")
+    target = f"W2 with --ops 'layer1*': traced step <= {limit:g}x untraced (TorchLens: ~7x)"
+    if row is None or whole is None:
+        return _verdict(target, None, "not measured (W2 or hooktrace_zoomed not run)")
+    median, mean = row["x_untraced_median"], row["x_untraced_mean"]
+    calls = row.get("zoomed_calls_per_step", 0.0)
+    added = row["median_ms"] - whole["median_ms"]
+    per_call = f", {added / calls:.3f} ms per zoomed call" if calls else ""
+    return _verdict(target, median <= limit and mean <= limit,
+                    f"{median:.3f}x median, {mean:.3f}x mean; over the traced step "
+                    f"{row['median_ms'] / whole['median_ms']:.3f}x (+{added:.2f} ms for "
+                    f"{calls:g} zoomed calls a step{per_call})")
+
+
 def _log_size(results: dict[str, Any]) -> Verdict:
     row = _row(results, "W2", "hooktrace")
     target = "W2: <= 120 bytes of log per event (stats on)"
@@ -171,6 +188,7 @@ def evaluate(results: dict[str, Any]) -> list[Verdict]:
         _vs_untraced(results, "W2", 1.03, "hooktrace_watched"),
         _vs_untraced(results, "W3", 1.03, "hooktrace_watched"),
         _vs_untraced(results, "W4", 1.03, "hooktrace_watched"),
+        _zoomed(results),
         _log_size(results),
         _tool(results, "check"),
         _tool(results, "render"),

@@ -159,10 +159,10 @@ def floor_stats(model: nn.Module, log: Path) -> Iterator[None]:
         yield
 
 
-def _hooktrace(stats: bool) -> Opener:
+def _hooktrace(stats: bool, ops: tuple[str, ...] = ()) -> Opener:
     def open_session(model: nn.Module, log: Path) -> AbstractContextManager[Any]:
         # steps="all": every step is recorded in full (the default records 0:10, then watches)
-        return hooktrace.trace(log, model=model, steps="all", stats=stats)
+        return hooktrace.trace(log, model=model, steps="all", stats=stats, ops=ops)
 
     return open_session
 
@@ -202,8 +202,9 @@ OBSERVERS = (
     ("loss graph", ("LossGraph",)),
     ("gradient zeros", ("GradZeros",)),
     ("loss scale and half updates", ("LossScale", "HalfUpdates")),
+    ("op zoom", ("OpsObserver",)),  # what choosing modules to zoom into costs, zooming none
     ("every observer", ("LogRecorder", "ParamNorms", "WeightChange", "Diagnosis", "Watch",
-                        "LossGraph", "GradZeros", "LossScale", "HalfUpdates")),
+                        "LossGraph", "GradZeros", "LossScale", "HalfUpdates", "OpsObserver")),
 )
 
 
@@ -297,6 +298,9 @@ VARIANTS = (
     Variant("hooktrace_deferred", "hooktrace, device path on CPU", hooktrace_deferred,
             writes_log=True, only=("W1",), cpu_only=True),
     Variant("hooktrace_watched", "hooktrace, watched steps", hooktrace_watched),
+    # resnet18 with the operations of layer1's calls recorded (--ops 'layer1*'): the zoom's cost
+    Variant("hooktrace_zoomed", "hooktrace --ops 'layer1*'", _hooktrace(True, ("layer1*",)),
+            writes_log=True, only=("W2",)),
     Variant("moduletracker", "ModuleTracker", module_tracker),
     Variant("profiler", "torch.profiler(record_shapes)", profiler),
     # --observers: each observer left out in turn, recorded steps and watched ones

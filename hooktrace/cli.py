@@ -67,19 +67,23 @@ def cli() -> None:
 @click.option("--strict", is_flag=True,
               help="If the log cannot be written (disk full), raise the error into the script "
                    "instead of stopping tracing and letting it run on.")
+@click.option("--ops", multiple=True, metavar="GLOB",
+              help="Record the tensor operations inside the calls of matching modules (recorded "
+                   "steps), each with its line of code, e.g. 'layer1*' (repeatable).")
 @click.argument("target")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[str, ...],
         steps: str, max_events: int, no_stats: bool, no_watch: bool, break_on: str | None,
-        capture: tuple[str, ...], capture_max_mb: int, strict: bool, target: str,
-        args: tuple[str, ...]) -> None:
+        capture: tuple[str, ...], capture_max_mb: int, strict: bool, ops: tuple[str, ...],
+        target: str, args: tuple[str, ...]) -> None:
     """Run the python script TARGET with ARGS, recording every module call to a log."""
     from hooktrace.tracing import runner  # imports torch: only this command needs it
 
     options = TraceOptions(include=include, exclude=exclude, steps=Steps.parse(steps),
                            max_events=max_events, stats=not no_stats, watch=not no_watch,
                            break_on_nan=break_on == "nan", capture=capture,
-                           capture_max_mb=capture_max_mb, strict=strict)
+                           capture_max_mb=capture_max_mb, strict=strict, ops=ops,
+                           run="module" if as_module else "script")
     sys.exit(runner.run(runner.Target(target, args, as_module), output, options))
 
 
@@ -105,9 +109,12 @@ def run(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[
 @click.option("--every-call", is_flag=True,
               help="Draw each call of a module as its own node. Default: a module called more "
                    "than 16 times in the step (an unrolled loop) is one node, 'LSTMCell x999'.")
+@click.option("--ops", "ops", is_flag=True,
+              help="Draw the operations of zoomed calls (run --ops) inside their boxes, each "
+                   "with its line.")
 def render(logs: tuple[Path, ...], rank: int | None, output: Path | None, fmt: str | None,
            step: int | None, model: str | None, depth: int | None, phase: str,
-           no_findings: bool, every_call: bool) -> None:
+           no_findings: bool, every_call: bool, ops: bool) -> None:
     """Draw one step of LOG as a call graph: forward order and backward order. Several logs (or
     a quoted glob) are the ranks of one run: --rank picks the one to draw."""
     from hooktrace.check.ranks import pick_rank
@@ -115,7 +122,7 @@ def render(logs: tuple[Path, ...], rank: int | None, output: Path | None, fmt: s
 
     written = write_picture(pick_rank(logs, rank), output, fmt, step=step, model=model,
                             depth=depth, phase=phase, findings=not no_findings,
-                            every_call=every_call)
+                            every_call=every_call, ops=ops)
     for warning in written.picture.warnings:
         click.echo(f"hooktrace: warning: {warning}", err=True)
     click.echo(f"hooktrace: {written.summary()}", err=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Set
 from typing import TYPE_CHECKING
 
-from hooktrace.check import causes, flow
+from hooktrace.check import causes, flow, oplines
 from hooktrace.check.crash import check_crash
 from hooktrace.check.findings import (
     NOTE,
@@ -365,6 +365,7 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
                 *check_scaling(c)]
     explain(findings)
     _add_sources(c, findings)
+    oplines.explain(findings, c, flowed)
     order = {m.name: m.first_seq or 0 for m in c.modules.values()}
     findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1,
                                  order.get(f.module, 0), f.kind))

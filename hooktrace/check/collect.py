@@ -16,7 +16,7 @@ import math
 import os
 from typing import Any
 
-from hooktrace.check import firstnan, flow
+from hooktrace.check import firstnan, flow, ops
 from hooktrace.check.calls import Call, whole_drop
 from hooktrace.check.collected import Collected, Keys, LossCall, ModuleKey, ModuleStats
 from hooktrace.check.losses import LOSSES
@@ -31,7 +31,7 @@ class Collector:
     they add up to. ``step``: that step only."""
 
     def __init__(self, reader: LogReader, step: int | None = None) -> None:
-        self.c = Collected(header=reader.header)
+        self.c = Collected(header=reader.header, log=str(reader.path))
         self._reader = reader
         self._only_step = step
         self._keys: list[ModuleKey] = []  # a module's index -> its key
@@ -164,6 +164,10 @@ class Collector:
                 self.c.signals.append(r)
         elif type(r) is schema.Source:
             self.c.sources.setdefault(r.cls, f"{r.file}:{r.line}")
+        elif type(r) is schema.Ops:
+            kept = self.c.ops.setdefault((r.model, r.name), [])
+            if len(kept) < ops.KEEP and self._wanted(r.step):
+                kept.append(r)
         elif type(r) is schema.End:
             self.c.end = r
 

@@ -91,6 +91,14 @@ class Collected:
     signals: list[schema.Signal] = field(default_factory=list)  # in file order
     sources: dict[str, str] = field(default_factory=dict)  # class -> "file:line" of forward
     losses: dict[ModuleKey, LossCall] = field(default_factory=dict)
+    # per module, its first zoomed calls' operations (``ops`` records, ``ops.KEEP`` at most)
+    ops: dict[ModuleKey, list[schema.Ops]] = field(default_factory=dict)
+    # per step, the module of its first forward output with NaN/Inf, and of its first backward
+    # event with a NaN/Inf gradient, with whether that one produced it (firstnan's rule): a
+    # zoomed call of a later step answers for a NaN/Inf finding only where they are its own
+    forward_first: dict[int, ModuleKey] = field(default_factory=dict)
+    backward_first: dict[int, tuple[ModuleKey, bool]] = field(default_factory=dict)
+    log: str = ""  # the log's path, as given
 
     def model_name(self, model: int) -> str:
         return self.models.get(model, str(model))

@@ -32,6 +32,7 @@ def forward_outputs(c: Collected, step: int, module: tuple[int, str], call: int,
     """A forward call whose outputs held NaN/Inf: ``[output index, nan, inf]`` each; the
     outputs' dtypes where the log has them (an overflow depends on it)."""
     c.forward_nonfinite_steps.add(step)
+    c.forward_first.setdefault(step, module)
     if c.first_forward_nonfinite is None:
         c.first_forward_nonfinite = Nonfinite(step, *module, {
             "call": call, "outputs": [
@@ -49,6 +50,7 @@ def gradients(c: Collected, step: int, module: tuple[int, str], call: int,
     produced = not received and not all(_finite(s) for s in ins)
     if received or produced:
         c.backward_nonfinite_steps.add(step)
+        c.backward_first.setdefault(step, (module, produced))
         if c.first_backward_nonfinite is None:
             c.first_backward_nonfinite = Nonfinite(step, *module, {
                 "call": call, "produced": produced, "grad_output": _counts(outs),

@@ -16,7 +16,7 @@ def _evidence(evidence: dict[str, Any]) -> str:
     parts = []
     for key, value in evidence.items():
         if (key in ("grad_norm", "ranks") and isinstance(value, dict)) or value == [] \
-                or key in ("produced", "follows"):
+                or key in ("produced", "follows", "op", "changed", "rerun"):
             continue  # listed in the message, or nothing to say
         if key in ("grad_output", "grad_input"):
             value = ", ".join(f"{key} {g['index']}: {g['nan']} NaN, {g['inf']} Inf"
@@ -64,10 +64,17 @@ def _finding(f: Finding) -> list[str]:
     evidence = _evidence(f.evidence) if f.severity != NOTE else ""  # a note's message says it
     if evidence:
         lines.append(f"    evidence: {evidence}")
+    for key, label in (("op", "at"), ("changed", "output of")):
+        op = f.evidence.get(key)
+        if isinstance(op, dict) and op.get("line"):
+            code = f": {op['code']}" if op.get("code") else ""
+            lines.append(f"    {label}: {op['line']}{code}")
     if f.source:
         lines.append(f"    source: {f.source}")
     if f.hint:
         lines.append(f"    hint: {f.hint}")
+    if f.evidence.get("rerun"):
+        lines.append(f"    to see the operation and its line: {f.evidence['rerun']}")
     return lines
 
 

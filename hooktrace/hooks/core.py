@@ -1,27 +1,21 @@
 """The hook core: follows every module call, forward and backward, and hands each to observers.
 
-Technique (PyTorch's ModuleTracker's, see docs/architecture.md): global forward pre/post hooks,
-and for the backward, gradient hooks (``gradhooks``) on the autograd nodes that made a call's
-output tensors (its backward starts when one of them first receives gradient) and input tensors
-(its grad_input). Full module backward hooks are never used: they break in-place ops (ResNet's
-ReLU(inplace=True)). Input hooks are registered in the pre-hook, before the module runs: an
-in-place module replaces its input's node, and the old node still yields the old value's
-gradient. The end of a backward pass (an engine callback) ends the step.
+Technique (PyTorch's ModuleTracker's, docs/architecture.md): global forward pre/post hooks; for
+the backward, gradient hooks (``gradhooks``) on the nodes that made a call's output tensors (its
+backward starts when one first gets gradient) and input tensors (grad_input; hooked in the
+pre-hook: an in-place module replaces its input's node). Full module backward hooks break
+in-place ops (ReLU(inplace=True)). An engine callback at a backward pass's end ends the step.
 
 The core knows module calls and steps, nothing of logs, statistics or findings. It hands each
-moment to its observers, in order, as an immutable record: a module seen, a model call, a
-call's forward start and end (in recorded steps with the calls that made its inputs:
-``dataflow``), its backward start and gradients, the end of a backward pass (which ends the
-step), and the stop (``records.Observer`` says when each comes, and how to add an observer).
+moment to its observers, in order, as an immutable record (``records.Observer`` says which and
+when); in recorded steps a forward end names the calls that made its inputs (``dataflow``).
 
-Each record carries the step's ``Mode``; ``step_mode`` alone decides it. A watched step follows
-the backward of model calls only (top-level: ``backward_start`` and ``grad_output`` for them,
-and the pass's end), not of each call, unless ``--break-on nan`` is on: a hook per call's
+Each record carries the step's ``Mode`` (``step_mode`` decides). A watched step follows the
+backward of model calls only, not of each call (unless ``--break-on nan``): a hook per call's
 tensors is most of what tracing costs. ``seq`` numbers the recorded forward ends and backward
-starts in the order they happened; ``--max-events`` is the number of them a run may record,
-after which steps are watched (or off). An observer may raise ``NonFiniteError`` into the
-program (``--break-on nan``); any other exception stops tracing with one line on stderr and the
-program goes on (``--strict``: a failed log write is raised).
+starts; ``--max-events`` is how many a run may record, then steps are watched (or off). An
+observer may raise ``NonFiniteError`` into the program (``--break-on nan``); another exception
+stops tracing with one line on stderr, the program goes on (``--strict``: write errors raise).
 """
 
 from __future__ import annotations
@@ -42,6 +36,7 @@ from torch.nn.modules import module as nn_module
 from hooktrace.hooks.dataflow import DataFlow
 from hooktrace.hooks.gradhooks import GradHooks
 from hooktrace.hooks.naming import ModInfo, Naming
+from hooktrace.hooks.opzoom import OpZoom
 from hooktrace.hooks.records import (
     BackwardStart,
     ForwardCall,
@@ -136,6 +131,7 @@ class CallTracker:
         self._max_events = options.max_events
         self._naming: Naming | None = None
         self._observers: list[Observer] = []
+        self.zoom = OpZoom(self.fail)  # the op-level zoom into chosen calls: zooms none until told
 
     def start(self, naming: Naming, observers: Sequence[Observer]) -> CallTracker:
         self._naming = naming
@@ -178,7 +174,7 @@ class CallTracker:
         """Stop tracing, say why once; the program goes on (with --strict, a failed log write
         is raised into it instead)."""
         first = self.error is None
-        self.active = self._grads.active = False
+        self.active = self._grads.active = self.zoom.active = False  # (zoom: until its call ends)
         if isinstance(error, LogWriteError):
             if first:
                 self.error = str(error)
@@ -232,6 +228,8 @@ class CallTracker:
                 if mode:
                     start, call = self._start_forward(module, info, mode, grad, args)
             stack.append((module, info, start, call, grad))
+            if self.zoom.depth or (info in self.zoom.chosen and mode is RECORDED):
+                self.zoom.enter(module, info, call, args)
         except NonFiniteError:
             raise
         except Exception as e:
@@ -261,6 +259,8 @@ class CallTracker:
         return start, call
 
     def _post(self, module: nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
+        if self.zoom.depth:  # first: its mode is off before the hooks' own work
+            self.zoom.leave(module, rest)
         if _is_compiling() or not self.active:
             return None
         try:

@@ -15,7 +15,8 @@ from hooktrace.hooks.naming import is_library
 _CALL_FILE = nn_module.__file__
 
 
-def _shown(path: str) -> str:
+def shown(path: str) -> str:
+    """``path`` relative to the working directory when under it."""
     here = os.getcwd()
     return os.path.relpath(path, here) if path.startswith(here + os.sep) else path
 
@@ -27,7 +28,7 @@ def forward_site(cls: type) -> tuple[str, int] | None:
     if code is None or cls.__module__.startswith("torch."):
         return None
     path = inspect.getsourcefile(forward) or code.co_filename  # type: ignore[arg-type]
-    return _shown(path), code.co_firstlineno
+    return shown(path), code.co_firstlineno
 
 
 def error_site(error: BaseException) -> tuple[nn.Module | None, str | None, int | None]:
@@ -44,6 +45,6 @@ def error_site(error: BaseException) -> tuple[nn.Module | None, str | None, int 
             if isinstance(called, nn.Module):
                 module = called
         elif not is_library(code.co_filename):
-            path, line = _shown(code.co_filename), tb.tb_lineno
+            path, line = shown(code.co_filename), tb.tb_lineno
         tb = tb.tb_next
     return module, path, line

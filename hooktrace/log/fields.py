@@ -1,7 +1,7 @@
 """Checked reads of one parsed line's fields, and the records that are not events.
 
 ``from_dict`` turns a ``header``, ``model``, ``module``, ``anomaly``, ``signal``, ``source``,
-``step`` or ``end`` line into its record; the helpers read one key with its type checked
+``ops``, ``step`` or ``end`` line into its record; the helpers read one key with its type checked
 (a ``SchemaError`` names the key). With ``decoder`` and ``wire``, the only code that reads a
 line's keys. Standard library only: no torch.
 """
@@ -18,6 +18,8 @@ from hooktrace.log.schema import (
     Header,
     Model,
     Module,
+    Op,
+    Ops,
     Record,
     SchemaError,
     Signal,
@@ -161,6 +163,8 @@ def from_dict(d: Any) -> Record | None:
     if kind == "source":
         return Source(cls=get(d, "class", str), file=get(d, "file", str),
                       line=get(d, "line", int))
+    if kind == "ops":
+        return _ops(d)
     if kind == "step":
         return Step(step=get(d, "step", int), forward=get(d, "forward", int, 0),
                     backward=get(d, "backward", int, 0))
@@ -203,3 +207,40 @@ def inputs_from(d: dict[str, Any], seq: int, inputs: int
     if made is not None and not _offsets(made):
         raise SchemaError("key 'made' must list offsets to calls")
     return found, sorted(seq - x for x in made) if made else None
+
+
+def _ints(d: dict[str, Any], key: str) -> list[int]:
+    value = get(d, key, list, [])
+    if not all(type(i) is int for i in value):
+        raise SchemaError(f"key {key!r} holds something that is not a whole number")
+    return value  # type: ignore[no-any-return]
+
+
+def _bools(d: dict[str, Any], key: str) -> list[bool]:
+    value = get(d, key, list, [])
+    if not all(type(b) is bool for b in value):
+        raise SchemaError(f"key {key!r} holds something that is not true or false")
+    return value  # type: ignore[no-any-return]
+
+
+def _op(d: Any) -> Op:
+    if not isinstance(d, dict):
+        raise SchemaError("key 'ops' holds something that is not an operation")
+    return Op(op=get(d, "op", str), file=get(d, "file", str, None),
+              line=get(d, "line", int, None), code=get(d, "code", str, None),
+              ins=_ints(d, "ins"), outs=_ints(d, "outs"), in_shapes=shapes(d, "in_shapes"),
+              out_shapes=shapes(d, "out_shapes"), out_dtypes=strs(d, "out_dtypes"),
+              in_grad=_bools(d, "in_grad"), out_grad=_bools(d, "out_grad"),
+              child=get(d, "child", str, None), no_grad=get(d, "no_grad", bool, False),
+              inplace=get(d, "inplace", bool, False), node=get(d, "node", str, None),
+              nonfinite=shapes(d, "nonfinite") or None,
+              grad_out=decode_stats(d, "grad_out"), grad_in=decode_stats(d, "grad_in"))
+
+
+def _ops(d: dict[str, Any]) -> Ops:
+    """An ``ops`` line (``hooktrace.log.ops``)."""
+    return Ops(step=get(d, "step", int), fwd=get(d, "fwd", int, -1), model=get(d, "model", int),
+               name=get(d, "name", str), call=get(d, "call", int, 0),
+               inputs=get(d, "inputs", int, 0), in_grad=_bools(d, "in_grad"),
+               outputs=_ints(d, "outputs"), ops=[_op(op) for op in get(d, "ops", list, [])],
+               more=get(d, "more", int, 0))

@@ -63,6 +63,9 @@ class TraceOptions:
     capture: Sequence[str] = ()  # fqn globs whose calls' tensors are saved next to the log
     capture_max_mb: int = 256  # stop capturing past this size
     strict: bool = False  # a failed log write is raised into the program instead of stopping
+    ops: Sequence[str] = ()  # fqn globs whose calls' tensor operations are recorded (--ops)
+    #: how ``hooktrace run`` ran the program, "script" or "module" (-m); None: the Python API
+    run: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_events < 1:
@@ -85,6 +88,10 @@ class TraceOptions:
             out["break_on"] = "nan"
         if self.capture:
             out["capture"] = list(self.capture)
+        if self.ops:
+            out["ops"] = list(self.ops)
+        if self.run:
+            out["run"] = self.run
         if self.steps.text:
             out["steps"] = self.steps.text
         return out

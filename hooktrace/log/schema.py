@@ -21,6 +21,7 @@ A log is JSON Lines, UTF-8, one record per line, each with a ``"type"`` key:
 ``signal``   what the training loop did around the modules (a model's train/eval mode, the
              optimizers, gradients left uncleared, a deprecated backward hook), when it changes.
 ``source``   where a module class's ``forward`` is defined, once per class (not torch's own).
+``ops``      the tensor operations of a zoomed call (``--ops``), each with its line (``ops.py``).
 ``step``     closes a step: written when a backward pass ends.
 ``end``      last line: ``ok``, ``error`` or ``interrupted``, with counts.
 
@@ -41,6 +42,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
 
+from hooktrace.log.ops import Op as Op
+from hooktrace.log.ops import Ops as Ops
 from hooktrace.log.signals import VIEW_OPS as VIEW_OPS
 from hooktrace.log.signals import Signal as Signal
 
@@ -49,7 +52,7 @@ SCHEMA_VERSION = 2
 Shape = Sequence[int]
 Record = Union[
     "Header", "Model", "Module", "ForwardEvent", "BackwardEvent", "ParamGrads", "Anomaly", "Step",
-    "End", "Signal", "Source",
+    "End", "Signal", "Source", "Ops",
 ]
 
 

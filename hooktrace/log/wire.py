@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from hooktrace.log.schema import BackwardEvent, ForwardEvent, GradStat, Module, ParamGrads
+from hooktrace.log.schema import BackwardEvent, ForwardEvent, GradStat, Module, Ops, ParamGrads
 
 
 def encode_number(x: float) -> float | str:
@@ -38,6 +38,17 @@ def sources(e: ForwardEvent, d: dict[str, Any]) -> None:
                      else None for made in inputs]
     if e.made:
         d["made"] = [seq - s for s in e.made]
+
+
+def _ops(record: Ops) -> dict[str, Any]:
+    """An ``ops`` line: its gradients' statistics written as the events' are."""
+    d = record.to_dict()
+    for op in d["ops"]:
+        for key in ("grad_out", "grad_in"):
+            if key in op:
+                op[key] = [None if s is None else [encode_number(float(v)) for v in s]
+                           for s in op[key]]
+    return d
 
 
 class Encoder:
@@ -67,6 +78,8 @@ class Encoder:
                      for name, v in record.grad_norm.items()}
             out.append({"type": "params", "step": record.step, "model": model,
                         "grad_norm": norms})
+        elif kind is Ops:
+            out.append(_ops(record))
         else:
             out.append(record.to_dict())
         return out

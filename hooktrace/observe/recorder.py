@@ -52,6 +52,10 @@ class LogRecorder(Observer):
         # while statistics wait for the device, the calls that may be it
         self._weights_looked = False
         self._suspects: list[tuple[schema.ForwardEvent, ModInfo]] = []
+        # what it meets that says which module to zoom into (``ops.OpsObserver``: ``open``,
+        # ``fact``, ``written``), and the statistics' count of unusual gradients last seen
+        self.facts: Any = None
+        self._unusual = 0
 
     def emit(self, record: Any) -> None:
         """Write another observer's record, after the events held so far."""
@@ -176,6 +180,8 @@ class LogRecorder(Observer):
                         lost = [i for i, shape in enumerate(event.grad_input_shapes)
                                 if shape is None and bits >> i & 1]
                         event.lost = lost or None
+                        if lost and self.facts is not None and self.facts.open:
+                            self.facts.fact(event.model, event.name)
         for old in [s for s in needs if s < step]:
             del needs[old]
 
@@ -205,6 +211,11 @@ class LogRecorder(Observer):
         pending.sort(key=lambda e: e.seq)
         for event in pending:
             self._sink.write(event)
+        if self.facts is not None and self.facts.open:
+            unusual = self._stats is not None and self._stats.unusual != self._unusual
+            if unusual and self._stats is not None:
+                self._unusual = self._stats.unusual
+            self.facts.written(pending, unusual)
         after, self._after = self._after, []
         for record in after:
             self._sink.write(record)
@@ -216,6 +227,8 @@ class LogRecorder(Observer):
         own weights hold NaN/Inf too (they did when it ran: nothing steps an optimizer inside
         a forward, nor before the step's numbers are read)."""
         self._weights_looked = True
+        if self.facts is not None and self.facts.open:
+            self.facts.fact(info.model, info.name)
         params = nonfinite_params(info.ref())
         if not params:
             return None

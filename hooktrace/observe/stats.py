@@ -29,6 +29,10 @@ DEFER_ENV = "HOOKTRACE_DEFER_STATS"
 #: came back non-finite; past this many bytes a step's tensors are counted at once instead.
 HOLD_BYTES = 64 << 20
 
+#: gradients met all zero or not finite on the host, counted in branches a usual one never
+#: takes: whether a step's numbers hold one is known without looking at them (``Stats.unusual``)
+_UNUSUAL = [0]
+
 #: a gradient's numbers: (norm, absmax(, nan, inf)) now, or the targets its deferred ones fill
 Numbers = tuple[float, ...] | Targets
 _Fill = Callable[[list[int], list[float]], None]
@@ -95,6 +99,12 @@ class Stats:
     @property
     def deferred(self) -> bool:
         return self._device_used and self._device.deferred
+
+    @property
+    def unusual(self) -> int:
+        """Grows when a gradient all zero or not finite was met; on a device, at every
+        transfer (the numbers are not looked at on their way)."""
+        return _UNUSUAL[0] + self._device.transfers
 
     @property
     def transfers(self) -> int:
@@ -264,6 +274,8 @@ def _host_any(grad: torch.Tensor) -> tuple[float, ...]:
         low, high = torch.aminmax(grad)  # one pass; 4x cheaper than the inf-norm on CPU
         m = max(-low.item(), high.item())
     n = norm.item()
+    if n == 0.0 or not math.isfinite(n):
+        _UNUSUAL[0] += 1
     return (n, m) if math.isfinite(n) else (n, m, *_count_nonfinite(grad))
 
 
@@ -278,12 +290,15 @@ def _host_float32(grad: torch.Tensor) -> tuple[float, ...]:
     low, high = torch.aminmax(flat)
     m = max(-low.item(), high.item())
     if m == 0.0:
+        _UNUSUAL[0] += 1
         return (0.0, 0.0)
     if m > _SMALL:  # NaN is not
         square = torch.dot(flat, flat).item()
         if square < math.inf:
             return (math.sqrt(square), m)
     n = torch.linalg.vector_norm(grad, dtype=torch.float64).item()
+    if not math.isfinite(n):
+        _UNUSUAL[0] += 1
     return (n, m) if math.isfinite(n) else (n, m, *_count_nonfinite(grad))
 
 

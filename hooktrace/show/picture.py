@@ -79,6 +79,7 @@ class View:
     clusters: dict[ModuleKey, Cluster] = field(default_factory=dict)
     # containment: a cluster (None: the top) -> the clusters and nodes directly inside it
     contents: dict[ModuleKey | None, list[ModuleKey | NodeKey]] = field(default_factory=dict)
+    ops: bool = False  # draw the operations of zoomed calls inside their boxes (render --ops)
 
     def nodes(self) -> list[Node]:
         return sorted(self.node_map.values(), key=lambda n: (n.seq, n.key))

@@ -55,6 +55,8 @@ class StepLog:
     later: dict[int, int] = field(default_factory=dict)
     captured: str | None = None  # "<folder> (N files)" when the run used --capture
     sources: dict[str, str] = field(default_factory=dict)  # class -> "file:line" of forward
+    # the step's zoomed calls (``--ops``), by (model, fqn, call)
+    ops: dict[tuple[int, str, int], schema.Ops] = field(default_factory=dict)
 
     @property
     def has_backward(self) -> bool:
@@ -137,6 +139,7 @@ class _Loader:
         self.any_events = False
         self.step_starts: dict[int, int] = {}  # step -> its first seq
         self.later: dict[int, int] = {}
+        self.ops: dict[int, dict[tuple[int, str, int], schema.Ops]] = {}  # by step
         self._step: int | None = None  # of the last event, and its step's first seq:
         self._start = 0
 
@@ -148,6 +151,9 @@ class _Loader:
                 self.backwards(item)
             else:
                 self.names.take(item)
+                if type(item) is schema.Ops and self.chooser.may_draw(item.step):
+                    self.ops.setdefault(item.step, {}).setdefault(
+                        (item.model, item.name, item.call), item)
 
     # Rows in loops that do little for the steps not kept: nearly all of them (skimmed: read
     # for their seq, step, module and fwd only)
@@ -236,4 +242,4 @@ def _step_log(loaded: _Loader, chosen: int) -> StepLog:
                 if reader.end is not None and reader.end.captured else None)
     return StepLog(reader.path, chosen, sorted(chooser.steps), models, loaded.classes, events,
                    warnings, {f: s for f, s in loaded.later.items() if f in forward}, captured,
-                   loaded.sources)
+                   loaded.sources, loaded.ops.get(chosen, {}))

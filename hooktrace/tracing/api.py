@@ -135,11 +135,14 @@ def trace(
     capture: Sequence[str] = (),
     capture_max_mb: int = 256,
     strict: bool = False,
+    ops: Sequence[str] = (),
 ) -> Trace:
     """Trace every module call (or those of ``model`` only) into the JSONL log at ``path``.
 
     ``steps`` (default ``"0:10"``, or ``"all"``) are recorded in full; with ``watch``, later steps
     still write anomaly records (NaN/Inf, lost gradients). ``stats``: gradient norms and checks.
+    ``ops``: fqn globs of the modules whose calls' tensor operations are recorded, each with
+    its line (``--ops``).
 
     >>> with hooktrace.trace("log.jsonl", model=net):
     ...     net(x).sum().backward()
@@ -150,5 +153,5 @@ def trace(
     options = TraceOptions(include=tuple(include), exclude=tuple(exclude),
                            steps=Steps.parse(steps), max_events=max_events, stats=stats,
                            watch=watch, break_on_nan=break_on == "nan", capture=tuple(capture),
-                           capture_max_mb=capture_max_mb, strict=strict)
+                           capture_max_mb=capture_max_mb, strict=strict, ops=tuple(ops))
     return Trace(path, models, options)

@@ -2,8 +2,9 @@
 
 ``core.py`` follows the module calls; the observers (``records.Observer``) do the rest:
 capture (``--capture``), parameter-gradient norms, watch (steps after ``--steps``), partly-zero
-gradients, the log writer (it writes what those before it emit after the step's events), and
-break on NaN/Inf (``--break-on nan``, after the writer: the NaN's own event is written first).
+gradients, the op zoom's records (``--ops``), the log writer (it writes what those before it
+emit after the step's events), and break on NaN/Inf (``--break-on nan``, after the writer: the
+NaN's own event is written first).
 Statistics (``stats.Stats``) are shared by the observers that read numbers.
 """
 
@@ -27,6 +28,7 @@ from hooktrace.observe.gradzeros import GradZeros
 from hooktrace.observe.halfupdates import HalfUpdates
 from hooktrace.observe.lossgraph import LossGraph
 from hooktrace.observe.lossscale import LossScale
+from hooktrace.observe.ops import OpsObserver
 from hooktrace.observe.outputs import OutputCheck
 from hooktrace.observe.paramnorms import ParamNorms
 from hooktrace.observe.recorder import LogRecorder, Sink
@@ -95,6 +97,10 @@ class Tracer:
         observers.append(HalfUpdates(recorder.emit))
         if stats is not None:
             observers.append(GradZeros(stats, recorder.emit))
+        ops = recorder.facts = OpsObserver(core.zoom, recorder.emit, self._options)
+        core.zoom.connect(ops.take, stats.nonfinite if stats else None,
+                          stats.grad if stats else None)
+        observers.append(ops)
         observers.append(recorder)  # after those that emit: their records precede the step's
         if stats is not None and self._options.break_on_nan:
             observers.append(BreakOnNonfinite(stats))  # the NaN's own event is written first

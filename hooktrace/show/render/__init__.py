@@ -77,13 +77,15 @@ def _log_path(log: LogLike) -> Path:
 
 def picture(log: LogLike, *, step: int | None = None, model: str | None = None,
             depth: int | None = None, phase: str = "both", findings: bool = True,
-            every_call: bool = False) -> Picture:
+            every_call: bool = False, ops: bool = False) -> Picture:
     """The call graph of one step of ``log``; see ``hooktrace render --help`` for the options.
     ``findings``: outline where ``check`` finds a problem (it reads the whole log);
-    ``every_call``: a node per call, also of a module called many times."""
+    ``every_call``: a node per call, also of a module called many times; ``ops``: the
+    operations of zoomed calls inside their boxes."""
     path = _log_path(log)
     loaded = load_step(path, step, model)
     view = build(loaded, depth, phase, every_call)
+    view.ops = ops
     problems, warnings = _problems(path) if findings else ([], [])
     drawn = marks(view, problems)
     outlined = {id(f) for inside in drawn.values() for f in inside}
@@ -108,11 +110,11 @@ def _problems(path: Path) -> tuple[list[Finding], list[str]]:
 
 def render(log: LogLike, *, step: int | None = None, model: str | None = None,
            depth: int | None = None, phase: str = "both", findings: bool = True,
-           every_call: bool = False) -> Picture:
+           every_call: bool = False, ops: bool = False) -> Picture:
     """For notebooks: ``picture()``, with the log's warnings (a missing end record) raised as
     Python warnings. Displaying the result needs the Graphviz ``dot`` program."""
     result = picture(log, step=step, model=model, depth=depth, phase=phase, findings=findings,
-                     every_call=every_call)
+                     every_call=every_call, ops=ops)
     for message in result.warnings:
         warnings.warn(message, stacklevel=2)
     return result
@@ -175,7 +177,7 @@ def write_file(path: Path, data: bytes, log: Path) -> None:
 def write_picture(log: str | os.PathLike[str], output: str | os.PathLike[str] | None = None,
                   fmt: str | None = None, *, step: int | None = None, model: str | None = None,
                   depth: int | None = None, phase: str = "both", findings: bool = True,
-                  every_call: bool = False) -> Written:
+                  every_call: bool = False, ops: bool = False) -> Written:
     """``hooktrace render``: draw one step of ``log`` into ``output`` (default: the log's name
     with the format's extension). Without the ``dot`` program the DOT text is written to a
     ``.dot`` file next to ``output`` and DotMissingError says so."""
@@ -187,7 +189,7 @@ def write_picture(log: str | os.PathLike[str], output: str | os.PathLike[str] | 
     out = out or log.with_suffix(f".{chosen}")
     _refuse_log(out, log)  # a log named x.svg
     result = picture(log, step=step, model=model, depth=depth, phase=phase, findings=findings,
-                     every_call=every_call)
+                     every_call=every_call, ops=ops)
     if chosen == "dot":
         data = result.source.encode("utf-8")
     else:

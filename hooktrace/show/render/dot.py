@@ -24,6 +24,7 @@ from hooktrace.log.words import plural
 from hooktrace.show.graph import grad_output_norm
 from hooktrace.show.marks import Box
 from hooktrace.show.picture import Cluster, Edge, Node, NodeKey, View
+from hooktrace.show.render.ops import inside_box
 from hooktrace.show.render.text import printable, shapes_text
 
 FORWARD_COLOUR = "#303030"
@@ -124,6 +125,8 @@ def node_label(node: Node, view: View, found: Sequence[Finding] = ()) -> str:
         lines.append(_small(f"<I>{node.missing} of {node.grad_calls} calls got no backward</I>"))
     if node.recomputed:
         lines.append(_small("<I>recomputed in backward</I>"))
+    if view.ops and (record := view.log.ops.get(node.key)) is not None:
+        lines += [_small(_html(line)) for line in inside_box(record)]
     if found:
         lines.append(_kinds(found))
     return "<" + "<BR/>".join(lines) + ">"
@@ -141,7 +144,9 @@ def cluster_label(cluster: Cluster, view: View, found: Sequence[Finding] = ()) -
         parts.append("<I>no backward</I>")
     if found:
         parts.append(_kinds(found))
-    return "<" + " · ".join(parts) + ">"
+    record = view.log.ops.get((model, fqn, 0)) if view.ops and cluster.calls == 1 else None
+    ops = "".join(f"<BR/>{_small(_html(line))}" for line in inside_box(record)) if record else ""
+    return "<" + " · ".join(parts) + ops + ">"
 
 
 def norm_text(norm: float) -> str:

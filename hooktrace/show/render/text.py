@@ -110,5 +110,11 @@ class Shown:
 def show(log: str | os.PathLike[str], step: int | None = None, phase: str | None = None,
          model: str | None = None, limit: int = DEFAULT_LIMIT) -> Shown:
     """``hooktrace show``: the table of one step of the log at ``log``."""
+    from hooktrace.show.render.ops import block  # (it formats with this module's helpers)
+
     loaded = load_step(log, step, model)
-    return Shown(table(loaded, phase, limit), loaded.warnings)
+    text = table(loaded, phase, limit)
+    if loaded.ops and phase != "backward":
+        records = sorted(loaded.ops.values(), key=lambda r: (r.fwd < 0, r.fwd))
+        text += "\n".join(block(records, loaded.classes)) + "\n"
+    return Shown(text, loaded.warnings)

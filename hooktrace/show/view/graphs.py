@@ -18,6 +18,7 @@ from hooktrace.show.graph import build
 from hooktrace.show.marks import marks
 from hooktrace.show.picture import Node, View
 from hooktrace.show.render.dot import node_id, node_state, run_dot, to_dot
+from hooktrace.show.render.ops import hover
 from hooktrace.show.render.text import shapes_text
 from hooktrace.show.steplog import SelectionError, StepLog, load_steps
 from hooktrace.show.view.data import RunData
@@ -76,6 +77,8 @@ def node_details(node: Node, view: View, events: dict[tuple[int, str, int], Any]
     if node.backward is not None:
         found["grad_output norm"] = _norms(node.backward.grad_output_stats) or ["no statistics"]
         found["grad_input norm"] = _norms(node.backward.grad_input_stats) or ["no statistics"]
+    if (record := view.log.ops.get(node.key)) is not None:
+        found["operations"] = hover(record)
     if inside:
         found["findings"] = [f"[{f.kind}] {f.module or '(root)'}: {f.message}" for f in inside]
     return found

@@ -1,0 +1,186 @@
+"""The operation and its line put into ``check``'s findings, where the log has the zoomed calls
+of a finding's module (``ops`` records); where it has none, the command that records them.
+
+Each kind of finding asks its question of its module's zoomed calls (``check/ops.py``), from
+its step on: a gradient that stops or turns zero inside a forward (flow's boundaries), the
+first NaN/Inf of a forward, a backward that made NaN/Inf, and the in-place change behind a
+backward error. The answer goes into the message ("the gradient stops inside its forward, at
+.detach() (train.py:16)") and the evidence (``op``: the operation, its ``line`` and ``code``).
+A backward error happens before any later step could zoom in: its finding, and a finding whose
+module was not zoomed, get ``rerun``, the command that runs the program again with that
+module's operations recorded.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hooktrace.check import ops
+from hooktrace.check.causes import CAUSES
+from hooktrace.check.findings import NOTE, Finding
+from hooktrace.log.errors import HooktraceError
+from hooktrace.log.ops import Op, Ops
+from hooktrace.log.options import Steps
+
+if TYPE_CHECKING:
+    from hooktrace.check.collected import Collected
+    from hooktrace.check.flow import Boundary, Flow
+
+# the boundaries whose cause an operation inside the module answers
+_ASKED = {"lost_input", "detached_inside", "no_grad", "zeroed", "zeroed_unit", "zero_backward"}
+_DEPTH = 4  # child calls looked into, one inside the other
+
+
+def explain(findings: list[Finding], c: Collected, flowed: Flow) -> None:
+    """Each finding with the operation and line that the log's zoomed calls give it."""
+    models = {c.model_name(i): i for i in c.models}
+    for f in findings:
+        model = models.get(f.model)
+        if model is None or f.severity == NOTE or f.step is None:
+            continue
+        records = [r for r in c.ops.get((model, f.module), []) if r.step >= f.step]
+        if f.kind == "backward-error":
+            _inplace(f, c, f.step)
+            continue
+        asked, found = _answer(f, c, flowed, model, records)
+        if found is not None:
+            _say(f, *found)
+        elif asked and not any(r.step == f.step for r in records):
+            f.evidence["rerun"] = rerun(c, f.module, f.step)
+
+
+Found = tuple[Op, int, str]  # an operation, the step of its call, the module whose call it is
+
+
+def _answer(f: Finding, c: Collected, flowed: Flow, model: int,
+            records: list[Ops]) -> tuple[bool, Found | None]:
+    """Whether the finding's module's operations can answer it, and their answer."""
+    key = (model, f.module)
+    if f.kind == "nonfinite-forward":  # only a step whose first NaN/Inf is this module's
+        return True, _first([r for r in records if c.forward_first.get(r.step) == key],
+                            ops.first_nonfinite)
+    if f.kind == "nonfinite-backward":
+        if not f.evidence.get("produced"):
+            return False, None  # reached it: made elsewhere
+        return True, _first([r for r in records if c.backward_first.get(r.step) == (key, True)],
+                            ops.nonfinite_backward)
+    b = next((b for (k, cause), b in flowed.boundaries.items()
+              if k == key and CAUSES[cause][0] == f.kind), None)
+    if b is None or b.cause not in _ASKED:
+        return False, None
+    ask = _question(b)
+    for record in records:
+        if record.step not in b.steps:
+            continue  # a step where this boundary was not found (or not judged)
+        op = ask(record)
+        if op is not None:
+            return True, _inside(c, model, (op, record.step, record.name))
+    return True, None
+
+
+def _question(b: Boundary) -> Callable[[Ops], Op | None]:
+    """What a boundary's cause asks of one of its zoomed calls."""
+    def branches(record: Ops) -> list[int]:
+        return [s for op in record.ops if op.child in b.branches for s in op.outs]
+
+    if b.cause == "lost_input":
+        return ops.stop_in
+    if b.cause == "zero_backward":
+        return ops.zero_in
+    if b.cause == "no_grad":
+        return lambda r: next((op for op in r.ops if op.child in b.branches and op.no_grad),
+                              None)
+    if b.cause in ("zeroed", "zeroed_unit"):
+        return lambda r: ops.zero_in(r, branches(r))
+    return lambda r: ops.stop_in(r, branches(r))
+
+
+def _inside(c: Collected, model: int, found: Found, depth: int = 0) -> Found:
+    """A child's call that stops the gradient: the operation inside it, where it was zoomed."""
+    op, step, _ = found
+    if op.child is None or op.no_grad or depth >= _DEPTH:
+        return found
+    for record in c.ops.get((model, op.child), []):
+        if record.step >= step:
+            inner = ops.stop_in(record)
+            if inner is not None:
+                return _inside(c, model, (inner, record.step, record.name), depth + 1)
+    return found
+
+
+def _first(records: list[Ops], ask: Callable[[Ops], Op | None]) -> Found | None:
+    for record in records:
+        if len(record.ops) < 2:
+            continue  # a layer's one function (F.linear of a Linear) says nothing new
+        op = ask(record)
+        if op is not None:
+            return op, record.step, record.name
+    return None
+
+
+def _say(f: Finding, op: Op, step: int, module: str) -> None:
+    """The operation into the message, after what happens (flow) or the step (NaN/Inf)."""
+    f.evidence["op"] = ops.where(op, step)
+    if module != f.module:
+        f.evidence["op"]["module"] = module
+    inside = ops.said(op, f" in {module or '(root)'}" if module != f.module else "")
+    if f.kind == "nonfinite-forward":
+        f.message += f"; made by {inside}"
+    elif f.kind == "nonfinite-backward":
+        f.message += f"; made by the backward of {inside}"
+    else:  # after what happens at the boundary, before what it starves
+        cut = f.message.find("; ")
+        cut = cut if cut >= 0 else len(f.message)
+        f.message = f"{f.message[:cut]}, at {inside}{f.message[cut:]}"
+
+
+def _inplace(f: Finding, c: Collected, step: int) -> None:
+    """A backward error: the in-place change and the operation whose output it changed, from
+    any zoomed call of the step; else the command that records them."""
+    message = str(c.end.error.get("message", "")) if c.end and c.end.error else ""
+    records = [r for rs in c.ops.values() for r in rs if r.step == step]
+    found = ops.inplace_change(records, message)
+    if found is None:
+        f.evidence["rerun"] = rerun(c, f.module, step)
+        return
+    made, changed = found
+    f.evidence["op"] = ops.where(changed, step)
+    f.evidence["changed"] = ops.where(made, step)
+    f.message += (f"; {ops.said(changed)} changed in place the output of {ops.said(made)}, "
+                  "which its backward needs")
+
+
+def rerun(c: Collected, module: str, step: int) -> str:
+    """The command that runs the program again with ``module``'s operations (and those of the
+    modules inside it) recorded, then checks it."""
+    globs = ["*"] if not module else [module, f"{module}.*"]
+    header = c.header
+    options = header.options
+    if options.get("run") not in ("script", "module") or not header.argv:
+        listed = ", ".join(repr(g) for g in globs)
+        return f"trace it again with hooktrace.trace(..., ops=[{listed}])"
+    log = Path(c.log or "hooktrace.jsonl")
+    out = log.with_name(f"{log.stem}.ops{log.suffix or '.jsonl'}")
+    words = ["hooktrace", "run", "-o", str(out)]
+    for glob in globs:
+        words += ["--ops", glob]
+    for key in ("include", "exclude"):
+        for glob in options.get(key) or []:
+            words += [f"--{key}", str(glob)]
+    if not _recorded(options.get("steps"), step):
+        words += ["--steps", str(step)]
+    if options.get("run") == "module":
+        words.append("-m")
+    words += header.argv
+    return f"{shlex.join(words)}; hooktrace check {shlex.quote(str(out))}"
+
+
+def _recorded(text: object, step: int) -> bool:
+    try:
+        steps = Steps.parse(text) if isinstance(text, str) and text else Steps()
+    except HooktraceError:
+        return False
+    return step in steps
