@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -39,12 +39,10 @@ Producers = tuple[int, ...]  # the seqs of the calls that made a tensor, ascendi
 Flow = tuple[tuple[Producers, ...], Producers]  # (``inputs_from``, ``made``) of a call
 
 
-class Sources(NamedTuple):
-    """What a call knows of its data flow when it begins: who made each positional input, and
-    the last seq of a forward call seen so far (the calls after it ran inside this one)."""
-
-    inputs: tuple[Producers, ...]
-    before: int
+#: What a call knows of its data flow when it begins: who made each positional input, and the
+#: last seq of a forward call seen so far (the calls after it ran inside this one). A plain
+#: tuple: one is made per call
+Sources = tuple[tuple[Producers, ...], int]
 
 
 def _made_by(dispatch: Sequence[Any], nr: int) -> int | None:
@@ -67,7 +65,7 @@ class DataFlow:
         self._stored: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
 
     def start(self, inputs: list[torch.Tensor]) -> Sources:
-        return Sources(tuple(map(self._of, inputs)), self._last)
+        return tuple(map(self._of, inputs)), self._last
 
     def end(self, sources: Sources | None, kw_inputs: list[torch.Tensor],
             outputs: list[torch.Tensor], seq: int, top: bool) -> Flow | tuple[()]:
@@ -76,15 +74,12 @@ class DataFlow:
         kept (``top``: a model call); () for a call that began in a step not recorded."""
         if sources is None:
             return ()
-        inputs = sources.inputs
+        inputs, before = sources
         if kw_inputs:
             inputs += tuple(map(self._of, kw_inputs))
         made: Producers = ()
-        if self._last > sources.before:  # calls returned while it ran: calls inside it
+        if self._last > before:  # calls returned while it ran: calls inside it
             made = tuple(sorted({s for t in outputs for s in self._of(t)}))
-        stored = self._stored
-        if len(stored) > _MAX_STORED:
-            stored.clear()
         for t in outputs:
             # one with autograd history is found by its node, unless detached: a model's output
             # (a GAN's fake batch) is kept for that; not every call's, each an object that
@@ -96,7 +91,9 @@ class DataFlow:
             except RuntimeError:  # no storage (a nested or meta tensor)
                 continue
             if address:  # 0: an empty tensor, which all share
-                stored[address] = (weakref.ref(t), seq)
+                if len(self._stored) > _MAX_STORED:
+                    self._stored.clear()
+                self._stored[address] = (weakref.ref(t), seq)
         self._last = seq
         return inputs, made
 

@@ -121,8 +121,9 @@ class Encoder:
             d["outputs_more"] = e.outputs_more
         if e.output_nonfinite:
             d["output_nonfinite"] = e.output_nonfinite
-        if e.inputs_from is not None:
-            sources(e, d)
+        if (inputs := e.inputs_from) is not None and (
+                e.made or inputs.count((e.seq - 1,)) != len(inputs)):
+            sources(e, d)  # not when every input came from the call just before
         out.append(d)
         return out
 
