@@ -313,7 +313,7 @@ class CallTracker:
         call.step, call.seq, call.index, call.recompute = self.step, seq, index, recompute
         call.n_in, call.n_out, call.info = n_args + len(kw_inputs), len(outputs), info
         record = call.record()
-        flow = self._flow.end(start.sources, kw_inputs, outputs, seq) if seq >= 0 else ()
+        flow = self._flow.end(start.sources, kw_inputs, outputs, seq, top) if seq >= 0 else ()
         end = ForwardEnd(start, record, args, kwargs, output, kw_inputs,
                          kw_seen - len(kw_inputs), outputs, n_out - len(outputs), mode,
                          self._grads.in_backward, top, *flow)

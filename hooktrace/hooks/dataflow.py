@@ -9,9 +9,11 @@ first and bounded: at most ``MAX_NODES`` nodes per tensor, each once, so that an
 a long computation outside any traced call (what the bound cuts short is then "made by no
 call") costs a bounded time; measured in docs/performance.md. An input without autograd
 history (``no_grad``, ``eval``, ``.detach()``, integer tensors) is looked up by its storage's
-address among the outputs of the step's calls, held weakly: the same tensor, a view from its
-first element (``flatten``) or a ``.detach()`` of it. A functional op that makes a new tensor
-without autograd history (``F.relu`` under ``no_grad``) hides its producer.
+address among the outputs of the step's calls that have none, and of its model calls, held
+weakly: the same tensor, a view from its first element (``flatten``), or a ``.detach()`` of
+a model's output (a GAN's fake batch). A functional op that makes a new tensor without
+autograd history (``F.relu`` under ``no_grad``), or a ``.detach()`` of a call's output inside
+a model, hides its producer.
 
 A call that others ran inside (a block) also says which calls made its outputs (``made``): those
 inside it, and those before it whose data it passed on (a residual's skip); a picture that
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -37,12 +39,10 @@ Producers = tuple[int, ...]  # the seqs of the calls that made a tensor, ascendi
 Flow = tuple[tuple[Producers, ...], Producers]  # (``inputs_from``, ``made``) of a call
 
 
-class Sources(NamedTuple):
-    """What a call knows of its data flow when it begins: who made each positional input, and
-    the last seq of a forward call seen so far (the calls after it ran inside this one)."""
-
-    inputs: tuple[Producers, ...]
-    before: int
+#: What a call knows of its data flow when it begins: who made each positional input, and the
+#: last seq of a forward call seen so far (the calls after it ran inside this one). A plain
+#: tuple: one is made per call
+Sources = tuple[tuple[Producers, ...], int]
 
 
 def _made_by(dispatch: Sequence[Any], nr: int) -> int | None:
@@ -65,31 +65,35 @@ class DataFlow:
         self._stored: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
 
     def start(self, inputs: list[torch.Tensor]) -> Sources:
-        return Sources(tuple(map(self._of, inputs)), self._last)
+        return tuple(map(self._of, inputs)), self._last
 
     def end(self, sources: Sources | None, kw_inputs: list[torch.Tensor],
-            outputs: list[torch.Tensor], seq: int) -> Flow | tuple[()]:
+            outputs: list[torch.Tensor], seq: int, top: bool) -> Flow | tuple[()]:
         """(the producers of each input, args then kwargs; the calls inside it that made its
-        outputs), and its outputs kept for the calls after it; () for a call that began in a
-        step not recorded."""
+        outputs), and those of its outputs that a later call can find only by their storage
+        kept (``top``: a model call); () for a call that began in a step not recorded."""
         if sources is None:
             return ()
-        inputs = sources.inputs
+        inputs, before = sources
         if kw_inputs:
             inputs += tuple(map(self._of, kw_inputs))
         made: Producers = ()
-        if self._last > sources.before:  # calls returned while it ran: calls inside it
+        if self._last > before:  # calls returned while it ran: calls inside it
             made = tuple(sorted({s for t in outputs for s in self._of(t)}))
-        stored = self._stored
-        if len(stored) > _MAX_STORED:
-            stored.clear()
         for t in outputs:
+            # one with autograd history is found by its node, unless detached: a model's output
+            # (a GAN's fake batch) is kept for that; not every call's, each an object that
+            # lives until the step ends, and costs the garbage collector
+            if t.grad_fn is not None and not top:
+                continue
             try:
                 address = t.data_ptr()
             except RuntimeError:  # no storage (a nested or meta tensor)
                 continue
             if address:  # 0: an empty tensor, which all share
-                stored[address] = (weakref.ref(t), seq)
+                if len(self._stored) > _MAX_STORED:
+                    self._stored.clear()
+                self._stored[address] = (weakref.ref(t), seq)
         self._last = seq
         return inputs, made
 

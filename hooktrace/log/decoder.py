@@ -52,7 +52,7 @@ class ForwardMore(NamedTuple):
     outputs_more: int | None = None
     output_nonfinite: list[list[int]] | None = None  # [output index, nan, inf]
     inputs_from: list[list[int]] | None = None  # per input, the seqs of the calls that made it
-    made: list[int] | None = None  # the seqs of the calls inside it that made its outputs
+    made: list[int] | None = None  # a call with calls inside: those that made its outputs
 
 
 class BackwardMore(NamedTuple):

@@ -34,8 +34,8 @@ def sources(e: ForwardEvent, d: dict[str, Any]) -> None:
     seq, inputs = e.seq, e.inputs_from
     assert inputs is not None
     if inputs.count((seq - 1,)) != len(inputs):  # tuples, as the tracer makes them
-        d["from"] = [seq - made[0] if len(made) == 1 else [seq - s for s in made] if made
-                     else None for made in inputs]
+        d["from"] = [seq - calls[0] if len(calls) == 1 else [seq - s for s in calls] if calls
+                     else None for calls in inputs]
     if e.made:
         d["made"] = [seq - s for s in e.made]
 
@@ -134,8 +134,9 @@ class Encoder:
             d["outputs_more"] = e.outputs_more
         if e.output_nonfinite:
             d["output_nonfinite"] = e.output_nonfinite
-        if e.inputs_from is not None:
-            sources(e, d)
+        if (inputs := e.inputs_from) is not None and (
+                e.made or inputs.count((e.seq - 1,)) != len(inputs)):
+            sources(e, d)  # not when every input came from the call just before
         out.append(d)
         return out
 
