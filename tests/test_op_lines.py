@@ -144,3 +144,28 @@ def test_healthy_look_alikes_zoomed_stay_silent(tmp_path: Path, case: str) -> No
     assert result.returncode == 0, result.stdout
     assert problems(json.loads(result.stdout)["findings"]) == []
 
+
+
+@pytest.mark.parametrize(("options", "argv", "world", "module", "step", "expected"), [
+    ({"run": "script", "steps": "0:10"}, ["train.py", "--lr", "0.1"], 1, "block.gate", 2,
+     "hooktrace run -o runs/a.ops.jsonl --ops block.gate --ops 'block.gate.*' train.py --lr 0.1;"
+     " hooktrace check runs/a.ops.jsonl"),
+    ({"run": "module", "steps": "0:3", "include": ["block*"]}, ["pkg.train"], 1, "", 7,
+     "hooktrace run -o runs/a.ops.jsonl --ops '*' --include 'block*' --steps 7 -m pkg.train;"
+     " hooktrace check runs/a.ops.jsonl"),
+    ({"run": "script"}, ["ddp.py"], 2, "fc", 0,
+     "torchrun --nproc_per_node=2 -m hooktrace run -o runs/a.ops.jsonl --ops fc --ops 'fc.*' "
+     "ddp.py; hooktrace check 'runs/a.ops.rank*.jsonl'"),
+    ({}, ["notebook"], 1, "fc", 0, "trace it again with hooktrace.trace(..., ops=['fc', 'fc.*'])"),
+])
+def test_the_command_that_records_the_operations(options: dict[str, Any], argv: list[str],
+                                                 world: int, module: str, step: int,
+                                                 expected: str) -> None:
+    from hooktrace.check.collected import Collected
+    from hooktrace.check.oplines import rerun
+    from hooktrace.log import schema
+
+    header = schema.Header(schema=schema.SCHEMA_VERSION, hooktrace="0", argv=argv,
+                           world_size=world, options=options)
+    log = "runs/a.rank0.jsonl" if world > 1 else "runs/a.jsonl"
+    assert rerun(Collected(header=header, log=log), module, step) == expected

@@ -163,8 +163,11 @@ def rerun(c: Collected, module: str, step: int) -> str:
         listed = ", ".join(repr(g) for g in globs)
         return f"trace it again with hooktrace.trace(..., ops=[{listed}])"
     log = Path(c.log or "hooktrace.jsonl")
-    out = log.with_name(f"{log.stem}.ops{log.suffix or '.jsonl'}")
-    words = ["hooktrace", "run", "-o", str(out)]
+    ranks = header.world_size > 1  # each rank wrote LOG.rank<N>.jsonl: the launcher again
+    stem = log.stem.removesuffix(f".rank{header.rank}") if ranks else log.stem
+    out = log.with_name(f"{stem}.ops{log.suffix or '.jsonl'}")
+    words = ["torchrun", f"--nproc_per_node={header.world_size}", "-m"] if ranks else []
+    words += ["hooktrace", "run", "-o", str(out)]
     for glob in globs:
         words += ["--ops", glob]
     for key in ("include", "exclude"):
@@ -175,7 +178,8 @@ def rerun(c: Collected, module: str, step: int) -> str:
     if options.get("run") == "module":
         words.append("-m")
     words += header.argv
-    return f"{shlex.join(words)}; hooktrace check {shlex.quote(str(out))}"
+    checked = out.with_name(f"{stem}.ops.rank*{out.suffix}") if ranks else out
+    return f"{shlex.join(words)}; hooktrace check {shlex.quote(str(checked))}"
 
 
 def _recorded(text: object, step: int) -> bool:
