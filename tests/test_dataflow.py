@@ -129,6 +129,8 @@ def test_show_edges_prints_what_render_draws(vae_log: Path) -> None:
                         ["5", "fc21", "->", "fc1"]]
     only = CliRunner().invoke(cli, ["show", str(vae_log), "--edges", "--phase", "forward"])
     assert "backward" not in only.stdout.split("\n", 1)[1] and "fc3 -> fc4" in only.stdout
+    alone = CliRunner().invoke(cli, ["show", str(vae_log), "--depth", "1"])
+    assert alone.exit_code == 2 and "--depth folds the edges of --edges" in alone.stderr
 
 
 # -- resnet18: BasicBlocks, their residual adds, a downsample ----------------------------------
