@@ -153,6 +153,8 @@ def show(log: Path, step: int | None, phase: str, model: str | None, limit: int,
     edges of its picture)."""
     from hooktrace.show.render.text import show as show_step
 
+    if depth is not None and not edges:
+        raise click.UsageError("--depth folds the edges of --edges; the table has every event")
     if edges:
         from hooktrace.show.render.edges import show_edges
 

@@ -13,6 +13,7 @@ import itertools
 import json
 import runpy
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,8 @@ def test_show_edges_prints_what_render_draws(vae_log: Path) -> None:
                         ["5", "fc21", "->", "fc1"]]
     only = CliRunner().invoke(cli, ["show", str(vae_log), "--edges", "--phase", "forward"])
     assert "backward" not in only.stdout.split("\n", 1)[1] and "fc3 -> fc4" in only.stdout
+    alone = CliRunner().invoke(cli, ["show", str(vae_log), "--depth", "1"])
+    assert alone.exit_code == 2 and "--depth folds the edges of --edges" in alone.stderr
 
 
 # -- resnet18: BasicBlocks, their residual adds, a downsample ----------------------------------
@@ -311,6 +314,27 @@ def test_without_autograd_the_storage_says(tmp_path: Path) -> None:
     view = view_of(log)
     assert pairs(view, "forward") == [("conv", "act"), ("act", "fc")]
     assert not view.checked and pairs(view, "backward") == []
+
+
+def test_fake_tensors_are_not_looked_up_by_storage(tmp_path: Path) -> None:
+    """A forward on fake tensors (torch.export, FLOP counters) has no storage to look at: no
+    warning about a fake tensor's data pointer reaches the program, and the calls are linked
+    by their autograd nodes as on real tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    log = tmp_path / "fake.jsonl"
+    with hooktrace.trace(log, model=model), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            model(mode.from_tensor(torch.randn(2, 4)))
+        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            model(mode.from_tensor(torch.randn(2, 4)))
+    assert [str(w.message) for w in caught if "data pointer" in str(w.message)] == []
+    forward = [e for e in events(log, "forward") if e.name]
+    assert [e.inputs_from for e in forward[:3]] == [[[]], [[forward[0].seq]],
+                                                    [[forward[1].seq]]]
+    assert [e.inputs_from for e in forward[3:]] == [[[]]] * 3  # no autograd, no storage
 
 
 # -- the walk is bounded; watched steps pay nothing; the program is unchanged -------------------

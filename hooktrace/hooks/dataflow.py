@@ -35,6 +35,7 @@ from hooktrace.hooks.gradhooks import GradHooks
 #: resnet18's and a TransformerEncoder's calls is found within 3, of a ViT's within 8
 MAX_NODES = 64
 _MAX_STORED = 8192  # outputs looked up by storage at once; forward-only code never ends a pass
+_PLAIN = torch.Tensor.__torch_dispatch__
 Producers = tuple[int, ...]  # the seqs of the calls that made a tensor, ascending
 Flow = tuple[tuple[Producers, ...], Producers]  # (``inputs_from``, ``made``) of a call
 
@@ -43,6 +44,20 @@ Flow = tuple[tuple[Producers, ...], Producers]  # (``inputs_from``, ``made``) of
 #: last seq of a forward call seen so far (the calls after it ran inside this one). A plain
 #: tuple: one is made per call
 Sources = tuple[tuple[Producers, ...], int]
+
+
+def _address(t: torch.Tensor) -> int:
+    """Where ``t``'s numbers start: 0 for a tensor without numbers of its own to look up (an
+    empty, meta or nested one; a subclass with its own dispatch: a fake tensor, whose
+    ``data_ptr`` warns, or a distributed one)."""
+    kind = type(t)
+    if kind is not torch.Tensor and kind.__torch_dispatch__ is not _PLAIN:
+        return 0
+    try:
+        address: int = t.data_ptr()
+    except RuntimeError:  # no storage
+        return 0
+    return address
 
 
 def _made_by(dispatch: Sequence[Any], nr: int) -> int | None:
@@ -86,11 +101,8 @@ class DataFlow:
             # lives until the step ends, and costs the garbage collector
             if t.grad_fn is not None and not top:
                 continue
-            try:
-                address = t.data_ptr()
-            except RuntimeError:  # no storage (a nested or meta tensor)
-                continue
-            if address:  # 0: an empty tensor, which all share
+            address = _address(t)
+            if address:
                 if len(self._stored) > _MAX_STORED:
                     self._stored.clear()
                 self._stored[address] = (weakref.ref(t), seq)
@@ -105,10 +117,7 @@ class DataFlow:
         """The recorded calls whose outputs made ``t``."""
         node: Any = t.grad_fn  # its ``metadata`` is a dict at runtime, a method in the stubs
         if node is None:
-            try:
-                found = self._stored.get(t.data_ptr())
-            except RuntimeError:
-                return ()
+            found = self._stored.get(_address(t))
             return () if found is None or found[0]() is None else (found[1],)
         nr = t.output_nr
         dispatch = node.metadata.get(self._grads)
