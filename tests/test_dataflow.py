@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import json
 import runpy
-import sys
 import warnings
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from conftest import SAMPLES
+from test_render import run_sample  # traces a sample in this process, as `run` does
 from torch import nn
 
 import hooktrace
@@ -55,16 +55,6 @@ def events(log: Path, phase: str, step: int | None = None
     return [e for e in LogReader(log, flow=True)
             if isinstance(e, (schema.ForwardEvent, schema.BackwardEvent))
             and e.phase == phase and step in (None, e.step)]
-
-
-def run_sample(log: Path, script: str, *args: str) -> None:
-    argv = sys.argv
-    sys.argv = [script, *args]
-    try:
-        with hooktrace.trace(log):
-            runpy.run_path(str(SAMPLES / script), run_name="__main__")
-    finally:
-        sys.argv = argv
 
 
 # -- the VAE: fc1 -> (fc21, fc22) -> reparameterize -> fc3 -> fc4 ------------------------------
