@@ -1,4 +1,4 @@
-"""A healthy detection model trained under ``hooktrace run`` (tests/test_healthy_sweep.py):
+"""A healthy detection model trained under ``hooktrace run`` (tests/findings/test_healthy_sweep.py):
 built inside the traced run, so what it calls at construction is traced too (SSDlite runs its
 backbone under ``torch.no_grad()`` to size its feature maps). Usage: NAME STEPS TRUTH, where
 TRUTH receives PyTorch's own ``param.grad`` after each backward (``groundtruth.GradTruth``)."""
