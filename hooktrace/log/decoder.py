@@ -132,7 +132,7 @@ class Decoder:
         self._step, self._wanted = step, self._steps(step)
 
     # Most lines are plain events: checked in ``forward`` / ``backward`` with a few type tests
-    # as strictly as ``_forward_row`` / ``_backward_row`` check any line (tests/unit/log/test_logio.py)
+    # as strictly as ``_forward_row`` / ``_backward_row`` check any line (tests/unit/log/)
     def forward(self, d: dict[str, Any]) -> ForwardRow:
         """A forward event's row."""
         try:
