@@ -2,13 +2,15 @@
 
 A traced run spends most of its time importing torch (3-5 s of CPU here). This process imports
 ``hooktrace.cli`` and the tracer (and so torch) once, then for each job forks a child that does
-what ``python -m hooktrace ARGS`` does from that point on: it changes into the job's folder,
+what ``python -m hooktrace ARGS`` does from that point on: it takes the job's environment
+(the caller's; ``helpers.py`` starts a fresh interpreter instead when a variable torch reads at
+import changed since the server started), changes into the job's folder,
 reads no stdin, writes its stdout and stderr to the job's files, calls the real CLI with the
 job's arguments and exits with its status, after the interpreter's exit functions ran. So each
 command still runs in a process of its own, from the state a fresh ``hooktrace run`` has once it
 imported torch; only the import is shared. ``tests/helpers.py`` starts one per test process.
 
-Protocol, one JSON object per line: in ``{"id", "argv", "cwd", "stdout", "stderr",
+Protocol, one JSON object per line: in ``{"id", "argv", "cwd", "env", "stdout", "stderr",
 "timeout"}``, out ``{"id", "returncode", "timed_out"}`` (a negative status: killed by that
 signal, as in subprocess; a child past its timeout is killed with SIGKILL).
 """
@@ -33,6 +35,8 @@ def _child(job: dict[str, Any]) -> None:
     """In the forked child: run the command and exit with its status; never returns."""
     code = 1
     try:
+        os.environ.clear()
+        os.environ.update(job["env"])
         os.chdir(job["cwd"])
         sys.path[0] = os.getcwd()  # what `python -m` puts first
         null = os.open(os.devnull, os.O_RDONLY)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,15 @@ def names(path: str | os.PathLike[str], phase: str, step: int = 0) -> list[str]:
     return [e.name for e in events(path, phase, step)]
 
 
+#: variables read while the command runs, not when torch is imported: a child takes them as
+#: they are when it starts (pytest sets PYTEST_CURRENT_TEST for every test)
+_RUN_TIME_ENV = ("PYTEST_", "HOOKTRACE_")
+
+
+def _import_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if not k.startswith(_RUN_TIME_ENV)}
+
+
 class _Forks:
     """The test process's client of ``forkserver.py``: one server, started on first use, runs
     each command in a forked child; callers in several threads share it."""
@@ -71,10 +80,13 @@ class _Forks:
         self._ids = itertools.count()
         self._folder = Path(tempfile.mkdtemp(prefix="hooktrace-forks-"))
 
-    def usable(self) -> bool:
-        """Whether the server sees the environment the command would (else: a fresh process)."""
-        return os.environ.get("HOOKTRACE_TEST_NO_FORK") != "1" and (
-            self._server is None or dict(os.environ) == self._env)
+    def usable(self, env: Mapping[str, str]) -> bool:
+        """Whether a forked child can see the environment ``env`` the command needs: the child takes
+        the caller's environment, but torch read its own variables when the server imported
+        it, so any other change since then needs a fresh process."""
+        if os.environ.get("HOOKTRACE_TEST_NO_FORK") == "1":
+            return False
+        return self._server is None or _import_env(env) == _import_env(self._env)
 
     def _start(self) -> subprocess.Popen[bytes]:
         if self._server is None:
@@ -93,8 +105,8 @@ class _Forks:
             with self._lock:
                 self._done.pop(reply["id"]).put(reply)
 
-    def run(self, argv: list[str], cwd: str | os.PathLike[str] | None, timeout: float
-            ) -> subprocess.CompletedProcess[str]:
+    def run(self, argv: list[str], cwd: str | os.PathLike[str] | None, timeout: float,
+            env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
         got: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         with self._lock:
             server = self._start()
@@ -102,7 +114,8 @@ class _Forks:
             out, err = (self._folder / f"{job_id}.{n}" for n in ("out", "err"))
             self._done[job_id] = got
             job = {"id": job_id, "argv": argv, "cwd": os.fspath(cwd or os.getcwd()),
-                   "stdout": str(out), "stderr": str(err), "timeout": timeout}
+                   "env": dict(env), "stdout": str(out), "stderr": str(err),
+                   "timeout": timeout}
             assert server.stdin is not None
             server.stdin.write(json.dumps(job).encode() + b"\n")
             server.stdin.flush()
@@ -132,12 +145,15 @@ def hooktrace_cmd(*args: str | os.PathLike[str], cwd: str | os.PathLike[str] | N
 
     The command runs in a process of its own: a child forked from a server that imported torch
     once (``forkserver.py``), unless ``fresh`` (a new interpreter, for what tests the
-    interpreter's own start and end), other keyword arguments for ``subprocess.run`` (``env``,
-    ``input``) are given, or the environment changed since the server started.
+    interpreter's own start and end), other keyword arguments for ``subprocess.run`` than
+    ``env`` (``input``) are given, or a variable torch reads at import differs from the
+    server's.
     """
     argv = list(map(str, args))
-    if not fresh and not kwargs and _FORKS.usable():
-        return _FORKS.run(argv, cwd, timeout)
+    env = kwargs.get("env", os.environ)
+    assert isinstance(env, Mapping)
+    if not fresh and set(kwargs) <= {"env"} and _FORKS.usable(env):
+        return _FORKS.run(argv, cwd, timeout, env)
     return subprocess.run(
         [sys.executable, "-m", "hooktrace", *argv], cwd=cwd, capture_output=True,
         text=True, timeout=timeout, **kwargs,  # type: ignore[call-overload]
