@@ -114,8 +114,8 @@ def _runner() -> Any:
 @click.option("--rank", type=int, help="With the logs of several ranks: the rank to draw "
                                        "(default 0).")
 @click.option("-o", "--output", type=click.Path(path_type=Path),
-              help="Where to write the picture. Default: the log's name with the format's "
-                   "extension.")
+              help="Where to write the picture (replaced if it exists). Default: the log's name "
+                   "with the format's extension, never over a file hooktrace did not write.")
 @click.option("--format", "fmt", metavar="dot|svg|png|pdf",
               help="Default: the extension of -o, else svg. svg/png/pdf need Graphviz dot.")
 @click.option("--step", type=int, help="The step (backward pass) to draw. Default: the first "
@@ -248,7 +248,7 @@ def diff(a: Path, b: Path, as_json: bool, step: int | None, model: str | None, r
               help="Default: the extension of -o, else csv.")
 @click.option("-o", "--output", metavar="FILE",
               help="Where to write the rows; - for standard output. Default: the log's name "
-                   "with the format's extension.")
+                   "with the format's extension, never over a file hooktrace did not write.")
 def export(logs: tuple[Path, ...], fmt: str | None, output: str | None) -> None:
     """Write every event of LOGS as one self-describing row (model, fqn, class, phase, step,
     call, shapes, gradient statistics, NaN/Inf counts) for pandas, DuckDB, a spreadsheet or jq.
@@ -266,8 +266,8 @@ def export(logs: tuple[Path, ...], fmt: str | None, output: str | None) -> None:
 @cli.command()
 @click.argument("logs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path),
-              help="Where to write the page or picture. Default: the log's name with the "
-                   "format's extension.")
+              help="Where to write the page or picture. Default: the log's name with .html, "
+                   "or .heatmap.svg / .heatmap.png, never over a file hooktrace did not write.")
 @click.option("--format", "fmt", metavar="html|svg|png",
               help="html: the page; svg, png: the heatmap alone, as a picture (needs Graphviz "
                    "dot). Default: the extension of -o, else html.")
