@@ -64,25 +64,34 @@ class LogWriter:
             raise LogError(
                 f"{self.path} exists and is not a hooktrace log; refusing to overwrite it"
             )
-        # a log with records in the way: written beside it (hidden, no log's name) until moved
-        self._pending: Path | None = (
-            self.path.with_name(f".{self.path.name}.{os.getpid()}.new")
-            if has_records(self.path) else None)
         self.kept_previous = False  # closed without a record: the previous log was kept
+        self._pending: Path | None = None
+        self._target = self.path.resolve() if self.path.is_symlink() else self.path
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file: IO[bytes] | None = (self._pending or self.path).open(
-                "wb", buffering=_BUFFER_BYTES)
+            self._file: IO[bytes] | None = self._open_beside() if has_records(self.path) \
+                else self.path.open("wb", buffering=_BUFFER_BYTES)
         except OSError as e:
             raise LogError(f"cannot write the log {self.path}: {e.strerror or e}") from None
         self._encoder = wire.Encoder()
         _open_writers.add(self)
 
+    def _open_beside(self) -> IO[bytes]:
+        """A log with records in the way: write beside it (hidden, no log's name) until the
+        first record; where the folder takes no new file, over it as before."""
+        pending = self._target.with_name(f".{self._target.name}.{os.getpid()}.new")
+        try:
+            f = pending.open("wb", buffering=_BUFFER_BYTES)
+        except OSError:
+            return self.path.open("wb", buffering=_BUFFER_BYTES)
+        self._pending = pending
+        return f
+
     def _move_over(self) -> None:
         """The first record after the header: the new log takes the previous one's place."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            os.replace(pending, self.path)
+            os.replace(pending, self._target)  # a link to the log stays a link
 
     def write(self, record: Any) -> None:
         if self._file is not None:

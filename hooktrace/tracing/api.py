@@ -97,7 +97,10 @@ class Trace:
             self._writer.close()
         except LogWriteError as e:
             self._write_failed(e)
-        if self._capture and not self._writer.kept_previous:
+        if self._writer.kept_previous:
+            print(f"hooktrace: this run recorded nothing: the log of an earlier run is kept at "
+                  f"{self.path} (this run's empty log was dropped)", file=sys.stderr)
+        elif self._capture:
             self._capture.prepare()  # no captures of an earlier run beside this run's log
         return self.end
 

@@ -80,9 +80,7 @@ def _summary(session: Trace) -> None:
     if end is None:
         return
     if session.kept_previous:
-        print(f"hooktrace: this run recorded nothing: the log of an earlier run is kept at "
-              f"{session.path} (this run's empty log was dropped)", file=sys.stderr)
-        return
+        return  # said by the session
     dropped = f", {end.dropped} more not written (--max-events)" if end.dropped else ""
     captured = (f", {plural(end.captured, 'tensor file')} in {capture_dir(session.path)}"
                 if end.captured else "")

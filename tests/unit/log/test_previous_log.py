@@ -63,3 +63,11 @@ def test_has_records(tmp_path: Path) -> None:
     assert has_records(path)
     path.write_bytes(b"model,fqn\n1,2\n")
     assert not has_records(path)  # not a log
+
+
+def test_a_link_to_the_log_stays_a_link(tmp_path: Path) -> None:
+    real, link = tmp_path / "real.jsonl", tmp_path / "log.jsonl"
+    write_log(real, RECORDS)
+    link.symlink_to(real)
+    write_log(link, [RECORDS[0]])
+    assert link.is_symlink() and real.read_bytes() == HEADER_LINE + lines(RECORDS[0])
