@@ -58,4 +58,5 @@ def misplaced(target: Target, options: Collection[str]) -> str | None:
     what = "the module" if target.as_module else "the script"
     return (f"{', '.join(given)} came after {target.name}, so {what} got "
             f"{'it' if len(given) == 1 else 'them'}, not hooktrace; hooktrace's own options go "
-            f"before {what}: hooktrace run {' '.join(given)} ... {target.name}")
+            f"before {what}: hooktrace run {' '.join(given)} ... "
+            f"{'-m ' if target.as_module else ''}{target.name}")

@@ -126,3 +126,13 @@ def test_without_torch_run_says_what_to_install(tmp_path: Path) -> None:
 def test_a_missing_script_is_reported_before_torch_is_imported(tmp_path: Path) -> None:
     result = hooktrace_fresh("run", "nope.py", cwd=tmp_path, env=_without_torch(tmp_path))
     assert _one_error_line(result) == "hooktrace: error: no such script: nope.py\n"
+
+
+def test_the_line_for_a_module_names_it_with_m() -> None:
+    from hooktrace.tracing.target import Target, misplaced
+
+    own = {"-o", "--output", "--steps"}
+    assert misplaced(Target("pkg.train", ["--output=x", "-o", "y"], True), own) == (
+        "--output, -o came after pkg.train, so the module got them, not hooktrace; hooktrace's "
+        "own options go before the module: hooktrace run --output -o ... -m pkg.train")
+    assert misplaced(Target("t.py", ["--lr", "0.1", "out.jsonl"]), own) is None
