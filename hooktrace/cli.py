@@ -77,14 +77,36 @@ def run(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[
         capture: tuple[str, ...], capture_max_mb: int, strict: bool, ops: tuple[str, ...],
         target: str, args: tuple[str, ...]) -> None:
     """Run the python script TARGET with ARGS, recording every module call to a log."""
-    from hooktrace.tracing import runner  # imports torch: only this command needs it
+    from hooktrace.tracing.target import Target, check_target, misplaced, set_path
 
     options = TraceOptions(include=include, exclude=exclude, steps=Steps.parse(steps),
                            max_events=max_events, stats=not no_stats, watch=not no_watch,
                            break_on_nan=break_on == "nan", capture=capture,
                            capture_max_mb=capture_max_mb, strict=strict, ops=ops,
                            run="module" if as_module else "script")
-    sys.exit(runner.run(runner.Target(target, args, as_module), output, options))
+    traced = Target(target, args, as_module)
+    set_path(traced)
+    check_target(traced, output)  # before torch is imported: seconds sooner
+    runner = _runner()
+    code = runner.run(traced, output, options)
+    own = {name for p in click.get_current_context().command.params
+           if isinstance(p, click.Option) for name in (*p.opts, *p.secondary_opts)}
+    if code != 0 and (line := misplaced(traced, own)):
+        click.echo(f"hooktrace: {line}", err=True)
+    sys.exit(code)
+
+
+def _runner() -> Any:
+    """The runner module, which imports torch: only ``run`` needs it."""
+    try:
+        from hooktrace.tracing import runner
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] != "torch":
+            raise
+        raise _UserError(f"run needs PyTorch, which this Python ({sys.executable}) cannot "
+                         "import: pip install torch (any build), or "
+                         "pip install 'hooktrace[torch]'") from None
+    return runner
 
 
 @cli.command()
@@ -92,8 +114,8 @@ def run(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[
 @click.option("--rank", type=int, help="With the logs of several ranks: the rank to draw "
                                        "(default 0).")
 @click.option("-o", "--output", type=click.Path(path_type=Path),
-              help="Where to write the picture. Default: the log's name with the format's "
-                   "extension.")
+              help="Where to write the picture (replaced if it exists). Default: the log's name "
+                   "with the format's extension, never over a file hooktrace did not write.")
 @click.option("--format", "fmt", metavar="dot|svg|png|pdf",
               help="Default: the extension of -o, else svg. svg/png/pdf need Graphviz dot.")
 @click.option("--step", type=int, help="The step (backward pass) to draw. Default: the first "
@@ -226,7 +248,7 @@ def diff(a: Path, b: Path, as_json: bool, step: int | None, model: str | None, r
               help="Default: the extension of -o, else csv.")
 @click.option("-o", "--output", metavar="FILE",
               help="Where to write the rows; - for standard output. Default: the log's name "
-                   "with the format's extension.")
+                   "with the format's extension, never over a file hooktrace did not write.")
 def export(logs: tuple[Path, ...], fmt: str | None, output: str | None) -> None:
     """Write every event of LOGS as one self-describing row (model, fqn, class, phase, step,
     call, shapes, gradient statistics, NaN/Inf counts) for pandas, DuckDB, a spreadsheet or jq.
@@ -244,8 +266,8 @@ def export(logs: tuple[Path, ...], fmt: str | None, output: str | None) -> None:
 @cli.command()
 @click.argument("logs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path),
-              help="Where to write the page or picture. Default: the log's name with the "
-                   "format's extension.")
+              help="Where to write the page or picture. Default: the log's name with .html, "
+                   "or .heatmap.svg / .heatmap.png, never over a file hooktrace did not write.")
 @click.option("--format", "fmt", metavar="html|svg|png",
               help="html: the page; svg, png: the heatmap alone, as a picture (needs Graphviz "
                    "dot). Default: the extension of -o, else html.")

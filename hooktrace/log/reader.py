@@ -45,6 +45,22 @@ def is_hooktrace_log(path: Path) -> bool:
     return isinstance(d, dict) and d.get("type") == "header"
 
 
+def has_records(path: Path) -> bool:
+    """True when ``path`` is a hooktrace log with a record besides its header and end record:
+    the log of a run that recorded something. Reads two lines."""
+    try:
+        with path.open("rb") as f:
+            first, second = f.readline(MAX_LINE_BYTES), f.readline(MAX_LINE_BYTES)
+    except OSError:
+        return False
+    try:
+        header, d = orjson.loads(first), orjson.loads(second)
+    except orjson.JSONDecodeError:
+        return False
+    return (isinstance(header, dict) and header.get("type") == "header" and isinstance(d, dict)
+            and d.get("type") != "end")
+
+
 class LogNames:
     """What a log's records name: each model, each module's class, where each class's
     ``forward`` is defined. ``take`` each record of a pass."""

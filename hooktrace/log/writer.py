@@ -1,8 +1,12 @@
-"""Writing logs: a line-atomic writer.
+"""Writing logs: a line-atomic writer that never loses the previous log to a run that records
+nothing.
 
 The writer emits whole lines only and is flushed by the tracer at least once per step, so a log
 cut off by kill -9 is valid up to its last whole line. A forked child (a DataLoader worker) never
-writes its parent's buffer twice.
+writes its parent's buffer twice. Where a log with records is in the way, the new log is written
+beside it and moved over it when its first record after the header comes (the open file
+survives the rename), so a run killed later still leaves its own partial log, and a run that
+records nothing leaves the previous log where it was.
 """
 
 from __future__ import annotations
@@ -14,9 +18,9 @@ from typing import IO, Any
 
 import orjson
 
-from hooktrace.log import wire
+from hooktrace.log import schema, wire
 from hooktrace.log.errors import LogError, LogWriteError
-from hooktrace.log.reader import is_hooktrace_log
+from hooktrace.log.reader import has_records, is_hooktrace_log
 
 _BUFFER_BYTES = 1 << 20
 
@@ -60,17 +64,41 @@ class LogWriter:
             raise LogError(
                 f"{self.path} exists and is not a hooktrace log; refusing to overwrite it"
             )
+        self.kept_previous = False  # closed without a record: the previous log was kept
+        self._pending: Path | None = None
+        self._target = self.path.resolve() if self.path.is_symlink() else self.path
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file: IO[bytes] | None = self.path.open("wb", buffering=_BUFFER_BYTES)
+            self._file: IO[bytes] | None = self._open_beside() if has_records(self.path) \
+                else self.path.open("wb", buffering=_BUFFER_BYTES)
         except OSError as e:
             raise LogError(f"cannot write the log {self.path}: {e.strerror or e}") from None
         self._encoder = wire.Encoder()
         _open_writers.add(self)
 
+    def _open_beside(self) -> IO[bytes]:
+        """A log with records in the way: write beside it (hidden, no log's name) until the
+        first record; where the folder takes no new file, over it as before."""
+        pending = self._target.with_name(f".{self._target.name}.{os.getpid()}.new")
+        try:
+            f = pending.open("wb", buffering=_BUFFER_BYTES)
+        except OSError:
+            return self.path.open("wb", buffering=_BUFFER_BYTES)
+        self._pending = pending
+        return f
+
+    def _move_over(self) -> None:
+        """The first record after the header: the new log takes the previous one's place."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            os.replace(pending, self._target)  # a link to the log stays a link
+
     def write(self, record: Any) -> None:
         if self._file is not None:
             try:
+                if self._pending is not None and not isinstance(record,
+                                                                (schema.Header, schema.End)):
+                    self._move_over()
                 for d in self._encoder.wire(record):
                     self._file.write(orjson.dumps(d, option=orjson.OPT_APPEND_NEWLINE))
             except OSError as e:
@@ -97,8 +125,11 @@ class LogWriter:
     def detach(self) -> None:
         """Forget the file without writing (a forked child must not touch the parent's log)."""
         self._file = None
+        self._pending = None
 
     def close(self) -> None:
+        """Close the log; written beside a previous log and nothing recorded: dropped, and the
+        previous log kept (``kept_previous``)."""
         if self._file is not None:
             f, self._file = self._file, None
             try:
@@ -108,3 +139,7 @@ class LogWriter:
                 raise LogWriteError(f"cannot write the log {self.path}: "
                                     f"{e.strerror or e}") from None
         _open_writers.discard(self)
+        if self._pending is not None:
+            self._pending.unlink(missing_ok=True)
+            self._pending = None
+            self.kept_previous = True

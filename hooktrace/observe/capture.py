@@ -57,11 +57,19 @@ class Capture:
         self._bytes = 0
         self.files = 0
         self.full = False
+        self._prepared = False
+        if self.dir.exists() and not (self.dir / _MARKER).exists():
+            raise HooktraceError(
+                f"{self.dir} exists and was not made by hooktrace; refusing to write into it")
+
+    def prepare(self) -> None:
+        """An empty folder for this run's captures: those of an earlier run of the same log go
+        at the first save (a run that records nothing leaves them beside the log it keeps)."""
+        if self._prepared:
+            return
+        self._prepared = True
         if self.dir.exists():
-            if not (self.dir / _MARKER).exists():
-                raise HooktraceError(
-                    f"{self.dir} exists and was not made by hooktrace; refusing to write into it")
-            shutil.rmtree(self.dir)  # the captures of an earlier run of the same log
+            shutil.rmtree(self.dir)
         self.dir.mkdir(parents=True)
         (self.dir / _MARKER).write_text("tensors captured by hooktrace run --capture\n")
 
@@ -80,6 +88,7 @@ class Capture:
                   f"{step}; later calls are not captured", file=sys.stderr)
             return
         self._bytes += size
+        self.prepare()
         folder = self.dir / f"step{step}"
         folder.mkdir(exist_ok=True)
         data: dict[str, Any] = {"model": model, "module": fqn, "step": step, "call": call}

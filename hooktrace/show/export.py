@@ -25,6 +25,7 @@ from hooktrace.log.errors import HooktraceError
 from hooktrace.log.reader import LogNames, LogReader
 from hooktrace.log.words import plural
 from hooktrace.show.graph import depth_of
+from hooktrace.show.owned import default_output
 from hooktrace.show.render.text import shape_text
 
 FORMATS = ("csv", "jsonl")
@@ -212,6 +213,19 @@ class Exported:
         return f"{where}: {plural(self.rows, 'row')} ({self.format})"
 
 
+def _exported(head: bytes) -> bool:
+    """Whether a file starts as an export does: its header row (csv), or a first row with its
+    columns in their order (jsonl)."""
+    first = head.split(b"\n", 1)[0]
+    if first.decode("utf-8", "replace").startswith(",".join(NAMES[:5]) + ","):
+        return True
+    try:
+        row = orjson.loads(first)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(row, dict) and tuple(row)[:5] == NAMES[:5]
+
+
 def _output(logs: Sequence[Path], fmt: str | None, output: Path | None) -> tuple[str, Path]:
     suffix = output.suffix.lstrip(".").lower() if output else ""
     chosen = (fmt or (suffix if suffix in FORMATS else "") or "csv").lower()
@@ -222,6 +236,7 @@ def _output(logs: Sequence[Path], fmt: str | None, output: Path | None) -> tuple
         if path.exists() and os.path.samefile(path, log):
             raise HooktraceError(f"refusing to write the export over the log {log}; "
                                  "give another output path")
+    path = output or default_output(path, _exported)
     if path.is_dir():
         raise HooktraceError(f"{path} is a directory; give a file name for the export")
     return chosen, path

@@ -97,7 +97,18 @@ class Trace:
             self._writer.close()
         except LogWriteError as e:
             self._write_failed(e)
+        if self._writer.kept_previous:
+            print(f"hooktrace: this run recorded nothing: the log of an earlier run is kept at "
+                  f"{self.path} (this run's empty log was dropped)", file=sys.stderr)
+        elif self._capture:
+            self._capture.prepare()  # no captures of an earlier run beside this run's log
         return self.end
+
+    @property
+    def kept_previous(self) -> bool:
+        """The run recorded nothing, and the log with records that was at ``path`` is kept
+        (this run's empty log is dropped)."""
+        return self._writer is not None and self._writer.kept_previous
 
     def _write_failed(self, error: LogWriteError) -> None:
         """The log could not be finished: say so once, unless strict, where it is raised."""

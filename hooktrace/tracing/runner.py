@@ -12,53 +12,26 @@ import atexit
 import builtins
 import gc
 import importlib.machinery
-import importlib.util
 import os
 import runpy
 import signal
 import sys
 import types
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from hooktrace.log.errors import HooktraceError
 from hooktrace.log.options import TraceOptions
 from hooktrace.log.words import plural
 from hooktrace.log.writer import capture_dir
 from hooktrace.tracing.api import Trace
+from hooktrace.tracing.target import Target, check_target, set_path
+
+__all__ = ["Target", "run"]
 
 # frames of hooktrace (the package, above tracing/) and runpy ("<frozen runpy>" where runpy is
 # frozen): python shows none
 _RUNNER_FILES = (str(Path(__file__).parent.parent), str(Path(runpy.__file__).with_suffix("")),
                  "<frozen runpy>")
-
-
-@dataclass
-class Target:
-    name: str  # script path, or module name with as_module
-    args: Sequence[str]
-    as_module: bool = False
-
-
-def _check_target(target: Target, output: Path) -> None:
-    """Call after ``_set_path``: a module is looked up where python -m would look."""
-    if target.as_module:
-        try:
-            found = importlib.util.find_spec(target.name) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            raise HooktraceError(f"no module named {target.name}")
-        return
-    path = Path(target.name)
-    if not path.exists():
-        raise HooktraceError(f"no such script: {target.name}")
-    if path.is_dir() and not (path / "__main__.py").exists():
-        raise HooktraceError(f"{target.name} is a directory with no __main__.py")
-    if output.exists() and path.resolve() == output.resolve():
-        raise HooktraceError(f"the log would overwrite the script {target.name}; choose another -o")
 
 
 def _print_exception(e: BaseException) -> None:
@@ -67,15 +40,6 @@ def _print_exception(e: BaseException) -> None:
     while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_RUNNER_FILES):
         tb = tb.tb_next
     sys.excepthook(type(e), e.with_traceback(tb), tb)  # the hook prints e's own traceback
-
-
-def _set_path(target: Target) -> None:
-    """sys.path[0] as python sets it: the script's folder, or the current one with -m."""
-    first = os.getcwd() if target.as_module else os.path.dirname(os.path.realpath(target.name))
-    if sys.path:
-        sys.path[0] = first  # hooktrace's own entry (its bin folder, or the current folder)
-    else:
-        sys.path.insert(0, first)
 
 
 def _run_script(name: str) -> None:
@@ -115,6 +79,8 @@ def _summary(session: Trace) -> None:
     end = session.end
     if end is None:
         return
+    if session.kept_previous:
+        return  # said by the session
     dropped = f", {end.dropped} more not written (--max-events)" if end.dropped else ""
     captured = (f", {plural(end.captured, 'tensor file')} in {capture_dir(session.path)}"
                 if end.captured else "")
@@ -135,8 +101,8 @@ def _die_by(signum: int) -> None:
 
 def run(target: Target, output: Path, options: TraceOptions) -> int:
     """Run ``target`` traced; return its exit status (Ctrl-C / SIGTERM end the process)."""
-    _set_path(target)
-    _check_target(target, output)
+    set_path(target)  # again: a caller other than the command may not have
+    check_target(target, output)
     session = Trace(output, None, options, argv=[target.name, *target.args])
     session.start()
     # What is alive now (torch and hooktrace, imported; the script has not run) lives for the

@@ -171,12 +171,15 @@ def test_run_imports_sibling_module(tmp_path: Path) -> None:
 
 
 def test_run_overwrites_existing_log(tmp_path: Path, train_run: tuple[Run, Path]) -> None:
+    """A run that records something replaces the log; one that records nothing keeps it
+    (tests/commands/test_run_keeps.py)."""
     log = tmp_path / "old.jsonl"
     log.write_bytes(train_run[1].read_bytes())
-    result = hooktrace_fresh("run", "-o", log, SCRIPTS / "exit_code.py", cwd=tmp_path)
-    assert result.returncode == 3, result.stderr
-    assert events(log) == []
-    assert end_of(log).exit_code == 3
+    result = hooktrace_fresh("run", "-o", log, "--steps", "0", TRAIN, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert {e.step for e in events(log)} == {0}
+    assert LogReader(log).header.argv == [str(TRAIN)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.jsonl"]
 
 
 # -- exceptions and exit status -----------------------------------------------------------------

@@ -19,6 +19,7 @@ from hooktrace.log.errors import HooktraceError
 from hooktrace.log.words import plural
 from hooktrace.show.graph import build
 from hooktrace.show.marks import marks
+from hooktrace.show.owned import default_output, mark
 from hooktrace.show.render import dot
 from hooktrace.show.steplog import load_step
 
@@ -186,8 +187,8 @@ def write_picture(log: str | os.PathLike[str], output: str | os.PathLike[str] | 
     if out is not None:
         _refuse_log(out, log)  # before anything else: the clearest message for this mistake
     chosen = _format(fmt, out)
-    out = out or log.with_suffix(f".{chosen}")
-    _refuse_log(out, log)  # a log named x.svg
+    _refuse_log(out or log.with_suffix(f".{chosen}"), log)  # a log named x.svg
+    out = out or default_output(log.with_suffix(f".{chosen}"))
     result = picture(log, step=step, model=model, depth=depth, phase=phase, findings=findings,
                      every_call=every_call, ops=ops)
     if chosen == "dot":
@@ -196,8 +197,8 @@ def write_picture(log: str | os.PathLike[str], output: str | os.PathLike[str] | 
         try:
             data = result.pipe(chosen)
         except dot.DotMissingError as e:
-            dot_file = out.with_suffix(".dot")
+            dot_file = default_output(out.with_suffix(".dot"))
             write_file(dot_file, result.source.encode("utf-8"), log)
             raise dot.DotMissingError(f"wrote {dot_file} only: {e}") from None
-    write_file(out, data, log)
+    write_file(out, mark(data, chosen), log)
     return Written(out, chosen, result)

@@ -23,6 +23,7 @@ from hooktrace.log.errors import HooktraceError
 from hooktrace.log.words import plural
 from hooktrace.show.graph import grad_output_norm
 from hooktrace.show.marks import Box
+from hooktrace.show.owned import MARK
 from hooktrace.show.picture import Cluster, Edge, Node, NodeKey, View
 from hooktrace.show.render.ops import inside_box
 from hooktrace.show.render.text import printable, shapes_text
@@ -260,7 +261,7 @@ def to_dot(view: View, marks: Mapping[Box, Sequence[Finding]] | None = None) -> 
     g = graphviz.Digraph("hooktrace", graph_attr={
         "rankdir": "TB", "newrank": "true", "fontname": _FONT, "fontsize": "11",
         "labelloc": "t", "labeljust": "l", "label": _title(view), "nodesep": "0.25",
-        "ranksep": "0.3"})
+        "ranksep": "0.3", "comment": MARK})
     g.attr("node", shape="box", style="rounded,filled", fontname=_FONT, fontsize="10",
            margin="0.1,0.04", penwidth="0.8")
     g.attr("edge", fontname=_FONT, fontsize="8", arrowsize="0.6", penwidth="0.8")

@@ -22,6 +22,7 @@ from hooktrace.check.report import where
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.reader import LogReader
 from hooktrace.log.words import plural
+from hooktrace.show.owned import default_output, mark
 from hooktrace.show.render import write_file
 from hooktrace.show.render.dot import run_dot
 from hooktrace.show.view.data import RunData, gather
@@ -153,19 +154,22 @@ def write_view(logs: Sequence[str | os.PathLike[str]], output: str | os.PathLike
                fmt: str | None = None, values: str = "grad_output", rank: int | None = None,
                every_call: bool = False) -> Viewed:
     """``hooktrace view``: the page (html) or the heatmap picture (svg, png) of ``logs`` into
-    ``output`` (default: the first log's name with the format's extension)."""
+    ``output`` (default: the first log's name with .html, or .heatmap.svg / .heatmap.png; a
+    default name never replaces a file hooktrace did not write)."""
     out = Path(output) if output is not None else None
     suffix = out.suffix.lstrip(".").lower() if out else ""
     chosen = (fmt or (suffix if suffix in FORMATS else "") or "html").lower()
     if chosen not in FORMATS:
         raise HooktraceError(f"unknown format {chosen!r}; choose one of {', '.join(FORMATS)}")
     paths = expand(logs)
-    out = out or paths[0].with_suffix(f".{chosen}")
+    # the heatmap alone is not the page, nor render's picture: a name of its own
+    out = out or default_output(paths[0].with_suffix(
+        ".html" if chosen == "html" else f".heatmap.{chosen}"))
     if chosen == "html":
         text, warnings = view_page(logs, rank, every_call)
         data = text.encode("utf-8")
     else:
         picture = heatmap_picture(logs, values, rank)
         data, warnings = picture.pipe(chosen), picture.warnings
-    write_file(out, data, paths[0])
+    write_file(out, mark(data, chosen), paths[0])
     return Viewed(out, chosen, len(data), warnings)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from hooktrace.check.findings import NOTE, Finding
 from hooktrace.log.words import plural
 from hooktrace.show.graph import depth_of
+from hooktrace.show.owned import MARK
 from hooktrace.show.picture import ModuleKey
 from hooktrace.show.render.dot import norm_text
 from hooktrace.show.view.data import Cell, RunData
@@ -233,7 +234,8 @@ def to_dot(heat: Heatmap) -> str:
              + "".join(rows) + "</TABLE>")
     legend_table = ('<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="2" CELLPADDING="1">'
                     + legend + "</TABLE>")
-    return ("digraph heatmap {\n\tgraph [rankdir=LR fontname=Helvetica]\n"
+    return ("digraph heatmap {\n\tgraph [rankdir=LR fontname=Helvetica "
+            f'comment="{MARK}"]\n'
             "\tnode [shape=plaintext fontname=Helvetica fontsize=9]\n"
             f"\theat [label=<{table}>]\n\tlegend [label=<{legend_table}>]\n"
             "\theat -> legend [style=invis]\n}\n")

@@ -358,9 +358,9 @@ def test_writer_refuses_a_directory(tmp_path: Path) -> None:
 def test_writer_overwrites_a_log(tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
     write_log(path, RECORDS)
-    write_log(path, [schema.End(status="ok")])
-    assert path.read_bytes() == HEADER_LINE + lines(schema.End(status="ok"))
-    assert read_all(path)[1] == [schema.End(status="ok")]
+    write_log(path, [RECORDS[0], schema.End(status="ok")])
+    assert path.read_bytes() == HEADER_LINE + lines(RECORDS[0], schema.End(status="ok"))
+    assert read_all(path)[1] == [RECORDS[0], schema.End(status="ok")]
 
 
 def test_writer_overwrites_a_cut_off_log_and_an_empty_file(tmp_path: Path) -> None:
