@@ -11,6 +11,15 @@ import pytest
 from helpers import Traced, hooktrace_cmd
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``pytest -n`` each test process, and every run it starts, computes with one
+    intra-op thread: one process per core already fills the cores, and two spinning OpenMP
+    threads per process on a shared 2-core machine made steps up to 13x slower (measured with
+    densenet121 in the healthy sweep)."""
+    if hasattr(config, "workerinput"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
 @pytest.fixture
 def log_path(tmp_path: Path) -> Path:
     return tmp_path / "trace.jsonl"
