@@ -64,6 +64,7 @@ class Trace:
             rank=rank, local_rank=_env_int("LOCAL_RANK", 0),
             world_size=world_size, hostname=socket.gethostname(),
             started=round(time.time(), 3), options=self._options.to_header(), dataflow=True,
+            eager=True,
         ))
         self._writer.flush()
         capture = (Capture(self.path, self._options.capture, self._options.capture_max_mb * 2**20)
@@ -91,6 +92,7 @@ class Trace:
             error=tracer.describe(error) if error else None,
             dropped=tracer.dropped or None, tracer_error=tracer.error,
             captured=self._capture.files if self._capture else None,
+            backward=tracer.backward_calls or None, compiled=tracer.compiled or None,
         )
         try:
             self._writer.write(self.end)
