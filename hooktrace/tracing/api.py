@@ -49,6 +49,10 @@ class Trace:
         return self._tracer.events if self._tracer else 0
 
     @property
+    def models(self) -> int:
+        return self._tracer.models if self._tracer else 0
+
+    @property
     def steps(self) -> int:
         return self._tracer.steps if self._tracer else 0
 

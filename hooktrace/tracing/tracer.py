@@ -66,6 +66,11 @@ class Tracer:
         return self._loss_graph.calls if self._loss_graph else 0
 
     @property
+    def models(self) -> int:
+        """The models named so far."""
+        return self._naming.models if self._naming else 0
+
+    @property
     def compiled(self) -> int:
         """Frames ``torch.compile`` compiled while tracing ran."""
         return self._eager.compiled if self._eager else 0

@@ -2,11 +2,12 @@
 tied head, AdamW. Prints each step's loss, then torch._dynamo's counters as one JSON line.
 
     compiled_train.py [--how model|method|function|eager] [--backend aot_eager|inductor]
-                      [--steps N] [--bug detach]
+                      [--steps N] [--bug detach] [--model gpt|mlp]
 
 ``--how model``: ``torch.compile(model)``; ``method``: ``model.compile()``; ``function``: a
 compiled training-step function that calls the model; ``eager``: not compiled. ``--bug
-detach``: the attention's output is ``.detach()``ed inside the compiled model.
+detach``: the attention's output is ``.detach()``ed inside the compiled model. ``--model mlp``:
+an embedding and an MLP instead (compiles faster).
 """
 
 import argparse
@@ -22,6 +23,7 @@ parser.add_argument("--how", default="model", choices=["model", "method", "funct
 parser.add_argument("--backend", default="aot_eager")
 parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--bug", choices=["detach"])
+parser.add_argument("--model", default="gpt", choices=["gpt", "mlp"])
 args = parser.parse_args()
 
 VOCAB, BLOCK, EMBED, HEADS = 32, 8, 16, 2
@@ -94,7 +96,8 @@ def counting(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):
 
 
 torch.manual_seed(0)
-model = GPT()
+model = GPT() if args.model == "gpt" else nn.Sequential(
+    nn.Embedding(VOCAB, EMBED), nn.Linear(EMBED, 4 * EMBED), nn.GELU(), nn.Linear(4 * EMBED, VOCAB))
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 run = model
 if args.how == "model":
