@@ -2,7 +2,9 @@
 
 A log with no event is never "no problems found": the one line ``log/unseen.py`` says why
 (the script's exit status and line, no ``nn.Module``, compiled code unseen, every call
-filtered out) is an error. A run whose recorded steps ran ``torch.compile``'d code eagerly
+filtered out) is an error. Not where the tracer followed backward passes of a model (the
+end record's steps) outside the steps it records: those steps were watched, and their
+anomalies are the findings. A run whose recorded steps ran ``torch.compile``'d code eagerly
 (the ``compiled-eager`` signal) gets one note saying so. Pure: a ``Collected`` in, findings out.
 """
 
@@ -21,7 +23,10 @@ _CRASHED = {"interrupted"}  # said by the crash check, as is an error other than
 
 def check_unseen(c: Collected) -> list[Finding]:
     end = c.end
-    if end is None or c.events or end.status in _CRASHED or (
+    options = c.header.options
+    followed = end is not None and end.steps and not (options.get("include")
+                                                      or options.get("exclude"))
+    if end is None or c.events or followed or end.status in _CRASHED or (
             end.status == "error" and (end.error or {}).get("type", "SystemExit")
             != "SystemExit"):
         return _eager(c)
