@@ -121,19 +121,22 @@ class EagerSteps(Observer):
         self._apply()
 
     def _apply(self) -> None:
-        """Force eager in a recorded step, the program's stance otherwise."""
+        """Force eager in a recorded step, the program's stance otherwise (put back also after
+        a refusal: tracing never leaves its stance behind)."""
         dynamo = sys.modules.get(_EVAL_FRAME)
-        if dynamo is None or self._failed:
+        if dynamo is None:
             return
         if self._finder is not None and self._finder in sys.meta_path:
             sys.meta_path.remove(self._finder)
         try:
-            if self._recorded and self._prior is None:
+            if self._recorded and self._prior is None and not self._failed:
                 self._prior = dynamo._set_stance(dynamo.DynamoStance("force_eager"))
             elif not self._recorded and self._prior is not None:
                 dynamo._set_stance(self._prior)
                 self._prior = None
         except Exception as e:  # inside a compiled region: torch refuses a change of stance
-            self._failed = True
-            print(f"hooktrace: torch.compile'd code could not be made to run eagerly in "
-                  f"recorded steps ({e}); compiled code runs unseen", file=sys.stderr)
+            if not self._failed:
+                self._failed = True
+                print(f"hooktrace: the stance of torch.compile'd code could not be changed at "
+                      f"a step's end ({e}); compiled code may run unseen in recorded steps",
+                      file=sys.stderr)
