@@ -24,7 +24,7 @@ A log is JSON Lines, UTF-8, one record per line, each with a ``"type"`` key:
 ``ops``      the tensor operations of a zoomed call (``--ops``), each with its line (``ops.py``).
 ``step``     closes a step: written when a backward pass ends.
 ``end``      last line: ``ok``, ``error`` or ``interrupted``, with counts (events, steps, the
-             ``backward()`` calls and the frames ``torch.compile`` compiled while tracing ran).
+             ``backward()`` calls and the graphs ``torch.compile`` compiled while tracing ran).
 
 Events name modules and tensor signatures by id, which keeps a log near 100 bytes per event; the
 reader resolves the ids, so the records it yields carry names and shapes.
@@ -315,7 +315,7 @@ class End:
     tracer_error: str | None = None  # the tracer failed and stopped; the script went on
     captured: int | None = None  # files written by --capture into <log>.capture/
     backward: int | None = None  # backward() calls while tracing ran (absent: none, or older)
-    compiled: int | None = None  # frames torch.compile compiled while tracing ran (absent: none)
+    compiled: int | None = None  # graphs torch.compile compiled while tracing ran (absent: none)
 
     def to_dict(self) -> dict[str, Any]:
         return _compact({

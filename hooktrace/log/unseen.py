@@ -54,7 +54,7 @@ def nothing_seen(options: dict[str, Any], end: End | None, models: int) -> str |
                 f"({plural(models, 'model')} seen): no fqn matched")
     if end.compiled:  # before --steps: compiled steps are counted only while recorded
         steps = f" (--steps {options['steps']})" if options.get("steps") else ""
-        return (f"torch.compile'd code ran ({plural(end.compiled, 'frame')} compiled) and no "
+        return (f"torch.compile'd code ran ({plural(end.compiled, 'graph')} compiled) and no "
                 f"module call in it was recorded{steps}")
     if models and options.get("steps"):
         return (f"no step that --steps {options['steps']} selects ran: the run completed "

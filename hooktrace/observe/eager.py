@@ -10,7 +10,7 @@ happens there, not in step 0).
 
 ``torch._dynamo`` takes 1.5 s to import: the stance is set when the program imports it
 (``torch.compile`` and every optimizer step do), never by hooktrace first. Also counted for the
-end record: the frames ``torch.compile`` compiled while tracing ran (``End.compiled``). A stance
+end record: the graphs ``torch.compile`` compiled while tracing ran (``End.compiled``). A stance
 that cannot be set is said in one line; the program goes on, its compiled code unseen.
 """
 
@@ -34,11 +34,13 @@ _EVAL_FRAME = "torch._dynamo.eval_frame"
 _FRAMES = 64  # frames looked up from a model call for torch.compile's wrapper
 
 
-def _dynamo_frames() -> int:
-    """Frames torch.compile has compiled in this process (0 before torch._dynamo is loaded)."""
+def _dynamo_graphs() -> int:
+    """Graphs torch.compile has compiled in this process (0 before torch._dynamo is loaded):
+    ``fullgraph=True`` counts no frame, and a frame of hooktrace's own hooks compiles to no
+    graph (docs/tracing.md, Compiled models)."""
     utils = sys.modules.get("torch._dynamo.utils")
     counters = getattr(utils, "counters", None)
-    return int(counters["frames"]["ok"]) if counters is not None else 0
+    return int(counters["stats"]["unique_graphs"]) if counters is not None else 0
 
 
 def _then(run: Callable[[ModuleType], None], then: Callable[[], None]
@@ -83,7 +85,7 @@ class EagerSteps(Observer):
         self._prior: Any = None  # the program's stance while ours is in force
         self._said = False
         self._failed = False
-        self._frames = _dynamo_frames()
+        self._graphs = _dynamo_graphs()
         self._finder: _OnImport | None = None
         if _EVAL_FRAME in sys.modules:
             self._apply()
@@ -93,8 +95,8 @@ class EagerSteps(Observer):
 
     @property
     def compiled(self) -> int:
-        """Frames torch.compile compiled since tracing began."""
-        return _dynamo_frames() - self._frames
+        """Graphs torch.compile compiled since tracing began."""
+        return _dynamo_graphs() - self._graphs
 
     def model_call(self, module: nn.Module, info: ModInfo, step: int) -> None:
         if self._said or self._prior is None:

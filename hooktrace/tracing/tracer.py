@@ -73,7 +73,7 @@ class Tracer:
 
     @property
     def compiled(self) -> int:
-        """Frames ``torch.compile`` compiled while tracing ran."""
+        """Graphs ``torch.compile`` compiled while tracing ran."""
         return self._eager.compiled if self._eager else 0
 
     @property

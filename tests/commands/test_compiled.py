@@ -2,17 +2,19 @@
 ``hooktrace run`` subprocesses.
 
 A tiny nanoGPT-shaped model (``scripts/compiled_train.py``: embeddings, causal attention, MLP,
-tied head, AdamW) compiled three ways (``torch.compile(model)``, ``model.compile()``, a compiled
-function calling the model): its recorded steps have the eager run's events (names, order,
-shapes), its losses are the untraced run's, and the steps after the recorded ones ran the
-compiled graph (the script counts the compiled graph's calls through its backend). A
-``.detach()`` inside the compiled model is named. Most cases compile with ``aot_eager`` (fast
-on a CPU); one with inductor. Then the runs nothing was seen in: a script that exits in
-argument parsing, one without an ``nn.Module``, a compiled model run only in unrecorded steps.
+tied head, AdamW) compiled three ways (``torch.compile(model)``, ``model.compile()`` with
+``fullgraph=True, dynamic=True``, a compiled function calling the model): its recorded steps
+have the eager run's events (names, order, shapes), its losses are the untraced run's, and
+the steps after the recorded ones ran the compiled graph (the script counts the compiled
+graph's calls through its backend). A ``.detach()`` inside the compiled model is named. Most
+cases compile with ``aot_eager`` (fast on a CPU); one with inductor. Then the runs nothing was
+seen in: a script that exits in argument parsing, one without an ``nn.Module``, a compiled
+model run only in unrecorded steps.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import subprocess
 import sys
@@ -41,32 +43,45 @@ def _counters(stdout: str) -> dict[str, Any]:
     return dict(json.loads(line.partition(" ")[2]))
 
 
-def _plain(*args: str) -> subprocess.CompletedProcess[str]:
-    """The script untraced."""
-    return subprocess.run([sys.executable, str(TRAIN), *args], capture_output=True, text=True,
-                          timeout=300, check=True)
+@pytest.fixture(scope="session")
+def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+         ) -> dict[str, Any]:
+    """Each case traced and checked, and the untraced runs, two at a time: once per test run,
+    shared by the test processes of ``pytest -n`` through a folder and a lock (as ``traced``)."""
+    base = tmp_path_factory.getbasetemp()
+    tmp = (base.parent if hasattr(request.config, "workerinput") else base) / "compiled"
+    tmp.mkdir(exist_ok=True)
+    with open(tmp / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = tmp / "runs.json"
+        if not done.exists():
+            done.write_text(json.dumps(_make_runs(tmp)))
+    return {name: (tmp / f"{name}.jsonl", *(subprocess.CompletedProcess(*r) for r in result))
+            for name, result in json.loads(done.read_text()).items()}
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Each case traced and checked once, two at a time, and the untraced runs."""
-    tmp = tmp_path_factory.mktemp("compiled")
-
-    def traced(case: str, *args: str) -> tuple[Path, Any, Any]:
+def _make_runs(tmp: Path) -> dict[str, list[Any]]:
+    def traced(case: str, *args: str) -> list[Any]:
         log = tmp / f"{case}.jsonl"
-        run = hooktrace_cmd("run", "-o", log, *RECORDED, TRAIN, *args)
-        return log, run, hooktrace_cmd("check", "--json", log)
+        return [hooktrace_cmd("run", "-o", log, *RECORDED, TRAIN, *args),
+                hooktrace_cmd("check", "--json", log)]
+
+    def plain(case: str, *args: str) -> list[Any]:
+        return [subprocess.run([sys.executable, str(TRAIN), *args], capture_output=True,
+                               text=True, timeout=300, check=True)]
 
     cases: dict[str, Any] = {
-        how: (traced, how, "--how", how, "--steps", str(STEPS)) for how in HOWS}
-    cases["detach"] = (traced, "detach", "--how", "model", "--bug", "detach", "--steps", "3")
+        how: (traced, "--how", how, "--steps", str(STEPS)) for how in HOWS}
+    cases["method"] = (*cases["method"], "--fullgraph")  # fullgraph=True, dynamic=True too
+    cases["detach"] = (traced, "--how", "model", "--bug", "detach", "--steps", "3")
     inductor = ("--how", "model", "--model", "mlp", "--backend", "inductor", "--steps", "5")
-    cases["inductor"] = (traced, "inductor", *inductor)
-    cases["plain"] = (_plain, "--how", "model", "--steps", str(STEPS))
-    cases["plain-inductor"] = (_plain, *inductor)
+    cases["inductor"] = (traced, *inductor)
+    cases["plain"] = (plain, "--how", "model", "--steps", str(STEPS))
+    cases["plain-inductor"] = (plain, *inductor)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        done = {name: pool.submit(f, *args) for name, (f, *args) in cases.items()}
-        return {name: future.result() for name, future in done.items()}
+        futures = {name: pool.submit(f, name, *args) for name, (f, *args) in cases.items()}
+        return {name: [[r.args, r.returncode, r.stdout, r.stderr] for r in future.result()]
+                for name, future in futures.items()}
 
 
 def _signature(log: Path) -> list[tuple[Any, ...]]:
@@ -86,7 +101,7 @@ def test_recorded_steps_of_compiled_code_are_the_eager_runs(runs: dict[str, Any]
     assert len({e.step for e in events(log)}) == 4
     assert read_log(log)[0].eager  # type: ignore[union-attr]
     # the printed losses are the untraced compiled run's
-    assert _losses(run.stdout) == pytest.approx(_losses(runs["plain"].stdout), rel=1e-5)
+    assert _losses(run.stdout) == pytest.approx(_losses(runs["plain"][1].stdout), rel=1e-5)
     counters = _counters(run.stdout)
     assert counters["graph_calls"] == STEPS - 4  # the steps after the recorded ones: compiled
     assert counters["recompiles"] == 0
@@ -99,7 +114,7 @@ def test_recorded_steps_of_compiled_code_are_the_eager_runs(runs: dict[str, Any]
 
 
 def test_untraced_runs_compile_every_step(runs: dict[str, Any]) -> None:
-    counters = _counters(runs["plain"].stdout)
+    counters = _counters(runs["plain"][1].stdout)
     assert (counters["graph_calls"], counters["stats"]["unique_graphs"]) == (STEPS, 1)
 
 
@@ -117,10 +132,10 @@ def test_a_detach_inside_a_compiled_model_is_named(runs: dict[str, Any]) -> None
 def test_inductor_recorded_steps_eager_then_compiled(runs: dict[str, Any]) -> None:
     _, run, check = runs["inductor"]
     assert run.returncode == 0, run.stderr
-    assert _losses(run.stdout) == pytest.approx(_losses(runs["plain-inductor"].stdout),
+    assert _losses(run.stdout) == pytest.approx(_losses(runs["plain-inductor"][1].stdout),
                                                 rel=1e-5)
     assert _counters(run.stdout)["graph_calls"] == 1
-    assert _counters(runs["plain-inductor"].stdout)["graph_calls"] == 5
+    assert _counters(runs["plain-inductor"][1].stdout)["graph_calls"] == 5
     assert check.returncode == 0, check.stdout
 
 

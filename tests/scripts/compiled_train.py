@@ -2,12 +2,13 @@
 tied head, AdamW. Prints each step's loss, then torch._dynamo's counters as one JSON line.
 
     compiled_train.py [--how model|method|function|eager] [--backend aot_eager|inductor]
-                      [--steps N] [--bug detach] [--model gpt|mlp]
+                      [--steps N] [--bug detach] [--model gpt|mlp] [--fullgraph]
 
 ``--how model``: ``torch.compile(model)``; ``method``: ``model.compile()``; ``function``: a
 compiled training-step function that calls the model; ``eager``: not compiled. ``--bug
 detach``: the attention's output is ``.detach()``ed inside the compiled model. ``--model mlp``:
-an embedding and an MLP instead (compiles faster).
+an embedding and an MLP instead (compiles faster). ``--fullgraph``: compiled with
+``fullgraph=True, dynamic=True``.
 """
 
 import argparse
@@ -24,6 +25,7 @@ parser.add_argument("--backend", default="aot_eager")
 parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--bug", choices=["detach"])
 parser.add_argument("--model", default="gpt", choices=["gpt", "mlp"])
+parser.add_argument("--fullgraph", action="store_true", help="fullgraph=True, dynamic=True")
 args = parser.parse_args()
 
 VOCAB, BLOCK, EMBED, HEADS = 32, 8, 16, 2
@@ -100,10 +102,11 @@ model = GPT() if args.model == "gpt" else nn.Sequential(
     nn.Embedding(VOCAB, EMBED), nn.Linear(EMBED, 4 * EMBED), nn.GELU(), nn.Linear(4 * EMBED, VOCAB))
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 run = model
+options = {"fullgraph": True, "dynamic": True} if args.fullgraph else {}
 if args.how == "model":
-    run = torch.compile(model, backend=counting)
+    run = torch.compile(model, backend=counting, **options)
 elif args.how == "method":
-    model.compile(backend=counting)
+    model.compile(backend=counting, **options)
 
 
 def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -111,7 +114,9 @@ def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.view(-1, VOCAB), y.reshape(-1))
 
 
-step_loss = torch.compile(loss_of, backend=counting) if args.how == "function" else loss_of
+step_loss = loss_of
+if args.how == "function":
+    step_loss = torch.compile(loss_of, backend=counting, **options)
 data = torch.randint(0, VOCAB, (args.steps, 4, BLOCK + 1))
 for i in range(args.steps):
     loss = step_loss(data[i, :, :-1], data[i, :, 1:])

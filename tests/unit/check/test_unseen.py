@@ -66,7 +66,7 @@ def test_a_script_with_no_module_is_an_error(tmp_path: Path) -> None:
 
 def test_compiled_code_unseen_is_named(tmp_path: Path) -> None:
     f = only(empty_log(tmp_path / "log.jsonl", backward=3, compiled=2))
-    assert f.message == ("torch.compile'd code ran (2 frames compiled) and no module call in "
+    assert f.message == ("torch.compile'd code ran (2 graphs compiled) and no module call in "
                          "it was recorded (--steps 0:10)")
 
 
