@@ -32,6 +32,7 @@ from hooktrace.check.nonfinite import check_nonfinite
 from hooktrace.check.registered import check_loose
 from hooktrace.check.scaling import check_scaling, explain
 from hooktrace.check.trainable import drop_frozen, frozen_since, unfrozen_at
+from hooktrace.check.unseen import check_unseen
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
@@ -357,7 +358,7 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
                            or call.step != c.unfinished[0]], c.modules, thresholds)
     drop_frozen(c, flowed)
     explained = _explained(c, flowed) | set(frozen_since(c))
-    findings = [*check_crash(c), *check_nonfinite(c), *check_loop(c),
+    findings = [*check_crash(c), *check_unseen(c), *check_nonfinite(c), *check_loop(c),
                 *causes.findings(flowed, c.modules, c.models),
                 *check_no_grad(c, explained), *check_lost_gradient(c),
                 *check_magnitudes(c, thresholds, explained),

@@ -50,7 +50,9 @@ def where(f: Finding) -> str:
     """The module, model and step a finding names; a finding of no model is about the run."""
     step = f"step {f.step}" if f.step is not None else "all steps"
     if not f.model:
-        return step if f.step is not None else "before any model ran"
+        if f.step is not None:
+            return step
+        return "the whole run" if f.kind == "nothing-traced" else "before any model ran"
     return f"{f.module or '(root)'} · model '{f.model}' · {step}"
 
 

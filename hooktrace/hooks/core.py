@@ -122,7 +122,6 @@ class CallTracker:
         self._recomputed: dict[ModInfo, int] = {}
         self._seen: set[ModInfo] = set()
         self._backwards: dict[_Call, BackwardStart] = {}  # the calls whose backward this pass began
-        self._compiled_noted = False
         # the modes whose every call's backward is followed; a watched step follows only its
         # model calls' (their backward's start, the gradient reaching them, the pass's end),
         # unless --break-on nan must see each call's gradients
@@ -205,12 +204,7 @@ class CallTracker:
             stack = self._local.stack
             assert self._naming is not None
             info = self._naming.lookup(module, stack[-1][1] if stack else None)
-            if info is None:
-                if type(module).__name__ == "OptimizedModule" and not self._compiled_noted:
-                    self._compiled_noted = True
-                    print("hooktrace: a torch.compile'd model runs compiled code without module "
-                          "hooks; to trace it, run eagerly (TORCHDYNAMO_DISABLE=1)",
-                          file=sys.stderr)
+            if info is None:  # not traced (torch.compile's wrapper: its model is, inside it)
                 return None
             if self._to_module_seen and info not in self._seen:
                 self._seen.add(info)

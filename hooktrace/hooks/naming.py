@@ -283,6 +283,11 @@ class Naming:
         self._emit(schema.Model(model=index, name=unique, cls=type(module).__name__))
         return index
 
+    @property
+    def models(self) -> int:
+        """The models named so far (their ``model`` records)."""
+        return len(self._model_names)
+
     def model_name(self, model: int) -> str:
         """The name of model ``model`` (its index), as the log's model record has it."""
         return self._model_names[model]

@@ -4,6 +4,7 @@ script (with the module whose call raised it). Paths under the working directory
 from __future__ import annotations
 
 import inspect
+import linecache
 import os
 from types import TracebackType
 
@@ -48,3 +49,15 @@ def error_site(error: BaseException) -> tuple[nn.Module | None, str | None, int 
             path, line = shown(code.co_filename), tb.tb_lineno
         tb = tb.tb_next
     return module, path, line
+
+
+def source_line(error: BaseException, line: int | None) -> str:
+    """The text of the user's line ``error_site`` found (``line``), stripped; "" if unread."""
+    tb: TracebackType | None = error.__traceback__
+    found = ""
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if tb.tb_lineno == line and not is_library(code.co_filename):
+            found = linecache.getline(code.co_filename, tb.tb_lineno).strip()
+        tb = tb.tb_next
+    return found[:200]

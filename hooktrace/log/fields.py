@@ -135,7 +135,7 @@ def from_dict(d: Any) -> Record | None:
             local_rank=get(d, "local_rank", int, 0), world_size=get(d, "world_size", int, 1),
             hostname=get(d, "hostname", str, None),
             started=get(d, "started", (int, float), None), options=get(d, "options", dict, {}),
-            dataflow=get(d, "dataflow", bool, False),
+            dataflow=get(d, "dataflow", bool, False), eager=get(d, "eager", bool, False),
         )
     if kind == "model":
         return Model(model=get(d, "model", int), name=get(d, "name", str),
@@ -176,7 +176,9 @@ def from_dict(d: Any) -> Record | None:
                    exit_code=get(d, "exit_code", int, None), error=get(d, "error", dict, None),
                    dropped=get(d, "dropped", int, None),
                    tracer_error=get(d, "tracer_error", str, None),
-                   captured=get(d, "captured", int, None))
+                   captured=get(d, "captured", int, None),
+                   backward=get(d, "backward", int, None),
+                   compiled=get(d, "compiled", int, None))
     return None
 
 

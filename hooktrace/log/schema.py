@@ -23,7 +23,8 @@ A log is JSON Lines, UTF-8, one record per line, each with a ``"type"`` key:
 ``source``   where a module class's ``forward`` is defined, once per class (not torch's own).
 ``ops``      the tensor operations of a zoomed call (``--ops``), each with its line (``ops.py``).
 ``step``     closes a step: written when a backward pass ends.
-``end``      last line: ``ok``, ``error`` or ``interrupted``, with counts.
+``end``      last line: ``ok``, ``error`` or ``interrupted``, with counts (events, steps, the
+             ``backward()`` calls and the graphs ``torch.compile`` compiled while tracing ran).
 
 Events name modules and tensor signatures by id, which keeps a log near 100 bytes per event; the
 reader resolves the ids, so the records it yields carry names and shapes.
@@ -88,6 +89,10 @@ class Header:
     options: dict[str, Any] = field(default_factory=dict)
     #: forward events carry ``inputs_from`` and ``made`` (absent: a log from before them)
     dataflow: bool = False
+    #: recorded steps run ``torch.compile``'d code eagerly (``torch.compiler.set_stance
+    #: ("force_eager")`` while a step is recorded), so every module hook sees it; the other
+    #: steps run it compiled (absent: a log from before)
+    eager: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -96,6 +101,7 @@ class Header:
             "rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size,
             "hostname": self.hostname, "started": self.started, "options": self.options,
             **({"dataflow": True} if self.dataflow else {}),
+            **({"eager": True} if self.eager else {}),
         }
 
 
@@ -308,13 +314,16 @@ class End:
     # hooks stayed on: with --no-watch they are removed after the last selected step)
     tracer_error: str | None = None  # the tracer failed and stopped; the script went on
     captured: int | None = None  # files written by --capture into <log>.capture/
+    backward: int | None = None  # backward() calls while tracing ran (absent: none, or older)
+    compiled: int | None = None  # graphs torch.compile compiled while tracing ran (absent: none)
 
     def to_dict(self) -> dict[str, Any]:
         return _compact({
             "type": self.TYPE, "status": self.status, "events": self.events,
             "steps": self.steps, "exit_code": self.exit_code, "error": self.error,
             "dropped": self.dropped, "tracer_error": self.tracer_error,
-            "captured": self.captured,
+            "captured": self.captured, "backward": self.backward or None,
+            "compiled": self.compiled or None,
         })
 
 

@@ -94,7 +94,10 @@ class Signal:
       ``detail.modules``, fqns; once per optimizer;
     * ``scaled-clip``: ``clip_grad_norm_`` (``detail.max_norm``) clipped gradients that a
       scaled pass of step ``step`` left unchanged before any optimizer was unscaled
-      (``detail.modules``, fqns); once a run.
+      (``detail.modules``, fqns); once a run;
+    * ``compiled-eager``: the model call ``name`` of recorded step ``step`` ran inside
+      ``torch.compile``'d code, run eagerly while the step was recorded (``Header.eager``);
+      the steps not recorded ran it compiled; once a run.
     """
 
     TYPE: ClassVar[str] = "signal"
@@ -106,7 +109,8 @@ class Signal:
                                         "trainable-changed", "lr-collapsed", "weight-decay",
                                         "loss-scale", "nonfinite-weights",
                                         "updates-rounded", "grad-zeros", "loss-ops",
-                                        "loss-scaled", "scaled-step", "scaled-clip")
+                                        "loss-scaled", "scaled-step", "scaled-clip",
+                                        "compiled-eager")
     step: int
     model: int
     name: str

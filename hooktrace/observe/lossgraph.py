@@ -171,6 +171,7 @@ class LossGraph(Observer):
         self._emit = emit
         self._mode = mode  # the current step's mode
         self._on = True
+        self.calls = 0  # backward() calls while tracing ran (with module calls or without)
         self._trained: set[int] = set()  # models with parameters
         self._scaler: weakref.ref[Any] | None = None
         self._looks = 0
@@ -207,6 +208,7 @@ class LossGraph(Observer):
     def _wrap_backward(self, original: Callable[..., None]) -> Callable[..., None]:
         @functools.wraps(original)
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> None:
+            self.calls += 1
             if self._on and self._mode() is Mode.RECORDED and _graph_task() == -1 \
                     and not _is_compiling():
                 self._look(tensors)

@@ -49,6 +49,10 @@ class Trace:
         return self._tracer.events if self._tracer else 0
 
     @property
+    def models(self) -> int:
+        return self._tracer.models if self._tracer else 0
+
+    @property
     def steps(self) -> int:
         return self._tracer.steps if self._tracer else 0
 
@@ -64,6 +68,7 @@ class Trace:
             rank=rank, local_rank=_env_int("LOCAL_RANK", 0),
             world_size=world_size, hostname=socket.gethostname(),
             started=round(time.time(), 3), options=self._options.to_header(), dataflow=True,
+            eager=True,
         ))
         self._writer.flush()
         capture = (Capture(self.path, self._options.capture, self._options.capture_max_mb * 2**20)
@@ -91,6 +96,7 @@ class Trace:
             error=tracer.describe(error) if error else None,
             dropped=tracer.dropped or None, tracer_error=tracer.error,
             captured=self._capture.files if self._capture else None,
+            backward=tracer.backward_calls or None, compiled=tracer.compiled or None,
         )
         try:
             self._writer.write(self.end)

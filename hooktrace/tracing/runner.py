@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 
 from hooktrace.log.options import TraceOptions
+from hooktrace.log.unseen import nothing_seen
 from hooktrace.log.words import plural
 from hooktrace.log.writer import capture_dir
 from hooktrace.tracing.api import Trace
@@ -75,7 +76,7 @@ def _exit_code(code: object) -> int:
     return 1
 
 
-def _summary(session: Trace) -> None:
+def _summary(session: Trace, options: TraceOptions) -> None:
     end = session.end
     if end is None:
         return
@@ -85,10 +86,11 @@ def _summary(session: Trace) -> None:
     captured = (f", {plural(end.captured, 'tensor file')} in {capture_dir(session.path)}"
                 if end.captured else "")
     stopped = " (tracing stopped early, see above)" if end.tracer_error else ""
+    why = nothing_seen(options.to_header(), end, session.models)
+    then = (f"nothing traced: {why}" if why else
+            f"next: hooktrace render {session.path}; hooktrace check {session.path}")
     print(f"hooktrace: {plural(end.events, 'event')}, {plural(end.steps, 'step')}{dropped}"
-          f"{captured}{stopped} -> "
-          f"{session.path}\nhooktrace: next: hooktrace render {session.path}; "
-          f"hooktrace check {session.path}", file=sys.stderr)
+          f"{captured}{stopped} -> {session.path}\nhooktrace: {then}", file=sys.stderr)
 
 
 def _die_by(signum: int) -> None:
@@ -112,7 +114,7 @@ def run(target: Target, output: Path, options: TraceOptions) -> int:
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
         session.stop("interrupted", exit_code=-signum)
-        _summary(session)
+        _summary(session, options)
         _die_by(signum)
 
     sigterm_installed = False
@@ -127,7 +129,7 @@ def run(target: Target, output: Path, options: TraceOptions) -> int:
     except KeyboardInterrupt as e:
         _print_exception(e)
         session.stop("interrupted", e, exit_code=-signal.SIGINT)
-        _summary(session)
+        _summary(session, options)
         atexit._run_exitfuncs()
         _die_by(signal.SIGINT)
         return 130  # not reached: the signal ends the process
@@ -140,6 +142,6 @@ def run(target: Target, output: Path, options: TraceOptions) -> int:
         gc.unfreeze()
         if sigterm_installed and signal.getsignal(signal.SIGTERM) is on_sigterm:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _summary(session)
+    _summary(session, options)
     assert session.end is not None and session.end.exit_code is not None
     return session.end.exit_code

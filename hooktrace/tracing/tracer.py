@@ -1,7 +1,8 @@
 """Assembles a tracing session: the hook core and its observers, in the order they must run.
 
 ``core.py`` follows the module calls; the observers (``records.Observer``) do the rest:
-capture (``--capture``), parameter-gradient norms, watch (steps after ``--steps``), partly-zero
+capture (``--capture``), parameter-gradient norms, watch (steps after ``--steps``), compiled
+code run eagerly in recorded steps (``eager``), partly-zero
 gradients, the op zoom's records (``--ops``), the log writer (it writes what those before it
 emit after the step's events), and break on NaN/Inf (``--break-on nan``, after the writer: the
 NaN's own event is written first).
@@ -18,12 +19,13 @@ from torch import nn
 from hooktrace.hooks.core import CallTracker
 from hooktrace.hooks.naming import Naming
 from hooktrace.hooks.records import Observer
-from hooktrace.hooks.sites import error_site
+from hooktrace.hooks.sites import error_site, source_line
 from hooktrace.log.errors import plain
 from hooktrace.log.options import TraceOptions
 from hooktrace.observe.breakon import BreakOnNonfinite
 from hooktrace.observe.capture import Capture, CaptureObserver
 from hooktrace.observe.diagnose import Diagnosis
+from hooktrace.observe.eager import EagerSteps
 from hooktrace.observe.gradzeros import GradZeros
 from hooktrace.observe.halfupdates import HalfUpdates
 from hooktrace.observe.lossgraph import LossGraph
@@ -56,6 +58,23 @@ class Tracer:
         self._stats = Stats(self._options.break_on_nan) if self._options.stats else None
         self._core = CallTracker(self._options)
         self._naming: Naming | None = None
+        self._eager: EagerSteps | None = None
+        self._loss_graph: LossGraph | None = None
+
+    @property
+    def backward_calls(self) -> int:
+        """``backward()`` calls while tracing ran, seen with module calls or without."""
+        return self._loss_graph.calls if self._loss_graph else 0
+
+    @property
+    def models(self) -> int:
+        """The models named so far."""
+        return self._naming.models if self._naming else 0
+
+    @property
+    def compiled(self) -> int:
+        """Graphs ``torch.compile`` compiled while tracing ran."""
+        return self._eager.compiled if self._eager else 0
 
     @property
     def steps(self) -> int:
@@ -92,7 +111,10 @@ class Tracer:
         observers.append(Diagnosis(recorder.emit, naming.uncalled))
         observers.append(LossScale(recorder.emit))
         core = self._core
-        observers.append(LossGraph(recorder.emit, lambda: core.mode))
+        self._loss_graph = LossGraph(recorder.emit, lambda: core.mode)
+        observers.append(self._loss_graph)
+        self._eager = EagerSteps(self._options.steps, recorder.emit)
+        observers.append(self._eager)
         observers.append(WeightChange(recorder.emit))
         observers.append(HalfUpdates(recorder.emit))
         if stats is not None:
@@ -115,7 +137,8 @@ class Tracer:
         """The end record's ``error``: its type and message, the module whose call raised it
         (when tracing had named it) and the line of the user's code it came through."""
         described: dict[str, Any] = {"type": type(error).__name__, "message": plain(str(error))}
-        if isinstance(error, (SystemExit, KeyboardInterrupt)):
+        if isinstance(error, KeyboardInterrupt) or (
+                isinstance(error, SystemExit) and error.code in (0, None)):
             return described  # the script chose to stop: no place to point at
         try:
             module, path, line = error_site(error)
@@ -124,6 +147,10 @@ class Tracer:
                 described.update(model=info.model, module=info.name)
             if path is not None:
                 described.update(file=path, line=line)
+                if isinstance(error, SystemExit):  # where it exited, said by check and run
+                    code = source_line(error, line)
+                    if code:
+                        described["code"] = code
         except Exception:  # a frame that cannot be read: the type and message still say it
             pass
         return described

@@ -49,11 +49,15 @@ def from_script_frame(lines: list[str], script_name: str) -> list[str]:
     raise AssertionError(f"no frame of {script_name} in:\n" + "\n".join(lines))
 
 
-def summary(events_: int, steps: int, log: str, dropped: int = 0) -> list[str]:
+def summary(events_: int, steps: int, log: str, dropped: int = 0, unseen: str = ""
+            ) -> list[str]:
+    """run's closing lines; ``unseen``: why nothing was traced, said instead of what next."""
     more = f", {dropped} more not written (--max-events)" if dropped else ""
     plural = "" if steps == 1 else "s"
+    then = (f"nothing traced: {unseen}" if unseen else
+            f"next: hooktrace render {log}; hooktrace check {log}")
     return [f"hooktrace: {events_} events, {steps} step{plural}{more} -> {log}",
-            f"hooktrace: next: hooktrace render {log}; hooktrace check {log}"]
+            f"hooktrace: {then}"]
 
 
 def end_of(path: Path) -> schema.End:
@@ -126,7 +130,7 @@ def test_run_log_events_steps_and_end(train_run: tuple[Run, Path]) -> None:
     records = read_log(log)
     assert [r for r in records if isinstance(r, schema.Step)] == [
         schema.Step(0, 4, 4), schema.Step(1, 4, 4), schema.Step(2, 4, 4)]
-    assert records[-1] == schema.End(status="ok", events=24, steps=3, exit_code=0)
+    assert records[-1] == schema.End(status="ok", events=24, steps=3, exit_code=0, backward=3)
     reader = LogReader(log)
     list(reader)
     assert reader.warnings == []
@@ -146,7 +150,8 @@ def test_run_default_output_and_argv_passthrough(tmp_path: Path) -> None:
         f"file {SCRIPTS / 'show_argv.py'}",
         "main True",
     ]
-    assert result.stderr.splitlines() == summary(0, 0, "hooktrace.jsonl")
+    assert result.stderr.splitlines() == summary(0, 0, "hooktrace.jsonl", unseen=(
+        "the script finished without calling any nn.Module: nothing to check"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hooktrace.jsonl"]
     header = read_log(tmp_path / "hooktrace.jsonl")[0]
     assert isinstance(header, schema.Header)
@@ -200,7 +205,8 @@ def test_exception_traceback_and_exit_code_as_python(raise_runs: tuple[Run, Run,
     assert expected[-1] == "ValueError: bad value 42"
     assert len(expected) == 7  # three frames of two lines, then the exception
     assert from_script_frame(script_stderr(traced.stderr), "raise_error.py") == expected
-    assert traced.stderr.splitlines()[-2:] == summary(0, 0, "log.jsonl")
+    assert traced.stderr.splitlines()[-2:] == summary(0, 0, "log.jsonl", unseen=(
+        f"the script stopped with ValueError before any model ran ({RAISE}:5)"))
 
 
 def test_exception_traceback_has_no_hooktrace_or_runpy_frames(
@@ -229,7 +235,9 @@ def test_sys_exit_code(tmp_path: Path) -> None:
     plain = python(SCRIPTS / "exit_code.py")
     assert traced.returncode == plain.returncode == 3
     assert traced.stdout == plain.stdout == "exiting with 3\n"
-    assert traced.stderr.splitlines() == summary(0, 0, "log.jsonl")
+    assert traced.stderr.splitlines() == summary(0, 0, "log.jsonl", unseen=(
+        f"the script exited with status 3 before any model ran "
+        f"({SCRIPTS / 'exit_code.py'}:4: sys.exit(3))"))
     end = end_of(tmp_path / "log.jsonl")
     assert (end.status, end.exit_code) == ("error", 3)
     assert end.error is not None and end.error["type"] == "SystemExit"
@@ -241,9 +249,13 @@ def test_sys_exit_message(tmp_path: Path) -> None:
     assert traced.returncode == plain.returncode == 1
     assert traced.stdout == plain.stdout == "exiting with a message\n"
     assert plain.stderr == "bye\n"
-    assert traced.stderr.splitlines() == ["bye", *summary(0, 0, "log.jsonl")]
+    exited = f"{SCRIPTS / 'exit_message.py'}:4"
+    assert traced.stderr.splitlines() == ["bye", *summary(0, 0, "log.jsonl", unseen=(
+        f"the script exited with status 1 before any model ran ({exited}: sys.exit(\"bye\"))"))]
     assert end_of(tmp_path / "log.jsonl") == schema.End(
-        status="error", exit_code=1, error={"type": "SystemExit", "message": "bye"})
+        status="error", exit_code=1, error={
+            "type": "SystemExit", "message": "bye", "file": str(SCRIPTS / "exit_message.py"),
+            "line": 4, "code": 'sys.exit("bye")'})
 
 
 @pytest.fixture(scope="module")
@@ -288,7 +300,7 @@ def test_module_mode_relative_import(tmp_path: Path) -> None:
     assert isinstance(header, schema.Header) and header.argv[1:] == ["q", "r"]
     assert [e.name for e in events(log, "forward")] == ["0", "1", "2", ""]
     assert [e.name for e in events(log, "backward")] == ["", "2", "1", "0"]
-    assert end_of(log) == schema.End(status="ok", events=8, steps=1, exit_code=0)
+    assert end_of(log) == schema.End(status="ok", events=8, steps=1, exit_code=0, backward=1)
 
 
 def test_module_mode_package_main(tmp_path: Path) -> None:
@@ -344,7 +356,8 @@ def test_include_exclude_filters(tmp_path: Path, flag: str, pattern: str,
     assert len(events(log)) == 4 * len(expected)
     header = read_log(log)[0]
     assert isinstance(header, schema.Header) and header.options[flag[2:]] == [pattern]
-    assert end_of(log) == schema.End(status="ok", events=4 * len(expected), steps=2, exit_code=0)
+    assert end_of(log) == schema.End(status="ok", events=4 * len(expected), steps=2, exit_code=0,
+                                     backward=2)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,51 @@
+"""A run hooktrace did not see, and compiled code it saw run eagerly.
+
+A log with no event is never "no problems found": the one line ``log/unseen.py`` says why
+(the script's exit status and line, no ``nn.Module``, compiled code unseen, every call
+filtered out) is an error. Not where the tracer followed backward passes of a model (the
+end record's steps) outside the steps it records: those steps were watched, and their
+anomalies are the findings. A run whose recorded steps ran ``torch.compile``'d code eagerly
+(the ``compiled-eager`` signal) gets one note saying so. Pure: a ``Collected`` in, findings out.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hooktrace.check.findings import ERROR, NOTE, Finding
+from hooktrace.log.unseen import nothing_seen
+
+if TYPE_CHECKING:
+    from hooktrace.check.collected import Collected
+
+_CRASHED = {"interrupted"}  # said by the crash check, as is an error other than SystemExit
+
+
+def check_unseen(c: Collected) -> list[Finding]:
+    end = c.end
+    options = c.header.options
+    followed = end is not None and end.steps and not (options.get("include")
+                                                      or options.get("exclude"))
+    if end is None or c.events or followed or end.status in _CRASHED or (
+            end.status == "error" and (end.error or {}).get("type", "SystemExit")
+            != "SystemExit"):
+        return _eager(c)
+    why = nothing_seen(c.header.options, end, len(c.models))
+    if why is None:
+        return []
+    return [Finding(
+        "nothing-traced", ERROR, "", "", None, why,
+        {"exit_code": end.exit_code, "backward": end.backward or 0,
+         "compiled": end.compiled or 0, "models": len(c.models)},
+        "nothing was checked: run the script to where its model trains (hooktrace run "
+        "script.py ARGS)")]
+
+
+def _eager(c: Collected) -> list[Finding]:
+    first = next((s for s in c.signals if s.kind == "compiled-eager"), None)
+    if first is None:
+        return []
+    return [Finding(
+        "compiled-eager", NOTE, c.model_name(first.model), first.name, None,
+        "recorded steps ran torch.compile'd code eagerly (torch.compiler.set_stance"
+        "(\"force_eager\")), so every module call was seen; the other steps ran it compiled")]

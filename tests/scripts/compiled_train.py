@@ -1,0 +1,134 @@
+"""A tiny nanoGPT-shaped model trained compiled: embeddings, causal self-attention, an MLP, a
+tied head, AdamW. Prints each step's loss, then torch._dynamo's counters as one JSON line.
+
+    compiled_train.py [--how model|method|function|eager] [--backend aot_eager|inductor]
+                      [--steps N] [--bug detach] [--model gpt|mlp] [--fullgraph]
+
+``--how model``: ``torch.compile(model)``; ``method``: ``model.compile()``; ``function``: a
+compiled training-step function that calls the model; ``eager``: not compiled. ``--bug
+detach``: the attention's output is ``.detach()``ed inside the compiled model. ``--model mlp``:
+an embedding and an MLP instead (compiles faster). ``--fullgraph``: compiled with
+``fullgraph=True, dynamic=True``.
+"""
+
+import argparse
+import json
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--how", default="model", choices=["model", "method", "function", "eager"])
+parser.add_argument("--backend", default="aot_eager")
+parser.add_argument("--steps", type=int, default=4)
+parser.add_argument("--bug", choices=["detach"])
+parser.add_argument("--model", default="gpt", choices=["gpt", "mlp"])
+parser.add_argument("--fullgraph", action="store_true", help="fullgraph=True, dynamic=True")
+args = parser.parse_args()
+
+VOCAB, BLOCK, EMBED, HEADS = 32, 8, 16, 2
+
+
+class Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(EMBED, 3 * EMBED)
+        self.proj = nn.Linear(EMBED, EMBED)
+        self.register_buffer("mask", torch.tril(torch.ones(BLOCK, BLOCK)).view(1, 1, BLOCK, BLOCK))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(EMBED, dim=2)
+        q, k, v = (z.view(b, t, HEADS, c // HEADS).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
+        att = att.masked_fill(self.mask[:, :, :t, :t] == 0, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
+        return self.proj(y)
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(EMBED)
+        self.attn = Attention()
+        self.ln_2 = nn.LayerNorm(EMBED)
+        self.mlp = nn.Sequential(nn.Linear(EMBED, 4 * EMBED), nn.GELU(),
+                                 nn.Linear(4 * EMBED, EMBED))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.attn(self.ln_1(x))
+        if args.bug == "detach":
+            a = a.detach()  # the bug: no gradient reaches ln_1 and attn
+        x = x + a
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(VOCAB, EMBED)
+        self.wpe = nn.Embedding(BLOCK, EMBED)
+        self.h = nn.ModuleList([Block(), Block()])
+        self.ln_f = nn.LayerNorm(EMBED)
+        self.lm_head = nn.Linear(EMBED, VOCAB, bias=False)
+        self.wte.weight = self.lm_head.weight  # tied
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.size(1))
+        x = self.wte(idx) + self.wpe(pos)
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+graph_calls = [0]  # calls of the compiled graphs: the steps that ran compiled
+
+
+def counting(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):
+    from torch._dynamo import lookup_backend
+
+    compiled = lookup_backend(args.backend)(gm, example_inputs)
+
+    def run(*inputs):
+        graph_calls[0] += 1
+        return compiled(*inputs)
+    return run
+
+
+torch.manual_seed(0)
+model = GPT() if args.model == "gpt" else nn.Sequential(
+    nn.Embedding(VOCAB, EMBED), nn.Linear(EMBED, 4 * EMBED), nn.GELU(), nn.Linear(4 * EMBED, VOCAB))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+run = model
+options = {"fullgraph": True, "dynamic": True} if args.fullgraph else {}
+if args.how == "model":
+    run = torch.compile(model, backend=counting, **options)
+elif args.how == "method":
+    model.compile(backend=counting, **options)
+
+
+def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    logits = run(x)
+    return F.cross_entropy(logits.view(-1, VOCAB), y.reshape(-1))
+
+
+step_loss = loss_of
+if args.how == "function":
+    step_loss = torch.compile(loss_of, backend=counting, **options)
+data = torch.randint(0, VOCAB, (args.steps, 4, BLOCK + 1))
+for i in range(args.steps):
+    loss = step_loss(data[i, :, :-1], data[i, :, 1:])
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    print(f"step {i} loss {loss.item():.6f}")
+
+counters = {}
+if args.how != "eager":
+    from torch._dynamo.utils import counters as dynamo
+
+    counters = {"frames": dict(dynamo["frames"]), "stats": dict(dynamo["stats"]),
+                "recompiles": sum(dynamo["recompiles"].values()), "graph_calls": graph_calls[0]}
+print("counters " + json.dumps(counters, sort_keys=True))
