@@ -150,6 +150,8 @@ def hooktrace_cmd(*args: str | os.PathLike[str], cwd: str | os.PathLike[str] | N
     server's.
     """
     argv = list(map(str, args))
+    if kwargs.get("env", os.environ) is None:  # subprocess's default: this process's
+        del kwargs["env"]
     env = kwargs.get("env", os.environ)
     assert isinstance(env, Mapping)
     if not fresh and set(kwargs) <= {"env"} and _FORKS.usable(env):
