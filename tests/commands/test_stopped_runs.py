@@ -130,12 +130,15 @@ def test_an_exit_status_the_script_chose_is_a_run_that_finished(tmp_path: Path) 
 
 
 def test_exit_before_any_model_ran(tmp_path: Path) -> None:
+    """A script that exits non-zero before any model ran is not a stopped run, and nothing was
+    seen: one nothing-traced error with its status and line, never "No problems found"."""
     log = tmp_path / "exit.jsonl"
     ran = hooktrace_fresh("run", "-o", log, SCRIPTS / "exit_code.py")
     assert ran.returncode == 3
     code, findings, text = _check(log)
-    assert code == 0, text
-    assert not [f for f in findings if f["kind"] == "stopped"]
+    assert code == 1, text
+    assert [(f["kind"], f["severity"]) for f in findings] == [("nothing-traced", "error")]
+    assert "exited with status 3 before any model ran" in findings[0]["message"]
 
 
 def test_a_crash_before_any_model_ran_says_so(tmp_path: Path) -> None:
