@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-from helpers import Traced, hooktrace_cmd
+from helpers import Shared, Traced, hooktrace_cmd
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -26,29 +29,45 @@ def log_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def traced(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Traced:
-    """A real ``hooktrace run`` of a script, made once per test run: every test that asks for
-    the same script, arguments, options and folder reads the same log (read it, never change
-    it; what the script printed is beside it, ``LOG.stdout``; ``status``: the exit status the
-    run must end with). The test processes of one
-    ``pytest -n`` run share the logs through a folder and a lock.
-    """
+def shared(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Shared:
+    """``shared(name, make)``: what ``make(folder)`` returns (JSON), made once per test run in
+    ``folder``, its own. The test processes of one ``pytest -n`` run share it through the folder
+    and a lock: the first to ask makes it, the others wait and read it."""
     base = tmp_path_factory.getbasetemp()
-    folder = (base.parent if hasattr(request.config, "workerinput") else base) / "traced"
-    folder.mkdir(exist_ok=True)
+    root = base.parent if hasattr(request.config, "workerinput") else base
 
+    def once(name: str, make: Callable[[Path], Any]) -> Any:
+        folder = root / "shared" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        made = folder / ".made.json"
+        with open(folder / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not made.exists():
+                made.write_text(json.dumps(make(folder)))
+        return json.loads(made.read_text())
+
+    return once
+
+
+@pytest.fixture(scope="session")
+def traced(shared: Shared) -> Traced:
+    """A real ``hooktrace run`` of a script, made once per test run (``shared``): every test
+    that asks for the same script, arguments, options and folder reads the same log (read it,
+    never change it; what the script printed is beside it, ``LOG.stdout``; ``status``: the exit
+    status the run must end with)."""
     def trace(script: str | os.PathLike[str], *args: str, options: tuple[str, ...] = (),
               cwd: str | os.PathLike[str] | None = None, status: int = 0) -> Path:
         key = "\0".join([os.fspath(script), *args, "--", *options, os.fspath(cwd or "")])
         name = f"{Path(script).stem}-{hashlib.sha1(key.encode()).hexdigest()[:12]}"
-        log = folder / f"{name}.jsonl"
-        with open(folder / f"{name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not log.with_suffix(".stdout").exists():
-                result = hooktrace_cmd("run", "-o", log, *options, script, *args, cwd=cwd)
-                assert result.returncode == status, result.stderr
-                log.with_suffix(".stdout").write_text(result.stdout)
-        return log
+
+        def run(folder: Path) -> str:
+            log = folder / f"{name}.jsonl"
+            result = hooktrace_cmd("run", "-o", log, *options, script, *args, cwd=cwd)
+            assert result.returncode == status, result.stderr
+            log.with_suffix(".stdout").write_text(result.stdout)
+            return str(log)
+
+        return Path(shared(f"traced/{name}", run))
 
     return trace
 

@@ -27,6 +27,9 @@ GOLDEN = ROOT / "tests" / "golden"
 #: the ``traced`` fixture (conftest.py): ``traced(script, *args, options=(...), cwd=...)`` is
 #: the log of that real ``hooktrace run``, made once per test run
 Traced = Callable[..., Path]
+#: the ``shared`` fixture: ``shared(name, make)`` is ``make(folder)``'s JSON result, made once
+#: per test run for every test process
+Shared = Callable[[str, Callable[[Path], Any]], Any]
 
 
 def assert_golden(name: str, text: str) -> None:

@@ -14,7 +14,6 @@ model run only in unrecorded steps.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import events, hooktrace_cmd, read_log
+from helpers import Shared, events, hooktrace_cmd, read_log
 
 from hooktrace.log import schema
 
@@ -44,20 +43,13 @@ def _counters(stdout: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-         ) -> dict[str, Any]:
-    """Each case traced and checked, and the untraced runs, two at a time: once per test run,
-    shared by the test processes of ``pytest -n`` through a folder and a lock (as ``traced``)."""
-    base = tmp_path_factory.getbasetemp()
-    tmp = (base.parent if hasattr(request.config, "workerinput") else base) / "compiled"
-    tmp.mkdir(exist_ok=True)
-    with open(tmp / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        done = tmp / "runs.json"
-        if not done.exists():
-            done.write_text(json.dumps(_make_runs(tmp)))
-    return {name: (tmp / f"{name}.jsonl", *(subprocess.CompletedProcess(*r) for r in result))
-            for name, result in json.loads(done.read_text()).items()}
+def runs(shared: Shared) -> dict[str, Any]:
+    """Each case traced and checked, and the untraced runs, two at a time: once per test run
+    (``shared``)."""
+    made = shared("compiled", _make_runs)
+    return {name: (Path(made["folder"]) / f"{name}.jsonl",
+                   *(subprocess.CompletedProcess(*r) for r in result))
+            for name, result in made["runs"].items()}
 
 
 def _make_runs(tmp: Path) -> dict[str, list[Any]]:
@@ -80,8 +72,9 @@ def _make_runs(tmp: Path) -> dict[str, list[Any]]:
     cases["plain-inductor"] = (plain, *inductor)
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {name: pool.submit(f, name, *args) for name, (f, *args) in cases.items()}
-        return {name: [[r.args, r.returncode, r.stdout, r.stderr] for r in future.result()]
-                for name, future in futures.items()}
+        return {"folder": str(tmp), "runs": {
+            name: [[r.args, r.returncode, r.stdout, r.stderr] for r in future.result()]
+            for name, future in futures.items()}}
 
 
 def _signature(log: Path) -> list[tuple[Any, ...]]:
