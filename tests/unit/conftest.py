@@ -1,5 +1,5 @@
 """The unit tier: no torch, no subprocess. Its tests read logs written with the log's own writer
-or the real logs checked in under ``logs/`` (``logs/make.py`` rewrites them).
+or the real logs checked in under ``logs/`` (``unit.logs.LOGS``; ``logs/make.py`` rewrites them).
 
 Run alone (``pytest tests/unit``), importing torch, torchvision or numpy fails the test that
 does it: the readers promise to work without them, and this tier stays fast.
@@ -16,7 +16,6 @@ from types import ModuleType
 import pytest
 
 UNIT = Path(__file__).resolve().parent
-LOGS = UNIT / "logs"
 FORBIDDEN = ("torch", "torchvision", "numpy")
 
 
@@ -39,10 +38,3 @@ def pytest_configure(config: pytest.Config) -> None:
     if _unit_only(config):
         assert not any(m in sys.modules for m in FORBIDDEN), "imported before the unit tier"
         sys.meta_path.insert(0, _NoHeavyImports())
-
-
-def unit_log(name: str) -> Path:
-    """The checked-in log ``logs/NAME.jsonl``."""
-    path = LOGS / f"{name}.jsonl"
-    assert path.exists(), f"no {path.name}: python tests/unit/logs/make.py {name}"
-    return path

@@ -14,8 +14,7 @@ from hooktrace.check.checklog import run_checks
 from hooktrace.check.findings import NOTE, SEVERITY_ORDER
 from hooktrace.check.report import to_json, to_text
 from hooktrace.cli import cli
-
-LOGS = Path(__file__).resolve().parents[1] / "logs"
+from unit.logs import LOGS
 
 Found = tuple[str, str, str, str, int | None]  # kind, severity, model, module, step
 

@@ -14,9 +14,9 @@ from hooktrace.diff.compare import diff
 from hooktrace.diff.report import to_text
 from hooktrace.log import schema
 from hooktrace.log.errors import HooktraceError
+from unit.logs import LOGS
 from unit.show.handlog import Builder, chain
 
-LOGS = Path(__file__).resolve().parents[1] / "logs"
 NAMES = ["fc1", "act", "fc2"]
 
 

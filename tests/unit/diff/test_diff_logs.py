@@ -21,8 +21,8 @@ from hooktrace.diff.report import to_json, to_text
 from hooktrace.log import schema
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.reader import LogReader
+from unit.logs import LOGS
 
-LOGS = Path(__file__).resolve().parents[1] / "logs"
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "diff.md"
 WITH_EVENTS = sorted(p.stem for p in LOGS.glob("*.jsonl") if p.stem != "crash")
 

@@ -22,8 +22,7 @@ from hooktrace.log.align import (
 )
 from hooktrace.log.decoder import BackwardRows, ForwardRows
 from hooktrace.log.reader import LogReader
-
-LOGS = Path(__file__).resolve().parents[1] / "logs"
+from unit.logs import LOGS
 
 
 def walk(name: str) -> Walk:

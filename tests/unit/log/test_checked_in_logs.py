@@ -19,8 +19,8 @@ from hooktrace.log import schema
 from hooktrace.log.options import Steps
 from hooktrace.log.reader import LogReader
 from hooktrace.log.wire import Encoder
+from unit.logs import LOGS
 
-LOGS = Path(__file__).resolve().parents[1] / "logs"
 ROOT = Path(__file__).resolve().parents[3]
 NAMES = sorted(p.stem for p in LOGS.glob("*.jsonl"))
 #: the header's facts about the machine, made constant by logs/make.py

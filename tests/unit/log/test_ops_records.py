@@ -19,8 +19,8 @@ from hooktrace.log.reader import LogReader
 from hooktrace.log.schema import SchemaError
 from hooktrace.log.wire import Encoder
 from hooktrace.log.writer import LogWriter
+from unit.logs import LOGS
 
-LOGS = Path(__file__).resolve().parents[1] / "logs"
 ROOT = Path(__file__).resolve().parents[3]
 WITH_OPS = ["ops", "detached", "dead_relu", "nan_layer", "diff_nan"]
 

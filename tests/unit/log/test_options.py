@@ -15,8 +15,7 @@ from hooktrace.log.errors import HooktraceError
 from hooktrace.log.options import DEFAULT_MAX_EVENTS, DEFAULT_STEPS, Steps, TraceOptions
 from hooktrace.log.reader import LogReader
 from hooktrace.log.writer import LogWriter
-
-LOGS = Path(__file__).resolve().parents[1] / "logs"
+from unit.logs import LOGS
 
 
 def selected(steps: Steps, upto: int = 200) -> list[int]:

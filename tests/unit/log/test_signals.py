@@ -16,8 +16,8 @@ from hooktrace.log.fields import from_dict
 from hooktrace.log.reader import LogReader
 from hooktrace.log.signals import VIEW_OPS, Signal
 from hooktrace.log.writer import LogWriter
+from unit.logs import LOGS
 
-LOGS = Path(__file__).resolve().parents[1] / "logs"
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "schema.md"
 
 

@@ -14,8 +14,8 @@ from click.testing import CliRunner, Result
 
 from hooktrace.cli import cli
 from hooktrace.show.owned import mark, marked
+from unit.logs import LOGS
 
-LOGS = Path(__file__).resolve().parents[1] / "logs"
 MINE = b"mine, by hand\n"
 
 

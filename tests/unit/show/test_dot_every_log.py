@@ -13,9 +13,9 @@ import pytest
 from hooktrace.log import schema
 from hooktrace.log.reader import LogReader
 from hooktrace.show.render import Picture, picture, write_picture
+from unit.logs import LOGS
 from unit.show.dotparse import Dot, parse
 
-LOGS = Path(__file__).resolve().parents[1] / "logs"
 ALL = sorted(p.stem for p in LOGS.glob("*.jsonl"))
 DRAWN = [name for name in ALL if name != "crash"]  # crash.jsonl has no events
 EXTRA = {"legend", "backward start"}  # the DOT nodes that are not calls

@@ -23,9 +23,9 @@ from hooktrace.log import schema
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.reader import LogReader
 from hooktrace.show.export import NAMES, write_rows
+from unit.logs import LOGS
 from unit.show.handlog import Builder, chain
 
-LOGS = Path(__file__).resolve().parents[1] / "logs"
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "reading.md"
 ALL = sorted(p.stem for p in LOGS.glob("*.jsonl"))
 INTS = {"rank", "seq", "step", "depth", "call", "forward_seq", "output_nan", "output_inf",

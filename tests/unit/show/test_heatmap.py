@@ -29,10 +29,10 @@ from hooktrace.show.view.heatmap import (
     to_dot,
     to_html,
 )
+from unit.logs import LOGS
 from unit.show.dotparse import parse
 from unit.show.handlog import Builder, chain
 
-LOGS = Path(__file__).resolve().parents[1] / "logs"
 DRAWN = sorted(p.stem for p in LOGS.glob("*.jsonl") if p.stem != "crash")
 NO_GRAD_FILL, NO_GRAD_TEXT = MARKS["no-grad"][0], MARKS["no-grad"][1]
 

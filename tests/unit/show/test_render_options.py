@@ -16,9 +16,9 @@ from hooktrace.cli import cli
 from hooktrace.log.errors import HooktraceError, LogError
 from hooktrace.show.render import picture, render, write_picture
 from hooktrace.show.steplog import SelectionError
+from unit.logs import LOGS
 from unit.show.dotparse import Dot, parse
 
-LOGS = Path(__file__).resolve().parents[1] / "logs"
 EXTRA = {"legend", "backward start"}
 OUTLINE = "#c00000"
 

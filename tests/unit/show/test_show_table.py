@@ -18,8 +18,8 @@ from hooktrace.log import schema
 from hooktrace.log.reader import LogReader
 from hooktrace.show.render.edges import show_edges
 from hooktrace.show.render.text import show
+from unit.logs import LOGS
 
-LOGS = Path(__file__).resolve().parents[1] / "logs"
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "reading.md"
 DRAWN = sorted(p.stem for p in LOGS.glob("*.jsonl") if p.stem != "crash")
 FOOTER = ("shapes: forward input -> output; backward grad_output -> grad_input (- where no "
