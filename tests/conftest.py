@@ -71,13 +71,3 @@ def traced(shared: Shared) -> Traced:
 
     return trace
 
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under ``pytest -n`` (``--dist loadgroup``), the tests of a module that makes its runs once
-    in a module-scoped fixture go to one test process together, so the runs are made once; every
-    other test goes wherever a process is free."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is not None and any(d.scope == "module" for defs in
-                                    info.name2fixturedefs.values() for d in defs):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))

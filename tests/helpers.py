@@ -81,7 +81,7 @@ class _Forks:
         self._lock = threading.Lock()
         self._done: dict[int, queue.SimpleQueue[dict[str, Any]]] = {}
         self._ids = itertools.count()
-        self._folder = Path(tempfile.mkdtemp(prefix="hooktrace-forks-"))
+        self._folder = Path()  # made with the server, removed with it
 
     def usable(self, env: Mapping[str, str]) -> bool:
         """Whether a forked child can see the environment ``env`` the command needs: the child takes
@@ -94,6 +94,7 @@ class _Forks:
     def _start(self) -> subprocess.Popen[bytes]:
         if self._server is None:
             self._env = dict(os.environ)
+            self._folder = Path(tempfile.mkdtemp(prefix="hooktrace-forks-"))
             self._server = subprocess.Popen(
                 [sys.executable, str(Path(__file__).with_name("forkserver.py"))],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -135,7 +136,7 @@ class _Forks:
         if self._server is not None and self._server.stdin is not None:
             self._server.stdin.close()
             self._server.wait(timeout=60)
-        shutil.rmtree(self._folder, ignore_errors=True)
+            shutil.rmtree(self._folder, ignore_errors=True)
 
 
 _FORKS = _Forks()
@@ -176,17 +177,35 @@ def hooktrace_fresh(*args: str | os.PathLike[str], **kwargs: Any
 Run = tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]
 
 
-def run_cases(tmp: Path, cases: Sequence[str], script: Callable[[str], Path]) -> dict[str, Run]:
-    """Each case traced (``hooktrace run -o TMP/CASE.jsonl SCRIPT CASE``, ``script(case)``
-    says which script) and checked (``check --json``) once, two at a time: each run is mostly
-    torch's import."""
-    def run(case: str) -> Run:
-        log = tmp / f"{case}.jsonl"
-        return (hooktrace_cmd("run", "-o", log, script(case), case),
-                hooktrace_cmd("check", "--json", log))
+class Cases(dict[str, Run]):
+    """The runs of ``run_cases`` by case; ``folder`` holds their logs (``CASE.jsonl``)."""
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(cases, pool.map(run, cases), strict=True))
+    def __init__(self, folder: Path, runs: Mapping[str, Run]) -> None:
+        super().__init__(runs)
+        self.folder = folder
+
+
+def run_cases(shared: Shared, name: str, cases: Sequence[str],
+              script: Callable[[str], Path]) -> Cases:
+    """Each case traced (``hooktrace run -o FOLDER/CASE.jsonl SCRIPT CASE``, ``script(case)``
+    says which script) and checked (``check --json``) once per test run, whichever test process
+    asks first (``shared`` under ``cases/NAME``), two at a time: each run is mostly torch's
+    import."""
+    def run(folder: Path, case: str) -> list[list[Any]]:
+        log = folder / f"{case}.jsonl"
+        done = (hooktrace_cmd("run", "-o", log, script(case), case),
+                hooktrace_cmd("check", "--json", log))
+        return [[list(map(str, r.args)), r.returncode, r.stdout, r.stderr] for r in done]
+
+    def make(folder: Path) -> dict[str, Any]:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            runs = pool.map(lambda case: run(folder, case), cases)
+            return {"folder": str(folder), "runs": dict(zip(cases, runs, strict=True))}
+
+    made = shared(f"cases/{name}", make)
+    return Cases(Path(made["folder"]), {
+        case: (subprocess.CompletedProcess(*traced), subprocess.CompletedProcess(*checked))
+        for case, (traced, checked) in made["runs"].items()})
 
 
 def run_findings(run: Run) -> tuple[int, list[dict[str, Any]]]:

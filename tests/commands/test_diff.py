@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, hooktrace_cmd
+from helpers import ROOT, Shared, hooktrace_cmd
 
 from commands.test_multirank import _torchrun
 
@@ -30,17 +30,20 @@ AGREE_34 = """\
 
 
 @pytest.fixture(scope="module")
-def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("diff")
+def logs(shared: Shared) -> Path:
+    """The runs of ``RUNS``, made once per test run (the diffs only read them)."""
+    def make(folder: Path) -> str:
+        def run(name: str, args: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+            options = ("--no-stats", "--steps", "0:3") if name == "nostats" else ()
+            return hooktrace_cmd("run", "-o", f"{name}.jsonl", *options, SCRIPT, *args,
+                                 cwd=folder)
 
-    def run(name: str, args: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
-        options = ("--no-stats", "--steps", "0:3") if name == "nostats" else ()
-        return hooktrace_cmd("run", "-o", f"{name}.jsonl", *options, SCRIPT, *args, cwd=folder)
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            for result in pool.map(run, *zip(*{**RUNS, "nostats": ()}.items(), strict=True)):
+                assert result.returncode == 0, result.stderr
+        return str(folder)
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        for result in pool.map(run, *zip(*{**RUNS, "nostats": ()}.items(), strict=True)):
-            assert result.returncode == 0, result.stderr
-    return folder
+    return Path(shared("diff", make))
 
 
 def diff(folder: Path, *args: str) -> tuple[int, str]:

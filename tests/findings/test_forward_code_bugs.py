@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Run, problems, run_cases, run_findings
+from helpers import Cases, Run, Shared, problems, run_cases, run_findings
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "blind_model.py"
 
@@ -39,9 +39,9 @@ CASES = [*BUGS, *HEALTHY]
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+def runs(shared: Shared) -> Cases:
     """Every case traced and checked once, two at a time (each run is mostly torch's import)."""
-    return run_cases(tmp_path_factory.mktemp("blind_model"), CASES, lambda case: SCRIPT)
+    return run_cases(shared, "blind_model", CASES, lambda case: SCRIPT)
 
 
 @pytest.mark.parametrize("case", sorted(BUGS))

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Run, problems, run_cases, run_findings
+from helpers import Cases, Run, Shared, problems, run_cases, run_findings
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "blind_bugs.py"
 
@@ -41,9 +41,9 @@ CASES = [*BUGS, *HEALTHY]
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+def runs(shared: Shared) -> Cases:
     """Every case traced and checked once, two at a time (each run is mostly torch's import)."""
-    return run_cases(tmp_path_factory.mktemp("blind"), CASES, lambda case: SCRIPT)
+    return run_cases(shared, "blind", CASES, lambda case: SCRIPT)
 
 
 def findings(runs: dict[str, Run], case: str) -> tuple[int, list[dict[str, Any]]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Run, problems, run_cases, run_findings
+from helpers import Cases, Run, Shared, problems, run_cases, run_findings
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "blind_bugs3.py"
 
@@ -37,8 +37,8 @@ CASES = [*BUGS, *HEALTHY]
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    return run_cases(tmp_path_factory.mktemp("blind3"), CASES, lambda case: SCRIPT)
+def runs(shared: Shared) -> Cases:
+    return run_cases(shared, "blind3", CASES, lambda case: SCRIPT)
 
 
 @pytest.mark.parametrize("case", sorted(BUGS))

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Run, problems, read_log, run_cases, run_findings
+from helpers import Cases, Run, Shared, problems, read_log, run_cases, run_findings
 from torch import nn
 from torch.nn import functional as F
 
@@ -211,8 +211,8 @@ HEALTHY = [
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    return run_cases(tmp_path_factory.mktemp("lossgraph"), [*BUGS, *HEALTHY],
+def runs(shared: Shared) -> Cases:
+    return run_cases(shared, "lossgraph", [*BUGS, *HEALTHY],
                      lambda case: SCRIPT)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import hooktrace_cmd, problems, run_cases, run_findings
+from helpers import Cases, Shared, hooktrace_cmd, problems, run_cases, run_findings
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "op_bugs.py"
 SOURCE = SCRIPT.read_text().splitlines()
@@ -60,15 +60,14 @@ HEALTHY = ["ok_where_safe", "ok_distance", "ok_straight_through", "ok_mask", "ok
 
 
 @pytest.fixture(scope="module")
-def first_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    tmp = tmp_path_factory.mktemp("op_lines")
+def first_runs(shared: Shared) -> Cases:
     cases = [*FIRST_RUN, *RERUN, "inplace_clamp", *HEALTHY]
-    return {"tmp": tmp, **run_cases(tmp, cases, lambda case: SCRIPT)}
+    return run_cases(shared, "op_lines", cases, lambda case: SCRIPT)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(FIRST_RUN))
-def test_the_operation_and_its_line(first_runs: dict[str, Any], case: str) -> None:
+def test_the_operation_and_its_line(first_runs: Cases, case: str) -> None:
     _, found = run_findings(first_runs[case])
     kind, module, op, inside = FIRST_RUN[case]
     finding = the(found, kind)
@@ -95,20 +94,20 @@ def rerun(tmp: Path, command: str) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(RERUN))
-def test_a_first_nan_through_the_printed_command(first_runs: dict[str, Any], case: str) -> None:
+def test_a_first_nan_through_the_printed_command(first_runs: Cases, case: str) -> None:
     kind, module, op = RERUN[case]
     _, found = run_findings(first_runs[case])
     finding = the(found, kind)
     assert finding["module"] == module and "op" not in finding["evidence"]
     command = finding["evidence"]["rerun"]
     assert f"--ops {module} --ops '{module}.*' " in command
-    again = the(rerun(first_runs["tmp"], command), kind)
+    again = the(rerun(first_runs.folder, command), kind)
     assert at(again) == (op, line_of(case))
     assert again["evidence"]["op"]["step"] == 0
 
 
 @pytest.mark.slow
-def test_an_inplace_change_through_the_printed_command(first_runs: dict[str, Any]) -> None:
+def test_an_inplace_change_through_the_printed_command(first_runs: Cases) -> None:
     traced, checked = first_runs["inplace_clamp"]
     assert traced.returncode == 1  # the script raised, as it does untraced
     found = json.loads(checked.stdout)["findings"]
@@ -118,7 +117,7 @@ def test_an_inplace_change_through_the_printed_command(first_runs: dict[str, Any
     command = finding["evidence"]["rerun"]
     assert command.startswith("hooktrace run -o ") and " --ops mid --ops 'mid.*' " in command
     assert command.split("; ")[0].endswith(f"{shlex.quote(str(SCRIPT))} inplace_clamp")
-    again = the(rerun(first_runs["tmp"], command), "backward-error")
+    again = the(rerun(first_runs.folder, command), "backward-error")
     assert at(again) == (".clamp_()", line_of("inplace_clamp"))
     assert at(again, "changed") == ("torch.sigmoid()", line_of("inplace_sigmoid"))
     assert "changed in place the output of torch.sigmoid()" in again["message"]
@@ -126,10 +125,10 @@ def test_an_inplace_change_through_the_printed_command(first_runs: dict[str, Any
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", HEALTHY)
-def test_healthy_look_alikes_stay_silent(first_runs: dict[str, Any], case: str) -> None:
+def test_healthy_look_alikes_stay_silent(first_runs: Cases, case: str) -> None:
     status, found = run_findings(first_runs[case])
     assert (status, problems(found)) == (0, [])
-    log = first_runs["tmp"] / f"{case}.jsonl"
+    log = first_runs.folder / f"{case}.jsonl"
     assert b'"type":"ops"' not in log.read_bytes()  # nothing wrong: nothing zoomed
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Run, problems, run_cases, run_findings
+from helpers import Cases, Run, Shared, problems, run_cases, run_findings
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "blind_bugs4.py"
 
@@ -165,8 +165,8 @@ def test_the_scorecard_has_every_case_of_the_script() -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    return run_cases(tmp_path_factory.mktemp("blind4"), CASES, lambda case: SCRIPT)
+def runs(shared: Shared) -> Cases:
+    return run_cases(shared, "blind4", CASES, lambda case: SCRIPT)
 
 
 @pytest.mark.parametrize("case", sorted(BUGS))

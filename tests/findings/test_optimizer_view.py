@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import Run, events, problems, read_log, run_cases, run_findings
+from helpers import Cases, Run, Shared, events, problems, read_log, run_cases, run_findings
 from torch import nn
 from torch.nn import functional as F
 
@@ -37,8 +37,8 @@ HEALTHY = ["ok_module_list_dict", "ok_frozen_unused", "ok_dataparallel", "ok_par
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    return run_cases(tmp_path_factory.mktemp("optview"), [*BUGS, *HEALTHY], lambda _: SCRIPT)
+def runs(shared: Shared) -> Cases:
+    return run_cases(shared, "optview", [*BUGS, *HEALTHY], lambda _: SCRIPT)
 
 
 @pytest.mark.parametrize("case", sorted(BUGS))

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Run, problems, run_cases, run_findings
+from helpers import Cases, Run, Shared, problems, run_cases, run_findings
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 BLIND, LOOK_ALIKES = SCRIPTS / "blind_bugs.py", SCRIPTS / "param_signals.py"
@@ -42,12 +42,12 @@ CASES = [*BUGS, *HEALTHY, *BLIND_HEALTHY]
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+def runs(shared: Shared) -> Cases:
     """Every case traced and checked once, two at a time."""
     def script(case: str) -> Path:
         return LOOK_ALIKES if case in HEALTHY or case == "zero_grad_between" else BLIND
 
-    return run_cases(tmp_path_factory.mktemp("params"), CASES, script)
+    return run_cases(shared, "params", CASES, script)
 
 
 def findings(runs: dict[str, Run], case: str) -> tuple[int, list[dict[str, Any]]]:

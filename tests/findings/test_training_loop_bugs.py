@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Run, problems, run_cases, run_findings
+from helpers import Cases, Run, Shared, problems, run_cases, run_findings
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "blind_train.py"
 
@@ -38,9 +38,9 @@ CASES = [*BUGS, *HEALTHY, "fp16_underflow_no_scaler"]
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+def runs(shared: Shared) -> Cases:
     """Every case traced and checked once, two at a time (each run is mostly torch's import)."""
-    return run_cases(tmp_path_factory.mktemp("blind_train"), CASES, lambda case: SCRIPT)
+    return run_cases(shared, "blind_train", CASES, lambda case: SCRIPT)
 
 
 @pytest.mark.parametrize("case", sorted(BUGS))
