@@ -161,6 +161,9 @@ def render(logs: tuple[Path, ...], rank: int | None, output: Path | None, fmt: s
 @click.option("--phase", type=click.Choice(["forward", "backward", "both"]), default="both",
               show_default=True, help="The events to show.")
 @click.option("--model", metavar="NAME", help="Show this model only (as named in the log).")
+@click.option("--module", metavar="GLOB",
+              help="Show the modules whose fqn matches only, e.g. 'layer4*' ('(root)': a model's "
+                   "root).")
 @click.option("--limit", type=click.IntRange(min=0), default=100, show_default=True,
               help="Print at most this many events; 0 prints them all.")
 @click.option("--edges", is_flag=True,
@@ -169,20 +172,22 @@ def render(logs: tuple[Path, ...], rank: int | None, output: Path | None, fmt: s
                    "back along them.")
 @click.option("--depth", type=click.IntRange(min=0), metavar="D",
               help="With --edges: fold calls deeper than D, as render does.")
-def show(log: Path, step: int | None, phase: str, model: str | None, limit: int, edges: bool,
-         depth: int | None) -> None:
+def show(log: Path, step: int | None, phase: str, model: str | None, module: str | None,
+         limit: int, edges: bool, depth: int | None) -> None:
     """Print the events of one step of LOG in order, as an indented table (--edges: the
     edges of its picture)."""
     from hooktrace.show.render.text import show as show_step
 
     if depth is not None and not edges:
         raise click.UsageError("--depth folds the edges of --edges; the table has every event")
+    if module is not None and edges:
+        raise click.UsageError("--module picks rows of the table; --edges shows a whole picture")
     if edges:
         from hooktrace.show.render.edges import show_edges
 
         shown = show_edges(log, step, phase, model, depth, limit)
     else:
-        shown = show_step(log, step, None if phase == "both" else phase, model, limit)
+        shown = show_step(log, step, None if phase == "both" else phase, model, limit, module)
     for warning in shown.warnings:
         click.echo(f"hooktrace: warning: {warning}", err=True)
     click.echo(shown.text, nl=False)

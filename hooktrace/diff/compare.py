@@ -245,12 +245,15 @@ def diff(a: str | os.PathLike[str], b: str | os.PathLike[str], step: int | None 
     compare = _Comparison(report, numbers=all(stats))
     walks = (Walk(readers[0]), Walk(readers[1]))
     only: dict[str, list[int]] = {"A": [], "B": []}
+    whole: dict[str, list[int]] = {"A": [], "B": []}  # run -> the steps it finished
     cut: dict[str, int] = {}  # run -> the step it was cut off in
     known: dict[tuple[str, int, int], dict[str, str]] = {}
     for number, (in_a, in_b) in lockstep(walks, keep=lambda s: step is None or s.step == step):
         for run, records in zip("AB", (in_a, in_b), strict=True):
             if records is not None and records.cut_off:
                 cut[run] = number
+            elif records is not None:
+                whole[run].append(number)
         if in_a is None or in_b is None:
             only["A" if in_b is None else "B"].append(number)
             continue
@@ -260,7 +263,7 @@ def diff(a: str | os.PathLike[str], b: str | os.PathLike[str], step: int | None 
         _select(in_b, model)
         _rename(in_b, walks, report, known)
         compare.step(number, in_a, in_b)
-    _check_found(report, walks, step, model, only, cut)
+    _check_found(report, walks, step, model, whole, cut)
     _not_compared(report, only, cut, stats, readers)
     report.growth = compare.growth.profile()
     report.warnings = [w for r in readers for w in r.warnings]
@@ -303,7 +306,7 @@ def _implied(entry: tuple[str, str, str], known: list[tuple[str, str, str]]) -> 
 
 
 def _check_found(report: DiffReport, walks: tuple[Walk, Walk], step: int | None,
-                 model: str | None, only: dict[str, list[int]], cut: dict[str, int]) -> None:
+                 model: str | None, whole: dict[str, list[int]], cut: dict[str, int]) -> None:
     if model is not None and not any(model in w.modules for w in walks):
         have = sorted({m for w in walks for m in w.modules})
         raise HooktraceError(f"no model {model!r} in {report.a} or {report.b}; their models: "
@@ -314,8 +317,17 @@ def _check_found(report: DiffReport, walks: tuple[Walk, Walk], step: int | None,
         runs = " and ".join(run for run, at in cut.items() if at == step)
         raise HooktraceError(f"step {step} was cut off in {runs}" if runs
                              else f"step {step} is not in both logs")
-    raise HooktraceError(f"{report.a} and {report.b} have no step in common (A: steps "
-                         f"{ranges(only['A']) or 'none'}; B: {ranges(only['B']) or 'none'})")
+    steps = "; ".join(f"{run}: {_steps_of(whole[run], cut.get(run))}" for run in "AB")
+    raise HooktraceError(f"{report.a} and {report.b} have no step in common ({steps})")
+
+
+def _steps_of(whole: list[int], cut: int | None) -> str:
+    """The steps a run finished and where it was cut off, for the error of no step in common."""
+    if cut is None:
+        return f"steps {ranges(whole)}" if whole else "no step"
+    if whole:
+        return f"steps {ranges(whole)}, cut off in step {cut}"
+    return f"cut off in step {cut}, before it finished a step"
 
 
 def _not_compared(report: DiffReport, only: dict[str, list[int]], cut: dict[str, int],

@@ -465,8 +465,9 @@ def test_without_dot_writes_the_dot_file_and_exits_2(branchy_log: Path, tmp_path
                          env={**os.environ, "PATH": str(tmp_path)})  # no dot on this PATH
     assert done.returncode == 2
     assert done.stderr == (
-        f"hooktrace: error: wrote {tmp_path / 'b.dot'} only: the Graphviz `dot` program, "
-        "needed for svg, is not installed: apt-get install graphviz\n")
+        f"hooktrace: error: wrote {tmp_path / 'b.dot'} only: the Graphviz program dot, "
+        "needed for svg, is not installed: apt install graphviz, dnf install graphviz, brew "
+        "install graphviz or conda install -c conda-forge graphviz\n")
     assert (tmp_path / "b.dot").read_text(encoding="utf-8") == picture(branchy_log).source
     assert out.read_text() == "keep me"
 

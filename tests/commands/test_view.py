@@ -121,6 +121,21 @@ def test_page_in_a_real_browser(resnet18_page: Path, browser: Any) -> None:
     assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
 
 
+@pytest.mark.slow
+def test_the_graph_fits_its_pane_at_first_sight(resnet18_page: Path, browser: Any) -> None:
+    """At 1400x1000 resnet18's step is in sight whole, its title, head node, backward edges and
+    legend behind no scrollbar: the drawing scaled down to the pane."""
+    browser.get(resnet18_page.as_uri())
+    got = browser.execute_script(
+        "const box = document.getElementById('graph');"
+        "const svg = box.querySelector('svg').getBoundingClientRect();"
+        "return {scroll: [box.scrollWidth, box.scrollHeight], pane: [box.clientWidth,"
+        " box.clientHeight], svg: [svg.right, svg.bottom], window: [window.innerWidth,"
+        " window.innerHeight]};")
+    assert got["scroll"][0] <= got["pane"][0] and got["scroll"][1] <= got["pane"][1], got
+    assert got["svg"][0] <= got["window"][0] and got["svg"][1] <= got["window"][1], got
+
+
 def graph_nodes(browser: Any) -> list[str]:
     from selenium.webdriver.common.by import By
 
@@ -186,6 +201,9 @@ def test_finding_click_selects_its_step_and_cell(tmp_path: Path, browser: Any) -
     browser.get(page.as_uri())
     first = browser.find_element(By.CSS_SELECTOR, "#findings li")
     assert "[nonfinite-forward]" in first.text and "compress" in first.text
+    data = page.read_text(encoding="utf-8").split('id="data">')[1].split("</script>", 1)[0]
+    hint = json.loads(data.replace("<\\/", "</"))["findings"][0]["hint"]
+    assert hint and f"hint: {hint}" in first.text
     first.click()
     assert browser.find_element(By.ID, "step").get_attribute("value") == "3"
     hit = browser.find_elements(By.CSS_SELECTOR, "#graph g.node.hit")

@@ -11,7 +11,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TEST_COMMAND = "bash .ci/setup && .venv/bin/python -m pytest -q"
+TEST_COMMAND = "bash .ci/setup-tests && .venv/bin/python -m pytest -q"
 QUICK_START = (
     "bash .ci/setup && .venv/bin/hooktrace run samples/mnist_net.py"
     " && .venv/bin/hooktrace render hooktrace.jsonl && .venv/bin/hooktrace check hooktrace.jsonl"
@@ -133,8 +133,19 @@ def test_readme_reads_in_five_minutes() -> None:
 
 def test_readme_keeps_the_commands_ci_and_newcomers_run() -> None:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert TEST_COMMAND in text  # .ci/run runs the README's test command
+    assert TEST_COMMAND in text
     assert QUICK_START in text
+
+
+def test_ci_runs_the_readmes_test_command() -> None:
+    assert TEST_COMMAND in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+
+
+def test_the_quick_start_sets_up_without_the_test_setup() -> None:
+    """The quick start's setup is not the tests': it installs no browser and no dev extras."""
+    setup = (ROOT / ".ci" / "setup").read_text(encoding="utf-8")
+    code = [line for line in setup.splitlines() if not line.lstrip().startswith("#")]
+    assert not [line for line in code if "chromium" in line or "[dev]" in line]
 
 
 def test_the_pictures_are_shown() -> None:

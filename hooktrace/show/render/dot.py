@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import math
+import shutil
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -49,8 +50,20 @@ _FONT = "Helvetica"
 _SMALL = 9
 
 
+#: where the Graphviz ``dot`` program comes from, for each package manager
+INSTALL_DOT = ("apt install graphviz, dnf install graphviz, brew install graphviz or conda "
+               "install -c conda-forge graphviz")
+
+
 class DotMissingError(HooktraceError):
     """The Graphviz ``dot`` program is not installed."""
+
+
+def dot_missing() -> str | None:
+    """Why nothing can be laid out here (the ``dot`` program is not on PATH), or None."""
+    if shutil.which("dot") is None:
+        return f"the Graphviz program dot is not installed: {INSTALL_DOT}"
+    return None
 
 
 def _graphviz() -> Any:  # the graphviz module; it has no type hints
@@ -327,8 +340,8 @@ def run_dot(source: str, fmt: str) -> bytes:
     try:
         data: bytes = graphviz.pipe("dot", fmt, source.encode("utf-8"), quiet=True)
     except graphviz.ExecutableNotFound:
-        raise DotMissingError(f"the Graphviz `dot` program, needed for {fmt}, is not installed: "
-                              "apt-get install graphviz") from None
+        raise DotMissingError(f"the Graphviz program dot, needed for {fmt}, is not installed: "
+                              f"{INSTALL_DOT}") from None
     except graphviz.CalledProcessError as e:
         stderr = (e.stderr or b"").decode("utf-8", "replace").strip().splitlines()
         raise HooktraceError(f"dot failed on the picture: {stderr[0] if stderr else e}") from None

@@ -8,11 +8,13 @@ see the rest.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hooktrace.log import schema
+from hooktrace.log.errors import HooktraceError
 from hooktrace.log.words import plural
 from hooktrace.show.graph import depth_of
 from hooktrace.show.steplog import Event, StepLog, load_step, ranges
@@ -58,7 +60,7 @@ def _row(log: StepLog, e: Event, several_models: bool) -> list[str]:
         grads = ""
         shapes = f"{shapes_text(e.input_shapes)} -> {shapes_text(e.output_shapes)}"
     else:
-        grads = f"{e.grad_input_len}/{e.grad_output_len}"
+        grads = f"{e.grad_output_len}/{e.grad_input_len}"  # in the shapes' order
         shapes = f"{shapes_text(e.grad_output_shapes)} -> {shapes_text(e.grad_input_shapes)}"
     model = [printable(log.models.get(e.model, str(e.model)))] if several_models else []
     return [str(e.seq), _phase(e), *model, str(e.call),
@@ -76,9 +78,21 @@ def _columns(rows: list[list[str]]) -> list[str]:
     return lines
 
 
-def table(log: StepLog, phase: str | None = None, limit: int = DEFAULT_LIMIT) -> str:
-    """The step's events (of one phase, or both) in seq order; ``limit`` 0: every row."""
-    chosen = [e for e in log.events if phase is None or e.phase == phase]
+def matches(fqn: str, module: str | None) -> bool:
+    """Whether ``fqn`` matches the glob ``module`` (None: every fqn; ``(root)``: a model's
+    root), as ``run --include`` matches."""
+    return module is None or fnmatch.fnmatchcase(fqn, module) or (not fqn and module == "(root)")
+
+
+def table(log: StepLog, phase: str | None = None, limit: int = DEFAULT_LIMIT,
+          module: str | None = None) -> str:
+    """The step's events (of one phase, or both; of the modules matching the glob ``module``, or
+    all) in seq order; ``limit`` 0: every row."""
+    mine = [e for e in log.events if matches(e.name, module)]
+    if module is not None and not mine:
+        raise HooktraceError(f"no module matching {module!r} ran in step {log.step}; a glob "
+                             "matches whole fqns, e.g. 'layer4*'")
+    chosen = [e for e in mine if phase is None or e.phase == phase]
     models = sorted({e.model for e in log.events})
     names = ", ".join(f"{printable(log.models.get(m, str(m)))} ({printable(log.cls(m, ''))})"
                       for m in models)
@@ -86,11 +100,13 @@ def table(log: StepLog, phase: str | None = None, limit: int = DEFAULT_LIMIT) ->
     head = (f"step {log.step} (steps in the log: {ranges(log.steps)}): {names}: "
             f"{plural(forward, 'forward event')}, "
             f"{plural(len(log.events) - forward, 'backward event')}")
+    if module is not None:
+        head += f"; {plural(len(mine), 'event')} of modules matching {printable(module)!r}"
     if not chosen:
         return f"{head}\nno {phase} events in step {log.step}\n"
     several = len(models) > 1
     title = ["seq", "phase", *(["model"] if several else []), "call", "fqn", "class",
-             "grads in/out", "shapes"]
+             "grads out/in", "shapes"]
     shown = chosen if limit <= 0 else chosen[:limit]
     lines = [head, "", *_columns([title, *(_row(log, e, several) for e in shown)])]
     if len(shown) < len(chosen):
@@ -108,13 +124,16 @@ class Shown:
 
 
 def show(log: str | os.PathLike[str], step: int | None = None, phase: str | None = None,
-         model: str | None = None, limit: int = DEFAULT_LIMIT) -> Shown:
-    """``hooktrace show``: the table of one step of the log at ``log``."""
+         model: str | None = None, limit: int = DEFAULT_LIMIT, module: str | None = None
+         ) -> Shown:
+    """``hooktrace show``: the table of one step of the log at ``log`` (of the modules matching
+    the glob ``module``, or all)."""
     from hooktrace.show.render.ops import block  # (it formats with this module's helpers)
 
     loaded = load_step(log, step, model)
-    text = table(loaded, phase, limit)
-    if loaded.ops and phase != "backward":
-        records = sorted(loaded.ops.values(), key=lambda r: (r.fwd < 0, r.fwd))
+    text = table(loaded, phase, limit, module)
+    records = sorted((r for (_, fqn, _), r in loaded.ops.items() if matches(fqn, module)),
+                     key=lambda r: (r.fwd < 0, r.fwd)) if phase != "backward" else []
+    if records:
         text += "\n".join(block(records, loaded.classes)) + "\n"
     return Shown(text, loaded.warnings)

@@ -24,7 +24,7 @@ from hooktrace.log.reader import LogReader
 from hooktrace.log.words import plural
 from hooktrace.show.owned import default_output, mark
 from hooktrace.show.render import write_file
-from hooktrace.show.render.dot import run_dot
+from hooktrace.show.render.dot import dot_missing, run_dot
 from hooktrace.show.view.data import RunData, gather
 from hooktrace.show.view.graphs import step_graphs
 from hooktrace.show.view.heatmap import VALUES, Heatmap, heatmap, legend_items, to_dot, to_html
@@ -98,13 +98,13 @@ def _anomalies(data: RunData) -> str:
     return f"<h2>Watched steps: anomaly records</h2><ul>{items}</ul>"
 
 
-def _rank_data(data: RunData, findings: Sequence[Finding], every_call: bool = False
-               ) -> tuple[dict[str, Any], Heatmap]:
+def _rank_data(data: RunData, findings: Sequence[Finding], every_call: bool = False,
+               draw: bool = True) -> tuple[dict[str, Any], Heatmap]:
     mine = _mine(findings, data.rank)
     heats = {values: heatmap(data, mine, values) for values in VALUES}
     return {
         "rank": data.rank, "models": sorted(data.models.values()),
-        "graphs": step_graphs(data, mine, every_call),
+        "graphs": step_graphs(data, mine, every_call, draw),
         "heat": {values: to_html(heat, data.rank) for values, heat in heats.items()},
         "anomalies": _anomalies(data),
     }, heats["grad_output"]
@@ -117,7 +117,8 @@ def _finding(f: Finding, heats: list[Heatmap], runs: list[RunData]) -> dict[str,
         if (model, f.module) in heat.rows:
             rows[str(i)] = heat.rows.index((model, f.module))  # type: ignore[arg-type]
     return {"kind": f.kind, "severity": f.severity, "model": f.model, "module": f.module,
-            "step": f.step, "where": where(f), "message": f.message, "ranks": f.ranks,
+            "step": f.step, "where": where(f), "message": f.message, "hint": f.hint,
+            "ranks": f.ranks,
             "rows": rows}
 
 
@@ -130,14 +131,16 @@ def _legend(heat: Heatmap) -> str:
 def view_page(logs: Sequence[str | os.PathLike[str]], rank: int | None = None,
               every_call: bool = False) -> tuple[str, list[str]]:
     """The page's HTML for one log or the ranks of one run (opening at ``rank``), and the logs'
-    warnings. ``every_call``: the call graphs draw each call of a module called many times."""
+    warnings. ``every_call``: the call graphs draw each call of a module called many times.
+    Without the ``dot`` program the page has no call graphs, and a warning says why."""
     readers = open_ranks(logs)
     start = _rank_index(readers, rank)
     runs = [gather(r) for r in readers]
     report = run_checks_ranks([r.path for r in readers])
-    per_rank = [_rank_data(data, report.findings, every_call) for data in runs]
+    nodot = dot_missing()
+    per_rank = [_rank_data(data, report.findings, every_call, nodot is None) for data in runs]
     heats = [heat for _, heat in per_rank]
-    data = {"ranks": [d for d, _ in per_rank], "start": start,
+    data = {"ranks": [d for d, _ in per_rank], "start": start, "nodot": nodot,
             "findings": [_finding(f, heats, runs) for f in report.findings]}
     first = runs[0]
     header = first.header
@@ -147,7 +150,10 @@ def view_page(logs: Sequence[str | os.PathLike[str]], rank: int | None = None,
             f"{status} · {plural(len(report.problems), 'problem')}, "
             f"{plural(len(report.findings) - len(report.problems), 'note')}")
     title = readers[0].path.name if len(readers) == 1 else f"{readers[0].path.name} +ranks"
-    return page(title, meta, data, _legend(heats[0])), [w for d in runs for w in d.warnings]
+    warnings = [w for d in runs for w in d.warnings]
+    if nodot:
+        warnings.append(f"the page has no call graphs: {nodot}")
+    return page(title, meta, data, _legend(heats[0])), warnings
 
 
 def write_view(logs: Sequence[str | os.PathLike[str]], output: str | os.PathLike[str] | None,

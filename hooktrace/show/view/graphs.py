@@ -85,14 +85,16 @@ def node_details(node: Node, view: View, events: dict[tuple[int, str, int], Any]
 
 
 def _drawing(view: View, events: dict[tuple[int, str, int], Any],
-             findings: Sequence[Finding]) -> dict[str, Any]:
+             findings: Sequence[Finding], draw: bool = True) -> dict[str, Any]:
+    """The step's picture as SVG (``draw`` False: none, there is no ``dot``) and each node's
+    details."""
     found = marks(view, findings)
     nodes = {node_id(n.key): node_details(n, view, events, found.get(n.key, []))
              for n in view.nodes()}
     problems = {box: kept for box, inside in found.items()
                 if (kept := [f for f in inside if f.severity != NOTE])}
-    svg = run_dot(to_dot(view, problems), "svg").decode("utf-8")
-    svg = svg[svg.index("<svg"):]  # no XML prolog, doctype or comment inside HTML
+    svg = run_dot(to_dot(view, problems), "svg").decode("utf-8") if draw else ""
+    svg = svg[svg.find("<svg"):] if svg else ""  # no XML prolog, doctype or comment in HTML
     return {"svg": svg, "nodes": nodes, "depth": view.depth,
             "summary": f"{plural(len(view.node_map), 'node')} at depth {view.depth} of "
                        f"{view.deepest}"}
@@ -104,15 +106,15 @@ def _packed(drawing: dict[str, Any]) -> str:
     return base64.b64encode(gzip.compress(orjson.dumps(drawing), mtime=0)).decode("ascii")
 
 
-def _graph(loaded: StepLog, findings: Sequence[Finding], every_call: bool = False
-           ) -> dict[str, Any]:
+def _graph(loaded: StepLog, findings: Sequence[Finding], every_call: bool = False,
+           draw: bool = True) -> dict[str, Any]:
     """The step's drawing at the automatic depth, and under "unfold" the one a level deeper
-    (packed; absent when nothing is folded or it is too big to draw)."""
+    (packed; absent when nothing is folded, it is too big to draw, or nothing is drawn)."""
     view = build(loaded, every_call=every_call)
     events = {(e.model, e.name, e.call): e for e in loaded.events
               if isinstance(e, schema.ForwardEvent) and not e.recompute}
-    found = _drawing(view, events, findings)
-    if any(n.folded for n in view.node_map.values()):
+    found = _drawing(view, events, findings, draw)
+    if draw and any(n.folded for n in view.node_map.values()):
         deeper = build(loaded, view.depth + 1, every_call=every_call)
         if len(deeper.node_map) <= MAX_UNFOLD_NODES:
             found["unfold"] = _packed(_drawing(deeper, events, findings))
@@ -136,9 +138,10 @@ def _batches(data: RunData, steps: list[int]) -> list[list[int]]:
     return batches
 
 
-def step_graphs(data: RunData, findings: Sequence[Finding], every_call: bool = False
-                ) -> dict[str, dict[str, Any]]:
-    """``"model|step"`` (model "" for all models) -> the graph of that step."""
+def step_graphs(data: RunData, findings: Sequence[Finding], every_call: bool = False,
+                draw: bool = True) -> dict[str, dict[str, Any]]:
+    """``"model|step"`` (model "" for all models) -> the graph of that step (``draw`` False:
+    without its picture)."""
     names = sorted(data.models.values()) if len(data.models) > 1 else []
     out: dict[str, dict[str, Any]] = {}
     for model in [None, *names]:
@@ -148,6 +151,6 @@ def step_graphs(data: RunData, findings: Sequence[Finding], every_call: bool = F
             except SelectionError:  # the model ran nothing in these steps
                 continue
             for step, one in loaded.items():  # those the model ran
-                out[f"{model or ''}|{step}"] = _graph(one, findings, every_call)
+                out[f"{model or ''}|{step}"] = _graph(one, findings, every_call, draw)
     return out
 

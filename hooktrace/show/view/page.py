@@ -22,6 +22,7 @@ section{background:#fff;border:1px solid #d8dde2;border-radius:6px;padding:8px 1
 section h2{font-size:14px;margin:0 0 6px}
 section h2 .muted{font-weight:normal;font-size:12px}
 #graph{overflow:auto;max-height:88vh}
+#graph svg{display:block}
 #graph svg g.node{cursor:pointer}
 #graph svg g.node.hit polygon,#graph svg g.node.hit path{stroke:#e4007c;stroke-width:3}
 #graph svg g.node.unfoldable{cursor:zoom-in}
@@ -50,6 +51,7 @@ pointer-events:none;white-space:normal}
 #tip b{display:block;font-size:13px;margin-bottom:2px}
 #tip table{border-collapse:collapse}#tip td{vertical-align:top;padding:0 6px 0 0}
 .muted{color:#666}
+.hint{color:#2d5a27}
 """
 
 SCRIPT = r"""
@@ -57,6 +59,7 @@ SCRIPT = r"""
 const DATA = JSON.parse(document.getElementById("data").textContent);
 const $ = (id) => document.getElementById(id);
 const tip = $("tip");
+const MIN_SCALE = 0.3;
 let rank = DATA.start, values = "grad_output";
 function esc(s) {
   const d = document.createElement("div"); d.textContent = String(s); return d.innerHTML;
@@ -111,7 +114,8 @@ function draw() {
   show(g, "");
 }
 function show(g, unfolded) {
-  $("graph").innerHTML = g.svg;
+  $("graph").innerHTML = g.svg || "<p class='muted'>No call graph: " + esc(DATA.nodot) + "</p>";
+  if (!unfolded) fit();  // an unfolded block is shown at its own size, scrolled to
   $("graph").dataset.step = $("step").value;
   $("graph").dataset.unfolded = unfolded;
   $("graph-summary").textContent = "step " + $("step").value + ": " + g.summary +
@@ -129,6 +133,19 @@ function show(g, unfolded) {
       node.addEventListener("click", () => unfold(g, d));
     }
   }
+}
+function fit() {
+  // The whole step at first sight: the drawing scaled down (never up) to the pane's width and
+  // to the window's height below the pane's top; its text stays readable at MIN_SCALE.
+  const box = $("graph"), svg = box.querySelector("svg");
+  if (!svg) return;
+  const w = svg.width.baseVal.value, h = svg.height.baseVal.value;
+  const top = box.getBoundingClientRect().top + window.scrollY;
+  const room = Math.max(240, window.innerHeight - top - 28);
+  const scale = Math.max(MIN_SCALE, Math.min(1, (box.clientWidth - 4) / w, room / h));
+  svg.setAttribute("width", (w * scale).toFixed(1) + "px");
+  svg.setAttribute("height", (h * scale).toFixed(1) + "px");
+  box.style.maxHeight = room + "px";
 }
 async function unpack(text) {  // base64 of gzipped JSON, as hooktrace.show.view.graphs packs it
   const bytes = Uint8Array.from(atob(text), (c) => c.charCodeAt(0));
@@ -198,7 +215,8 @@ function setupFindings() {
     const li = document.createElement("li");
     li.innerHTML = "<span class='sev-" + f.severity + "'>[" + esc(f.kind) + "]</span> " +
       esc(f.where) + (f.ranks ? " · rank " + f.ranks.join(", ") : "") +
-      "<br><span class='muted'>" + esc(f.message) + "</span>";
+      "<br><span class='muted'>" + esc(f.message) + "</span>" +
+      (f.hint ? "<br><span class='hint'>hint: " + esc(f.hint) + "</span>" : "");
     li.addEventListener("click", () => goFinding(f));
     li.id = "finding-" + i; ul.appendChild(li);
   });

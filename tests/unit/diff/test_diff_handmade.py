@@ -215,8 +215,17 @@ def test_other_recorded_steps(tmp_path: Path) -> None:
 def test_no_step_in_common(tmp_path: Path) -> None:
     early = run(tmp_path / "a.jsonl", steps=2)
     late = run(tmp_path / "b.jsonl", steps=2, first=5)
-    with pytest.raises(HooktraceError, match=r"have no step in common \(A: steps 0-1; B: 5-6\)"):
+    with pytest.raises(HooktraceError,
+                       match=r"have no step in common \(A: steps 0-1; B: steps 5-6\)$"):
         diff(early, late)
+
+
+def test_a_run_cut_off_before_it_finished_a_step(a: Path, tmp_path: Path) -> None:
+    """B died in step 0: A finished steps 0 and 1, B none (not 'A: steps 1; B: none')."""
+    cut = run(tmp_path / "b.jsonl", steps=0, cut=True)
+    with pytest.raises(HooktraceError, match=r"have no step in common \(A: steps 0-1; B: cut off "
+                                             r"in step 0, before it finished a step\)$"):
+        diff(a, cut)
 
 
 # -- watched steps ---------------------------------------------------------------------------------

@@ -95,13 +95,39 @@ def test_rows_are_the_steps_events_in_seq_order(name: str) -> None:
         assert row[col["fqn"]:col["fqn"] + 2 * depth].strip() == ""
         assert row[col["fqn"] + 2 * depth:].startswith(fqn + " ")
         assert row[col["class"]:].startswith(classes[(e.model, e.name)] + " ")
-        grads = f"{e.grad_input_len}/{e.grad_output_len}" \
+        grads = f"{e.grad_output_len}/{e.grad_input_len}" \
             if isinstance(e, schema.BackwardEvent) else ""
         assert row[col["grads"]:col["shapes"]].strip() == grads
         assert row[col["shapes"]:] == expected_shapes(e)
         if several:
             assert row[head.index("model"):].startswith(models[e.model] + " ")
     assert shown.text.rstrip("\n").splitlines()[len(rows) + 4] == FOOTER
+
+
+def test_gradient_counts_run_as_the_shapes_do() -> None:
+    """vae's root takes one input and returns three outputs: its backward row counts 3
+    grad_outputs then 1 grad_input, as its shapes column lists them (out -> in)."""
+    head, rows = table_rows(show(log("vae"), phase="backward").text)
+    root = next(r for r in rows if r.split()[3] == "(root)")
+    grads = root[head.index("grads"):head.index("shapes")].strip()
+    outs, ins = root[head.index("shapes"):].split(" -> ")
+    assert "grads out/in" in head and grads == "3/1"
+    assert (len(outs.split(", ")), len(ins.split(", "))) == (3, 1)
+
+
+@pytest.mark.parametrize(("module", "fqns"), [
+    ("conv*", {"conv1", "conv2"}),
+    ("fc1", {"fc1"}),
+    ("(root)", {"(root)"}),
+    ("*", {"(root)", "conv1", "conv2", "dropout1", "dropout2", "fc1", "fc2"}),
+])
+def test_module_glob_keeps_the_modules_it_matches(module: str, fqns: set[str]) -> None:
+    text = show(log("mnist"), module=module, limit=0).text
+    _, rows = table_rows(text)
+    assert {r.split()[3] for r in rows} == fqns
+    every = table_rows(show(log("mnist"), limit=0).text)[1]
+    assert [r.split() for r in rows] == [r.split() for r in every if r.split()[3] in fqns]
+    assert text.splitlines()[0].endswith(f"; {len(rows)} events of modules matching {module!r}")
 
 
 @pytest.mark.parametrize("name", DRAWN)
@@ -250,7 +276,8 @@ def test_edges_phase() -> None:
 # -- hooktrace show (thin CLI) ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("args", [[], ["--phase", "forward"], ["--limit", "4"], ["--step", "2"],
-                                  ["--edges"], ["--edges", "--depth", "0"]])
+                                  ["--module", "conv*"], ["--edges"],
+                                  ["--edges", "--depth", "0"]])
 def test_cli_prints_the_library_text(args: list[str]) -> None:
     result = CliRunner().invoke(cli, ["show", str(log("mnist")), *args])
     assert result.exit_code == 0, result.output
@@ -261,7 +288,8 @@ def test_cli_prints_the_library_text(args: list[str]) -> None:
         phase = args[1] if "--phase" in args else None
         limit = int(args[1]) if "--limit" in args else 100
         step = int(args[1]) if "--step" in args else None
-        assert result.stdout == show(log("mnist"), step, phase, None, limit).text
+        module = args[1] if "--module" in args else None
+        assert result.stdout == show(log("mnist"), step, phase, None, limit, module).text
     assert result.stderr == ""
 
 
@@ -270,6 +298,12 @@ def test_cli_prints_warnings_to_stderr() -> None:
     assert result.exit_code == 0
     assert result.stderr == ("hooktrace: warning: step 1 also runs the backward of calls made in "
                              "an earlier step (model generator); they are drawn in that step\n")
+
+
+def test_cli_module_is_not_for_edges() -> None:
+    result = CliRunner().invoke(cli, ["show", str(log("mnist")), "--module", "fc1", "--edges"])
+    assert result.exit_code == 2
+    assert "--module picks rows of the table" in result.stderr
 
 
 def test_cli_depth_needs_edges() -> None:
@@ -283,6 +317,7 @@ def test_cli_depth_needs_edges() -> None:
     (["mnist.jsonl", "--step", "9"], "no step 9 in"),
     (["gan.jsonl", "--model", "critic"], "no model 'critic' in"),
     (["missing.jsonl"], "no such log"),
+    (["mnist.jsonl", "--module", "layer4*"], "no module matching 'layer4*' ran in step 0"),
 ])
 def test_cli_bad_input_is_one_line(args: list[str], message: str) -> None:
     result = CliRunner().invoke(cli, ["show", str(LOGS / args[0]), *args[1:]])
