@@ -2,16 +2,20 @@
 tied head, AdamW. Prints each step's loss, then torch._dynamo's counters as one JSON line.
 
     compiled_train.py [--how model|method|function|eager] [--backend aot_eager|inductor]
-                      [--steps N] [--bug detach] [--model gpt|mlp] [--fullgraph]
+                      [--steps N] [--bug detach|nan|mask] [--nan-step K] [--model gpt|mlp]
+                      [--fullgraph]
 
 ``--how model``: ``torch.compile(model)``; ``method``: ``model.compile()``; ``function``: a
-compiled training-step function that calls the model; ``eager``: not compiled. ``--bug
-detach``: the attention's output is ``.detach()``ed inside the compiled model; ``--bug nan``: the
-first weight of the last block's MLP (of the MLP's first Linear) is set to NaN before step ``--nan-step`` (14); ``--bug mask``: from step ``--nan-step`` on, the first block's attention mask hides
-every key (NaN from a softmax over -inf), and the loop skips the optimizer step of a loss that
-is not finite, as many training loops do. ``--model mlp``:
-an embedding and an MLP instead (compiles faster). ``--fullgraph``: compiled with
-``fullgraph=True, dynamic=True``.
+compiled training-step function that calls the model; ``eager``: not compiled.
+
+``--bug detach``: the attention's output is ``.detach()``ed inside the compiled model; ``nan``:
+the first weight of the last block's first MLP Linear is set to NaN before step ``--nan-step``
+(14); ``mask``: from step ``--nan-step`` on, the first block's attention mask hides every key
+(NaN from a softmax over -inf), and the loop skips the optimizer step of a loss that is not
+finite, as many training loops do.
+
+``--model mlp``: an embedding and an MLP instead (compiles faster). ``--fullgraph``: compiled
+with ``fullgraph=True, dynamic=True``.
 """
 
 import argparse
