@@ -169,6 +169,17 @@ def test_a_nan_from_functional_code_in_a_compiled_step_is_named_by_the_next_step
     assert _counters(run.stdout)["graph_calls"] == LONG - 4 - 1  # step 15 ran eagerly
 
 
+def test_a_later_steps_range_is_recorded_once_the_compiled_steps_before_it_ran(
+        tmp_path: Path) -> None:
+    """Compiled steps are counted at backward()'s return: ``--steps 0,6`` records step 6."""
+    log = tmp_path / "later.jsonl"
+    run = hooktrace_cmd("run", "-o", log, "--steps", "0,6", TRAIN, "--model", "mlp",
+                        "--steps", "8")
+    assert run.returncode == 0, run.stderr
+    assert sorted({e.step for e in events(log)}) == [0, 6]
+    assert _counters(run.stdout)["graph_calls"] == 6  # steps 1-5 and 7
+
+
 # -- runs hooktrace did not see --------------------------------------------------------------
 
 def _unseen(tmp_path: Path, script: Path, *args: str, options: tuple[str, ...] = (),
