@@ -81,8 +81,13 @@ def _forward_cause(c: Collected, forward: Nonfinite, backward: int | None) -> tu
                     "changed so before it", "check the checkpoint or the initialisation "
                     "(torch.isfinite(p).all() for each parameter) before training")
         half = "float16" in dtypes or "bfloat16" in dtypes
-        return (held + f", though every gradient before was finite: the update after step "
-                f"{max(before)} made them so",
+        since = max(before)
+        made = f"the update after step {since} made them so"
+        if forward.evidence.get("compiled") and step - 1 > since:  # the watch judged those
+            made = (f"steps {since + 1}-{step - 1} ran compiled, their gradients finite too: "
+                    f"the update after step {step - 1}, or code run before step {step}, made "
+                    "them so")
+        return (held + f", though every gradient before was finite: {made}",
                 "keep the weights in float32 and train with torch.autocast and "
                 "torch.amp.GradScaler: in float16, Adam's eps=1e-8 rounds to 0 (an update of "
                 "0/0 where a gradient is 0) and updates overflow; or set eps=1e-4" if half else

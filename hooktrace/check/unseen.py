@@ -4,7 +4,8 @@ A log with no event is never "no problems found": the one line ``log/unseen.py``
 (the script's exit status and line, no ``nn.Module``, compiled code unseen, every call
 filtered out) is an error. Not where the tracer followed backward passes of a model (the
 end record's steps) outside the steps it records: those steps were watched, and their
-anomalies are the findings. A run whose recorded steps ran ``torch.compile``'d code eagerly
+anomalies are the findings; unless the model ran compiled code in them, which no step recorded
+eagerly first. A run whose recorded steps ran ``torch.compile``'d code eagerly
 (the ``compiled-eager`` signal) gets one note saying so. Pure: a ``Collected`` in, findings out.
 """
 
@@ -24,8 +25,10 @@ _CRASHED = {"interrupted"}  # said by the crash check, as is an error other than
 def check_unseen(c: Collected) -> list[Finding]:
     end = c.end
     options = c.header.options
-    followed = end is not None and end.steps and not (options.get("include")
-                                                      or options.get("exclude"))
+    # watched steps judged the modules they saw; compiled code run in none but watched steps
+    # was never seen (its steps are counted at backward()'s return, judged by nothing)
+    followed = end is not None and end.steps and not end.compiled and not (
+        options.get("include") or options.get("exclude"))
     if end is None or c.events or followed or end.status in _CRASHED or (
             end.status == "error" and (end.error or {}).get("type", "SystemExit")
             != "SystemExit"):

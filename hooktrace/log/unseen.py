@@ -52,7 +52,7 @@ def nothing_seen(options: dict[str, Any], end: End | None, models: int) -> str |
     if models and filters:
         return (f"every module call was left out by {' and '.join(filters)} "
                 f"({plural(models, 'model')} seen): no fqn matched")
-    if end.compiled:  # before --steps: compiled steps are counted only while recorded
+    if end.compiled:
         steps = f" (--steps {options['steps']})" if options.get("steps") else ""
         return (f"torch.compile'd code ran ({plural(end.compiled, 'graph')} compiled) and no "
                 f"module call in it was recorded{steps}")

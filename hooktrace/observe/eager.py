@@ -6,7 +6,8 @@ or function runs its Python code and every global module hook fires; outside it 
 runs no module hook (docs/architecture.md, Measured facts). The stance is read at each call of
 compiled code, so switching it at a step's end makes the next step eager or compiled; code
 compiled once is reused when the steps after the recorded ones run compiled again (the compile
-happens there, not in step 0).
+happens there, not in step 0). A watched step that ran compiled and found a NaN/Inf makes the
+next step eager too (``look``), so that its module hooks name the module.
 
 ``torch._dynamo`` takes 1.5 s to import: the stance is set when the program imports it
 (``torch.compile`` and every optimizer step do), never by hooktrace first. Also counted for the
@@ -85,6 +86,7 @@ class EagerSteps(Observer):
         self._prior: Any = None  # the program's stance while ours is in force
         self._said = False
         self._failed = False
+        self._look = False  # the next step runs eagerly though not recorded (watch.py)
         self._graphs = _dynamo_graphs()
         self._finder: _OnImport | None = None
         if _EVAL_FRAME in sys.modules:
@@ -112,8 +114,14 @@ class EagerSteps(Observer):
                 return
             frame = frame.f_back
 
+    def look(self) -> None:
+        """Run the next step eagerly: a watched step that ran compiled found a NaN/Inf, and
+        the module hooks of an eager step name the module."""
+        self._look = True
+
     def backward_end(self, end: PassEnd) -> None:
-        self._recorded = end.step + 1 in self._steps
+        self._recorded = end.step + 1 in self._steps or self._look
+        self._look = False
         self._apply()
 
     def stop(self, step: int, mode: Mode) -> None:

@@ -167,9 +167,12 @@ class LossGraph(Observer):
 
     follows = ()  # no module call: first sights and passes only
 
-    def __init__(self, emit: Emit, mode: Callable[[], Mode]) -> None:
+    def __init__(self, emit: Emit, mode: Callable[[], Mode],
+                 returned: Callable[[], Callable[[], None]] = lambda: lambda: None) -> None:
         self._emit = emit
         self._mode = mode  # the current step's mode
+        # called as the outermost backward() begins; what it returns, once it returned
+        self._returned = returned
         self._on = True
         self.calls = 0  # backward() calls while tracing ran (with module calls or without)
         self._trained: set[int] = set()  # models with parameters
@@ -209,13 +212,16 @@ class LossGraph(Observer):
         @functools.wraps(original)
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> None:
             self.calls += 1
-            if self._on and self._mode() is Mode.RECORDED and _graph_task() == -1 \
-                    and not _is_compiling():
+            outermost = self._on and _graph_task() == -1 and not _is_compiling()
+            if outermost and self._mode() is Mode.RECORDED:
                 self._look(tensors)
+            then = self._returned() if outermost else None
             try:
-                return original(tensors, *args, **kwargs)
+                original(tensors, *args, **kwargs)
             finally:
                 self._pending = None
+            if then is not None:
+                then()
         return backward
 
     def _look(self, tensors: Any) -> None:

@@ -11,6 +11,13 @@ NaN/Inf; the first NaN/Inf
 gradient (at a model's output, else the first module in backward order whose parameter
 gradient is NaN/Inf); modules with trainable parameters that got a gradient before and no
 longer do while the rest of their model does.
+
+A step whose model ran compiled code (``torch.compile``: no module hook fires inside it) ends at
+``backward()``'s return (``core.CallTracker.backward_returned``) with no call seen: its
+parameter gradients are judged as those of the modules earlier steps saw called, and when one
+is NaN/Inf the next step runs eagerly (``look``: ``eager.EagerSteps``), so that the first module
+whose output is NaN/Inf is named; the anomaly is said at the compiled step, with the step that
+named it (``detail.named_in``).
 """
 
 from __future__ import annotations
@@ -40,8 +47,10 @@ _GradState = tuple[list[weakref.ref[torch.Tensor]], list[int]]
 class Watch(Observer):
     follows = (WATCHED,)
 
-    def __init__(self, stats: Stats, emit: Callable[[Any], None]) -> None:
+    def __init__(self, stats: Stats, emit: Callable[[Any], None],
+                 look: Callable[[], None] = lambda: None) -> None:
         self._stats = stats
+        self._look = look  # the next step runs eagerly
         self._outputs = HeldOutputs(stats, stats.hold_bytes)
         self._emit = emit
         # the gradient reaching each model call of the step
@@ -50,6 +59,11 @@ class Watch(Observer):
         self._called: dict[ModInfo, ForwardCall] = {}
         self._states: dict[ModInfo, _GradState] = {}  # as the last step that judged them left
         self._had_grad: set[ModInfo] = set()  # modules that received gradient at some step
+        # modules with parameters called with gradients on in any step: judged in a compiled one
+        self._known: dict[ModInfo, ForwardCall] = {}
+        self._held: list[schema.Anomaly] = []  # of a compiled step, until an eager one names it
+        self._looked: set[ModInfo] = set()  # modules a compiled step found without gradient
+        self._nonfinite_held = False
 
     def forward_end(self, end: ForwardEnd) -> None:
         call = end.call
@@ -71,14 +85,83 @@ class Watch(Observer):
             self._stats.grad(grad, numbers, index, False)
 
     def backward_end(self, end: PassEnd) -> None:
-        if end.mode is WATCHED:
-            changed = self._changed_params()
-            norms: list[float | None] = [None] * sum(len(grads) for _, _, grads in changed)
-            self._stats.norms([g for _, _, grads in changed for g in grads], norms)
-            self._stats.end_pass()
-            self._stats.resolve()
-            for anomaly in self._end_step(end.step, changed, norms):
-                self._emit(anomaly)
+        for info in end.called:  # of any step: what a compiled step's gradients are judged by
+            if info.has_params and info not in self._known and len(self._known) < _MAX_HELD:
+                self._known[info] = ForwardCall(-1, end.step, info, 0, False, 0, 0)
+        if end.mode is not WATCHED:
+            return
+        compiled = not end.called and bool(self._known)
+        if compiled:
+            self._called = dict(self._known)
+        changed = self._changed_params()
+        norms: list[float | None] = [None] * sum(len(grads) for _, _, grads in changed)
+        self._stats.norms([g for _, _, grads in changed for g in grads], norms)
+        self._stats.end_pass()
+        self._stats.resolve()
+        if compiled:
+            self._judge_compiled(end.step, changed, norms)
+            return
+        anomalies = self._end_step(end.step, changed, norms)
+        if self._held:
+            anomalies = self._named(anomalies)
+        for anomaly in anomalies:
+            self._emit(anomaly)
+
+    def _judge_compiled(self, step: int,
+                        changed: list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]],
+                        norms: list[float | None]) -> None:
+        """A step compiled code ran: a NaN/Inf gradient is held until the next step, run
+        eagerly, names its module; a module that got no gradient while the rest of its model
+        did makes the next step eager too (once per module: which modules a compiled step
+        called is not known, and the eager step judges it as any watched step)."""
+        nonfinite = self._nonfinite_backward(step, changed, norms)
+        got = {info for info, _, _ in changed}
+        trained = {info.model for info in got}
+        lost = [info for info in self._called if info not in got and info in self._had_grad
+                and info.model in trained and info not in self._looked]
+        self._had_grad.update(got)
+        self._model_grads.clear()
+        self._called.clear()
+        if self._nonfinite_held:
+            nonfinite = None  # the first one only
+        if nonfinite is not None:
+            self._nonfinite_held = True
+            nonfinite.detail["compiled"] = True
+            weights = self._nonfinite_weights(step, [info for info, _, _ in changed])
+            if weights is not None:  # the step ran with NaN/Inf weights: their module is it
+                self._emit(weights)
+                nonfinite = None
+            else:
+                self._held = [nonfinite]
+        if nonfinite is not None or lost:
+            self._looked.update(lost)
+            self._look()
+
+    def _nonfinite_weights(self, step: int, infos: list[ModInfo]) -> schema.Anomaly | None:
+        """The first of ``infos`` (in the order they were first called) whose own parameters
+        hold NaN/Inf, as the anomaly of a forward that ran with them (a rare path: once)."""
+        for info in infos:
+            weights = nonfinite_params(info.ref())
+            if weights:
+                return schema.Anomaly(step, info.model, info.name, "nonfinite-forward", 0, {
+                    "weights": list(weights), "weights_dtypes": sorted(set(weights.values())),
+                    "compiled": True})
+        return None
+
+    def _named(self, anomalies: list[schema.Anomaly]) -> list[schema.Anomaly]:
+        """The held anomaly of a compiled step, named by this eager step's first NaN/Inf
+        output where it found one (not where that module's weights were NaN/Inf already: the
+        optimizer step after the compiled one made them so, any module may show it first);
+        this step's own anomalies of the same kind are the same."""
+        held, self._held = self._held, []
+        forward = [a for a in anomalies if a.kind == "nonfinite-forward"
+                   and "weights" not in a.detail]
+        if forward:
+            named = forward[0]
+            named.detail["named_in"] = named.step
+            named.step = held[0].step
+            held = [named]
+        return held + [a for a in anomalies if a.kind == "no-grad"]
 
     def stop(self, step: int, mode: Mode) -> None:
         if mode is WATCHED:
@@ -86,6 +169,9 @@ class Watch(Observer):
             for anomaly in self._forward_anomalies(step):
                 self._emit(anomaly)
             self._outputs.reset()
+        for anomaly in self._held:  # no eager step came after it
+            self._emit(anomaly)
+        self._held = []
 
     def _changed_params(self) -> list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]]:
         """The step's modules whose parameter gradients changed since a step last judged them

@@ -11,7 +11,7 @@ Statistics (``stats.Stats``) are shared by the observers that read numbers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import nn
@@ -106,15 +106,20 @@ class Tracer:
         if self._capture is not None:
             observers.append(CaptureObserver(self._capture, naming.model_name))
         observers.append(ParamNorms(stats, naming.uncalled, recorder.emit))
+        eager = self._eager = EagerSteps(self._options.steps, recorder.emit)
         if stats is not None and self._options.watch:
-            observers.append(Watch(stats, recorder.emit))
+            observers.append(Watch(stats, recorder.emit, eager.look))
         observers.append(Diagnosis(recorder.emit, naming.uncalled))
         observers.append(LossScale(recorder.emit))
         core = self._core
-        self._loss_graph = LossGraph(recorder.emit, lambda: core.mode)
+
+        def backward_began() -> Callable[[], None]:
+            step = core.step  # a pass compiled code ran, no module hook saw: ended at return
+            return lambda: core.backward_returned(step) if eager.compiled else None
+
+        self._loss_graph = LossGraph(recorder.emit, lambda: core.mode, backward_began)
         observers.append(self._loss_graph)
-        self._eager = EagerSteps(self._options.steps, recorder.emit)
-        observers.append(self._eager)
+        observers.append(eager)
         observers.append(WeightChange(recorder.emit))
         observers.append(HalfUpdates(recorder.emit))
         if stats is not None:

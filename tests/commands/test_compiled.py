@@ -31,6 +31,7 @@ TRAIN = SCRIPTS / "compiled_train.py"
 STEPS = 6  # 4 recorded (--steps 0:4), 2 compiled
 RECORDED = ("--steps", "0:4")
 HOWS = ("eager", "model", "method", "function")
+LONG = 16  # steps of the runs with a NaN from step 14 on
 
 
 def _losses(stdout: str) -> list[float]:
@@ -66,6 +67,9 @@ def _make_runs(tmp: Path) -> dict[str, list[Any]]:
         how: (traced, "--how", how, "--steps", str(STEPS)) for how in HOWS}
     cases["method"] = (*cases["method"], "--fullgraph")  # fullgraph=True, dynamic=True too
     cases["detach"] = (traced, "--how", "model", "--bug", "detach", "--steps", "3")
+    for bug in ("nan", "mask"):  # from step 14, past the recorded steps
+        cases[bug] = (traced, "--how", "model", "--bug", bug, "--steps", str(LONG))
+    cases["mask-eager"] = (traced, "--how", "eager", "--bug", "mask", "--steps", str(LONG))
     inductor = ("--how", "model", "--model", "mlp", "--backend", "inductor", "--steps", "5")
     cases["inductor"] = (traced, *inductor)
     cases["plain"] = (plain, "--how", "model", "--steps", str(STEPS))
@@ -130,6 +134,50 @@ def test_inductor_recorded_steps_eager_then_compiled(runs: dict[str, Any]) -> No
     assert _counters(run.stdout)["graph_calls"] == 1
     assert _counters(runs["plain-inductor"][1].stdout)["graph_calls"] == 5
     assert check.returncode == 0, check.stdout
+
+
+def _problems(check: subprocess.CompletedProcess[str]) -> list[tuple[Any, ...]]:
+    found = json.loads(check.stdout)["findings"]
+    return [(f["kind"], f["module"], f["step"]) for f in found if f["severity"] != "note"]
+
+
+def test_a_nan_in_a_watched_compiled_step_is_found_at_its_step_with_its_module(
+        runs: dict[str, Any]) -> None:
+    """Weights set to NaN before step 14, which runs compiled: the step's gradients are
+    judged when backward() returns, and the module whose weights are NaN is named."""
+    log, run, check = runs["nan"]
+    assert run.returncode == 0, run.stderr
+    assert _problems(check)[0] == ("nonfinite-forward", "h.1.mlp.0", 14)
+    assert check.returncode == 1
+    assert "steps 4-13 ran compiled" in json.loads(check.stdout)["findings"][0]["message"]
+    assert read_log(log)[-1].steps == LONG  # type: ignore[union-attr]
+    assert _counters(run.stdout)["graph_calls"] == LONG - 4  # every watched step compiled
+
+
+def test_a_nan_from_functional_code_in_a_compiled_step_is_named_by_the_next_step_run_eagerly(
+        runs: dict[str, Any]) -> None:
+    """A mask that hides every key from step 14 on (the loop skips the optimizer step of a
+    NaN loss): step 14 runs compiled and finds NaN gradients, step 15 runs eagerly and names
+    the module the eager run names at step 14."""
+    log, run, check = runs["mask"]
+    assert run.returncode == 0, run.stderr
+    eager = _problems(runs["mask-eager"][2])
+    assert eager[0][1:] == ("h.0.attn.proj", 14)
+    assert _problems(check) == [eager[0]]
+    (anomaly,) = [r for r in read_log(log) if isinstance(r, schema.Anomaly)]
+    assert anomaly.detail["named_in"] == 15
+    assert _counters(run.stdout)["graph_calls"] == LONG - 4 - 1  # step 15 ran eagerly
+
+
+def test_a_later_steps_range_is_recorded_once_the_compiled_steps_before_it_ran(
+        tmp_path: Path) -> None:
+    """Compiled steps are counted at backward()'s return: ``--steps 0,6`` records step 6."""
+    log = tmp_path / "later.jsonl"
+    run = hooktrace_cmd("run", "-o", log, "--steps", "0,6", TRAIN, "--model", "mlp",
+                        "--steps", "8")
+    assert run.returncode == 0, run.stderr
+    assert sorted({e.step for e in events(log)}) == [0, 6]
+    assert _counters(run.stdout)["graph_calls"] == 6  # steps 1-5 and 7
 
 
 # -- runs hooktrace did not see --------------------------------------------------------------

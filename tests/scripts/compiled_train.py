@@ -2,13 +2,20 @@
 tied head, AdamW. Prints each step's loss, then torch._dynamo's counters as one JSON line.
 
     compiled_train.py [--how model|method|function|eager] [--backend aot_eager|inductor]
-                      [--steps N] [--bug detach] [--model gpt|mlp] [--fullgraph]
+                      [--steps N] [--bug detach|nan|mask] [--nan-step K] [--model gpt|mlp]
+                      [--fullgraph]
 
 ``--how model``: ``torch.compile(model)``; ``method``: ``model.compile()``; ``function``: a
-compiled training-step function that calls the model; ``eager``: not compiled. ``--bug
-detach``: the attention's output is ``.detach()``ed inside the compiled model. ``--model mlp``:
-an embedding and an MLP instead (compiles faster). ``--fullgraph``: compiled with
-``fullgraph=True, dynamic=True``.
+compiled training-step function that calls the model; ``eager``: not compiled.
+
+``--bug detach``: the attention's output is ``.detach()``ed inside the compiled model; ``nan``:
+the first weight of the last block's first MLP Linear is set to NaN before step ``--nan-step``
+(14); ``mask``: from step ``--nan-step`` on, the first block's attention mask hides every key
+(NaN from a softmax over -inf), and the loop skips the optimizer step of a loss that is not
+finite, as many training loops do.
+
+``--model mlp``: an embedding and an MLP instead (compiles faster). ``--fullgraph``: compiled
+with ``fullgraph=True, dynamic=True``.
 """
 
 import argparse
@@ -23,7 +30,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--how", default="model", choices=["model", "method", "function", "eager"])
 parser.add_argument("--backend", default="aot_eager")
 parser.add_argument("--steps", type=int, default=4)
-parser.add_argument("--bug", choices=["detach"])
+parser.add_argument("--bug", choices=["detach", "nan", "mask"])
+parser.add_argument("--nan-step", type=int, default=14, help="--bug nan: the step it starts at")
 parser.add_argument("--model", default="gpt", choices=["gpt", "mlp"])
 parser.add_argument("--fullgraph", action="store_true", help="fullgraph=True, dynamic=True")
 args = parser.parse_args()
@@ -119,10 +127,17 @@ if args.how == "function":
     step_loss = torch.compile(loss_of, backend=counting, **options)
 data = torch.randint(0, VOCAB, (args.steps, 4, BLOCK + 1))
 for i in range(args.steps):
+    if args.bug == "nan" and i == args.nan_step:
+        with torch.no_grad():
+            layer = model.h[1].mlp[0] if args.model == "gpt" else model[1]
+            layer.weight[0, 0] = float("nan")
+    if args.bug == "mask" and i == args.nan_step:
+        model.h[0].attn.mask.zero_()
     loss = step_loss(data[i, :, :-1], data[i, :, 1:])
     optimizer.zero_grad()
     loss.backward()
-    optimizer.step()
+    if args.bug != "mask" or torch.isfinite(loss):
+        optimizer.step()
     print(f"step {i} loss {loss.item():.6f}")
 
 counters = {}

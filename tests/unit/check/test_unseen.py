@@ -20,7 +20,7 @@ from .logbuild import findings, header, healthy, signal, summary, write_log
 
 def empty_log(path: Path, *, models: int = 0, end: str | None = "ok", exit_code: int = 0,
               error: dict[str, Any] | None = None, backward: int | None = None,
-              compiled: int | None = None, **options: Any) -> Path:
+              compiled: int | None = None, end_steps: int = 0, **options: Any) -> Path:
     """A log with no event: a header, ``models`` model records, an end record."""
     writer = LogWriter(path)
     writer.write(header(**options))
@@ -29,7 +29,7 @@ def empty_log(path: Path, *, models: int = 0, end: str | None = "ok", exit_code:
         writer.write(schema.Module(model=i, name="", cls="Net", params=10, trainable=10))
     if end is not None:
         writer.write(schema.End(status=end, exit_code=exit_code, error=error,
-                                backward=backward, compiled=compiled))
+                                backward=backward, compiled=compiled, steps=end_steps))
     writer.close()
     return path
 
@@ -68,6 +68,16 @@ def test_compiled_code_unseen_is_named(tmp_path: Path) -> None:
     f = only(empty_log(tmp_path / "log.jsonl", backward=3, compiled=2))
     assert f.message == ("torch.compile'd code ran (2 graphs compiled) and no module call in "
                          "it was recorded (--steps 0:10)")
+
+
+def test_compiled_steps_counted_but_only_watched_are_unseen(tmp_path: Path) -> None:
+    """Steps of compiled code are counted at backward()'s return; watched steps of a model no
+    step ran eagerly judged nothing: still nothing traced. Watched steps of an eager model
+    judged its modules: their anomalies are the findings."""
+    f = only(empty_log(tmp_path / "a.jsonl", models=1, backward=2, compiled=1, end_steps=2))
+    assert f.message.startswith("torch.compile'd code ran (1 graph compiled)")
+    eager = empty_log(tmp_path / "b.jsonl", models=1, backward=2, end_steps=2)
+    assert "nothing-traced" not in [x.kind for x in findings(eager)]
 
 
 def test_calls_all_left_out_by_include_say_so(tmp_path: Path) -> None:
