@@ -361,14 +361,10 @@ class CallTracker:
         return start
 
     def backward_returned(self, step: int) -> None:
-        """The outermost ``backward()`` returned and no module's backward ended the pass it
-        began in ``step``: compiled code ran the step, no module hook saw it. A watched step
-        still ends (the step is counted, its parameter gradients judged)."""
+        """The outermost ``backward()`` returned with no pass ended since ``step`` began: no
+        module hook saw it (compiled code). A watched step still ends, counted and judged."""
         if self.step == step and self.mode is WATCHED and self.active and not self._backwards:
-            try:
-                self._end_pass()
-            except Exception as e:  # a log that cannot be written: the tracer stops
-                self.fail(e)
+            self._end_pass()  # raises as at a pass's end: --strict, --break-on nan
 
     def _end_pass(self) -> None:
         called = tuple({**self._calls, **self._recomputed})  # in the order they first returned

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 from torch.nn.utils.parametrize import ParametrizationList
 
+from hooktrace.hooks.compiled import compiled_graph
 from hooktrace.log import schema
 
 # wrapper class name -> attribute holding the wrapped module; the wrapper itself is not traced
@@ -48,9 +49,6 @@ WRAPPERS = {
 }
 
 _TRACER_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).parent.parent))  # and ours
-# where torch.compile's runtime calls the graphs it compiled (GraphModules, not the user's)
-_COMPILE_DIRS = tuple(str(Path(torch.__file__).parent / d) for d in ("_dynamo", "_functorch"))
-_COMPILE_FRAMES = 64
 # installed packages and the standard library (runpy, and "<frozen runpy>" when frozen)
 _LIBRARY_DIRS = (*_TRACER_DIRS, "<frozen ", *sorted({
     sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}))
@@ -207,21 +205,6 @@ def variable_name(module: nn.Module) -> str | None:
                     if value is module and not key.startswith("_"):
                         return f"self.{key}"
     return None
-
-
-def _compiled_graph(module: nn.Module) -> bool:
-    """Whether ``module`` is a graph ``torch.compile`` made and its runtime calls (aot_eager's
-    ``GraphModule``): part of the compiled code, not a model of the program's."""
-    if not isinstance(module, torch.fx.GraphModule) or "torch._dynamo" not in sys.modules:
-        return False
-    frame: FrameType | None = sys._getframe(1)
-    for _ in range(_COMPILE_FRAMES):
-        if frame is None:
-            return False
-        if frame.f_code.co_filename.startswith(_COMPILE_DIRS):
-            return True
-        frame = frame.f_back
-    return False
 
 
 def _holds(candidate: nn.Module, module: nn.Module) -> bool:
@@ -391,7 +374,7 @@ class Naming:
         except KeyError:
             pass
         if caller is None:
-            if self._scoped or _compiled_graph(module):
+            if self._scoped or compiled_graph(module):
                 self._infos[module] = None
                 return None
             return self._from_owner(module)
