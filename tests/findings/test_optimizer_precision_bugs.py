@@ -29,12 +29,11 @@ named since: its consequences (the NaN, the growing gradients) follow it, marked
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Cases, Run, Shared, problems, run_cases, run_findings
+from helpers import Cases, Run, Shared, problems, run_cases, run_findings, script_cases
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "blind_bugs4.py"
 
@@ -151,17 +150,8 @@ HEALTHY = [case for case in SCORECARD if case.startswith("ok_")]
 CASES = [*BUGS, *HEALTHY]
 
 
-def script_cases() -> list[str]:
-    """The names in the script's BUGS and HEALTHY tuples, read without importing torch."""
-    tree = ast.parse(SCRIPT.read_text(encoding="utf-8"))
-    return [elt.id for node in tree.body if isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name) and node.target.id in ("BUGS", "HEALTHY")
-            and isinstance(node.value, ast.Tuple)
-            for elt in node.value.elts if isinstance(elt, ast.Name)]
-
-
 def test_the_scorecard_has_every_case_of_the_script() -> None:
-    assert script_cases() == list(SCORECARD)
+    assert script_cases(SCRIPT) == list(SCORECARD)
 
 
 @pytest.fixture(scope="module")

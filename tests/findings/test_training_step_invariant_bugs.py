@@ -26,13 +26,12 @@ brought up to date."""
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Cases, Run, Shared, problems, run_cases, run_findings
+from helpers import Cases, Run, Shared, problems, run_cases, run_findings, script_cases
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "blind_bugs5.py"
 
@@ -163,17 +162,8 @@ FALSE_ALARMS = [case for case in HEALTHY if case not in SILENT]
 CASES = list(SCORECARD)
 
 
-def script_cases() -> list[str]:
-    """The names in the script's BUGS and HEALTHY tuples, read without importing torch."""
-    tree = ast.parse(SCRIPT.read_text(encoding="utf-8"))
-    return [elt.id for node in tree.body if isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name) and node.target.id in ("BUGS", "HEALTHY")
-            and isinstance(node.value, ast.Tuple)
-            for elt in node.value.elts if isinstance(elt, ast.Name)]
-
-
 def test_the_scorecard_has_every_case_of_the_script() -> None:
-    assert script_cases() == CASES
+    assert script_cases(SCRIPT) == CASES
     bugs = [case for case in CASES if not case.startswith("ok_")]
     assert sorted([*NAMED, *CULPRIT]) == sorted(bugs)
 
