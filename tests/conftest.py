@@ -6,7 +6,8 @@ import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,23 @@ def pytest_configure(config: pytest.Config) -> None:
     densenet121 in the healthy sweep)."""
     if hasattr(config, "workerinput"):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[object]:
+    """With ``HOOKTRACE_TEST_TIMELINE=FILE``, each test's process, start and end (wall clock,
+    setup to teardown) appended to FILE as a JSON line: ``python tests/timeline.py FILE`` says
+    where a run's time went (how busy each process was, what ran last)."""
+    timeline = os.environ.get("HOOKTRACE_TEST_TIMELINE")
+    start = time.time()
+    try:
+        return (yield)
+    finally:
+        if timeline:
+            worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+            line = json.dumps([worker, item.nodeid, start, time.time()]) + "\n"
+            with open(timeline, "a") as out:  # one short write: lines of processes never mix
+                out.write(line)
 
 
 @pytest.fixture
