@@ -24,6 +24,38 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``pytest -n`` (``--dist worksteal``, pyproject.toml), the tests in the order that
+    keeps both test processes busy to the end.
+
+    worksteal hands the first half of the tests to one process and the second half to the
+    other; a process out of work takes the last half of the other's queue. So each half is laid
+    out heaviest first: the tests that make real runs (the ``shared`` fixture: bug sets,
+    compiled runs), then the other torch tests, then the unit tier, which ends both halves and
+    is what gets taken. A module stays in one half (its module fixtures are made once)."""
+    if not hasattr(config, "workerinput"):  # one process: the order of the files
+        return
+    halves: list[list[pytest.Item]] = [[], []]
+    for weight in ("runs", "torch"):
+        modules: dict[str, list[pytest.Item]] = {}
+        for item in items:
+            if _weight(item) == weight:
+                modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+        for tests in modules.values():  # each module into the half with fewer tests so far
+            min(halves, key=len).extend(tests)
+    light = [item for item in items if _weight(item) == "unit"]
+    first = max(0, (len(items) + 1) // 2 - len(halves[0]))  # the first half: exactly half
+    items[:] = halves[0] + light[:first] + halves[1] + light[first:]
+
+
+def _weight(item: pytest.Item) -> str:
+    """``runs``: makes or reads real runs; ``unit``: the unit tier and the layout's rules;
+    ``torch``: the rest."""
+    if item.nodeid.startswith(("tests/unit/", "tests/project/", "unit/", "project/")):
+        return "unit"
+    return "runs" if "shared" in getattr(item, "fixturenames", ()) else "torch"
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[object]:
     """With ``HOOKTRACE_TEST_TIMELINE=FILE``, each test's process, start and end (wall clock,
