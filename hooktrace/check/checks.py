@@ -147,11 +147,17 @@ def check_lost_gradient(c: Collected) -> list[Finding]:
     out = []
     for (model, name), steps in c.lost_gradient.items():
         m = c.modules.get((model, name))
+        detail = c.lost_detail.get((model, name), {})
+        last, gap = detail.get("last"), detail.get("gap")
+        until = f"until step {last}" if isinstance(last, int) else "in earlier steps"
+        turns = f" (at least every {gap} steps)" if isinstance(gap, int) and gap > 1 else ""
         out.append(Finding(
             "no-grad", WARNING, c.model_name(model), name, steps[0],
-            f"{name or '(root)'} ({m.cls if m else '?'}) received gradient in earlier steps, then "
-            f"none from step {steps[0]} on ({steps_text(steps)})",
-            {"steps": steps[:20]},
+            f"{name or '(root)'} ({m.cls if m else '?'}) received gradient {until}{turns}, then "
+            + (f"none from step {last + 1} on (said at {steps_text(steps)})"
+               if isinstance(last, int) else
+               f"none from step {steps[0]} on ({steps_text(steps)})"),
+            {"steps": steps[:20], **({"last": last, "gap": gap} if turns else {})},
             "something started detaching it or stopped using its output in the loss",
         ))
     return out

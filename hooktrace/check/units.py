@@ -8,10 +8,11 @@
   as before. A layer that no optimizer holding it stepped with lr > 0 while tracing (none
   holds it, its lr stayed 0) is not known to move: a warning.
 * **Turns**: heads trained by different losses in turns (a GAN's generator, discriminator and
-  info losses; five critic passes per generator pass) miss the gradient in some passes and get
-  it in later ones. A module that got a gradient in a recorded pass after one where it missed
-  it, while its model trained, is trained in turns: not detached. One that got it, then missed
-  it in every pass after, still is.
+  info losses; five critic passes per generator pass) miss the gradient in some passes. Judged
+  by accumulation window, not by pass: a module that got a gradient in every window of an
+  optimizer holding it (the passes up to each of its steps, within the recorded ones) trains,
+  whatever it missed in the other passes; not detached. One that missed it in a whole window
+  (or with no optimizer step to judge by) is judged pass by pass, as before.
 
 Pure: the collected log in, the flow's boundaries and the findings adjusted.
 """
@@ -31,22 +32,39 @@ _MISSED = ("detached_inside", "unused_calls")
 
 
 def trained_in_turns(c: Collected) -> set[ModuleKey]:
-    """The modules that, in the recorded steps, missed the gradient in a pass where their model
-    trained (called with gradients on, no backward) and got it in a later pass."""
-    first_miss: dict[ModuleKey, int] = {}
-    last_got: dict[ModuleKey, int] = {}
-    missed: dict[tuple[Keys, Keys], Keys] = {}  # the sets are shared between steps
+    """The modules that missed the gradient in a recorded pass where their model trained
+    (called with gradients on, no backward), and yet got one in every accumulation window of an
+    optimizer that holds them (the passes after its last step up to its next one; those within
+    the recorded steps, one at least): each of its steps had their gradient."""
+    missed: set[ModuleKey] = set()
+    got: dict[ModuleKey, set[int]] = {}
+    found: dict[tuple[Keys, Keys], Keys] = {}  # the sets are shared between steps
     for step in sorted(c.backward_steps):
         grad, backed = c.grad.get(step, frozenset()), c.backward.get(step, frozenset())
         pair = (grad, backed)
-        if pair not in missed:
+        if pair not in found:
             reached = {key[0] for key in backed}
-            missed[pair] = frozenset(key for key in grad - backed if key[0] in reached)
-        for key in missed[pair]:
-            first_miss.setdefault(key, step)
+            found[pair] = frozenset(key for key in grad - backed if key[0] in reached)
+        missed |= found[pair]
         for key in backed:
-            last_got[key] = step
-    return {key for key, step in first_miss.items() if last_got.get(key, -1) > step}
+            got.setdefault(key, set()).add(step)
+    last = max(c.backward_steps, default=-1)
+    windows = [(s.model, set(s.detail.get("held") or ()), _windows(s.detail.get("after"), last))
+               for s in c.signals if s.kind == "optimizer-steps"]
+    return {key for key in missed if key in got and any(
+        model == key[0] and key[1] in held and spans
+        and all(any(start < step <= end for step in got[key]) for start, end in spans)
+        for model, held, spans in windows)}
+
+
+def _windows(after: object, last: int) -> list[tuple[int, int]]:
+    """An optimizer's accumulation windows that end within the recorded steps: (the pass of
+    its step before, the pass of its step]."""
+    if not isinstance(after, list):
+        return []
+    ends = [a for a in after if isinstance(a, int)]
+    return [(start, end) for start, end in zip([-1, *ends], ends, strict=False)
+            if start < end <= last]
 
 
 def drop_turns(found: Flow, turns: set[ModuleKey]) -> None:

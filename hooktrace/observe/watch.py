@@ -26,6 +26,8 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Callable
+from itertools import compress, repeat
+from operator import attrgetter, ne
 from typing import Any
 
 import torch
@@ -60,8 +62,9 @@ class Watch(Observer):
         self._called: dict[ModInfo, ForwardCall] = {}
         self._states: dict[ModInfo, _GradState] = {}  # as the last step that judged them left
         self._had_grad: set[ModInfo] = set()  # modules that received gradient at some step
-        # the last step each module received gradient in, and the most steps between two
-        # (recorded steps too): a module trained in turns misses it for that long
+        # the last step each module received gradient in, and the most steps between two (1
+        # where not kept; recorded steps too): a module trained in turns misses it that long
+        # less one; one whose next gradient would come later than that has lost it
         self._got_at: dict[ModInfo, int] = {}
         self._gap: dict[ModInfo, int] = {}
         # modules with parameters called with gradients on in any step: judged in a compiled one
@@ -95,9 +98,7 @@ class Watch(Observer):
                 self._known[info] = ForwardCall(-1, end.step, info, 0, False, 0, 0)
         if end.mode is not WATCHED:
             if end.mode is Mode.RECORDED:
-                for info in end.reached:
-                    if info.has_params:
-                        self._got(info, end.step)
+                self._learn(end.reached, end.step)
             return
         compiled = not end.called and bool(self._known)
         if compiled:
@@ -256,10 +257,23 @@ class Watch(Observer):
 
     def _got(self, info: ModInfo, step: int) -> None:
         last = self._got_at.get(info)
-        if last is not None and step - last > self._gap.get(info, 0):
+        if last is not None and step - last > self._gap.get(info, 1):
             self._gap[info] = step - last
         self._got_at[info] = step
         self._had_grad.add(info)
+
+    def _learn(self, reached: tuple[ModInfo, ...], step: int) -> None:
+        """A recorded pass's modules with parameters whose backward began: ``_got`` for each,
+        in C but for those whose last gradient was not in the pass before (a gap of one pass,
+        the usual, is ``_gap``'s default)."""
+        infos = list(compress(reached, map(_has_params, reached)))
+        before = list(map(self._got_at.get, infos))
+        self._got_at.update(zip(infos, repeat(step)))
+        self._had_grad.update(infos)
+        irregular = map(ne, before, repeat(step - 1))
+        for info, last in compress(zip(infos, before, strict=True), irregular):
+            if last is not None and step - last > self._gap.get(info, 1):
+                self._gap[info] = step - last
 
     def _lost_gradients(self, step: int,
                         changed: list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]]
@@ -277,14 +291,17 @@ class Watch(Observer):
             if info in got:
                 self._got(info, step)
             elif (info in self._had_grad and info.model in trained
-                  and step - self._got_at[info] > self._gap.get(info, 0)
+                  and step - self._got_at[info] >= self._gap.get(info, 1)
                   and _trainable(info)):
                 self._had_grad.discard(info)  # reported once, until it receives gradient again
                 out.append(schema.Anomaly(step, info.model, info.name, "no-grad",
                                           call.call_index, {"had_gradient_before": True,
                                                             "last": self._got_at[info],
-                                                            "gap": self._gap.get(info, 0)}))
+                                                            "gap": self._gap.get(info, 1)}))
         return out
+
+
+_has_params = attrgetter("has_params")
 
 
 def _trainable(info: ModInfo) -> bool:

@@ -20,7 +20,7 @@ from hooktrace.log import schema
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "field_steps.py"
 HEALTHY = ("lora_accumulation", "infogan", "wgan_gp")
-BUGS = ("lora_b_frozen", "infogan_no_info")
+BUGS = ("lora_b_frozen", "infogan_no_info", "infogan_info_stops")
 LORA = [f"base_model.model.model.layers.{i}.self_attn.{p}_proj.lora_B.default"
         for i in (0, 1) for p in "qv"]
 
@@ -79,3 +79,14 @@ def test_the_watch_knows_turns(runs: Cases) -> None:
     never longer than they did, so the watch writes no lost gradient."""
     assert [r for r in read_log(runs.folder / "infogan.jsonl")
             if isinstance(r, schema.Anomaly)] == []
+
+
+def test_heads_whose_turns_stop_are_said_by_the_watch(runs: Cases) -> None:
+    """The info loss dropped after five iterations (pass 14 its last, in turns every 3 passes):
+    past that gap, at pass 17, the watch says the label and code heads lost their gradient."""
+    status, found = run_findings(runs["infogan_info_stops"])
+    assert problems(found) == [("no-grad", "warning", "discriminator", name, 17)
+                               for name in ("aux_layer.0", "latent_layer")]
+    assert "received gradient until step 14 (at least every 3 steps), then none from step 15 on" \
+        in found[0]["message"]
+    assert status == 1

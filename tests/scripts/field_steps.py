@@ -14,7 +14,9 @@ the bugs kept beside them.
 * ``wgan_gp``: PyTorch-GAN's ``wgan_gp.py``: five critic passes (with a gradient penalty through
   ``autograd.grad``) per generator pass;
 * bugs kept: ``lora_b_frozen`` (``lora_B`` frozen by a name filter: ``lora_A`` never learns),
-  ``infogan_no_info`` (the info loss dropped: the label and code heads never train).
+  ``infogan_no_info`` (the info loss dropped: the label and code heads never train),
+  ``infogan_info_stops`` (the info loss dropped after five iterations, in the watched steps:
+  the heads' turns stop).
 
 Everything runs on the CPU on random data, with nothing downloaded.
 """
@@ -85,9 +87,9 @@ class InfoDiscriminator(nn.Module):
         return self.adv_layer(out), self.aux_layer(out), self.latent_layer(out)
 
 
-def infogan(info: bool, iterations: int = 8, batch: int = 16) -> None:
+def infogan(info: bool, iterations: int = 8, batch: int = 16, info_until: int = 8) -> None:
     """PyTorch-GAN's loop: the generator's step, the discriminator's, then the info step over
-    both (``info``; dropped: a bug)."""
+    both (``info``, in the first ``info_until`` iterations; dropped: a bug)."""
     generator, discriminator = Generator(), InfoDiscriminator()
     adversarial, categorical, continuous = nn.MSELoss(), nn.CrossEntropyLoss(), nn.MSELoss()
     opt_g = torch.optim.Adam(generator.parameters(), lr=2e-4, betas=(0.5, 0.999))
@@ -102,7 +104,7 @@ def infogan(info: bool, iterations: int = 8, batch: int = 16) -> None:
         return (torch.randn(batch, 8), F.one_hot(classes, 4).float(),
                 torch.rand(batch, 2) * 2 - 1, classes)
 
-    for _ in range(iterations):
+    for iteration in range(iterations):
         real = torch.rand(batch, 16) * 2 - 1
         opt_g.zero_grad()
         z, labels, code, _ = sample()
@@ -117,7 +119,7 @@ def infogan(info: bool, iterations: int = 8, batch: int = 16) -> None:
         ((adversarial(real_pred, valid) + adversarial(fake_pred, fake)) / 2).backward()
         opt_d.step()
 
-        if info:
+        if info and iteration < info_until:
             opt_info.zero_grad()
             z, labels, code, classes = sample()
             _, pred_label, pred_code = discriminator(generator(z, labels, code))
@@ -176,6 +178,7 @@ CASES = {
     "lora_b_frozen": lambda: lora(accumulation=2, warmup=0, freeze_b=True),
     "infogan": lambda: infogan(info=True),
     "infogan_no_info": lambda: infogan(info=False),
+    "infogan_info_stops": lambda: infogan(info=True, info_until=5),
     "wgan_gp": wgan_gp,
 }
 

@@ -44,11 +44,19 @@ def test_zero_weights_no_step_moves_are_a_warning(tmp_path: Path) -> None:
 
 
 def test_a_head_that_misses_the_gradient_in_turns_is_not_detached(tmp_path: Path) -> None:
-    """fc2 gets no gradient in pass 1 and gets it again in pass 2 (losses in turns)."""
+    """fc2 gets no gradient in pass 1 and gets it again in pass 2 (losses in turns), where the
+    optimizer steps after passes 0 and 2: each of its steps had fc2's gradient."""
     turns = [[C("fc1", g_in=None), C("act"), C("fc2", g_out=None if step == 1 else 0.5),
               C("")] for step in range(3)]
-    path = write_log(tmp_path / "log.jsonl", turns)
+    windows = [signal("optimizer-steps", 0, optimizer="SGD", count=2, after=[0, 2],
+                      lr=[0.1, 0.1], moving=0, held=["fc1", "fc2"])]
+    path = write_log(tmp_path / "log.jsonl", turns, signals=windows)
     assert [f for f in summary(path) if f[1] != "note"] == []
+    # a step after every pass: pass 1's window has no gradient for fc2
+    every = [signal("optimizer-steps", 0, optimizer="SGD", count=3, after=[0, 1, 2],
+                    lr=[0.1] * 3, moving=0, held=["fc1", "fc2"])]
+    path = write_log(tmp_path / "every.jsonl", turns, signals=every)
+    assert [f[0] for f in summary(path) if f[1] != "note"] == ["no-grad"]
 
 
 def test_a_head_that_stops_getting_the_gradient_is_detached(tmp_path: Path) -> None:
