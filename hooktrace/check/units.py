@@ -36,6 +36,11 @@ def trained_in_turns(c: Collected) -> set[ModuleKey]:
     (called with gradients on, no backward), and yet got one in every accumulation window of an
     optimizer that holds them (the passes after its last step up to its next one; those within
     the recorded steps, one at least): each of its steps had their gradient."""
+    last = max(c.backward_steps, default=-1)
+    windows = [(s.model, set(s.detail.get("held") or ()), spans) for s in c.signals
+               if s.kind == "optimizer-steps" and (spans := _windows(s.detail.get("after"), last))]
+    if not windows:
+        return set()  # no optimizer step to judge by
     missed: set[ModuleKey] = set()
     got: dict[ModuleKey, set[int]] = {}
     found: dict[tuple[Keys, Keys], Keys] = {}  # the sets are shared between steps
@@ -46,13 +51,11 @@ def trained_in_turns(c: Collected) -> set[ModuleKey]:
             reached = {key[0] for key in backed}
             found[pair] = frozenset(key for key in grad - backed if key[0] in reached)
         missed |= found[pair]
-        for key in backed:
+    for step in sorted(c.backward_steps):  # only the gradients of those that missed one
+        for key in missed.intersection(c.backward.get(step, ())):
             got.setdefault(key, set()).add(step)
-    last = max(c.backward_steps, default=-1)
-    windows = [(s.model, set(s.detail.get("held") or ()), _windows(s.detail.get("after"), last))
-               for s in c.signals if s.kind == "optimizer-steps"]
     return {key for key in missed if key in got and any(
-        model == key[0] and key[1] in held and spans
+        model == key[0] and key[1] in held
         and all(any(start < step <= end for step in got[key]) for start, end in spans)
         for model, held, spans in windows)}
 
