@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Set
 from typing import TYPE_CHECKING
 
-from hooktrace.check import causes, flow, oplines
+from hooktrace.check import causes, flow, oplines, units
 from hooktrace.check.crash import check_crash
 from hooktrace.check.findings import (
     NOTE,
@@ -147,11 +147,17 @@ def check_lost_gradient(c: Collected) -> list[Finding]:
     out = []
     for (model, name), steps in c.lost_gradient.items():
         m = c.modules.get((model, name))
+        detail = c.lost_detail.get((model, name), {})
+        last, gap = detail.get("last"), detail.get("gap")
+        until = f"until step {last}" if isinstance(last, int) else "in earlier steps"
+        turns = f" (at least every {gap} steps)" if isinstance(gap, int) and gap > 1 else ""
         out.append(Finding(
             "no-grad", WARNING, c.model_name(model), name, steps[0],
-            f"{name or '(root)'} ({m.cls if m else '?'}) received gradient in earlier steps, then "
-            f"none from step {steps[0]} on ({steps_text(steps)})",
-            {"steps": steps[:20]},
+            f"{name or '(root)'} ({m.cls if m else '?'}) received gradient {until}{turns}, then "
+            + (f"none from step {last + 1} on (said at {steps_text(steps)})"
+               if isinstance(last, int) else
+               f"none from step {steps[0]} on ({steps_text(steps)})"),
+            {"steps": steps[:20], **({"last": last, "gap": gap} if turns else {})},
             "something started detaching it or stopped using its output in the loss",
         ))
     return out
@@ -357,13 +363,16 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
     flowed = flow.analyse([call for call in c.calls if c.unfinished is None
                            or call.step != c.unfinished[0]], c.modules, thresholds)
     drop_frozen(c, flowed)
+    turns = units.trained_in_turns(c)
+    units.drop_turns(flowed, turns)
     explained = _explained(c, flowed) | set(frozen_since(c))
     findings = [*check_crash(c), *check_unseen(c), *check_nonfinite(c), *check_loop(c),
                 *causes.findings(flowed, c.modules, c.models),
-                *check_no_grad(c, explained), *check_lost_gradient(c),
+                *check_no_grad(c, explained | turns), *check_lost_gradient(c),
                 *check_magnitudes(c, thresholds, explained),
                 *check_unused(c), *check_loose(c), *check_losses(c), *check_info(c),
                 *check_scaling(c)]
+    units.zero_before_moving(c, flowed, findings)
     explain(findings)
     _add_sources(c, findings)
     oplines.explain(findings, c, flowed)

@@ -152,6 +152,7 @@ class Collector:
         elif type(r) is schema.Anomaly:
             if self._wanted(r.step) and r.kind == "no-grad":
                 self.c.lost_gradient.setdefault((r.model, r.name), []).append(r.step)
+                self.c.lost_detail.setdefault((r.model, r.name), r.detail)
             elif self._wanted(r.step):
                 firstnan.anomaly(self.c, r)
         elif type(r) is schema.Step:

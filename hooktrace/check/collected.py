@@ -79,6 +79,9 @@ class Collected:
     order_mismatch: tuple[int, int, str] | None = None
     steps_seen: set[int] = field(default_factory=set)
     lost_gradient: dict[ModuleKey, list[int]] = field(default_factory=dict)  # watched
+    # the first watched no-grad anomaly's detail per module: the step it last got a gradient
+    # in (``last``), the most steps it went without one before (``gap``)
+    lost_detail: dict[ModuleKey, dict[str, Any]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     end: schema.End | None = None
     events: int = 0  # forward and backward events read, of every step

@@ -97,7 +97,14 @@ class Signal:
       (``detail.modules``, fqns); once a run;
     * ``compiled-eager``: the model call ``name`` of recorded step ``step`` ran inside
       ``torch.compile``'d code, run eagerly while the step was recorded (``Header.eager``);
-      the steps not recorded ran it compiled; once a run.
+      the steps not recorded ran it compiled; once a run;
+    * ``optimizer-steps``: when tracing stops, per optimizer that stepped (``detail.optimizer``:
+      its class) and model whose modules it holds (``detail.held``: their fqns, as at its first
+      step): ``detail.count``, its steps; ``detail.after``, the backward pass (step) each came
+      after (-1: before any), and ``detail.lr``, the largest learning rate of its groups at each
+      (null: not a number read on the host), both for its first 64 steps; ``detail.moving``,
+      the pass after which it first stepped with lr > 0 (null: never); ``step``, its first
+      step's pass. Steps and accumulation windows, as training counts them (``optsteps.py``).
     """
 
     TYPE: ClassVar[str] = "signal"
@@ -110,7 +117,7 @@ class Signal:
                                         "loss-scale", "nonfinite-weights",
                                         "updates-rounded", "grad-zeros", "loss-ops",
                                         "loss-scaled", "scaled-step", "scaled-clip",
-                                        "compiled-eager")
+                                        "compiled-eager", "optimizer-steps")
     step: int
     model: int
     name: str

@@ -25,6 +25,8 @@ module call):
   the end of each recorded step, the ids of each module's own parameters, summed into one int
   per module, against the last step's (a walk of the modules, no object kept per step); a
   trainable parameter whose object changed at two recorded steps in a row is said;
+* each optimizer's steps (``optsteps``): after which backward pass, at which learning rate,
+  holding which modules; said when tracing stops;
 * what an optimizer holds against what the model is (``optimizer_view``): at its first step,
   Parameters over one storage and parameters of no named module; at each step, whether it
   steps again with the gradients its last step applied;
@@ -54,6 +56,7 @@ from hooktrace.hooks.records import Mode, Observer, PassEnd
 from hooktrace.hooks.sites import forward_site
 from hooktrace.log import schema
 from hooktrace.observe.optimizer_view import OptimizerView
+from hooktrace.observe.optsteps import OptimizerSteps
 from hooktrace.observe.paramlooks import all_zero, ids_sum, optimizer_params, trainable_count
 
 RECORDED = Mode.RECORDED
@@ -78,6 +81,8 @@ class Diagnosis(Observer):
         self._modules: list[tuple[weakref.ref[nn.Module], ModInfo]] = []  # with parameters
         self._owner: dict[int, ModInfo] = {}  # id(parameter) -> its module
         self._view = OptimizerView(emit, self._owner, {} if uncalled is None else uncalled)
+        self._steps = OptimizerSteps(emit, self._owner)
+        self._last_pass = -1  # the step of the last backward pass that ended
         self._held: set[int] = set()  # ids of the parameters of optimizers that stepped
         self._held_changed = False
         self._sorted: dict[int, dict[str, list[str]]] = {}  # model -> its last optimizers signal
@@ -145,7 +150,7 @@ class Diagnosis(Observer):
 
     def backward_end(self, end: PassEnd) -> None:
         self._models_reached = set(map(_model, end.reached))
-        self._step = end.step
+        self._step = self._last_pass = end.step
         self._recorded_pass = end.mode is RECORDED
         if self._recorded_pass:
             self._new_parameters(end.step)
@@ -250,6 +255,7 @@ class Diagnosis(Observer):
         try:
             params = optimizer_params(optimizer)
             self._view.stepping(optimizer, params, args, kwargs, self._step)
+            self._steps.stepping(optimizer, params, self._last_pass)
             if not self._reported_cleared:
                 self._cleared_before_step(optimizer, params)
             if not self._reported_zeroed and self._recorded_pass:
@@ -360,6 +366,7 @@ class Diagnosis(Observer):
         self._remove_hooks()
         self._sort_modules(step)
         self._view.stop(step)
+        self._steps.stop()
 
     def _sort_modules(self, step: int) -> None:
         """Once optimizers have stepped with parameters not seen before: per model, the modules
