@@ -14,6 +14,10 @@ that with every claim the log makes about gradient arrival:
   ``no-grad-under-no_grad``, ``zero-gradient``, ``dead-activation``, a boundary's starved
   modules, ``unused`` trainable modules, ``never-reached`` models).
 
+Over a whole run (``watch_optimizers``), the census also reads every ``.grad`` at each optimizer
+step (what the step applied: after gradient accumulation, after ``zero_grad`` by mistake);
+``tests/truthclaims.py`` holds ``check``'s claims about the whole run against both.
+
 A contradiction is a claim of no (or zero) gradient where a ``param.grad`` is non-zero, or the
 reverse. Parameters shared by several modules are left out of the event comparison (a module's
 own calls need not carry their gradient), not out of the ``params`` record's.
@@ -31,6 +35,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import hooktrace
 from hooktrace.check.checklog import run_checks
@@ -94,14 +99,20 @@ def _fmt(norm: float | None) -> str:
     return "None" if norm is None else f"{norm:.3g}"
 
 
+Census = dict[ModuleKey, Truth]
+
+
 class GradTruth:
-    """PyTorch's answer for each backward pass: ``record()`` right after ``backward()``."""
+    """PyTorch's answer for each backward pass: ``record()`` right after ``backward()``; and,
+    once ``watch_optimizers()`` ran, at each optimizer step (``optimizer_steps``: the backward
+    passes done by then, and the census)."""
 
     def __init__(self, models: Sequence[nn.Module]) -> None:
         self.models = list(models)
-        self.layout: Layout = [(type(m).__name__, frozenset(n for n, _ in m.named_modules()))
-                               for m in self.models]
-        self.steps: list[dict[ModuleKey, Truth]] = []
+        self.layout: Layout = _layout(self.models)
+        self.steps: list[Census] = []
+        self.optimizer_steps: list[tuple[int, Census]] = []
+        self._hook: torch.utils.hooks.RemovableHandle | None = None
         owners: dict[int, int] = {}
         for model in self.models:
             for _, module in model.named_modules():
@@ -109,8 +120,19 @@ class GradTruth:
                     owners[id(p)] = owners.get(id(p), 0) + 1
         self._owners = owners
 
+    def watch_optimizers(self) -> None:
+        """Take the census at every optimizer step from now on (a global step pre hook, removed
+        by ``save``)."""
+        def stepping(*_: object) -> None:
+            self.optimizer_steps.append((len(self.steps), self._census()))
+
+        self._hook = register_optimizer_step_pre_hook(stepping)
+
     def record(self) -> None:
-        found: dict[ModuleKey, Truth] = {}
+        self.steps.append(self._census())
+
+    def _census(self) -> Census:
+        found: Census = {}
         for index, model in enumerate(self.models):
             for fqn, module in model.named_modules():
                 params = [(n, p) for n, p in module.named_parameters(recurse=False)
@@ -121,23 +143,43 @@ class GradTruth:
                          for n, p in params},
                         frozenset(n for n, p in params if self._owners.get(id(p), 0) > 1),
                         not any(True for _ in module.children()))
-        self.steps.append(found)
+        return found
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """What was recorded, as JSON: a script under ``hooktrace run`` hands it to the test."""
-        steps = [[[i, n, t.grads, sorted(t.shared), t.leaf] for (i, n), t in s.items()]
-                 for s in self.steps]
-        Path(path).write_text(json.dumps({"layout": [[c, sorted(n)] for c, n in self.layout],
-                                          "steps": steps}))
+        """What was recorded, as JSON: a script under ``hooktrace run`` hands it to the test.
+        The layout is taken now: modules made during the run (a target built at the first
+        forward) are in it."""
+        if self._hook is not None:
+            self._hook.remove()
+        if self.models:
+            self.layout = _layout(self.models)
+
+        def rows(census: Census) -> list[list[object]]:
+            return [[i, n, t.grads, sorted(t.shared), t.leaf] for (i, n), t in census.items()]
+
+        Path(path).write_text(json.dumps({
+            "layout": [[c, sorted(n)] for c, n in self.layout],
+            "steps": [rows(s) for s in self.steps],
+            "optimizer_steps": [[after, rows(s)] for after, s in self.optimizer_steps]}))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> GradTruth:
         data = json.loads(Path(path).read_text())
         truth = cls([])
         truth.layout = [(c, frozenset(n)) for c, n in data["layout"]]
-        truth.steps = [{(i, n): Truth(grads, frozenset(shared), leaf)
-                        for i, n, grads, shared, leaf in s} for s in data["steps"]]
+
+        def census(rows: list[list[object]]) -> Census:
+            return {(i, n): Truth(grads, frozenset(shared), leaf)  # type: ignore[misc]
+                    for i, n, grads, shared, leaf in rows}
+
+        truth.steps = [census(s) for s in data["steps"]]
+        truth.optimizer_steps = [(after, census(s))
+                                 for after, s in data.get("optimizer_steps", [])]
         return truth
+
+
+def _layout(models: Sequence[nn.Module]) -> Layout:
+    return [(type(m).__name__, frozenset(n for n, _ in m.named_modules())) for m in models]
 
 
 @dataclass(frozen=True)
