@@ -111,6 +111,10 @@ class GradTruth:
         self.models = list(models)
         self.layout: Layout = _layout(self.models)
         self.steps: list[Census] = []
+        # per backward pass, the parameters that required no gradient (a frozen module's
+        # .grad is None: what a claim that it got none is held against)
+        self.frozen: list[Census] = []
+        # per optimizer step, the backward passes done by then, and every parameter's .grad
         self.optimizer_steps: list[tuple[int, Census]] = []
         self._hook: torch.utils.hooks.RemovableHandle | None = None
         owners: dict[int, int] = {}
@@ -124,19 +128,22 @@ class GradTruth:
         """Take the census at every optimizer step from now on (a global step pre hook, removed
         by ``save``)."""
         def stepping(*_: object) -> None:
-            self.optimizer_steps.append((len(self.steps), self._census()))
+            self.optimizer_steps.append((len(self.steps), self._census(trainable=None)))
 
         self._hook = register_optimizer_step_pre_hook(stepping)
 
     def record(self) -> None:
         self.steps.append(self._census())
+        self.frozen.append(self._census(trainable=False))
 
-    def _census(self) -> Census:
+    def _census(self, trainable: bool | None = True) -> Census:
+        """Per module, its own parameters that require a gradient (``trainable``), those that
+        do not (False), or all of them (None)."""
         found: Census = {}
         for index, model in enumerate(self.models):
             for fqn, module in model.named_modules():
                 params = [(n, p) for n, p in module.named_parameters(recurse=False)
-                          if p.requires_grad]
+                          if trainable is None or p.requires_grad == trainable]
                 if params:
                     found[(index, fqn)] = Truth(
                         {n: None if p.grad is None else float(p.grad.detach().double().norm())
@@ -160,6 +167,7 @@ class GradTruth:
         Path(path).write_text(json.dumps({
             "layout": [[c, sorted(n)] for c, n in self.layout],
             "steps": [rows(s) for s in self.steps],
+            "frozen": [rows(s) for s in self.frozen],
             "optimizer_steps": [[after, rows(s)] for after, s in self.optimizer_steps]}))
 
     @classmethod
@@ -173,6 +181,7 @@ class GradTruth:
                     for i, n, grads, shared, leaf in rows}
 
         truth.steps = [census(s) for s in data["steps"]]
+        truth.frozen = [census(s) for s in data.get("frozen", [])]
         truth.optimizer_steps = [(after, census(s))
                                  for after, s in data.get("optimizer_steps", [])]
         return truth
@@ -208,23 +217,28 @@ class _Claims:
 
 
 def _map_models(records: list[schema.Model], fqns: dict[int, set[str]], layout: Layout,
-                scoped: bool) -> dict[int, int]:
+                scoped: bool, by_class: bool = False) -> dict[int, int]:
     """The log's model index -> the case's. Traced with ``model=`` they are the same; traced
-    whole, a log model is the case model of its class (it must be the only one of it)."""
+    whole, a log model is the case model of its class (it must be the only one of it) whose
+    modules it names; ``by_class``: of its class alone (modules made in ``forward`` have names
+    the case's tree does not know: those are not compared), several of one class in the order
+    the program first called them."""
     if scoped:
         return {r.model: r.model for r in records}
-    out = {}
+    out: dict[int, int] = {}
     for r in records:
         same = [i for i, (cls, names) in enumerate(layout) if cls == r.cls
-                and fqns.get(r.model, set()) <= names]
-        if len(same) > 1:
+                and (by_class or fqns.get(r.model, set()) <= names)
+                and i not in out.values()]
+        if len(same) > 1 and not by_class:
             raise ValueError(f"several models of class {r.cls}: trace them with model=[...]")
         if same:
             out[r.model] = same[0]
     return out
 
 
-def _read(path: str | os.PathLike[str], layout: Layout, scoped: bool) -> _Claims:
+def _read(path: str | os.PathLike[str], layout: Layout, scoped: bool,
+          by_class: bool = False) -> _Claims:
     reader = LogReader(path)
     records = list(reader)
     model_records = [r for r in records if isinstance(r, schema.Model)]
@@ -232,7 +246,7 @@ def _read(path: str | os.PathLike[str], layout: Layout, scoped: bool) -> _Claims
     for r in records:
         if isinstance(r, schema.Module):
             fqns.setdefault(r.model, set()).add(r.name)
-    index = _map_models(model_records, fqns, layout, scoped)
+    index = _map_models(model_records, fqns, layout, scoped, by_class)
     claims = _Claims()
     for r in model_records:
         if r.model in index:

@@ -52,7 +52,8 @@ def mlp(dim: int, out: int, hidden: int = 32) -> nn.Sequential:
 
 
 def census(models: list[nn.Module]) -> None:
-    """Start PyTorch's census of ``.grad`` for ``models`` where a TRUTH file is asked for."""
+    """Start PyTorch's census of ``.grad`` for ``models`` (in the order the program first
+    calls them) where a TRUTH file is asked for."""
     global TRUTH
     if len(sys.argv) > 2:
         TRUTH = GradTruth(models)
@@ -198,7 +199,7 @@ def ok_distill_frozen_teacher() -> None:
     teacher = backbone().eval()
     teacher.requires_grad_(False)
     student = backbone()
-    census([student, teacher])
+    census([teacher, student])  # in the order they are first called
     optimizer = torch.optim.SGD(student.parameters(), lr=0.1)
     for _ in range(STEPS):
         x = images()
