@@ -53,9 +53,11 @@ def claims(findings: Sequence[Finding], modules: Mapping[str, Sequence[str]]) ->
             continue
         state, when = RUN_CLAIMS[f.kind]
         named = f.evidence.get("modules")
-        names = list(named) if isinstance(named, list) else [
-            n for n in modules.get(f.model, ()) if n == f.module or not f.module
-            or n.startswith(f.module + ".")]
+        tops = list(named) if isinstance(named, list) else [f.module]
+        known = modules.get(f.model, ())
+        # each named module and those below it (a note may name the top of a frozen subtree)
+        names = [*dict.fromkeys([n for top in tops for n in known if n == top or not top
+                                 or n.startswith(top + ".")] or tops)]
         until = re.search(r"until step (\d+)", f.message)
         out.append(Claim(f"check [{f.kind}] {f.severity} {f.module or '(root)'}: {f.message}",
                          f.model, tuple(names), state, when,
