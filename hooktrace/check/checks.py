@@ -31,7 +31,8 @@ from hooktrace.check.magnitudes import check_magnitudes, start, start_orders
 from hooktrace.check.nonfinite import check_nonfinite
 from hooktrace.check.registered import check_loose
 from hooktrace.check.scaling import check_scaling, explain
-from hooktrace.check.trainable import drop_frozen, frozen_since, unfrozen_at
+from hooktrace.check.shared import check_shared_targets
+from hooktrace.check.trainable import drop_frozen, frozen_since, settle_frozen, unfrozen_at
 from hooktrace.check.unseen import check_unseen
 from hooktrace.log.words import plural
 
@@ -360,6 +361,7 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
     order. Leaves ``c`` as the checks need it (an unfinished backward's step is not judged)."""
     if c.unfinished is not None:  # a backward that raised starves every module before it
         c.backward_steps.discard(c.unfinished[0])
+    settle_frozen(c)  # a freeze inside the first forward: frozen from the start
     flowed = flow.analyse([call for call in c.calls if c.unfinished is None
                            or call.step != c.unfinished[0]], c.modules, thresholds)
     drop_frozen(c, flowed)
@@ -371,7 +373,7 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
                 *check_no_grad(c, explained | turns), *check_lost_gradient(c),
                 *check_magnitudes(c, thresholds, explained),
                 *check_unused(c), *check_loose(c), *check_losses(c), *check_info(c),
-                *check_scaling(c)]
+                *check_scaling(c), *check_shared_targets(c)]
     units.zero_before_moving(c, flowed, findings)
     explain(findings)
     _add_sources(c, findings)

@@ -63,6 +63,9 @@ class ModInfo:
     # the module it names; None once that module is gone, or named anew in a model found later
     ref: Callable[[], nn.Module | None]
     has_params: bool  # parameters registered directly on it
+    # how many of its own parameters required a gradient when it was named, as its module
+    # record says (a freeze inside the first forward is then a change the first step's end sees)
+    trainable: int = 0
 
 
 def _no_module() -> None:
@@ -113,6 +116,11 @@ def _own_params(module: nn.Module) -> tuple[int, int]:
         if p.requires_grad:
             trainable += p.numel()
     return total, trainable
+
+
+def _trainable_count(module: nn.Module) -> int:
+    """How many of its own parameters require a gradient (tensors, not elements)."""
+    return sum(1 for p in module._parameters.values() if p is not None and p.requires_grad)
 
 
 def _loose(module: nn.Module) -> list[str] | None:
@@ -324,9 +332,10 @@ class Naming:
             info = self._by_name.get((model, fqn))
             if info is not None and info.cls == type(module).__name__:
                 info.ref = weakref.ref(module)  # a module built anew in each forward: same name
+                info.trainable = _trainable_count(module)
             else:
                 info = ModInfo(model, fqn, type(module).__name__, self._matches(fqn),
-                               weakref.ref(module), params > 0)
+                               weakref.ref(module), params > 0, _trainable_count(module))
                 self._by_name[(model, fqn)] = info
                 if info.has_params and info.traced:
                     self.uncalled[info] = None
