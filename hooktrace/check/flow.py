@@ -20,9 +20,12 @@ gradient is lost, with the starved calls as its evidence:
 What each cause says is ``causes.py``'s.
 
 Only calls inside a top-level call that got a gradient are judged: a whole model call without
-backward (a validation pass, a teacher) is not a lost gradient. A tiny gradient whose module is
-bypassed (a module before it gets a large one: a layer scale on a residual branch) is not
-reported; an exactly-zero one always is.
+backward (a validation pass, a teacher) is not a lost gradient. Nor is a call under ``no_grad``
+(or ``inference_mode``) of a module that another call of the step trained: an evaluation pass
+between optimizer steps (timm validates the model inside its wrapper when an epoch ends), which
+the log cannot nest apart from the wrapper's training call of the same step. A tiny gradient
+whose module is bypassed (a module before it gets a large one: a layer scale on a residual
+branch) is not reported; an exactly-zero one always is.
 """
 
 from __future__ import annotations
@@ -148,6 +151,8 @@ def _judge_step(flow: Flow, step: int, calls: list[Call],
         top = enclosing.outermost(v)
         if top is None or not top.fed:
             continue  # a whole call without backward: not a gradient lost inside a model
+        if not v.grad and enclosing.fed_elsewhere(v):
+            continue  # an evaluation pass (under no_grad) of a module that trains in the step
         if v.dead and v.backed and enclosing.fed_elsewhere(v):
             continue  # a shared module trains through its fed calls: a zero one is a loss
             # reading part of its outputs (a detection head's level without a matching anchor)
