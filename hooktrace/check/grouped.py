@@ -40,13 +40,15 @@ def _first_seq(c: Collected, model: int, name: str) -> int:
 
 
 def patterns(names: Iterable[str], keep: int = 10) -> str:
-    """``embed, layers.*.k_proj (x32), norm``: numbered layers folded into one pattern each, in
-    the order first met; ``(root)`` for the root; past ``keep`` patterns, how many more."""
-    counts: dict[str, int] = {}
+    """``embed, layers.*.k_proj (x32), norm``: numbered layers folded into one pattern each
+    (a name alone kept as it is), in the order first met; ``(root)`` for the root; past
+    ``keep`` patterns, how many more."""
+    counts: dict[str, list[str]] = {}
     for name in names:
         pattern = _INDEX.sub("*", name) if name else "(root)"
-        counts[pattern] = counts.get(pattern, 0) + 1
-    shown = [p if n == 1 else f"{p} (x{n})" for p, n in counts.items()]
+        counts.setdefault(pattern, []).append(name or "(root)")
+    shown = [found[0] if len(found) == 1 else f"{p} (x{len(found)})"
+             for p, found in counts.items()]
     more = f" and {len(shown) - keep} more" if len(shown) > keep else ""
     return ", ".join(shown[:keep]) + more
 
