@@ -151,8 +151,8 @@ def _judge_step(flow: Flow, step: int, calls: list[Call],
         top = enclosing.outermost(v)
         if top is None or not top.fed:
             continue  # a whole call without backward: not a gradient lost inside a model
-        if not v.grad and enclosing.fed_elsewhere(v):
-            continue  # an evaluation pass (under no_grad) of a module that trains in the step
+        if _evaluation(enclosing, v):
+            continue  # an evaluation pass between optimizer steps: not training
         if v.dead and v.backed and enclosing.fed_elsewhere(v):
             continue  # a shared module trains through its fed calls: a zero one is a loss
             # reading part of its outputs (a detection head's level without a matching anchor)
@@ -172,6 +172,20 @@ def _judge_step(flow: Flow, step: int, calls: list[Call],
                                    and _bypassed(b, enclosing))
             if not bypassed[b.seq]:
                 _add(flow, step, b, _cause(b, modules), v)
+
+
+def _evaluation(enclosing: Enclosing, v: Call) -> bool:
+    """``v`` ran under no_grad in a pass (its outermost call around it under no_grad, or
+    itself) of a module that another call of the step trained: a validation pass between
+    optimizer steps, whose calls the log nests in the training call of the step after it."""
+    if v.grad:
+        return False
+    top = v
+    for outer in enclosing.chain(v):  # innermost first
+        if outer.grad:
+            break
+        top = outer
+    return enclosing.fed_elsewhere(v) or enclosing.fed_elsewhere(top)
 
 
 def _candidates(calls: list[Call], modules: dict[ModuleKey, ModuleStats],
