@@ -19,16 +19,20 @@ _INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
 
 def cover(c: Collected, model: int, names: Iterable[str]) -> list[str]:
     """The outermost modules each of whose called modules with parameters is one of ``names``
-    (a whole frozen ``features``), or the name itself; in forward order, each once."""
+    (a whole frozen ``features``), or the name itself; in forward order, each once. Linear in
+    the modules (times their depth): a count per module of those below it, and of the named."""
     wanted = set(names)
-    with_params = [m.name for m in c.modules.values() if m.model == model and m.params
-                   and m.calls]
+    below: dict[str, int] = {}
+    named: dict[str, int] = {}
+    for m in c.modules.values():
+        if m.model == model and m.params and m.calls:
+            for top in [*ancestors(m.name), m.name]:
+                below[top] = below.get(top, 0) + 1
+                named[top] = named.get(top, 0) + (m.name in wanted)
     out: dict[str, None] = {}
     for name in wanted:
         for top in [*ancestors(name), name]:  # outermost first
-            below = [n for n in with_params if n == top or top == ""
-                     or n.startswith(top + ".")]
-            if below and all(n in wanted for n in below):
+            if below.get(top) and below[top] == named[top]:
                 out[top] = None
                 break
     return sorted(out, key=lambda n: _first_seq(c, model, n))
@@ -53,13 +57,29 @@ def patterns(names: Iterable[str], keep: int = 10) -> str:
     return ", ".join(shown[:keep]) + more
 
 
-def _signature(c: Collected, model: int, top: str) -> tuple[tuple[str, str, int], ...]:
-    """What a subtree is made of: each module with parameters below ``top`` (and itself), by its
-    name relative to ``top``, its class and its parameter count."""
-    prefix = top + "." if top else ""
-    return tuple(sorted((m.name[len(prefix):] if m.name != top else "", m.cls, m.params)
-                        for m in c.modules.values() if m.model == model and m.params
-                        and (m.name == top or m.name.startswith(prefix))))
+Signature = tuple[tuple[str, str, int], ...]
+
+
+def _signatures(c: Collected) -> dict[ModuleKey, Signature]:
+    """What each subtree is made of: each module with parameters below it (and itself), by its
+    name relative to it, its class and its parameter count. One pass over the modules, times
+    their depth."""
+    parts: dict[ModuleKey, list[tuple[str, str, int]]] = {}
+    for m in c.modules.values():
+        if m.params:
+            for top in [*ancestors(m.name), m.name]:
+                rel = "" if m.name == top else m.name[len(top) + 1:] if top else m.name
+                parts.setdefault((m.model, top), []).append((rel, m.cls, m.params))
+    return {key: tuple(sorted(found)) for key, found in parts.items()}
+
+
+def _trains(c: Collected) -> set[ModuleKey]:
+    """The subtrees some module of which has trainable parameters."""
+    out: set[ModuleKey] = set()
+    for m in c.modules.values():
+        if m.trainable:
+            out.update((m.model, top) for top in [*ancestors(m.name), m.name])
+    return out
 
 
 def copies(c: Collected) -> dict[ModuleKey, ModuleKey]:
@@ -72,25 +92,17 @@ def copies(c: Collected) -> dict[ModuleKey, ModuleKey]:
             frozen.setdefault(m.model, []).append(m.name)
     tops = [(model, top) for model, names in frozen.items() for top in cover(c, model, names)
             if (model, top) in c.modules and c.modules[(model, top)].calls]
-    wanted = {_signature(c, *key): key for key in tops}
-    wanted = {sig: key for sig, key in wanted.items() if len(sig) >= 2}
-    if not wanted:
+    if not tops:
         return {}
-    classes = {c.modules[key].cls for key in wanted.values()}
+    signatures = _signatures(c)
+    wanted = {signatures[key]: key for key in tops if len(signatures.get(key, ())) >= 2}
+    trains = _trains(c)
     out: dict[ModuleKey, ModuleKey] = {}
-    for m in c.modules.values():
-        if m.calls and m.cls in classes:
-            key = wanted.get(_signature(c, m.model, m.name))
-            if key is not None and key not in out and not inside((m.model, m.name), [key]) \
-                    and _trains(c, m.model, m.name):
-                out[key] = (m.model, m.name)
+    for key, m in c.modules.items():
+        found = wanted.get(signatures.get(key, ())) if m.calls and key in trains else None
+        if found is not None and found not in out and not inside(key, [found]):
+            out[found] = key
     return out
-
-
-def _trains(c: Collected, model: int, top: str) -> bool:
-    """Some module of the subtree ``top`` has trainable parameters."""
-    return any(m.trainable for m in c.modules.values() if m.model == model
-               and (top == "" or m.name == top or m.name.startswith(top + ".")))
 
 
 def inside(key: ModuleKey, tops: Iterable[ModuleKey]) -> bool:
