@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Set
 from typing import TYPE_CHECKING
 
-from hooktrace.check import causes, flow, oplines, units
+from hooktrace.check import causes, flow, nogradonly, notes, oplines, units
 from hooktrace.check.crash import check_crash
 from hooktrace.check.findings import (
     NOTE,
@@ -21,9 +21,9 @@ from hooktrace.check.findings import (
     Thresholds,
     after_causes,
     ancestors,
-    names_text,
     steps_text,
 )
+from hooktrace.check.frozen import frozen_notes
 from hooktrace.check.holds import on_wrapper
 from hooktrace.check.loop import check_loop
 from hooktrace.check.losses import check_losses
@@ -92,6 +92,7 @@ def check_no_grad(c: Collected, explained: Set[ModuleKey] = frozenset()) -> list
     out: list[Finding] = []
     detached: list[tuple[ModuleStats, Finding]] = []
     frozen: list[tuple[ModuleStats, Finding]] = []  # frozen on purpose, all run: notes
+    under_no_grad: list[tuple[ModuleStats, list[int]]] = []
     no_backward, no_grad_only = _detached(c), _no_grad_only(c)
     unfrozen = unfrozen_at(c)
     for key in explained:  # starved modules whose boundary ``flow`` names
@@ -133,15 +134,9 @@ def check_no_grad(c: Collected, explained: Set[ModuleKey] = frozenset()) -> list
             )))
         steps = no_grad_only.get((m.model, m.name))
         if steps:
-            out.append(Finding(
-                "no-grad-under-no_grad", WARNING, c.model_name(m.model), m.name, steps[0],
-                f"{m.name or '(root)'} ({m.cls}) ran under torch.no_grad while the rest of its "
-                f"model trained: its {m.trainable} trainable parameters get no gradient",
-                {"steps": steps[:20]},
-                "move it out of torch.no_grad(), or freeze it explicitly with "
-                ".requires_grad_(False)",
-            ))
-    return _group_subtrees(c, detached) + _group_frozen(c, frozen) + out
+            under_no_grad.append((m, steps))
+    return (_group_subtrees(c, detached) + frozen_notes(c, frozen) + out
+            + nogradonly.no_grad_only(c, under_no_grad))
 
 
 def check_lost_gradient(c: Collected) -> list[Finding]:
@@ -182,23 +177,6 @@ def _subtrees(found: list[tuple[ModuleStats, Finding]], candidates: list[ModuleS
                 break
         else:
             yield finding, None, []
-
-
-def _group_frozen(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> list[Finding]:
-    """One note for a module all of whose modules with parameters are frozen all run (a
-    frozen backbone: ``features``, or a whole model), instead of one per layer."""
-    out: list[Finding] = []
-    with_params = [m for m in c.modules.values() if m.params and m.calls]
-    for finding, top, below in _subtrees(found, with_params):
-        if top is None:
-            out.append(finding)
-            continue
-        out.append(Finding(
-            "frozen", NOTE, finding.model, top, None,
-            f"{c.label(below[0].model, top)}: parameters frozen (requires_grad=False) in all "
-            f"{len(below)} of its modules that have any ({names_text([m.name for m in below])})",
-            {"modules": [m.name for m in below][:50], "params": sum(m.params for m in below)}))
-    return out
 
 
 def _group_subtrees(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> list[Finding]:
@@ -378,6 +356,7 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
     explain(findings)
     _add_sources(c, findings)
     oplines.explain(findings, c, flowed)
+    findings = notes.settle(c, findings)
     order = {m.name: m.first_seq or 0 for m in c.modules.values()}
     findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1,
                                  order.get(f.module, 0), f.kind))
