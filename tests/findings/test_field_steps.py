@@ -39,12 +39,13 @@ def test_healthy_field_program_is_silent(runs: dict[str, Run], case: str) -> Non
 
 def test_lora_before_its_first_moving_step_is_a_note(runs: Cases) -> None:
     """lora_A's gradient is exactly zero in every recorded pass, all of them before the first
-    optimizer step with lr > 0 (a step after every 16th pass, the first at lr 0): one note per
-    adapter, naming that step."""
+    optimizer step with lr > 0 (a step after every 16th pass, the first at lr 0): one note for
+    the model, naming that step and every adapter (repeating notes are grouped, item 4)."""
     _, found = run_findings(runs["lora_accumulation"])
     notes = [f for f in found if f["kind"] == "zero-gradient"]
     assert [(f["module"], f["severity"], f["evidence"]["moving"]) for f in notes] == [
-        (name, "note", 31) for name in LORA]
+        (LORA[0], "note", 31)]
+    assert notes[0]["evidence"]["modules"] == LORA
     assert "before the first optimizer step with lr > 0 (after step 31)" in notes[0]["message"]
 
 
