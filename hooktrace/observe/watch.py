@@ -41,6 +41,8 @@ from hooktrace.observe.stats import Stats
 
 _MAX_HELD = 8192  # model calls and modules held per step: forward-only code is bounded
 WATCHED = Mode.WATCHED
+_NONFINITE = ("nonfinite-forward", "nonfinite-backward")
+_SPELL = 10  # watched steps in a row that write the same NaN/Inf
 
 _Numbers = list[tuple[float, ...] | None]
 # a module's parameter gradients as a step left them: each tensor, and its version then
@@ -72,6 +74,8 @@ class Watch(Observer):
         self._held: list[schema.Anomaly] = []  # of a compiled step, until an eager one names it
         self._looked: set[ModInfo] = set()  # modules a compiled step found without gradient
         self._nonfinite_held = False
+        # NaN/Inf of a model and kind at the last watched step: in how many steps in a row
+        self._spells: dict[tuple[str, int], int] = {}
 
     def forward_end(self, end: ForwardEnd) -> None:
         call = end.call
@@ -114,8 +118,20 @@ class Watch(Observer):
         anomalies = self._end_step(end.step, changed, norms)
         if self._held:
             anomalies = self._named(anomalies)
-        for anomaly in anomalies:
+        for anomaly in self._new_spells(anomalies):
             self._emit(anomaly)
+
+    def _new_spells(self, anomalies: list[schema.Anomaly]) -> list[schema.Anomaly]:
+        """``anomalies`` less the NaN/Inf of a model and kind that the last ``_SPELL`` watched
+        steps in a row said already: a run that stays NaN from step 10 of 100,000 on writes
+        ``2 * _SPELL`` records, not two per step (``check`` says the steps it saw again). A
+        step without it ends the spell (a ``GradScaler`` skipping a step with Inf gradients:
+        each one is said)."""
+        spells = {(a.kind, a.model): self._spells.get((a.kind, a.model), 0) + 1
+                  for a in anomalies if a.kind in _NONFINITE}
+        self._spells = spells
+        return [a for a in anomalies
+                if a.kind not in _NONFINITE or spells[(a.kind, a.model)] <= _SPELL]
 
     def _judge_compiled(self, step: int,
                         changed: list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]],
@@ -177,7 +193,7 @@ class Watch(Observer):
     def stop(self, step: int, mode: Mode) -> None:
         if mode is WATCHED:
             self._stats.resolve()  # a NaN seen in a step that never reached its backward
-            for anomaly in self._forward_anomalies(step):
+            for anomaly in self._new_spells(self._forward_anomalies(step)):
                 self._emit(anomaly)
             self._outputs.reset()
         for anomaly in self._held:  # no eager step came after it
