@@ -336,7 +336,9 @@ class Naming:
                 first = records.get(known.name) if known.model == model else None
                 if first is not None:
                     first.aliases = [*(first.aliases or []), fqn]
-                    records[fqn] = self._alias(known, fqn)
+                    parent = fqn.rpartition(".")[0]
+                    if parent != known.name.rpartition(".")[0]:  # one parent: no telling which
+                        records[fqn] = self._alias(known, fqn, parent)
                 continue
             params, trainable = _own_params(module)
             info = self._by_name.get((model, fqn))
@@ -358,9 +360,10 @@ class Naming:
                 self._emit(record)
         return self._infos.get(root)  # None for a wrapper: only what it wraps is traced
 
-    def _alias(self, known: ModInfo, fqn: str) -> schema.Module:
-        """``fqn``, a second path to ``known``'s module: the name of its calls from the parent
-        there, and its ``module`` record (no parameters: ``known`` holds them)."""
+    def _alias(self, known: ModInfo, fqn: str, parent: str) -> schema.Module:
+        """``fqn``, a second path to ``known``'s module under another ``parent``: the name of
+        its calls from that parent, and its ``module`` record (no parameters: ``known`` holds
+        them)."""
         alias = self._by_name.get((known.model, fqn))
         if alias is None or alias.cls != known.cls:
             alias = ModInfo(known.model, fqn, known.cls, self._matches(fqn), known.ref, False)
@@ -368,7 +371,7 @@ class Naming:
         alias.ref = known.ref
         if known.aliases is None:
             known.aliases = {}
-        known.aliases[fqn.rpartition(".")[0]] = alias
+        known.aliases.setdefault(parent, alias)
         return schema.Module(known.model, fqn, known.cls, alias_of=known.name)
 
     def _from_owner(self, module: nn.Module) -> ModInfo | None:
