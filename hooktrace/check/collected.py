@@ -28,6 +28,7 @@ class ModuleStats:
     loose: tuple[str, ...] = ()  # tensors meant to train that are not parameters (schema.Module)
     drop: tuple[float, str] | None = None  # a random-drop layer's p and unit (schema.Module)
     wrapper: str | None = None  # held by a wrapper beside the model it wraps (schema.Module)
+    alias_of: str | None = None  # a second path to a module under another parent (schema.Module)
 
 
 @dataclass

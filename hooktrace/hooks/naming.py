@@ -338,7 +338,7 @@ class Naming:
                     first.aliases = [*(first.aliases or []), fqn]
                     parent = fqn.rpartition(".")[0]
                     if parent != known.name.rpartition(".")[0]:  # one parent: no telling which
-                        records[fqn] = self._alias(known, fqn, parent)
+                        records.update(self._aliases(module, known, fqn))
                 continue
             params, trainable = _own_params(module)
             info = self._by_name.get((model, fqn))
@@ -359,6 +359,20 @@ class Naming:
                 self._written.add((model, fqn))
                 self._emit(record)
         return self._infos.get(root)  # None for a wrapper: only what it wraps is traced
+
+    def _aliases(self, module: nn.Module, known: ModInfo, fqn: str
+                 ) -> dict[str, schema.Module]:
+        """``fqn``, a second path to ``known``'s ``module``: it and each module inside it get a
+        name under that path (``decoder.block``, ``decoder.block.0``), the one their calls from
+        there are recorded under; their ``module`` records, by name."""
+        records = {}
+        for rel, inner in module.named_modules():
+            first = known if not rel else self._infos.get(inner)
+            if first is None:
+                continue
+            name = f"{fqn}.{rel}" if rel else fqn
+            records[name] = self._alias(first, name, name.rpartition(".")[0])
+        return records
 
     def _alias(self, known: ModInfo, fqn: str, parent: str) -> schema.Module:
         """``fqn``, a second path to ``known``'s module under another ``parent``: the name of

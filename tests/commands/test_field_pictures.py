@@ -23,7 +23,7 @@ from hooktrace.show.view.data import gather
 from hooktrace.show.view.graphs import step_graphs
 
 SCRIPT = Path(__file__).parent.parent / "scripts" / "field_pictures.py"
-CASES = ("lstm", "two_parents", "made_in_forward", "gru", "transforms")
+CASES = ("lstm", "two_parents", "wrapped", "made_in_forward", "gru", "transforms")
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="needs Graphviz dot")
 
@@ -123,6 +123,30 @@ def test_a_module_under_two_parents_is_drawn_inside_the_one_that_called_it(
     assert modules["encoder.block"].aliases == ["decoder.block"]
     assert (modules["decoder.block"].alias_of, modules["decoder.block"].params) == (
         "encoder.block", 0)
+
+
+@needs_dot
+def test_a_backbone_called_by_its_wrapper_only_is_drawn_inside_it(field: dict[str, Path],
+                                                                  tmp_path: Path) -> None:
+    """BYOL's learner holds the backbone as ``net`` and inside ``online_encoder``, which alone
+    calls it: its calls and its layers' are ``online_encoder.net...``, in that box; ``net``,
+    never called under its first name, is not reported unused."""
+    text = dot_of(field["wrapped"], tmp_path)
+    assert plain(text) == sorted([
+        "node m0/online_encoder.net.0#0", "node m0/online_encoder.net.1#0",
+        "node m0/online_encoder.projection#0", "node m0/head#0",
+        "forward 1: m0/online_encoder.net.0#0 -> m0/online_encoder.net.1#0",
+        "forward 2: m0/online_encoder.net.1#0 -> m0/online_encoder.projection#0",
+        "forward 3: m0/online_encoder.projection#0 -> m0/head#0",
+        "start -> m0/head#0",
+        "backward 1: m0/head#0 -> m0/online_encoder.projection#0",
+        "backward 2: m0/online_encoder.projection#0 -> m0/online_encoder.net.1#0",
+        "backward 3: m0/online_encoder.net.1#0 -> m0/online_encoder.net.0#0",
+    ])
+    assert boxes(text) == {"m0/online_encoder.net.0#0": "m0/online_encoder.net",
+                           "m0/online_encoder.net.1#0": "m0/online_encoder.net",
+                           "m0/online_encoder.projection#0": "m0/online_encoder",
+                           "m0/head#0": "m0/"}
 
 
 @needs_dot

@@ -6,6 +6,8 @@ model on CPU for a few steps and is healthy: ``check`` must stay silent on them.
   only: the consumer is joined to ``out``'s maker, not to the LSTM that made ``h`` and ``c``.
 - ``two_parents``: one block registered under two parents (an encoder and a decoder sharing it):
   each call is drawn inside the parent that called it.
+- ``wrapped``: BYOL's backbone, registered on the learner and inside the wrapper that alone
+  calls it: drawn inside the wrapper, with its layers.
 - ``made_in_forward``: layers built inside ``forward`` (a lazily made head and an encoder's
   ``Sequential``, registered there): named by the attribute they are registered under.
 - ``gru``: makemore's GRU: a cell of three Linear layers unrolled over 16 characters from a
@@ -91,6 +93,36 @@ class SharedBlock(nn.Module):
 
 def two_parents() -> None:
     fit(SharedBlock(), torch.randn(4, 8), torch.randint(0, 3, (4,)))
+
+
+class Projector(nn.Module):
+    """BYOL's ``NetWrapper``: runs the backbone it holds, then a projection."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+        self.projection = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.projection(self.net(x))
+
+
+class Learner(nn.Module):
+    """BYOL's learner: the backbone registered on it (``self.net``) and inside the wrapper that
+    calls it (``self.online_encoder.net``); only the wrapper calls it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+        self.online_encoder = Projector(self.net)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.online_encoder(x))
+
+
+def wrapped() -> None:
+    fit(Learner(), torch.randn(4, 8), torch.randint(0, 3, (4,)))
 
 
 class LazyEncoder(nn.Module):
@@ -202,7 +234,7 @@ def transforms() -> None:
         print(f"loss {loss.item():.4f}")
 
 
-CASES = {"lstm": lstm, "two_parents": two_parents, "made_in_forward": made_in_forward,
+CASES = {"lstm": lstm, "two_parents": two_parents, "wrapped": wrapped, "made_in_forward": made_in_forward,
          "gru": gru, "transforms": transforms}
 
 if __name__ == "__main__":
