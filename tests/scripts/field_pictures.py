@@ -234,8 +234,8 @@ def transforms() -> None:
         print(f"loss {loss.item():.4f}")
 
 
-CASES = {"lstm": lstm, "two_parents": two_parents, "wrapped": wrapped, "made_in_forward": made_in_forward,
-         "gru": gru, "transforms": transforms}
+CASES = {"lstm": lstm, "two_parents": two_parents, "wrapped": wrapped,
+         "made_in_forward": made_in_forward, "gru": gru, "transforms": transforms}
 
 if __name__ == "__main__":
     torch.manual_seed(0)
