@@ -380,7 +380,10 @@ class Naming:
         them)."""
         alias = self._by_name.get((known.model, fqn))
         if alias is None or alias.cls != known.cls:
-            alias = ModInfo(known.model, fqn, known.cls, self._matches(fqn), known.ref, False)
+            # traced when either name is asked for: ``--include 'net*'`` still records the
+            # backbone that a wrapper calls as ``online_encoder.net``
+            alias = ModInfo(known.model, fqn, known.cls, known.traced or self._matches(fqn),
+                            known.ref, False)
             self._by_name[(known.model, fqn)] = alias
         alias.ref = known.ref
         if known.aliases is None:

@@ -149,6 +149,12 @@ def test_a_backbone_called_by_its_wrapper_only_is_drawn_inside_it(field: dict[st
                            "m0/head#0": "m0/"}
 
 
+def test_include_by_the_first_name_records_the_calls_under_the_second(traced: Traced) -> None:
+    log = traced(SCRIPT, "wrapped", options=("--include", "net*"))
+    assert names(log, "forward") == ["online_encoder.net.0", "online_encoder.net.1",
+                                     "online_encoder.net"]
+
+
 @needs_dot
 def test_layers_made_in_forward_are_drawn_by_their_names(field: dict[str, Path],
                                                          tmp_path: Path) -> None:
