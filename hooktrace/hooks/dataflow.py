@@ -119,7 +119,7 @@ class DataFlow:
                     self._stored.clear()
                 self._stored[address] = (weakref.ref(t), seq, i)
         self._last = seq
-        return (tuple(f[0] for f in found), made, tuple(f[1] for f in found), made_out)
+        return tuple([f[0] for f in found]), made, tuple([f[1] for f in found]), made_out
 
     def clear(self) -> None:
         """The step ended: its outputs are no longer looked up by storage."""
