@@ -227,8 +227,12 @@ def check_unused(c: Collected) -> list[Finding]:
     # a model that never ran backward (evaluation only, a reloaded checkpoint, a teacher) has
     # no gradient flow to judge
     trained = {key[0] for keys in c.backward.values() for key in keys}
+    # a module under two parents is called under the path of the parent that calls it: one
+    # name called is the module called (and a second path never taken is no module of its own)
+    through = {(m.model, m.alias_of) for m in c.modules.values() if m.alias_of and m.calls}
     unused = [m for m in c.modules.values()
-              if m.model in trained and not m.calls and m.cls not in CONTAINERS]
+              if m.model in trained and not m.calls and m.cls not in CONTAINERS
+              and not m.alias_of and (m.model, m.name) not in through]
     used = _used_directly(c, {(m.model, m.name) for m in unused if m.trainable})
     beside = on_wrapper(c)  # set on a wrapper, not the model: set-on-wrapper says so
     unused = [m for m in unused if (m.model, m.name) not in used | beside

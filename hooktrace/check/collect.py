@@ -138,7 +138,8 @@ class Collector:
             m = self.c.modules.setdefault((r.model, r.name), ModuleStats(
                 r.model, r.name, r.cls, r.params, r.trainable, loose=tuple(r.loose or ()),
                 drop=None if r.drop is None else (r.drop, r.drop_unit or "element"),
-                wrapper=r.wrapper, aliases=tuple(r.aliases or ())))
+                wrapper=r.wrapper, aliases=tuple(r.aliases or ()),
+                alias_of=r.alias_of))
             if m.trainable:
                 self._trainable.add(self._key_index((r.model, r.name)))
             if r.cls in LOSSES:

@@ -29,6 +29,7 @@ class ModuleStats:
     drop: tuple[float, str] | None = None  # a random-drop layer's p and unit (schema.Module)
     wrapper: str | None = None  # held by a wrapper beside the model it wraps (schema.Module)
     aliases: tuple[str, ...] = ()  # its other fqns: registered in several places (schema.Module)
+    alias_of: str | None = None  # a second path to a module under another parent (schema.Module)
 
 
 @dataclass
