@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Set
 from typing import TYPE_CHECKING
 
-from hooktrace.check import causes, flow, nogradonly, notes, oplines, units
+from hooktrace.check import causes, copies, flow, nogradonly, notes, oplines, units
 from hooktrace.check.crash import check_crash
 from hooktrace.check.findings import (
     NOTE,
@@ -349,13 +349,16 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
     drop_frozen(c, flowed)
     turns = units.trained_in_turns(c)
     units.drop_turns(flowed, turns)
-    explained = _explained(c, flowed) | set(frozen_since(c))
+    evaluation = copies.evaluation_copies(c)
+    copies.drop_copies(flowed, evaluation)
+    explained = _explained(c, flowed) | set(frozen_since(c)) | evaluation
     findings = [*check_crash(c), *check_unseen(c), *check_nonfinite(c), *check_loop(c),
                 *causes.findings(flowed, c.modules, c.models),
                 *check_no_grad(c, explained | turns), *check_lost_gradient(c),
                 *check_magnitudes(c, thresholds, explained),
                 *check_unused(c), *check_loose(c), *check_losses(c), *check_info(c),
-                *check_scaling(c), *check_shared_targets(c)]
+                *check_scaling(c), *check_shared_targets(c),
+                *copies.copies_notes(c, evaluation)]
     units.zero_before_moving(c, flowed, findings)
     explain(findings)
     _add_sources(c, findings)

@@ -16,7 +16,9 @@ class Signal:
 
     * ``eval-backward``: a backward pass reached the model while ``model.training`` was False
       (once, until it is seen training again);
-    * ``optimizers``: when tracing stops, if an optimizer stepped: ``detail.held``, the model's
+    * ``optimizers``: when an optimizer steps with parameters not seen before, at the end of a
+      recorded pass after modules with parameters were first called since, and when tracing
+      stops, where it changed (the last of a model holds): ``detail.held``, the model's
       modules whose trainable parameters an optimizer that stepped holds (fqns), and
       ``detail.not_held``, the modules with trainable parameters none holds;
       ``detail.frozen_held``, where there are any, the modules whose parameters are all frozen

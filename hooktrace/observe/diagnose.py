@@ -86,6 +86,7 @@ class Diagnosis(Observer):
         self._last_pass = -1  # the step of the last backward pass that ended
         self._held: set[int] = set()  # ids of the parameters of optimizers that stepped
         self._held_changed = False
+        self._seen_since_sort = False  # a module with parameters first seen since then
         self._sorted: dict[int, dict[str, list[str]]] = {}  # model -> its last optimizers signal
         # id(p) -> its .grad as an optimizer step left it, that tensor's version then, and the
         # passes that had reached its model then. Three flat dicts, no tuple: these live a whole
@@ -138,6 +139,7 @@ class Diagnosis(Observer):
         trainable = [p for p in module._parameters.values() if p is not None and p.requires_grad]
         if module._parameters:
             self._modules.append((weakref.ref(module), info))
+            self._seen_since_sort = True
         for p in trainable:
             self._owner[id(p)] = info
 
@@ -157,6 +159,7 @@ class Diagnosis(Observer):
         self._recorded_pass = end.mode is RECORDED
         if self._recorded_pass:
             self._new_parameters(end.step)
+            self._sort_new_modules(end.step)
         for model in self._models_reached:
             entry = self._entries.get(model)
             module = entry() if entry is not None else None
@@ -368,16 +371,25 @@ class Diagnosis(Observer):
 
     def stop(self, step: int, mode: Mode) -> None:
         self._remove_hooks()
+        self._sort_new_modules(step)
         self._sort_modules(step)
         self._view.stop(step)
         self._steps.stop()
+
+    def _sort_new_modules(self, step: int) -> None:
+        """Modules with parameters first called after the optimizers' last sort (an EMA copy
+        validated between steps, while it lives: at the end of a recorded pass, and at stop)
+        sorted too: which of them no optimizer holds."""
+        if self._held and self._seen_since_sort:
+            self._held_changed = True
+            self._sort_modules(step)
 
     def _sort_modules(self, step: int) -> None:
         """Once optimizers have stepped with parameters not seen before: per model, the modules
         whose trainable parameters they hold, and those none holds (live modules only)."""
         if not self._held_changed:
             return
-        self._held_changed = False
+        self._held_changed = self._seen_since_sort = False
         held: dict[int, list[str]] = {}
         not_held: dict[int, list[str]] = {}
         frozen: dict[int, list[str]] = {}  # frozen, yet held: meant to train

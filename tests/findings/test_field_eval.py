@@ -24,7 +24,7 @@ import pytest
 from helpers import Cases, Shared, hooktrace_cmd, problems, run_cases, run_findings, script_cases
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "field_eval.py"
-HEALTHY = ["timm_validate", "lora_32", "byol_target"]
+HEALTHY = ["timm_validate", "timm_task_ema", "lora_32", "byol_target"]
 
 # the backbone of timm's resnet18: every module with parameters but fc
 BACKBONE = ["conv1", "bn1"] + [
@@ -59,6 +59,20 @@ def test_a_validation_pass_between_steps_is_not_training(cases: Cases) -> None:
     assert traced.stdout.count("top-1") == 2  # two epochs ended within the recorded steps
     kinds = {f["kind"] for f in found(cases, "timm_validate")}
     assert not kinds & {"no-grad", "no-grad-under-no_grad"}
+
+
+def test_an_ema_copy_inside_the_task_is_one_note(cases: Cases) -> None:
+    """timm's task holds the EMA copy beside the model it trains: the copy keeps
+    requires_grad=True, runs only under inference_mode, and no optimizer holds it. An
+    evaluation copy, said once, not a gradient the model lost."""
+    traced, _ = cases["timm_task_ema"]
+    assert traced.stdout.count("ema top-1") == 2
+    findings = found(cases, "timm_task_ema")
+    [note] = [f for f in findings if f["kind"] == "evaluation-copy"]
+    assert (note["severity"], note["module"]) == ("note", "trainable_module_ema")
+    assert len(note["evidence"]["modules"]) == 41  # resnet18's modules with parameters
+    assert all(name.startswith("trainable_module_ema.module.")
+               for name in note["evidence"]["modules"])
 
 
 def test_training_forward_under_no_grad_is_one_finding(cases: Cases) -> None:

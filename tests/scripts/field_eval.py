@@ -89,6 +89,37 @@ def timm_validate() -> None:
             print(f"  top-1 {validate(wrapper.model):.2f}, ema {validate(ema):.2f}")
 
 
+class Task(nn.Module):
+    """timm's ``ClassificationTask`` (train.py since timm 1.1): the model, its loss, and the
+    EMA copy (``ModelEmaV3``, whose parameters keep ``requires_grad=True``) in one module; the
+    optimizer holds the model's parameters, validation calls the EMA copy on its own."""
+
+    def __init__(self, model: nn.Module) -> None:
+        from timm.utils import ModelEmaV3
+
+        super().__init__()
+        self.trainable_module = model
+        self.trainable_module_ema = ModelEmaV3(model, decay=0.9)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.trainable_module(x), y)
+
+
+def timm_task_ema() -> None:
+    task = Task(resnet18())
+    opt = torch.optim.SGD(task.trainable_module.parameters(), lr=0.01, momentum=0.9)
+    for step in range(STEPS):
+        task.train()
+        loss = task(*images())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        task.trainable_module_ema.update(task.trainable_module, step=step)
+        print(f"step {step}: loss {loss.item():.4f}")
+        if step % EPOCH == EPOCH - 1:
+            print(f"  ema top-1 {validate(task.trainable_module_ema):.2f}")
+
+
 def bug_train_no_grad() -> None:
     wrapper = Wrapper(resnet18())
     net = wrapper.model
@@ -230,7 +261,7 @@ def byol_target() -> None:
         print(f"step {step}: loss {loss.item():.4f}")
 
 
-HEALTHY: tuple[Callable[[], None], ...] = (timm_validate, lora_32, byol_target)
+HEALTHY: tuple[Callable[[], None], ...] = (timm_validate, timm_task_ema, lora_32, byol_target)
 BUGS: tuple[Callable[[], None], ...] = (bug_train_no_grad,)
 
 if __name__ == "__main__":

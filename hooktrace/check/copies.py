@@ -1,0 +1,58 @@
+"""Evaluation copies: modules with trainable parameters that no optimizer holds and that only
+ever ran under ``torch.no_grad()`` (an EMA copy that keeps ``requires_grad=True``, as timm's
+``ModelEmaV3`` does, validated between steps inside the task that trains the model). Nothing
+would train them, so no gradient is lost: they are not judged as training, and one note per
+model says what they are. A forward under ``no_grad`` by mistake is not one of them: the
+optimizer holds what it should train. Pure: a ``Collected`` in."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hooktrace.check.findings import NOTE, Finding
+from hooktrace.check.grouped import cover, patterns
+from hooktrace.log.words import plural
+
+if TYPE_CHECKING:
+    from hooktrace.check.collected import Collected, ModuleKey
+    from hooktrace.check.flow import Flow
+
+
+def evaluation_copies(c: Collected) -> set[ModuleKey]:
+    """The modules no optimizer that stepped holds (the last ``optimizers`` signal of their
+    model) that ran under no_grad and never with gradients on, nor got a backward."""
+    last = {s.model: s for s in c.signals if s.kind == "optimizers"}
+    not_held = {(model, name) for model, s in last.items()
+                for name in s.detail.get("not_held") or ()}
+    if not not_held:
+        return set()
+    ran = {key for keys in c.no_grad.values() for key in keys}
+    trained = {key for keys in c.grad.values() for key in keys}
+    trained |= {key for keys in c.backward.values() for key in keys}
+    return {key for key in not_held & ran if key not in trained}
+
+
+def drop_copies(found: Flow, copies: set[ModuleKey]) -> None:
+    """Evaluation copies are no victims of a boundary; a boundary left with none is none."""
+    for bkey, b in list(found.boundaries.items()):
+        for key in copies.intersection(b.victims):
+            del b.victims[key]
+        if not b.victims:
+            del found.boundaries[bkey]
+
+
+def copies_notes(c: Collected, copies: set[ModuleKey]) -> list[Finding]:
+    """One note per model with evaluation copies, their subtrees listed."""
+    out = []
+    for model in sorted({key[0] for key in copies}):
+        names = sorted(name for m, name in copies if m == model)
+        tops = cover(c, model, names)
+        out.append(Finding(
+            "evaluation-copy", NOTE, c.model_name(model), tops[0], None,
+            f"{patterns(tops)} ({plural(len(names), 'module')} with trainable parameters) ran "
+            "only under torch.no_grad and no optimizer holds them: an evaluation or EMA copy, "
+            "not judged as training",
+            {"modules": names},
+            "freeze it with .requires_grad_(False) to say so; if it should train, add its "
+            "parameters to the optimizer and run its forward with gradients on"))
+    return out
