@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from hooktrace.check import causes, flow, oplines
 from hooktrace.check.crash import check_crash
+from hooktrace.check.custom import check_custom
 from hooktrace.check.findings import (
     NOTE,
     SEVERITY_ORDER,
@@ -359,6 +360,7 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
     drop_frozen(c, flowed)
     explained = _explained(c, flowed) | set(frozen_since(c))
     findings = [*check_crash(c), *check_unseen(c), *check_nonfinite(c), *check_loop(c),
+                *check_custom(c),
                 *causes.findings(flowed, c.modules, c.models),
                 *check_no_grad(c, explained), *check_lost_gradient(c),
                 *check_magnitudes(c, thresholds, explained),

@@ -97,7 +97,22 @@ class Signal:
       (``detail.modules``, fqns); once a run;
     * ``compiled-eager``: the model call ``name`` of recorded step ``step`` ran inside
       ``torch.compile``'d code, run eagerly while the step was recorded (``Header.eager``);
-      the steps not recorded ran it compiled; once a run.
+      the steps not recorded ran it compiled; once a run;
+    * ``hooks-growing``: ``name``'s hooks of one kind (``detail.hooks``: ``forward``, its
+      forward and forward pre hooks; ``backward``, its module backward hooks; ``gradient``, the
+      gradient hooks of its own parameters) grew at each of the last recorded steps
+      ``detail.steps`` (``step``, the first), to ``detail.counts`` (``hookcount.py``): a hook
+      registered in the loop and never removed; once per module and kind;
+    * ``function-backward``: the first call of the user's custom ``autograd.Function``
+      ``detail.function`` (its backward at ``detail.file``:``detail.line``) in a recorded step,
+      inside ``name``'s call, got a numerical gradient check (``fncheck.py``) its backward did
+      not pass: ``detail.verdict`` is ``ignores-grad`` (the same result for ``grad_output`` and
+      twice it), ``nonlinear`` (not linear in it), ``scaled`` (the finite-difference gradient
+      times ``detail.ratio``), ``reversed`` (times a negative ``detail.ratio``), ``modifier``
+      (the forward returns its input: the backward alters the gradient by design),
+      ``surrogate`` (the forward is flat where they differ: a straight-through estimator) or
+      ``mismatch``; with ``detail.elements`` compared, ``detail.off`` of them different, and the
+      worst one's ``detail.numeric`` and ``detail.backward``; once per class.
     """
 
     TYPE: ClassVar[str] = "signal"
@@ -110,7 +125,8 @@ class Signal:
                                         "loss-scale", "nonfinite-weights",
                                         "updates-rounded", "grad-zeros", "loss-ops",
                                         "loss-scaled", "scaled-step", "scaled-clip",
-                                        "compiled-eager")
+                                        "compiled-eager", "hooks-growing",
+                                        "function-backward")
     step: int
     model: int
     name: str
