@@ -107,10 +107,10 @@ def _check(cls: Any, args: tuple[Any, ...], wanted: list[int]) -> dict[str, Any]
         ignores = all(torch.allclose(b2, b1, rtol=1e-6, atol=1e-9 * scale)
                       for b1, b2 in zip(once, twice, strict=True)) and scale > 0
         return {"verdict": "ignores-grad" if ignores else "nonlinear"}
-    numeric, backward = _compare(cls, base, wanted, once, v, gen)
+    numeric, backward, identity = _compare(cls, base, wanted, once, v, gen)
     if not numeric:
         return None
-    return _verdict(numeric, backward, _identity(base, y0))
+    return _verdict(numeric, backward, identity)
 
 
 def _backward(cls: Any, args: tuple[Any, ...], wanted: list[int], v: list[torch.Tensor]
@@ -134,10 +134,15 @@ def _backward(cls: Any, args: tuple[Any, ...], wanted: list[int], v: list[torch.
 
 
 def _compare(cls: Any, base: list[Any], wanted: list[int], once: list[torch.Tensor],
-             v: list[torch.Tensor], gen: torch.Generator) -> tuple[list[float], list[float]]:
+             v: list[torch.Tensor], gen: torch.Generator
+             ) -> tuple[list[float], list[float], bool]:
     """At a few elements of each wanted input where the forward is smooth: the central finite
-    difference of ``<v, forward>`` and the backward's value."""
-    s0 = _dot(v, _forward(cls, base))
+    difference of ``<v, forward>`` and the backward's value; and whether the forward returned
+    its (first wanted) input unchanged at every point it ran at (the identity, not only at
+    this input: a ReLU on inputs all positive is not one)."""
+    y0 = _forward(cls, base)
+    s0 = _dot(v, y0)
+    identity = _returns(base[wanted[0]], y0)
     numeric: list[float] = []
     backward: list[float] = []
     for k, i in enumerate(wanted):
@@ -152,20 +157,20 @@ def _compare(cls: Any, base: list[Any], wanted: list[int], once: list[torch.Tens
                 moved = list(base)
                 moved[i] = x.clone()
                 moved[i].reshape(-1)[j] += step
-                slopes.append((_dot(v, _forward(cls, moved)) - s0) / step)
+                y = _forward(cls, moved)
+                identity = identity and _returns(moved[i], y)
+                slopes.append((_dot(v, y) - s0) / step)
             up, down = slopes
             if abs(up - down) > RTOL * max(abs(up), abs(down)) + 1e-7:
                 continue  # a kink at this element: its two slopes differ
             numeric.append((up + down) / 2)
             backward.append(float(once[k].reshape(-1)[j]))
-    return numeric, backward
+    return numeric, backward, identity
 
 
-def _identity(base: list[Any], y0: list[torch.Tensor]) -> bool:
-    """Whether the forward returns one of its inputs unchanged (its Jacobian is the identity)."""
-    return any(isinstance(a, torch.Tensor) and a.dtype == y.dtype and a.shape == y.shape
-               and torch.equal(a, y)
-               for y in y0 for a in base)
+def _returns(x: torch.Tensor, y0: list[torch.Tensor]) -> bool:
+    """Whether one of the forward's outputs is ``x`` unchanged."""
+    return any(x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y) for y in y0)
 
 
 def _verdict(numeric: list[float], backward: list[float], identity: bool

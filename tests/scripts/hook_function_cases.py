@@ -94,23 +94,24 @@ def ok_hook_per_epoch_removed() -> None:
     train(model, before=begin, after=end)
 
 
-class LeakyAbs(torch.autograd.Function):
-    """``|x| + 0.1 x``: a kink at 0, which the ReLU before it hits exactly at many elements."""
+class LeakyReLU(torch.autograd.Function):
+    """A leaky ReLU: a kink at 0, which the ReLU before it hits exactly at many elements (there
+    the central difference is 0.55, the backward's convention 0.1)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x)
-        return x.abs() + 0.1 * x
+        return torch.where(x > 0, x, 0.1 * x)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         (x,) = ctx.saved_tensors
-        return grad * (torch.sign(x) + 0.1)
+        return grad * torch.where(x > 0, 1.0, 0.1)
 
 
 def ok_function_with_kink() -> None:
     """A correct Function with a kink at 0, used on a ReLU's output (exact zeros)."""
-    train(Net(LeakyAbs.apply))
+    train(Net(LeakyReLU.apply))
 
 
 class RoundSTE(torch.autograd.Function):
