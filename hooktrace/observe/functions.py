@@ -12,6 +12,7 @@ tracing paused, on copies: the call's own result and graph are PyTorch's, untouc
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +38,7 @@ def backward_site(cls: type) -> tuple[str, int] | None:
 
 
 class FunctionCheck(Observer):
-    """Wraps ``Function.apply`` from its start to ``stop``; knows the module call running."""
+    """Wraps ``Function.apply`` from its making to ``stop``; knows the module call running."""
 
     follows = (Mode.RECORDED,)
 
@@ -51,7 +52,7 @@ class FunctionCheck(Observer):
         self._busy = False
         self._model = 0
         self._step = 0
-        self.checked: list[str] = []  # the classes checked, in order (for the tests and bench)
+        self._pid = os.getpid()  # a forked child (a DataLoader worker) checks nothing
         check, done = self._apply, self._done
 
         def apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
@@ -63,6 +64,8 @@ class FunctionCheck(Observer):
                     done.add(cls)
             return out
 
+        # from the tracer's start (code that binds ``MyFunction.apply`` in ``__init__`` binds
+        # the wrapper) to ``stop``
         Function.apply = classmethod(apply)
 
     def model_call(self, module: torch.nn.Module, info: Any, step: int) -> None:
@@ -79,7 +82,7 @@ class FunctionCheck(Observer):
             pass
 
     def _apply(self, cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if (self._busy or kwargs or self._mode() is not Mode.RECORDED
+        if (self._busy or kwargs or self._mode() is not Mode.RECORDED or os.getpid() != self._pid
                 or not torch.is_grad_enabled() or torch.compiler.is_compiling()):
             return
         if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
@@ -95,7 +98,6 @@ class FunctionCheck(Observer):
         finally:
             self._pause(False)
             self._busy = False
-        self.checked.append(cls.__qualname__)
         if found is not None:
             call = self._calls[-1].info if self._calls else None
             model = call.model if call is not None else self._model
