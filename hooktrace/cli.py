@@ -88,12 +88,14 @@ def run(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[
     set_path(traced)
     check_target(traced, output)  # before torch is imported: seconds sooner
     runner = _runner()
-    code = runner.run(traced, output, options)
+    end = runner.run(traced, output, options)
     own = {name for p in click.get_current_context().command.params
            if isinstance(p, click.Option) for name in (*p.opts, *p.secondary_opts)}
-    if code != 0 and (line := misplaced(traced, own)):
+    raised = end.error if end.error and end.error.get("type") != "SystemExit" else None
+    error = str(raised.get("message", "")) if raised else None  # an exit status says no why
+    if end.exit_code and (line := misplaced(traced, own, error)):
         click.echo(f"hooktrace: {line}", err=True)
-    sys.exit(code)
+    sys.exit(end.exit_code)
 
 
 def _runner() -> Any:

@@ -14,6 +14,10 @@ that with every claim the log makes about gradient arrival:
   ``no-grad-under-no_grad``, ``zero-gradient``, ``dead-activation``, a boundary's starved
   modules, ``unused`` trainable modules, ``never-reached`` models).
 
+Over a whole run (``watch_optimizers``), the census also reads every ``.grad`` at each optimizer
+step (what the step applied: after gradient accumulation, after ``zero_grad`` by mistake);
+``tests/truthclaims.py`` holds ``check``'s claims about the whole run against both.
+
 A contradiction is a claim of no (or zero) gradient where a ``param.grad`` is non-zero, or the
 reverse. Parameters shared by several modules are left out of the event comparison (a module's
 own calls need not carry their gradient), not out of the ``params`` record's.
@@ -31,6 +35,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import hooktrace
 from hooktrace.check.checklog import run_checks
@@ -94,14 +99,24 @@ def _fmt(norm: float | None) -> str:
     return "None" if norm is None else f"{norm:.3g}"
 
 
+Census = dict[ModuleKey, Truth]
+
+
 class GradTruth:
-    """PyTorch's answer for each backward pass: ``record()`` right after ``backward()``."""
+    """PyTorch's answer for each backward pass: ``record()`` right after ``backward()``; and,
+    once ``watch_optimizers()`` ran, at each optimizer step (``optimizer_steps``: the backward
+    passes done by then, and the census)."""
 
     def __init__(self, models: Sequence[nn.Module]) -> None:
         self.models = list(models)
-        self.layout: Layout = [(type(m).__name__, frozenset(n for n, _ in m.named_modules()))
-                               for m in self.models]
-        self.steps: list[dict[ModuleKey, Truth]] = []
+        self.layout: Layout = _layout(self.models)
+        self.steps: list[Census] = []
+        # per backward pass, the parameters that required no gradient (a frozen module's
+        # .grad is None: what a claim that it got none is held against)
+        self.frozen: list[Census] = []
+        # per optimizer step, the backward passes done by then, and every parameter's .grad
+        self.optimizer_steps: list[tuple[int, Census]] = []
+        self._hook: torch.utils.hooks.RemovableHandle | None = None
         owners: dict[int, int] = {}
         for model in self.models:
             for _, module in model.named_modules():
@@ -109,35 +124,71 @@ class GradTruth:
                     owners[id(p)] = owners.get(id(p), 0) + 1
         self._owners = owners
 
+    def watch_optimizers(self) -> None:
+        """Take the census at every optimizer step from now on (a global step pre hook, removed
+        by ``save``)."""
+        def stepping(*_: object) -> None:
+            self.optimizer_steps.append((len(self.steps), self._census(trainable=None)))
+
+        self._hook = register_optimizer_step_pre_hook(stepping)
+
     def record(self) -> None:
-        found: dict[ModuleKey, Truth] = {}
+        self.steps.append(self._census())
+        self.frozen.append(self._census(trainable=False))
+
+    def _census(self, trainable: bool | None = True) -> Census:
+        """Per module, its own parameters that require a gradient (``trainable``), those that
+        do not (False), or all of them (None)."""
+        found: Census = {}
         for index, model in enumerate(self.models):
             for fqn, module in model.named_modules():
                 params = [(n, p) for n, p in module.named_parameters(recurse=False)
-                          if p.requires_grad]
+                          if trainable is None or p.requires_grad == trainable]
                 if params:
                     found[(index, fqn)] = Truth(
                         {n: None if p.grad is None else float(p.grad.detach().double().norm())
                          for n, p in params},
                         frozenset(n for n, p in params if self._owners.get(id(p), 0) > 1),
                         not any(True for _ in module.children()))
-        self.steps.append(found)
+        return found
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """What was recorded, as JSON: a script under ``hooktrace run`` hands it to the test."""
-        steps = [[[i, n, t.grads, sorted(t.shared), t.leaf] for (i, n), t in s.items()]
-                 for s in self.steps]
-        Path(path).write_text(json.dumps({"layout": [[c, sorted(n)] for c, n in self.layout],
-                                          "steps": steps}))
+        """What was recorded, as JSON: a script under ``hooktrace run`` hands it to the test.
+        The layout is taken now: modules made during the run (a target built at the first
+        forward) are in it."""
+        if self._hook is not None:
+            self._hook.remove()
+        if self.models:
+            self.layout = _layout(self.models)
+
+        def rows(census: Census) -> list[list[object]]:
+            return [[i, n, t.grads, sorted(t.shared), t.leaf] for (i, n), t in census.items()]
+
+        Path(path).write_text(json.dumps({
+            "layout": [[c, sorted(n)] for c, n in self.layout],
+            "steps": [rows(s) for s in self.steps],
+            "frozen": [rows(s) for s in self.frozen],
+            "optimizer_steps": [[after, rows(s)] for after, s in self.optimizer_steps]}))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> GradTruth:
         data = json.loads(Path(path).read_text())
         truth = cls([])
         truth.layout = [(c, frozenset(n)) for c, n in data["layout"]]
-        truth.steps = [{(i, n): Truth(grads, frozenset(shared), leaf)
-                        for i, n, grads, shared, leaf in s} for s in data["steps"]]
+
+        def census(rows: list[list[object]]) -> Census:
+            return {(i, n): Truth(grads, frozenset(shared), leaf)  # type: ignore[misc]
+                    for i, n, grads, shared, leaf in rows}
+
+        truth.steps = [census(s) for s in data["steps"]]
+        truth.frozen = [census(s) for s in data.get("frozen", [])]
+        truth.optimizer_steps = [(after, census(s))
+                                 for after, s in data.get("optimizer_steps", [])]
         return truth
+
+
+def _layout(models: Sequence[nn.Module]) -> Layout:
+    return [(type(m).__name__, frozenset(n for n, _ in m.named_modules())) for m in models]
 
 
 @dataclass(frozen=True)
@@ -166,23 +217,28 @@ class _Claims:
 
 
 def _map_models(records: list[schema.Model], fqns: dict[int, set[str]], layout: Layout,
-                scoped: bool) -> dict[int, int]:
+                scoped: bool, by_class: bool = False) -> dict[int, int]:
     """The log's model index -> the case's. Traced with ``model=`` they are the same; traced
-    whole, a log model is the case model of its class (it must be the only one of it)."""
+    whole, a log model is the case model of its class (it must be the only one of it) whose
+    modules it names; ``by_class``: of its class alone (modules made in ``forward`` have names
+    the case's tree does not know: those are not compared), several of one class in the order
+    the program first called them."""
     if scoped:
         return {r.model: r.model for r in records}
-    out = {}
+    out: dict[int, int] = {}
     for r in records:
         same = [i for i, (cls, names) in enumerate(layout) if cls == r.cls
-                and fqns.get(r.model, set()) <= names]
-        if len(same) > 1:
+                and (by_class or fqns.get(r.model, set()) <= names)
+                and i not in out.values()]
+        if len(same) > 1 and not by_class:
             raise ValueError(f"several models of class {r.cls}: trace them with model=[...]")
         if same:
             out[r.model] = same[0]
     return out
 
 
-def _read(path: str | os.PathLike[str], layout: Layout, scoped: bool) -> _Claims:
+def _read(path: str | os.PathLike[str], layout: Layout, scoped: bool,
+          by_class: bool = False) -> _Claims:
     reader = LogReader(path)
     records = list(reader)
     model_records = [r for r in records if isinstance(r, schema.Model)]
@@ -190,7 +246,7 @@ def _read(path: str | os.PathLike[str], layout: Layout, scoped: bool) -> _Claims
     for r in records:
         if isinstance(r, schema.Module):
             fqns.setdefault(r.model, set()).add(r.name)
-    index = _map_models(model_records, fqns, layout, scoped)
+    index = _map_models(model_records, fqns, layout, scoped, by_class)
     claims = _Claims()
     for r in model_records:
         if r.model in index:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Set
 from typing import TYPE_CHECKING
 
-from hooktrace.check import causes, flow, oplines
+from hooktrace.check import causes, flow, nogradonly, notes, oplines, units
 from hooktrace.check.crash import check_crash
 from hooktrace.check.custom import check_custom
 from hooktrace.check.findings import (
@@ -22,9 +22,9 @@ from hooktrace.check.findings import (
     Thresholds,
     after_causes,
     ancestors,
-    names_text,
     steps_text,
 )
+from hooktrace.check.frozen import frozen_notes
 from hooktrace.check.holds import on_wrapper
 from hooktrace.check.loop import check_loop
 from hooktrace.check.losses import check_losses
@@ -32,7 +32,8 @@ from hooktrace.check.magnitudes import check_magnitudes, start, start_orders
 from hooktrace.check.nonfinite import check_nonfinite
 from hooktrace.check.registered import check_loose
 from hooktrace.check.scaling import check_scaling, explain
-from hooktrace.check.trainable import drop_frozen, frozen_since, unfrozen_at
+from hooktrace.check.shared import check_shared_targets
+from hooktrace.check.trainable import drop_frozen, frozen_since, settle_frozen, unfrozen_at
 from hooktrace.check.unseen import check_unseen
 from hooktrace.log.words import plural
 
@@ -92,6 +93,7 @@ def check_no_grad(c: Collected, explained: Set[ModuleKey] = frozenset()) -> list
     out: list[Finding] = []
     detached: list[tuple[ModuleStats, Finding]] = []
     frozen: list[tuple[ModuleStats, Finding]] = []  # frozen on purpose, all run: notes
+    under_no_grad: list[tuple[ModuleStats, list[int]]] = []
     no_backward, no_grad_only = _detached(c), _no_grad_only(c)
     unfrozen = unfrozen_at(c)
     for key in explained:  # starved modules whose boundary ``flow`` names
@@ -133,26 +135,26 @@ def check_no_grad(c: Collected, explained: Set[ModuleKey] = frozenset()) -> list
             )))
         steps = no_grad_only.get((m.model, m.name))
         if steps:
-            out.append(Finding(
-                "no-grad-under-no_grad", WARNING, c.model_name(m.model), m.name, steps[0],
-                f"{m.name or '(root)'} ({m.cls}) ran under torch.no_grad while the rest of its "
-                f"model trained: its {m.trainable} trainable parameters get no gradient",
-                {"steps": steps[:20]},
-                "move it out of torch.no_grad(), or freeze it explicitly with "
-                ".requires_grad_(False)",
-            ))
-    return _group_subtrees(c, detached) + _group_frozen(c, frozen) + out
+            under_no_grad.append((m, steps))
+    return (_group_subtrees(c, detached) + frozen_notes(c, frozen) + out
+            + nogradonly.no_grad_only(c, under_no_grad))
 
 
 def check_lost_gradient(c: Collected) -> list[Finding]:
     out = []
     for (model, name), steps in c.lost_gradient.items():
         m = c.modules.get((model, name))
+        detail = c.lost_detail.get((model, name), {})
+        last, gap = detail.get("last"), detail.get("gap")
+        until = f"until step {last}" if isinstance(last, int) else "in earlier steps"
+        turns = f" (at least every {gap} steps)" if isinstance(gap, int) and gap > 1 else ""
         out.append(Finding(
             "no-grad", WARNING, c.model_name(model), name, steps[0],
-            f"{name or '(root)'} ({m.cls if m else '?'}) received gradient in earlier steps, then "
-            f"none from step {steps[0]} on ({steps_text(steps)})",
-            {"steps": steps[:20]},
+            f"{name or '(root)'} ({m.cls if m else '?'}) received gradient {until}{turns}, then "
+            + (f"none from step {last + 1} on (said at {steps_text(steps)})"
+               if isinstance(last, int) else
+               f"none from step {steps[0]} on ({steps_text(steps)})"),
+            {"steps": steps[:20], **({"last": last, "gap": gap} if turns else {})},
             "something started detaching it or stopped using its output in the loss",
         ))
     return out
@@ -176,23 +178,6 @@ def _subtrees(found: list[tuple[ModuleStats, Finding]], candidates: list[ModuleS
                 break
         else:
             yield finding, None, []
-
-
-def _group_frozen(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> list[Finding]:
-    """One note for a module all of whose modules with parameters are frozen all run (a
-    frozen backbone: ``features``, or a whole model), instead of one per layer."""
-    out: list[Finding] = []
-    with_params = [m for m in c.modules.values() if m.params and m.calls]
-    for finding, top, below in _subtrees(found, with_params):
-        if top is None:
-            out.append(finding)
-            continue
-        out.append(Finding(
-            "frozen", NOTE, finding.model, top, None,
-            f"{c.label(below[0].model, top)}: parameters frozen (requires_grad=False) in all "
-            f"{len(below)} of its modules that have any ({names_text([m.name for m in below])})",
-            {"modules": [m.name for m in below][:50], "params": sum(m.params for m in below)}))
-    return out
 
 
 def _group_subtrees(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> list[Finding]:
@@ -243,8 +228,12 @@ def check_unused(c: Collected) -> list[Finding]:
     # a model that never ran backward (evaluation only, a reloaded checkpoint, a teacher) has
     # no gradient flow to judge
     trained = {key[0] for keys in c.backward.values() for key in keys}
+    # a module under two parents is called under the path of the parent that calls it: one
+    # name called is the module called (and a second path never taken is no module of its own)
+    through = {(m.model, m.alias_of) for m in c.modules.values() if m.alias_of and m.calls}
     unused = [m for m in c.modules.values()
-              if m.model in trained and not m.calls and m.cls not in CONTAINERS]
+              if m.model in trained and not m.calls and m.cls not in CONTAINERS
+              and not m.alias_of and (m.model, m.name) not in through]
     used = _used_directly(c, {(m.model, m.name) for m in unused if m.trainable})
     beside = on_wrapper(c)  # set on a wrapper, not the model: set-on-wrapper says so
     unused = [m for m in unused if (m.model, m.name) not in used | beside
@@ -355,20 +344,25 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
     order. Leaves ``c`` as the checks need it (an unfinished backward's step is not judged)."""
     if c.unfinished is not None:  # a backward that raised starves every module before it
         c.backward_steps.discard(c.unfinished[0])
+    settle_frozen(c)  # a freeze inside the first forward: frozen from the start
     flowed = flow.analyse([call for call in c.calls if c.unfinished is None
                            or call.step != c.unfinished[0]], c.modules, thresholds)
     drop_frozen(c, flowed)
+    turns = units.trained_in_turns(c)
+    units.drop_turns(flowed, turns)
     explained = _explained(c, flowed) | set(frozen_since(c))
     findings = [*check_crash(c), *check_unseen(c), *check_nonfinite(c), *check_loop(c),
                 *check_custom(c),
                 *causes.findings(flowed, c.modules, c.models),
-                *check_no_grad(c, explained), *check_lost_gradient(c),
+                *check_no_grad(c, explained | turns), *check_lost_gradient(c),
                 *check_magnitudes(c, thresholds, explained),
                 *check_unused(c), *check_loose(c), *check_losses(c), *check_info(c),
-                *check_scaling(c)]
+                *check_scaling(c), *check_shared_targets(c)]
+    units.zero_before_moving(c, flowed, findings)
     explain(findings)
     _add_sources(c, findings)
     oplines.explain(findings, c, flowed)
+    findings = notes.settle(c, findings)
     order = {m.name: m.first_seq or 0 for m in c.modules.values()}
     findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1,
                                  order.get(f.module, 0), f.kind))

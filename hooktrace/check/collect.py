@@ -138,7 +138,8 @@ class Collector:
             m = self.c.modules.setdefault((r.model, r.name), ModuleStats(
                 r.model, r.name, r.cls, r.params, r.trainable, loose=tuple(r.loose or ()),
                 drop=None if r.drop is None else (r.drop, r.drop_unit or "element"),
-                wrapper=r.wrapper))
+                wrapper=r.wrapper, aliases=tuple(r.aliases or ()),
+                alias_of=r.alias_of))
             if m.trainable:
                 self._trainable.add(self._key_index((r.model, r.name)))
             if r.cls in LOSSES:
@@ -152,6 +153,7 @@ class Collector:
         elif type(r) is schema.Anomaly:
             if self._wanted(r.step) and r.kind == "no-grad":
                 self.c.lost_gradient.setdefault((r.model, r.name), []).append(r.step)
+                self.c.lost_detail.setdefault((r.model, r.name), r.detail)
             elif self._wanted(r.step):
                 firstnan.anomaly(self.c, r)
         elif type(r) is schema.Step:

@@ -28,6 +28,8 @@ class ModuleStats:
     loose: tuple[str, ...] = ()  # tensors meant to train that are not parameters (schema.Module)
     drop: tuple[float, str] | None = None  # a random-drop layer's p and unit (schema.Module)
     wrapper: str | None = None  # held by a wrapper beside the model it wraps (schema.Module)
+    aliases: tuple[str, ...] = ()  # its other fqns: registered in several places (schema.Module)
+    alias_of: str | None = None  # a second path to a module under another parent (schema.Module)
 
 
 @dataclass
@@ -79,6 +81,9 @@ class Collected:
     order_mismatch: tuple[int, int, str] | None = None
     steps_seen: set[int] = field(default_factory=set)
     lost_gradient: dict[ModuleKey, list[int]] = field(default_factory=dict)  # watched
+    # the first watched no-grad anomaly's detail per module: the step it last got a gradient
+    # in (``last``), the most steps it went without one before (``gap``)
+    lost_detail: dict[ModuleKey, dict[str, Any]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     end: schema.End | None = None
     events: int = 0  # forward and backward events read, of every step

@@ -20,9 +20,12 @@ gradient is lost, with the starved calls as its evidence:
 What each cause says is ``causes.py``'s.
 
 Only calls inside a top-level call that got a gradient are judged: a whole model call without
-backward (a validation pass, a teacher) is not a lost gradient. A tiny gradient whose module is
-bypassed (a module before it gets a large one: a layer scale on a residual branch) is not
-reported; an exactly-zero one always is.
+backward (a validation pass, a teacher) is not a lost gradient. Nor is a call under ``no_grad``
+(or ``inference_mode``) of a module that another call of the step trained: an evaluation pass
+between optimizer steps (timm validates the model inside its wrapper when an epoch ends), which
+the log cannot nest apart from the wrapper's training call of the same step. A tiny gradient
+whose module is bypassed (a module before it gets a large one: a layer scale on a residual
+branch) is not reported; an exactly-zero one always is.
 """
 
 from __future__ import annotations
@@ -148,6 +151,8 @@ def _judge_step(flow: Flow, step: int, calls: list[Call],
         top = enclosing.outermost(v)
         if top is None or not top.fed:
             continue  # a whole call without backward: not a gradient lost inside a model
+        if _evaluation(enclosing, v):
+            continue  # an evaluation pass between optimizer steps: not training
         if v.dead and v.backed and enclosing.fed_elsewhere(v):
             continue  # a shared module trains through its fed calls: a zero one is a loss
             # reading part of its outputs (a detection head's level without a matching anchor)
@@ -167,6 +172,20 @@ def _judge_step(flow: Flow, step: int, calls: list[Call],
                                    and _bypassed(b, enclosing))
             if not bypassed[b.seq]:
                 _add(flow, step, b, _cause(b, modules), v)
+
+
+def _evaluation(enclosing: Enclosing, v: Call) -> bool:
+    """``v`` ran under no_grad in a pass (its outermost call around it under no_grad, or
+    itself) of a module that another call of the step trained: a validation pass between
+    optimizer steps, whose calls the log nests in the training call of the step after it."""
+    if v.grad:
+        return False
+    top = v
+    for outer in enclosing.chain(v):  # innermost first
+        if outer.grad:
+            break
+        top = outer
+    return enclosing.fed_elsewhere(v) or enclosing.fed_elsewhere(top)
 
 
 def _candidates(calls: list[Call], modules: dict[ModuleKey, ModuleStats],

@@ -27,37 +27,57 @@ if TYPE_CHECKING:
 
 
 def _profile_finding(c: Collected, t: Thresholds, explained: Set[ModuleKey]) -> Finding | None:
-    """Activation-gradient norms (grad_output) that grow or fall across the network; not where
-    they fall to a module starved at a boundary ``flow`` names."""
+    """Activation-gradient norms (grad_output) that grow or fall across the network, judged
+    within each model (a generator's gradients against its discriminator's say nothing of
+    either's depth); not where they fall to a module starved at a boundary ``flow`` names."""
     for step in sorted(c.profiles):
-        modules, norms = c.profiles[step]  # backward order: output side first
-        if len(norms) < 3 or (norms[-1] < norms[0] and modules[-1] in explained):
-            continue
-        # growth is measured from the largest gradient on the output side (the first quarter
-        # in backward order): a model with several heads (a detector's box, mask and proposal
-        # heads, an auxiliary loss weighted 1e-8) has one gradient per head there, each as
-        # large as its loss, and the smallest says nothing of the way back
-        bottom = norms[-1]
-        at = max(range(max(1, len(norms) // 4)), key=lambda i: norms[i]) \
-            if bottom > norms[0] else 0
-        top = norms[at]
-        if top <= 0 or bottom <= 0:
-            continue
-        orders = math.log10(bottom / top)
-        if abs(orders) >= t.orders:
-            model, name = modules[-1]
-            return Finding(
-                "exploding" if orders > 0 else "vanishing", WARNING, c.model_name(model), name,
-                step,
-                f"gradient norms {'grow' if orders > 0 else 'fall'} by {abs(orders):.1f} orders of "
-                f"magnitude from {modules[at][1] or '(root)'} ({top:.3g}) back to {name} "
-                f"({bottom:.3g}) at step {step}",
-                {"profile": [{"module": n, "grad_output_norm": v}
-                             for (_, n), v in zip(modules, norms, strict=True)]},
-                "deep stacks without normalisation or residual connections, a too large/small "
-                "initialisation, or residual blocks that scale their sum down (returning "
-                "(x + f(x)) * 0.5 halves the gradient in every block)")
+        for modules, norms in _per_model(*c.profiles[step]):  # backward order: output first
+            found = _profile(c, t, explained, step, modules, norms)
+            if found is not None:
+                return found
     return None
+
+
+def _per_model(modules: tuple[ModuleKey, ...], norms: tuple[float, ...]
+               ) -> list[tuple[tuple[ModuleKey, ...], tuple[float, ...]]]:
+    """A step's profile split by model, each in its backward order (one model: as it is)."""
+    models = dict.fromkeys(key[0] for key in modules)
+    if len(models) == 1:
+        return [(modules, norms)]
+    return [(tuple(k for k in modules if k[0] == model),
+             tuple(v for k, v in zip(modules, norms, strict=True) if k[0] == model))
+            for model in models]
+
+
+def _profile(c: Collected, t: Thresholds, explained: Set[ModuleKey], step: int,
+             modules: tuple[ModuleKey, ...], norms: tuple[float, ...]) -> Finding | None:
+    if len(norms) < 3 or (norms[-1] < norms[0] and modules[-1] in explained):
+        return None
+    # growth is measured from the largest gradient on the output side (the first quarter
+    # in backward order): a model with several heads (a detector's box, mask and proposal
+    # heads, an auxiliary loss weighted 1e-8) has one gradient per head there, each as
+    # large as its loss, and the smallest says nothing of the way back
+    bottom = norms[-1]
+    at = max(range(max(1, len(norms) // 4)), key=lambda i: norms[i]) \
+        if bottom > norms[0] else 0
+    top = norms[at]
+    if top <= 0 or bottom <= 0:
+        return None
+    orders = math.log10(bottom / top)
+    if abs(orders) < t.orders:
+        return None
+    model, name = modules[-1]
+    return Finding(
+        "exploding" if orders > 0 else "vanishing", WARNING, c.model_name(model), name,
+        step,
+        f"gradient norms {'grow' if orders > 0 else 'fall'} by {abs(orders):.1f} orders of "
+        f"magnitude from {modules[at][1] or '(root)'} ({top:.3g}) back to {name} "
+        f"({bottom:.3g}) at step {step}",
+        {"profile": [{"module": n, "grad_output_norm": v}
+                     for (_, n), v in zip(modules, norms, strict=True)]},
+        "deep stacks without normalisation or residual connections, a too large/small "
+        "initialisation, or residual blocks that scale their sum down (returning "
+        "(x + f(x)) * 0.5 halves the gradient in every block)")
 
 
 @dataclass

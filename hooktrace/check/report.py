@@ -10,6 +10,7 @@ from hooktrace.check.findings import ERROR, NOTE, WARNING, Finding, Report
 from hooktrace.log.words import plural
 
 _TITLES = {ERROR: "Errors", WARNING: "Warnings", NOTE: "Notes"}
+NOTES_SHOWN = 12  # notes printed in the text report; the rest counted (--json keeps them)
 
 
 def _evidence(evidence: dict[str, Any]) -> str:
@@ -90,8 +91,12 @@ def to_text(report: Report, path: str) -> str:
         found = [f for f in report.findings if f.severity == severity]
         if found:
             lines += ["", f"{_TITLES[severity]} ({len(found)})"]
-            for f in found:
+            shown = found[:NOTES_SHOWN] if severity == NOTE else found
+            for f in shown:
                 lines += _finding(f)
+            if len(shown) < len(found):
+                lines.append(f"  ... and {len(found) - len(shown)} more notes "
+                             "(--json lists them all)")
     errors = sum(f.severity == ERROR for f in report.findings)
     warnings = sum(f.severity == WARNING for f in report.findings)
     notes = sum(f.severity == NOTE for f in report.findings)

@@ -34,6 +34,17 @@ def frozen_since(c: Collected) -> dict[ModuleKey, int]:
     return out
 
 
+def settle_frozen(c: Collected) -> None:
+    """Modules frozen for the rest of the run before any backward reached them (inside the
+    first forward, after their module record was written): frozen as far as training goes,
+    as their record would say had it been written after the freeze."""
+    for key, step in frozen_since(c).items():
+        m = c.modules.get(key)
+        if m is not None and not any(key in keys for before, keys in c.backward.items()
+                                     if before < step):
+            m.trainable = 0
+
+
 def drop_frozen(c: Collected, found: Flow) -> None:
     """Boundaries whose starved modules were all frozen during the run by the loop (the
     ``frozen-during-run`` finding says so) in every step they starved: no gradient is lost."""

@@ -37,13 +37,17 @@ MAX_NODES = 64
 _MAX_STORED = 8192  # outputs looked up by storage at once; forward-only code never ends a pass
 _PLAIN = torch.Tensor.__torch_dispatch__
 Producers = tuple[int, ...]  # the seqs of the calls that made a tensor, ascending
-Flow = tuple[tuple[Producers, ...], Producers]  # (``inputs_from``, ``made``) of a call
+Outs = tuple[int, ...]  # parallel to Producers: which output of each (-1: several)
+Found = tuple[Producers, Outs]
+#: (``inputs_from``, ``made``, ``from_out``, ``made_out``) of a call
+Flow = tuple[tuple[Producers, ...], Producers, tuple[Outs, ...], tuple[Producers, ...]]
+_NONE: Found = ((), ())
 
 
-#: What a call knows of its data flow when it begins: who made each positional input, and the
-#: last seq of a forward call seen so far (the calls after it ran inside this one). A plain
-#: tuple: one is made per call
-Sources = tuple[tuple[Producers, ...], int]
+#: What a call knows of its data flow when it begins: who made each positional input (and
+#: which of their outputs), and the last seq of a forward call seen so far (the calls after it
+#: ran inside this one). A plain tuple: one is made per call
+Sources = tuple[tuple[Found, ...], int]
 
 
 def _address(t: torch.Tensor) -> int:
@@ -60,13 +64,14 @@ def _address(t: torch.Tensor) -> int:
     return address
 
 
-def _made_by(dispatch: Sequence[Any], nr: int) -> int | None:
-    """The seq of the call that returned output ``nr`` of a node last, as its dispatch has it
-    (quadruples output_nr, call, index, shape; index >= 0 an output); None: none did."""
+def _made_by(dispatch: Sequence[Any], nr: int) -> tuple[int, int] | None:
+    """The seq of the call that returned output ``nr`` of a node last, and the index of that
+    output among the call's, as its dispatch has it (quadruples output_nr, call, index, shape;
+    index >= 0 an output); None: none did."""
     for k in range(len(dispatch) - 4, -1, -4):
-        if dispatch[k + 2] >= 0 and dispatch[k] == nr:
+        if (index := dispatch[k + 2]) >= 0 and dispatch[k] == nr:
             seq: int = dispatch[k + 1].seq
-            return seq
+            return seq, index
     return None
 
 
@@ -76,8 +81,9 @@ class DataFlow:
     def __init__(self, grads: GradHooks) -> None:
         self._grads = grads
         self._last = -1  # the seq of the last recorded forward call that returned
-        # storage address -> (the output, held weakly, and the seq of the call that returned it)
-        self._stored: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+        # storage address -> (the output, held weakly, the seq of the call that returned it,
+        # and its index among that call's outputs)
+        self._stored: dict[int, tuple[weakref.ref[torch.Tensor], int, int]] = {}
 
     def start(self, inputs: list[torch.Tensor]) -> Sources:
         return tuple(map(self._of, inputs)), self._last
@@ -85,17 +91,23 @@ class DataFlow:
     def end(self, sources: Sources | None, kw_inputs: list[torch.Tensor],
             outputs: list[torch.Tensor], seq: int, top: bool) -> Flow | tuple[()]:
         """(the producers of each input, args then kwargs; the calls inside it that made its
-        outputs), and those of its outputs that a later call can find only by their storage
-        kept (``top``: a model call); () for a call that began in a step not recorded."""
+        outputs; which output of each producer each input used; the calls that made each of
+        its outputs, when it has several), and those of its outputs that a later call can find
+        only by their storage kept (``top``: a model call); () for a call that began in a step
+        not recorded."""
         if sources is None:
             return ()
-        inputs, before = sources
+        found, before = sources
         if kw_inputs:
-            inputs += tuple(map(self._of, kw_inputs))
+            found += tuple(map(self._of, kw_inputs))
         made: Producers = ()
+        made_out: tuple[Producers, ...] = ()
         if self._last > before:  # calls returned while it ran: calls inside it
-            made = tuple(sorted({s for t in outputs for s in self._of(t)}))
-        for t in outputs:
+            per_output = tuple(self._of(t)[0] for t in outputs)
+            made = tuple(sorted({s for calls in per_output for s in calls}))
+            if len(per_output) > 1 and len(set(per_output)) > 1:
+                made_out = per_output
+        for i, t in enumerate(outputs):
             # one with autograd history is found by its node, unless detached: a model's output
             # (a GAN's fake batch) is kept for that; not every call's, each an object that
             # lives until the step ends, and costs the garbage collector
@@ -105,36 +117,37 @@ class DataFlow:
             if address:
                 if len(self._stored) > _MAX_STORED:
                     self._stored.clear()
-                self._stored[address] = (weakref.ref(t), seq)
+                self._stored[address] = (weakref.ref(t), seq, i)
         self._last = seq
-        return inputs, made
+        return tuple([f[0] for f in found]), made, tuple([f[1] for f in found]), made_out
 
     def clear(self) -> None:
         """The step ended: its outputs are no longer looked up by storage."""
         self._stored.clear()
 
-    def _of(self, t: torch.Tensor) -> Producers:
-        """The recorded calls whose outputs made ``t``."""
+    def _of(self, t: torch.Tensor) -> Found:
+        """The recorded calls whose outputs made ``t``, and which output of each."""
         node: Any = t.grad_fn  # its ``metadata`` is a dict at runtime, a method in the stubs
         if node is None:
-            found = self._stored.get(_address(t))
-            return () if found is None or found[0]() is None else (found[1],)
+            stored = self._stored.get(_address(t))
+            return _NONE if stored is None or stored[0]() is None else (
+                (stored[1],), (stored[2],))
         nr = t.output_nr
         dispatch = node.metadata.get(self._grads)
         if dispatch:  # the usual case: a call's output itself
-            if dispatch[-2] >= 0 and dispatch[-4] == nr:  # the call that returned it last
+            if (index := dispatch[-2]) >= 0 and dispatch[-4] == nr:  # returned it last
                 seq: int = dispatch[-3].seq
-                return (seq,) if seq >= 0 else ()
+                return ((seq,), (index,)) if seq >= 0 else _NONE
             if (made := _made_by(dispatch, nr)) is not None:
-                return (made,) if made >= 0 else ()
+                return ((made[0],), (made[1],)) if made[0] >= 0 else _NONE
         return self._walk(node, nr)
 
-    def _walk(self, node: Any, nr: int) -> Producers:
+    def _walk(self, node: Any, nr: int) -> Found:
         """Breadth first from output ``nr`` of ``node`` (made by no call) to the nearest nodes
         a call's output made, at most MAX_NODES nodes; a call not recorded (seq -1) is not
         looked past."""
         grads = self._grads
-        found: set[int] = set()
+        found: dict[int, int] = {}  # seq -> its output used (-1: several)
         seen = {node}
         todo: list[Any] = list(node.next_functions)
         visited = 1
@@ -146,9 +159,11 @@ class DataFlow:
             visited += 1
             seen.add(node)
             dispatch = node.metadata.get(grads)
-            if dispatch is not None and (seq := _made_by(dispatch, nr)) is not None:
+            if dispatch is not None and (made := _made_by(dispatch, nr)) is not None:
+                seq, index = made
                 if seq >= 0:
-                    found.add(seq)
+                    found[seq] = index if found.get(seq, index) == index else -1
                 continue
             todo.extend(node.next_functions)
-        return tuple(sorted(found))
+        seqs = tuple(sorted(found))
+        return seqs, tuple(found[s] for s in seqs)

@@ -11,13 +11,17 @@ owner. The owner is a top-level *model*: its whole tree is named at that moment
 called on its own at construction to size its feature maps) is adopted whole by it: its calls so
 far stay its own model's in the log, its modules are named anew in the later one (models given
 with ``model=`` stay as given). A module first
-seen inside another's forward (one built inside ``forward``, or never registered) is named under
-its caller as ``caller.(ClassName)``, or after the place its caller keeps it in,
+seen inside another's forward that the caller registers (``self.fc = nn.Linear(...)`` in its
+``forward``) gets its real name, ``caller.fc``; one never registered is named under its caller
+as ``caller.(ClassName)``, or after the place its caller keeps it in,
 ``caller.(blocks[0])`` for a module in a plain list (or tuple, or dict) attribute; two such modules
 alive at once never share a name (``(Linear#2)``), while one built anew at each call keeps its
-predecessor's. A child that a wrapper holds beside the model it wraps (``DataParallel(model).fc =
-...``) is named ``(DataParallel).fc``: the wrapper's forward never calls it. ``id()`` is never used
-as identity: ids of freed modules are reused.
+predecessor's. A child that a wrapper holds beside the model it wraps (``DataParallel(model).fc
+= ...``) is named ``(DataParallel).fc``: the wrapper's forward never calls it. A module
+registered under two parents (one block shared by an encoder and a decoder) is named by the path
+of the parent that calls it: its calls from the decoder are ``decoder.block``, a name whose
+``module`` record says ``alias_of`` its first name. ``id()`` is never used as identity: ids of
+freed modules are reused.
 """
 
 from __future__ import annotations
@@ -63,6 +67,12 @@ class ModInfo:
     # the module it names; None once that module is gone, or named anew in a model found later
     ref: Callable[[], nn.Module | None]
     has_params: bool  # parameters registered directly on it
+    # how many of its own parameters required a gradient when it was named, as its module
+    # record says (a freeze inside the first forward is then a change the first step's end sees)
+    trainable: int = 0
+    #: a module registered under several parents: its other names, by the fqn of the parent
+    #: that holds it there; a call from that parent is recorded under that name
+    aliases: dict[str, ModInfo] | None = None
 
 
 def _no_module() -> None:
@@ -115,6 +125,11 @@ def _own_params(module: nn.Module) -> tuple[int, int]:
     return total, trainable
 
 
+def _trainable_count(module: nn.Module) -> int:
+    """How many of its own parameters require a gradient (tensors, not elements)."""
+    return sum(1 for p in module._parameters.values() if p is not None and p.requires_grad)
+
+
 def _loose(module: nn.Module) -> list[str] | None:
     """Its attributes that are meant to train but are not registered: leaf tensors with
     requires_grad=True that are not nn.Parameters (once per module, when it is named)."""
@@ -144,6 +159,16 @@ def _place(holder: nn.Module | None, module: nn.Module) -> str | None:
             for k, item in value.items():
                 if item is module and isinstance(k, (str, int)) and "." not in str(k):
                     return f"{key}[{k!r}]"
+    return None
+
+
+def _registered(holder: nn.Module | None, module: nn.Module) -> str | None:
+    """The attribute ``holder`` registers ``module`` under (``self.fc = nn.Linear(...)`` in its
+    forward), None when it does not."""
+    if holder is not None:
+        for key, child in holder._modules.items():
+            if child is module:
+                return key
     return None
 
 
@@ -319,14 +344,18 @@ class Naming:
                 first = records.get(known.name) if known.model == model else None
                 if first is not None:
                     first.aliases = [*(first.aliases or []), fqn]
+                    parent = fqn.rpartition(".")[0]
+                    if parent != known.name.rpartition(".")[0]:  # one parent: no telling which
+                        records.update(self._aliases(module, known, fqn))
                 continue
             params, trainable = _own_params(module)
             info = self._by_name.get((model, fqn))
             if info is not None and info.cls == type(module).__name__:
                 info.ref = weakref.ref(module)  # a module built anew in each forward: same name
+                info.trainable = _trainable_count(module)
             else:
                 info = ModInfo(model, fqn, type(module).__name__, self._matches(fqn),
-                               weakref.ref(module), params > 0)
+                               weakref.ref(module), params > 0, _trainable_count(module))
                 self._by_name[(model, fqn)] = info
                 if info.has_params and info.traced:
                     self.uncalled[info] = None
@@ -339,6 +368,37 @@ class Naming:
                 self._written.add((model, fqn))
                 self._emit(record)
         return self._infos.get(root)  # None for a wrapper: only what it wraps is traced
+
+    def _aliases(self, module: nn.Module, known: ModInfo, fqn: str
+                 ) -> dict[str, schema.Module]:
+        """``fqn``, a second path to ``known``'s ``module``: it and each module inside it get a
+        name under that path (``decoder.block``, ``decoder.block.0``), the one their calls from
+        there are recorded under; their ``module`` records, by name."""
+        records = {}
+        for rel, inner in module.named_modules():
+            first = known if not rel else self._infos.get(inner)
+            if first is None:
+                continue
+            name = f"{fqn}.{rel}" if rel else fqn
+            records[name] = self._alias(first, name, name.rpartition(".")[0])
+        return records
+
+    def _alias(self, known: ModInfo, fqn: str, parent: str) -> schema.Module:
+        """``fqn``, a second path to ``known``'s module under another ``parent``: the name of
+        its calls from that parent, and its ``module`` record (no parameters: ``known`` holds
+        them)."""
+        alias = self._by_name.get((known.model, fqn))
+        if alias is None or alias.cls != known.cls:
+            # traced when either name is asked for: ``--include 'net*'`` still records the
+            # backbone that a wrapper calls as ``online_encoder.net``
+            alias = ModInfo(known.model, fqn, known.cls, known.traced or self._matches(fqn),
+                            known.ref, False)
+            self._by_name[(known.model, fqn)] = alias
+        alias.ref = known.ref
+        if known.aliases is None:
+            known.aliases = {}
+        known.aliases.setdefault(parent, alias)
+        return schema.Module(known.model, fqn, known.cls, alias_of=known.name)
 
     def _from_owner(self, module: nn.Module) -> ModInfo | None:
         """Name a module first called outside any traced module through its owner's tree; a
@@ -370,15 +430,24 @@ class Naming:
         """The module's identity, naming it first if new. ``caller``: the traced module whose
         forward is running, None at top level. None means: do not trace this module."""
         try:
-            return self._infos[module]
+            info = self._infos[module]
         except KeyError:
             pass
+        else:
+            if info is not None and info.aliases is not None and caller is not None:
+                return info.aliases.get(caller.name, info)  # the name under its caller
+            return info
         if caller is None:
             if self._scoped or compiled_graph(module):
                 self._infos[module] = None
                 return None
             return self._from_owner(module)
-        base = _place(caller.ref(), module) or type(module).__name__
+        holder = caller.ref()
+        key = _registered(holder, module)
+        if key is not None:  # made in the caller's forward, registered on it: its real name
+            return self._name_tree(module, caller.model,
+                                   f"{caller.name}.{key}" if caller.name else key)
+        base = _place(holder, module) or type(module).__name__
         return self._name_tree(module, caller.model, self._free(module, caller, base))
 
     def _free(self, module: nn.Module, caller: ModInfo, base: str) -> str:

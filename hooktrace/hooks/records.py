@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from hooktrace.hooks.dataflow import Producers, Sources
+    from hooktrace.hooks.dataflow import Outs, Producers, Sources
     from hooktrace.hooks.naming import ModInfo
     from hooktrace.hooks.tensors import Summary
     from hooktrace.log.options import TraceOptions
@@ -99,6 +99,8 @@ class ForwardEnd(NamedTuple):
     #: it, and, for a call with calls inside, those of the calls that made its outputs
     inputs_from: tuple[Producers, ...] | None = None
     made: Producers = ()
+    from_out: tuple[Outs, ...] = ()  # per input, which output of each producer it used
+    made_out: tuple[Producers, ...] = ()  # per output, the calls that made it (several)
 
 
 class _BackwardStart(NamedTuple):

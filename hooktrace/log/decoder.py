@@ -53,6 +53,8 @@ class ForwardMore(NamedTuple):
     output_nonfinite: list[list[int]] | None = None  # [output index, nan, inf]
     inputs_from: list[list[int]] | None = None  # per input, the seqs of the calls that made it
     made: list[int] | None = None  # a call with calls inside: those that made its outputs
+    from_out: list[list[int]] | None = None  # per input, the output of each producer it used
+    made_out: list[list[int]] | None = None  # per output, the calls inside that made it
 
 
 class BackwardMore(NamedTuple):
@@ -145,7 +147,8 @@ class Decoder:
                     return seq, step, module, call, NOT_READ, NOT_READ, None
                 keys = len(d)
                 if keys > _FORWARD_KEYS:
-                    keys -= ("from" in d) + ("made" in d)  # the data flow: read on request
+                    keys -= (("from" in d) + ("made" in d) + ("from_out" in d)
+                             + ("made_out" in d))  # the data flow: read on request
                 if keys == _FORWARD_KEYS and type(i := d["in"]) is int \
                         and type(o := d["out"]) is int:
                     tensors = self.tensors

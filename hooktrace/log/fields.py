@@ -146,7 +146,7 @@ def from_dict(d: Any) -> Record | None:
                       cls=get(d, "class", str, "?"), params=get(d, "params", int, 0),
                       trainable=get(d, "trainable", int, 0), aliases=aliases,
                       loose=strs(d, "loose") or None, wrapper=get(d, "wrapper", str, None),
-                      **drop_fields(d))
+                      alias_of=get(d, "alias_of", str, None), **drop_fields(d))
     if kind == "anomaly":
         anomaly = get(d, "kind", str)
         if anomaly not in Anomaly.KINDS:
@@ -186,11 +186,13 @@ def _offsets(value: Any) -> bool:
     return type(value) is list and all(type(x) is int and x > 0 for x in value)
 
 
-def inputs_from(d: dict[str, Any], seq: int, inputs: int
-                ) -> tuple[list[list[int]], list[int] | None]:
-    """A forward event's data flow (``ForwardEvent.inputs_from`` and ``made``), its offsets
-    back from ``seq`` resolved; without ``"from"``, each of its ``inputs`` came from the call
-    just before it (``hooktrace.log.wire.sources``)."""
+Flow = tuple[list[list[int]], list[int] | None, list[list[int]] | None, list[list[int]] | None]
+
+
+def inputs_from(d: dict[str, Any], seq: int, inputs: int) -> Flow:
+    """A forward event's data flow (``ForwardEvent.inputs_from``, ``made``, ``from_out`` and
+    ``made_out``), its offsets back from ``seq`` resolved; without ``"from"``, each of its
+    ``inputs`` came from the call just before it (``hooktrace.log.wire.sources``)."""
     value = d.get("from")
     if value is None:
         found = [[seq - 1]] if inputs == 1 else [[seq - 1] for _ in range(inputs)]
@@ -208,7 +210,32 @@ def inputs_from(d: dict[str, Any], seq: int, inputs: int
     made = d.get("made")
     if made is not None and not _offsets(made):
         raise SchemaError("key 'made' must list offsets to calls")
-    return found, sorted(seq - x for x in made) if made else None
+    return (found, sorted(seq - x for x in made) if made else None, _from_out(d, found),
+            _made_out(d, seq))
+
+
+def _from_out(d: dict[str, Any], found: list[list[int]]) -> list[list[int]] | None:
+    """``"from_out"``: per input, the output of each of its producers that it used."""
+    value = d.get("from_out")
+    if value is None:
+        return None
+    if (type(value) is not list or len(value) != len(found)
+            or not all(type(outs) is list and len(outs) == len(calls)
+                       and all(type(x) is int and x >= -1 for x in outs)
+                       for outs, calls in zip(value, found, strict=True))):
+        raise SchemaError("key 'from_out' must list, per input, an output index per producer")
+    return value
+
+
+def _made_out(d: dict[str, Any], seq: int) -> list[list[int]] | None:
+    """``"made_out"``: per output, offsets back to the calls that made it."""
+    value = d.get("made_out")
+    if value is None:
+        return None
+    if type(value) is not list or not all(type(x) is list and (not x or _offsets(x))
+                                          for x in value):
+        raise SchemaError("key 'made_out' must list, per output, offsets to calls")
+    return [sorted(seq - x for x in calls) for calls in value]
 
 
 def _ints(d: dict[str, Any], key: str) -> list[int]:

@@ -142,6 +142,10 @@ class Module:
     # it wraps, named ``(Wrapper).child``: the wrapper's class; the wrapper's forward never
     # calls it (``DataParallel(model).fc = ...`` meant for ``model.module.fc``)
     wrapper: str | None = None
+    #: a second path to a module registered under two parents (``encoder.block`` is also
+    #: ``decoder.block``): this name is the one its calls from that parent are recorded under,
+    #: ``alias_of`` the module's first name, which holds its parameters (``params`` 0 here)
+    alias_of: str | None = None
 
     DROP_UNITS: ClassVar[tuple[str, ...]] = ("batch", "sample", "channel", "element")
 
@@ -151,7 +155,7 @@ class Module:
             "params": self.params, "trainable": self.trainable, "aliases": self.aliases,
             "loose": self.loose,
             "drop": None if self.drop is None else {"p": self.drop, "per": self.drop_unit},
-            "wrapper": self.wrapper,
+            "wrapper": self.wrapper, "alias_of": self.alias_of,
         })
 
 
@@ -192,6 +196,16 @@ class ForwardEvent:
     #: (a residual's skip), what a picture that draws the call as a box of its calls uses in
     #: its place; on the wire ``"made"``, offsets back from ``seq``; absent: none
     made: Sequence[int] | None = None
+    #: per tensor input, parallel to ``inputs_from``: which output of each producer it used
+    #: (the index among the producer's tensor outputs; -1: several of them, or not known). On
+    #: the wire ``"from_out"``, one list per input; absent: every input used output 0 (a log
+    #: from before it has no ``made_out`` either, and draws as before)
+    from_out: Sequence[Sequence[int]] | None = None
+    #: for a call with calls inside it and several tensor outputs: per output, the seqs of the
+    #: calls that made that output (``made`` split by output), so that a consumer of one output
+    #: is joined to its maker only (an LSTM-like ``(out, (h, c))``); on the wire
+    #: ``"made_out"``, offsets back from ``seq``; absent: ``made`` stands for every output
+    made_out: Sequence[Sequence[int]] | None = None
 
     @property
     def phase(self) -> str:

@@ -18,7 +18,9 @@ class Signal:
       (once, until it is seen training again);
     * ``optimizers``: when tracing stops, if an optimizer stepped: ``detail.held``, the model's
       modules whose trainable parameters an optimizer that stepped holds (fqns), and
-      ``detail.not_held``, the modules with trainable parameters none holds; where the
+      ``detail.not_held``, the modules with trainable parameters none holds;
+      ``detail.frozen_held``, where there are any, the modules whose parameters are all frozen
+      though such an optimizer holds them (built before a freeze); where the
       optimizers of the model held, at their first step, trainable parameters of no named
       module that had no gradient (one a parametrization replaced after the optimizer was
       built), ``detail.outside``, the shapes of the first 8, and ``detail.outside_count``;
@@ -57,7 +59,10 @@ class Signal:
     * ``trainable-changed``: at the end of recorded backward pass ``step``, modules of the
       model with fewer trainable own parameters than at the last recorded pass's end
       (``detail.frozen``: fqns; ``requires_grad_(False)`` in between) or more
-      (``detail.unfrozen``); once per model and step with a change;
+      (``detail.unfrozen``); once per model and step with a change. The first recorded pass
+      compares with the counts of the module records (a freeze inside the first forward).
+      ``detail.aliases``, where a frozen module is held under other names too (a target
+      network that is the online network itself): per such fqn, its other fqns;
     * ``lr-collapsed``: when tracing stops, for the models of an optimizer that stepped
       ``detail.low_steps`` of its ``detail.optimizer_steps`` steps (half or more) with a learning
       rate below 1e-4 of its peak ``detail.peak``, from ``step`` on (``detail.lr``: its last);
@@ -98,6 +103,13 @@ class Signal:
     * ``compiled-eager``: the model call ``name`` of recorded step ``step`` ran inside
       ``torch.compile``'d code, run eagerly while the step was recorded (``Header.eager``);
       the steps not recorded ran it compiled; once a run;
+    * ``optimizer-steps``: when tracing stops, per optimizer that stepped (``detail.optimizer``:
+      its class) and model whose modules it holds (``detail.held``: their fqns, as at its first
+      step): ``detail.count``, its steps; ``detail.after``, the backward pass (step) each came
+      after (-1: before any), and ``detail.lr``, the largest learning rate of its groups at each
+      (null: not a number read on the host), both for its first 64 steps; ``detail.moving``,
+      the pass after which it first stepped with lr > 0 (null: never); ``step``, its first
+      step's pass. Steps and accumulation windows, as training counts them (``optsteps.py``);
     * ``hooks-growing``: ``name``'s hooks of one kind (``detail.hooks``: ``forward``, its
       forward and forward pre hooks; ``backward``, its module backward hooks; ``gradient``, the
       gradient hooks of its own parameters) grew at each of the last recorded steps
@@ -125,8 +137,8 @@ class Signal:
                                         "loss-scale", "nonfinite-weights",
                                         "updates-rounded", "grad-zeros", "loss-ops",
                                         "loss-scaled", "scaled-step", "scaled-clip",
-                                        "compiled-eager", "hooks-growing",
-                                        "function-backward")
+                                        "compiled-eager", "optimizer-steps",
+                                        "hooks-growing", "function-backward")
     step: int
     model: int
     name: str

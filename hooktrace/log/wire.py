@@ -38,6 +38,10 @@ def sources(e: ForwardEvent, d: dict[str, Any]) -> None:
                      else None for calls in inputs]
     if e.made:
         d["made"] = [seq - s for s in e.made]
+    if e.from_out and any(any(e.from_out[i]) for i in range(len(e.from_out))):
+        d["from_out"] = [list(outs) for outs in e.from_out]
+    if e.made_out:
+        d["made_out"] = [[seq - s for s in calls] for calls in e.made_out]
 
 
 def _ops(record: Ops) -> dict[str, Any]:
@@ -135,7 +139,7 @@ class Encoder:
         if e.output_nonfinite:
             d["output_nonfinite"] = e.output_nonfinite
         if (inputs := e.inputs_from) is not None and (
-                e.made or inputs.count((e.seq - 1,)) != len(inputs)):
+                e.made or e.from_out or inputs.count((e.seq - 1,)) != len(inputs)):
             sources(e, d)  # not when every input came from the call just before
         out.append(d)
         return out

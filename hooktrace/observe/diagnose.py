@@ -25,6 +25,8 @@ module call):
   the end of each recorded step, the ids of each module's own parameters, summed into one int
   per module, against the last step's (a walk of the modules, no object kept per step); a
   trainable parameter whose object changed at two recorded steps in a row is said;
+* each optimizer's steps (``optsteps``): after which backward pass, at which learning rate,
+  holding which modules; said when tracing stops;
 * what an optimizer holds against what the model is (``optimizer_view``): at its first step,
   Parameters over one storage and parameters of no named module; at each step, whether it
   steps again with the gradients its last step applied;
@@ -53,7 +55,9 @@ from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.records import Mode, Observer, PassEnd
 from hooktrace.hooks.sites import forward_site
 from hooktrace.log import schema
+from hooktrace.observe.aliases import other_names
 from hooktrace.observe.optimizer_view import OptimizerView
+from hooktrace.observe.optsteps import OptimizerSteps
 from hooktrace.observe.paramlooks import all_zero, ids_sum, optimizer_params, trainable_count
 
 RECORDED = Mode.RECORDED
@@ -78,6 +82,8 @@ class Diagnosis(Observer):
         self._modules: list[tuple[weakref.ref[nn.Module], ModInfo]] = []  # with parameters
         self._owner: dict[int, ModInfo] = {}  # id(parameter) -> its module
         self._view = OptimizerView(emit, self._owner, {} if uncalled is None else uncalled)
+        self._steps = OptimizerSteps(emit, self._owner)
+        self._last_pass = -1  # the step of the last backward pass that ended
         self._held: set[int] = set()  # ids of the parameters of optimizers that stepped
         self._held_changed = False
         self._sorted: dict[int, dict[str, list[str]]] = {}  # model -> its last optimizers signal
@@ -123,7 +129,9 @@ class Diagnosis(Observer):
                                          {"hook": getattr(hook, "__qualname__", repr(hook))}))
         self._seen.append(info)
         self._param_ids.append(ids_sum(module))
-        self._trainable.append(trainable_count(module))
+        # as its module record has it: a freeze between naming and the first call (inside the
+        # first forward) is a change the next recorded step's end reports
+        self._trainable.append(info.trainable if info.has_params else trainable_count(module))
         if len(self._seen) > self._prune_at:  # modules made in forward come and go
             self._prune()
             self._prune_at = 2 * len(self._seen) + 64
@@ -145,7 +153,7 @@ class Diagnosis(Observer):
 
     def backward_end(self, end: PassEnd) -> None:
         self._models_reached = set(map(_model, end.reached))
-        self._step = end.step
+        self._step = self._last_pass = end.step
         self._recorded_pass = end.mode is RECORDED
         if self._recorded_pass:
             self._new_parameters(end.step)
@@ -189,7 +197,7 @@ class Diagnosis(Observer):
         if now == ids and trainable == counts:  # the usual case: two comparisons in C
             return
         gone = False
-        changed: dict[int, dict[str, list[str]]] = {}  # per model: frozen, unfrozen modules
+        changed: dict[int, dict[str, Any]] = {}  # per model: frozen, unfrozen modules
         for i, info in enumerate(seen):
             module = modules[i]
             if module is None:
@@ -207,6 +215,7 @@ class Diagnosis(Observer):
                 self._adopt(module, info)
         for model, detail in sorted(changed.items()):
             self._held_changed = True  # sort the modules by the optimizers again
+            detail.update(other_names(self._entries.get(model), detail["frozen"]))
             self._emit(schema.Signal(step, model, "", "trainable-changed", detail))
         if gone:
             self._prune()
@@ -250,6 +259,7 @@ class Diagnosis(Observer):
         try:
             params = optimizer_params(optimizer)
             self._view.stepping(optimizer, params, args, kwargs, self._step)
+            self._steps.stepping(optimizer, params, self._last_pass)
             if not self._reported_cleared:
                 self._cleared_before_step(optimizer, params)
             if not self._reported_zeroed and self._recorded_pass:
@@ -360,6 +370,7 @@ class Diagnosis(Observer):
         self._remove_hooks()
         self._sort_modules(step)
         self._view.stop(step)
+        self._steps.stop()
 
     def _sort_modules(self, step: int) -> None:
         """Once optimizers have stepped with parameters not seen before: per model, the modules
@@ -369,16 +380,20 @@ class Diagnosis(Observer):
         self._held_changed = False
         held: dict[int, list[str]] = {}
         not_held: dict[int, list[str]] = {}
+        frozen: dict[int, list[str]] = {}  # frozen, yet held: meant to train
         for ref, info in self._modules:
             m = ref() if info.ref() is not None else None  # not one a model found later adopted
-            params = [p for p in m._parameters.values() if p is not None and p.requires_grad] \
-                if m is not None else []
-            if params:
-                into = held if any(id(p) in self._held for p in params) else not_held
+            params = [p for p in m._parameters.values() if p is not None] if m else []
+            if trains := [p for p in params if p.requires_grad]:
+                into = held if any(id(p) in self._held for p in trains) else not_held
                 into.setdefault(info.model, []).append(info.name)
-        for model in sorted(held.keys() | not_held.keys()):
+            elif any(id(p) in self._held for p in params):
+                frozen.setdefault(info.model, []).append(info.name)
+        for model in sorted(held.keys() | not_held.keys() | frozen.keys()):
             detail: dict[str, Any] = {"held": held.get(model, []),
                                       "not_held": not_held.get(model, [])}
+            if model in frozen:
+                detail["frozen_held"] = frozen[model]
             if model in self._view.outside:
                 shapes, count = self._view.outside[model]
                 detail.update(outside=shapes, outside_count=count)

@@ -11,7 +11,8 @@ step, what the tracer already has in hand says so, at no cost to a healthy step:
 * the statistics met a gradient that is all zero or not finite (a branch the hot path does not
   take otherwise): the step's backward events are looked at once (``gradients``) for the call
   that produced NaN/Inf or passed back zero for a non-zero gradient, and for the call around
-  one that received an exactly-zero gradient;
+  one that received an exactly-zero gradient (not where another call of the same module got a
+  non-zero one in the step: one call of an unrolled cell, makemore's GRU at its zero start);
 * a module with trainable parameters of its own was called and its backward never began, while
   a module around it got one: the gradient stopped inside that one's forward (unless a lost
   input in the same model says where it stopped);
@@ -172,6 +173,9 @@ def gradient_facts(events: Iterable[Any], most: int = AUTO) -> list[tuple[int, s
             zeroed.append(e)
     if not found:  # no call's backward made the zero: a forward around one did
         for e in zeroed:
+            if (e.model, e.name) in fed:
+                continue  # another call of it got a gradient: a loop's call given zero (a
+                # GRU cell's reset gate at a hidden state of zero), not a module cut off
             around = next((n for n in enclosing(e.name) if (e.model, n) in fed), None)
             if around is not None:
                 found[(e.model, around)] = None

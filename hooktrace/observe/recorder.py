@@ -80,7 +80,8 @@ class LogRecorder(Observer):
             out_shapes, out_dtypes, no_grad=not start.grad, recompute=call.recompute,
             inputs_more=(start.inputs_more + end.kw_inputs_more) or None,
             outputs_more=end.outputs_more or None, inputs_from=end.inputs_from,
-            made=end.made,
+            made=end.made, from_out=end.from_out if any(map(any, end.from_out)) else None,
+            made_out=end.made_out or None,
         )
         found = None
         if self._outputs is not None:

@@ -10,7 +10,8 @@ norm per device and dtype), and emits ``anomaly`` records: the first module whos
 NaN/Inf; the first NaN/Inf
 gradient (at a model's output, else the first module in backward order whose parameter
 gradient is NaN/Inf); modules with trainable parameters that got a gradient before and no
-longer do while the rest of their model does.
+longer do while the rest of their model does, for longer than they ever went without one
+(learnt from the recorded steps too: heads trained by losses in turns are periodic).
 
 A step whose model ran compiled code (``torch.compile``: no module hook fires inside it) ends at
 ``backward()``'s return (``core.CallTracker.backward_returned``) with no call seen: its
@@ -25,6 +26,8 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Callable
+from itertools import compress, repeat
+from operator import attrgetter, ne
 from typing import Any
 
 import torch
@@ -38,6 +41,8 @@ from hooktrace.observe.stats import Stats
 
 _MAX_HELD = 8192  # model calls and modules held per step: forward-only code is bounded
 WATCHED = Mode.WATCHED
+_NONFINITE = ("nonfinite-forward", "nonfinite-backward")
+_SPELL = 10  # watched steps in a row that write the same NaN/Inf
 
 _Numbers = list[tuple[float, ...] | None]
 # a module's parameter gradients as a step left them: each tensor, and its version then
@@ -59,11 +64,18 @@ class Watch(Observer):
         self._called: dict[ModInfo, ForwardCall] = {}
         self._states: dict[ModInfo, _GradState] = {}  # as the last step that judged them left
         self._had_grad: set[ModInfo] = set()  # modules that received gradient at some step
+        # the last step each module received gradient in, and the most steps between two (1
+        # where not kept; recorded steps too): a module trained in turns misses it that long
+        # less one; one whose next gradient would come later than that has lost it
+        self._got_at: dict[ModInfo, int] = {}
+        self._gap: dict[ModInfo, int] = {}
         # modules with parameters called with gradients on in any step: judged in a compiled one
         self._known: dict[ModInfo, ForwardCall] = {}
         self._held: list[schema.Anomaly] = []  # of a compiled step, until an eager one names it
         self._looked: set[ModInfo] = set()  # modules a compiled step found without gradient
         self._nonfinite_held = False
+        # NaN/Inf of a model and kind at the last watched step: in how many steps in a row
+        self._spells: dict[tuple[str, int], int] = {}
 
     def forward_end(self, end: ForwardEnd) -> None:
         call = end.call
@@ -89,6 +101,8 @@ class Watch(Observer):
             if info.has_params and info not in self._known and len(self._known) < _MAX_HELD:
                 self._known[info] = ForwardCall(-1, end.step, info, 0, False, 0, 0)
         if end.mode is not WATCHED:
+            if end.mode is Mode.RECORDED:
+                self._learn(end.reached, end.step)
             return
         compiled = not end.called and bool(self._known)
         if compiled:
@@ -104,8 +118,20 @@ class Watch(Observer):
         anomalies = self._end_step(end.step, changed, norms)
         if self._held:
             anomalies = self._named(anomalies)
-        for anomaly in anomalies:
+        for anomaly in self._new_spells(anomalies):
             self._emit(anomaly)
+
+    def _new_spells(self, anomalies: list[schema.Anomaly]) -> list[schema.Anomaly]:
+        """``anomalies`` less the NaN/Inf of a model and kind that the last ``_SPELL`` watched
+        steps in a row said already: a run that stays NaN from step 10 of 100,000 on writes
+        ``2 * _SPELL`` records, not two per step (``check`` says the steps it saw again). A
+        step without it ends the spell (a ``GradScaler`` skipping a step with Inf gradients:
+        each one is said)."""
+        spells = {(a.kind, a.model): self._spells.get((a.kind, a.model), 0) + 1
+                  for a in anomalies if a.kind in _NONFINITE}
+        self._spells = spells
+        return [a for a in anomalies
+                if a.kind not in _NONFINITE or spells[(a.kind, a.model)] <= _SPELL]
 
     def _judge_compiled(self, step: int,
                         changed: list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]],
@@ -119,7 +145,8 @@ class Watch(Observer):
         trained = {info.model for info in got}
         lost = [info for info in self._called if info not in got and info in self._had_grad
                 and info.model in trained and info not in self._looked]
-        self._had_grad.update(got)
+        for info in got:
+            self._got(info, step)
         self._model_grads.clear()
         self._called.clear()
         if self._nonfinite_held:
@@ -166,7 +193,7 @@ class Watch(Observer):
     def stop(self, step: int, mode: Mode) -> None:
         if mode is WATCHED:
             self._stats.resolve()  # a NaN seen in a step that never reached its backward
-            for anomaly in self._forward_anomalies(step):
+            for anomaly in self._new_spells(self._forward_anomalies(step)):
                 self._emit(anomaly)
             self._outputs.reset()
         for anomaly in self._held:  # no eager step came after it
@@ -244,23 +271,59 @@ class Watch(Observer):
                                       {"produced": True, "parameter_grad_norm": str(norm)})
         return None
 
+    def _got(self, info: ModInfo, step: int) -> None:
+        last = self._got_at.get(info)
+        if last is not None and step - last > self._gap.get(info, 1):
+            self._gap[info] = step - last
+        self._got_at[info] = step
+        self._had_grad.add(info)
+
+    def _learn(self, reached: tuple[ModInfo, ...], step: int) -> None:
+        """A recorded pass's modules with parameters whose backward began: ``_got`` for each,
+        in C but for those whose last gradient was not in the pass before (a gap of one pass,
+        the usual, is ``_gap``'s default)."""
+        infos = list(compress(reached, map(_has_params, reached)))
+        before = list(map(self._got_at.get, infos))
+        self._got_at.update(zip(infos, repeat(step)))
+        self._had_grad.update(infos)
+        irregular = map(ne, before, repeat(step - 1))
+        for info, last in compress(zip(infos, before, strict=True), irregular):
+            if last is not None and step - last > self._gap.get(info, 1):
+                self._gap[info] = step - last
+
     def _lost_gradients(self, step: int,
                         changed: list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]]
                         ) -> list[schema.Anomaly]:
         """Modules called with gradients on that got a gradient before and none in this step,
         while other modules of their model did (a model trained in turns, as a GAN's
-        generator is, starves as a whole in the other model's steps: not a lost gradient)."""
+        generator is, starves as a whole in the other model's steps: not a lost gradient),
+        for longer than the most steps they went without one before (heads trained by losses
+        in turns, a generator's step after five of its critic's: periodic, not lost), and
+        that still have trainable parameters (not frozen on purpose)."""
         got = {info for info, _, _ in changed}
         trained = {info.model for info in got}
         out: list[schema.Anomaly] = []
         for info, call in self._called.items():
             if info in got:
-                self._had_grad.add(info)
-            elif info in self._had_grad and info.model in trained:
+                self._got(info, step)
+            elif (info in self._had_grad and info.model in trained
+                  and step - self._got_at[info] >= self._gap.get(info, 1)
+                  and _trainable(info)):
                 self._had_grad.discard(info)  # reported once, until it receives gradient again
                 out.append(schema.Anomaly(step, info.model, info.name, "no-grad",
-                                          call.call_index, {"had_gradient_before": True}))
+                                          call.call_index, {"had_gradient_before": True,
+                                                            "last": self._got_at[info],
+                                                            "gap": self._gap.get(info, 1)}))
         return out
+
+
+_has_params = attrgetter("has_params")
+
+
+def _trainable(info: ModInfo) -> bool:
+    module = info.ref()
+    return module is not None and any(p is not None and p.requires_grad
+                                      for p in module._parameters.values())
 
 
 def _unchanged(before: _GradState, grads: list[torch.Tensor]) -> bool:

@@ -3,13 +3,15 @@ that used it, and backward the same edges reversed, where the gradient went back
 
 A log whose forward events name the calls that made their inputs (``ForwardEvent.inputs_from``)
 is drawn so; ``graph.build`` keeps the call order of older logs. At a depth, a producer drawn as
-a box of its calls (a cluster) stands for the calls that made its outputs (``ForwardEvent.made``:
-those inside it, and, one box back, those before it whose data it passed on: ``_Ends``); a
-consumer drawn as a cluster is left to the calls inside it, which take in the same data. A
-call used by several later calls branches; a residual ``+`` of two calls' outputs is two edges
-into the call that uses the sum. An edge between two calls drawn in one node (folded by
-``--depth``) is not drawn; one between two calls of a module drawn as one node for all its
-calls (an unrolled loop's cell feeding its next call) is a loop on that node.
+a box of its calls (a cluster) stands for the calls that made its outputs
+(``ForwardEvent.made``: those inside it, and, one box back, those before it whose data it passed
+on: ``_Ends``; of a call with several outputs made by different calls, only the makers of the
+output the consumer used, ``ForwardEvent.from_out`` and ``made_out``, where the log says); a
+consumer drawn as a cluster is left to the calls inside it, which take in the same data. A call
+used by several later calls branches; a residual ``+`` of two calls' outputs is two edges into
+the call that uses the sum. An edge between two calls drawn in one node (folded by ``--depth``)
+is not drawn; one between two calls of a module drawn as one node for all its calls (an unrolled
+loop's cell feeding its next call) is a loop on that node.
 
 Forward edges are numbered in execution order: by the call that used the data, then the one
 that made it. A backward edge goes back along a forward one where the consumer's gradient of
@@ -84,10 +86,12 @@ def links(calls: dict[NodeKey, Call], keys: Keys, unfolded: Keys) -> list[Link]:
         dst = keys[consumer.key]
         if dst is None or consumer.inputs_from is None:
             continue
+        used = consumer.from_out
         for i, made_by in enumerate(consumer.inputs_from):
-            for seq in made_by:
+            for j, seq in enumerate(made_by):
                 producer = by_seq.get(seq)  # None: of another step, or a model not drawn
-                for end in ends.of(producer, True) if producer else ():
+                out = used[i][j] if used is not None else 0
+                for end in ends.of(producer, True, out) if producer else ():
                     src = keys[end.key]
                     assert src is not None
                     run = (unfolded[end.key], unfolded[consumer.key])
@@ -111,16 +115,22 @@ class _Ends:
     def __init__(self, calls: dict[NodeKey, Call], keys: Keys) -> None:
         self.calls, self.keys = calls, keys
         self.by_seq = {c.seq: c for c in calls.values()}
-        self._found: dict[tuple[NodeKey, bool], list[Call]] = {}
+        self._found: dict[tuple[NodeKey, bool, int], list[Call]] = {}
 
-    def of(self, call: Call, skip: bool) -> list[Call]:
-        """``skip``: whether data that ``call`` passed on from before it is followed."""
+    def of(self, call: Call, skip: bool, out: int = -1) -> list[Call]:
+        """``skip``: whether data that ``call`` passed on from before it is followed; ``out``:
+        the output of ``call`` used (-1: any), whose makers alone stand for it where the log
+        says which calls made each output (``made_out``)."""
         if self.keys[call.key] is not None:
             return [call]
-        found = self._found.get((call.key, skip))
+        per_output = call.made_out
+        if per_output is None or not 0 <= out < len(per_output):
+            out = -1
+        found = self._found.get((call.key, skip, out))
         if found is None:
-            self._found[call.key, skip] = []  # producers come before: no cycle, but be sure
-            sources = call.made or [s for made_by in call.inputs_from or () for s in made_by]
+            self._found[call.key, skip, out] = []  # producers come before: no cycle
+            sources = (per_output[out] if per_output is not None and out >= 0 else call.made) \
+                or [s for made_by in call.inputs_from or () for s in made_by]
             ends: dict[int, Call] = {}
             for seq in sources:
                 made = self.by_seq.get(seq)  # None: a call of another step
@@ -129,7 +139,7 @@ class _Ends:
                 inside = self._inside(made, call)
                 if inside or skip:  # one made before it: passed on, followed one box back
                     ends.update((e.seq, e) for e in self.of(made, skip and inside))
-            found = self._found[call.key, skip] = list(ends.values())
+            found = self._found[call.key, skip, out] = list(ends.values())
         return found
 
     def _inside(self, call: Call, outer: Call) -> bool:

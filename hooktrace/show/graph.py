@@ -73,6 +73,8 @@ class Call:
     children: int = 0
     inputs_from: Sequence[Sequence[int]] | None = None  # ForwardEvent's: what made its inputs
     made: Sequence[int] = ()  # ... and the calls inside it that made its outputs
+    from_out: Sequence[Sequence[int]] | None = None  # ... which output of each producer
+    made_out: Sequence[Sequence[int]] | None = None  # ... per output, the calls that made it
 
     @property
     def key(self) -> NodeKey:
@@ -99,7 +101,8 @@ def calls_of(log: StepLog) -> tuple[dict[NodeKey, Call], list[tuple[Call, schema
                 calls[key] = Call(e.model, e.name, e.call, log.cls(e.model, e.name), e.seq,
                                   e.output_shapes, e.no_grad, later=log.later.get(e.seq),
                                   nonfinite=bool(e.output_nonfinite),
-                                  inputs_from=e.inputs_from, made=e.made or ())
+                                  inputs_from=e.inputs_from, made=e.made or (),
+                                  from_out=e.from_out, made_out=e.made_out)
     backward: list[tuple[Call, schema.BackwardEvent]] = []
     for e in log.events:
         if isinstance(e, schema.BackwardEvent):

@@ -20,6 +20,7 @@ import types
 from pathlib import Path
 from types import FrameType
 
+from hooktrace.log import schema
 from hooktrace.log.options import TraceOptions
 from hooktrace.log.unseen import nothing_seen
 from hooktrace.log.words import plural
@@ -101,8 +102,9 @@ def _die_by(signum: int) -> None:
     os.kill(os.getpid(), signum)
 
 
-def run(target: Target, output: Path, options: TraceOptions) -> int:
-    """Run ``target`` traced; return its exit status (Ctrl-C / SIGTERM end the process)."""
+def run(target: Target, output: Path, options: TraceOptions) -> schema.End:
+    """Run ``target`` traced; return the log's end record, with the script's exit status and
+    the error it raised (Ctrl-C / SIGTERM end the process)."""
     set_path(target)  # again: a caller other than the command may not have
     check_target(target, output)
     session = Trace(output, None, options, argv=[target.name, *target.args])
@@ -132,7 +134,8 @@ def run(target: Target, output: Path, options: TraceOptions) -> int:
         _summary(session, options)
         atexit._run_exitfuncs()
         _die_by(signal.SIGINT)
-        return 130  # not reached: the signal ends the process
+        assert session.end is not None
+        return session.end  # not reached: the signal ends the process
     except BaseException as e:
         _print_exception(e)
         session.stop("error", e, exit_code=1)
@@ -144,4 +147,4 @@ def run(target: Target, output: Path, options: TraceOptions) -> int:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _summary(session, options)
     assert session.end is not None and session.end.exit_code is not None
-    return session.end.exit_code
+    return session.end

@@ -48,12 +48,15 @@ def check_target(target: Target, output: Path) -> None:
         raise HooktraceError(f"the log would overwrite the script {target.name}; choose another -o")
 
 
-def misplaced(target: Target, options: Collection[str]) -> str | None:
+def misplaced(target: Target, options: Collection[str], error: str | None = None
+              ) -> str | None:
     """The line that says which of ``options`` (hooktrace's own) went to the script, after it;
-    None when none did."""
+    None when none did, or when the script failed with an ``error`` (the message of what it
+    raised) that names none of them: it failed for another reason (an exit status, argparse's
+    included, says nothing of why, so it gets the line)."""
     given = list(dict.fromkeys(arg.split("=", 1)[0] for arg in target.args
                                if arg.split("=", 1)[0] in options))
-    if not given:
+    if not given or (error is not None and not any(name in error for name in given)):
         return None
     what = "the module" if target.as_module else "the script"
     return (f"{', '.join(given)} came after {target.name}, so {what} got "

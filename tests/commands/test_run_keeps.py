@@ -98,6 +98,23 @@ def test_an_option_after_the_script_is_pointed_out_only_when_the_script_fails(
     assert "came after" not in passed.stderr
 
 
+def test_a_script_that_raised_for_another_reason_is_not_told_of_its_options(
+        tmp_path: Path) -> None:
+    """A script with a ``--steps`` of its own that fails with an error naming no option of
+    hooktrace's failed for that error: the line about options would mislead."""
+    raised = hooktrace_cmd("run", "-o", tmp_path / "a.jsonl", SCRIPTS / "raise_error.py",
+                           "--steps", "3", cwd=tmp_path)
+    assert raised.returncode == 1
+    assert "ValueError: bad value 42" in raised.stderr
+    assert "came after" not in raised.stderr
+    from hooktrace.tracing.target import Target, misplaced
+
+    named = Target("t.py", ["--steps", "3"])
+    assert misplaced(named, {"--steps"}, "unknown option --steps") is not None
+    assert misplaced(named, {"--steps"}, "bad value 42") is None
+    assert misplaced(named, {"--steps"}) is not None  # an exit status: the line
+
+
 def _without_torch(tmp_path: Path) -> dict[str, str]:
     blocker = tmp_path / "no_torch"
     blocker.mkdir()

@@ -127,7 +127,11 @@ def test_no_backward_means_no_step_to_count_calls_in(runs: dict[str, Run]) -> No
 
 def test_a_too_broad_freeze_is_a_note_on_each_frozen_layer(runs: dict[str, Run]) -> None:
     """A name match meant for encoder.layers.0 froze decoder.layers.0 too: not an error (a
-    frozen layer beside trainable ones is legal), but each is said, the unintended one included."""
+    frozen layer beside trainable ones is legal), but each is said, the unintended one included:
+    in the model's one frozen note (issue 38), the intended one as a frozen backbone, the other
+    among trainable modules."""
     _, found = findings(runs, "freeze_too_broad")
-    assert [(f["kind"], f["module"]) for f in found] == [
-        ("frozen", "encoder.layers.0"), ("frozen", "decoder.layers.0")]
+    assert [(f["kind"], f["module"]) for f in found] == [("frozen", "encoder.layers.0")]
+    roles = found[0]["evidence"]["roles"]
+    assert (roles["backbone"], roles["other"]) == (["encoder.layers.0"], ["decoder.layers.0"])
+    assert "frozen among trainable modules (decoder.layers.0)" in found[0]["message"]

@@ -114,9 +114,13 @@ def test_linear_probing_in_eval_mode_is_not_a_problem(log_path: Path) -> None:
     _probe(model, model.fc, log_path)
     report = run_checks(log_path)
     assert [f.kind for f in report.problems] == []
-    # the frozen backbone is said once a frozen subtree, not once a layer (41 notes before)
-    frozen = [f.module for f in report.findings if f.kind == "frozen"]
-    assert frozen == ["conv1", "bn1", "layer1", "layer2", "layer3", "layer4"]
+    # the frozen backbone is said once, by its subtrees, not once a layer (41 notes before,
+    # then one a subtree: 6)
+    [frozen] = [f for f in report.findings if f.kind == "frozen"]
+    assert frozen.module == "conv1"
+    assert frozen.evidence["roles"]["backbone"] == ["conv1", "bn1", "layer1", "layer2",
+                                                    "layer3", "layer4"]
+    assert "a frozen backbone (conv1, bn1, layer1, layer2, layer3, layer4)" in frozen.message
 
 
 def test_linear_probing_with_a_dropout_head_is_a_note(log_path: Path) -> None:

@@ -43,8 +43,9 @@ SCORECARD: dict[str, str] = {
     "list_blocks": "named: not-optimized (blocks[0]).0, (blocks[1]).0, 'not registered "
                    "submodules (kept in a plain list...)' (before: the two blocks were one "
                    "name, (Sequential).0, and a note called it x2)",
-    "layer_in_forward": "named: not-optimized + params-recreated (Linear), 'creates a new "
-                        "nn.Parameter in its forward at every call'",
+    "layer_in_forward": "named: not-optimized + params-recreated fc, 'creates a new "
+                        "nn.Parameter in its forward at every call' (before issue 38: named "
+                        "(Linear), a placeholder, though forward registers it as self.fc)",
     "head_on_wrapper": "named: set-on-wrapper (DataParallel).fc, 'set it on the wrapped "
                        "model (model.module.fc = ...)' (before: missed, silent)",
     "tied_by_data": "named: shared-storage lm_head, 'tie the Parameter itself (lm_head.weight "
@@ -120,8 +121,8 @@ BUGS: dict[str, list[tuple[Any, ...]]] = {
     "list_blocks": [("not-optimized", "warning", "model", "(blocks[0]).0", None)],
     "head_on_wrapper": [("set-on-wrapper", "warning", "model", "(DataParallel).fc", None)],
     "tied_by_data": [("shared-storage", "warning", "model", "lm_head", 0)],
-    "layer_in_forward": [("not-optimized", "warning", "model", "(Linear)", None),
-                         ("params-recreated", "warning", "model", "(Linear)", 1)],
+    "layer_in_forward": [("not-optimized", "warning", "model", "fc", None),
+                         ("params-recreated", "warning", "model", "fc", 1)],
     "weight_norm_after_opt": [("not-optimized", "warning", "model",
                                "2.parametrizations.weight", None)],
     "two_opts_one_twice": [("not-optimized", "warning", "decoder", "", None),

@@ -429,32 +429,36 @@ def test_global_mode_several_models(log_path: Path) -> None:
         (2, "adversarial_loss", "BCEWithLogitsLoss"),
     ]
     modules = records_of(log_path, schema.Module)
-    assert [(m.model, m.name, m.cls, m.aliases) for m in modules] == [
-        (0, "", "Sequential", None),
-        (0, "0", "Linear", None),
-        (0, "1", "ReLU", None),
-        (0, "2", "Linear", None),
-        (1, "", "Discriminator", None),
-        (1, "proj", "Linear", ["enc.0", "dec.1"]),
-        (1, "enc", "Sequential", None),
-        (1, "enc.1", "Tanh", None),
-        (1, "dec", "Sequential", None),
-        (1, "dec.0", "Tanh", None),
-        (1, "out", "Linear", None),
-        (2, "", "BCEWithLogitsLoss", None),
+    # proj is also enc.0 and dec.1: each call is named by the parent that made it (issue 38),
+    # those names' records say whose alias they are, and proj alone holds the parameters
+    assert [(m.model, m.name, m.cls, m.params, m.aliases, m.alias_of) for m in modules] == [
+        (0, "", "Sequential", 0, None, None),
+        (0, "0", "Linear", 16, None, None),
+        (0, "1", "ReLU", 0, None, None),
+        (0, "2", "Linear", 25, None, None),
+        (1, "", "Discriminator", 0, None, None),
+        (1, "proj", "Linear", 30, ["enc.0", "dec.1"], None),
+        (1, "enc", "Sequential", 0, None, None),
+        (1, "enc.0", "Linear", 0, None, "proj"),
+        (1, "enc.1", "Tanh", 0, None, None),
+        (1, "dec", "Sequential", 0, None, None),
+        (1, "dec.0", "Tanh", 0, None, None),
+        (1, "dec.1", "Linear", 0, None, "proj"),
+        (1, "out", "Linear", 6, None, None),
+        (2, "", "BCEWithLogitsLoss", 0, None, None),
     ]
     fwd = events(log_path, "forward")
     assert [(e.model, e.name, e.call) for e in fwd] == [
         (0, "0", 0), (0, "1", 0), (0, "2", 0), (0, "", 0),
-        (1, "proj", 0), (1, "enc.1", 0), (1, "enc", 0),
-        (1, "dec.0", 0), (1, "proj", 1), (1, "dec", 0), (1, "out", 0), (1, "", 0),
+        (1, "enc.0", 0), (1, "enc.1", 0), (1, "enc", 0),
+        (1, "dec.0", 0), (1, "dec.1", 0), (1, "dec", 0), (1, "out", 0), (1, "", 0),
         (2, "", 0),
     ]
     bwd = events(log_path, "backward")
     assert [(e.model, e.name, e.call) for e in bwd] == [
         (2, "", 0),
-        (1, "", 0), (1, "out", 0), (1, "dec", 0), (1, "proj", 1), (1, "dec.0", 0),
-        (1, "enc", 0), (1, "enc.1", 0), (1, "proj", 0),
+        (1, "", 0), (1, "out", 0), (1, "dec", 0), (1, "dec.1", 0), (1, "dec.0", 0),
+        (1, "enc", 0), (1, "enc.1", 0), (1, "enc.0", 0),
         (0, "", 0), (0, "2", 0), (0, "1", 0), (0, "0", 0),
     ]
     assert_pairing(log_path)

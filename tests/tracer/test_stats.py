@@ -186,6 +186,23 @@ def test_watched_steps_report_only_nonfinite_gradients(log_path: Path) -> None:
     assert {(a.step, a.kind) for a in anomalies} == {(3, "nonfinite-backward")}
 
 
+def test_a_nan_that_stays_is_written_for_ten_steps_until_it_goes(log_path: Path) -> None:
+    """Watched steps write a NaN/Inf for the first 10 steps of a spell, not in every step it
+    stays (a run that goes NaN at step 10 of 100,000 writes 20 records, not 200,000); once a
+    step is finite again, the next NaN/Inf is said again (a GradScaler's skipped step)."""
+    model = _model()
+    x = torch.randn(5, 4)
+    bad = {*range(2, 16), 18}  # step 0 recorded, the rest watched
+    with hooktrace.trace(log_path, model=model, steps="0"):
+        for step in range(20):
+            model.zero_grad()
+            scale = math.nan if step in bad else 1.0
+            (model(x * scale)).sum().backward()
+    anomalies = [r for r in read_log(log_path) if isinstance(r, schema.Anomaly)]
+    for kind in ("nonfinite-forward", "nonfinite-backward"):
+        assert [a.step for a in anomalies if a.kind == kind] == [*range(2, 12), 18]
+
+
 def test_watched_steps_name_the_first_nonfinite_output(log_path: Path) -> None:
     """A watched step checks the outputs once per model call, and one by one only when the
     model's are not finite: it names the first module whose output held NaN, also when an

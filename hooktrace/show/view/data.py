@@ -57,6 +57,13 @@ class RunData:
     end: schema.End | None = None
     warnings: list[str] = field(default_factory=list)
     stats: bool = True
+    trained: set[int] = field(default_factory=set)  # models with parameters or a backward
+
+    def data_models(self) -> set[int]:
+        """The models that prepare data (torchvision transforms are modules): no parameters,
+        never reached by a backward pass; none when nothing else ran."""
+        ran = {model for model, _ in self.first_seq}
+        return ran - self.trained if ran & self.trained else set()
 
     def cell(self, model: int, fqn: str, step: int) -> Cell:
         key = (model, fqn, step)
@@ -68,8 +75,9 @@ class RunData:
     def rows(self) -> list[ModuleKey]:
         """Every module that ran, in forward order: a module before the modules inside it
         (forward events are written on return, children first: a module starts with its first
-        descendant)."""
-        start = dict(self.first_seq)
+        descendant); not those of models that prepare data (``data_models``)."""
+        data = self.data_models()
+        start = {key: seq for key, seq in self.first_seq.items() if key[0] not in data}
         for (model, fqn), seq in self.first_seq.items():
             for above in ancestors(fqn):
                 key = (model, above)
@@ -107,6 +115,7 @@ def _record(data: RunData, r: Any) -> None:
     elif isinstance(r, schema.BackwardEvent):
         data.steps.add(r.step)
         cell = data.cell(r.model, r.name, r.step)
+        data.trained.add(r.model)
         cell.backward += 1
         cell.add_norm(grad_output_norm(r))
         for stats in (r.grad_output_stats, r.grad_input_stats):
@@ -121,6 +130,8 @@ def _record(data: RunData, r: Any) -> None:
         data.anomalies.append(r)
     elif isinstance(r, schema.Module):
         data.classes[(r.model, r.name)] = r.cls
+        if r.params:
+            data.trained.add(r.model)
     elif isinstance(r, schema.Model):
         data.models[r.model] = r.name
 

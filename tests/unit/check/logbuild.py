@@ -66,9 +66,11 @@ def _stats(norm: float | None) -> list[float] | None:
 
 
 def _module(spec: tuple[Any, ...], model: int) -> schema.Module:
+    """(fqn, class, params[, trainable[, aliases]])"""
     name, cls, params = spec[:3]
     trainable = spec[3] if len(spec) > 3 else params
-    return schema.Module(model=model, name=name, cls=cls, params=params, trainable=trainable)
+    return schema.Module(model=model, name=name, cls=cls, params=params, trainable=trainable,
+                         aliases=spec[4] if len(spec) > 4 else None)
 
 
 def write_log(path: Path, steps: Sequence[Sequence[C]], *,

@@ -170,3 +170,34 @@ def test_a_torch_modules_finding_points_at_the_forward_around_it(tmp_path: Path,
     steps = [chain(act=C("act", g_in=0.0), fc1=C("fc1", g_out=0.0, g_in=None))] * 3
     (f,) = findings(write_log(tmp_path / "log.jsonl", steps, sources=sources))
     assert f.source == want
+
+
+WRAPPED = [("", "Wrapper", 0), ("model", "Net", 0), ("model.fc1", "Linear", 40),
+           ("model.act", "ReLU", 0), ("model.fc2", "Linear", 18)]
+
+
+def _wrapped(no_grad: bool = False) -> list[C]:
+    """One pass of the model inside the wrapper, called through the wrapper (training) or
+    alone under no_grad (validation)."""
+    if no_grad:
+        return [C(name, no_grad=True) for name in ("model.fc1", "model.act", "model.fc2",
+                                                   "model")]
+    return [C("model.fc1", g_in=None), C("model.act"), C("model.fc2"), C("model"), C("")]
+
+
+def test_a_validation_pass_of_the_model_inside_its_wrapper_is_healthy(tmp_path: Path) -> None:
+    """timm validates the model inside its wrapper under inference_mode when an epoch ends:
+    those calls fall in the next step, before its training pass through the wrapper, which
+    the log takes as their enclosing call (issue 38: 'torch.no_grad() covers model')."""
+    steps = [_wrapped(), _wrapped(True) + _wrapped(True) + _wrapped(), _wrapped()]
+    assert findings(write_log(tmp_path / "log.jsonl", steps, modules=WRAPPED)) == []
+
+
+def test_a_training_pass_under_no_grad_beside_a_validation_pass_is_found(tmp_path: Path) -> None:
+    """The look-alike that is a bug: fc1's training call under no_grad too, in a step with a
+    validation pass: fc1 gets a gradient in no call of the step."""
+    train = [C("model.fc1", no_grad=True), *_wrapped()[1:]]
+    steps = [_wrapped(True) + train] * 3
+    (f,) = findings(write_log(tmp_path / "log.jsonl", steps, modules=WRAPPED))
+    assert (f.kind, f.severity, f.module) == ("no-grad-under-no_grad", "warning", "model")
+    assert f.evidence["starved"] == ["model.fc1"]

@@ -10,7 +10,7 @@ import pytest
 
 from hooktrace.check.findings import Thresholds
 
-from .logbuild import C, findings, healthy, summary, write_log
+from .logbuild import SAME, C, findings, healthy, summary, write_log
 
 STACK = [("", "Deep", 0)] + [(f"l{i}", "Linear", 10) for i in range(4)]
 UNIT_NORMS = {s: {f"l{i}": 1.0 for i in range(4)} for s in range(3)}
@@ -121,3 +121,21 @@ def test_two_trainable_modules_make_no_profile(tmp_path: Path) -> None:
               C("fc2", g_out=1.0, g_in=1e-3), C("", g_out=1.0, g_in=None)]] * 3
     path = write_log(tmp_path / "log.jsonl", steps, params=norms(0.5))
     assert [f.kind for f in findings(path)] == []
+
+
+def test_the_profile_is_judged_within_one_model(tmp_path: Path) -> None:
+    """A generator whose gradients are 5 orders below its discriminator's in the same pass (a
+    GAN's generator step): each model's profile is flat, no finding; the same norms in one
+    model fall by 5 orders."""
+    generator = [("", "Gen", 0)] + [(f"g{i}", "Linear", 10) for i in range(3)]
+    critic = [("", "Disc", 0)] + [(f"d{i}", "Linear", 10) for i in range(3)]
+    gen = [C("g0", g_out=1e-3, g_in=None), C("g1", g_out=1e-3), C("g2", g_out=1e-3),
+           C("", g_out=1e-3, g_in=None)]
+    disc = [C(f"d{i}", g_out=1e2, g_in=1e-3 if i == 0 else SAME, model=1) for i in range(3)]
+    steps = [[*gen, *disc, C("", g_out=1e2, g_in=1e-3, model=1)]] * 3
+    path = write_log(tmp_path / "log.jsonl", steps, modules=generator, model="generator",
+                     others=[("discriminator", critic)])
+    assert summary(path) == []
+    one = [("", "Deep", 0)] + [(f"l{i}", "Linear", 10) for i in range(6)]
+    path = write_log(tmp_path / "one.jsonl", [stack([1e-3] * 3 + [1e2] * 3)] * 3, modules=one)
+    assert [f[0] for f in summary(path)] == ["vanishing"]

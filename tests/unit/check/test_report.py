@@ -162,3 +162,23 @@ def test_steps_text(steps: list[int], want: str) -> None:
     (["", "a"], "(root), a"), (list("abcdefgh"), "a, b, c, d, e, f and 2 more")])
 def test_names_text(names: list[str], want: str) -> None:
     assert names_text(names) == want
+
+
+def test_text_shows_twelve_notes_and_counts_the_rest_json_keeps_all() -> None:
+    """Notes that flood the report (issue 38): the first 12 printed, the rest counted; every
+    warning printed whatever their number."""
+    notes = [finding("frozen", NOTE, module=f"layers.{i}") for i in range(20)]
+    warnings = [finding("no-grad", WARNING, module=f"w{i}") for i in range(15)]
+    text = to_text(report(*notes, *warnings), "run.jsonl")
+    lines = text.splitlines()
+    assert "Notes (20)" in lines and "Warnings (15)" in lines
+    assert sum(line.startswith("  [frozen]") for line in lines) == 12
+    assert sum(line.startswith("  [no-grad]") for line in lines) == 15
+    assert "  ... and 8 more notes (--json lists them all)" in lines
+    assert lines[-1] == "15 problems (0 errors, 15 warnings), 20 notes"
+    assert len(json.loads(to_json(report(*notes)))["findings"]) == 20
+
+
+def test_twelve_notes_are_all_shown() -> None:
+    text = to_text(report(*[finding("frozen", NOTE, module=f"m{i}") for i in range(12)]), "r")
+    assert "more notes" not in text

@@ -174,11 +174,18 @@ def test_flow_gives_the_same_records_plus_their_data_flow(name: str) -> None:
             assert repr(a) == repr(b)  # NaN statistics are not equal to themselves
             continue
         assert isinstance(a, schema.ForwardEvent) and a.inputs_from is None and a.made is None
-        assert a == dataclasses.replace(b, inputs_from=None, made=None)
+        assert a.from_out is None and a.made_out is None
+        assert a == dataclasses.replace(b, inputs_from=None, made=None, from_out=None,
+                                        made_out=None)
         assert b.inputs_from is not None and len(b.inputs_from) == len(b.input_shapes)
-        for calls in [*b.inputs_from, b.made or []]:
+        for calls in [*b.inputs_from, b.made or [], *(b.made_out or [])]:
             assert list(calls) == sorted(calls)
             assert all(c in forwards and c < b.seq for c in calls), b
+        if b.made_out is not None:  # per output, those of ``made``
+            assert len(b.made_out) == len(b.output_shapes)
+            assert sorted({c for calls in b.made_out for c in calls}) == list(b.made or [])
+        if b.from_out is not None:  # per input, one output index per producer
+            assert [len(o) for o in b.from_out] == [len(c) for c in b.inputs_from]
 
 
 @pytest.mark.parametrize("name", sorted({n for n in NAMES if read(n).of(schema.Source)}))

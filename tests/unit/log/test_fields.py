@@ -187,12 +187,17 @@ def test_shapes_and_strings() -> None:
 # -- data flow ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("line", "inputs", "read"), [
-    ({}, 1, ([[9]], None)),
-    ({}, 3, ([[9], [9], [9]], None)),
-    ({}, 0, ([], None)),
-    ({"from": [None, 2]}, 2, ([[], [8]], None)),
-    ({"from": [[1, 4]]}, 1, ([[6, 9]], None)),  # seqs ascending
-    ({"from": [1], "made": [2, 5]}, 1, ([[9]], [5, 8])),
+    ({}, 1, ([[9]], None, None, None)),
+    ({}, 3, ([[9], [9], [9]], None, None, None)),
+    ({}, 0, ([], None, None, None)),
+    ({"from": [None, 2]}, 2, ([[], [8]], None, None, None)),
+    ({"from": [[1, 4]]}, 1, ([[6, 9]], None, None, None)),  # seqs ascending
+    ({"from": [1], "made": [2, 5]}, 1, ([[9]], [5, 8], None, None)),
+    # which output of each producer an input used; per output, the calls that made it
+    ({"from": [[1, 4], None], "from_out": [[2, -1], []]}, 2,
+     ([[6, 9], []], None, [[2, -1], []], None)),
+    ({"made": [2, 1], "made_out": [[1], [2], [4, 2]]}, 1,
+     ([[9]], [8, 9], None, [[9], [8], [6, 8]])),
 ])
 def test_inputs_from_offsets(line: dict[str, Any], inputs: int, read: Any) -> None:
     assert inputs_from(line, 10, inputs) == read
@@ -207,6 +212,11 @@ def test_inputs_from_offsets(line: dict[str, Any], inputs: int, read: Any) -> No
     ({"from": "1"}, "one entry per tensor input"),
     ({"made": [0]}, "'made' must list offsets to calls"),
     ({"made": 3}, "'made' must list offsets to calls"),
+    ({"from_out": [[0, 1]]}, "'from_out' must list, per input, an output index per producer"),
+    ({"from_out": [[-2]]}, "'from_out' must list, per input, an output index per producer"),
+    ({"from_out": [1]}, "'from_out' must list, per input, an output index per producer"),
+    ({"made_out": [[0]]}, "'made_out' must list, per output, offsets to calls"),
+    ({"made_out": [3]}, "'made_out' must list, per output, offsets to calls"),
 ])
 def test_inputs_from_rejects_what_is_no_offset(line: dict[str, Any], message: str) -> None:
     with pytest.raises(SchemaError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -215,3 +215,50 @@ def test_the_same_log_written_twice_draws_the_same_text(tmp_path: Path) -> None:
     two = mlp(tmp_path / "two.jsonl", dataflow=True)
     assert one.read_bytes() == two.read_bytes()
     assert picture(one).source == picture(two).source
+
+
+# -- edges per output ------------------------------------------------------------------------------
+
+def lstm_like(path: Path, *, per_output: bool, used: int = 0) -> Path:
+    """``rnn`` returns ``(proj(out), (h, c))``: output 0 made by ``rnn.proj``, outputs 1 and 2 by
+    ``rnn.lstm``; ``head`` uses output 0 (``per_output`` False: a log from before ``from_out``
+    and ``made_out``, which says only that ``rnn``'s outputs came from both)."""
+    b = Builder()
+    b.model(0, "tagger", "Tagger", {"rnn": "Recurrent", "rnn.lstm": "LSTM",
+                                    "rnn.proj": "Linear", "head": "Linear"})
+    three = ((4, 8), (1, 4, 8), (1, 4, 8))
+    lstm = b.forward(0, "rnn.lstm", inputs_from=[()], outs=three)
+    proj = b.forward(0, "rnn.proj", inputs_from=[(lstm,)])
+    more: dict[str, object] = {"made_out": [(proj,), (lstm,), (lstm,)]} if per_output else {}
+    rnn = b.forward(0, "rnn", inputs_from=[()], outs=three, made=[lstm, proj], **more)
+    # head used output ``used`` of rnn: from_out absent means output 0 of each producer
+    head = b.forward(0, "head", inputs_from=[(rnn,)], from_out=[(used,)] if used else None)
+    root = b.forward(0, "", inputs_from=[()], made=[head])
+    b.backward(0, "", root, grad_input=False)
+    b.backward(0, "head", head)
+    b.backward(0, "rnn", rnn, grad_input=False)
+    b.backward(0, "rnn.proj", proj)
+    b.backward(0, "rnn.lstm", lstm, grad_input=False)
+    b.end_step(0, 5, 5)
+    return b.write(path, dataflow=True)
+
+
+@pytest.mark.parametrize(("per_output", "drawn"), [
+    (True, [("m0/rnn.lstm#0", "m0/rnn.proj#0", "1"), ("m0/rnn.proj#0", "m0/head#0", "2")]),
+    # a log from before: joined to the makers of every output, as it was drawn then
+    (False, [("m0/rnn.lstm#0", "m0/rnn.proj#0", "1"), ("m0/rnn.lstm#0", "m0/head#0", "2"),
+             ("m0/rnn.proj#0", "m0/head#0", "3")]),
+])
+def test_a_consumer_of_one_output_is_joined_to_its_makers(
+        tmp_path: Path, per_output: bool, drawn: list[tuple[str, str, str]]) -> None:
+    dot = parse(picture(lstm_like(tmp_path / "log.jsonl", per_output=per_output)).source)
+    assert edges(dot, dashed=False) == drawn
+
+
+def test_from_out_names_the_output_used(tmp_path: Path) -> None:
+    """A consumer of ``h`` (output 1) is joined to the LSTM, not to the projection."""
+    path = lstm_like(tmp_path / "log.jsonl", per_output=True, used=1)
+    assert '"from_out":[[1]]' in path.read_text()
+    dot = parse(picture(path).source)
+    assert edges(dot, dashed=False) == [("m0/rnn.lstm#0", "m0/rnn.proj#0", "1"),
+                                        ("m0/rnn.lstm#0", "m0/head#0", "2")]

@@ -1,0 +1,112 @@
+"""Many modules, one cause: the modules of a finding listed in a line (the outermost subtrees
+that hold them, numbered layers folded into one pattern), and the roles modules play beside
+what trains (a frozen copy of a trained module: a target or EMA copy). Pure: a ``Collected``
+in, names out."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from hooktrace.check.findings import ancestors
+
+if TYPE_CHECKING:
+    from hooktrace.check.collected import Collected, ModuleKey
+
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
+
+
+def cover(c: Collected, model: int, names: Iterable[str]) -> list[str]:
+    """The outermost modules each of whose called modules with parameters is one of ``names``
+    (a whole frozen ``features``), or the name itself; in forward order, each once. Linear in
+    the modules (times their depth): a count per module of those below it, and of the named."""
+    wanted = set(names)
+    below: dict[str, int] = {}
+    named: dict[str, int] = {}
+    for m in c.modules.values():
+        if m.model == model and m.params and m.calls:
+            for top in [*ancestors(m.name), m.name]:
+                below[top] = below.get(top, 0) + 1
+                named[top] = named.get(top, 0) + (m.name in wanted)
+    out: dict[str, None] = {}
+    for name in wanted:
+        for top in [*ancestors(name), name]:  # outermost first
+            if below.get(top) and below[top] == named[top]:
+                out[top] = None
+                break
+    return sorted(out, key=lambda n: _first_seq(c, model, n))
+
+
+def _first_seq(c: Collected, model: int, name: str) -> int:
+    m = c.modules.get((model, name))
+    return m.first_seq or 0 if m is not None else 0
+
+
+def patterns(names: Iterable[str], keep: int = 10) -> str:
+    """``embed, layers.*.k_proj (x32), norm``: numbered layers folded into one pattern each
+    (a name alone kept as it is), in the order first met; ``(root)`` for the root; past
+    ``keep`` patterns, how many more."""
+    counts: dict[str, list[str]] = {}
+    for name in names:
+        pattern = _INDEX.sub("*", name) if name else "(root)"
+        counts.setdefault(pattern, []).append(name or "(root)")
+    shown = [found[0] if len(found) == 1 else f"{p} (x{len(found)})"
+             for p, found in counts.items()]
+    more = f" and {len(shown) - keep} more" if len(shown) > keep else ""
+    return ", ".join(shown[:keep]) + more
+
+
+Signature = tuple[tuple[str, str, int], ...]
+
+
+def _signatures(c: Collected) -> dict[ModuleKey, Signature]:
+    """What each subtree is made of: each module with parameters below it (and itself), by its
+    name relative to it, its class and its parameter count. One pass over the modules, times
+    their depth."""
+    parts: dict[ModuleKey, list[tuple[str, str, int]]] = {}
+    for m in c.modules.values():
+        if m.params:
+            for top in [*ancestors(m.name), m.name]:
+                rel = "" if m.name == top else m.name[len(top) + 1:] if top else m.name
+                parts.setdefault((m.model, top), []).append((rel, m.cls, m.params))
+    return {key: tuple(sorted(found)) for key, found in parts.items()}
+
+
+def _trains(c: Collected) -> set[ModuleKey]:
+    """The subtrees some module of which has trainable parameters."""
+    out: set[ModuleKey] = set()
+    for m in c.modules.values():
+        if m.trainable:
+            out.update((m.model, top) for top in [*ancestors(m.name), m.name])
+    return out
+
+
+def copies(c: Collected) -> dict[ModuleKey, ModuleKey]:
+    """Per frozen subtree that is a copy of a module that trains (same modules, classes and
+    parameter counts: ``copy.deepcopy`` of it, a BYOL target, an EMA copy), that module. Only
+    subtrees called in the run and at least two modules with parameters large."""
+    frozen: dict[int, list[str]] = {}
+    for m in c.modules.values():
+        if m.params and not m.trainable:
+            frozen.setdefault(m.model, []).append(m.name)
+    tops = [(model, top) for model, names in frozen.items() for top in cover(c, model, names)
+            if (model, top) in c.modules and c.modules[(model, top)].calls]
+    if not tops:
+        return {}
+    signatures = _signatures(c)
+    wanted = {signatures[key]: key for key in tops if len(signatures.get(key, ())) >= 2}
+    trains = _trains(c)
+    out: dict[ModuleKey, ModuleKey] = {}
+    for key, m in c.modules.items():
+        found = wanted.get(signatures.get(key, ())) if m.calls and key in trains else None
+        if found is not None and found not in out and not inside(key, [found]):
+            out[found] = key
+    return out
+
+
+def inside(key: ModuleKey, tops: Iterable[ModuleKey]) -> bool:
+    """``key`` is one of ``tops`` or below one."""
+    model, name = key
+    return any(m == model and (top == "" or name == top or name.startswith(top + "."))
+               for m, top in tops)

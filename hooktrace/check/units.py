@@ -1,0 +1,108 @@
+"""Judging in the units training uses: optimizer steps and turns, not backward passes.
+
+* **Optimizer steps** (the ``optimizer-steps`` signals): a layer whose weights start at zero
+  (LoRA's ``lora_B``, a zero-initialised head) passes back an exactly-zero gradient until an
+  optimizer step with lr > 0 moved it; with gradient accumulation (a step after every 16th
+  pass) and a warmup from lr 0 every recorded pass may come before that step. Zero gradients
+  there are a note; once an optimizer that holds the layer has stepped with lr > 0, a warning
+  as before. A layer that no optimizer holding it stepped with lr > 0 while tracing (none
+  holds it, its lr stayed 0) is not known to move: a warning.
+* **Turns**: heads trained by different losses in turns (a GAN's generator, discriminator and
+  info losses; five critic passes per generator pass) miss the gradient in some passes. Judged
+  by accumulation window, not by pass: a module that got a gradient in every window of an
+  optimizer holding it (the passes up to each of its steps, within the recorded ones) trains,
+  whatever it missed in the other passes; not detached. One that missed it in a whole window
+  (or with no optimizer step to judge by) is judged pass by pass, as before.
+
+Pure: the collected log in, the flow's boundaries and the findings adjusted.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hooktrace.check.findings import NOTE, WARNING, Finding
+
+if TYPE_CHECKING:
+    from hooktrace.check.collected import Collected, Keys, ModuleKey
+    from hooktrace.check.flow import Flow
+
+#: causes of a boundary whose victims got no gradient at all in a step (not a zero one)
+_MISSED = ("detached_inside", "unused_calls")
+
+
+def trained_in_turns(c: Collected) -> set[ModuleKey]:
+    """The modules that missed the gradient in a recorded pass where their model trained
+    (called with gradients on, no backward), and yet got one in every accumulation window of an
+    optimizer that holds them (the passes after its last step up to its next one; those within
+    the recorded steps, one at least): each of its steps had their gradient."""
+    last = max(c.backward_steps, default=-1)
+    windows = [(s.model, set(s.detail.get("held") or ()), spans) for s in c.signals
+               if s.kind == "optimizer-steps" and (spans := _windows(s.detail.get("after"), last))]
+    if not windows:
+        return set()  # no optimizer step to judge by
+    missed: set[ModuleKey] = set()
+    got: dict[ModuleKey, set[int]] = {}
+    found: dict[tuple[Keys, Keys], Keys] = {}  # the sets are shared between steps
+    for step in sorted(c.backward_steps):
+        grad, backed = c.grad.get(step, frozenset()), c.backward.get(step, frozenset())
+        pair = (grad, backed)
+        if pair not in found:
+            reached = {key[0] for key in backed}
+            found[pair] = frozenset(key for key in grad - backed if key[0] in reached)
+        missed |= found[pair]
+    for step in sorted(c.backward_steps):  # only the gradients of those that missed one
+        for key in missed.intersection(c.backward.get(step, ())):
+            got.setdefault(key, set()).add(step)
+    return {key for key in missed if key in got and any(
+        model == key[0] and key[1] in held
+        and all(any(start < step <= end for step in got[key]) for start, end in spans)
+        for model, held, spans in windows)}
+
+
+def _windows(after: object, last: int) -> list[tuple[int, int]]:
+    """An optimizer's accumulation windows that end within the recorded steps: (the pass of
+    its step before, the pass of its step]."""
+    if not isinstance(after, list):
+        return []
+    ends = [a for a in after if isinstance(a, int)]
+    return [(start, end) for start, end in zip([-1, *ends], ends, strict=False)
+            if start < end <= last]
+
+
+def drop_turns(found: Flow, turns: set[ModuleKey]) -> None:
+    """The modules trained in turns are no victims of a boundary that starves them of any
+    gradient; a boundary left with none is none."""
+    for bkey, b in list(found.boundaries.items()):
+        if b.cause in _MISSED and turns.intersection(b.victims):
+            for key in turns.intersection(b.victims):
+                del b.victims[key]
+            if not b.victims:
+                del found.boundaries[bkey]
+
+
+def first_moving(c: Collected, key: ModuleKey) -> int | None:
+    """The pass after which an optimizer holding ``key`` first stepped with lr > 0; None where
+    none did while tracing (none holds it, or lr stayed 0: nothing says it ever moves)."""
+    moved = [p for s in c.signals if s.kind == "optimizer-steps" and s.model == key[0]
+             and key[1] in (s.detail.get("held") or ())
+             and isinstance(p := s.detail.get("moving"), int)]
+    return min(moved) if moved else None
+
+
+def zero_before_moving(c: Collected, found: Flow, findings: list[Finding]) -> None:
+    """Zero-gradient warnings of a layer with zero weights, all in passes before an optimizer
+    holding it first stepped with lr > 0: notes."""
+    for (key, cause), b in found.boundaries.items():
+        if cause != "zero_weights" or not b.steps:
+            continue
+        moving = first_moving(c, key)
+        if moving is None or b.steps[-1] > moving:
+            continue
+        for f in findings:
+            if (f.kind == "zero-gradient" and f.severity == WARNING and f.step == b.steps[0]
+                    and f.module == key[1] and f.model == c.model_name(key[0])):
+                f.severity = NOTE
+                f.message += (", all before the first optimizer step with lr > 0 (after step "
+                              f"{moving}): its weights have not moved yet")
+                f.evidence["moving"] = moving
