@@ -203,8 +203,10 @@ OBSERVERS = (
     ("gradient zeros", ("GradZeros",)),
     ("loss scale and half updates", ("LossScale", "HalfUpdates")),
     ("op zoom", ("OpsObserver",)),  # what choosing modules to zoom into costs, zooming none
+    ("hooks and custom Functions", ("HookCount", "FunctionCheck")),
     ("every observer", ("LogRecorder", "ParamNorms", "WeightChange", "Diagnosis", "Watch",
-                        "LossGraph", "GradZeros", "LossScale", "HalfUpdates", "OpsObserver")),
+                        "LossGraph", "GradZeros", "LossScale", "HalfUpdates", "OpsObserver",
+                        "HookCount", "FunctionCheck")),
 )
 
 
@@ -214,6 +216,7 @@ def _without(classes: tuple[str, ...], watched: bool = False) -> Opener:
     assembles them): what they cost is the difference to the whole session. The core calls
     only the observers it is handed, so one left out costs nothing."""
     from hooktrace.hooks.core import CallTracker
+    from hooktrace.hooks.records import Mode
 
     @contextlib.contextmanager
     def open_session(model: nn.Module, log: Path) -> Iterator[None]:
@@ -221,6 +224,9 @@ def _without(classes: tuple[str, ...], watched: bool = False) -> Opener:
 
         def start(self: CallTracker, naming: Any, observers: Any) -> CallTracker:
             kept = [o for o in observers if type(o).__name__ not in classes]
+            for o in observers:  # made, left out: what it wrapped at its making put back
+                if type(o).__name__ == "FunctionCheck" and o not in kept:
+                    o.stop(0, Mode.OFF)
             return original(self, naming, kept)
 
         with contextlib.ExitStack() as stack:

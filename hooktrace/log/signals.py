@@ -111,7 +111,22 @@ class Signal:
       after (-1: before any), and ``detail.lr``, the largest learning rate of its groups at each
       (null: not a number read on the host), both for its first 64 steps; ``detail.moving``,
       the pass after which it first stepped with lr > 0 (null: never); ``step``, its first
-      step's pass. Steps and accumulation windows, as training counts them (``optsteps.py``).
+      step's pass. Steps and accumulation windows, as training counts them (``optsteps.py``);
+    * ``hooks-growing``: ``name``'s hooks of one kind (``detail.hooks``: ``forward``, its
+      forward and forward pre hooks; ``backward``, its module backward hooks; ``gradient``, the
+      gradient hooks of its own parameters) grew at each of the last recorded steps
+      ``detail.steps`` (``step``, the first), to ``detail.counts`` (``hookcount.py``): a hook
+      registered in the loop and never removed; once per module and kind;
+    * ``function-backward``: the first call of the user's custom ``autograd.Function``
+      ``detail.function`` (its backward at ``detail.file``:``detail.line``) in a recorded step,
+      inside ``name``'s call, got a numerical gradient check (``fncheck.py``) its backward did
+      not pass: ``detail.verdict`` is ``ignores-grad`` (the same result for ``grad_output`` and
+      twice it), ``nonlinear`` (not linear in it), ``scaled`` (the finite-difference gradient
+      times ``detail.ratio``), ``reversed`` (times a negative ``detail.ratio``), ``modifier``
+      (the forward returns its input: the backward alters the gradient by design),
+      ``surrogate`` (the forward is flat where they differ: a straight-through estimator) or
+      ``mismatch``; with ``detail.elements`` compared, ``detail.off`` of them different, and the
+      worst one's ``detail.numeric`` and ``detail.backward``; once per class.
     """
 
     TYPE: ClassVar[str] = "signal"
@@ -124,7 +139,8 @@ class Signal:
                                         "loss-scale", "nonfinite-weights",
                                         "updates-rounded", "grad-zeros", "loss-ops",
                                         "loss-scaled", "scaled-step", "scaled-clip",
-                                        "compiled-eager", "optimizer-steps")
+                                        "compiled-eager", "optimizer-steps",
+                                        "hooks-growing", "function-backward")
     step: int
     model: int
     name: str

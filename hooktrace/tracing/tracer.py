@@ -26,8 +26,10 @@ from hooktrace.observe.breakon import BreakOnNonfinite
 from hooktrace.observe.capture import Capture, CaptureObserver
 from hooktrace.observe.diagnose import Diagnosis
 from hooktrace.observe.eager import EagerSteps
+from hooktrace.observe.functions import FunctionCheck
 from hooktrace.observe.gradzeros import GradZeros
 from hooktrace.observe.halfupdates import HalfUpdates
+from hooktrace.observe.hookcount import HookCount
 from hooktrace.observe.lossgraph import LossGraph
 from hooktrace.observe.lossscale import LossScale
 from hooktrace.observe.ops import OpsObserver
@@ -111,6 +113,17 @@ class Tracer:
             observers.append(Watch(stats, recorder.emit, eager.look))
         observers.append(Diagnosis(recorder.emit, naming.uncalled))
         observers.append(LossScale(recorder.emit))
+        observers.append(HookCount(recorder.emit))
+        paused: list[bool] = []
+
+        def pause(on: bool) -> None:  # module calls a Function check makes are not the script's
+            if on:
+                paused.append(self._core.active)
+                self._core.active = False
+            else:
+                self._core.active = paused.pop()
+
+        observers.append(FunctionCheck(recorder.emit, lambda: self._core.mode, pause))
         core = self._core
 
         def backward_began() -> Callable[[], None]:

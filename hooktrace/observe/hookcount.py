@@ -1,0 +1,87 @@
+"""Hooks that pile up: per module, its own hooks and its parameters' gradient hooks, counted at
+the end of each recorded step; a count that grew at each of the last ``GROWTHS`` looks is said
+in a ``hooks-growing`` signal, once per module and kind.
+
+A hook registered in the loop and never removed (``p.register_hook`` or
+``register_forward_hook`` per step) adds one each step: the gradient is scaled once more, a
+feature list gets the output once more. A hook registered once, or per epoch and removed, does
+not grow at every look. Cost: a few attribute reads per module a recorded step (the dicts
+PyTorch keeps the hooks in: ``_forward_hooks``, ``_forward_pre_hooks``, ``_backward_hooks``,
+``_backward_pre_hooks``; a parameter's ``_backward_hooks`` and
+``_post_accumulate_grad_hooks``), nothing in other steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from hooktrace.hooks.naming import ModInfo
+from hooktrace.hooks.records import Mode, Observer, PassEnd
+from hooktrace.log import schema
+
+GROWTHS = 2  # a count that grew at this many looks in a row
+KINDS = ("forward", "backward", "gradient")
+
+
+def counts(module: nn.Module) -> tuple[int, int, int]:
+    """The module's forward hooks (pre and post), its module backward hooks, and the gradient
+    hooks of its own parameters."""
+    forward = len(module._forward_hooks) + len(module._forward_pre_hooks)
+    backward = len(module._backward_hooks) + len(module._backward_pre_hooks)
+    gradient = 0
+    for p in module._parameters.values():
+        if p is not None:
+            hooks, after = p._backward_hooks, p._post_accumulate_grad_hooks
+            gradient += (len(hooks) if hooks else 0) + (len(after) if after else 0)
+    return forward, backward, gradient
+
+
+class HookCount(Observer):
+    """Counts each module's hooks at the end of every recorded step."""
+
+    follows = ()  # no module call: the step's end looks at every module seen
+
+    def __init__(self, emit: Callable[[Any], None]) -> None:
+        self._emit = emit
+        self._seen: list[ModInfo] = []
+        # per module: the steps looked at and the counts then, while each kind grows
+        self._history: dict[ModInfo, list[tuple[int, tuple[int, int, int]]]] = {}
+        self._said: set[tuple[ModInfo, str]] = set()
+
+    def module_seen(self, module: nn.Module, info: ModInfo) -> None:
+        self._seen.append(info)
+
+    def backward_end(self, end: PassEnd) -> None:
+        if end.mode is not Mode.RECORDED:
+            return
+        alive = []
+        for info in self._seen:
+            module = info.ref()
+            if module is None:
+                self._history.pop(info, None)
+                continue
+            alive.append(info)
+            self._look(end.step, info, counts(module))
+        self._seen = alive
+
+    def _look(self, step: int, info: ModInfo, now: tuple[int, int, int]) -> None:
+        history = self._history.setdefault(info, [])
+        if history and history[-1][0] == step:
+            history[-1] = (step, now)  # several passes in one step: its last
+        else:
+            history.append((step, now))
+        del history[:-(GROWTHS + 1)]
+        if len(history) <= GROWTHS:
+            return
+        for k, kind in enumerate(KINDS):
+            seen = [c[k] for _, c in history]
+            if (info, kind) in self._said or not all(
+                    a < b for a, b in itertools.pairwise(seen)):
+                continue
+            self._said.add((info, kind))
+            self._emit(schema.Signal(history[0][0], info.model, info.name, "hooks-growing", {
+                "hooks": kind, "counts": seen, "steps": [s for s, _ in history]}))

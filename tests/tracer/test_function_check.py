@@ -1,0 +1,125 @@
+"""The numerical check of custom ``autograd.Function``s (``observe/fncheck.py``) on real
+Functions, and that tracing with it changes nothing: same losses and gradients bit for bit,
+the same random numbers after, ``Function.apply`` PyTorch's own again at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from helpers import read_log
+from torch import nn
+from torch.autograd import Function
+from torch.nn import functional as F
+
+import hooktrace
+from hooktrace.log import schema
+from hooktrace.observe import fncheck
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import blind_bugs5 as blind
+import hook_function_cases as cases
+
+APPLY = Function.__dict__["apply"]
+
+
+def _input(nonnegative: bool = False) -> torch.Tensor:
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(3))
+    return (x.relu() if nonnegative else x).requires_grad_()
+
+
+@pytest.mark.parametrize(("fn", "args", "verdict"), [
+    (blind.ISRLURight, (), None),
+    (blind.ISRLUWrong, (), "ignores-grad"),
+    (blind.MulConstantWrong, (0.01,), "scaled"),
+    (cases.SigmoidWrong, (), "mismatch"),
+    (blind.GradReverse, (), "modifier"),
+    (cases.GradMultiply, (0.1,), "modifier"),
+    (cases.RoundSTE, (), "surrogate"),
+])
+def test_the_verdicts(fn: Any, args: tuple[Any, ...], verdict: str | None) -> None:
+    found = fncheck.check(fn, (_input(), *args))
+    assert (found or {}).get("verdict") == verdict
+
+
+def test_a_kink_the_inputs_sit_on_is_skipped() -> None:
+    """A leaky ReLU on a ReLU's output: at the exact zeros its two one-sided slopes differ
+    (1 and 0.1); compared there, the central difference (0.55) would disagree with the
+    backward's 0.1. Those elements are left out, the others agree; and a leaky ReLU on inputs
+    it leaves unchanged is not an identity (a gradient modifier)."""
+    assert fncheck.check(cases.LeakyReLU, (_input(nonnegative=True),)) is None
+    assert (fncheck.check(cases.SigmoidWrong, (_input(nonnegative=True),)) or {}).get(
+        "verdict") == "mismatch"
+
+
+def test_the_check_leaves_the_inputs_and_the_random_numbers_alone() -> None:
+    x = _input()
+    torch.manual_seed(5)
+    torch.rand(3)
+    before = x.detach().clone(), x._version, torch.get_rng_state()
+    assert fncheck.check(blind.MulConstantWrong, (x, 0.01)) is not None
+    assert torch.equal(x, before[0]) and x._version == before[1] and x.grad is None
+    assert torch.equal(torch.get_rng_state(), before[2])
+
+
+class Noisy(Function):
+    """A forward that draws random numbers (a noise layer), with the right backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        noise = torch.rand_like(x)
+        ctx.save_for_backward(noise)
+        return x * noise
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (noise,) = ctx.saved_tensors
+        return grad * noise
+
+
+def steps(model: nn.Module, traced: Path | None) -> tuple[list[float], list[torch.Tensor]]:
+    torch.manual_seed(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    with hooktrace.trace(traced, model=model) if traced else contextlib.nullcontext():
+        for _ in range(3):
+            opt.zero_grad()
+            x = torch.randn(8, 8)
+            loss = F.cross_entropy(model(x), torch.randint(0, 4, (8,)))
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return losses, [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(8, 16)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> Any:
+        h = Noisy.apply(self.body(x))
+        return self.head(blind.MulConstantWrong.apply(h, 0.5))
+
+
+def test_tracing_with_the_check_changes_nothing(tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    model = Net()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    plain = steps(model, None)
+    model.load_state_dict(state)
+    log = tmp_path / "t.jsonl"
+    traced = steps(model, log)
+    assert traced[0] == plain[0]
+    assert all(torch.equal(a, b) for a, b in zip(traced[1], plain[1], strict=True))
+    assert Function.__dict__["apply"] is APPLY
+    signals = [r for r in read_log(log) if isinstance(r, schema.Signal)
+               and r.kind == "function-backward"]
+    # the noise layer is right (its draws are the same in every run of the check)
+    assert [(s.detail["function"], s.detail["verdict"]) for s in signals] == [
+        ("MulConstantWrong", "scaled")]
