@@ -1,4 +1,4 @@
-"""The findings of gradient-flow boundaries (``flow.Boundary``): for each cause, the finding's
+"""The findings of gradient-flow boundaries (``boundary.Boundary``): for each cause, the finding's
 kind, what happens at the boundary and where to look; and whether it passes (a note).
 
 In the texts, ``{branch}`` is the child (or children) whose output starves inside the
@@ -14,8 +14,8 @@ from hooktrace.check.findings import NOTE, WARNING, Finding, names_text, steps_t
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
+    from hooktrace.check.boundary import Boundary, Flow
     from hooktrace.check.collected import ModuleKey, ModuleStats
-    from hooktrace.check.flow import Boundary, Flow
 
 # a zero that one batch can make (a note when rare); never a detach or no_grad: code does those
 RANDOM_ZERO = {"zeroed", "zeroed_unit", "zero_backward", "dead_activation"}

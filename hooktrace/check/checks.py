@@ -38,6 +38,7 @@ from hooktrace.check.unseen import check_unseen
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
+    from hooktrace.check.boundary import Flow
     from hooktrace.check.collected import Collected, Keys, ModuleKey, ModuleStats
 
 CONTAINERS = {"ModuleList", "ModuleDict", "ParameterList", "ParameterDict"}  # never called
@@ -323,7 +324,7 @@ def _add_sources(c: Collected, findings: list[Finding]) -> None:
                 break
 
 
-def _explained(c: Collected, found: flow.Flow) -> set[ModuleKey]:
+def _explained(c: Collected, found: Flow) -> set[ModuleKey]:
     """The modules whose small or missing gradients a boundary explains: those it starves, the
     never-called ones inside them (MultiheadAttention's out_proj, whose parameters its parent
     uses), and the modules whose own parameters are used before it in forward (a ViT's class

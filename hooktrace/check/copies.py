@@ -14,8 +14,8 @@ from hooktrace.check.grouped import cover, patterns
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
+    from hooktrace.check.boundary import Flow
     from hooktrace.check.collected import Collected, ModuleKey
-    from hooktrace.check.flow import Flow
 
 
 def evaluation_copies(c: Collected) -> set[ModuleKey]:

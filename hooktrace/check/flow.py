@@ -33,10 +33,11 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING
 
+from hooktrace.check.boundary import Boundary, Flow
 from hooktrace.check.calls import Call, passes_nothing, reach, starves
 from hooktrace.check.findings import Thresholds
 from hooktrace.check.flowindex import Enclosing, FirstAtLeast
@@ -65,56 +66,6 @@ _FLAT_INSIDE = 1e-7
 # matched anchors, a mask) leaves at least this share of their gradient exactly zero; a loss
 # over all of them (cross-entropy, an MSE), none of it
 _READ_PART = 0.5
-
-
-@dataclass
-class Boundary:
-    """One module where gradient is lost, over the judged steps."""
-
-    key: ModuleKey
-    cause: str  # a key of causes.CAUSES
-    steps: list[int] = field(default_factory=list)
-    victims: dict[ModuleKey, None] = field(default_factory=dict)
-    # for a cause inside a forward: its children whose outputs starve
-    branches: dict[str, None] = field(default_factory=dict)
-    g_out: float | None = None  # at the first step
-    g_in: float | None = None
-    # inside a forward: the largest ratio of a starved child's gradient to a sibling's, where
-    # it was not exactly zero (None: zero at every step)
-    ratio: float | None = None
-    exact: bool = False  # and exactly zero at some step
-    drops: dict[int, None] = field(default_factory=dict)  # a drop layer's: the calls (seq)
-    # for "selected": the calls whose outputs the loss reads in part, and the share of their
-    # gradient that is exactly zero
-    reads: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class Flow:
-    """The boundaries found, and the modules they explain (no other finding needs them)."""
-
-    boundaries: dict[tuple[ModuleKey, str], Boundary] = field(default_factory=dict)
-    judged: dict[int, list[int]] = field(default_factory=dict)  # per model, its judged steps
-    # per random-drop layer: its calls that received a gradient, and the largest chance
-    # one of them had to drop its whole input
-    draws: dict[ModuleKey, tuple[int, float]] = field(default_factory=dict)
-
-    @property
-    def victims(self) -> set[ModuleKey]:
-        return {v for b in self.boundaries.values() for v in b.victims}
-
-    def by_chance(self, b: Boundary) -> float | None:
-        """For a drop layer's whole drops: a bound on the probability that its own drop
-        probability makes as many in the calls judged (None: its probability is unknown; 0: it
-        is 1, which drops every input, a bug whatever the odds)."""
-        draws = self.draws.get(b.key)
-        if b.cause != "dropped" or draws is None or not b.drops:
-            return None
-        n, q = draws
-        if q >= 1:
-            return 0.0
-        k = min(len(b.drops), n)
-        return min(1.0, math.comb(n, k) * q ** k)
 
 
 def analyse(calls: Iterable[Call], modules: dict[ModuleKey, ModuleStats],

@@ -26,8 +26,8 @@ from hooktrace.log.ops import Op, Ops
 from hooktrace.log.options import Steps
 
 if TYPE_CHECKING:
+    from hooktrace.check.boundary import Boundary, Flow
     from hooktrace.check.collected import Collected
-    from hooktrace.check.flow import Boundary, Flow
 
 # the boundaries whose cause an operation inside the module answers
 _ASKED = {"lost_input", "detached_inside", "no_grad", "zeroed", "zeroed_unit", "zero_backward"}

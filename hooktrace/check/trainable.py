@@ -11,8 +11,8 @@ from hooktrace.check.findings import WARNING, Finding, names_text
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
+    from hooktrace.check.boundary import Flow
     from hooktrace.check.collected import Collected, ModuleKey
-    from hooktrace.check.flow import Flow
 
 
 def unfrozen_at(c: Collected) -> dict[ModuleKey, int]:

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 from hooktrace.check.findings import NOTE, WARNING, Finding
 
 if TYPE_CHECKING:
+    from hooktrace.check.boundary import Flow
     from hooktrace.check.collected import Collected, Keys, ModuleKey
-    from hooktrace.check.flow import Flow
 
 #: causes of a boundary whose victims got no gradient at all in a step (not a zero one)
 _MISSED = ("detached_inside", "unused_calls")

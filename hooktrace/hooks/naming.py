@@ -26,13 +26,9 @@ freed modules are reused.
 
 from __future__ import annotations
 
-import sys
-import sysconfig
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import torch
@@ -40,6 +36,7 @@ from torch import nn
 from torch.nn.utils.parametrize import ParametrizationList
 
 from hooktrace.hooks.compiled import compiled_graph
+from hooktrace.hooks.owners import holder_of, owner_of, place, registered, variable_name
 from hooktrace.log import schema
 
 # wrapper class name -> attribute holding the wrapped module; the wrapper itself is not traced
@@ -51,12 +48,6 @@ WRAPPERS = {
     "CheckpointWrapper": "_checkpoint_wrapped_module",
     "OffloadWrapper": "_checkpoint_wrapped_module",
 }
-
-_TRACER_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).parent.parent))  # and ours
-# installed packages and the standard library (runpy, and "<frozen runpy>" when frozen)
-_LIBRARY_DIRS = (*_TRACER_DIRS, "<frozen ", *sorted({
-    sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}))
-
 
 @dataclass(slots=True, eq=False)  # identity hash: a key of per-step call counters
 class ModInfo:
@@ -138,38 +129,7 @@ def _loose(module: nn.Module) -> list[str] | None:
     return found or None
 
 
-_MODULE_ATTRS = frozenset(vars(nn.Module()))  # nn.Module's own: _modules, _parameters, ...
 _SAME_NAME_ALIVE = 64  # distinct names for unregistered modules of one class alive at once
-_PLACES_SCANNED = 1024  # items per list, tuple or dict attribute: a dataset kept on a model is not
-
-
-def _place(holder: nn.Module | None, module: nn.Module) -> str | None:
-    """Where ``holder`` keeps an unregistered ``module``: ``blocks[0]`` for a plain list, tuple
-    or dict attribute (keys without dots), None when it is in none (one built in forward)."""
-    if holder is None:
-        return None
-    for key, value in vars(holder).items():
-        if key in _MODULE_ATTRS:
-            continue
-        if isinstance(value, (list, tuple)) and len(value) <= _PLACES_SCANNED:
-            for i, item in enumerate(value):
-                if item is module:
-                    return f"{key}[{i}]"
-        elif isinstance(value, dict) and len(value) <= _PLACES_SCANNED:
-            for k, item in value.items():
-                if item is module and isinstance(k, (str, int)) and "." not in str(k):
-                    return f"{key}[{k!r}]"
-    return None
-
-
-def _registered(holder: nn.Module | None, module: nn.Module) -> str | None:
-    """The attribute ``holder`` registers ``module`` under (``self.fc = nn.Linear(...)`` in its
-    forward), None when it does not."""
-    if holder is not None:
-        for key, child in holder._modules.items():
-            if child is module:
-                return key
-    return None
 
 
 def _drop(module: nn.Module) -> dict[str, Any]:
@@ -191,86 +151,6 @@ def _drop(module: nn.Module) -> dict[str, Any]:
     else:
         return {}
     return {"drop": float(p), "drop_unit": unit}
-
-
-def is_library(filename: str) -> bool:
-    """Whether code in ``filename`` is torch's, hooktrace's, the standard library's or an
-    installed package's, not the user's."""
-    return filename.startswith(_LIBRARY_DIRS)
-
-
-def _user_frames(skip: tuple[str, ...], limit: int = 4) -> Iterator[FrameType]:
-    """The first ``limit`` calling frames whose file is in none of the directories ``skip``."""
-    frame: FrameType | None = sys._getframe(1)
-    found = 0
-    while frame is not None and found < limit:
-        if not frame.f_code.co_filename.startswith(skip):
-            found += 1
-            yield frame
-        frame = frame.f_back
-
-
-def variable_name(module: nn.Module) -> str | None:
-    """The name the calling code has for ``module`` (``generator``, ``self.teacher``), if any.
-
-    The user's own frames are asked first: a LightningModule is ``model`` in the script, not
-    ``pl_module`` in Lightning's loop; then the libraries' frames too (``self.model`` of a
-    pipeline object). ``self`` is no name: a model inside its own ``encode`` is found further
-    out, or in the globals of the file that defines it."""
-    for skip in (_LIBRARY_DIRS, _TRACER_DIRS):
-        for frame in _user_frames(skip):
-            for scope in (frame.f_locals, frame.f_globals):
-                for key, value in scope.items():
-                    if value is module and not key.startswith("_") and key != "self":
-                        return key
-            holder = frame.f_locals.get("self")
-            attrs = getattr(holder, "__dict__", None)
-            if isinstance(attrs, dict):  # not an nn.Module's _modules: that one is the owner
-                for key, value in attrs.items():
-                    if value is module and not key.startswith("_"):
-                        return f"self.{key}"
-    return None
-
-
-def _holds(candidate: nn.Module, module: nn.Module) -> bool:
-    return candidate is module or any(m is module for m in candidate.modules())
-
-
-def owner_of(module: nn.Module) -> nn.Module:
-    """The outermost ``nn.Module`` that is ``self`` in a calling frame and whose tree holds
-    ``module``; ``module`` itself when there is none (its own ``_call_impl`` frame is one)."""
-    selves: list[nn.Module] = []
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        code = frame.f_code
-        if code.co_argcount and code.co_varnames[0] == "self":  # f_locals only where it may pay
-            candidate = frame.f_locals.get("self")
-            if isinstance(candidate, nn.Module) and all(candidate is not s for s in selves):
-                selves.append(candidate)
-        frame = frame.f_back
-    for candidate in reversed(selves):  # outermost first
-        if _holds(candidate, module):
-            return candidate
-    return module
-
-
-def holder_of(module: nn.Module) -> nn.Module | None:
-    """For a module the calling code reaches through an expression, not a variable of its own
-    (``model.get_input_embeddings()(ids)``, ``self.model.encoder(x)`` in a plain class, a
-    helper given ``vae``): the largest ``nn.Module`` its variables hold (locals, globals, a
-    plain ``self``'s attributes) whose tree holds ``module``; None when there is none."""
-    best: nn.Module | None = None
-    size = 0
-    for frame in _user_frames(_LIBRARY_DIRS):
-        holder = frame.f_locals.get("self")
-        attrs = getattr(holder, "__dict__", None) if not isinstance(holder, nn.Module) else None
-        for scope in (frame.f_locals, frame.f_globals, attrs or {}):
-            for value in scope.values():
-                if isinstance(value, nn.Module) and value is not module and _holds(value, module):
-                    n = sum(1 for _ in value.modules())
-                    if n > size:
-                        best, size = value, n
-    return best
 
 
 class Naming:
@@ -443,11 +323,11 @@ class Naming:
                 return None
             return self._from_owner(module)
         holder = caller.ref()
-        key = _registered(holder, module)
+        key = registered(holder, module)
         if key is not None:  # made in the caller's forward, registered on it: its real name
             return self._name_tree(module, caller.model,
                                    f"{caller.name}.{key}" if caller.name else key)
-        base = _place(holder, module) or type(module).__name__
+        base = place(holder, module) or type(module).__name__
         return self._name_tree(module, caller.model, self._free(module, caller, base))
 
     def _free(self, module: nn.Module, caller: ModInfo, base: str) -> str:

@@ -11,7 +11,7 @@ from types import TracebackType
 from torch import nn
 from torch.nn.modules import module as nn_module
 
-from hooktrace.hooks.naming import is_library
+from hooktrace.hooks.owners import is_library
 
 _CALL_FILE = nn_module.__file__
 

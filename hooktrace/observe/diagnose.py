@@ -56,7 +56,7 @@ from hooktrace.hooks.records import Mode, Observer, PassEnd
 from hooktrace.hooks.sites import forward_site
 from hooktrace.log import schema
 from hooktrace.observe.aliases import other_names
-from hooktrace.observe.optimizer_view import OptimizerView
+from hooktrace.observe.optimizer_view import OptimizerView, sort_held
 from hooktrace.observe.optsteps import OptimizerSteps
 from hooktrace.observe.paramlooks import all_zero, ids_sum, optimizer_params, trainable_count
 
@@ -159,7 +159,7 @@ class Diagnosis(Observer):
         self._recorded_pass = end.mode is RECORDED
         if self._recorded_pass:
             self._new_parameters(end.step)
-            self._sort_new_modules(end.step)
+            self._sort_modules(end.step, new=True)
         for model in self._models_reached:
             entry = self._entries.get(model)
             module = entry() if entry is not None else None
@@ -371,48 +371,21 @@ class Diagnosis(Observer):
 
     def stop(self, step: int, mode: Mode) -> None:
         self._remove_hooks()
-        self._sort_new_modules(step)
-        self._sort_modules(step)
+        self._sort_modules(step, new=True)
         self._view.stop(step)
         self._steps.stop()
 
-    def _sort_new_modules(self, step: int) -> None:
-        """Modules with parameters first called after the optimizers' last sort (an EMA copy
-        validated between steps, while it lives: at the end of a recorded pass, and at stop)
-        sorted too: which of them no optimizer holds."""
-        if self._held and self._seen_since_sort:
-            self._held_changed = True
-            self._sort_modules(step)
-
-    def _sort_modules(self, step: int) -> None:
-        """Once optimizers have stepped with parameters not seen before: per model, the modules
-        whose trainable parameters they hold, and those none holds (live modules only)."""
-        if not self._held_changed:
+    def _sort_modules(self, step: int, new: bool = False) -> None:
+        """Once optimizers have stepped with parameters not seen before (``new``: or modules
+        with parameters were first called since the last sort, an EMA copy validated between
+        steps, while it lives): the ``optimizers`` signal of each model where it changed."""
+        if not (self._held_changed or (new and self._held and self._seen_since_sort)):
             return
         self._held_changed = self._seen_since_sort = False
-        held: dict[int, list[str]] = {}
-        not_held: dict[int, list[str]] = {}
-        frozen: dict[int, list[str]] = {}  # frozen, yet held: meant to train
-        for ref, info in self._modules:
-            m = ref() if info.ref() is not None else None  # not one a model found later adopted
-            params = [p for p in m._parameters.values() if p is not None] if m else []
-            if trains := [p for p in params if p.requires_grad]:
-                into = held if any(id(p) in self._held for p in trains) else not_held
-                into.setdefault(info.model, []).append(info.name)
-            elif any(id(p) in self._held for p in params):
-                frozen.setdefault(info.model, []).append(info.name)
-        for model in sorted(held.keys() | not_held.keys() | frozen.keys()):
-            detail: dict[str, Any] = {"held": held.get(model, []),
-                                      "not_held": not_held.get(model, [])}
-            if model in frozen:
-                detail["frozen_held"] = frozen[model]
-            if model in self._view.outside:
-                shapes, count = self._view.outside[model]
-                detail.update(outside=shapes, outside_count=count)
+        for model, detail in sort_held(self._modules, self._held, self._view.outside).items():
             if self._sorted.get(model) != detail:
                 self._sorted[model] = detail
                 self._emit(schema.Signal(step, model, "", "optimizers", detail))
-
 
 _Tensors = list[torch.Tensor]
 _GONE = -2  # a dead module's ids sum at a look (-1: said)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.autograd import Function
 
-from hooktrace.hooks.naming import is_library
+from hooktrace.hooks.owners import is_library
 from hooktrace.hooks.records import ForwardEnd, ForwardStart, Mode, Observer
 from hooktrace.hooks.sites import shown
 from hooktrace.log import schema

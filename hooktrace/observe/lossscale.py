@@ -12,7 +12,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from hooktrace.hooks.naming import is_library
+from hooktrace.hooks.owners import is_library
 from hooktrace.hooks.records import Mode, Observer, PassEnd
 from hooktrace.log import schema
 

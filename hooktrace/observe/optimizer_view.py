@@ -12,7 +12,9 @@
   (the first that had one at its first step); a step with a closure (LBFGS) recomputes them
   and is not judged. An
   optimizer that did so in two steps or more, in half of its steps or more, gets a
-  ``stepped-twice`` signal when tracing stops.
+  ``stepped-twice`` signal when tracing stops;
+* whenever they change: which modules of each model the optimizers that stepped hold, which
+  they do not, and which they hold frozen (``sort_held``: the ``optimizers`` signal's detail).
 
 Cost: the first step, O(parameters) of Python (a ``data_ptr`` per parameter, shapes only where
 two meet; no read of their data; a 400-Linear MLP's 800 parameters: 1 ms, once per optimizer);
@@ -26,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
 
 from hooktrace.hooks.naming import ModInfo
 from hooktrace.log import schema
@@ -171,3 +174,32 @@ def _param_name(p: torch.Tensor, info: ModInfo | None) -> str:
         return f"a parameter {list(p.shape)}"
     attr = next((name for name, q in module._parameters.items() if q is p), "?")
     return f"{info.name}.{attr}" if info.name else attr
+
+
+def sort_held(modules: list[tuple[weakref.ref[nn.Module], ModInfo]], held: set[int],
+              outside: dict[int, tuple[list[list[int]], int]]) -> dict[int, dict[str, Any]]:
+    """Per model, the ``optimizers`` signal's detail: its live ``modules`` whose trainable
+    parameters the optimizers that stepped hold (``held``: the parameters' ids), those none
+    holds, and those all frozen though held; the parameters they held that no module has."""
+    into: dict[str, dict[int, list[str]]] = {"held": {}, "not_held": {}, "frozen_held": {}}
+    for ref, info in modules:
+        m = ref() if info.ref() is not None else None  # not one a model found later adopted
+        params = [p for p in m._parameters.values() if p is not None] if m else []
+        if trains := [p for p in params if p.requires_grad]:
+            kind = "held" if any(id(p) in held for p in trains) else "not_held"
+        elif any(id(p) in held for p in params):
+            kind = "frozen_held"  # frozen, yet held: meant to train
+        else:
+            continue
+        into[kind].setdefault(info.model, []).append(info.name)
+    out: dict[int, dict[str, Any]] = {}
+    for model in sorted({model for names in into.values() for model in names}):
+        detail: dict[str, Any] = {"held": into["held"].get(model, []),
+                                  "not_held": into["not_held"].get(model, [])}
+        if model in into["frozen_held"]:
+            detail["frozen_held"] = into["frozen_held"][model]
+        if model in outside:
+            shapes, count = outside[model]
+            detail.update(outside=shapes, outside_count=count)
+        out[model] = detail
+    return out

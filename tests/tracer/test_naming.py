@@ -19,7 +19,7 @@ from helpers import events, hooktrace_cmd, read_log
 from torch import nn
 
 import hooktrace
-from hooktrace.hooks import naming
+from hooktrace.hooks import owners
 from hooktrace.log import schema
 
 
@@ -236,7 +236,7 @@ def test_a_module_reached_through_an_expression_is_named_from_its_holder(log_pat
 
 def test_owner_found_once_per_model_not_per_call(log_path: Path) -> None:
     """The frames are walked at first sight only: once for three steps of the VAE."""
-    calls = {naming.owner_of.__code__: 0, naming.variable_name.__code__: 0}
+    calls = {owners.owner_of.__code__: 0, owners.variable_name.__code__: 0}
 
     def count(frame: FrameType, event: str, arg: Any) -> None:
         if event == "call" and frame.f_code in calls:
