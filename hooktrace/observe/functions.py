@@ -3,8 +3,10 @@ each class with an input that requires a gradient gets a numerical gradient chec
 (``fncheck``); a backward that disagrees is said in a ``function-backward`` signal.
 
 ``Function.apply`` is PyTorch's one entry to every custom Function (a ``TorchFunctionMode``
-does not see it): while tracing runs it is a thin wrapper that calls PyTorch's own and, in a
-recorded step only, looks at the class. Functions of torch and installed packages are not
+does not see it): in recorded steps it is a thin wrapper that calls PyTorch's own and looks at
+the class; from the first model call of any other step on it is PyTorch's own again, so that
+watched steps pay nothing and ``torch.compile`` (which recorded steps run eagerly) never traces
+the wrapper. Functions of torch and installed packages are not
 checked (activation checkpointing's, for one, re-runs modules). The check runs with module
 tracing paused, on copies: the call's own result and graph are PyTorch's, untouched.
 """
@@ -64,14 +66,19 @@ class FunctionCheck(Observer):
                     done.add(cls)
             return out
 
-        # from the tracer's start (code that binds ``MyFunction.apply`` in ``__init__`` binds
-        # the wrapper) to ``stop``
-        Function.apply = classmethod(apply)
+        self._wrapper = classmethod(apply)
+        self._wrapped = False
+
+    def _wrap(self, on: bool) -> None:
+        if on != self._wrapped:
+            Function.apply = self._wrapper if on else _APPLY
+            self._wrapped = on
 
     def model_call(self, module: torch.nn.Module, info: Any, step: int) -> None:
         self._model = info.model
         self._step = step
         self._calls.clear()
+        self._wrap(self._mode() is Mode.RECORDED and os.getpid() == self._pid)
 
     def forward_start(self, start: ForwardStart) -> None:
         self._calls.append(start)
@@ -107,4 +114,4 @@ class FunctionCheck(Observer):
                                          "line": site[1], **found}))
 
     def stop(self, step: int, mode: Mode) -> None:
-        Function.apply = _APPLY
+        self._wrap(False)

@@ -123,3 +123,28 @@ def test_tracing_with_the_check_changes_nothing(tmp_path: Path) -> None:
     # the noise layer is right (its draws are the same in every run of the check)
     assert [(s.detail["function"], s.detail["verdict"]) for s in signals] == [
         ("MulConstantWrong", "scaled")]
+
+
+def test_apply_is_pytorchs_own_outside_recorded_steps(tmp_path: Path) -> None:
+    """The wrapper lives in recorded steps only: a watched step (and torch.compile, which
+    watched steps may run) calls PyTorch's own ``Function.apply``."""
+    now = [0]  # the step running
+    seen: dict[int, set[bool]] = {}  # per step: was apply PyTorch's own (the check's calls too)
+
+    class Probe(Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            seen.setdefault(now[0], set()).add(Function.__dict__["apply"] is APPLY)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return g * 2
+
+    layer = nn.Linear(3, 3)
+    with hooktrace.trace(tmp_path / "t.jsonl", model=layer, steps="0:2"):
+        for step in range(4):  # steps 0 and 1 recorded, 2 and 3 watched
+            now[0] = step
+            Probe.apply(layer(torch.randn(2, 3))).sum().backward()
+    assert seen == {0: {False}, 1: {False}, 2: {True}, 3: {True}}
+    assert Function.__dict__["apply"] is APPLY
