@@ -4,9 +4,10 @@ each class with an input that requires a gradient gets a numerical gradient chec
 
 ``Function.apply`` is PyTorch's one entry to every custom Function (a ``TorchFunctionMode``
 does not see it): in recorded steps it is a thin wrapper that calls PyTorch's own and looks at
-the class; from the first model call of any other step on it is PyTorch's own again, so that
-watched steps pay nothing and ``torch.compile`` (which recorded steps run eagerly) never traces
-the wrapper. Functions of torch and installed packages are not
+the class (from the tracer's start); from the first model call of any other step on it is
+PyTorch's own again, so that watched steps pay nothing and ``torch.compile`` (which recorded
+steps run eagerly) never traces it, but where the script bound ``MyFunction.apply`` to a name
+while it was the wrapper. Functions of torch and installed packages are not
 checked (activation checkpointing's, for one, re-runs modules). The check runs with module
 tracing paused, on copies: the call's own result and graph are PyTorch's, untouched.
 """
@@ -68,6 +69,10 @@ class FunctionCheck(Observer):
 
         self._wrapper = classmethod(apply)
         self._wrapped = False
+        # from the tracer's start (a script that binds ``fn = MyFunction.apply`` when it is
+        # imported binds the wrapper, which looks at the step's mode) to the first model call
+        # of a step that is not recorded
+        self._wrap(True)
 
     def _wrap(self, on: bool) -> None:
         if on != self._wrapped:
