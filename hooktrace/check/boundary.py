@@ -6,6 +6,7 @@ that know a training loop (turns, evaluation copies, freezes) take victims out o
 from __future__ import annotations
 
 import math
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -48,6 +49,19 @@ class Flow:
     @property
     def victims(self) -> set[ModuleKey]:
         return {v for b in self.boundaries.values() for v in b.victims}
+
+    def drop_victims(self, keys: set[ModuleKey],
+                     causes: Container[str] | None = None) -> None:
+        """``keys`` are no victims of a boundary (of one of ``causes``, else of any): modules
+        that a training loop explains (trained in turns, an evaluation copy). A boundary they
+        leave with none is none."""
+        for bkey, b in list(self.boundaries.items()):
+            gone = keys.intersection(b.victims)
+            if gone and (causes is None or b.cause in causes):
+                for key in gone:
+                    del b.victims[key]
+                if not b.victims:
+                    del self.boundaries[bkey]
 
     def by_chance(self, b: Boundary) -> float | None:
         """For a drop layer's whole drops: a bound on the probability that its own drop

@@ -350,9 +350,9 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
                            or call.step != c.unfinished[0]], c.modules, thresholds)
     drop_frozen(c, flowed)
     turns = units.trained_in_turns(c)
-    units.drop_turns(flowed, turns)
+    flowed.drop_victims(turns, units.MISSED)
     evaluation = copies.evaluation_copies(c)
-    copies.drop_copies(flowed, evaluation)
+    flowed.drop_victims(evaluation)
     explained = _explained(c, flowed) | set(frozen_since(c)) | evaluation
     findings = [*check_crash(c), *check_unseen(c), *check_nonfinite(c), *check_loop(c),
                 *check_custom(c),

@@ -3,7 +3,8 @@ ever ran under ``torch.no_grad()`` (an EMA copy that keeps ``requires_grad=True`
 ``ModelEmaV3`` does, validated between steps inside the task that trains the model). Nothing
 would train them, so no gradient is lost: they are not judged as training, and one note per
 model says what they are. A forward under ``no_grad`` by mistake is not one of them: the
-optimizer holds what it should train. Pure: a ``Collected`` in."""
+optimizer holds what it should train. Their boundaries go with ``Flow.drop_victims``. Pure: a
+``Collected`` in."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from hooktrace.check.grouped import cover, patterns
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
-    from hooktrace.check.boundary import Flow
     from hooktrace.check.collected import Collected, ModuleKey
 
 
@@ -30,15 +30,6 @@ def evaluation_copies(c: Collected) -> set[ModuleKey]:
     trained = {key for keys in c.grad.values() for key in keys}
     trained |= {key for keys in c.backward.values() for key in keys}
     return {key for key in not_held & ran if key not in trained}
-
-
-def drop_copies(found: Flow, copies: set[ModuleKey]) -> None:
-    """Evaluation copies are no victims of a boundary; a boundary left with none is none."""
-    for bkey, b in list(found.boundaries.items()):
-        for key in copies.intersection(b.victims):
-            del b.victims[key]
-        if not b.victims:
-            del found.boundaries[bkey]
 
 
 def copies_notes(c: Collected, copies: set[ModuleKey]) -> list[Finding]:

@@ -27,8 +27,9 @@ if TYPE_CHECKING:
     from hooktrace.check.boundary import Flow
     from hooktrace.check.collected import Collected, Keys, ModuleKey
 
-#: causes of a boundary whose victims got no gradient at all in a step (not a zero one)
-_MISSED = ("detached_inside", "unused_calls")
+#: causes of a boundary whose victims got no gradient at all in a step (not a zero one): the
+#: boundaries modules trained in turns are no victims of (``Flow.drop_victims``)
+MISSED = ("detached_inside", "unused_calls")
 
 
 def trained_in_turns(c: Collected) -> set[ModuleKey]:
@@ -68,17 +69,6 @@ def _windows(after: object, last: int) -> list[tuple[int, int]]:
     ends = [a for a in after if isinstance(a, int)]
     return [(start, end) for start, end in zip([-1, *ends], ends, strict=False)
             if start < end <= last]
-
-
-def drop_turns(found: Flow, turns: set[ModuleKey]) -> None:
-    """The modules trained in turns are no victims of a boundary that starves them of any
-    gradient; a boundary left with none is none."""
-    for bkey, b in list(found.boundaries.items()):
-        if b.cause in _MISSED and turns.intersection(b.victims):
-            for key in turns.intersection(b.victims):
-                del b.victims[key]
-            if not b.victims:
-                del found.boundaries[bkey]
 
 
 def first_moving(c: Collected, key: ModuleKey) -> int | None:
