@@ -34,6 +34,20 @@ def frozen_since(c: Collected) -> dict[ModuleKey, int]:
     return out
 
 
+def toggled(c: Collected) -> set[ModuleKey]:
+    """Modules unfrozen again after a freeze during the run: the loop itself turns their
+    ``requires_grad`` off and on (a GAN's discriminator, frozen around the generator's pass),
+    so their last freeze is one more turn, not a helper that forgot to undo it."""
+    frozen: set[ModuleKey] = set()
+    out: set[ModuleKey] = set()
+    for s in c.signals:
+        if s.kind == "trainable-changed":
+            frozen.update((s.model, name) for name in s.detail.get("frozen", []))
+            out.update(key for name in s.detail.get("unfrozen", [])
+                       if (key := (s.model, name)) in frozen)
+    return out
+
+
 def settle_frozen(c: Collected) -> None:
     """Modules frozen for the rest of the run before any backward reached them (inside the
     first forward, after their module record was written): frozen as far as training goes,
@@ -57,10 +71,12 @@ def drop_frozen(c: Collected, found: Flow) -> None:
 def frozen_during_run(c: Collected) -> list[Finding]:
     """Modules that got gradients and were then frozen for the rest of the run, while their
     model went on training: ``requires_grad_(False)`` in an evaluation or feature-extraction
-    helper (to save memory) that nothing undid."""
+    helper (to save memory) that nothing undid. Modules the loop freezes and unfreezes in turns
+    (``toggled``) are not said: the run's end falls in one of their frozen turns."""
     by_model: dict[int, dict[str, int]] = {}
+    turns = toggled(c)
     for (model, name), step in frozen_since(c).items():
-        if any((model, name) in keys for before, keys in c.backward.items() if before < step
+        if (model, name) not in turns and any((model, name) in keys for before, keys in c.backward.items() if before < step
                ) and any(key[0] == model for key in c.backward.get(step, ())):
             by_model.setdefault(model, {})[name] = step
     out = []

@@ -100,13 +100,12 @@ SCORECARD: dict[str, str] = {
     "ok_distance_map_weight": "silent",
     "ok_kd_teacher_no_grad": "silent (a note: the teacher frozen)",
     "ok_perceptual_frozen_vgg": "silent (notes: feats called twice, frozen)",
-    "ok_gan_toggle_requires_grad": "false alarm: frozen-during-run disc 0 at step 7, '0, 2 (2 "
-                                   "modules of model 'disc') got gradients, then were frozen "
-                                   "(requires_grad=False) from step 7 on while the model "
-                                   "trained: they stopped training'",
-    "ok_module_twice_monitored": "false alarm: no-grad (root) at step 0, '(root) (Monitored): "
-                                 "the output of body (call 1) gets no gradient back while "
-                                 "another call of the same module does'",
+    "ok_gan_toggle_requires_grad": "silent (a note: disc called twice; a false alarm before "
+                                   "item 5 of issue 36: frozen-during-run disc 0 at step 7)",
+    "ok_module_twice_monitored": "silent (a note: body called twice; a false alarm before item "
+                                 "5 of issue 36: no-grad (root) at step 0, 'the output of body "
+                                 "(call 1) gets no gradient back while another call of the "
+                                 "same module does')",
     "ok_td_target_network": "silent (a note: the target frozen)",
     "ok_grad_hook_once": "silent",
     "ok_custom_function": "silent",
