@@ -31,6 +31,7 @@ from hooktrace.check.losses import check_losses
 from hooktrace.check.magnitudes import check_magnitudes, start, start_orders
 from hooktrace.check.nonfinite import check_nonfinite
 from hooktrace.check.registered import check_loose
+from hooktrace.check.relations import check_relations
 from hooktrace.check.scaling import check_scaling, explain
 from hooktrace.check.shared import check_shared_targets
 from hooktrace.check.trainable import drop_frozen, frozen_since, settle_frozen, unfrozen_at
@@ -360,7 +361,7 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
                 *check_no_grad(c, explained | turns), *check_lost_gradient(c),
                 *check_magnitudes(c, thresholds, explained),
                 *check_unused(c), *check_loose(c), *check_losses(c), *check_info(c),
-                *check_scaling(c), *check_shared_targets(c),
+                *check_scaling(c), *check_shared_targets(c), *check_relations(c),
                 *copies.copies_notes(c, evaluation)]
     units.zero_before_moving(c, flowed, findings)
     explain(findings)

@@ -126,7 +126,15 @@ class Signal:
       (the forward returns its input: the backward alters the gradient by design),
       ``surrogate`` (the forward is flat where they differ: a straight-through estimator) or
       ``mismatch``; with ``detail.elements`` compared, ``detail.off`` of them different, and the
-      worst one's ``detail.numeric`` and ``detail.backward``; once per class.
+      worst one's ``detail.numeric`` and ``detail.backward``; once per class;
+    * ``twins``: at the end of recorded step ``step``, models of one structure (their
+      parameters' shapes and dtypes; ``model``: the first of them with a model record), by name
+      in ``detail.models`` (a model's name, or the variable of a module never called that has
+      one's structure): ``detail.same``, the groups of them whose weights are bit-identical;
+      ``detail.changed`` and ``detail.unchanged``, those whose weights changed, or not, since the
+      last look (one missing from both had none); ``detail.trained``, those an optimizer stepped
+      so far; ``detail.replaced`` (where any), those whose weights changed after their
+      optimizer's step, before this pass's end, into another's (``twins.py``).
     """
 
     TYPE: ClassVar[str] = "signal"
@@ -140,7 +148,7 @@ class Signal:
                                         "updates-rounded", "grad-zeros", "loss-ops",
                                         "loss-scaled", "scaled-step", "scaled-clip",
                                         "compiled-eager", "optimizer-steps",
-                                        "hooks-growing", "function-backward")
+                                        "hooks-growing", "function-backward", "twins")
     step: int
     model: int
     name: str

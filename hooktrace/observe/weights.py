@@ -163,9 +163,9 @@ class WeightChange(Observer):
             baseline = self._baselines.get(model)
             if baseline is None or len(baseline.params) != len(params) or any(
                     a is not b for a, b in zip(baseline.params, params, strict=True)):
-                self._baselines[model] = _Baseline(step, names, params, _bits(params))
+                self._baselines[model] = _Baseline(step, names, params, bit_sums(params))
                 continue  # a first fingerprint, or one of other parameters
-            if _bits(params) != baseline.bits:
+            if bit_sums(params) != baseline.bits:
                 self._decided.add(model)  # it trains
                 del self._baselines[model]
                 continue
@@ -256,7 +256,7 @@ def _grad_state(p: torch.Tensor) -> tuple[weakref.ref[torch.Tensor], int]:
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def _bits(params: list[torch.Tensor]) -> list[int]:
+def bit_sums(params: list[torch.Tensor]) -> list[int]:
     """Per tensor, the sum of its elements' bit patterns, wrapped at their width: two states
     that differ in one element always differ here (two distinct values of n bits differ by less
     than 2**n), read at once. Exact where a float norm rounds, and a sixth of a float64 norm's

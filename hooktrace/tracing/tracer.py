@@ -38,6 +38,7 @@ from hooktrace.observe.paramnorms import ParamNorms
 from hooktrace.observe.recorder import LogRecorder, Sink
 from hooktrace.observe.stats import Stats
 from hooktrace.observe.watch import Watch
+from hooktrace.observe.twins import Twins
 from hooktrace.observe.weights import WeightChange
 
 __all__ = ["Sink", "Tracer"]
@@ -134,6 +135,7 @@ class Tracer:
         observers.append(self._loss_graph)
         observers.append(eager)
         observers.append(WeightChange(recorder.emit))
+        observers.append(Twins(recorder.emit, naming.known, naming.model_name))
         observers.append(HalfUpdates(recorder.emit))
         if stats is not None:
             observers.append(GradZeros(stats, recorder.emit))

@@ -1,0 +1,168 @@
+"""Models of one structure side by side (``twins`` signals): at each recorded step's end,
+which of them hold the same weights, which changed since the last look, which an optimizer
+steps, and which were changed between their optimizer's step and the pass into another's
+weights: what ``check`` needs to say how an EMA copy, a target network or a teacher relates to
+the model it copies.
+
+The models are the top-level models the tracer named and, found in the calling code's
+variables at a recorded step's optimizer step, modules never called that have one's structure
+(an EMA copy kept only to be copied back, ``ema`` beside ``model``). A structure is the
+parameters' shapes and dtypes, in order; a model with no twin costs nothing more.
+
+Cost, where there are twins: per recorded step, one integer sum over each twin's parameters at
+the pass's end (the weights observer's fingerprint), and one over the models an optimizer steps
+after its step; a look at the calling frames' variables at each recorded optimizer step. Only
+where the parameters are on the CPU (``stats.on_host``), as the weights observer.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from hooktrace.hooks.naming import ModInfo
+from hooktrace.hooks.owners import is_library
+from hooktrace.hooks.records import Mode, Observer, PassEnd
+from hooktrace.log import schema
+from hooktrace.observe.stats import on_host
+from hooktrace.observe.weights import bit_sums
+
+Emit = Callable[[Any], None]
+Structure = tuple[tuple[tuple[int, ...], torch.dtype], ...]
+_FRAMES = 4  # the user's calling frames looked at for modules never called
+
+
+def structure(module: nn.Module) -> Structure:
+    return tuple((tuple(p.shape), p.dtype) for p in module.parameters())
+
+
+class Twins(Observer):
+    """Writes a ``twins`` signal per group of models of one structure and recorded step."""
+
+    follows = ()  # no module call: first sights and passes only
+
+    def __init__(self, emit: Emit, known: Callable[[nn.Module], ModInfo | None],
+                 model_name: Callable[[int], str]) -> None:
+        self._emit = emit
+        self._known = known
+        self._model_name = model_name
+        self._roots: list[ModInfo] = []  # the models' entry modules, as named
+        self._loose: dict[str, weakref.ref[nn.Module]] = {}  # never called, by variable
+        self._scanned: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+        self._last: dict[str, list[int]] = {}  # per model, its fingerprint at the last look
+        self._stepped: dict[str, list[int]] = {}  # ... after an optimizer step since then
+        self._trained: set[str] = set()  # models an optimizer stepped
+        self._groups: list[dict[str, nn.Module]] = []  # the twins of the last look
+        self._recorded = False
+        self._off = False
+        self._handle = register_optimizer_step_post_hook(self._optimizer_stepped)
+
+    def module_seen(self, module: nn.Module, info: ModInfo) -> None:
+        if info.name == "":
+            self._roots.append(info)
+
+    def backward_end(self, end: PassEnd) -> None:
+        self._recorded = end.mode is Mode.RECORDED
+        if not self._recorded or self._off:
+            return
+        try:
+            self._look(end.step)
+        except Exception:  # never into the program (a sharded or meta parameter): go quiet
+            self._quiet()
+
+    def _models(self) -> dict[str, tuple[int | None, nn.Module]]:
+        """The models alive with parameters, by name: (model index or None, entry module)."""
+        out: dict[str, tuple[int | None, nn.Module]] = {}
+        for info in self._roots:
+            module = info.ref()
+            if module is not None and next(module.parameters(), None) is not None:
+                out.setdefault(self._model_name(info.model), (info.model, module))
+        for name, ref in self._loose.items():
+            module = ref()
+            if module is not None:
+                out.setdefault(name, (None, module))
+        return out
+
+    def _look(self, step: int) -> None:
+        models = self._models() if len(self._roots) + len(self._loose) > 1 else {}
+        by_structure: dict[Structure, list[str]] = {}
+        for name, (_, module) in models.items():
+            by_structure.setdefault(structure(module), []).append(name)
+        self._groups = []
+        for names in by_structure.values():
+            params = {name: list(models[name][1].parameters()) for name in names}
+            if len(names) < 2 or not all(on_host(p) for p in params.values()):
+                continue
+            self._groups.append({name: models[name][1] for name in names})
+            fingerprints = {name: bit_sums(p) for name, p in params.items()}
+            first = next(models[name][0] for name in names if models[name][0] is not None)
+            self._emit(schema.Signal(step, first, "", "twins", self._detail(fingerprints)))
+            self._last.update(fingerprints)
+        self._stepped.clear()
+
+    def _detail(self, fingerprints: dict[str, list[int]]) -> dict[str, Any]:
+        names = list(fingerprints)
+        same: dict[tuple[int, ...], list[str]] = {}
+        for name, fp in fingerprints.items():
+            same.setdefault(tuple(fp), []).append(name)
+        detail: dict[str, Any] = {
+            "models": names,
+            "same": [group for group in same.values() if len(group) > 1],
+            "changed": [n for n in names if n in self._last and self._last[n] != fingerprints[n]],
+            "unchanged": [n for n in names if self._last.get(n) == fingerprints[n]],
+            "trained": [n for n in names if n in self._trained]}
+        replaced = [n for n in names if n in self._stepped
+                    and self._stepped[n] != fingerprints[n] and len(same[tuple(fingerprints[n])]) > 1]
+        if replaced:
+            detail["replaced"] = replaced
+        return detail
+
+    def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        if not self._recorded or self._off:
+            return
+        try:
+            self._scan()
+            held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+            for group in self._groups:
+                for name, module in group.items():
+                    params = list(module.parameters())
+                    if any(id(p) in held for p in params):
+                        self._stepped[name] = bit_sums(params)
+                        self._trained.add(name)
+        except Exception:  # never into the program: go quiet
+            self._quiet()
+
+    def _scan(self) -> None:
+        """Modules never called that the calling code holds in a variable, with the structure
+        of a model: twins of it (an EMA copy only copied back)."""
+        frame = sys._getframe(1)
+        found = 0
+        roots: set[Structure] | None = None
+        while frame is not None and found < _FRAMES:
+            if not is_library(frame.f_code.co_filename):
+                found += 1
+                for key, value in frame.f_locals.items():
+                    if (isinstance(value, nn.Module) and value not in self._scanned
+                            and not key.startswith("_") and key != "self"):
+                        self._scanned.add(value)
+                        if self._known(value) is None and key not in self._loose:
+                            if roots is None:
+                                roots = {structure(m) for info in self._roots
+                                         if (m := info.ref()) is not None}
+                            if structure(value) in roots and structure(value):
+                                self._loose[key] = weakref.ref(value)
+            frame = frame.f_back
+
+    def _quiet(self) -> None:
+        self._off = True
+        self._groups = []
+        self._handle.remove()
+
+    def stop(self, step: int, mode: Mode) -> None:
+        self._handle.remove()
