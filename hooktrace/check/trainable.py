@@ -76,7 +76,9 @@ def frozen_during_run(c: Collected) -> list[Finding]:
     by_model: dict[int, dict[str, int]] = {}
     turns = toggled(c)
     for (model, name), step in frozen_since(c).items():
-        if (model, name) not in turns and any((model, name) in keys for before, keys in c.backward.items() if before < step
+        if (model, name) in turns:
+            continue
+        if any((model, name) in keys for before, keys in c.backward.items() if before < step
                ) and any(key[0] == model for key in c.backward.get(step, ())):
             by_model.setdefault(model, {})[name] = step
     out = []

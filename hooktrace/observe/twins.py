@@ -20,6 +20,7 @@ from __future__ import annotations
 import sys
 import weakref
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import torch
@@ -36,6 +37,10 @@ from hooktrace.observe.weights import bit_sums
 Emit = Callable[[Any], None]
 Structure = tuple[tuple[tuple[int, ...], torch.dtype], ...]
 _FRAMES = 4  # the user's calling frames looked at for modules never called
+
+
+def _params(module: nn.Module) -> list[torch.Tensor]:
+    return list(module.parameters())
 
 
 def structure(module: nn.Module) -> Structure:
@@ -96,12 +101,12 @@ class Twins(Observer):
             by_structure.setdefault(structure(module), []).append(name)
         self._groups = []
         for names in by_structure.values():
-            params = {name: list(models[name][1].parameters()) for name in names}
+            params = {name: _params(models[name][1]) for name in names}
             if len(names) < 2 or not all(on_host(p) for p in params.values()):
                 continue
             self._groups.append({name: models[name][1] for name in names})
             fingerprints = {name: bit_sums(p) for name, p in params.items()}
-            first = next(models[name][0] for name in names if models[name][0] is not None)
+            first = next((m for name in names if (m := models[name][0]) is not None), 0)
             self._emit(schema.Signal(step, first, "", "twins", self._detail(fingerprints)))
             self._last.update(fingerprints)
         self._stepped.clear()
@@ -117,8 +122,8 @@ class Twins(Observer):
             "changed": [n for n in names if n in self._last and self._last[n] != fingerprints[n]],
             "unchanged": [n for n in names if self._last.get(n) == fingerprints[n]],
             "trained": [n for n in names if n in self._trained]}
-        replaced = [n for n in names if n in self._stepped
-                    and self._stepped[n] != fingerprints[n] and len(same[tuple(fingerprints[n])]) > 1]
+        replaced = [n for n in names if n in self._stepped and self._stepped[n] != fingerprints[n]
+                    and len(same[tuple(fingerprints[n])]) > 1]
         if replaced:
             detail["replaced"] = replaced
         return detail
@@ -131,7 +136,7 @@ class Twins(Observer):
             held = {id(p) for group in optimizer.param_groups for p in group["params"]}
             for group in self._groups:
                 for name, module in group.items():
-                    params = list(module.parameters())
+                    params = _params(module)
                     if any(id(p) in held for p in params):
                         self._stepped[name] = bit_sums(params)
                         self._trained.add(name)
@@ -141,7 +146,7 @@ class Twins(Observer):
     def _scan(self) -> None:
         """Modules never called that the calling code holds in a variable, with the structure
         of a model: twins of it (an EMA copy only copied back)."""
-        frame = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(1)
         found = 0
         roots: set[Structure] | None = None
         while frame is not None and found < _FRAMES:

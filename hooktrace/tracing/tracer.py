@@ -37,8 +37,8 @@ from hooktrace.observe.outputs import OutputCheck
 from hooktrace.observe.paramnorms import ParamNorms
 from hooktrace.observe.recorder import LogRecorder, Sink
 from hooktrace.observe.stats import Stats
-from hooktrace.observe.watch import Watch
 from hooktrace.observe.twins import Twins
+from hooktrace.observe.watch import Watch
 from hooktrace.observe.weights import WeightChange
 
 __all__ = ["Sink", "Tracer"]
