@@ -10,8 +10,10 @@ variables at a recorded step's optimizer step, modules never called that have on
 parameters' shapes and dtypes, in order; a model with no twin costs nothing more.
 
 Cost, where there are twins: per recorded step, one integer sum over each twin's parameters at
-the pass's end (the weights observer's fingerprint), and one over the models an optimizer steps
-after its step; a look at the calling frames' variables at each recorded optimizer step. Only
+the pass's end (the weights observer's fingerprint), and the versions of the parameters of those
+an optimizer steps, after its step; a look at the calling frames' variables at each recorded
+optimizer step. A write through ``.data`` after the step (``p.data.copy_(q)``) leaves no version
+behind: a copy made so is seen as the same weights, not as weights replaced. Only
 where the parameters are on the CPU (``stats.on_host``), as the weights observer.
 """
 
@@ -43,6 +45,11 @@ def _params(module: nn.Module) -> list[torch.Tensor]:
     return list(module.parameters())
 
 
+def _versions(params: list[torch.Tensor]) -> int:
+    """The parameters' versions, summed: each in-place write adds one."""
+    return sum(p._version for p in params)
+
+
 def structure(module: nn.Module) -> Structure:
     return tuple((tuple(p.shape), p.dtype) for p in module.parameters())
 
@@ -61,7 +68,10 @@ class Twins(Observer):
         self._loose: dict[str, weakref.ref[nn.Module]] = {}  # never called, by variable
         self._scanned: weakref.WeakSet[nn.Module] = weakref.WeakSet()
         self._last: dict[str, list[int]] = {}  # per model, its fingerprint at the last look
-        self._stepped: dict[str, list[int]] = {}  # ... after an optimizer step since then
+        # per model an optimizer stepped since the last look, its parameters' versions then:
+        # an in-place write since (load_state_dict, copy_) adds to them; an update through
+        # ``.data`` does not, and is not seen
+        self._stepped: dict[str, int] = {}
         self._trained: set[str] = set()  # models an optimizer stepped
         self._groups: list[dict[str, nn.Module]] = []  # the twins of the last look
         self._recorded = False
@@ -107,11 +117,14 @@ class Twins(Observer):
             self._groups.append({name: models[name][1] for name in names})
             fingerprints = {name: bit_sums(p) for name, p in params.items()}
             first = next((m for name in names if (m := models[name][0]) is not None), 0)
-            self._emit(schema.Signal(step, first, "", "twins", self._detail(fingerprints)))
+            versions = {name: _versions(p) for name, p in params.items() if name in self._stepped}
+            self._emit(schema.Signal(step, first, "", "twins",
+                                     self._detail(fingerprints, versions)))
             self._last.update(fingerprints)
         self._stepped.clear()
 
-    def _detail(self, fingerprints: dict[str, list[int]]) -> dict[str, Any]:
+    def _detail(self, fingerprints: dict[str, list[int]], versions: dict[str, int]
+                ) -> dict[str, Any]:
         names = list(fingerprints)
         same: dict[tuple[int, ...], list[str]] = {}
         for name, fp in fingerprints.items():
@@ -122,7 +135,7 @@ class Twins(Observer):
             "changed": [n for n in names if n in self._last and self._last[n] != fingerprints[n]],
             "unchanged": [n for n in names if self._last.get(n) == fingerprints[n]],
             "trained": [n for n in names if n in self._trained]}
-        replaced = [n for n in names if n in self._stepped and self._stepped[n] != fingerprints[n]
+        replaced = [n for n, version in versions.items() if version != self._stepped[n]
                     and len(same[tuple(fingerprints[n])]) > 1]
         if replaced:
             detail["replaced"] = replaced
@@ -138,7 +151,7 @@ class Twins(Observer):
                 for name, module in group.items():
                     params = _params(module)
                     if any(id(p) in held for p in params):
-                        self._stepped[name] = bit_sums(params)
+                        self._stepped[name] = _versions(params)
                         self._trained.add(name)
         except Exception:  # never into the program: go quiet
             self._quiet()
