@@ -270,6 +270,7 @@ class Collector:
             if original is not None:  # its backward is the original call's
                 self._judged[seq] = original
             return
+        before = next((i for i in reversed(self._forward_calls) if i is not None), None)
         self._forward_calls.append(index)
         if self._judging:
             self._judge_call(step, seq, index, call, not more.no_grad, ins, outs)
@@ -277,7 +278,8 @@ class Collector:
             self._no_grad_calls.append(index)
         if more.output_nonfinite:
             firstnan.forward_outputs(self.c, step, self._keys[index], call, *outs,
-                                     more.output_nonfinite)
+                                     more.output_nonfinite,
+                                     None if before is None else self._keys[before])
 
     def _judge_call(self, step: int, seq: int, index: int, call: int, grad: bool,
                     ins: Signature, outs: Signature) -> None:

@@ -103,6 +103,9 @@ class Collected:
     # zoomed call of a later step answers for a NaN/Inf finding only where they are its own
     forward_first: dict[int, ModuleKey] = field(default_factory=dict)
     backward_first: dict[int, tuple[ModuleKey, bool]] = field(default_factory=dict)
+    # the call that returned just before the run's first NaN/Inf forward output, in its step
+    # (None: none did): where a NaN/Inf that came in through its inputs was made after
+    forward_first_before: ModuleKey | None = None
     log: str = ""  # the log's path, as given
 
     def model_name(self, model: int) -> str:

@@ -28,12 +28,15 @@ def _counts(stats: Iterable[list[float] | None]) -> list[dict[str, Any]]:
 
 
 def forward_outputs(c: Collected, step: int, module: tuple[int, str], call: int,
-                    shapes: list[Any], dtypes: list[str], nonfinite: list[list[int]]) -> None:
+                    shapes: list[Any], dtypes: list[str], nonfinite: list[list[int]],
+                    before: tuple[int, str] | None = None) -> None:
     """A forward call whose outputs held NaN/Inf: ``[output index, nan, inf]`` each; the
-    outputs' dtypes where the log has them (an overflow depends on it)."""
+    outputs' dtypes where the log has them (an overflow depends on it); ``before``, the call
+    that returned just before it in the step (None: the step's first)."""
     c.forward_nonfinite_steps.add(step)
     c.forward_first.setdefault(step, module)
     if c.first_forward_nonfinite is None:
+        c.forward_first_before = before
         c.first_forward_nonfinite = Nonfinite(step, *module, {
             "call": call, "outputs": [
                 {"index": i, "shape": shapes[i] if i < len(shapes) else None,

@@ -160,9 +160,9 @@ def _squashed(c: Collected, s: Signal, op: str, in_model: bool) -> Finding:
 
 
 def _raw_scores(c: Collected, s: Signal) -> Finding:
-    last = str(s.detail.get("last", s.name))
+    last = str(s.detail.get("last", s.name))  # the module whose scores it takes: the culprit
     return Finding(
-        "loss-input", WARNING, c.model_name(s.model), s.name, s.step,
+        "loss-input", WARNING, c.model_name(s.model), last, s.step,
         f"nll_loss (F.nll_loss or nn.NLLLoss) takes the output of {_output_of(c, s)} as it is: "
         f"the raw scores of {c.label(s.model, last)}, where it wants log-probabilities; "
         "-score[target] has no lower bound, so the loss goes negative and the scores grow "

@@ -5,9 +5,9 @@ came first is ``firstnan``'s rule, applied while collecting."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from hooktrace.check.findings import ERROR, NOTE, Finding, steps_text
+from hooktrace.check.findings import ERROR, NOTE, Finding, ancestors, names_text, steps_text
 from hooktrace.check.magnitudes import DIVERGES, growth, growth_text, largest_norms
 
 if TYPE_CHECKING:
@@ -21,11 +21,16 @@ def check_nonfinite(c: Collected) -> list[Finding]:
     if forward is not None:
         later = sorted(c.forward_nonfinite_steps - {forward.step})
         why, hint = _forward_cause(c, forward, backward.step if backward else None)
+        module, evidence = forward.name, forward.evidence
+        came = _came_in(c, forward)
+        if came is not None and not (backward is not None and backward.step < forward.step):
+            module, why, hint, more = came
+            evidence = {**evidence, **more}
         out.append(Finding(
-            "nonfinite-forward", ERROR, c.model_name(forward.model), forward.name, forward.step,
+            "nonfinite-forward", ERROR, c.model_name(forward.model), module, forward.step,
             f"first NaN/Inf in a forward output: {c.label(forward.model, forward.name)} at "
             f"step {forward.step}" + (f" (again in {steps_text(later)})" if later else "") + why,
-            forward.evidence, hint))
+            evidence, hint))
     if backward is not None and forward is None and _recovered(c):
         bad = sorted(c.backward_nonfinite_steps)
         label = c.label(backward.model, backward.name)
@@ -59,6 +64,41 @@ def check_nonfinite(c: Collected) -> list[Finding]:
             "from functional code after the last module",
         ))
     return out
+
+
+def _came_in(c: Collected, forward: Nonfinite
+             ) -> tuple[str, str, str, dict[str, Any]] | None:
+    """Where a first NaN/Inf output whose call got it in its inputs (``nonfinite-inputs``) was
+    made: in the forward of the innermost call around both it and the call that returned
+    just before it (a NaN born in a module's own functional code is that module's, not the
+    child's that received it), or before the model's first call of the step (the data). Its
+    module, the words, the hint and the evidence; None where its inputs were finite."""
+    said = next((s for s in c.signals if s.kind == "nonfinite-inputs" and (
+        s.step, s.model, s.name) == (forward.step, forward.model, forward.name)), None)
+    if said is None:
+        return None
+    model, name = forward.model, forward.name
+    before = c.forward_first_before
+    if before is None or before[0] != model:
+        return (name, ", whose input already held NaN/Inf when model "
+                f"'{c.model_name(model)}' began the step: it came with the data, or from the "
+                "code before the model's call", "check the batch (torch.isfinite(x).all()) and "
+                "what the script computes from it before the model",
+                {"inputs": said.detail.get("inputs")})
+    around = [a for a in ancestors(name) if a == "" or before[1] == a
+              or before[1].startswith(a + ".")]
+    made = around[-1] if around else ""
+    between = [a for a in ancestors(name) if len(a) > len(made) and a != name and (
+        made == "" or a.startswith(made + "."))]
+    also = (f" (or in the forward of {names_text(between)} before it calls {name})"
+            if between else "")
+    return (made, f", whose input already held NaN/Inf: made in the forward of "
+            f"{c.label(model, made)}, by its own code after {before[1] or '(root)'} returned "
+            f"and before {name} was called{also}",
+            f"look in the forward of {made or '(root)'} between {before[1] or '(root)'} and "
+            f"{name}: log or sqrt of <= 0, division by 0, exp overflowing, a softmax over a row "
+            "masked entirely with -inf",
+            {"inputs": said.detail.get("inputs"), "received_by": name, "after": before[1]})
 
 
 def _forward_cause(c: Collected, forward: Nonfinite, backward: int | None) -> tuple[str, str]:

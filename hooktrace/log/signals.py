@@ -127,6 +127,10 @@ class Signal:
       ``surrogate`` (the forward is flat where they differ: a straight-through estimator) or
       ``mismatch``; with ``detail.elements`` compared, ``detail.off`` of them different, and the
       worst one's ``detail.numeric`` and ``detail.backward``; once per class;
+    * ``nonfinite-inputs``: the first call of recorded step ``step`` whose outputs held
+      NaN/Inf, ``name``, got them in its inputs too: ``detail.inputs``, [input index, nan, inf]
+      each (args then kwargs; an input the call changed in place is not judged); the NaN/Inf was
+      made before it, not by it. Found where the outputs are checked at once (on the host);
     * ``twins``: at the end of recorded step ``step``, models of one structure (their
       parameters' shapes and dtypes; ``model``: the first of them with a model record), by name
       in ``detail.models`` (a model's name, or the variable of a module never called that has
@@ -148,7 +152,8 @@ class Signal:
                                         "updates-rounded", "grad-zeros", "loss-ops",
                                         "loss-scaled", "scaled-step", "scaled-clip",
                                         "compiled-eager", "optimizer-steps",
-                                        "hooks-growing", "function-backward", "twins")
+                                        "hooks-growing", "function-backward", "twins",
+                                        "nonfinite-inputs")
     step: int
     model: int
     name: str

@@ -52,6 +52,7 @@ class LogRecorder(Observer):
         # while statistics wait for the device, the calls that may be it
         self._weights_looked = False
         self._suspects: list[tuple[schema.ForwardEvent, ModInfo]] = []
+        self._after_event: list[schema.Signal] = []  # said of the event just made, after it
         # what it meets that says which module to zoom into (``ops.OpsObserver``: ``open``,
         # ``fact``, ``written``), and the statistics' count of unusual gradients last seen
         self.facts: Any = None
@@ -88,7 +89,12 @@ class LogRecorder(Observer):
             event.output_nonfinite = self._outputs.check(end.outputs)
             if not self._weights_looked:
                 if event.output_nonfinite:
+                    inputs = self._nonfinite_inputs(end)
                     found = self._look_at_weights(event, info)
+                    if inputs:  # the NaN/Inf came in: not made by this call
+                        self._after_event.append(schema.Signal(
+                            event.step, event.model, event.name, "nonfinite-inputs",
+                            {"inputs": inputs}))
                 elif stats is not None and stats.deferred and len(self._suspects) < _MAX_PENDING:
                     self._suspects.append((event, info))  # known when the numbers are read
         if start.grad:
@@ -118,6 +124,10 @@ class LogRecorder(Observer):
             self._sink.write(event)
         if found is not None:
             self.emit(found)  # after its event
+        if self._after_event:
+            for record in self._after_event:
+                self.emit(record)
+            self._after_event.clear()
 
     def backward_start(self, start: BackwardStart) -> None:
         if start.mode is not RECORDED:
@@ -221,6 +231,28 @@ class LogRecorder(Observer):
         for record in after:
             self._sink.write(record)
         return error
+
+    def _nonfinite_inputs(self, end: ForwardEnd) -> list[list[int]]:
+        """The step's first call with NaN/Inf outputs, found at once (on the host): its tensor
+        inputs that held NaN/Inf too, [input index, nan, inf] each (args then kwargs); an input
+        the call changed in place is not judged (it may be its output now). Nothing on a
+        device, where the outputs are known only when the step's numbers are read."""
+        stats = self._stats
+        if stats is None or stats.deferred:
+            return []
+        found: list[list[int]] = []
+        start = end.start
+        versions = start.input_versions
+        for i, t in enumerate(start.inputs):
+            try:
+                changed = i < len(versions) and t._version != versions[i]
+            except RuntimeError:  # an inference-mode tensor has no version counter
+                changed = False
+            if not changed:
+                stats.nonfinite(t, found, i)
+        for j, t in enumerate(end.kw_inputs, len(start.inputs)):
+            stats.nonfinite(t, found, j)
+        return found
 
     def _look_at_weights(self, event: schema.ForwardEvent,
                          info: ModInfo) -> schema.Signal | None:

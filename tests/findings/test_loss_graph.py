@@ -197,7 +197,7 @@ def test_an_exception_of_backward_itself_is_the_programs(tmp_path: Path) -> None
 # case -> its first problem (kind, severity, model, module, step); the others follow from it
 BUGS: dict[str, tuple[Any, ...]] = {
     "module_ce_on_functional_softmax": ("loss-input", "warning", "m", "", 0),
-    "nll_on_conv_scores": ("loss-input", "warning", "model", "", 0),
+    "nll_on_conv_scores": ("loss-input", "warning", "model", "classifier", 0),
     "bce_logits_on_functional_sigmoid": ("loss-input", "warning", "m", "", 0),
     "scaled_step_accumulated": ("scaled-step", "error", "model", "", 1),
 }

@@ -145,3 +145,48 @@ def test_nan_weights_at_the_first_step_say_where_they_came_from(tmp_path: Path,
     (f,) = findings(path)
     assert f.kind == "nonfinite-forward"
     assert ("its own weights (weight) already held NaN/Inf" in f.message) == bool(weights)
+
+
+# -- a NaN made in a module's own functional code is that module's (issue 36, item 6) --------
+
+VAE = [("", "VAE", 0), ("enc", "Linear", 40), ("dec", "Sequential", 0), ("dec.0", "Linear", 18)]
+
+
+def vae_step(nan_at: str = "dec.0") -> list[C]:
+    """enc, then dec.0 inside dec, then the root; NaN from ``nan_at`` on (its outputs only,
+    the later calls' follow)."""
+    names = ["enc", "dec.0", "dec", ""]
+    bad = names[names.index(nan_at):]
+    return [C(name, nonfinite=NF if name in bad else None, g_in=None if name == "enc" else "same")
+            for name in names]
+
+
+def inputs_signal(name: str = "dec.0") -> schema.Signal:
+    return schema.Signal(0, 0, name, "nonfinite-inputs", {"inputs": [[0, 12, 0]]})
+
+
+def test_a_nan_received_is_the_forward_around_it_that_made_it(tmp_path: Path) -> None:
+    path = write_log(tmp_path / "log.jsonl", [vae_step()], modules=VAE,
+                     signals=[inputs_signal()])
+    (f, *_) = findings(path)
+    assert (f.kind, f.module) == ("nonfinite-forward", "")
+    assert f.message == (
+        "first NaN/Inf in a forward output: dec.0 (Linear) at step 0, whose input already held "
+        "NaN/Inf: made in the forward of (root) (VAE), by its own code after enc returned and "
+        "before dec.0 was called (or in the forward of dec before it calls dec.0)")
+    assert f.evidence["received_by"] == "dec.0" and f.evidence["after"] == "enc"
+
+
+def test_a_nan_the_module_made_itself_stays_its_own(tmp_path: Path) -> None:
+    """No ``nonfinite-inputs``: its inputs were finite."""
+    path = write_log(tmp_path / "log.jsonl", [vae_step()], modules=VAE)
+    (f, *_) = findings(path)
+    assert (f.module, f.message) == (
+        "dec.0", "first NaN/Inf in a forward output: dec.0 (Linear) at step 0")
+
+
+def test_a_nan_in_the_data_is_said_to_come_with_it(tmp_path: Path) -> None:
+    path = write_log(tmp_path / "log.jsonl", [vae_step("enc")], modules=VAE,
+                     signals=[inputs_signal("enc")])
+    (f, *_) = findings(path)
+    assert f.module == "enc" and "it came with the data" in f.message
