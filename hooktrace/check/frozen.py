@@ -51,8 +51,11 @@ def _note(c: Collected, model: int, found: list[tuple[ModuleStats, Finding]],
     roles: list[str] = []
     for key in copy_tops:
         original = copied[key]
-        roles.append(f"{c.label(*key)}, a frozen copy of {c.label(*original)}: a target or EMA "
-                     "copy, updated outside the optimizer")
+        of = c.label(*original) if original[0] == key[0] else (
+            f"model '{c.model_name(original[0])}'" if original[1] == "" else
+            f"{c.label(*original)} of model '{c.model_name(original[0])}'")
+        roles.append(f"{c.label(*key)}, a frozen copy of {of}: a target or EMA copy, updated "
+                     "outside the optimizer")
     if adapters:
         trained = sorted({a for found_beside in adapters.values() for a in found_beside})
         roles.append(f"{plural(len(adapters), 'layer')} adapted ({patterns(adapters)}) beside "

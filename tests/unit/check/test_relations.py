@@ -10,7 +10,7 @@ from typing import Any
 
 from hooktrace.log import schema
 
-from .logbuild import CHAIN, chain, findings, signal, write_log
+from .logbuild import CHAIN, C, chain, findings, signal, write_log
 
 STEPS = 6
 
@@ -84,3 +84,12 @@ def test_a_frozen_reference_copy_that_never_changes(tmp_path: Path) -> None:
     # the same relation, with no name that says it follows: a reference model (RLHF's KL term)
     signals = [never_changes(s) for s in range(STEPS)]
     assert run(tmp_path, signals, b="ref_model") == []
+
+
+def test_a_frozen_copy_of_another_model_is_named_by_its_model(tmp_path: Path) -> None:
+    frozen = [(name, cls, params, 0) for name, cls, params in CHAIN]
+    steps = [[*chain(), *(C(c.name, no_grad=True, g_out=None, model=1) for c in chain())]
+             for _ in range(3)]
+    path = write_log(tmp_path / "log.jsonl", steps, model="model", others=[("ema", frozen)])
+    (note,) = [f for f in findings(path) if f.kind == "frozen"]
+    assert "(root) (Net), a frozen copy of model 'model':" in note.message
