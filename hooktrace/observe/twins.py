@@ -105,7 +105,13 @@ class Twins(Observer):
         return out
 
     def _look(self, step: int) -> None:
+        if len(self._roots) + len(self._loose) > 1:
+            self._roots = [info for info in self._roots if info.ref() is not None]
         models = self._models() if len(self._roots) + len(self._loose) > 1 else {}
+        if len(models) < 2:  # one model with parameters (beside a loss module): no twin
+            self._groups = []
+            self._stepped.clear()
+            return
         by_structure: dict[Structure, list[str]] = {}
         for name, (_, module) in models.items():
             by_structure.setdefault(structure(module), []).append(name)
