@@ -59,8 +59,10 @@ def _answer(f: Finding, c: Collected, flowed: Flow, model: int,
             records: list[Ops]) -> tuple[bool, Found | None]:
     """Whether the finding's module's operations can answer it, and their answer."""
     key = (model, f.module)
-    if f.kind == "nonfinite-forward":  # only a step whose first NaN/Inf is this module's
-        return True, _first([r for r in records if c.forward_first.get(r.step) == key],
+    if f.kind == "nonfinite-forward":  # only a step whose first NaN/Inf is this module's,
+        # or, where it was made in this module's own code, the child's that received it
+        first = (model, str(f.evidence.get("received_by", f.module)))
+        return True, _first([r for r in records if c.forward_first.get(r.step) == first],
                             ops.first_nonfinite)
     if f.kind == "nonfinite-backward":
         if not f.evidence.get("produced"):

@@ -168,3 +168,18 @@ def test_the_command_that_records_the_operations(options: dict[str, Any], argv: 
                            world_size=world, options=options)
     log = "runs/a.rank0.jsonl" if world > 1 else "runs/a.jsonl"
     assert rerun(Collected(header=header, log=log), module, step) == expected
+
+
+def test_a_nan_made_in_the_parents_own_code_is_answered_there(tmp_path: Path) -> None:
+    """Issue 36, item 6: the VAE's forward takes ``torch.sqrt`` of a variance that can be
+    negative; ``dec.0`` receives the NaN. The finding is the VAE's, and its zoomed calls
+    answer it with the line of the sqrt."""
+    script = SCRIPT.with_name("blind_bugs3.py")
+    log = tmp_path / "vae.jsonl"
+    ran = hooktrace_cmd("run", "-o", log, "--ops", "*", script, "vae_sqrt_var_nan")
+    assert ran.returncode == 0, ran.stderr
+    checked = hooktrace_cmd("check", "--json", log)
+    finding = the(json.loads(checked.stdout)["findings"], "nonfinite-forward")
+    assert (finding["module"], finding["evidence"]["received_by"]) == ("", "dec.0")
+    op, where = at(finding)
+    assert op == "torch.sqrt()" and "torch.sqrt(var)" in finding["evidence"]["op"]["code"]
