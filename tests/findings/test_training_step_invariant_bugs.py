@@ -32,9 +32,9 @@ holds whose weights, which changed, which an optimizer steps): 3 of 31 named by 
 the EMA teacher, the validate-and-restore EMA and the soft-updated target network stay silent.
 
 Asserted here: the bugs named today and the healthy cases silent today. The misnamed and
-missed bugs, and the false alarms (none left since item 5), are strict ``xfail`` tests with the culprit expected
-(``CULPRIT``): a fix that names it turns the test into an unexpected pass, and the scorecard is
-brought up to date."""
+missed bugs, and the false alarms (none left since item 5), are strict ``xfail`` tests with
+the culprit expected (``CULPRIT``): a fix that names it turns the test into an unexpected pass,
+and the scorecard is brought up to date."""
 
 from __future__ import annotations
 
