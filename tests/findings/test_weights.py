@@ -15,7 +15,7 @@ import pytest
 import torch
 from helpers import hooktrace_cmd
 
-from hooktrace.observe.weights import _bits
+from hooktrace.observe.weights import bit_sums
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "weights_loop.py"
 
@@ -79,5 +79,5 @@ def test_one_ulp_in_one_element_changes_the_fingerprint(dtype: torch.dtype) -> N
         real = torch.view_as_real(nudged) if dtype.is_complex else nudged
         flat = real.view(-1)
         flat[i] = torch.nextafter(flat[i], torch.tensor(math.inf, dtype=flat.dtype))
-        assert _bits([weights]) != _bits([nudged])
-    assert _bits([weights]) == _bits([weights.clone()])
+        assert bit_sums([weights]) != bit_sums([nudged])
+    assert bit_sums([weights]) == bit_sums([weights.clone()])
