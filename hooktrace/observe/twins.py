@@ -9,8 +9,8 @@ variables at a recorded step's optimizer step, modules never called that have on
 (an EMA copy kept only to be copied back, ``ema`` beside ``model``). A structure is the
 parameters' shapes and dtypes, in order; a model with no twin costs nothing more.
 
-Cost, where there are twins: per recorded step, one integer sum over each twin's parameters at
-the pass's end (the weights observer's fingerprint), and the versions of the parameters of those
+Cost, where there are twins: per recorded step, an integer sum over up to ``SAMPLE`` elements
+of each of each twin's parameters at the pass's end, and the versions of the parameters of those
 an optimizer steps, after its step; a look at the calling frames' variables at each recorded
 optimizer step. A write through ``.data`` after the step (``p.data.copy_(q)``) leaves no version
 behind: a copy made so is seen as the same weights, not as weights replaced. Only
@@ -34,7 +34,6 @@ from hooktrace.hooks.owners import is_library
 from hooktrace.hooks.records import Mode, Observer, PassEnd
 from hooktrace.log import schema
 from hooktrace.observe.stats import on_host
-from hooktrace.observe.weights import bit_sums
 
 Emit = Callable[[Any], None]
 Structure = tuple[tuple[tuple[int, ...], torch.dtype], ...]
@@ -45,13 +44,40 @@ def _params(module: nn.Module) -> list[torch.Tensor]:
     return list(module.parameters())
 
 
+#: elements of a model read for its fingerprint: evenly spaced in each parameter, at most this
+#: many in all (at least 16 a parameter)
+SAMPLE = 65536
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def fingerprint(params: list[torch.Tensor]) -> list[int]:
+    """Per element width, the bits of evenly spaced elements of each parameter (``SAMPLE`` in
+    all at most), summed (wrapped at their width): an optimizer step or a moving average changes
+    it, a copy has the same. Bounded per tensor (a sum over every element of a resnet18 pair
+    took 0.5 s a step on a loaded machine), one sum per width (800 small tensors, one each,
+    cost more than their elements)."""
+    by_width: dict[int, list[torch.Tensor]] = {}
+    each = max(16, SAMPLE // max(1, len(params)))
+    with torch.no_grad():
+        for p in params:
+            data = torch.view_as_real(p) if p.is_complex() else p
+            flat = data.reshape(-1)
+            if flat.numel() > each:
+                flat = flat[::flat.numel() // each]
+            by_width.setdefault(flat.element_size(), []).append(flat)
+        sums = [torch.cat(flats).view(_BITS[width]).sum(dtype=_BITS[width]).to(torch.int64)
+                for width, flats in sorted(by_width.items())]
+    return torch.stack(sums).tolist() if sums else []
+
+
 def _versions(params: list[torch.Tensor]) -> int:
     """The parameters' versions, summed: each in-place write adds one."""
     return sum(p._version for p in params)
 
 
-def structure(module: nn.Module) -> Structure:
-    return tuple((tuple(p.shape), p.dtype) for p in module.parameters())
+def structure(module: nn.Module, params: list[torch.Tensor] | None = None) -> Structure:
+    return tuple((tuple(p.shape), p.dtype) for p in (
+        module.parameters() if params is None else params))
 
 
 class Twins(Observer):
@@ -73,7 +99,8 @@ class Twins(Observer):
         # ``.data`` does not, and is not seen
         self._stepped: dict[str, int] = {}
         self._trained: set[str] = set()  # models an optimizer stepped
-        self._groups: list[dict[str, nn.Module]] = []  # the twins of the last look
+        # the twins of the last look: their parameters, by model (held until the next look)
+        self._groups: list[dict[str, list[torch.Tensor]]] = []
         self._recorded = False
         self._off = False
         self._handle = register_optimizer_step_post_hook(self._optimizer_stepped)
@@ -112,16 +139,17 @@ class Twins(Observer):
             self._groups = []
             self._stepped.clear()
             return
+        every = {name: _params(module) for name, (_, module) in models.items()}
         by_structure: dict[Structure, list[str]] = {}
         for name, (_, module) in models.items():
-            by_structure.setdefault(structure(module), []).append(name)
+            by_structure.setdefault(structure(module, every[name]), []).append(name)
         self._groups = []
         for names in by_structure.values():
-            params = {name: _params(models[name][1]) for name in names}
+            params = {name: every[name] for name in names}
             if len(names) < 2 or not all(on_host(p) for p in params.values()):
                 continue
-            self._groups.append({name: models[name][1] for name in names})
-            fingerprints = {name: bit_sums(p) for name, p in params.items()}
+            self._groups.append(params)
+            fingerprints = {name: fingerprint(p) for name, p in params.items()}
             first = next((m for name in names if (m := models[name][0]) is not None), 0)
             versions = {name: _versions(p) for name, p in params.items() if name in self._stepped}
             self._emit(schema.Signal(step, first, "", "twins",
@@ -154,8 +182,7 @@ class Twins(Observer):
             self._scan()
             held = {id(p) for group in optimizer.param_groups for p in group["params"]}
             for group in self._groups:
-                for name, module in group.items():
-                    params = _params(module)
+                for name, params in group.items():
                     if any(id(p) in held for p in params):
                         self._stepped[name] = _versions(params)
                         self._trained.add(name)
