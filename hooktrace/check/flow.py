@@ -150,12 +150,24 @@ def _candidates(calls: list[Call], modules: dict[ModuleKey, ModuleStats],
     for c in reversed(calls):  # backward order, roughly
         gain = _gain(c)
         limit = _UNIT_NORM_GAIN if _unit_norm(c, modules) else t.gain
+        if _cancelled(c, modules, t):
+            continue
         if c.fed and (c.lost or (gain is not None and gain <= limit)) and (
                 c.g_out is None or c.g_out > farthest or (c.g_out == farthest and not any(
                     b.g_in is not None and starves(b, c) for b in found))):
             found.append(c)
             farthest = max(farthest, reach(c))
     return found[::-1]
+
+
+def _cancelled(c: Call, modules: dict[ModuleKey, ModuleStats], t: Thresholds) -> bool:
+    """A saturating activation that receives an exploding gradient and passes back a usable
+    one: the loss after it divides by its own derivative (``Sigmoid`` then ``BCELoss``, whose
+    gradient is ``(p - y) / (p (1 - p))``), so its small gain starves nothing; what comes back
+    is the logits' gradient ``BCEWithLogitsLoss`` would give."""
+    m = modules.get(c.key)
+    return (m is not None and m.cls in _SATURATING and c.g_out is not None
+            and c.g_in is not None and c.g_out >= t.exploding and c.g_in >= t.vanishing)
 
 
 def _unit_norm(c: Call, modules: dict[ModuleKey, ModuleStats]) -> bool:

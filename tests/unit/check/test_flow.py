@@ -88,6 +88,20 @@ def test_a_sigmoid_passing_back_a_usual_share_is_healthy(tmp_path: Path) -> None
     assert summary(write_log(tmp_path / "log.jsonl", steps, modules=SIGMOID)) == []
 
 
+def test_a_sigmoid_before_bce_loss_cancels_the_exploding_gradient_it_gets(
+        tmp_path: Path) -> None:
+    """BCELoss's gradient divides by p (1 - p): where some predictions are confidently wrong
+    the sigmoid receives 1e10 and passes back the logits' usual gradient (pytorch/examples'
+    siamese network): nothing starves. A sigmoid passing back a vanishing gradient of an
+    exploding one still does."""
+    usable = [chain(act=C("act", g_out=1e10, g_in=0.05), fc1=C("fc1", g_out=0.05, g_in=None))]
+    assert summary(write_log(tmp_path / "log.jsonl", usable * 3, modules=SIGMOID)) == []
+    vanishing = [chain(act=C("act", g_out=1e10, g_in=1e-8),
+                       fc1=C("fc1", g_out=1e-8, g_in=None))]
+    path = write_log(tmp_path / "bad.jsonl", vanishing * 3, modules=SIGMOID)
+    assert summary(path) == [("saturated", "warning", "act", 0)]
+
+
 def test_small_gain_of_a_linear_is_vanishing_at_that_layer(tmp_path: Path) -> None:
     steps = [chain(fc2=C("fc2", g_in=1e-8), act=C("act", g_out=1e-8),
                    fc1=C("fc1", g_out=1e-8, g_in=None))] * 3
