@@ -12,9 +12,11 @@ signal per broken expectation (``detail.expectation``) is written when tracing s
   unfreeze happens once);
 * ``cleared``: between two backward passes with no optimizer step between (one accumulation),
   the sampled parameters' ``.grad`` was dropped (a new tensor, their weights unchanged: their
-  version the same) twice or more before one step: ``zero_grad()`` per micro-batch, so the step
-  applies the last micro-batch's gradient only (an analysis pass then a real one, or SAM's two
-  passes around a weight change, clear once or change the weights);
+  version the same) twice or more before one step that then applies the last pass's
+  ``.grad`` as it left it: ``zero_grad()`` per micro-batch, so the step applies the last
+  micro-batch's gradient only (an analysis pass then a real one, or SAM's two passes around a
+  weight change, clear once or change the weights; PCGrad's per-task passes set a combined
+  ``.grad`` before the step);
 * ``sign``: in recorded steps, ``SAMPLE`` elements of the gradients of ``PARAMS`` parameters
   read at the end of the backward pass and again before the step that applies them: every
   sampled gradient multiplied by the same negative factor between them (``clip_grad_norm_``
@@ -97,6 +99,7 @@ class StepExplained(Observer):
         self._sample: list[weakref.ref[torch.Tensor]] = []
         self._grads: list[weakref.ref[torch.Tensor] | None] = []
         self._versions: list[int] = []
+        self._gradversions: list[int] = []
         self._stepped_then = -1
         self._values: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
         self._cleared: list[int] = []  # passes of this accumulation whose gradients were dropped
@@ -150,6 +153,7 @@ class StepExplained(Observer):
                 self._cleared.append(end.step)
         self._grads = [None if p.grad is None else weakref.ref(p.grad) for p in params]
         self._versions = [p._version for p in params]
+        self._gradversions = [-1 if p.grad is None else p.grad._version for p in params]
         self._stepped_then = self._stepped
         self._values = None
         if end.mode is Mode.RECORDED and params and on_host(params):
@@ -179,10 +183,19 @@ class StepExplained(Observer):
         try:
             self._look_groups(optimizer)
             self._look_holder(optimizer)
+            if self._cleared and not self._applies_last_pass():
+                self._cleared = []  # gradients combined by hand (PCGrad): not one pass's
             if self._values is not None and self._stepped == self._stepped_then:
                 self._look_sign(optimizer)
         except Exception:
             self._stop_looking()
+
+    def _applies_last_pass(self) -> bool:
+        """Whether the sampled parameters' ``.grad`` is still the tensor the last pass left,
+        unchanged since: the step applies that pass's gradient alone."""
+        return any(ref is not None and p.grad is not None and p.grad is ref()
+                   and p.grad._version == version for p, ref, version in
+                   zip(self._live_sample(), self._grads, self._gradversions, strict=False))
 
     def _stepped_hook(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         self._stepped += 1

@@ -4,7 +4,8 @@ step, ``zero_grad`` per micro-batch, a negative clipping factor, a per-epoch sch
 per batch) get one ``step-unexplained`` (or ``lr-collapsed``) signal saying which; the healthy
 look-alikes of each (a warmup from lr 0, a staggered warmup, one rebuild at an unfreeze, plain
 SGD rebuilt, two optimizers in turns, SAM's two passes, an analysis pass before the real one,
-a gradient reversal layer, ExponentialLR(0.9) and a short cosine per batch) write none."""
+PCGrad's per-task passes, micro-batches summed by hand, a gradient reversal layer,
+ExponentialLR(0.9) and a short cosine per batch) write none."""
 
 from __future__ import annotations
 
@@ -192,6 +193,40 @@ def analysis_pass_first() -> None:
         opt.step()
 
 
+def pcgrad() -> None:
+    """PCGrad: a pass per task, each from no gradient, then the combined gradient set."""
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(2):
+        per_task = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss(model).backward()
+            per_task.append([p.grad.clone() for p in model.parameters()
+                             if p.grad is not None])
+        for p, *grads in zip(model.parameters(), *per_task, strict=True):
+            p.grad = torch.stack(grads).mean(0)
+        opt.step()
+
+
+def accumulated_by_hand() -> None:
+    """Each micro-batch from no gradient, summed into buffers copied into .grad at the end."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        sums = [torch.zeros_like(p) for p in model.parameters()]
+        for _ in range(4):
+            opt.zero_grad()
+            loss(model).backward()
+            for total, p in zip(sums, model.parameters(), strict=True):
+                assert p.grad is not None
+                total += p.grad / 4
+        for total, p in zip(sums, model.parameters(), strict=True):
+            assert p.grad is not None
+            p.grad.copy_(total)
+        opt.step()
+
+
 def accumulation() -> None:
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -258,6 +293,7 @@ HEALTHY: dict[str, Loop] = {
     "rebuilt_once_at_unfreeze": rebuilt_once_at_unfreeze, "plain_sgd_rebuilt": plain_sgd_rebuilt,
     "two_optimizers_in_turns": two_optimizers_in_turns, "sam_two_passes": sam_two_passes,
     "analysis_pass_first": analysis_pass_first, "accumulation": accumulation,
+    "pcgrad": pcgrad, "accumulated_by_hand": accumulated_by_hand,
     "gradient_reversal": gradient_reversal, "clip_and_scale": clip_and_scale,
     "exponential_slow": exponential_slow, "short_cosine": short_cosine,
 }
