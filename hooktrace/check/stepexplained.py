@@ -46,7 +46,7 @@ def _state(model: str, d: dict[str, Any]) -> tuple[str, str]:
     steps = [int(x) for x in d.get("steps", [])]
     return (
         f"a new {cls} optimizer took over the parameters of model '{model}' "
-        f"{plural(int(d.get('count', len(steps))), 'time')} (after {steps_text(steps)}), each "
+        f"{plural(int(d.get('count', len(steps))), 'time')} ({steps_text(steps)}), each "
         "time from one that had stepped once or twice: the optimizer is built anew in the "
         "loop, so its state (moments, step count, momentum) starts empty at every step",
         "build the optimizer once, before the training loop, and reuse it (a scheduler, too, "
@@ -71,8 +71,8 @@ def _sign(model: str, d: dict[str, Any]) -> tuple[str, str]:
     return (
         f"the gradients of model '{model}' ({names_text(modules)}) were multiplied by a "
         f"negative factor ({float(d.get('factor', -1.0)):.3g}) between backward() and "
-        f"optimizer.step() in {steps_text(steps)}: the step moves the weights along +g, up "
-        "the loss",
+        f"optimizer.step() in {plural(int(d.get('count', len(steps))), 'step')} "
+        f"({steps_text(steps)}): the step moves the weights along +g, up the loss",
         "clip_grad_norm_(params, max_norm) scales the gradients by max_norm / norm: a "
         "negative max_norm flips their sign; give it a positive max_norm")
 

@@ -58,11 +58,12 @@ class _Groups:
     """One optimizer's param groups over its steps: per group, the steps it stepped at lr 0
     with gradients while another group moved, and whether it ever moved itself."""
 
-    __slots__ = ("cls", "zero", "moved", "others", "params")
+    __slots__ = ("cls", "zero", "counts", "moved", "others", "params")
 
     def __init__(self, cls: str) -> None:
         self.cls = cls
-        self.zero: dict[int, list[int]] = {}  # group index -> those steps
+        self.zero: dict[int, list[int]] = {}  # group index -> those steps (the first LISTED)
+        self.counts: dict[int, int] = {}  # group index -> how many
         self.moved: set[int] = set()  # the groups that stepped at lr > 0 with gradients
         self.others: dict[int, float] = {}  # group index -> the largest lr beside it
         self.params: dict[int, list[weakref.ref[torch.Tensor]]] = {}  # a few of each group
@@ -103,15 +104,21 @@ class StepExplained(Observer):
         self._stepped_then = -1
         self._values: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
         self._cleared: list[int] = []  # passes of this accumulation whose gradients were dropped
-        self._cleared_windows: list[tuple[int, int]] = []  # (first such pass, how many)
-        self._flipped: list[tuple[int, float]] = []  # (pass, factor)
+        # accumulations whose gradients were cleared twice or more: the first's (first such
+        # pass, how many), and how many; passes whose gradient was negated (the first LISTED,
+        # each with its factor), and how many. Counts, not lists: a run may be long
+        self._cleared_first: tuple[int, int] | None = None
+        self._cleared_windows = 0
+        self._flipped: list[tuple[int, float]] = []
+        self._flipped_count = 0
         self._groups: weakref.WeakKeyDictionary[torch.optim.Optimizer, _Groups] = (
             weakref.WeakKeyDictionary())
         self._all_groups: list[_Groups] = []
         self._holders: weakref.WeakKeyDictionary[torch.optim.Optimizer, _Holder] = (
             weakref.WeakKeyDictionary())
         self._holder_of: dict[int, _Holder] = {}  # id(first parameter) -> its last holder
-        self._rebuilt: list[int] = []
+        self._rebuilt: list[int] = []  # the first LISTED steps where one was, and how many
+        self._rebuilt_count = 0
         self._rebuilt_cls = ""
         self._rebuilt_models: set[int] = set()
         self._alternating = False  # an older holder stepped again: optimizers in turns
@@ -200,7 +207,9 @@ class StepExplained(Observer):
     def _stepped_hook(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         self._stepped += 1
         if len(self._cleared) >= 2:
-            self._cleared_windows.append((self._cleared[0], len(self._cleared)))
+            if self._cleared_first is None:
+                self._cleared_first = (self._cleared[0], len(self._cleared))
+            self._cleared_windows += 1
         self._cleared = []
         holder = self._holders.get(optimizer)
         if holder is not None:
@@ -211,7 +220,6 @@ class StepExplained(Observer):
         groups = self._groups.get(optimizer)
         if groups is None:
             groups = self._groups[optimizer] = _Groups(type(optimizer).__name__)
-            self._all_groups.append(groups)
         lrs: dict[int, float] = {}
         for index, group in enumerate(optimizer.param_groups):
             lr = group.get("lr")
@@ -223,7 +231,12 @@ class StepExplained(Observer):
             if lr > 0:
                 groups.moved.add(index)
             elif top > 0 and index not in groups.moved:
-                groups.zero.setdefault(index, []).append(self._step)
+                if not groups.zero and len(self._all_groups) < LISTED:
+                    self._all_groups.append(groups)  # kept past it, until tracing stops
+                steps = groups.zero.setdefault(index, [])
+                if len(steps) < LISTED:
+                    steps.append(self._step)
+                groups.counts[index] = groups.counts.get(index, 0) + 1
                 groups.others[index] = top
                 if index not in groups.params:
                     params = optimizer.param_groups[index]["params"]
@@ -246,7 +259,9 @@ class StepExplained(Observer):
         if (before is not None and before.param() is first
                 and before.optimizer() is not optimizer and before.state
                 and 0 < before.steps <= REBUILT_AFTER):
-            self._rebuilt.append(self._step)
+            self._rebuilt_count += 1
+            if len(self._rebuilt) < LISTED:
+                self._rebuilt.append(self._step)
             self._rebuilt_cls = holder.cls
             info = self._owner.get(id(first))
             if info is not None:
@@ -273,7 +288,9 @@ class StepExplained(Observer):
                 return  # not one factor: the gradient changed otherwise (not judged)
             factors.append(factor)
         if factors and all(f < 0 for f in factors):
-            self._flipped.append((self._step, max(factors)))
+            self._flipped_count += 1
+            if len(self._flipped) < LISTED:
+                self._flipped.append((self._step, max(factors)))
 
     def _live_sample(self) -> list[torch.Tensor]:
         return [p for p in (ref() for ref in self._sample) if p is not None]
@@ -293,22 +310,22 @@ class StepExplained(Observer):
         sampled = sorted({info.model for p in self._live_sample()
                           if (info := self._owner.get(id(p))) is not None})
         names = self._names(self._live_sample())
-        if self._cleared_windows:
-            first, count = self._cleared_windows[0]
+        if self._cleared_first is not None:
+            first, count = self._cleared_first
             for model in sampled:
                 self._say(first, model, "cleared", {
-                    "windows": len(self._cleared_windows), "passes": count,
+                    "windows": self._cleared_windows, "passes": count,
                     "modules": names.get(model, [])})
-        if len(self._flipped) >= 2:
+        if self._flipped_count >= 2:
             for model in sampled:
                 self._say(self._flipped[0][0], model, "sign", {
-                    "steps": [s for s, _ in self._flipped][:LISTED],
+                    "steps": [s for s, _ in self._flipped], "count": self._flipped_count,
                     "factor": self._flipped[0][1], "modules": names.get(model, [])})
-        if len(self._rebuilt) >= 2 and not self._alternating:
+        if self._rebuilt_count >= 2 and not self._alternating:
             for model in sorted(self._rebuilt_models):
                 self._say(self._rebuilt[0], model, "state", {
-                    "optimizer": self._rebuilt_cls, "steps": self._rebuilt[:LISTED],
-                    "count": len(self._rebuilt)})
+                    "optimizer": self._rebuilt_cls, "steps": self._rebuilt,
+                    "count": self._rebuilt_count})
         for groups in self._all_groups:
             self._said_groups(groups)
         self._all_groups.clear()
@@ -316,13 +333,14 @@ class StepExplained(Observer):
 
     def _said_groups(self, groups: _Groups) -> None:
         for index, steps in sorted(groups.zero.items()):
-            if index in groups.moved or len(steps) < 2:
+            count = groups.counts.get(index, 0)
+            if index in groups.moved or count < 2:
                 continue
             params = [p for p in (ref() for ref in groups.params.get(index, [])) if p is not None]
             for model, names in sorted(self._names(params).items()):
                 self._say(steps[0], model, "group-lr", {
-                    "optimizer": groups.cls, "group": index, "steps": steps[:LISTED],
-                    "count": len(steps), "others": groups.others.get(index, 0.0),
+                    "optimizer": groups.cls, "group": index, "steps": steps,
+                    "count": count, "others": groups.others.get(index, 0.0),
                     "modules": names})
 
     def _names(self, params: list[torch.Tensor]) -> dict[int, list[str]]:

@@ -346,7 +346,7 @@ def test_the_findings_say_which_expectation(log_path: Path) -> None:
             (group_at_zero, "param group 0 of the AdamW optimizer of model 'model' (0, 2) "
              "stepped at lr 0 in all 4 steps", "inside the `for param_group in"),
             (rebuilt_adam, "a new Adam optimizer took over the parameters of model "
-             "'model' 3 times (after steps 1, 2, 3)", "build the optimizer once"),
+             "'model' 3 times (steps 1, 2, 3)", "build the optimizer once"),
             (zero_grad_per_microbatch, "were cleared between backward passes of one "
              "accumulation: 3 passes before one optimizer step", "zero_grad() once per "
              "accumulation"),

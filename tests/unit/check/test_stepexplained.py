@@ -19,7 +19,7 @@ CASES: dict[str, tuple[dict[str, Any], str, str, str]] = {
                  "all 3 steps it had gradients in, while another group of it stepped at lr "
                  "0.001", "requires_grad_(False)"),
     "state": ({"optimizer": "Adam", "steps": [1, 2], "count": 2}, "",
-              "a new Adam optimizer took over the parameters of model 'net' 2 times (after "
+              "a new Adam optimizer took over the parameters of model 'net' 2 times ("
               "steps 1, 2)", "build the optimizer once"),
     "cleared": ({"windows": 3, "passes": 2, "modules": ["fc1", "fc2"]}, "fc1",
                 "the gradients of model 'net' (fc1, fc2) were cleared between backward passes "
@@ -27,7 +27,7 @@ CASES: dict[str, tuple[dict[str, Any], str, str, str]] = {
                 "(3 accumulations so)", "not inside the micro-batch loop"),
     "sign": ({"steps": [0, 1], "factor": -0.25, "modules": ["fc1"]}, "fc1",
              "multiplied by a negative factor (-0.25) between backward() and optimizer.step() "
-             "in steps 0, 1: the step moves the weights along +g", "negative max_norm"),
+             "in 2 steps (steps 0, 1): the step moves the weights along +g", "negative max_norm"),
 }
 
 
