@@ -126,7 +126,19 @@ class Signal:
       (the forward returns its input: the backward alters the gradient by design),
       ``surrogate`` (the forward is flat where they differ: a straight-through estimator) or
       ``mismatch``; with ``detail.elements`` compared, ``detail.off`` of them different, and the
-      worst one's ``detail.numeric`` and ``detail.backward``; once per class.
+      worst one's ``detail.numeric`` and ``detail.backward``; once per class;
+    * ``step-unexplained``: when tracing stops, an optimizer step that broke an expectation of
+      the step (``stepcheck.py``), ``detail.expectation``: ``group-lr``, param group
+      ``detail.group`` of ``detail.optimizer`` stepped at lr 0 in ``detail.steps`` (two at
+      least, ``detail.count`` in all) while another group stepped at ``detail.others``, and
+      never above 0, with gradients (``detail.modules``: its modules; ``name``, the first);
+      ``state``, a new ``detail.optimizer`` took over the parameters of one with state after
+      its first steps in ``detail.steps`` (``detail.count``; two at least); ``cleared``, the
+      sampled parameters' ``.grad`` (of ``detail.modules``) was dropped between backward
+      passes with no optimizer step between, twice or more before one step, in
+      ``detail.windows`` accumulations (``detail.passes``: in the first); ``sign``, their
+      sampled gradients were multiplied by a negative factor (``detail.factor``, the first)
+      between the end of backward and the optimizer step in ``detail.steps`` (two at least).
     """
 
     TYPE: ClassVar[str] = "signal"
@@ -140,7 +152,8 @@ class Signal:
                                         "updates-rounded", "grad-zeros", "loss-ops",
                                         "loss-scaled", "scaled-step", "scaled-clip",
                                         "compiled-eager", "optimizer-steps",
-                                        "hooks-growing", "function-backward")
+                                        "hooks-growing", "function-backward",
+                                        "step-unexplained")
     step: int
     model: int
     name: str

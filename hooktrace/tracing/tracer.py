@@ -37,6 +37,7 @@ from hooktrace.observe.outputs import OutputCheck
 from hooktrace.observe.paramnorms import ParamNorms
 from hooktrace.observe.recorder import LogRecorder, Sink
 from hooktrace.observe.stats import Stats
+from hooktrace.observe.stepcheck import StepExplained
 from hooktrace.observe.watch import Watch
 from hooktrace.observe.weights import WeightChange
 
@@ -135,6 +136,7 @@ class Tracer:
         observers.append(eager)
         observers.append(WeightChange(recorder.emit))
         observers.append(HalfUpdates(recorder.emit))
+        observers.append(StepExplained(recorder.emit))
         if stats is not None:
             observers.append(GradZeros(stats, recorder.emit))
         ops = recorder.facts = OpsObserver(core.zoom, recorder.emit, self._options)
