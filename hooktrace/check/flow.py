@@ -87,7 +87,12 @@ def analyse(calls: Iterable[Call], modules: dict[ModuleKey, ModuleStats],
 
 
 def _trainable(modules: dict[ModuleKey, ModuleStats], key: ModuleKey) -> bool:
+    """``key`` has trainable parameters: its own, or, for a second path to a module under
+    another parent (BYOL's backbone, ``net`` on the learner and ``online_encoder.net`` in the
+    wrapper that calls it: its calls are named by that caller), its first name's."""
     m = modules.get(key)
+    if m is not None and m.alias_of is not None:
+        m = modules.get((key[0], m.alias_of))
     return m is not None and m.trainable > 0
 
 
