@@ -1,11 +1,10 @@
 """Evaluation copies: modules with trainable parameters that no optimizer holds and that only
 ever ran in evaluation passes, under ``torch.no_grad()`` or in eval mode with no backward (an
 EMA copy that keeps ``requires_grad=True``, as timm's ``ModelEmaV3`` does, validated between
-steps inside the task that trains the model). Nothing
-would train them, so no gradient is lost: they are not judged as training, and one note per
-model says what they are. A forward under ``no_grad`` by mistake is not one of them: the
-optimizer holds what it should train. Their boundaries go with ``Flow.drop_victims``. Pure: a
-``Collected`` in."""
+steps inside the task that trains the model). Nothing would train them, so no gradient is
+lost: they are not judged as training, and one note per model says what they are. A forward
+under ``no_grad`` by mistake is not one of them: the optimizer holds what it should train.
+Their boundaries go with ``Flow.drop_victims``. Pure: a ``Collected`` in."""
 
 from __future__ import annotations
 

@@ -24,9 +24,9 @@ backward (a validation pass, a teacher) is not a lost gradient. Nor is a call un
 (or ``inference_mode``), or in eval mode with no backward, of a module that another call of the
 step trained: an evaluation pass between optimizer steps (timm validates the model inside its
 wrapper when an epoch ends, with or without ``no_grad``), which the log cannot nest apart from
-the wrapper's training call of the same step. A tiny gradient
-whose module is bypassed (a module before it gets a large one: a layer scale on a residual
-branch) is not reported; an exactly-zero one always is.
+the wrapper's training call of the same step. A tiny gradient whose module is bypassed (a
+module before it gets a large one: a layer scale on a residual branch) is not reported; an
+exactly-zero one always is.
 """
 
 from __future__ import annotations
