@@ -25,6 +25,7 @@ from hooktrace.check.findings import (
     steps_text,
 )
 from hooktrace.check.frozen import frozen_notes
+from hooktrace.check.grouped import cover
 from hooktrace.check.holds import on_wrapper
 from hooktrace.check.loop import check_loop
 from hooktrace.check.losses import check_losses
@@ -280,14 +281,20 @@ def _one_note_per_model(found: list[Finding]) -> list[Finding]:
     return out
 
 
-def check_info(c: Collected) -> list[Finding]:
+def check_info(c: Collected, evaluation: Set[ModuleKey] = frozenset()) -> list[Finding]:
+    """Notes on how the modules ran: those called several times per step with gradients on
+    (not ``evaluation`` copies, validated in batches), a backward order not mirroring forward."""
     out = []
     # with no backward pass to end a step, every iteration falls in one: nothing per step to say
     stepped = bool(c.backward_steps) or c.unfinished is not None
     models = {m.model for m in c.modules.values()} - c.data_models()  # not data transforms
+    copied = {(model, top) for model in {key[0] for key in evaluation}
+              for top in cover(c, model, [name for m, name in evaluation if m == model])}
     for model in sorted(models if stepped else ()):
         several = sorted((m for m in c.modules.values()
-                          if m.model == model and m.max_calls_per_step > 1),
+                          if m.model == model and m.max_calls_per_step > 1
+                          and not copied.intersection(
+                              (model, name) for name in [*ancestors(m.name), m.name])),
                          key=lambda m: m.first_seq or 0)
         if several:
             listed = ", ".join(f"{m.name or '(root)'} x{m.max_calls_per_step}"
@@ -359,7 +366,7 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
                 *causes.findings(flowed, c.modules, c.models),
                 *check_no_grad(c, explained | turns), *check_lost_gradient(c),
                 *check_magnitudes(c, thresholds, explained),
-                *check_unused(c), *check_loose(c), *check_losses(c), *check_info(c),
+                *check_unused(c), *check_loose(c), *check_losses(c), *check_info(c, evaluation),
                 *check_scaling(c), *check_shared_targets(c),
                 *copies.copies_notes(c, evaluation)]
     units.zero_before_moving(c, flowed, findings)
