@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from hooktrace.check import causes, copies, flow, nogradonly, notes, oplines, units
 from hooktrace.check.crash import check_crash
 from hooktrace.check.custom import check_custom
+from hooktrace.check.probed import check_probed
 from hooktrace.check.findings import (
     NOTE,
     SEVERITY_ORDER,
@@ -355,7 +356,7 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
     flowed.drop_victims(evaluation)
     explained = _explained(c, flowed) | set(frozen_since(c)) | evaluation
     findings = [*check_crash(c), *check_unseen(c), *check_nonfinite(c), *check_loop(c),
-                *check_custom(c),
+                *check_custom(c), *check_probed(c),
                 *causes.findings(flowed, c.modules, c.models),
                 *check_no_grad(c, explained | turns), *check_lost_gradient(c),
                 *check_magnitudes(c, thresholds, explained),

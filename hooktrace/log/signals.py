@@ -126,7 +126,21 @@ class Signal:
       (the forward returns its input: the backward alters the gradient by design),
       ``surrogate`` (the forward is flat where they differ: a straight-through estimator) or
       ``mismatch``; with ``detail.elements`` compared, ``detail.off`` of them different, and the
-      worst one's ``detail.numeric`` and ``detail.backward``; once per class.
+      worst one's ``detail.numeric`` and ``detail.backward``; once per class;
+    * ``probe`` (``--probe``): what the probe measured of a model (``seeing.py``), at its first
+      call in a recorded step with gradients on, one signal per fact; ``detail.what`` is
+      ``batch`` (``verdict``: ``apart``, each sample's output depends on its own sample only,
+      along input ``axis`` of ``samples``; ``some`` or ``all``, output ``sample`` depends on
+      ``count`` others, the first ``sees``; ``mixers``, the BatchNorm layers in train mode;
+      ``name``, the first of them), ``causal`` (``name``, an attention module with a mask
+      that orders positions, ``masks`` (argument -> ``torch.triu(ones, k)``), ``is_causal``,
+      or in a model fed ``x[:, :-1]`` (``next_step``); ``verdict`` ``holds`` or ``leaks``:
+      its output at ``position`` depends on ``count`` later positions of its input, the first
+      ``sees``), ``padding`` (``source``: ``padding_idx N`` or a ``key_padding_mask``;
+      ``padded`` of ``positions``; ``verdict`` ``leaks`` where the output at real positions
+      depends on ``seen`` padded ones; ``masks``: each attention module's padding mask,
+      ``reads`` ``same``, ``inverted`` or ``other``; ``name``, the first that does not read
+      the same) or ``undecided`` (``why``).
     """
 
     TYPE: ClassVar[str] = "signal"
@@ -140,7 +154,7 @@ class Signal:
                                         "updates-rounded", "grad-zeros", "loss-ops",
                                         "loss-scaled", "scaled-step", "scaled-clip",
                                         "compiled-eager", "optimizer-steps",
-                                        "hooks-growing", "function-backward")
+                                        "hooks-growing", "function-backward", "probe")
     step: int
     model: int
     name: str
