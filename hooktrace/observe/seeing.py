@@ -53,7 +53,8 @@ class _Seen:
 
 def probe(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Fact]:
     """The facts about ``model`` called with ``args``, ``kwargs`` (measured on copies)."""
-    x = args[0] if args else None
+    key = _input_key(args, kwargs)
+    x = args[0] if key is None else kwargs.get(key)
     if not isinstance(x, torch.Tensor) or x.ndim < 1:
         return [{"what": "undecided", "why": "its first input is not a tensor"}]
     try:
@@ -63,20 +64,29 @@ def probe(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> li
     devices = sorted({t.device.index or 0 for t in tree_flatten((args, kwargs))[0]
                       if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
     with torch.random.fork_rng(devices=devices), torch.enable_grad():
-        return _probe(twin, x, args, kwargs)
+        return _probe(twin, x, key, args, kwargs)
 
 
-def _probe(twin: nn.Module, x: torch.Tensor, args: tuple[Any, ...],
+def _input_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """Where the input is: the first positional argument (None), else the first keyword
+    argument that is a tensor (``input_ids=``)."""
+    if args:
+        return None
+    return next((k for k, v in kwargs.items() if isinstance(v, torch.Tensor)), None)
+
+
+def _probe(twin: nn.Module, x: torch.Tensor, key: str | None, args: tuple[Any, ...],
            kwargs: dict[str, Any]) -> list[Fact]:
     for m in twin.modules():
         if isinstance(m, (_DropoutNd, nn.MultiheadAttention)):
             m.eval()  # only their dropout changes; BatchNorm keeps its mode
     args, kwargs = tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t,
                             (args, kwargs))
+    inp = args[0] if key is None else kwargs[key]
     floating = x.is_floating_point()
-    leaf = args[0].requires_grad_() if floating else None
+    leaf = inp.requires_grad_() if floating else None
     seen = _Seen()
-    handles = _hook(twin, args[0], seen, floating)
+    handles = _hook(twin, inp, seen, floating)
     try:
         y = _first_float(twin(*args, **kwargs))
     finally:
@@ -99,7 +109,8 @@ def _probe(twin: nn.Module, x: torch.Tensor, args: tuple[Any, ...],
 
 def _first_float(out: Any) -> torch.Tensor | None:
     for t in tree_flatten(out)[0]:
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad:
+        if (isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad
+                and t.ndim > 0):  # not a loss the model returns too
             return t
     return None
 
