@@ -105,7 +105,7 @@ def _causal(c: Collected, s: Signal) -> Finding:
         return _note(c, s, f"the probe: {who} keeps each position from later ones ("
                            f"{given or 'no mask'}; measured)")
     count, t = d.get("count", 0), d.get("position", 0)
-    sees = (f"its output at position {t} depends on later {plural(count, 'position')} "
+    sees = (f"its output at position {t} depends on {plural(count, 'later position')} "
             f"({_listed(d.get('sees', []), count)}) of its input")
     if given:
         message = (f"{who}: {given}, yet {sees}: the mask lets position t see the future; a "

@@ -67,6 +67,24 @@ def probe(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> li
         return _probe(twin, x, key, args, kwargs)
 
 
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+               "_backward_pre_hooks")
+
+
+def _drop_user_hooks(m: nn.Module) -> None:
+    """The copy's module hooks of the user's code removed (a copy runs the same functions: a
+    hook that counts or collects would count the probe's call); torch's own (weight_norm,
+    spectral_norm, pruning) kept, as they make the weights."""
+    for attr in _HOOK_DICTS:
+        hooks = getattr(m, attr, None)
+        if not hooks:
+            continue
+        for key, hook in list(hooks.items()):
+            owner = getattr(hook, "__module__", None) or type(hook).__module__
+            if not owner.startswith("torch"):
+                del hooks[key]
+
+
 def _input_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
     """Where the input is: the first positional argument (None), else the first keyword
     argument that is a tensor (``input_ids=``)."""
@@ -80,6 +98,7 @@ def _probe(twin: nn.Module, x: torch.Tensor, key: str | None, args: tuple[Any, .
     for m in twin.modules():
         if isinstance(m, (_DropoutNd, nn.MultiheadAttention)):
             m.eval()  # only their dropout changes; BatchNorm keeps its mode
+        _drop_user_hooks(m)
     args, kwargs = tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t,
                             (args, kwargs))
     inp = args[0] if key is None else kwargs[key]
