@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 from hooktrace.check import causes, copies, flow, nogradonly, notes, oplines, units
 from hooktrace.check.crash import check_crash
 from hooktrace.check.custom import check_custom
-from hooktrace.check.probed import check_probed
 from hooktrace.check.findings import (
     NOTE,
     SEVERITY_ORDER,
@@ -31,6 +30,7 @@ from hooktrace.check.loop import check_loop
 from hooktrace.check.losses import check_losses
 from hooktrace.check.magnitudes import check_magnitudes, start, start_orders
 from hooktrace.check.nonfinite import check_nonfinite
+from hooktrace.check.probed import check_probed
 from hooktrace.check.registered import check_loose
 from hooktrace.check.scaling import check_scaling, explain
 from hooktrace.check.shared import check_shared_targets

@@ -187,7 +187,7 @@ def _attention_hooks(name: str, m: nn.Module, seen: _Seen
         for key, value in values:
             if value is first:
                 bound.arguments[key] = moved
-        masks = {k: v for k, v in values if "mask" in k and v is not None or k == "is_causal"}
+        masks = {k: v for k, v in values if ("mask" in k and v is not None) or k == "is_causal"}
         seen.attention[name] = {"delta": delta, "masks": masks,
                                 "batch_first": _batch_first(module)}
         return bound.args, bound.kwargs
@@ -254,6 +254,8 @@ def _batch(y: torch.Tensor, leaves: list[torch.Tensor], shape: torch.Size,
             share = sum(len(v) for v in deps.values()) / (len(deps) * (n - 1))
             if best is None or share < best[0]:
                 best = (share, d, n, deps)
+        if best is not None and best[0] == 0:
+            break  # kept apart along the output's first axis: its second is not asked
     if best is None:
         return {"what": "undecided", "why": "no axis of its output has the size of an axis "
                 "of its input, so no batch axis is known"}

@@ -1,8 +1,8 @@
 """Assembles a tracing session: the hook core and its observers, in the order they must run.
 
 ``core.py`` follows the module calls; the observers (``records.Observer``) do the rest:
-capture (``--capture``), parameter-gradient norms, who may see whom (``--probe``), watch (steps after ``--steps``), compiled
-code run eagerly in recorded steps (``eager``), partly-zero
+capture (``--capture``), parameter-gradient norms, who may see whom (``--probe``), watch
+(steps after ``--steps``), compiled code run eagerly in recorded steps (``eager``), partly-zero
 gradients, the op zoom's records (``--ops``), the log writer (it writes what those before it
 emit after the step's events), and break on NaN/Inf (``--break-on nan``, after the writer: the
 NaN's own event is written first).
