@@ -127,7 +127,7 @@ class Signal:
       ``surrogate`` (the forward is flat where they differ: a straight-through estimator) or
       ``mismatch``; with ``detail.elements`` compared, ``detail.off`` of them different, and the
       worst one's ``detail.numeric`` and ``detail.backward``; once per class;
-    * ``probe`` (``--probe``): what the probe measured of a model (``seeing.py``), at its first
+    * ``probe``: (``--probe``) what the probe measured of a model (``seeing.py``), at its first
       call in a recorded step with gradients on, one signal per fact; ``detail.what`` is
       ``batch`` (``verdict``: ``apart``, each sample's output depends on its own sample only,
       along input ``axis`` of ``samples``; ``some`` or ``all``, output ``sample`` depends on

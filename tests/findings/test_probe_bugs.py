@@ -6,16 +6,26 @@ Probed: 7 of 7 named (a reshape that mixes samples, BatchNorm under InfoNCE, a m
 padding, a flipped and an off-by-one causal mask, an inverted key_padding_mask, an encoder
 without a causal mask in next-step prediction), each by the culprit the default run's
 ``CULPRIT`` expects; every healthy look-alike of blind set 5, probed too, stays silent (the
-probe's facts are notes).
+probe's facts are notes), and so do real healthy models probed (resnet18's BatchNorm in a
+classifier is a note; Hugging Face models called with ``input_ids=``; SimSiam and BYOL, whose
+BatchNorm sits under a cosine loss, not a similarity matrix).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from groundtruth import Case
+from healthy_models import classification, hf_model
+from healthy_patterns import PATTERNS
 from helpers import Cases, Run, Shared, problems, run_cases, run_findings
+
+import hooktrace
+from hooktrace.check.checklog import run_checks
 
 from .test_training_step_invariant_bugs import CULPRIT, HEALTHY, names_culprit
 
@@ -75,3 +85,34 @@ def test_probed_healthy_look_alikes_are_silent(runs: dict[str, Run], case: str) 
     if case not in ("ok_gan_toggle_requires_grad", "ok_module_twice_monitored"):
         assert problems(found) == []
         assert status == 0
+
+
+# healthy models, probed -> the kinds of the probe's notes on them
+HEALTHY_MODELS: dict[str, tuple[Callable[[], Case], list[str]]] = {
+    "resnet18": (lambda: classification("resnet18"), ["samples-mixed"]),
+    "mobilenet_v3_small": (lambda: classification("mobilenet_v3_small"), ["samples-mixed"]),
+    "hf_bert": (lambda: hf_model("bert"), ["probe"]),
+    "hf_gpt2": (lambda: hf_model("gpt2"), ["probe"]),
+    "simsiam": (PATTERNS["simsiam"], ["samples-mixed", "samples-mixed"]),
+    "byol": (PATTERNS["byol"], ["samples-mixed", "samples-mixed"]),
+    "linear_probe": (PATTERNS["linear_probe"], ["probe"]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(HEALTHY_MODELS))
+def test_probed_healthy_models_are_silent(tmp_path: Path, name: str) -> None:
+    torch.manual_seed(0)
+    make, notes = HEALTHY_MODELS[name]
+    case = make()
+    log = tmp_path / "log.jsonl"
+    with hooktrace.trace(log, model=case.models if case.scoped else None, probe=True,
+                         steps="0:2"):
+        for _ in range(2):
+            case.backward()
+            case.update()
+    report = run_checks(log)
+    assert [f"{f.kind} {f.module}: {f.message}" for f in report.problems] == []
+    said = [f for f in report.findings if f.kind in ("probe", "samples-mixed")]
+    assert sorted(f.kind for f in said) == sorted(notes)
+    assert all(f.severity == "note" for f in said)
