@@ -1,5 +1,5 @@
 """What ``--probe`` (issue 36, item 4) costs: one probe of each workload's model (a deep copy,
-one forward, about five vector-Jacobian products), next to an untraced training step.
+one forward, a few vector-Jacobian products), next to an untraced training step.
 
     python -m bench.probecost [--workloads W1,W2,W3]
 

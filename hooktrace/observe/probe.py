@@ -4,7 +4,8 @@ inputs, with module tracing paused; each fact is a ``probe`` signal.
 
 The copy, its inputs and the probe's generators are its own (``fork_rng``): the program's
 weights, random stream, gradients and outputs stay bit-identical. Cost: a deep copy of the
-model, one forward and about five vector-Jacobian products on it, once per model in a run.
+model, one forward and a few vector-Jacobian products on it (2 to 4, 2 more per
+masked attention module, 1 more where there is padding), once per model in a run.
 """
 
 from __future__ import annotations
