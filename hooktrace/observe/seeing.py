@@ -179,7 +179,9 @@ def _attention_hooks(name: str, m: nn.Module, seen: _Seen
         except TypeError:
             return None
         values = list(bound.arguments.items())
-        first = values[0][1] if values else None
+        # the input whose positions a causal mask orders: a decoder's tgt (nn.Transformer's
+        # first is its encoder's src), else the first
+        first = bound.arguments.get("tgt", values[0][1] if values else None)
         if not isinstance(first, torch.Tensor) or not first.is_floating_point():
             return None
         delta = torch.zeros_like(first, requires_grad=True)
@@ -187,7 +189,8 @@ def _attention_hooks(name: str, m: nn.Module, seen: _Seen
         for key, value in values:
             if value is first:
                 bound.arguments[key] = moved
-        masks = {k: v for k, v in values if ("mask" in k and v is not None) or k == "is_causal"}
+        masks = {k: v for k, v in values
+                 if ("mask" in k and v is not None) or k.endswith("is_causal")}
         seen.attention[name] = {"delta": delta, "masks": masks,
                                 "batch_first": _batch_first(module)}
         return bound.args, bound.kwargs
@@ -310,7 +313,7 @@ def _causal(seen: _Seen, next_step: bool, gen: torch.Generator) -> list[Fact]:
         out, delta, masks = e.get("out"), e["delta"], e["masks"]
         ordering = {k: _pattern(v) for k, v in masks.items()
                     if k not in _PAD_ARGS and "memory" not in k and _pattern(v)}
-        causal_flag = masks.get("is_causal") is True
+        causal_flag = any(v is True for k, v in masks.items() if k.endswith("is_causal"))
         if out is None or out.shape != delta.shape or not (ordering or causal_flag
                                                            or next_step):
             continue

@@ -88,6 +88,29 @@ def test_the_measures_say_which_positions() -> None:
                                   "reads": "inverted", "hidden": 48 - inverted["padded"]}]
 
 
+class Seq2Seq(nn.Module):
+    """nn.Transformer: its first input is the encoder's source, its tgt_mask orders the
+    target's positions."""
+
+    def __init__(self, mask: str) -> None:
+        super().__init__()
+        self.mask = mask
+        self.t = nn.Transformer(16, 2, 1, 1, 32, dropout=0.0, batch_first=True)
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> Any:
+        ones = torch.ones(tgt.shape[1], tgt.shape[1], dtype=torch.bool)
+        mask = torch.triu(ones, 1) if self.mask == "causal" else torch.tril(ones, -1)
+        return self.t(src, tgt, tgt_mask=mask)
+
+
+@pytest.mark.parametrize(("mask", "verdict"), [("causal", "holds"), ("flipped", "leaks")])
+def test_a_decoder_s_mask_orders_its_target_not_its_source(mask: str, verdict: str) -> None:
+    torch.manual_seed(0)
+    facts = probe(Seq2Seq(mask), (torch.randn(4, 9, 16), torch.randn(4, 6, 16)), {})
+    assert [(f["what"], f["verdict"], f.get("module")) for f in facts] == [
+        ("batch", "apart", None), ("causal", verdict, "t")]
+
+
 def test_what_the_probe_cannot_decide() -> None:
     assert probe(nn.Linear(4, 2), ([torch.randn(3, 4)],), {}) == [
         {"what": "undecided", "why": "its first input is not a tensor"}]
