@@ -31,6 +31,7 @@ from hooktrace.check.loop import check_loop
 from hooktrace.check.losses import check_losses
 from hooktrace.check.magnitudes import check_magnitudes, start, start_orders
 from hooktrace.check.nonfinite import check_nonfinite
+from hooktrace.check.probed import check_probed
 from hooktrace.check.registered import check_loose
 from hooktrace.check.scaling import check_scaling, explain
 from hooktrace.check.shared import check_shared_targets
@@ -362,7 +363,7 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
     flowed.drop_victims(evaluation)
     explained = _explained(c, flowed) | set(frozen_since(c)) | evaluation
     findings = [*check_crash(c), *check_unseen(c), *check_nonfinite(c), *check_loop(c),
-                *check_custom(c),
+                *check_custom(c), *check_probed(c),
                 *causes.findings(flowed, c.modules, c.models),
                 *check_no_grad(c, explained | turns), *check_lost_gradient(c),
                 *check_magnitudes(c, thresholds, explained),

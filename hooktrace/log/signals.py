@@ -139,6 +139,20 @@ class Signal:
       ``detail.windows`` accumulations (``detail.passes``: in the first); ``sign``, their
       sampled gradients were multiplied by a negative factor (``detail.factor``, the first)
       between the end of backward and the optimizer step in ``detail.steps`` (two at least).
+    * ``probe``: (``--probe``) what the probe measured of a model (``seeing.py``), at its first
+      call in a recorded step with gradients on, one signal per fact; ``detail.what`` is
+      ``batch`` (``verdict``: ``apart``, each sample's output depends on its own sample only,
+      along input ``axis`` of ``samples``; ``some`` or ``all``, output ``sample`` depends on
+      ``count`` others, the first ``sees``; ``mixers``, the BatchNorm layers in train mode;
+      ``name``, the first of them), ``causal`` (``name``, an attention module with a mask
+      that orders positions, ``masks`` (argument -> ``torch.triu(ones, k)``), ``is_causal``,
+      or in a model fed ``x[:, :-1]`` (``next_step``); ``verdict`` ``holds`` or ``leaks``:
+      its output at ``position`` depends on ``count`` later positions of its input, the first
+      ``sees``), ``padding`` (``source``: ``padding_idx N`` or a ``key_padding_mask``;
+      ``padded`` of ``positions``; ``verdict`` ``leaks`` where the output at real positions
+      depends on ``seen`` padded ones; ``masks``: each attention module's padding mask,
+      ``reads`` ``same``, ``inverted`` or ``other``; ``name``, the first that does not read
+      the same) or ``undecided`` (``why``).
     """
 
     TYPE: ClassVar[str] = "signal"
@@ -153,7 +167,7 @@ class Signal:
                                         "loss-scaled", "scaled-step", "scaled-clip",
                                         "compiled-eager", "optimizer-steps",
                                         "hooks-growing", "function-backward",
-                                        "step-unexplained")
+                                        "step-unexplained", "probe")
     step: int
     model: int
     name: str

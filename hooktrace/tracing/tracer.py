@@ -1,8 +1,8 @@
 """Assembles a tracing session: the hook core and its observers, in the order they must run.
 
 ``core.py`` follows the module calls; the observers (``records.Observer``) do the rest:
-capture (``--capture``), parameter-gradient norms, watch (steps after ``--steps``), compiled
-code run eagerly in recorded steps (``eager``), partly-zero
+capture (``--capture``), parameter-gradient norms, who may see whom (``--probe``), watch
+(steps after ``--steps``), compiled code run eagerly in recorded steps (``eager``), partly-zero
 gradients, the op zoom's records (``--ops``), the log writer (it writes what those before it
 emit after the step's events), and break on NaN/Inf (``--break-on nan``, after the writer: the
 NaN's own event is written first).
@@ -35,6 +35,7 @@ from hooktrace.observe.lossscale import LossScale
 from hooktrace.observe.ops import OpsObserver
 from hooktrace.observe.outputs import OutputCheck
 from hooktrace.observe.paramnorms import ParamNorms
+from hooktrace.observe.probe import Probe
 from hooktrace.observe.recorder import LogRecorder, Sink
 from hooktrace.observe.stats import Stats
 from hooktrace.observe.stepcheck import StepExplained
@@ -125,6 +126,8 @@ class Tracer:
                 self._core.active = paused.pop()
 
         observers.append(FunctionCheck(recorder.emit, lambda: self._core.mode, pause))
+        if self._options.probe:
+            observers.append(Probe(recorder.emit, pause))
         core = self._core
 
         def backward_began() -> Callable[[], None]:
