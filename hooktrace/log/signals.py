@@ -140,7 +140,8 @@ class Signal:
                                         "updates-rounded", "grad-zeros", "loss-ops",
                                         "loss-scaled", "scaled-step", "scaled-clip",
                                         "compiled-eager", "optimizer-steps",
-                                        "hooks-growing", "function-backward")
+                                        "hooks-growing", "function-backward",
+                                        "loss-term-cut", "loss-share")
     step: int
     model: int
     name: str

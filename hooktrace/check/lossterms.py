@@ -1,0 +1,93 @@
+"""Every loss term counts: a term added into the loss that reaches no trainable parameter
+(``loss-term-cut``: what cut it, and where), and how much of its batch a classification loss
+reads (``loss-share``: a note where targets are ignored, a warning where it read none in every
+recorded step). Pure: a ``Collected`` in, findings out."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from hooktrace.check.findings import NOTE, WARNING, Finding
+
+if TYPE_CHECKING:
+    from hooktrace.check.collected import Collected
+    from hooktrace.log.schema import Signal
+
+# reason -> how the term lost its gradient, and the hint
+_CUTS = {
+    "detach": ("{op} at {where} detached it from the graph",
+               "drop the .detach() where the term should train the model (keep it only on a "
+               "target or a teacher's output); a forward hook that stores output.detach() "
+               "gives features without gradient"),
+    "no_grad": ("it was computed under torch.no_grad() ({op} at {where} ran with gradients "
+                "off on weights that need them)",
+                "compute the term outside torch.no_grad(); keep no_grad only for what is a "
+                "fixed target (a frozen network's features of the real input)"),
+    "numpy": ("it went through numpy ({op} at {where}) and came back as a new tensor: "
+              "autograd cannot follow numpy",
+              "write the term with torch operations on the tensor itself (torch.diff, "
+              "torch.abs, .mean()) so that autograd can follow it"),
+    "item": ("it was turned into a Python number ({op} at {where}) and added back as a "
+             "constant",
+             "add the tensor itself to the loss, not loss.item() or float(loss)"),
+    "op": ("{op} at {where} has no gradient (a comparison, an argmax, an integer result)",
+           "use a differentiable stand-in for the term (a softmax for an argmax, a sigmoid "
+           "for a threshold)"),
+}
+
+
+def check_loss_terms(c: Collected) -> list[Finding]:
+    out: list[Finding] = []
+    shares: dict[tuple[int, str, int], list[Signal]] = {}
+    for s in c.signals:
+        if s.kind == "loss-term-cut":
+            out.append(_cut(c, s))
+        elif s.kind == "loss-share":
+            key = (s.model, str(s.detail.get("file", "")), int(s.detail.get("line", 0)))
+            shares.setdefault(key, []).append(s)
+    for signals in shares.values():
+        out.append(_share(c, signals))
+    return out
+
+
+def _where(file: Any, line: Any) -> str:
+    return f"{file}:{line}"
+
+
+def _cut(c: Collected, s: Signal) -> Finding:
+    d = s.detail
+    how, hint = _CUTS.get(str(d.get("reason")), _CUTS["op"])
+    where = _where(d.get("file"), d.get("line"))
+    code = f" (`{d['code']}`)" if d.get("code") else ""
+    models = ", ".join(f"'{c.model_name(m)}'" for m in d.get("models", [s.model]))
+    return Finding(
+        "loss-term-cut", WARNING, c.model_name(s.model), s.name, s.step,
+        f"a term added into the loss at {_where(d.get('added_file'), d.get('added_line'))} "
+        f"reaches no trainable parameter: {how.format(op=d.get('op'), where=where)}{code}. It "
+        f"is in the loss, outside every forward: it changes the loss's value, but only the "
+        f"other terms train model {models}", dict(d), hint)
+
+
+def _share(c: Collected, signals: list[Signal]) -> Finding:
+    first = signals[0]
+    d = first.detail
+    least = min(signals, key=lambda s: s.detail.get("read", 0) / max(s.detail.get("of", 1), 1))
+    read, of = least.detail.get("read", 0), least.detail.get("of", 0)
+    where = _where(d.get("file"), d.get("line"))
+    recorded = c.backward_steps or {s.step for s in signals}
+    none = all(s.detail.get("read") == 0 for s in signals) and len(signals) >= len(recorded)
+    fact = {"loss": d.get("loss"), "ignore_index": d.get("ignore_index"), "file": d.get("file"),
+            "line": d.get("line"), "read": [s.detail.get("read") for s in signals],
+            "of": [s.detail.get("of") for s in signals], "steps": [s.step for s in signals]}
+    if none:
+        return Finding(
+            "loss-reads-nothing", WARNING, c.model_name(first.model), first.name, first.step,
+            f"{d.get('loss')} at {where} ignores every target of the batch in every recorded "
+            f"step (all {of} equal ignore_index={d.get('ignore_index')}): the loss is NaN or "
+            "0 and gives the model no gradient", fact,
+            "check the labels and the ignore_index: padding or a wrong label mapping may have "
+            "turned every target into the ignored value")
+    return Finding(
+        "loss-share", NOTE, c.model_name(first.model), first.name, least.step,
+        f"{d.get('loss')} at {where} reads part of its batch: {read} of {of} targets at step "
+        f"{least.step} (the others equal ignore_index={d.get('ignore_index')})", fact)
