@@ -127,6 +127,19 @@ class Signal:
       ``surrogate`` (the forward is flat where they differ: a straight-through estimator) or
       ``mismatch``; with ``detail.elements`` compared, ``detail.off`` of them different, and the
       worst one's ``detail.numeric`` and ``detail.backward``; once per class.
+    * ``loss-term-cut``: a term added into the loss of recorded backward pass ``step`` (on the
+      root's arithmetic top: sums, scales, means) carries no gradient: ``detail.reason`` is
+      ``detach`` (``.detach()``, ``.data``), ``no_grad`` (an op under ``torch.no_grad()`` on a
+      tensor or weight that needed a gradient), ``numpy`` (it went to numpy and came back),
+      ``item`` (a Python number added back) or ``op`` (an op with no derivative);
+      ``detail.op`` the op that cut it, ``detail.file``/``detail.line``/``detail.code`` where
+      (the user's innermost frame), ``detail.added_file``/``detail.added_line`` where it was
+      added, ``detail.models`` the models the loss reached (``model``: the first); once per
+      cut's line (``lossterms.py``);
+    * ``loss-share``: an ``F.cross_entropy``/``F.nll_loss`` (or a module calling it) of
+      recorded step ``step`` read ``detail.read`` of its ``detail.of`` targets (the others equal
+      ``detail.ignore_index``), at ``detail.file``:``detail.line``; where some are ignored, each
+      recorded step.
     """
 
     TYPE: ClassVar[str] = "signal"

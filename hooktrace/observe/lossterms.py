@@ -37,6 +37,7 @@ from types import FrameType
 from typing import Any, NamedTuple
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -264,17 +265,21 @@ class LossTerms(Observer):
         self._emit = emit
         self._window = Window()
         self._broken = False
+        self._stale = False  # the window may still be on torch's stack, closed
         self._said: set[tuple[str, str, int]] = set()
         self._signals: list[schema.Signal] = []
         self._shares: list[tuple[Cut, torch.Tensor, int, int, int]] = []
+        # an optimizer steps outside the window: its operations do not pass through it
+        self._handle = register_optimizer_step_pre_hook(lambda *_: self.model_call(None, None,
+                                                                                   0))
 
     def forward_end(self, end: ForwardEnd) -> None:
         if end.top and not end.in_backward and not self._window.on and not self._broken:
             self._open()
 
     def model_call(self, module: Any, info: Any, step: int) -> None:
-        if not self._window.on:
-            self._off()  # a window closed inside backward() leaves the stack now
+        if self._stale and not self._window.on:  # closed inside backward(): off the stack now
+            self._stale = not self._off()
 
     def _open(self) -> None:
         w = self._window
@@ -293,8 +298,8 @@ class LossTerms(Observer):
     def _off(self) -> bool:
         """The window off torch's stack, from its top only; False where it stays (a mode pushed
         above it). ``backward()`` runs inside the window's handler of ``Tensor.backward``, where
-        torch has taken it off the stack for the while: it is taken off at the next model call
-        (in between, each op passes through it)."""
+        torch has taken it off the stack for the while: it is taken off at the next optimizer
+        step or model call (in between, each op passes through it)."""
         w = self._window
         depth = torch._C._len_torch_function_stack()
         if depth and torch._C._get_function_stack_at(depth - 1) is w:
@@ -304,7 +309,11 @@ class LossTerms(Observer):
 
     def _close(self) -> None:
         self._window.on = False
-        self._off()
+        depth = torch._C._len_torch_function_stack()
+        if depth and torch._C._get_function_stack_at(depth - 1) is self._window:
+            torch._C._pop_torch_function_stack()
+        else:
+            self._stale = True  # maybe inside its own handler: looked at again later
 
     def looked(self, step: int, roots: list[Any], models: set[int]) -> None:
         """An outermost recorded ``backward()`` of ``roots`` begins (``models``: those its walk
@@ -351,5 +360,6 @@ class LossTerms(Observer):
 
     def stop(self, step: int, mode: Mode) -> None:
         self._broken = True
+        self._handle.remove()
         with contextlib.suppress(Exception):
             self._close()
