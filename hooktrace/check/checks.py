@@ -317,7 +317,7 @@ def _add_sources(c: Collected, findings: list[Finding]) -> None:
         return
     models = {c.model_name(i): i for i in c.models}
     for f in findings:
-        if f.kind == "loss-term-cut":
+        if f.kind in ("loss-term-cut", "loss-target-grad"):
             continue  # in the loss, outside every forward: its own line says where
         model = models.get(f.model, -1)
         for name in [f.module, *reversed(ancestors(f.module))]:

@@ -1,5 +1,6 @@
 """Every loss term counts: a term added into the loss that reaches no trainable parameter
-(``loss-term-cut``: what cut it, and where), and how much of its batch a classification loss
+(``loss-term-cut``: what cut it, and where), a bootstrapped target that carries a gradient
+(``loss-target-grad``), and how much of its batch a classification loss
 reads (``loss-share``: a note where targets are ignored, a warning where it read none in every
 recorded step). Pure: a ``Collected`` in, findings out."""
 
@@ -42,6 +43,8 @@ def check_loss_terms(c: Collected) -> list[Finding]:
     for s in c.signals:
         if s.kind == "loss-term-cut":
             out.append(_cut(c, s))
+        elif s.kind == "loss-target-grad":
+            out.append(_target(c, s))
         elif s.kind == "loss-share":
             key = (s.model, str(s.detail.get("file", "")), int(s.detail.get("line", 0)))
             shares.setdefault(key, []).append(s)
@@ -66,6 +69,21 @@ def _cut(c: Collected, s: Signal) -> Finding:
         f"reaches no trainable parameter: {how.format(op=d.get('op'), where=where)}{code}. It "
         f"is in the loss, outside every forward: it changes the loss's value, but only the "
         f"other terms train model {models}", dict(d), hint)
+
+
+def _target(c: Collected, s: Signal) -> Finding:
+    d = s.detail
+    model = c.model_name(s.model)
+    code = f" (`{d['code']}`)" if d.get("code") else ""
+    return Finding(
+        "loss-target-grad", WARNING, model, s.name, s.step,
+        f"the target of {d.get('loss')} at {_where(d.get('file'), d.get('line'))}{code} "
+        f"carries a gradient into model '{model}': it is computed from another call of the "
+        f"model the prediction comes from, through a {str(d.get('through', 'max')).lower()} "
+        "over its output (a bootstrapped target, r + gamma * max Q(s')), so the loss also moves "
+        "its own target. It is in the loss, outside every forward", dict(d),
+        "compute the target under torch.no_grad() or .detach() it (or take it from a target "
+        "network): only the prediction should get the gradient")
 
 
 def _share(c: Collected, signals: list[Signal]) -> Finding:

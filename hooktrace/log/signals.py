@@ -140,6 +140,11 @@ class Signal:
       recorded step ``step`` read ``detail.read`` of its ``detail.of`` targets (the others equal
       ``detail.ignore_index``), at ``detail.file``:``detail.line``; where some are ignored, each
       recorded step.
+    * ``loss-target-grad``: the target of a regression loss (``detail.loss``: ``F.mse_loss``,
+      ``F.l1_loss``, ``F.smooth_l1_loss``, ``F.huber_loss``) at ``detail.file``:``detail.line``
+      carries a gradient into another call of model ``model``, whose output its prediction
+      comes from too, through a max over that output (``detail.through``: ``Max``, ``Amax``,
+      ``Logsumexp``): a bootstrapped target computed with gradient; once per line.
     """
 
     TYPE: ClassVar[str] = "signal"
@@ -154,7 +159,7 @@ class Signal:
                                         "loss-scaled", "scaled-step", "scaled-clip",
                                         "compiled-eager", "optimizer-steps",
                                         "hooks-growing", "function-backward",
-                                        "loss-term-cut", "loss-share")
+                                        "loss-term-cut", "loss-share", "loss-target-grad")
     step: int
     model: int
     name: str

@@ -225,3 +225,68 @@ def test_tracing_changes_nothing(tmp_path: Path, case: str) -> None:
     untraced, traced = run(None, loss_fn, 3), run(tmp_path / "log.jsonl", loss_fn, 3)
     assert all(torch.equal(a, b) for a, b in zip(untraced, traced, strict=True))
     assert torch._C._len_torch_function_stack() == 0  # the window is off torch's stack
+    assert torch.Tensor.backward.__module__ == "torch._tensor"  # put back
+
+
+# -- a bootstrapped target computed with gradient ---------------------------------------------
+
+def q_learning(path: Path, target_of: Callable[[nn.Module, torch.Tensor, torch.Tensor],
+                                               torch.Tensor]) -> None:
+    q = mlp()
+    opt = torch.optim.Adam(q.parameters(), lr=1e-3)
+    torch.manual_seed(2)
+    s, s2, a, r = torch.randn(6, 8), torch.randn(6, 8), torch.randint(0, 4, (6,)), torch.randn(6)
+    with hooktrace.trace(path):
+        for _ in range(2):
+            opt.zero_grad()
+            pred = q(s).gather(1, a[:, None]).squeeze(1)
+            F.mse_loss(pred, target_of(q, s2, r)).backward()
+            opt.step()
+
+
+def test_a_target_with_gradient_through_a_max_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    q_learning(path, lambda q, s2, r: r + 0.99 * q(s2).max(1).values)
+    [problem] = run_checks(path).problems
+    assert (problem.kind, problem.model, problem.module, problem.step) == \
+        ("loss-target-grad", "q", "", 0)
+    assert problem.evidence["through"] == "Max" and problem.evidence["loss"] == "F.mse_loss"
+    assert "no_grad" in problem.hint and problem.source is None
+
+
+@pytest.mark.parametrize("target", ["detached", "no_grad", "consistency", "same_call"])
+def test_targets_that_are_fine_are_silent(tmp_path: Path, target: str) -> None:
+    def target_of(q: nn.Module, s2: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        if target == "detached":
+            return r + 0.99 * q(s2).max(1).values.detach()
+        if target == "no_grad":
+            with torch.no_grad():
+                return r + 0.99 * q(s2).max(1).values
+        if target == "consistency":  # a second call, with gradient, but no max: Pi-model style
+            return q(s2).softmax(1)[:, 0]
+        return q(s2).max(1).values  # the prediction's own call on the same inputs below
+
+    path = tmp_path / "log.jsonl"
+    if target == "same_call":
+        q = mlp()
+        x = torch.randn(6, 8)
+        with hooktrace.trace(path):
+            out = q(x)
+            F.mse_loss(out.mean(1), out.max(1).values).backward()
+    else:
+        q_learning(path, target_of)
+    assert run_checks(path).problems == []
+
+
+def test_a_mode_the_program_pushed_keeps_its_place(tmp_path: Path) -> None:
+    # the model called inside ``with torch.device(...)`` (a TorchFunctionMode), the loss after
+    # it: the program's exit pops its own mode, not the window
+    model = mlp()
+    x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
+    with hooktrace.trace(tmp_path / "log.jsonl"):
+        for _ in range(2):
+            with torch.device("cpu"):
+                out = model(x)
+            assert torch._C._len_torch_function_stack() == 0
+            F.cross_entropy(out, y).backward()
+    assert torch._C._len_torch_function_stack() == 0

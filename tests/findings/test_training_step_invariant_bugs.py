@@ -25,9 +25,10 @@ After item 3 of issue 36 (hooks counted per recorded step, a numerical check of 
 still missed); the healthy look-alikes still silent (the gradient reversal Function is a note).
 
 After item 2 of issue 36 (every loss term counts: a term added into the loss that carries no
-gradient, named with what cut it and its line): 4 of 31 named by this item (loss terms 4 of 5:
-``loss-term-cut`` for the numpy term, the detached student, the detaching hook, the term under
-no_grad; the TD target with gradient is still missed); the healthy look-alikes still silent.
+gradient, named with what cut it and its line; a bootstrapped target that carries one): 5 of 31
+named by this item (loss terms 5 of 5: ``loss-term-cut`` for the numpy term, the detached
+student, the detaching hook, the term under no_grad; ``loss-target-grad`` for the TD target
+computed with gradient through ``q(s').max``); the healthy look-alikes still silent.
 
 Asserted here: the bugs named today and the healthy cases silent today. The misnamed and
 missed bugs, and the two false alarms, are strict ``xfail`` tests with the culprit expected
@@ -74,7 +75,8 @@ SCORECARD: dict[str, str] = {
     "perceptual_hook_detached": "named: loss-term-cut, 'Tensor.detach at ... (the forward "
                                 "hook's line) detached it'",
     "perceptual_under_no_grad": "named: loss-term-cut, 'computed under torch.no_grad()'",
-    "td_target_not_detached": "missed: silent (a note: q called twice)",
+    "td_target_not_detached": "named: loss-target-grad, 'the target of F.mse_loss ... carries "
+                              "a gradient into model 'q' ... through a max'",
     # hooks that pile up
     "grad_hook_every_step": "missed: silent (a note: backbone.0 vanishing at step 5, 'look again "
                             "if it comes back')",
@@ -146,6 +148,7 @@ NAMED: dict[str, list[tuple[Any, ...]]] = {
     "kd_student_detached": [("loss-term-cut", "warning", "student", "", 0)],
     "perceptual_hook_detached": [("loss-term-cut", "warning", "model", "", 0)],
     "perceptual_under_no_grad": [("loss-term-cut", "warning", "gen_ba", "", 0)],
+    "td_target_not_detached": [("loss-target-grad", "warning", "q", "", 0)],
 }
 
 # the bugs not named today -> the culprit a problem finding should name: its model (None: any),
@@ -158,7 +161,6 @@ CULPRIT: dict[str, Culprit] = {
     "clip_negative": ("model", None, r"clip"),
     "optimizer_rebuilt_every_step": ("model", None, r"state"),
     "zero_grad_per_microbatch": ("model", None, r"zero_grad"),
-    "td_target_not_detached": ("q", None, r"detach|no_grad"),
     "grl_module_backward_never_called": ("model", "grl", r"backward"),
     "view_mixes_samples": ("model", None, r"sample"),
     "batchnorm_contrastive": ("model", "net.1", r"sample|batch"),
@@ -206,13 +208,15 @@ def test_the_bug_is_named(runs: dict[str, Run], case: str) -> None:
 
 
 @pytest.mark.parametrize("case", ["numpy_loss_term", "kd_student_detached",
-                                  "perceptual_hook_detached", "perceptual_under_no_grad"])
+                                  "perceptual_hook_detached", "perceptual_under_no_grad",
+                                  "td_target_not_detached"])
 def test_item_2_names_the_culprit_expected_before(runs: dict[str, Run], case: str) -> None:
     """The loss terms named (issue 36, item 2): by the culprit their xfail expected before."""
     expected = {"numpy_loss_term": ("model", None, r"numpy"),
                 "kd_student_detached": ("student", None, r"detach"),
                 "perceptual_hook_detached": ("model", None, r"detach"),
-                "perceptual_under_no_grad": (None, None, r"no_grad")}
+                "perceptual_under_no_grad": (None, None, r"no_grad"),
+                "td_target_not_detached": ("q", None, r"detach|no_grad")}
     _, found = run_findings(runs[case])
     assert any(names_culprit(f, expected[case]) for f in found)
 
