@@ -189,8 +189,11 @@ class Window(TorchFunctionMode):
             if isinstance(a, torch.Tensor) and not a.requires_grad:
                 cut = _get(self.cuts, a)
                 if cut is None and a.dim() == 0 and a not in self.made:
-                    # made outside every op followed here (torch.from_numpy): after .numpy()
+                    # made outside every op followed here (torch.from_numpy): after .numpy(),
+                    # unless it is 0 (an accumulator made before the window; read only here)
                     cut = next((c for c, v in self.escapes if v is None), None)
+                    if cut is not None and float(a) == 0.0:
+                        cut = None
             elif isinstance(a, float) and a != 0.0:
                 cut = next((c for c, v in self.escapes if v is not None and v == a), None)
             if cut is not None:
