@@ -28,7 +28,7 @@ from hooktrace.check.frozen import frozen_notes
 from hooktrace.check.holds import on_wrapper
 from hooktrace.check.loop import check_loop
 from hooktrace.check.losses import check_losses
-from hooktrace.check.lossterms import check_loss_terms
+from hooktrace.check.lossterms import absorb, check_loss_terms
 from hooktrace.check.magnitudes import check_magnitudes, start, start_orders
 from hooktrace.check.nonfinite import check_nonfinite
 from hooktrace.check.registered import check_loose
@@ -366,6 +366,7 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
                 *check_loss_terms(c), *check_info(c),
                 *check_scaling(c), *check_shared_targets(c),
                 *copies.copies_notes(c, evaluation)]
+    findings = absorb(c, findings)  # a gradient cut in the loss, not inside a forward
     units.zero_before_moving(c, flowed, findings)
     explain(findings)
     _add_sources(c, findings)

@@ -53,6 +53,37 @@ def check_loss_terms(c: Collected) -> list[Finding]:
     return out
 
 
+def absorb(c: Collected, findings: list[Finding]) -> list[Finding]:
+    """A ``no-grad`` finding whose starved modules all made (or are inside the modules that
+    made) a term a ``loss-term-cut`` names: the gradient stops in the loss, outside every
+    forward, not inside the boundary's forward. The cut names them; the ``no-grad`` goes."""
+    cuts = [f for f in findings if f.kind == "loss-term-cut"]
+    if not cuts:
+        return findings
+    kept = []
+    for f in findings:
+        cut = next((k for k in cuts if _explains(c, k, f)), None) if f.kind == "no-grad" \
+            else None
+        if cut is None:
+            kept.append(f)
+            continue
+        starved = [s for s in f.evidence.get("starved", [])
+                   if s not in cut.evidence.get("starved", [])]
+        cut.evidence["starved"] = [*cut.evidence.get("starved", []), *starved]
+        names = cut.evidence["starved"]
+        cut.message += (f"; it starves {', '.join(names)}, which "
+                        f"{'gets' if len(names) == 1 else 'get'} no gradient")
+    return kept
+
+
+def _explains(c: Collected, cut: Finding, f: Finding) -> bool:
+    starved = f.evidence.get("starved") or []
+    names = [str(name) for model, name in cut.evidence.get("calls", [])
+             if name and c.model_name(model) == f.model]
+    return bool(starved) and cut.model == f.model and all(
+        any(s == n or s.startswith(n + ".") for n in names) for s in starved)
+
+
 def _where(file: Any, line: Any) -> str:
     return f"{file}:{line}"
 

@@ -172,7 +172,8 @@ class LossTerms(Observer):
                 continue
             self._said.add(key)
             self._signals.append(schema.Signal(step, model, "", "loss-term-cut", {
-                **term.cut._asdict(), "added_file": term.file, "added_line": term.line,
+                **term.cut._asdict(), "calls": [list(call) for call in term.cut.calls],
+                "added_file": term.file, "added_line": term.line,
                 "models": sorted(models)}))
 
     def _targets(self, step: int, top: set[Any]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import sysconfig
+from collections import deque
 from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple
@@ -19,10 +20,12 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+from hooktrace.hooks.gradhooks import output_calls
 from hooktrace.hooks.opzoom import op_name
 from hooktrace.hooks.sites import shown
 
 CAP = 4096  # operations one window follows
+_CALLS_BUDGET = 32  # nodes walked from a cut back to the calls it came from
 _OURS = str(Path(__file__).parent.parent)
 _SKIP = (str(Path(torch.__file__).parent), "<frozen ", *sorted({
     sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib")}))
@@ -53,6 +56,8 @@ class Cut(NamedTuple):
     file: str
     line: int
     code: str
+    #: the traced calls whose outputs the tensor was computed from: [model, fqn] each
+    calls: tuple[tuple[int, str], ...] = ()
 
 
 class _Term(NamedTuple):
@@ -80,6 +85,29 @@ def _site(frame: FrameType | None) -> tuple[str, int, str] | None:
 def _get(table: WeakIdKeyDictionary, t: torch.Tensor) -> Cut | None:
     found: Cut | None = table.get(t)  # type: ignore[no-untyped-call]
     return found
+
+
+def _calls(t: torch.Tensor) -> tuple[tuple[int, str], ...]:
+    """The traced calls whose outputs ``t`` was computed from (the first met on each path, and
+    the calls around them that returned the same output), by a walk of at most
+    ``_CALLS_BUDGET`` nodes of its graph."""
+    node = t.grad_fn
+    if node is None:
+        return ()
+    found: dict[tuple[int, str], None] = {}
+    seen = {node}
+    queue = deque([node])
+    while queue and len(seen) < _CALLS_BUDGET:
+        n = queue.popleft()
+        infos = [c.info for c in output_calls(n) if c.info is not None]
+        if infos:
+            found.update(((i.model, i.name), None) for i in infos)
+            continue
+        for child, _ in n.next_functions:
+            if child is not None and child not in seen:
+                seen.add(child)
+                queue.append(child)
+    return tuple(found)
 
 
 def _tensors(args: tuple[Any, ...]) -> list[torch.Tensor]:
@@ -149,7 +177,7 @@ class Window(TorchFunctionMode):
             for t in _tensors(args):
                 cut = _get(self.cuts, t)
                 if cut is None and t.requires_grad:
-                    cut = self._cut(name, frame)
+                    cut = self._cut(name, frame, t)
                 if cut is not None:
                     break
             if cut is None and name in _FROM_DATA and args:
@@ -165,15 +193,16 @@ class Window(TorchFunctionMode):
                 return
             site = _site(frame)
             if site is not None:
-                self.escapes.append((Cut(_ESCAPES[name], name, *site),
+                calls = cut.calls if cut is not None else _calls(t)
+                self.escapes.append((Cut(_ESCAPES[name], name, *site, calls),
                                      None if name == "Tensor.numpy" else out))
 
-    def _cut(self, name: str, frame: FrameType) -> Cut | None:
+    def _cut(self, name: str, frame: FrameType, t: torch.Tensor) -> Cut | None:
         site = _site(frame)
         if site is None:
             return None
         reason = "detach" if name in _DETACH else "op" if _grad_enabled() else "no_grad"
-        return Cut(reason, name, *site)
+        return Cut(reason, name, *site, _calls(t))
 
     def _made_back(self, data: Any) -> Cut | None:
         """A tensor made from a number an escape gave, or from numpy after a numpy escape."""

@@ -302,3 +302,37 @@ def test_a_mode_the_program_pushed_keeps_its_place(tmp_path: Path) -> None:
             assert torch._C._len_torch_function_stack() == 0
             F.cross_entropy(out, y).backward()
     assert torch._C._len_torch_function_stack() == 0
+
+
+class TwoHeads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Linear(8, 16)
+        self.cls = nn.Linear(16, 4)
+        self.reg = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = F.relu(self.body(x))
+        return self.cls(h), self.reg(h)
+
+
+def test_a_head_cut_in_the_loss_is_said_to_be_in_the_loss(tmp_path: Path) -> None:
+    """Issue 36, item 6: the head whose output the loss turns into a number starves; that is
+    said in the loss, at its line, not as a gradient stopping inside the model's forward."""
+    model = TwoHeads()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y, t = torch.randn(6, 8), torch.randint(0, 4, (6,)), torch.randn(6, 1)
+    path = tmp_path / "log.jsonl"
+    with hooktrace.trace(path):
+        for _ in range(2):
+            opt.zero_grad()
+            logits, value = model(x)
+            aux = F.mse_loss(value, t).item()
+            (F.cross_entropy(logits, y) + torch.tensor(aux)).backward()
+            opt.step()
+    [problem] = run_checks(path).problems
+    assert (problem.kind, problem.module, problem.evidence["starved"]) == \
+        ("loss-term-cut", "", ["reg"])
+    assert "inside its forward" not in problem.message and problem.source is None
+    assert "outside every forward" in problem.message and "it starves reg" in problem.message
