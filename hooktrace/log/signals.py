@@ -133,7 +133,8 @@ class Signal:
       tensor or weight that needed a gradient), ``numpy`` (it went to numpy and came back),
       ``item`` (a Python number added back) or ``op`` (an op with no derivative);
       ``detail.op`` the op that cut it, ``detail.file``/``detail.line``/``detail.code`` where
-      (the user's innermost frame), ``detail.added_file``/``detail.added_line`` where it was
+      (the user's innermost frame), ``detail.calls`` the traced calls (``[model, fqn]``) whose
+      outputs the cut tensor came from, ``detail.added_file``/``detail.added_line`` where it was
       added, ``detail.models`` the models the loss reached (``model``: the first); once per
       cut's line (``lossterms.py``);
     * ``loss-share``: an ``F.cross_entropy``/``F.nll_loss`` (or a module calling it) of
