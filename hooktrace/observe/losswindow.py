@@ -173,19 +173,19 @@ class Window(TorchFunctionMode):
                 elif name in _REGRESSION:
                     self._target(name, args, kwargs, out, frame)
                 return
-            cut = None
-            for t in _tensors(args):
-                cut = _get(self.cuts, t)
-                if cut is None and t.requires_grad:
-                    cut = self._cut(name, frame, t)
-                if cut is not None:
-                    break
+            cut = self._input_cut(name, args, frame)
             if cut is None and name in _FROM_DATA and args:
                 cut = self._made_back(args[0])
             if cut is not None:
                 self.cuts[out] = cut
             elif name in _MADE:
                 self.made[out] = True
+        elif isinstance(out, tuple):  # (values, indices) of max, the parts of split
+            outs = [t for t in out if isinstance(t, torch.Tensor) and not t.requires_grad]
+            cut = self._input_cut(name, args, frame) if outs else None
+            if cut is not None:
+                for t in outs:
+                    self.cuts[t] = cut
         elif name in _ESCAPES and args and isinstance(args[0], torch.Tensor):
             t = args[0]
             cut = _get(self.cuts, t)
@@ -196,6 +196,16 @@ class Window(TorchFunctionMode):
                 calls = cut.calls if cut is not None else _calls(t)
                 self.escapes.append((Cut(_ESCAPES[name], name, *site, calls),
                                      None if name == "Tensor.numpy" else out))
+
+    def _input_cut(self, name: str, args: tuple[Any, ...], frame: FrameType) -> Cut | None:
+        """The cut an input carries, or the one this op makes (an input needed a gradient)."""
+        for t in _tensors(args):
+            cut = _get(self.cuts, t)
+            if cut is None and t.requires_grad:
+                cut = self._cut(name, frame, t)
+            if cut is not None:
+                return cut
+        return None
 
     def _cut(self, name: str, frame: FrameType, t: torch.Tensor) -> Cut | None:
         site = _site(frame)

@@ -70,6 +70,13 @@ def under_no_grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.T
     return F.cross_entropy(out, y) + smooth
 
 
+def max_under_no_grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    out = model(x)
+    with torch.no_grad():
+        peak = out.max(1).values.mean()  # a (values, indices) pair, then its values
+    return F.cross_entropy(out, y) + peak
+
+
 def through_numpy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     out = model(x)
     spread = np.asarray(out.softmax(1).detach().numpy().std(), dtype=np.float32)
@@ -91,6 +98,7 @@ def through_argmax(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.
 BUGS: dict[str, tuple[Loss, str, str, str]] = {  # the reason, the op, the line's text
     "detached": (detached, "detach", "Tensor.detach", "out.detach()"),
     "under_no_grad": (under_no_grad, "no_grad", "Tensor.sub", "out[1:] - out[:-1]"),
+    "max_under_no_grad": (max_under_no_grad, "no_grad", "Tensor.max", "out.max(1)"),
     "through_numpy": (through_numpy, "numpy", "Tensor.numpy", ".numpy()"),
     "through_item": (through_item, "item", "Tensor.item", ".item()"),
     "through_argmax": (through_argmax, "op", "Tensor.argmax", "out.argmax(1)"),
