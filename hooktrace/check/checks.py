@@ -29,6 +29,7 @@ from hooktrace.check.grouped import cover
 from hooktrace.check.holds import on_wrapper
 from hooktrace.check.loop import check_loop
 from hooktrace.check.losses import check_losses
+from hooktrace.check.lossterms import absorb, check_loss_terms
 from hooktrace.check.magnitudes import check_magnitudes, start, start_orders
 from hooktrace.check.nonfinite import check_nonfinite
 from hooktrace.check.probed import check_probed
@@ -324,6 +325,8 @@ def _add_sources(c: Collected, findings: list[Finding]) -> None:
         return
     models = {c.model_name(i): i for i in c.models}
     for f in findings:
+        if f.kind in ("loss-term-cut", "loss-target-grad"):
+            continue  # in the loss, outside every forward: its own line says where
         model = models.get(f.model, -1)
         for name in [f.module, *reversed(ancestors(f.module))]:
             m = c.modules.get((model, name))
@@ -367,9 +370,11 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
                 *causes.findings(flowed, c.modules, c.models),
                 *check_no_grad(c, explained | turns), *check_lost_gradient(c),
                 *check_magnitudes(c, thresholds, explained),
-                *check_unused(c), *check_loose(c), *check_losses(c), *check_info(c, evaluation),
+                *check_unused(c), *check_loose(c), *check_losses(c),
+                *check_loss_terms(c), *check_info(c, evaluation),
                 *check_scaling(c), *check_shared_targets(c),
                 *copies.copies_notes(c, evaluation)]
+    findings = absorb(c, findings)  # a gradient cut in the loss, not inside a forward
     units.zero_before_moving(c, flowed, findings)
     explain(findings)
     _add_sources(c, findings)

@@ -152,7 +152,26 @@ class Signal:
       ``padded`` of ``positions``; ``verdict`` ``leaks`` where the output at real positions
       depends on ``seen`` padded ones; ``masks``: each attention module's padding mask,
       ``reads`` ``same``, ``inverted`` or ``other``; ``name``, the first that does not read
-      the same) or ``undecided`` (``why``).
+      the same) or ``undecided`` (``why``);
+    * ``loss-term-cut``: a term added into the loss of recorded backward pass ``step`` (on the
+      root's arithmetic top: sums, scales, means) carries no gradient: ``detail.reason`` is
+      ``detach`` (``.detach()``, ``.data``), ``no_grad`` (an op under ``torch.no_grad()`` on a
+      tensor or weight that needed a gradient), ``numpy`` (it went to numpy and came back),
+      ``item`` (a Python number added back) or ``op`` (an op with no derivative);
+      ``detail.op`` the op that cut it, ``detail.file``/``detail.line``/``detail.code`` where
+      (the user's innermost frame), ``detail.calls`` the traced calls (``[model, fqn]``) whose
+      outputs the cut tensor came from, ``detail.added_file``/``detail.added_line`` where it was
+      added, ``detail.models`` the models the loss reached (``model``: the first); once per
+      cut's line (``lossterms.py``);
+    * ``loss-share``: an ``F.cross_entropy``/``F.nll_loss`` (or a module calling it) of
+      recorded step ``step`` read ``detail.read`` of its ``detail.of`` targets (the others equal
+      ``detail.ignore_index``), at ``detail.file``:``detail.line``; where some are ignored, each
+      recorded step.
+    * ``loss-target-grad``: the target of a regression loss (``detail.loss``: ``F.mse_loss``,
+      ``F.l1_loss``, ``F.smooth_l1_loss``, ``F.huber_loss``) at ``detail.file``:``detail.line``
+      carries a gradient into another call of model ``model``, whose output its prediction
+      comes from too, through a max over that output (``detail.through``: ``Max``, ``Amax``,
+      ``Logsumexp``): a bootstrapped target computed with gradient; once per line.
     """
 
     TYPE: ClassVar[str] = "signal"
@@ -167,7 +186,8 @@ class Signal:
                                         "loss-scaled", "scaled-step", "scaled-clip",
                                         "compiled-eager", "optimizer-steps",
                                         "hooks-growing", "function-backward",
-                                        "step-unexplained", "probe")
+                                        "step-unexplained", "probe",
+                                        "loss-term-cut", "loss-share", "loss-target-grad")
     step: int
     model: int
     name: str

@@ -32,6 +32,7 @@ from hooktrace.observe.halfupdates import HalfUpdates
 from hooktrace.observe.hookcount import HookCount
 from hooktrace.observe.lossgraph import LossGraph
 from hooktrace.observe.lossscale import LossScale
+from hooktrace.observe.lossterms import LossTerms
 from hooktrace.observe.ops import OpsObserver
 from hooktrace.observe.outputs import OutputCheck
 from hooktrace.observe.paramnorms import ParamNorms
@@ -134,7 +135,10 @@ class Tracer:
             step = core.step  # a pass compiled code ran, no module hook saw: ended at return
             return lambda: core.backward_returned(step) if eager.compiled else None
 
-        self._loss_graph = LossGraph(recorder.emit, lambda: core.mode, backward_began)
+        terms = LossTerms(recorder.emit)
+        observers.append(terms)
+        self._loss_graph = LossGraph(recorder.emit, lambda: core.mode, backward_began,
+                                     lambda roots, models: terms.looked(core.step, roots, models))
         observers.append(self._loss_graph)
         observers.append(eager)
         observers.append(WeightChange(recorder.emit))
