@@ -70,19 +70,23 @@ def cli() -> None:
 @click.option("--ops", multiple=True, metavar="GLOB",
               help="Record the tensor operations inside the calls of matching modules (recorded "
                    "steps), each with its line of code, e.g. 'layer1*' (repeatable).")
+@click.option("--probe", is_flag=True,
+              help="Once per model, on a copy: whether one sample's output depends on another "
+                   "sample, and whether causal and padding masks keep positions from later or "
+                   "padded ones.")
 @click.argument("target")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[str, ...],
         steps: str, max_events: int, no_stats: bool, no_watch: bool, break_on: str | None,
         capture: tuple[str, ...], capture_max_mb: int, strict: bool, ops: tuple[str, ...],
-        target: str, args: tuple[str, ...]) -> None:
+        probe: bool, target: str, args: tuple[str, ...]) -> None:
     """Run the python script TARGET with ARGS, recording every module call to a log."""
     from hooktrace.tracing.target import Target, check_target, misplaced, set_path
 
     options = TraceOptions(include=include, exclude=exclude, steps=Steps.parse(steps),
                            max_events=max_events, stats=not no_stats, watch=not no_watch,
                            break_on_nan=break_on == "nan", capture=capture,
-                           capture_max_mb=capture_max_mb, strict=strict, ops=ops,
+                           capture_max_mb=capture_max_mb, strict=strict, ops=ops, probe=probe,
                            run="module" if as_module else "script")
     traced = Target(target, args, as_module)
     set_path(traced)

@@ -146,6 +146,28 @@ def grad_scaler() -> Case:
     return Case([model], backward, update)
 
 
+def sigmoid_bce() -> Case:
+    """A sigmoid at the output and ``BCELoss`` (pytorch/examples' siamese network): some
+    predictions confidently wrong (the last bias at 15), so the loss's gradient, which divides
+    by p (1 - p), explodes at the sigmoid, whose tiny gain cancels it: the logits get the
+    usual ``p - y``."""
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1), nn.Sigmoid()).train()
+    with torch.no_grad():
+        model[2].weight.mul_(0.01)
+        model[2].bias.fill_(15.0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+
+    def backward() -> None:
+        target = torch.tensor([[1.0], [0.0]] * 4)
+        F.binary_cross_entropy(model(torch.randn(8, 16)), target).backward()
+
+    def update() -> None:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return Case([model], backward, update)
+
+
 def _small_cnn(out: int = 16) -> nn.Sequential:
     return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
                          nn.Conv2d(16, 16, 3, stride=2, padding=1), nn.BatchNorm2d(16),
@@ -259,6 +281,7 @@ PATTERNS: dict[str, Callable[[], Case]] = {
     "linear_probe": linear_probe,
     "transforms": transforms,
     "grad_scaler": grad_scaler,
+    "sigmoid_bce": sigmoid_bce,
     "ema_teacher": ema_teacher,
     "simsiam": simsiam,
     "byol": byol,

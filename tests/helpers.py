@@ -187,14 +187,14 @@ class Cases(dict[str, Run]):
 
 
 def run_cases(shared: Shared, name: str, cases: Sequence[str],
-              script: Callable[[str], Path]) -> Cases:
-    """Each case traced (``hooktrace run -o FOLDER/CASE.jsonl SCRIPT CASE``, ``script(case)``
-    says which script) and checked (``check --json``) once per test run, whichever test process
-    asks first (``shared`` under ``cases/NAME``), two at a time: each run is mostly torch's
-    import."""
+              script: Callable[[str], Path], options: Sequence[str] = ()) -> Cases:
+    """Each case traced (``hooktrace run OPTIONS -o FOLDER/CASE.jsonl SCRIPT CASE``,
+    ``script(case)`` says which script) and checked (``check --json``) once per test run,
+    whichever test process asks first (``shared`` under ``cases/NAME``), two at a time: each
+    run is mostly torch's import."""
     def run(folder: Path, case: str) -> list[list[Any]]:
         log = folder / f"{case}.jsonl"
-        done = (hooktrace_cmd("run", "-o", log, script(case), case),
+        done = (hooktrace_cmd("run", *options, "-o", log, script(case), case),
                 hooktrace_cmd("check", "--json", log))
         return [[list(map(str, r.args)), r.returncode, r.stdout, r.stderr] for r in done]
 

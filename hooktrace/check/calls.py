@@ -22,6 +22,7 @@ class Call:
     call: int
     grad: bool  # ran with gradient recording on
     backed: bool = False  # its backward ran
+    eval_mode: bool = False  # its module was in eval mode (``model.eval()``)
     g_out: float | None = None  # norm of the gradients reaching its outputs (None: unknown)
     g_in: float | None = None  # norm of the gradients of its inputs (None: none flowed)
     lost: bool = False  # an input that needed a gradient got none

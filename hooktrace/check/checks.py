@@ -25,11 +25,14 @@ from hooktrace.check.findings import (
     steps_text,
 )
 from hooktrace.check.frozen import frozen_notes
+from hooktrace.check.grouped import cover
 from hooktrace.check.holds import on_wrapper
 from hooktrace.check.loop import check_loop
 from hooktrace.check.losses import check_losses
+from hooktrace.check.lossterms import absorb, check_loss_terms
 from hooktrace.check.magnitudes import check_magnitudes, start, start_orders
 from hooktrace.check.nonfinite import check_nonfinite
+from hooktrace.check.probed import check_probed
 from hooktrace.check.registered import check_loose
 from hooktrace.check.relations import check_relations
 from hooktrace.check.scaling import check_scaling, explain
@@ -281,14 +284,20 @@ def _one_note_per_model(found: list[Finding]) -> list[Finding]:
     return out
 
 
-def check_info(c: Collected) -> list[Finding]:
+def check_info(c: Collected, evaluation: Set[ModuleKey] = frozenset()) -> list[Finding]:
+    """Notes on how the modules ran: those called several times per step with gradients on
+    (not ``evaluation`` copies, validated in batches), a backward order not mirroring forward."""
     out = []
     # with no backward pass to end a step, every iteration falls in one: nothing per step to say
     stepped = bool(c.backward_steps) or c.unfinished is not None
     models = {m.model for m in c.modules.values()} - c.data_models()  # not data transforms
+    copied = {(model, top) for model in {key[0] for key in evaluation}
+              for top in cover(c, model, [name for m, name in evaluation if m == model])}
     for model in sorted(models if stepped else ()):
         several = sorted((m for m in c.modules.values()
-                          if m.model == model and m.max_calls_per_step > 1),
+                          if m.model == model and m.max_calls_per_step > 1
+                          and not copied.intersection(
+                              (model, name) for name in [*ancestors(m.name), m.name])),
                          key=lambda m: m.first_seq or 0)
         if several:
             listed = ", ".join(f"{m.name or '(root)'} x{m.max_calls_per_step}"
@@ -317,6 +326,8 @@ def _add_sources(c: Collected, findings: list[Finding]) -> None:
         return
     models = {c.model_name(i): i for i in c.models}
     for f in findings:
+        if f.kind in ("loss-term-cut", "loss-target-grad"):
+            continue  # in the loss, outside every forward: its own line says where
         model = models.get(f.model, -1)
         for name in [f.module, *reversed(ancestors(f.module))]:
             m = c.modules.get((model, name))
@@ -356,13 +367,15 @@ def check_all(c: Collected, thresholds: Thresholds) -> list[Finding]:
     flowed.drop_victims(evaluation)
     explained = _explained(c, flowed) | set(frozen_since(c)) | evaluation
     findings = [*check_crash(c), *check_unseen(c), *check_nonfinite(c), *check_loop(c),
-                *check_custom(c),
+                *check_custom(c), *check_probed(c),
                 *causes.findings(flowed, c.modules, c.models),
                 *check_no_grad(c, explained | turns), *check_lost_gradient(c),
                 *check_magnitudes(c, thresholds, explained),
-                *check_unused(c), *check_loose(c), *check_losses(c), *check_info(c),
+                *check_unused(c), *check_loose(c), *check_losses(c),
+                *check_loss_terms(c), *check_info(c, evaluation),
                 *check_scaling(c), *check_shared_targets(c), *check_relations(c),
                 *copies.copies_notes(c, evaluation)]
+    findings = absorb(c, findings)  # a gradient cut in the loss, not inside a forward
     units.zero_before_moving(c, flowed, findings)
     explain(findings)
     _add_sources(c, findings)

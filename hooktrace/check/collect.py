@@ -45,6 +45,7 @@ class Collector:
         self._forward_seqs: list[int] = []  # every forward's seq
         self._forward_calls: list[int | None] = []  # wanted: module index; None: a recompute
         self._no_grad_calls: list[int] = []
+        self._eval_calls: list[int] = []  # in eval mode with gradient recording on
         self._recomputed = False  # a None in _forward_calls
         self._seqs_indexed = 0  # how many of _forward_seqs are in _step_of_forward
         self._backwards_step: int | None = None  # of the backward events in these lists:
@@ -58,6 +59,7 @@ class Collector:
         self._interned: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # of profiles and params
         self._grad_sets: dict[int, Indices] = {}  # the sets of Collected, as indices
         self._no_grad_sets: dict[int, Indices] = {}
+        self._eval_sets: dict[int, Indices] = {}
         self._backward_sets: dict[int, Indices] = {}
         # the calls of the steps judged call by call (flow.STEPS), by forward seq; and by
         # (step, module index, call index), for the backward of a recomputed call
@@ -216,6 +218,7 @@ class Collector:
             self._forward_seqs.clear()
             self._forward_calls.clear()
             self._no_grad_calls.clear()
+            self._eval_calls.clear()
             self._seqs_indexed = 0
             self._recomputed = False
         if step is not None:
@@ -250,9 +253,10 @@ class Collector:
     def _count(self, step: int) -> None:
         """Count the step's forward calls, once per distinct sequence of calls."""
         pattern = self._patterns.count(self._forward_calls, self._no_grad_calls,
-                                       self._forward_seqs)
+                                       self._forward_seqs, self._eval_calls)
         self._union(self._grad_sets, step, pattern.grad)
         self._union(self._no_grad_sets, step, pattern.no_grad)
+        self._union(self._eval_sets, step, pattern.eval_mode)
 
     def _module(self, key: ModuleKey) -> ModuleStats:
         m = self.c.modules.get(key)
@@ -273,16 +277,19 @@ class Collector:
         before = next((i for i in reversed(self._forward_calls) if i is not None), None)
         self._forward_calls.append(index)
         if self._judging:
-            self._judge_call(step, seq, index, call, not more.no_grad, ins, outs)
+            self._judge_call(step, seq, index, call, not more.no_grad, ins, outs,
+                             more.eval_mode)
         if more.no_grad:
             self._no_grad_calls.append(index)
+        elif more.eval_mode:
+            self._eval_calls.append(index)
         if more.output_nonfinite:
             firstnan.forward_outputs(self.c, step, self._keys[index], call, *outs,
                                      more.output_nonfinite,
                                      None if before is None else self._keys[before])
 
     def _judge_call(self, step: int, seq: int, index: int, call: int, grad: bool,
-                    ins: Signature, outs: Signature) -> None:
+                    ins: Signature, outs: Signature, eval_mode: bool = False) -> None:
         shapes = outs[0]  # a softmax or norm over a last dim of size 1 is a constant
         unit = bool(shapes) and type(shapes[0]) is list and shapes[0][-1:] == [1]
         key = self._keys[index]
@@ -290,7 +297,7 @@ class Collector:
         chance = None if m is None or m.drop is None else whole_drop(*m.drop, ins[0])
         judged = self._judged[seq] = Call(step, seq, key, call, grad, unit_last=unit,
                                                chance=chance, half="float16" in outs[1],
-                                               out_shapes=shapes)
+                                               out_shapes=shapes, eval_mode=eval_mode)
         self._judged_calls[(step, index, call)] = judged
 
     def _grad_zeros(self, r: schema.Signal) -> None:
@@ -372,6 +379,7 @@ class Collector:
             self.c.unfinished = (step, self._keys[index])
         as_keys: dict[Indices, Keys] = {}
         for sets, out in ((self._grad_sets, self.c.grad), (self._no_grad_sets, self.c.no_grad),
+                          (self._eval_sets, self.c.eval_mode),
                           (self._backward_sets, self.c.backward)):
             for step, indices in sets.items():
                 if indices not in as_keys:

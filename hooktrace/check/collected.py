@@ -64,6 +64,9 @@ class Collected:
     grad: dict[int, Keys] = field(default_factory=dict)
     no_grad: dict[int, Keys] = field(default_factory=dict)
     backward: dict[int, Keys] = field(default_factory=dict)
+    # per step: the modules whose calls with gradient recording on all ran in eval mode (a
+    # validation pass after model.eval(), or training in eval mode: the backward tells)
+    eval_mode: dict[int, Keys] = field(default_factory=dict)
     first_forward_nonfinite: Nonfinite | None = None
     forward_nonfinite_steps: set[int] = field(default_factory=set)
     first_backward_nonfinite: Nonfinite | None = None

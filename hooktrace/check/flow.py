@@ -21,11 +21,12 @@ What each cause says is ``causes.py``'s.
 
 Only calls inside a top-level call that got a gradient are judged: a whole model call without
 backward (a validation pass, a teacher) is not a lost gradient. Nor is a call under ``no_grad``
-(or ``inference_mode``) of a module that another call of the step trained: an evaluation pass
-between optimizer steps (timm validates the model inside its wrapper when an epoch ends), which
-the log cannot nest apart from the wrapper's training call of the same step. A tiny gradient
-whose module is bypassed (a module before it gets a large one: a layer scale on a residual
-branch) is not reported; an exactly-zero one always is.
+(or ``inference_mode``), or in eval mode with no backward, of a module that another call of the
+step trained: an evaluation pass between optimizer steps (timm validates the model inside its
+wrapper when an epoch ends, with or without ``no_grad``), which the log cannot nest apart from
+the wrapper's training call of the same step. A tiny gradient whose module is bypassed (a
+module before it gets a large one: a layer scale on a residual branch) is not reported; an
+exactly-zero one always is.
 """
 
 from __future__ import annotations
@@ -86,7 +87,12 @@ def analyse(calls: Iterable[Call], modules: dict[ModuleKey, ModuleStats],
 
 
 def _trainable(modules: dict[ModuleKey, ModuleStats], key: ModuleKey) -> bool:
+    """``key`` has trainable parameters: its own, or, for a second path to a module under
+    another parent (BYOL's backbone, ``net`` on the learner and ``online_encoder.net`` in the
+    wrapper that calls it: its calls are named by that caller), its first name's."""
     m = modules.get(key)
+    if m is not None and m.alias_of is not None:
+        m = modules.get((key[0], m.alias_of))
     return m is not None and m.trainable > 0
 
 
@@ -126,17 +132,29 @@ def _judge_step(flow: Flow, step: int, calls: list[Call],
 
 
 def _evaluation(enclosing: Enclosing, v: Call) -> bool:
-    """``v`` ran under no_grad in a pass (its outermost call around it under no_grad, or
-    itself) of a module that another call of the step trained: a validation pass between
-    optimizer steps, whose calls the log nests in the training call of the step after it."""
-    if v.grad:
+    """``v`` ran in an evaluation pass (its outermost call around it that is one, or itself:
+    under no_grad, or in eval mode with no backward) of a module that another call of the step
+    trained: a validation pass between optimizer steps, whose calls the log nests in the
+    training call of the step after it. Not a call in eval mode with no backward inside a
+    forward that ran in eval mode and trained (a model trained in eval mode on purpose, its
+    frozen BatchNorms): there it is a result the loss does not use, as in train mode."""
+    if not _passive(v):
         return False
-    top = v
+    top, caller = v, None
     for outer in enclosing.chain(v):  # innermost first
-        if outer.grad:
+        if not _passive(outer):
+            caller = outer
             break
         top = outer
+    if top.grad and caller is not None and caller.eval_mode:
+        return False
     return enclosing.fed_elsewhere(v) or enclosing.fed_elsewhere(top)
+
+
+def _passive(c: Call) -> bool:
+    """``c`` trained nothing, as an evaluation pass does: it ran under no_grad (or
+    inference_mode), or in eval mode and no backward reached it."""
+    return not c.grad or (c.eval_mode and not c.backed)
 
 
 def _candidates(calls: list[Call], modules: dict[ModuleKey, ModuleStats],
@@ -150,12 +168,24 @@ def _candidates(calls: list[Call], modules: dict[ModuleKey, ModuleStats],
     for c in reversed(calls):  # backward order, roughly
         gain = _gain(c)
         limit = _UNIT_NORM_GAIN if _unit_norm(c, modules) else t.gain
+        if _cancelled(c, modules, t):
+            continue
         if c.fed and (c.lost or (gain is not None and gain <= limit)) and (
                 c.g_out is None or c.g_out > farthest or (c.g_out == farthest and not any(
                     b.g_in is not None and starves(b, c) for b in found))):
             found.append(c)
             farthest = max(farthest, reach(c))
     return found[::-1]
+
+
+def _cancelled(c: Call, modules: dict[ModuleKey, ModuleStats], t: Thresholds) -> bool:
+    """A saturating activation that receives an exploding gradient and passes back a usable
+    one: the loss after it divides by its own derivative (``Sigmoid`` then ``BCELoss``, whose
+    gradient is ``(p - y) / (p (1 - p))``), so its small gain starves nothing; what comes back
+    is the logits' gradient ``BCEWithLogitsLoss`` would give."""
+    m = modules.get(c.key)
+    return (m is not None and m.cls in _SATURATING and c.g_out is not None
+            and c.g_in is not None and c.g_out >= t.exploding and c.g_in >= t.vanishing)
 
 
 def _unit_norm(c: Call, modules: dict[ModuleKey, ModuleStats]) -> bool:

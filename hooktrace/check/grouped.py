@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 from hooktrace.check.findings import ancestors
 
 if TYPE_CHECKING:
-    from hooktrace.check.collected import Collected, ModuleKey
+    from hooktrace.check.collected import Collected, ModuleKey, ModuleStats
 
 _INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
 
@@ -65,7 +67,7 @@ def _signatures(c: Collected) -> dict[ModuleKey, Signature]:
     name relative to it, its class and its parameter count. One pass over the modules, times
     their depth."""
     parts: dict[ModuleKey, list[tuple[str, str, int]]] = {}
-    for m in c.modules.values():
+    for m in map(partial(_holder, c), c.modules.values()):
         if m.params:
             for top in [*ancestors(m.name), m.name]:
                 rel = "" if m.name == top else m.name[len(top) + 1:] if top else m.name
@@ -76,10 +78,18 @@ def _signatures(c: Collected) -> dict[ModuleKey, Signature]:
 def _trains(c: Collected) -> set[ModuleKey]:
     """The subtrees some module of which has trainable parameters."""
     out: set[ModuleKey] = set()
-    for m in c.modules.values():
+    for m in map(partial(_holder, c), c.modules.values()):
         if m.trainable:
             out.update((m.model, top) for top in [*ancestors(m.name), m.name])
     return out
+
+
+def _holder(c: Collected, m: ModuleStats) -> ModuleStats:
+    """``m``, or for a second path to a module under another parent (``alias_of``: BYOL's
+    ``online_encoder.net``, whose first name ``net`` holds the parameters), ``m`` with the
+    first name's parameters: a copy of the wrapper that calls it is a copy of it all."""
+    first = c.modules.get((m.model, m.alias_of)) if m.alias_of else None
+    return m if first is None else replace(m, params=first.params, trainable=first.trainable)
 
 
 def copies(c: Collected) -> dict[ModuleKey, ModuleKey]:

@@ -24,6 +24,7 @@ from hooktrace.check.holds import (
     twice_text,
 )
 from hooktrace.check.modes import eval_backward
+from hooktrace.check.stepexplained import step_unexplained
 from hooktrace.check.trainable import frozen_during_run, unfrozen_at
 from hooktrace.check.updates import (
     lr_collapsed,
@@ -312,4 +313,5 @@ _BY_KIND = {
     "updates-rounded": updates_rounded,
     "lr-collapsed": lr_collapsed,
     "weight-decay": weight_decay,
+    "step-unexplained": step_unexplained,
 }

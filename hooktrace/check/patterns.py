@@ -8,7 +8,7 @@ adds the counted calls to their modules.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +24,13 @@ class Pattern:
     """One step's forward calls, counted; ``runs``: the steps that made exactly these calls."""
 
     calls: dict[int, int]
-    grad_calls: dict[int, int]  # the calls with gradient recording on (not a validation pass)
+    #: the calls with gradient recording on in train mode (not a validation pass); for a
+    #: module whose such calls all ran in eval mode, those (training in eval mode, or a pass
+    #: with gradients on that ``eval_mode`` names)
+    grad_calls: dict[int, int]
     grad: Indices
     no_grad: Indices
+    eval_mode: Indices = frozenset()  # the modules whose calls in ``grad`` all ran in eval mode
     runs: int = 0
 
 
@@ -38,11 +42,11 @@ class Patterns:
         self._module = module
         self._patterns: dict[tuple[Any, ...], Pattern] = {}
 
-    def count(self, calls: list[int | None], no_grad_calls: list[int],
-              seqs: list[int]) -> Pattern:
+    def count(self, calls: list[int | None], no_grad_calls: list[int], seqs: list[int],
+              eval_calls: Sequence[int] = ()) -> Pattern:
         """One step's forward calls (None: a recompute), those without gradient recording,
-        and their seqs."""
-        key = (tuple(calls), tuple(no_grad_calls))
+        their seqs, and those in eval mode with gradient recording on."""
+        key = (tuple(calls), tuple(no_grad_calls), tuple(eval_calls))
         pattern = self._patterns.get(key)
         if pattern is None:  # new calls: the first call of a module may be among them
             if len(self._patterns) >= _PATTERNS:
@@ -53,8 +57,12 @@ class Patterns:
                 if m is not None and m.first_seq is None:
                     m.first_seq = seq
             grad_calls = counts - Counter(no_grad_calls)
+            evaluated = Counter(eval_calls)
+            trained = grad_calls - evaluated
+            eval_only = frozenset(evaluated) - frozenset(trained)
             pattern = self._patterns[key] = Pattern(
-                dict(counts), dict(grad_calls), frozenset(grad_calls), frozenset(no_grad_calls))
+                dict(counts), {**trained, **{i: evaluated[i] for i in eval_only}},
+                frozenset(grad_calls), frozenset(no_grad_calls), eval_only)
         pattern.runs += 1
         return pattern
 

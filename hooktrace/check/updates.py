@@ -84,16 +84,22 @@ def updates_rounded(c: Collected, s: Signal) -> list[Finding]:
 
 def lr_collapsed(c: Collected, s: Signal) -> list[Finding]:
     """An optimizer that spent half its steps or more with a learning rate below 1e-4 of its
-    peak: a schedule meant per epoch stepped per batch."""
+    peak, or got there by one constant factor at each step (``detail.factor``): a schedule
+    meant per epoch stepped per batch."""
     d = s.detail
     low, steps = d.get("low_steps", 0), d.get("optimizer_steps", 0)
+    factor = d.get("factor")
+    fell = f", multiplied by {factor:.2g} at every optimizer step," if factor else ""
+    evidence = {"peak": d.get("peak"), "lr": d.get("lr"), "low_steps": low,
+                "optimizer_steps": steps}
+    if factor:
+        evidence["factor"] = factor
     return [Finding(
         "lr-collapsed", WARNING, c.model_name(s.model), "", s.step,
-        f"the learning rate of the optimizer of model '{c.model_name(s.model)}' fell below "
-        f"1e-4 of its peak ({d.get('peak', 0):.3g}) at step {s.step} and stepped {low} of its "
-        f"{steps} steps there (last {d.get('lr', 0):.2g}): from then on the weights hardly "
-        "change", {"peak": d.get("peak"), "lr": d.get("lr"), "low_steps": low,
-                   "optimizer_steps": steps},
+        f"the learning rate of the optimizer of model '{c.model_name(s.model)}'{fell} fell "
+        f"below 1e-4 of its peak ({d.get('peak', 0):.3g}) at step {s.step} and stepped {low} of "
+        f"its {steps} steps there (last {d.get('lr', 0):.2g}): from then on the weights hardly "
+        "change", evidence,
         "a scheduler meant to step once per epoch (StepLR, MultiStepLR, ExponentialLR) "
         "stepped once per batch: call scheduler.step() after each epoch, or give it a "
         "step_size in batches")]

@@ -239,7 +239,7 @@ class CallTracker:
         if mode is RECORDED:
             start = ForwardStart(module, info, self.step, mode, grad, inputs, seen - len(inputs),
                                  summarize(inputs), tuple(map(_version, inputs)) if grad else (),
-                                 self._flow.start(inputs))
+                                 self._flow.start(inputs), module.training)
         else:
             start = ForwardStart(module, info, self.step, mode, grad, inputs, seen - len(inputs),
                                  _NO_SUMMARY, ())

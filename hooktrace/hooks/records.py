@@ -57,6 +57,8 @@ class _ForwardStart(NamedTuple):
     input_versions: tuple[int, ...]
     #: which calls made ``inputs`` (``dataflow``): recorded steps only
     sources: Sources | None = None
+    #: the module's ``training`` flag as the call began (recorded steps only: True elsewhere)
+    training: bool = True
 
 
 class ForwardStart(_ForwardStart):

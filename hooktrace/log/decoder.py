@@ -55,6 +55,7 @@ class ForwardMore(NamedTuple):
     made: list[int] | None = None  # a call with calls inside: those that made its outputs
     from_out: list[list[int]] | None = None  # per input, the output of each producer it used
     made_out: list[list[int]] | None = None  # per output, the calls inside that made it
+    eval_mode: bool = False  # its module was in eval mode (``"eval"``)
 
 
 class BackwardMore(NamedTuple):
@@ -102,6 +103,7 @@ NOT_READ: Any = ([], [])
 _FORWARD_KEYS = 7  # type seq step module call in out: no optional key
 _NONFINITE = BackwardMore()
 _PLAIN_FORWARD = ForwardMore()
+_NO_FLOW: tuple[None, None, None, None] = (None, None, None, None)  # not read: inputs_from's
 
 
 def _every_step(step: int) -> bool:
@@ -265,10 +267,12 @@ class Decoder:
         ins, outs = self._ids(d, "in"), self._ids(d, "out")
         if len(d) <= _FORWARD_KEYS and not self._flow:
             return seq, step, module, call, ins, outs, None
+        found, made, from_out, made_out = inputs_from(d, seq, len(ins[0])) if self._flow \
+            else _NO_FLOW
         more = ForwardMore(get(d, "no_grad", bool, False), get(d, "recompute", bool, False),
                            get(d, "inputs_more", int, None), get(d, "outputs_more", int, None),
-                           shapes(d, "output_nonfinite") or None,
-                           *(inputs_from(d, seq, len(ins[0])) if self._flow else ()))
+                           shapes(d, "output_nonfinite") or None, found, made, from_out,
+                           made_out, get(d, "eval", bool, False))
         return seq, step, module, call, ins, outs, None if more == _PLAIN_FORWARD else more
 
     def _backward_row(self, d: dict[str, Any]) -> BackwardRow:

@@ -64,6 +64,8 @@ class TraceOptions:
     capture_max_mb: int = 256  # stop capturing past this size
     strict: bool = False  # a failed log write is raised into the program instead of stopping
     ops: Sequence[str] = ()  # fqn globs whose calls' tensor operations are recorded (--ops)
+    #: --probe: who may see whom, measured once per model on a copy (samples, positions, pads)
+    probe: bool = False
     #: how ``hooktrace run`` ran the program, "script" or "module" (-m); None: the Python API
     run: str | None = None
 
@@ -90,6 +92,8 @@ class TraceOptions:
             out["capture"] = list(self.capture)
         if self.ops:
             out["ops"] = list(self.ops)
+        if self.probe:
+            out["probe"] = True
         if self.run:
             out["run"] = self.run
         if self.steps.text:

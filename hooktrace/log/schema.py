@@ -206,6 +206,9 @@ class ForwardEvent:
     #: is joined to its maker only (an LSTM-like ``(out, (h, c))``); on the wire
     #: ``"made_out"``, offsets back from ``seq``; absent: ``made`` stands for every output
     made_out: Sequence[Sequence[int]] | None = None
+    #: the module was in eval mode as the call began (``module.training`` False: after
+    #: ``model.eval()``); on the wire ``"eval": true``, absent in train mode
+    eval_mode: bool = False
 
     @property
     def phase(self) -> str:

@@ -138,7 +138,52 @@ class Signal:
       ``detail.changed`` and ``detail.unchanged``, those whose weights changed, or not, since the
       last look (one missing from both had none); ``detail.trained``, those an optimizer stepped
       so far; ``detail.replaced`` (where any), those whose weights changed after their
-      optimizer's step, before this pass's end, into another's (``twins.py``).
+      optimizer's step, before this pass's end, into another's (``twins.py``);
+    * ``step-unexplained``: when tracing stops, an optimizer step that broke an expectation of
+      the step (``stepcheck.py``), ``detail.expectation``: ``group-lr``, param group
+      ``detail.group`` of ``detail.optimizer`` stepped at lr 0 in ``detail.steps`` (two at
+      least, ``detail.count`` in all) while another group stepped at ``detail.others``, and
+      never above 0, with gradients (``detail.modules``: its modules; ``name``, the first);
+      ``state``, a new ``detail.optimizer`` took over the parameters of one with state after
+      its first steps in ``detail.steps`` (``detail.count``; two at least); ``cleared``, the
+      sampled parameters' ``.grad`` (of ``detail.modules``) was dropped between backward
+      passes with no optimizer step between, twice or more before one step, in
+      ``detail.windows`` accumulations (``detail.passes``: in the first); ``sign``, their
+      sampled gradients were multiplied by a negative factor (``detail.factor``, the first)
+      between the end of backward and the optimizer step in ``detail.steps`` (two at least).
+    * ``probe``: (``--probe``) what the probe measured of a model (``seeing.py``), at its first
+      call in a recorded step with gradients on, one signal per fact; ``detail.what`` is
+      ``batch`` (``verdict``: ``apart``, each sample's output depends on its own sample only,
+      along input ``axis`` of ``samples``; ``some`` or ``all``, output ``sample`` depends on
+      ``count`` others, the first ``sees``; ``mixers``, the BatchNorm layers in train mode;
+      ``name``, the first of them), ``causal`` (``name``, an attention module with a mask
+      that orders positions, ``masks`` (argument -> ``torch.triu(ones, k)``), ``is_causal``,
+      or in a model fed ``x[:, :-1]`` (``next_step``); ``verdict`` ``holds`` or ``leaks``:
+      its output at ``position`` depends on ``count`` later positions of its input, the first
+      ``sees``), ``padding`` (``source``: ``padding_idx N`` or a ``key_padding_mask``;
+      ``padded`` of ``positions``; ``verdict`` ``leaks`` where the output at real positions
+      depends on ``seen`` padded ones; ``masks``: each attention module's padding mask,
+      ``reads`` ``same``, ``inverted`` or ``other``; ``name``, the first that does not read
+      the same) or ``undecided`` (``why``);
+    * ``loss-term-cut``: a term added into the loss of recorded backward pass ``step`` (on the
+      root's arithmetic top: sums, scales, means) carries no gradient: ``detail.reason`` is
+      ``detach`` (``.detach()``, ``.data``), ``no_grad`` (an op under ``torch.no_grad()`` on a
+      tensor or weight that needed a gradient), ``numpy`` (it went to numpy and came back),
+      ``item`` (a Python number added back) or ``op`` (an op with no derivative);
+      ``detail.op`` the op that cut it, ``detail.file``/``detail.line``/``detail.code`` where
+      (the user's innermost frame), ``detail.calls`` the traced calls (``[model, fqn]``) whose
+      outputs the cut tensor came from, ``detail.added_file``/``detail.added_line`` where it was
+      added, ``detail.models`` the models the loss reached (``model``: the first); once per
+      cut's line (``lossterms.py``);
+    * ``loss-share``: an ``F.cross_entropy``/``F.nll_loss`` (or a module calling it) of
+      recorded step ``step`` read ``detail.read`` of its ``detail.of`` targets (the others equal
+      ``detail.ignore_index``), at ``detail.file``:``detail.line``; where some are ignored, each
+      recorded step.
+    * ``loss-target-grad``: the target of a regression loss (``detail.loss``: ``F.mse_loss``,
+      ``F.l1_loss``, ``F.smooth_l1_loss``, ``F.huber_loss``) at ``detail.file``:``detail.line``
+      carries a gradient into another call of model ``model``, whose output its prediction
+      comes from too, through a max over that output (``detail.through``: ``Max``, ``Amax``,
+      ``Logsumexp``): a bootstrapped target computed with gradient; once per line.
     """
 
     TYPE: ClassVar[str] = "signal"
@@ -152,8 +197,10 @@ class Signal:
                                         "updates-rounded", "grad-zeros", "loss-ops",
                                         "loss-scaled", "scaled-step", "scaled-clip",
                                         "compiled-eager", "optimizer-steps",
-                                        "hooks-growing", "function-backward", "twins",
-                                        "nonfinite-inputs")
+                                        "hooks-growing", "function-backward",
+                                        "step-unexplained", "probe",
+                                        "loss-term-cut", "loss-share", "loss-target-grad",
+                                        "twins", "nonfinite-inputs")
     step: int
     model: int
     name: str

@@ -132,6 +132,8 @@ class Encoder:
             d["no_grad"] = True
         if e.recompute:
             d["recompute"] = True
+        if e.eval_mode:
+            d["eval"] = True
         if e.inputs_more:
             d["inputs_more"] = e.inputs_more
         if e.outputs_more:

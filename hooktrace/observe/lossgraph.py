@@ -168,11 +168,13 @@ class LossGraph(Observer):
     follows = ()  # no module call: first sights and passes only
 
     def __init__(self, emit: Emit, mode: Callable[[], Mode],
-                 returned: Callable[[], Callable[[], None]] = lambda: lambda: None) -> None:
+                 returned: Callable[[], Callable[[], None]] = lambda: lambda: None,
+                 looked: Callable[[list[Any], set[int]], None] | None = None) -> None:
         self._emit = emit
         self._mode = mode  # the current step's mode
         # called as the outermost backward() begins; what it returns, once it returned
         self._returned = returned
+        self._looked = looked  # the roots and the models they reached, once walked
         self._on = True
         self.calls = 0  # backward() calls while tracing ran (with module calls or without)
         self._trained: set[int] = set()  # models with parameters
@@ -225,13 +227,18 @@ class LossGraph(Observer):
         return backward
 
     def _look(self, tensors: Any) -> None:
+        roots: list[Any] = []
         try:
             scaler = self._find_scaler()
             scale = getattr(scaler, "_scale", None) if scaler is not None else None
             ptr = scale.data_ptr() if isinstance(scale, torch.Tensor) else None
-            self._pending = [walk(root, self._trained, ptr) for root in _roots(tensors)]
+            roots = _roots(tensors)
+            self._pending = [walk(root, self._trained, ptr) for root in roots]
         except Exception:  # an odd graph: this pass is not described
             self._pending = None
+        if self._looked is not None:  # the loss terms' window closes, walked or not
+            self._looked(roots if self._pending is not None else [],
+                         {m for w in self._pending or [] for m in w.models})
 
     def _find_scaler(self) -> Any:
         scaler = self._scaler() if self._scaler is not None else None

@@ -79,6 +79,7 @@ class LogRecorder(Observer):
         event = schema.ForwardEvent(
             call.seq, call.step, info.model, info.name, call.call_index, in_shapes, in_dtypes,
             out_shapes, out_dtypes, no_grad=not start.grad, recompute=call.recompute,
+            eval_mode=not start.training,
             inputs_more=(start.inputs_more + end.kw_inputs_more) or None,
             outputs_more=end.outputs_more or None, inputs_from=end.inputs_from,
             made=end.made, from_out=end.from_out if any(map(any, end.from_out)) else None,

@@ -21,10 +21,13 @@ epoch stepped per batch) is said too: per optimizer, its peak learning rate and 
 stepped with less than ``LR_FLOOR`` of it; when tracing stops, an optimizer that spent half
 its steps or more there gets an ``lr-collapsed`` signal (a few floats per optimizer step, read
 from its ``param_groups``; a schedule that ends near 0, as OneCycleLR and cosine do, spends
-only its last steps there). And a weight decay that takes ``DECAY_SHRINK`` or more of every
-weight at each step (``weight_decay=5`` meant as 5e-4): where the step multiplies each weight by
-``1 - lr * weight_decay`` (SGD, AdamW and any decoupled decay; Adam's coupled decay is scaled by
-its normalisation, not said), a ``weight-decay`` signal once per optimizer.
+only its last steps there), as does one that got there by the same factor of a half or less at
+each of three steps in a row or more (``StepLR(step_size=1)`` stepped per batch: a cosine or
+a warmup never falls by one constant factor). And a weight decay that takes ``DECAY_SHRINK``
+or more of every weight at each step (``weight_decay=5`` meant as 5e-4): where the step
+multiplies each weight by ``1 - lr * weight_decay`` (SGD, AdamW and any decoupled decay; Adam's
+coupled decay is scaled by its normalisation, not said), a ``weight-decay`` signal once per
+optimizer.
 
 Cost: one integer sum over the parameters per recorded step until the model is decided (two
 steps in a run that trains; 4.8 ms for resnet18's 11M parameters, a sixth of a float64 norm),
@@ -50,6 +53,10 @@ from hooktrace.observe.stats import on_host
 
 Emit = Callable[[Any], None]
 LR_FLOOR = 1e-4  # of the peak learning rate: updates this much smaller change next to nothing
+#: a learning rate multiplied by the same factor, GEOMETRIC or less, at each of GEOMETRIC_RUN
+#: optimizer steps in a row or more down to below LR_FLOOR: a per-epoch schedule per batch
+GEOMETRIC = 0.5
+GEOMETRIC_RUN = 3
 DECAY_SHRINK = 0.01  # lr * weight_decay: 1% of every weight a step (SGD 0.1 x 5e-4: 5e-5)
 _SHRINKING = {"SGD", "AdamW"}  # optimizers whose weight decay multiplies by 1 - lr * wd
 
@@ -57,7 +64,8 @@ _SHRINKING = {"SGD", "AdamW"}  # optimizers whose weight decay multiplies by 1 -
 class _Schedule:
     """An optimizer's learning rates so far: its peak, and its steps below ``LR_FLOOR`` of it."""
 
-    __slots__ = ("models", "peak", "last", "steps", "low", "low_from", "decay_said")
+    __slots__ = ("models", "peak", "last", "steps", "low", "low_from", "decay_said", "ratio",
+                 "run", "factor")
 
     def __init__(self, models: list[int]) -> None:
         self.models = models  # those its parameters belong to, at its first step
@@ -65,14 +73,25 @@ class _Schedule:
         self.steps = self.low = 0
         self.low_from: int | None = None  # the run's step where it first fell there
         self.decay_said = False
+        self.ratio = 0.0  # the last step's lr over the one before, where it fell by half or more
+        self.run = 0  # steps in a row it fell by that same ratio
+        self.factor = 0.0  # that ratio, where such a run brought it below the floor
 
     def stepped(self, lr: float, step: int) -> None:
         self.steps += 1
+        if self.last > 0 and 0 < lr <= GEOMETRIC * self.last:
+            ratio = lr / self.last
+            same = self.ratio and abs(ratio - self.ratio) <= 1e-3 * self.ratio
+            self.run, self.ratio = (self.run + 1 if same else 1), ratio
+        else:
+            self.run, self.ratio = 0, 0.0
         self.peak, self.last = max(self.peak, lr), lr
         if lr < LR_FLOOR * self.peak:
             self.low += 1
             if self.low_from is None:
                 self.low_from = step
+                if self.run >= GEOMETRIC_RUN:
+                    self.factor = self.ratio
 
 
 class _Baseline:
@@ -238,12 +257,16 @@ class WeightChange(Observer):
         """An ``lr-collapsed`` signal per optimizer that stepped half its steps or more with
         less than ``LR_FLOOR`` of its peak learning rate, for the models of its parameters."""
         for schedule in self._all_schedules:
-            if schedule.low_from is None or 2 * schedule.low < schedule.steps:
+            if schedule.low_from is None or (2 * schedule.low < schedule.steps
+                                             and not schedule.factor):
                 continue
+            detail = {"peak": schedule.peak, "lr": schedule.last, "low_steps": schedule.low,
+                      "optimizer_steps": schedule.steps}
+            if schedule.factor:
+                detail["factor"] = schedule.factor
             for model in schedule.models:
-                self._emit(schema.Signal(schedule.low_from, model, "", "lr-collapsed", {
-                    "peak": schedule.peak, "lr": schedule.last, "low_steps": schedule.low,
-                    "optimizer_steps": schedule.steps}))
+                self._emit(schema.Signal(schedule.low_from, model, "", "lr-collapsed",
+                                         dict(detail)))
 
 
 def _grad_state(p: torch.Tensor) -> tuple[weakref.ref[torch.Tensor], int]:

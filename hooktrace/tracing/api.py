@@ -153,13 +153,16 @@ def trace(
     capture_max_mb: int = 256,
     strict: bool = False,
     ops: Sequence[str] = (),
+    probe: bool = False,
 ) -> Trace:
     """Trace every module call (or those of ``model`` only) into the JSONL log at ``path``.
 
     ``steps`` (default ``"0:10"``, or ``"all"``) are recorded in full; with ``watch``, later steps
     still write anomaly records (NaN/Inf, lost gradients). ``stats``: gradient norms and checks.
     ``ops``: fqn globs of the modules whose calls' tensor operations are recorded, each with
-    its line (``--ops``).
+    its line (``--ops``). ``probe``: once per model, on a copy, whether one sample's output
+    depends on another sample, and whether masks keep positions from later or padded ones
+    (``--probe``).
 
     >>> with hooktrace.trace("log.jsonl", model=net):
     ...     net(x).sum().backward()
@@ -170,5 +173,6 @@ def trace(
     options = TraceOptions(include=tuple(include), exclude=tuple(exclude),
                            steps=Steps.parse(steps), max_events=max_events, stats=stats,
                            watch=watch, break_on_nan=break_on == "nan", capture=tuple(capture),
-                           capture_max_mb=capture_max_mb, strict=strict, ops=tuple(ops))
+                           capture_max_mb=capture_max_mb, strict=strict, ops=tuple(ops),
+                           probe=probe)
     return Trace(path, models, options)

@@ -1,8 +1,8 @@
 """Assembles a tracing session: the hook core and its observers, in the order they must run.
 
 ``core.py`` follows the module calls; the observers (``records.Observer``) do the rest:
-capture (``--capture``), parameter-gradient norms, watch (steps after ``--steps``), compiled
-code run eagerly in recorded steps (``eager``), partly-zero
+capture (``--capture``), parameter-gradient norms, who may see whom (``--probe``), watch
+(steps after ``--steps``), compiled code run eagerly in recorded steps (``eager``), partly-zero
 gradients, the op zoom's records (``--ops``), the log writer (it writes what those before it
 emit after the step's events), and break on NaN/Inf (``--break-on nan``, after the writer: the
 NaN's own event is written first).
@@ -32,11 +32,14 @@ from hooktrace.observe.halfupdates import HalfUpdates
 from hooktrace.observe.hookcount import HookCount
 from hooktrace.observe.lossgraph import LossGraph
 from hooktrace.observe.lossscale import LossScale
+from hooktrace.observe.lossterms import LossTerms
 from hooktrace.observe.ops import OpsObserver
 from hooktrace.observe.outputs import OutputCheck
 from hooktrace.observe.paramnorms import ParamNorms
+from hooktrace.observe.probe import Probe
 from hooktrace.observe.recorder import LogRecorder, Sink
 from hooktrace.observe.stats import Stats
+from hooktrace.observe.stepcheck import StepExplained
 from hooktrace.observe.twins import Twins
 from hooktrace.observe.watch import Watch
 from hooktrace.observe.weights import WeightChange
@@ -125,18 +128,24 @@ class Tracer:
                 self._core.active = paused.pop()
 
         observers.append(FunctionCheck(recorder.emit, lambda: self._core.mode, pause))
+        if self._options.probe:
+            observers.append(Probe(recorder.emit, pause))
         core = self._core
 
         def backward_began() -> Callable[[], None]:
             step = core.step  # a pass compiled code ran, no module hook saw: ended at return
             return lambda: core.backward_returned(step) if eager.compiled else None
 
-        self._loss_graph = LossGraph(recorder.emit, lambda: core.mode, backward_began)
+        terms = LossTerms(recorder.emit)
+        observers.append(terms)
+        self._loss_graph = LossGraph(recorder.emit, lambda: core.mode, backward_began,
+                                     lambda roots, models: terms.looked(core.step, roots, models))
         observers.append(self._loss_graph)
         observers.append(eager)
         observers.append(WeightChange(recorder.emit))
         observers.append(Twins(recorder.emit, naming.known, naming.model_name))
         observers.append(HalfUpdates(recorder.emit))
+        observers.append(StepExplained(recorder.emit))
         if stats is not None:
             observers.append(GradZeros(stats, recorder.emit))
         ops = recorder.facts = OpsObserver(core.zoom, recorder.emit, self._options)

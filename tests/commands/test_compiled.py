@@ -3,11 +3,13 @@
 
 A tiny nanoGPT-shaped model (``scripts/compiled_train.py``: embeddings, causal attention, MLP,
 tied head, AdamW) compiled three ways (``torch.compile(model)``, ``model.compile()`` with
-``fullgraph=True, dynamic=True``, a compiled function calling the model): its recorded steps
-have the eager run's events (names, order, shapes), its losses are the untraced run's, and
-the steps after the recorded ones ran the compiled graph (the script counts the compiled
-graph's calls through its backend). A ``.detach()`` inside the compiled model is named. Most
-cases compile with ``aot_eager`` (fast on a CPU); one with inductor. Then the runs nothing was
+``fullgraph=True, dynamic=True``, a compiled function calling the model), and torchvision's
+resnet18 compiled (BatchNorm buffers, in-place ReLUs): their recorded steps have the eager
+run's events (names, order, shapes), their losses are the untraced run's, and the steps after
+the recorded ones ran the compiled graph (the script counts the compiled graph's calls through
+its backend). A ``.detach()`` inside the compiled model is named. Most
+cases compile with ``aot_eager`` (fast on a CPU); two with inductor, one of them
+``mode="max-autotune-no-cudagraphs"``. Then the runs nothing was
 seen in: a script that exits in argument parsing, one without an ``nn.Module``, a compiled
 model run only in unrecorded steps.
 """
@@ -72,6 +74,11 @@ def _make_runs(tmp: Path) -> dict[str, list[Any]]:
     cases["mask-eager"] = (traced, "--how", "eager", "--bug", "mask", "--steps", str(LONG))
     inductor = ("--how", "model", "--model", "mlp", "--backend", "inductor", "--steps", "5")
     cases["inductor"] = (traced, *inductor)
+    cases["autotune"] = (traced, *inductor, "--mode", "max-autotune-no-cudagraphs")
+    resnet = ("--model", "resnet18", "--steps", str(STEPS))
+    cases["resnet18"] = (traced, "--how", "model", *resnet)
+    cases["resnet18-eager"] = (traced, "--how", "eager", *resnet)
+    cases["plain-resnet18"] = (plain, "--how", "model", *resnet)
     cases["plain"] = (plain, "--how", "model", "--steps", str(STEPS))
     cases["plain-inductor"] = (plain, *inductor)
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -110,6 +117,26 @@ def test_recorded_steps_of_compiled_code_are_the_eager_runs(runs: dict[str, Any]
     assert "next: hooktrace render" in run.stderr
 
 
+def test_a_compiled_resnet18_is_traced_as_its_eager_run(runs: dict[str, Any]) -> None:
+    """BatchNorm buffers and in-place ReLUs inside the compiled graph: the recorded steps have
+    the eager run's events, the losses are the untraced compiled run's, the later steps ran
+    the compiled graph, and tracing compiled nothing again."""
+    log, run, check = runs["resnet18"]
+    assert run.returncode == 0, run.stderr
+    assert _signature(log) == _signature(runs["resnet18-eager"][0])
+    assert len({e.step for e in events(log)}) == 4
+    assert _losses(run.stdout) == pytest.approx(_losses(runs["plain-resnet18"][1].stdout),
+                                                rel=1e-5)
+    counters = _counters(run.stdout)
+    assert (counters["graph_calls"], counters["recompiles"]) == (STEPS - 4, 0)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert _counters(runs["plain-resnet18"][1].stdout)["graph_calls"] == STEPS
+    assert check.returncode == 0, check.stdout
+    found = json.loads(check.stdout)["findings"]
+    assert sorted((f["kind"], f["severity"]) for f in found) == [
+        ("called-several-times", "note"), ("compiled-eager", "note")]  # each block's relu x2
+
+
 def test_untraced_runs_compile_every_step(runs: dict[str, Any]) -> None:
     counters = _counters(runs["plain"][1].stdout)
     assert (counters["graph_calls"], counters["stats"]["unique_graphs"]) == (STEPS, 1)
@@ -134,6 +161,18 @@ def test_inductor_recorded_steps_eager_then_compiled(runs: dict[str, Any]) -> No
     assert _counters(run.stdout)["graph_calls"] == 1
     assert _counters(runs["plain-inductor"][1].stdout)["graph_calls"] == 5
     assert check.returncode == 0, check.stdout
+
+
+def test_max_autotune_without_cuda_graphs_recorded_eager_then_compiled(
+        runs: dict[str, Any]) -> None:
+    _, run, check = runs["autotune"]
+    assert run.returncode == 0, run.stderr
+    assert _losses(run.stdout) == pytest.approx(_losses(runs["plain-inductor"][1].stdout),
+                                                rel=1e-5)
+    assert (_counters(run.stdout)["graph_calls"], _counters(run.stdout)["recompiles"]) == (1, 0)
+    assert check.returncode == 0, check.stdout
+    found = json.loads(check.stdout)["findings"]
+    assert [(f["kind"], f["severity"]) for f in found] == [("compiled-eager", "note")]
 
 
 def _problems(check: subprocess.CompletedProcess[str]) -> list[tuple[Any, ...]]:

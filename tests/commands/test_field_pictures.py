@@ -6,6 +6,7 @@ GRU), no row for a torchvision transform; and that the op zoom leaves a healthy 
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -238,3 +239,17 @@ def test_view_has_no_row_for_a_transform(field: dict[str, Path], tmp_path: Path)
         assert layer in text
     for transform in ("Compose", "RandomHorizontalFlip", "Normalize"):
         assert transform not in text
+
+
+def test_the_model_chooser_has_no_transform(field: dict[str, Path], tmp_path: Path) -> None:
+    """The page's model chooser offers the model only, not the torchvision transforms that
+    prepared its data (``augment``, a v2.Compose: a model of the log), and draws no graph of
+    them (before: 'augment' beside 'model', with three step graphs of its own)."""
+    out = tmp_path / "page.html"
+    result = hooktrace_cmd("view", "-o", out, field["transforms"])
+    assert result.returncode == 0, result.stderr
+    blob = out.read_text().split('id="data">')[1].split("</script>", 1)[0]
+    [rank] = json.loads(blob.replace("<\\/", "</"))["ranks"]
+    assert rank["models"] == ["model"]
+    assert sorted(rank["graphs"]) == ["|0", "|1", "|2"]
+    assert "augment" in gather(LogReader(field["transforms"])).models.values()  # in the log

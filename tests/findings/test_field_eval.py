@@ -12,11 +12,16 @@ run``): evaluation passes between optimizer steps, and notes that flood or misle
   before, one note per frozen module (323 notes, 1038 lines);
 * a BYOL target (a ``deepcopy`` of the online network, frozen, updated by an EMA, run in train
   mode): silent, the target named as a frozen copy of the online encoder, and no ``.eval()``
-  advice for its BatchNorms (before, a ``frozen-bn-training`` note per BatchNorm).
+  advice for its BatchNorms (before, a ``frozen-bn-training`` note per BatchNorm);
+* the timm validation with gradients on, in eval mode only: silent, the EMA copy one note
+  (before, two ``no-grad`` warnings, the wrapped model's 41 modules and the copy's);
+* a model trained in eval mode on purpose (a frozen BatchNorm) is training, not evaluation:
+  silent, and with its recurrent state reset inside the loop, still found.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +29,8 @@ import pytest
 from helpers import Cases, Shared, hooktrace_cmd, problems, run_cases, run_findings, script_cases
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "field_eval.py"
-HEALTHY = ["timm_validate", "timm_task_ema", "lora_32", "byol_target"]
+HEALTHY = ["timm_validate", "timm_task_ema", "lora_32", "byol_target", "timm_validate_grad",
+           "eval_finetune"]
 
 # the backbone of timm's resnet18: every module with parameters but fc
 BACKBONE = ["conv1", "bn1"] + [
@@ -44,7 +50,7 @@ def found(cases: Cases, case: str) -> list[dict[str, Any]]:
 
 
 def test_the_script_holds_the_cases_tested() -> None:
-    assert script_cases(SCRIPT) == [*HEALTHY, "bug_train_no_grad"]
+    assert script_cases(SCRIPT) == [*HEALTHY, "bug_train_no_grad", "bug_eval_reset"]
 
 
 @pytest.mark.parametrize("case", HEALTHY)
@@ -59,6 +65,37 @@ def test_a_validation_pass_between_steps_is_not_training(cases: Cases) -> None:
     assert traced.stdout.count("top-1") == 2  # two epochs ended within the recorded steps
     kinds = {f["kind"] for f in found(cases, "timm_validate")}
     assert not kinds & {"no-grad", "no-grad-under-no_grad"}
+
+
+def test_a_validation_pass_with_gradients_on_is_not_training(cases: Cases) -> None:
+    """The validation of steps 2 and 5 with gradients on, after .eval() only: the log marks its
+    calls ``eval`` (and only those: training runs in train mode), and they are not judged as
+    training; the EMA copy, validated so, no optimizer holds: an evaluation copy."""
+    traced, _ = cases["timm_validate_grad"]
+    assert traced.stdout.count("top-1") == 2
+    events = [json.loads(line) for line in (cases.folder / "timm_validate_grad.jsonl").open()]
+    evaluated = {e["step"] for e in events if e["type"] == "forward" and e.get("eval")}
+    assert evaluated == {3, 6}  # the validations after steps 2 and 5 fall in the next step
+    findings = found(cases, "timm_validate_grad")
+    assert not {f["kind"] for f in findings} & {"no-grad", "called-several-times"}
+    [note] = [f for f in findings if f["kind"] == "evaluation-copy"]
+    assert (note["model"], note["module"]) == ("model", "")
+    assert "ran only in eval mode, with no backward, and no optimizer" in note["message"]
+
+
+def test_training_in_eval_mode_is_not_evaluation(cases: Cases) -> None:
+    """Fine-tuned in eval mode on purpose: every call is marked ``eval`` and gets its backward;
+    no evaluation copy. Its look-alike with the state reset inside the loop keeps its finding:
+    the cell's calls thrown away are in eval mode with no backward, inside a forward that
+    trained."""
+    assert "evaluation-copy" not in {f["kind"] for f in found(cases, "eval_finetune")}
+    events = [json.loads(line) for line in (cases.folder / "eval_finetune.jsonl").open()]
+    assert all(e.get("eval") for e in events if e["type"] == "forward")
+    findings = found(cases, "bug_eval_reset")
+    assert problems(findings) == [("no-grad", "warning", "model", "", 0)]
+    [f] = [f for f in findings if f["severity"] != "note"]
+    assert f["evidence"]["starved"] == ["ih", "hh"]
+    assert "gets no gradient back while another call of the same module does" in f["message"]
 
 
 def test_an_ema_copy_inside_the_task_is_one_note(cases: Cases) -> None:

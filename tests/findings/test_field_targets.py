@@ -99,6 +99,28 @@ def test_look_alikes_stay_silent(shared: Shared, case: str) -> None:
     assert not [f for f in run.report.findings if f.kind == "shared-target"]
 
 
+def test_a_layer_unused_by_design_is_named_in_the_wrapper_that_calls_it(shared: Shared) -> None:
+    """byol-pytorch's wrapper runs the backbone in full for a hidden layer's output and throws
+    the result away: the backbone's last layer never gets a gradient. The backbone is registered
+    on the learner (``net``) and in the wrapper (``online_encoder.net``, whose calls these are):
+    the finding names the wrapper's forward, not the learner's, nor nothing (before: silent, the
+    calls' name holding no parameters of its own); and its target is a frozen copy of the
+    wrapper, without ``.eval()`` advice for its BatchNorms."""
+    run = field_run(shared, "byol_hidden_layer")
+    [found] = run.problems
+    assert (found.kind, found.severity, found.model, found.module, found.step) == (
+        "no-grad", "warning", "learner", "online_encoder", 0)
+    assert found.evidence["starved"] == ["online_encoder.net.5"]
+    assert found.message.startswith("online_encoder (HiddenLayerWrapper): the gradient stops "
+                                    "inside its forward: the output of online_encoder.net ")
+    assert found.source is not None and "(HiddenLayerWrapper.forward)" in found.source
+    [frozen] = [f for f in run.report.findings if f.kind == "frozen"]
+    assert frozen.evidence["roles"]["copy"] == {"target_encoder": "online_encoder"}
+    assert "frozen-bn-training" not in {f.kind for f in run.report.findings}
+    # PyTorch's census: that layer's .grad is None at every optimizer step
+    assert all(census[(0, "net.5")].state == NONE for _, census in run.truth.optimizer_steps)
+
+
 def _frozen_covers(findings: list[Finding], names: list[str]) -> bool:
     """Whether ``frozen`` findings, however worded or grouped, cover every module of
     ``names``: by their module (and all below it) or their evidence's modules."""

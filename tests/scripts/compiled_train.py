@@ -2,8 +2,8 @@
 tied head, AdamW. Prints each step's loss, then torch._dynamo's counters as one JSON line.
 
     compiled_train.py [--how model|method|function|eager] [--backend aot_eager|inductor]
-                      [--steps N] [--bug detach|nan|mask] [--nan-step K] [--model gpt|mlp]
-                      [--fullgraph]
+                      [--steps N] [--bug detach|nan|mask] [--nan-step K] [--model gpt|mlp|resnet18]
+                      [--fullgraph] [--mode MODE]
 
 ``--how model``: ``torch.compile(model)``; ``method``: ``model.compile()``; ``function``: a
 compiled training-step function that calls the model; ``eager``: not compiled.
@@ -14,8 +14,10 @@ the first weight of the last block's first MLP Linear is set to NaN before step 
 (NaN from a softmax over -inf), and the loop skips the optimizer step of a loss that is not
 finite, as many training loops do.
 
-``--model mlp``: an embedding and an MLP instead (compiles faster). ``--fullgraph``: compiled
-with ``fullgraph=True, dynamic=True``.
+``--model mlp``: an embedding and an MLP instead (compiles faster); ``--model resnet18``:
+torchvision's resnet18 (BatchNorm, in-place ReLU) on 64x64 images, 10 classes.
+``--fullgraph``: compiled with ``fullgraph=True, dynamic=True``. ``--mode``: inductor with
+that mode of ``torch.compile`` (``max-autotune-no-cudagraphs``).
 """
 
 import argparse
@@ -32,8 +34,9 @@ parser.add_argument("--backend", default="aot_eager")
 parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--bug", choices=["detach", "nan", "mask"])
 parser.add_argument("--nan-step", type=int, default=14, help="--bug nan: the step it starts at")
-parser.add_argument("--model", default="gpt", choices=["gpt", "mlp"])
+parser.add_argument("--model", default="gpt", choices=["gpt", "mlp", "resnet18"])
 parser.add_argument("--fullgraph", action="store_true", help="fullgraph=True, dynamic=True")
+parser.add_argument("--mode", help="inductor with this mode (max-autotune-no-cudagraphs)")
 args = parser.parse_args()
 
 VOCAB, BLOCK, EMBED, HEADS = 32, 8, 16, 2
@@ -97,7 +100,10 @@ graph_calls = [0]  # calls of the compiled graphs: the steps that ran compiled
 def counting(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):
     from torch._dynamo import lookup_backend
 
-    compiled = lookup_backend(args.backend)(gm, example_inputs)
+    if args.mode:  # what torch.compile(mode=...) builds around inductor
+        compiled = torch._TorchCompileInductorWrapper(args.mode, None, None)(gm, example_inputs)
+    else:
+        compiled = lookup_backend(args.backend)(gm, example_inputs)
 
     def run(*inputs):
         graph_calls[0] += 1
@@ -106,8 +112,15 @@ def counting(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):
 
 
 torch.manual_seed(0)
-model = GPT() if args.model == "gpt" else nn.Sequential(
-    nn.Embedding(VOCAB, EMBED), nn.Linear(EMBED, 4 * EMBED), nn.GELU(), nn.Linear(4 * EMBED, VOCAB))
+if args.model == "gpt":
+    model = GPT()
+elif args.model == "mlp":
+    model = nn.Sequential(nn.Embedding(VOCAB, EMBED), nn.Linear(EMBED, 4 * EMBED), nn.GELU(),
+                          nn.Linear(4 * EMBED, VOCAB))
+else:
+    import torchvision
+
+    model = torchvision.models.resnet18(num_classes=10)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 run = model
 options = {"fullgraph": True, "dynamic": True} if args.fullgraph else {}
@@ -119,13 +132,14 @@ elif args.how == "method":
 
 def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     logits = run(x)
-    return F.cross_entropy(logits.view(-1, VOCAB), y.reshape(-1))
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
 
 
 step_loss = loss_of
 if args.how == "function":
     step_loss = torch.compile(loss_of, backend=counting, **options)
 data = torch.randint(0, VOCAB, (args.steps, 4, BLOCK + 1))
+images = torch.randn(args.steps, 4, 3, 64, 64)
 for i in range(args.steps):
     if args.bug == "nan" and i == args.nan_step:
         with torch.no_grad():
@@ -133,7 +147,10 @@ for i in range(args.steps):
             layer.weight[0, 0] = float("nan")
     if args.bug == "mask" and i == args.nan_step:
         model.h[0].attn.mask.zero_()
-    loss = step_loss(data[i, :, :-1], data[i, :, 1:])
+    if args.model == "resnet18":
+        loss = step_loss(images[i], data[i, :, 0] % 10)
+    else:
+        loss = step_loss(data[i, :, :-1], data[i, :, 1:])
     optimizer.zero_grad()
     loss.backward()
     if args.bug != "mask" or torch.isfinite(loss):

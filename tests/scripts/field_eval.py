@@ -14,9 +14,16 @@ must stay silent, the bugs (``BUGS``) found.
 * ``byol_target``: BYOL: an online network with BatchNorm and a target network made by
   ``deepcopy`` of it, frozen, run under ``no_grad`` in train mode (as byol-pytorch does), and
   moved towards the online one by an EMA after each optimizer step;
+* ``timm_validate_grad``: the same, validated with gradients on, in eval mode only (no
+  ``no_grad`` or ``inference_mode``: the validation's outputs are never backpropagated);
+* ``eval_finetune``: a sequence model fine-tuned in eval mode on purpose (its BatchNorm frozen,
+  ``model.eval()`` at every step to keep its running statistics): training, not evaluation;
 * ``bug_train_no_grad`` (the look-alike that is a bug): the same wrapped resnet18, its training
   forward run under ``torch.no_grad()`` by mistake except for the classifier; the backbone's
-  weights never get a gradient though the optimizer holds them.
+  weights never get a gradient though the optimizer holds them;
+* ``bug_eval_reset`` (a bug that looks like an evaluation pass): ``eval_finetune`` with its
+  recurrent state re-initialised inside the time loop: the cell's calls before the last, in
+  eval mode with no backward, are results thrown away, not a validation pass.
 
 Every case trains on random data for a few steps on the CPU.
 """
@@ -59,18 +66,19 @@ def resnet18() -> nn.Module:
     return model
 
 
-def validate(model: nn.Module) -> float:
-    """timm's ``validate``: eval mode, inference_mode, a few batches, the top-1 accuracy."""
+def validate(model: nn.Module, inference: bool = True) -> float:
+    """timm's ``validate``: eval mode, inference_mode, a few batches, the top-1 accuracy;
+    ``inference``: False, in eval mode only, with gradients on."""
     model.eval()
     correct = 0
-    with torch.inference_mode():
+    with torch.inference_mode(inference):
         for _ in range(2):
             x, y = images()
             correct += int((model(x).argmax(-1) == y).sum())
     return correct / 8
 
 
-def timm_validate() -> None:
+def timm_validate(inference: bool = True) -> None:
     from timm.utils import ModelEmaV3
 
     wrapper = Wrapper(resnet18())
@@ -86,7 +94,51 @@ def timm_validate() -> None:
         ema.update(wrapper.model, step=step)
         print(f"step {step}: loss {loss.item():.4f}")
         if step % EPOCH == EPOCH - 1:  # the epoch ends
-            print(f"  top-1 {validate(wrapper.model):.2f}, ema {validate(ema):.2f}")
+            print(f"  top-1 {validate(wrapper.model, inference):.2f}, "
+                  f"ema {validate(ema, inference):.2f}")
+
+
+def timm_validate_grad() -> None:
+    timm_validate(inference=False)
+
+
+class NormedRNN(nn.Module):
+    """A frozen BatchNorm over the inputs (its statistics from pretraining), then an Elman RNN
+    over the time steps; ``reset_inside``: the state re-initialised inside the time loop."""
+
+    def __init__(self, reset_inside: bool = False) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(8).requires_grad_(False)
+        self.ih = nn.Linear(8, 16)
+        self.hh = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 3)
+        self.reset_inside = reset_inside
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(x.transpose(1, 2)).transpose(1, 2)
+        h = x.new_zeros(x.shape[0], 16)
+        for t in range(x.shape[1]):
+            if self.reset_inside:
+                h = x.new_zeros(x.shape[0], 16)  # the bug: the state starts again at each step
+            h = torch.tanh(self.ih(x[:, t]) + self.hh(h))
+        out: torch.Tensor = self.head(h)
+        return out
+
+
+def eval_finetune(reset_inside: bool = False) -> None:
+    model = NormedRNN(reset_inside)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    for step in range(STEPS):
+        model.eval()  # on purpose: the frozen BatchNorm keeps its running statistics
+        loss = F.cross_entropy(model(torch.randn(8, 5, 8)), torch.randint(0, 3, (8,)))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        print(f"step {step}: loss {loss.item():.4f}")
+
+
+def bug_eval_reset() -> None:
+    eval_finetune(reset_inside=True)
 
 
 class Task(nn.Module):
@@ -261,8 +313,9 @@ def byol_target() -> None:
         print(f"step {step}: loss {loss.item():.4f}")
 
 
-HEALTHY: tuple[Callable[[], None], ...] = (timm_validate, timm_task_ema, lora_32, byol_target)
-BUGS: tuple[Callable[[], None], ...] = (bug_train_no_grad,)
+HEALTHY: tuple[Callable[[], None], ...] = (timm_validate, timm_task_ema, lora_32, byol_target,
+                                           timm_validate_grad, eval_finetune)
+BUGS: tuple[Callable[[], None], ...] = (bug_train_no_grad, bug_eval_reset)
 
 if __name__ == "__main__":
     torch.manual_seed(0)

@@ -14,7 +14,9 @@ byol-pytorch's ``_get_target_encoder`` builds it, inside the first forward;
 second name, so freezing the target freezes the online network, which then runs with
 gradients and under ``torch.no_grad()`` and never trains. And a freeze that happens inside the
 first forward (``freeze_in_first_forward``: a head trained on a backbone its forward freezes at
-its first call), which must keep its ``frozen`` note.
+its first call), which must keep its ``frozen`` note. And byol-pytorch's wrapper as it is
+(``byol_hidden_layer``): the backbone runs in full and a hook takes its last layer but one, so
+its last layer is unused by design; the backbone is registered on the learner too.
 """
 
 from __future__ import annotations
@@ -149,11 +151,44 @@ class BYOL(nn.Module):
                 t.mul_(decay).add_(o, alpha=1 - decay)
 
 
-def train_byol(copy_fn: Callable[[nn.Module], nn.Module], lazy: bool) -> None:
+class HiddenLayerWrapper(NetWrapper):
+    """byol-pytorch's ``NetWrapper`` with ``hidden_layer=-2``: the representation is the output
+    of the net's last layer but one, taken by a forward hook; the net's own result is thrown
+    away (``_ = self.net(x)``), so its last layer never gets a gradient."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__(net)
+        self.projector = mlp(8, 16)
+        self.hidden: list[torch.Tensor] = []
+        [*net.children()][-2].register_forward_hook(self._hook)  # a deepcopy hooks its copy
+
+    def _hook(self, module: nn.Module, args: Any, output: torch.Tensor) -> None:
+        self.hidden.append(output)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        _ = self.net(x)
+        representation = self.hidden.pop()
+        return self.projector(representation), representation
+
+
+class HiddenLayerBYOL(BYOL):
+    """byol-pytorch's ``BYOL``: the backbone registered on the learner (``self.net = net``)
+    before the wrapper that calls it, the target a deepcopy at the first forward."""
+
+    def __init__(self, net: nn.Module) -> None:
+        nn.Module.__init__(self)
+        self.net, self.copy_fn = net, copy.deepcopy
+        self.online_encoder = HiddenLayerWrapper(net)
+        self.online_predictor = mlp(16, 16)
+        self.target_encoder = None
+
+
+def train_byol(copy_fn: Callable[[nn.Module], nn.Module], lazy: bool,
+               learner_of: Callable[[nn.Module], BYOL] | None = None) -> None:
     """byol-pytorch's README loop: Adam over learner.parameters(), the moving average after
     each step."""
     net = backbone()
-    learner = BYOL(net, copy_fn, lazy)
+    learner = learner_of(net) if learner_of else BYOL(net, copy_fn, lazy)
     census([learner])
     optimizer = torch.optim.Adam(learner.parameters(), lr=3e-4)
     distance = moved(net)
@@ -190,6 +225,12 @@ def ok_byol_lazy_deepcopy() -> None:
 def ok_byol_eager_deepcopy() -> None:
     """Healthy: the deepcopy made in ``__init__``."""
     train_byol(copy.deepcopy, lazy=False)
+
+
+def byol_hidden_layer() -> None:
+    """byol-pytorch as it is: its backbone's last layer unused by design, found in the
+    wrapper's forward that throws its output away."""
+    train_byol(copy.deepcopy, True, HiddenLayerBYOL)
 
 
 # -- other look-alikes: frozen teachers, tied weights, siamese networks -----------------------
@@ -336,7 +377,7 @@ def freeze_in_first_forward() -> None:
         optimizer.step()
 
 
-BUGS: tuple[Callable[[], None], ...] = (byol_lazy_shared, byol_eager_shared)
+BUGS: tuple[Callable[[], None], ...] = (byol_lazy_shared, byol_eager_shared, byol_hidden_layer)
 HEALTHY: tuple[Callable[[], None], ...] = (
     ok_byol_lazy_deepcopy, ok_byol_eager_deepcopy,
     ok_distill_frozen_teacher, ok_tied_embedding, ok_siamese, ok_perceptual_alias,

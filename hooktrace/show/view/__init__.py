@@ -103,7 +103,7 @@ def _rank_data(data: RunData, findings: Sequence[Finding], every_call: bool = Fa
     mine = _mine(findings, data.rank)
     heats = {values: heatmap(data, mine, values) for values in VALUES}
     return {
-        "rank": data.rank, "models": sorted(data.models.values()),
+        "rank": data.rank, "models": data.model_names(),
         "graphs": step_graphs(data, mine, every_call, draw),
         "heat": {values: to_html(heat, data.rank) for values, heat in heats.items()},
         "anomalies": _anomalies(data),

@@ -65,6 +65,12 @@ class RunData:
         ran = {model for model, _ in self.first_seq}
         return ran - self.trained if ran & self.trained else set()
 
+    def model_names(self) -> list[str]:
+        """The names of the models the page offers to choose, sorted: not those that prepare
+        data (``data_models``)."""
+        data = self.data_models()
+        return sorted(name for model, name in self.models.items() if model not in data)
+
     def cell(self, model: int, fqn: str, step: int) -> Cell:
         key = (model, fqn, step)
         found = self.cells.get(key)

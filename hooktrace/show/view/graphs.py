@@ -146,7 +146,8 @@ def step_graphs(data: RunData, findings: Sequence[Finding], every_call: bool = F
                 draw: bool = True) -> dict[str, dict[str, Any]]:
     """``"model|step"`` (model "" for all models) -> the graph of that step (``draw`` False:
     without its picture)."""
-    names = sorted(data.models.values()) if len(data.models) > 1 else []
+    names = data.model_names()
+    names = names if len(names) > 1 else []
     out: dict[str, dict[str, Any]] = {}
     for model in [None, *names]:
         for batch in _batches(data, sorted(data.steps)[:MAX_GRAPH_STEPS]):

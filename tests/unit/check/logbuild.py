@@ -34,6 +34,7 @@ class C:
     g_out: float | None = 0.5
     g_in: float | str | None = SAME
     no_grad: bool = False
+    eval_mode: bool = False  # its module in eval mode (model.eval())
     nonfinite: list[list[int]] | None = None  # forward output NaN/Inf: [index, nan, inf]
     lost: list[int] | None = None  # inputs that needed a gradient and got none
     out_stats: list[list[float] | None] | None = None  # explicit statistics, NaN counts
@@ -143,7 +144,7 @@ def _write_step(writer: LogWriter, step: int, calls: Sequence[C], seq: int) -> t
         writer.write(schema.ForwardEvent(
             seq=seq, step=step, model=c.model, name=c.name, call=index, input_shapes=[[4, 8]],
             input_dtypes=["float32"], output_shapes=[c.shape], output_dtypes=[c.dtype],
-            no_grad=c.no_grad, output_nonfinite=c.nonfinite))
+            no_grad=c.no_grad, output_nonfinite=c.nonfinite, eval_mode=c.eval_mode))
     backs = 0
     for fseq, index, c in reversed(fwd):
         if c.g_out is None or c.no_grad:

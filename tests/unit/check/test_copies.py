@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .logbuild import C, signal, summary, write_log
+from .logbuild import C, findings, signal, summary, write_log
 
 
 def ema_beside(n: int = 3) -> list[list[C]]:
@@ -48,3 +48,22 @@ def test_a_copy_that_once_ran_with_gradients_is_judged(tmp_path: Path) -> None:
     path = write_log(tmp_path / "log.jsonl", steps, signals=held("fc1", not_held=("fc2",)),
                      optimizer=False)
     assert "evaluation-copy" not in {f[0] for f in summary(path)}
+
+
+def test_a_copy_validated_in_eval_mode_with_gradients_on_is_one_note(tmp_path: Path) -> None:
+    """The copy validated after .eval() with gradients on (no no_grad): its calls get no
+    backward; no optimizer holds it. The note says how it ran."""
+    steps = [[C("fc1", g_in=None), C("act"), C("fc2", g_out=None, g_in=None, eval_mode=True),
+              C("")] for _ in range(3)]
+    path = write_log(tmp_path / "log.jsonl", steps, signals=held("fc1", not_held=("fc2",)),
+                     optimizer=False)
+    [f] = findings(path)
+    assert (f.kind, f.severity, f.module) == ("evaluation-copy", "note", "fc2")
+    assert "ran only in eval mode, with no backward, and no optimizer holds them" in f.message
+
+
+def test_a_copy_an_optimizer_holds_in_eval_mode_stays_a_warning(tmp_path: Path) -> None:
+    steps = [[C("fc1", g_in=None), C("act"), C("fc2", g_out=None, g_in=None, eval_mode=True),
+              C("")] for _ in range(3)]
+    path = write_log(tmp_path / "log.jsonl", steps, signals=held("fc1", "fc2"), optimizer=False)
+    assert [f[:3] for f in summary(path) if f[1] != "note"] == [("no-grad", "warning", "")]

@@ -88,6 +88,20 @@ def test_a_sigmoid_passing_back_a_usual_share_is_healthy(tmp_path: Path) -> None
     assert summary(write_log(tmp_path / "log.jsonl", steps, modules=SIGMOID)) == []
 
 
+def test_a_sigmoid_before_bce_loss_cancels_the_exploding_gradient_it_gets(
+        tmp_path: Path) -> None:
+    """BCELoss's gradient divides by p (1 - p): where some predictions are confidently wrong
+    the sigmoid receives 1e10 and passes back the logits' usual gradient (pytorch/examples'
+    siamese network): nothing starves. A sigmoid passing back a vanishing gradient of an
+    exploding one still does."""
+    usable = [chain(act=C("act", g_out=1e10, g_in=0.05), fc1=C("fc1", g_out=0.05, g_in=None))]
+    assert summary(write_log(tmp_path / "log.jsonl", usable * 3, modules=SIGMOID)) == []
+    vanishing = [chain(act=C("act", g_out=1e10, g_in=1e-8),
+                       fc1=C("fc1", g_out=1e-8, g_in=None))]
+    path = write_log(tmp_path / "bad.jsonl", vanishing * 3, modules=SIGMOID)
+    assert summary(path) == [("saturated", "warning", "act", 0)]
+
+
 def test_small_gain_of_a_linear_is_vanishing_at_that_layer(tmp_path: Path) -> None:
     steps = [chain(fc2=C("fc2", g_in=1e-8), act=C("act", g_out=1e-8),
                    fc1=C("fc1", g_out=1e-8, g_in=None))] * 3
@@ -176,12 +190,12 @@ WRAPPED = [("", "Wrapper", 0), ("model", "Net", 0), ("model.fc1", "Linear", 40),
            ("model.act", "ReLU", 0), ("model.fc2", "Linear", 18)]
 
 
-def _wrapped(no_grad: bool = False) -> list[C]:
+def _wrapped(no_grad: bool = False, eval_mode: bool = False) -> list[C]:
     """One pass of the model inside the wrapper, called through the wrapper (training) or
-    alone under no_grad (validation)."""
-    if no_grad:
-        return [C(name, no_grad=True) for name in ("model.fc1", "model.act", "model.fc2",
-                                                   "model")]
+    alone under no_grad, or in eval mode with gradients on and no backward (validation)."""
+    if no_grad or eval_mode:
+        return [C(name, g_out=None, g_in=None, no_grad=no_grad, eval_mode=eval_mode)
+                for name in ("model.fc1", "model.act", "model.fc2", "model")]
     return [C("model.fc1", g_in=None), C("model.act"), C("model.fc2"), C("model"), C("")]
 
 
@@ -201,3 +215,32 @@ def test_a_training_pass_under_no_grad_beside_a_validation_pass_is_found(tmp_pat
     (f,) = findings(write_log(tmp_path / "log.jsonl", steps, modules=WRAPPED))
     assert (f.kind, f.severity, f.module) == ("no-grad-under-no_grad", "warning", "model")
     assert f.evidence["starved"] == ["model.fc1"]
+
+
+def test_a_validation_pass_in_eval_mode_with_gradients_on_is_healthy(tmp_path: Path) -> None:
+    """The same validation with gradients on, after model.eval() only: its calls get no
+    backward; they ran in eval mode, and the model trained in another call of the step (issue
+    38: 'the output of model, model (call 1) gets no gradient back')."""
+    steps = [_wrapped(), _wrapped(eval_mode=True) * 2 + _wrapped(), _wrapped()]
+    assert findings(write_log(tmp_path / "log.jsonl", steps, modules=WRAPPED)) == []
+
+
+def test_a_pass_in_train_mode_without_backward_is_still_judged(tmp_path: Path) -> None:
+    """The same calls in train mode: nothing says they are a validation pass."""
+    steps = [_wrapped(), [C(c.name, g_out=None, g_in=None) for c in _wrapped(eval_mode=True)]
+             + _wrapped(), _wrapped()]
+    [f] = [f for f in findings(write_log(tmp_path / "log.jsonl", steps, modules=WRAPPED))
+           if f.severity != "note"]
+    assert (f.kind, f.severity, f.module, f.step) == ("no-grad", "warning", "", 1)
+
+
+def test_an_unused_call_inside_a_forward_trained_in_eval_mode_is_found(tmp_path: Path) -> None:
+    """A model trained in eval mode on purpose (frozen BatchNorm) whose forward calls fc1 twice
+    and throws the first result away: that call, in eval mode with no backward, is inside a
+    forward that trained, not a validation pass."""
+    step = [C("fc1", g_out=None, g_in=None, eval_mode=True), C("fc1", g_in=None, eval_mode=True),
+            C("act", eval_mode=True), C("fc2", eval_mode=True), C("", eval_mode=True)]
+    [f] = [f for f in findings(write_log(tmp_path / "log.jsonl", [step] * 3))
+           if f.severity != "note"]
+    assert (f.kind, f.module, f.evidence["starved"]) == ("no-grad", "", ["fc1"])
+    assert "gets no gradient back while another call of the same module does" in f.message

@@ -33,7 +33,7 @@ RECORDS: list[Any] = [
                         input_dtypes=["float32"], output_shapes=[[5, 8]],
                         output_dtypes=["float32"], output_nonfinite=[[0, 1, 2]]),
     schema.ForwardEvent(seq=2, step=0, model=0, name="", call=0, no_grad=True, recompute=True,
-                        inputs_more=3, outputs_more=1),
+                        inputs_more=3, outputs_more=1, eval_mode=True),
     schema.BackwardEvent(seq=3, step=0, model=0, name="fc1", call=0, fwd=1, grad_input_len=2,
                          grad_output_len=1, grad_input_shapes=[None, [5, 4]],
                          grad_output_shapes=[[5, 8]], grad_input_stats=[None, [1.5, 0.25]],
@@ -290,7 +290,7 @@ json_values = st.recursive(
 KEYS = ["type", "seq", "step", "model", "module", "name", "call", "fwd", "class", "status", "id",
         "in", "out", "shapes", "dtypes", "in_stats", "out_stats", "output_nonfinite",
         "grad_norm", "error", "exit_code", "events", "aliases", "loose", "params", "no_grad",
-        "schema",
+        "eval", "schema",
         "argv", "options"]
 small_ints = st.integers(min_value=-1, max_value=3)
 records_like = st.dictionaries(st.sampled_from(KEYS), json_values | small_ints,
@@ -418,7 +418,7 @@ stats = st.one_of(st.lists(numbers, min_size=2, max_size=2).map(lambda s: [s]), 
                   a_stat)
 changes = st.dictionaries(
     st.sampled_from(["seq", "step", "module", "call", "fwd", "in", "out", "no_grad",
-                     "recompute", "inputs_more", "output_nonfinite", "other"]),
+                     "recompute", "eval", "inputs_more", "output_nonfinite", "other"]),
     st.one_of(odd, st.just([[0, 1, 2]])), max_size=2)
 
 

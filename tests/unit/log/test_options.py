@@ -177,14 +177,15 @@ def options_from_header(header: dict[str, Any]) -> dict[str, Any]:
         "max_events": header["max_events"], "stats": header["stats"], "watch": header["watch"],
         "break_on_nan": header.get("break_on") == "nan",
         "capture": tuple(header.get("capture", ())), "ops": tuple(header.get("ops", ())),
-        "run": header.get("run"),
+        "probe": header.get("probe", False), "run": header.get("run"),
     }
 
 
 def test_every_option_survives_the_log_header(tmp_path: Path) -> None:
     options = TraceOptions(include=("fc*", "conv?"), exclude=("fc2",),
                            steps=Steps.parse("0,100:102"), max_events=5, stats=True, watch=True,
-                           break_on_nan=True, capture=("conv1",), ops=("act*",), run="module")
+                           break_on_nan=True, capture=("conv1",), ops=("act*",), probe=True,
+                           run="module")
     path = tmp_path / "log.jsonl"
     writer = LogWriter(path)
     writer.write(schema.Header(schema=schema.SCHEMA_VERSION, hooktrace="0.2.0",

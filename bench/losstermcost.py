@@ -1,0 +1,87 @@
+"""What issue 36's item 2 costs a recorded step on W1 (``mse_loss``) and W2 (``cross_entropy``):
+the loss terms' observer, by its parts, measured on the workload's own model output and loss.
+
+    python -m bench.losstermcost
+
+* ``forward_end`` is called for each module call of a recorded step (it opens the window at a
+  model call's end only);
+* the window: the loss computed with the window open (each op through the mode; for
+  ``cross_entropy`` one more op counting the targets not ignored), ``looked`` as backward
+  begins, and ``backward_end`` (the one read of the counts), less the loss computed plainly.
+
+A whole traced step is too noisy on a shared machine to show a few microseconds, so each part
+is timed alone: each number is the least of several timings (what the work costs, not what a
+busy machine adds to it). The step times are an untraced step's, for scale.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+from bench import workloads
+from hooktrace.hooks.records import Mode, PassEnd
+from hooktrace.observe.lossterms import LossTerms
+
+
+def least(fn: Callable[[], Any], repeat: int = 30, number: int = 20) -> float:
+    """The least time of ``repeat`` runs of ``number`` calls, per call, in seconds."""
+    best = float("inf")
+    for _ in range(repeat):
+        began = time.perf_counter()
+        for _ in range(number):
+            fn()
+        best = min(best, (time.perf_counter() - began) / number)
+    return best
+
+
+def measure(name: str) -> str:
+    work = workloads.build(name, torch.device("cpu"))
+    modules = len(list(work.model.modules()))
+    batch = torch.randn(32, 64) if name == "W1" else torch.randn(8, 3, 64, 64)
+    out = work.model(batch)
+    target = torch.randn_like(out) if name == "W1" else torch.randint(0, 1000, (8,))
+
+    def loss() -> torch.Tensor:
+        return F.mse_loss(out, target) if name == "W1" else F.cross_entropy(out, target)
+
+    said: list[Any] = []
+    terms = LossTerms(said.append)
+    inner: Any = SimpleNamespace(top=False, in_backward=False)
+    end = PassEnd(0, Mode.RECORDED, (), ())
+
+    def ends() -> None:
+        for _ in range(modules):
+            terms.forward_end(inner)
+
+    def windowed() -> None:
+        terms._open()
+        root = loss()
+        terms.looked(0, [root.grad_fn], {0})
+        terms.backward_end(end)
+
+    try:
+        calls, plain, window = least(ends, number=1), least(loss), least(windowed)
+    finally:
+        terms.stop(0, Mode.RECORDED)
+    step = least(work.step, 5, 1)
+    added = calls + window - plain
+    return (f"{name}: forward_end {calls * 1e6:.1f} us for {modules} module calls; the window "
+            f"{(window - plain) * 1e6:.1f} us (the loss alone {plain * 1e6:.1f} us); in all "
+            f"{added * 1e6:.0f} us a recorded step, an untraced step {step * 1e3:.1f} ms "
+            f"({added / step:.2%}); signals {len(said)}")
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    for name in ("W1", "W2"):
+        print(measure(name))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""What issue 36's item 1 costs: the step, explained (``observe/stepcheck.py``) at a recorded
+step's end and in the optimizer step hooks that follow (called directly: the step itself is
+not timed), on W1 and W2 (CPU); and the same in a step that is not recorded (no gradient sample
+read).
+
+    python -m bench.stepcost
+
+Each number is the least of several timings (the machine is shared): what the work costs, not
+what a busy machine adds to it. The untraced step times are given for scale.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from bench import workloads
+from bench.customcost import least
+from hooktrace.hooks.naming import ModInfo
+from hooktrace.hooks.records import Mode, PassEnd
+from hooktrace.observe.stepcheck import StepExplained
+
+
+def costs(observer: StepExplained, optimizer: torch.optim.Optimizer) -> dict[Mode, float]:
+    """What tracing adds to a step, recorded and not: the pass's end, the two optimizer hooks
+    (called directly: the step itself is not timed)."""
+    out = {}
+    for mode in (Mode.RECORDED, Mode.WATCHED):
+        end = PassEnd(0, mode, (), ())
+
+        def step(end: PassEnd = end) -> None:
+            observer.backward_end(end)
+            observer._stepping(optimizer, (optimizer,), {})
+            observer._stepped_hook(optimizer)
+        out[mode] = least(step, 50)
+    return out
+
+
+def main() -> None:
+    device = torch.device("cpu")
+    for name in ("W1", "W2"):
+        work = workloads.build(name, device)
+        work.step()  # every parameter has its .grad
+        optimizer = torch.optim.SGD(work.model.parameters(), lr=1e-4)
+        observer = StepExplained(lambda _: None)
+        try:
+            for fqn, module in work.model.named_modules():
+                params = bool(module._parameters)
+                observer.module_seen(module, ModInfo(0, fqn, type(module).__name__, True,
+                                                     weakref.ref(module), params))
+            cost = costs(observer, optimizer)
+        finally:
+            observer.stop(0, Mode.OFF)
+        untraced = least(work.step, 10)
+        print(f"{name}: the step explained {cost[Mode.RECORDED] * 1e6:.0f} us a recorded step, "
+              f"{cost[Mode.WATCHED] * 1e6:.0f} us another "
+              f"({len(list(work.model.parameters()))} parameters); an untraced step "
+              f"{untraced * 1e3:.1f} ms ({cost[Mode.RECORDED] / untraced:.2%})")
+
+
+if __name__ == "__main__":
+    main()

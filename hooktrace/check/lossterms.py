@@ -1,0 +1,142 @@
+"""Every loss term counts: a term added into the loss that reaches no trainable parameter
+(``loss-term-cut``: what cut it, and where), a bootstrapped target that carries a gradient
+(``loss-target-grad``), and how much of its batch a classification loss
+reads (``loss-share``: a note where targets are ignored, a warning where it read none in every
+recorded step). Pure: a ``Collected`` in, findings out."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from hooktrace.check.findings import NOTE, WARNING, Finding
+
+if TYPE_CHECKING:
+    from hooktrace.check.collected import Collected
+    from hooktrace.log.schema import Signal
+
+# reason -> how the term lost its gradient, and the hint
+_CUTS = {
+    "detach": ("{op} at {where} detached it from the graph",
+               "drop the .detach() where the term should train the model (keep it only on a "
+               "target or a teacher's output); a forward hook that stores output.detach() "
+               "gives features without gradient"),
+    "no_grad": ("it was computed under torch.no_grad() ({op} at {where} ran with gradients "
+                "off on weights that need them)",
+                "compute the term outside torch.no_grad(); keep no_grad only for what is a "
+                "fixed target (a frozen network's features of the real input)"),
+    "numpy": ("it went through numpy ({op} at {where}) and came back as a new tensor: "
+              "autograd cannot follow numpy",
+              "write the term with torch operations on the tensor itself (torch.diff, "
+              "torch.abs, .mean()) so that autograd can follow it"),
+    "item": ("it was turned into a Python number ({op} at {where}) and added back as a "
+             "constant",
+             "add the tensor itself to the loss, not loss.item() or float(loss)"),
+    "op": ("{op} at {where} has no gradient (a comparison, an argmax, an integer result)",
+           "use a differentiable stand-in for the term (a softmax for an argmax, a sigmoid "
+           "for a threshold)"),
+}
+
+
+def check_loss_terms(c: Collected) -> list[Finding]:
+    out: list[Finding] = []
+    shares: dict[tuple[int, str, int], list[Signal]] = {}
+    for s in c.signals:
+        if s.kind == "loss-term-cut":
+            out.append(_cut(c, s))
+        elif s.kind == "loss-target-grad":
+            out.append(_target(c, s))
+        elif s.kind == "loss-share":
+            key = (s.model, str(s.detail.get("file", "")), int(s.detail.get("line", 0)))
+            shares.setdefault(key, []).append(s)
+    for signals in shares.values():
+        out.append(_share(c, signals))
+    return out
+
+
+def absorb(c: Collected, findings: list[Finding]) -> list[Finding]:
+    """A ``no-grad`` finding whose starved modules all made (or are inside the modules that
+    made) a term a ``loss-term-cut`` names: the gradient stops in the loss, outside every
+    forward, not inside the boundary's forward. The cut names them; the ``no-grad`` goes."""
+    cuts = [f for f in findings if f.kind == "loss-term-cut"]
+    if not cuts:
+        return findings
+    kept = []
+    for f in findings:
+        cut = next((k for k in cuts if _explains(c, k, f)), None) if f.kind == "no-grad" \
+            else None
+        if cut is None:
+            kept.append(f)
+            continue
+        starved = [s for s in f.evidence.get("starved", [])
+                   if s not in cut.evidence.get("starved", [])]
+        cut.evidence["starved"] = [*cut.evidence.get("starved", []), *starved]
+        names = cut.evidence["starved"]
+        cut.message += (f"; it starves {', '.join(names)}, which "
+                        f"{'gets' if len(names) == 1 else 'get'} no gradient")
+    return kept
+
+
+def _explains(c: Collected, cut: Finding, f: Finding) -> bool:
+    starved = f.evidence.get("starved") or []
+    names = [str(name) for model, name in cut.evidence.get("calls", [])
+             if name and c.model_name(model) == f.model]
+    return bool(starved) and cut.model == f.model and all(
+        any(s == n or s.startswith(n + ".") for n in names) for s in starved)
+
+
+def _where(file: Any, line: Any) -> str:
+    return f"{file}:{line}"
+
+
+def _cut(c: Collected, s: Signal) -> Finding:
+    d = s.detail
+    how, hint = _CUTS.get(str(d.get("reason")), _CUTS["op"])
+    where = _where(d.get("file"), d.get("line"))
+    code = f" (`{d['code']}`)" if d.get("code") else ""
+    models = ", ".join(f"'{c.model_name(m)}'" for m in d.get("models", [s.model]))
+    return Finding(
+        "loss-term-cut", WARNING, c.model_name(s.model), s.name, s.step,
+        f"a term added into the loss at {_where(d.get('added_file'), d.get('added_line'))} "
+        f"reaches no trainable parameter: {how.format(op=d.get('op'), where=where)}{code}. It "
+        f"is in the loss, outside every forward: it changes the loss's value, but only the "
+        f"other terms train model {models}", dict(d), hint)
+
+
+def _target(c: Collected, s: Signal) -> Finding:
+    d = s.detail
+    model = c.model_name(s.model)
+    code = f" (`{d['code']}`)" if d.get("code") else ""
+    return Finding(
+        "loss-target-grad", WARNING, model, s.name, s.step,
+        f"the target of {d.get('loss')} at {_where(d.get('file'), d.get('line'))}{code} "
+        f"carries a gradient into model '{model}': it is computed from another call of the "
+        f"model the prediction comes from, through a {str(d.get('through', 'max')).lower()} "
+        "over its output (a bootstrapped target, r + gamma * max Q(s')), so the loss also moves "
+        "its own target. It is in the loss, outside every forward", dict(d),
+        "compute the target under torch.no_grad() or .detach() it (or take it from a target "
+        "network): only the prediction should get the gradient")
+
+
+def _share(c: Collected, signals: list[Signal]) -> Finding:
+    first = signals[0]
+    d = first.detail
+    least = min(signals, key=lambda s: s.detail.get("read", 0) / max(s.detail.get("of", 1), 1))
+    read, of = least.detail.get("read", 0), least.detail.get("of", 0)
+    where = _where(d.get("file"), d.get("line"))
+    recorded = c.backward_steps or {s.step for s in signals}
+    none = all(s.detail.get("read") == 0 for s in signals) and len(signals) >= len(recorded)
+    fact = {"loss": d.get("loss"), "ignore_index": d.get("ignore_index"), "file": d.get("file"),
+            "line": d.get("line"), "read": [s.detail.get("read") for s in signals],
+            "of": [s.detail.get("of") for s in signals], "steps": [s.step for s in signals]}
+    if none:
+        return Finding(
+            "loss-reads-nothing", WARNING, c.model_name(first.model), first.name, first.step,
+            f"{d.get('loss')} at {where} ignores every target of the batch in every recorded "
+            f"step (all {of} equal ignore_index={d.get('ignore_index')}): the loss is NaN or "
+            "0 and gives the model no gradient", fact,
+            "check the labels and the ignore_index: padding or a wrong label mapping may have "
+            "turned every target into the ignored value")
+    return Finding(
+        "loss-share", NOTE, c.model_name(first.model), first.name, least.step,
+        f"{d.get('loss')} at {where} reads part of its batch: {read} of {of} targets at step "
+        f"{least.step} (the others equal ignore_index={d.get('ignore_index')})", fact)

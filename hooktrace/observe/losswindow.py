@@ -1,0 +1,264 @@
+"""The window of the loss terms' observer (``lossterms.py``): a ``TorchFunctionMode`` that
+follows a recorded step's operations from a model call's end to ``backward()``. An operation
+whose output has no gradient though an input needed one cut the graph there; what is made from
+its output carries the cut; an escape to numpy or a Python number is remembered; an addition of a
+term with gradient and one that carries a cut is a candidate term; ``F.cross_entropy`` and
+``F.nll_loss`` count their targets read, and a regression loss whose target has gradient is
+noted. Every operation returns what it returns; an error turns the window off.
+"""
+
+from __future__ import annotations
+
+import sys
+import sysconfig
+from collections import deque
+from pathlib import Path
+from types import FrameType
+from typing import Any, NamedTuple
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from hooktrace.hooks.gradhooks import output_calls
+from hooktrace.hooks.opzoom import op_name
+from hooktrace.hooks.sites import shown
+
+CAP = 4096  # operations one window follows
+_CALLS_BUDGET = 32  # nodes walked from a cut back to the calls it came from
+_OURS = str(Path(__file__).parent.parent)
+_SKIP = (str(Path(torch.__file__).parent), "<frozen ", *sorted({
+    sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib")}))
+_DETACH = frozenset({"Tensor.detach", "Tensor.detach_", "Tensor.data"})
+_ESCAPES = {"Tensor.numpy": "numpy", "Tensor.item": "item", "Tensor.__float__": "item",
+            "Tensor.tolist": "item"}
+_ADDS = frozenset({"Tensor.add", "Tensor.__add__", "Tensor.__radd__", "Tensor.__iadd__",
+                   "Tensor.add_", "torch.add", "Tensor.sub", "Tensor.__sub__",
+                   "Tensor.__rsub__", "Tensor.__isub__", "Tensor.sub_", "torch.sub",
+                   "torch.stack", "torch.cat"})
+#: tensors made from data: from numpy (or a number an escape gave)
+_FROM_DATA = frozenset({"torch.tensor", "torch.as_tensor", "torch.asarray"})
+_SHARES = frozenset({"F.cross_entropy", "F.nll_loss"})
+#: losses comparing a prediction with a target: a target with gradient is looked at
+_REGRESSION = frozenset({"F.mse_loss", "F.l1_loss", "F.smooth_l1_loss", "F.huber_loss"})
+#: tensors made from nothing: constants (a loss accumulator's start)
+_MADE = frozenset({"torch.zeros", "torch.ones", "torch.full", "torch.empty", "torch.tensor",
+                   "torch.scalar_tensor", "torch.zeros_like", "torch.ones_like"})
+_grad_enabled = torch.is_grad_enabled
+
+
+class Cut(NamedTuple):
+    """Where a tensor lost its gradient: ``detach``, ``no_grad``, ``numpy``, ``item`` or
+    ``op`` (an op with no derivative), the op, and the user's line that ran it."""
+
+    reason: str
+    op: str
+    file: str
+    line: int
+    code: str
+    #: the traced calls whose outputs the tensor was computed from: [model, fqn] each
+    calls: tuple[tuple[int, str], ...] = ()
+
+
+class _Term(NamedTuple):
+    node: Any  # the addition's autograd node
+    cut: Cut
+    file: str  # where it was added
+    line: int
+
+
+def _site(frame: FrameType | None) -> tuple[str, int, str] | None:
+    """The innermost frame that is neither torch's nor the standard library's; None where
+    hooktrace's own code is met first (its hooks' operations)."""
+    import linecache
+    while frame is not None:
+        file = frame.f_code.co_filename
+        if file.startswith(_OURS):
+            return None
+        if not file.startswith(_SKIP):
+            code = linecache.getline(file, frame.f_lineno).strip()[:120]
+            return shown(file), frame.f_lineno, code
+        frame = frame.f_back
+    return None
+
+
+def _get(table: WeakIdKeyDictionary, t: torch.Tensor) -> Cut | None:
+    found: Cut | None = table.get(t)  # type: ignore[no-untyped-call]
+    return found
+
+
+def _calls(t: torch.Tensor) -> tuple[tuple[int, str], ...]:
+    """The traced calls whose outputs ``t`` was computed from (the first met on each path, and
+    the calls around them that returned the same output), by a walk of at most
+    ``_CALLS_BUDGET`` nodes of its graph."""
+    node = t.grad_fn
+    if node is None:
+        return ()
+    found: dict[tuple[int, str], None] = {}
+    seen = {node}
+    queue = deque([node])
+    while queue and len(seen) < _CALLS_BUDGET:
+        n = queue.popleft()
+        infos = [c.info for c in output_calls(n) if c.info is not None]
+        if infos:
+            found.update(((i.model, i.name), None) for i in infos)
+            continue
+        for child, _ in n.next_functions:
+            if child is not None and child not in seen:
+                seen.add(child)
+                queue.append(child)
+    return tuple(found)
+
+
+def _tensors(args: tuple[Any, ...]) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out.extend(t for t in a if isinstance(t, torch.Tensor))
+    return out
+
+
+class Window(TorchFunctionMode):
+    """Follows the operations of one window; ``LossTerms`` opens and closes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on = False
+        self.ops = 0
+        self.cuts: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.made: WeakIdKeyDictionary = WeakIdKeyDictionary()  # constants made in the window
+        self.escapes: list[tuple[Cut, Any]] = []  # (where, the number; None for numpy)
+        self.terms: list[_Term] = []
+        self.targets: list[tuple[Any, Cut]] = []  # regression losses whose target has gradient
+        # (cut site of the loss call, targets read (a tensor), targets, ignore_index, model)
+        self.shares: list[tuple[Cut, torch.Tensor, int, int]] = []
+        self._names: dict[Any, str] = {}
+
+    def clear(self) -> None:
+        self.ops = 0
+        self.cuts = WeakIdKeyDictionary()
+        self.made = WeakIdKeyDictionary()
+        self.escapes.clear()
+        self.terms.clear()
+        self.targets.clear()
+        self.shares.clear()
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        out = func(*args, **kwargs) if kwargs else func(*args)
+        if self.on:
+            try:
+                self._see(func, args, kwargs, out, sys._getframe(1))
+            except Exception:
+                self.on = False
+        return out
+
+    def _see(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any,
+             frame: FrameType) -> None:
+        self.ops += 1
+        if self.ops > CAP:
+            self.on = False
+            return
+        name = self._names.get(func)
+        if name is None:
+            name = self._names[func] = op_name(func)
+        if isinstance(out, torch.Tensor):
+            if name in _SHARES:
+                self._share(name, args, kwargs, frame)
+            if out.requires_grad:
+                if name in _ADDS:
+                    self._added(args, out, frame)
+                elif name in _REGRESSION:
+                    self._target(name, args, kwargs, out, frame)
+                return
+            cut = self._input_cut(name, args, frame)
+            if cut is None and name in _FROM_DATA and args:
+                cut = self._made_back(args[0])
+            if cut is not None:
+                self.cuts[out] = cut
+            elif name in _MADE:
+                self.made[out] = True
+        elif isinstance(out, tuple):  # (values, indices) of max, the parts of split
+            outs = [t for t in out if isinstance(t, torch.Tensor) and not t.requires_grad]
+            cut = self._input_cut(name, args, frame) if outs else None
+            if cut is not None:
+                for t in outs:
+                    self.cuts[t] = cut
+        elif name in _ESCAPES and args and isinstance(args[0], torch.Tensor):
+            t = args[0]
+            cut = _get(self.cuts, t)
+            if cut is None and not t.requires_grad:
+                return
+            site = _site(frame)
+            if site is not None:
+                calls = cut.calls if cut is not None else _calls(t)
+                self.escapes.append((Cut(_ESCAPES[name], name, *site, calls),
+                                     None if name == "Tensor.numpy" else out))
+
+    def _input_cut(self, name: str, args: tuple[Any, ...], frame: FrameType) -> Cut | None:
+        """The cut an input carries, or the one this op makes (an input needed a gradient)."""
+        for t in _tensors(args):
+            cut = _get(self.cuts, t)
+            if cut is None and t.requires_grad:
+                cut = self._cut(name, frame, t)
+            if cut is not None:
+                return cut
+        return None
+
+    def _cut(self, name: str, frame: FrameType, t: torch.Tensor) -> Cut | None:
+        site = _site(frame)
+        if site is None:
+            return None
+        reason = "detach" if name in _DETACH else "op" if _grad_enabled() else "no_grad"
+        return Cut(reason, name, *site, _calls(t))
+
+    def _made_back(self, data: Any) -> Cut | None:
+        """A tensor made from a number an escape gave, or from numpy after a numpy escape."""
+        if isinstance(data, (int, float)):
+            return next((c for c, v in self.escapes if v is not None and v == data), None)
+        if type(data).__module__ == "numpy":
+            return next((c for c, v in self.escapes if v is None), None)
+        return None
+
+    def _added(self, args: tuple[Any, ...], out: torch.Tensor, frame: FrameType) -> None:
+        for a in (args[0] if args and isinstance(args[0], (list, tuple)) else args[:2]):
+            cut = None
+            if isinstance(a, torch.Tensor) and not a.requires_grad:
+                cut = _get(self.cuts, a)
+                if cut is None and a.dim() == 0 and a not in self.made:
+                    # made outside every op followed here (torch.from_numpy): after .numpy(),
+                    # unless it is 0 (an accumulator made before the window; read only here)
+                    cut = next((c for c, v in self.escapes if v is None), None)
+                    if cut is not None and float(a) == 0.0:
+                        cut = None
+            elif isinstance(a, float) and a != 0.0:
+                cut = next((c for c, v in self.escapes if v is not None and v == a), None)
+            if cut is not None:
+                site = _site(frame)
+                if site is not None and out.grad_fn is not None:
+                    self.terms.append(_Term(out.grad_fn, cut, site[0], site[1]))
+                return
+
+    def _target(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
+                out: torch.Tensor, frame: FrameType) -> None:
+        target = args[1] if len(args) > 1 else (kwargs or {}).get("target")
+        if isinstance(target, torch.Tensor) and target.requires_grad and len(self.targets) < 16:
+            site = _site(frame)
+            if site is not None and out.grad_fn is not None:
+                self.targets.append((out.grad_fn, Cut("target", name, *site)))
+
+    def _share(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
+               frame: FrameType) -> None:
+        kwargs = kwargs or {}
+        target = args[1] if len(args) > 1 else kwargs.get("target")
+        ignore = args[4] if len(args) > 4 else kwargs.get("ignore_index", -100)
+        if not isinstance(target, torch.Tensor) or target.is_floating_point() or \
+                not isinstance(ignore, int) or len(self.shares) >= 16:
+            return
+        site = _site(frame)
+        if site is not None:
+            with torch.no_grad():
+                read = (target != ignore).sum()
+            self.shares.append((Cut("share", name, *site), read, target.numel(), ignore))

@@ -1,0 +1,60 @@
+"""The step, explained on hand-built logs: each ``step-unexplained`` signal one warning that says
+which expectation of the step broke and where; an expectation this checker does not know, none;
+an ``lr-collapsed`` signal with a constant factor says it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .logbuild import findings, healthy, signal, write_log
+
+# expectation -> (its detail, the signal's module, words of the message, words of the hint)
+CASES: dict[str, tuple[dict[str, Any], str, str, str]] = {
+    "group-lr": ({"optimizer": "AdamW", "group": 1, "steps": [0, 1, 2], "count": 3,
+                  "others": 0.001, "modules": ["fc1"]}, "fc1",
+                 "param group 1 of the AdamW optimizer of model 'net' (fc1) stepped at lr 0 in "
+                 "all 3 steps it had gradients in, while another group of it stepped at lr "
+                 "0.001", "requires_grad_(False)"),
+    "state": ({"optimizer": "Adam", "steps": [1, 2], "count": 2}, "",
+              "a new Adam optimizer took over the parameters of model 'net' 2 times ("
+              "steps 1, 2)", "build the optimizer once"),
+    "cleared": ({"windows": 3, "passes": 2, "modules": ["fc1", "fc2"]}, "fc1",
+                "the gradients of model 'net' (fc1, fc2) were cleared between backward passes "
+                "of one accumulation: 2 passes before one optimizer step began from no gradient "
+                "(3 accumulations so)", "not inside the micro-batch loop"),
+    "sign": ({"steps": [0, 1], "factor": -0.25, "modules": ["fc1"]}, "fc1",
+             "multiplied by a negative factor (-0.25) between backward() and optimizer.step() "
+             "in 2 steps (steps 0, 1): the step moves the weights along +g", "negative max_norm"),
+}
+
+
+@pytest.mark.parametrize("expectation", sorted(CASES))
+def test_each_expectation_is_one_warning(tmp_path: Path, expectation: str) -> None:
+    detail, module, says, hint = CASES[expectation]
+    path = write_log(tmp_path / "log.jsonl", healthy(), signals=[
+        signal("step-unexplained", 1, module, expectation=expectation, **detail)])
+    (f,) = findings(path)
+    assert (f.kind, f.severity, f.model, f.module, f.step) == (
+        "step-unexplained", "warning", "net", module, 1)
+    assert says in f.message
+    assert hint in (f.hint or "")
+    assert f.evidence["expectation"] == expectation
+
+
+def test_an_unknown_expectation_says_nothing(tmp_path: Path) -> None:
+    path = write_log(tmp_path / "log.jsonl", healthy(), signals=[
+        signal("step-unexplained", 0, expectation="future")])
+    assert findings(path) == []
+
+
+def test_a_collapse_by_one_factor_says_it(tmp_path: Path) -> None:
+    path = write_log(tmp_path / "log.jsonl", healthy(), signals=[
+        signal("lr-collapsed", 5, peak=0.1, lr=1e-7, low_steps=2, optimizer_steps=7,
+               factor=0.1)])
+    (f,) = findings(path)
+    assert ("the learning rate of the optimizer of model 'net', multiplied by 0.1 at every "
+            "optimizer step, fell below 1e-4 of its peak (0.1) at step 5") in f.message
+    assert f.evidence["factor"] == 0.1
