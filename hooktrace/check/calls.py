@@ -61,6 +61,17 @@ class Call:
         return not self.backed or (self.finite and self.g_out == 0)
 
 
+def take_zero_shares(judged: dict[int, Call], share: object) -> None:
+    """A ``grad-zeros`` signal's ``share`` (call seq -> the share of exactly-zero gradient at
+    its outputs) into the calls being judged."""
+    if not isinstance(share, dict) or not judged:
+        return
+    for seq, value in share.items():
+        call = judged.get(int(seq)) if isinstance(seq, str) and seq.isdigit() else None
+        if call is not None and isinstance(value, (int, float)):
+            call.zeros = float(value)
+
+
 def _norm(stats: Sequence[Sequence[float] | None] | None) -> tuple[float | None, bool]:
     if stats is None:
         return None, True

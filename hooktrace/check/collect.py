@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from hooktrace.check import firstnan, flow, ops
-from hooktrace.check.calls import Call, whole_drop
+from hooktrace.check.calls import Call, take_zero_shares, whole_drop
 from hooktrace.check.collected import Collected, Keys, LossCall, ModuleKey, ModuleStats
 from hooktrace.check.losses import LOSSES
 from hooktrace.check.patterns import Indices, Patterns
@@ -163,7 +163,7 @@ class Collector:
             self.c.last_step = max(r.step, -1 if self.c.last_step is None else self.c.last_step)
         elif type(r) is schema.Signal:
             if r.kind == "grad-zeros":
-                self._grad_zeros(r)
+                take_zero_shares(self._judged, r.detail.get("share"))
             else:
                 self.c.signals.append(r)
         elif type(r) is schema.Source:
@@ -299,16 +299,6 @@ class Collector:
                                                chance=chance, half="float16" in outs[1],
                                                out_shapes=shapes, eval_mode=eval_mode)
         self._judged_calls[(step, index, call)] = judged
-
-    def _grad_zeros(self, r: schema.Signal) -> None:
-        """The share of exactly-zero gradient at the outputs of calls being judged."""
-        share = r.detail.get("share")
-        if not isinstance(share, dict) or not self._judged:
-            return
-        for seq, value in share.items():
-            judged = self._judged.get(int(seq)) if seq.isdigit() else None
-            if judged is not None and isinstance(value, (int, float)):
-                judged.zeros = float(value)
 
     def _compare_orders(self) -> None:
         """Does the step's backward run its calls in the reverse of their forward order?"""
