@@ -288,9 +288,6 @@ def _add_inside(flow: Flow, step: int, enclosing: Enclosing, v: Call,
     forward of the next one out. Where the loss reads only part of that call's outputs, or of
     a call inside its forward (``sparse``: at least ``_READ_PART`` of their gradient exactly
     zero), the zero may be that selection's (``selected``)."""
-    if not v.backed and v.grad and enclosing.fed_elsewhere(v) and not enclosing.fed_after(v):
-        return  # after the calls that train it, a result only looked at (a metric, a log): a
-        # loop that throws results away overwrites the earlier calls' (``unused_calls``)
     branch = v
     fed = [outer for outer in enclosing.chain(v) if outer.fed]
     for outer in enclosing.chain(v):

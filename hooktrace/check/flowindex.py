@@ -129,11 +129,6 @@ class Enclosing:
         """Another call of ``v``'s module in the step got a gradient."""
         return self._fed.get(v.key, 0) - (v.fed and self._at.get(v.seq) is v) > 0
 
-    def fed_after(self, v: Call) -> bool:
-        """A later call of ``v``'s module in the step got a gradient."""
-        found = self._by_key[v.key]
-        return any(c.fed for c in found[bisect_right(self._seqs[v.key], v.seq):])
-
     def largest_before(self, b: Call) -> float | None:
         """The largest gradient (``g_out``) of a fed call with parameters before ``b``."""
         return self._before[bisect_left(self._call_seqs, b.seq)]

@@ -1,12 +1,15 @@
 """Two healthy recipes of several models or calls, on hand-built logs (issue 36, item 5): a
 GAN that freezes its discriminator around the generator's pass and unfreezes it for its own
 (the run ends in a frozen turn: no ``frozen-during-run``), and a module called again after the
-call that trains it, whose result is only looked at (no ``no-grad``); their bugs stay found: a
-freeze that nothing undoes, a loop that throws the earlier calls' results away."""
+call that trains it, whose result is only looked at (still a ``no-grad``: a strict xfail); their
+bugs stay found: a freeze that nothing undoes, a loop that throws the earlier calls' results
+away."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from .logbuild import CHAIN, C, chain, signal, summary, write_log
 
@@ -44,6 +47,9 @@ def body(fed: bool) -> list[C]:
                                                           "body")]
 
 
+@pytest.mark.xfail(strict=True, reason="the log cannot tell a later call only looked at from "
+                   "a later call detached and fed on (flow_bugs' shared_detached): no forward "
+                   "data flow through .detach()")
 def test_a_call_after_the_one_that_trains_only_looked_at_is_silent(tmp_path: Path) -> None:
     steps = [[*body(True), *body(False), C("")] for _ in range(3)]
     path = write_log(tmp_path / "log.jsonl", steps, modules=MONITORED)
