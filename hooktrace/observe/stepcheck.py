@@ -46,6 +46,7 @@ from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.records import Mode, Observer, PassEnd
 from hooktrace.log import schema
 from hooktrace.observe.stats import on_host
+from hooktrace.observe.stepmove import Moves, Sampled
 
 Emit = Callable[[Any], None]
 PARAMS = 4  # parameters sampled
@@ -103,6 +104,8 @@ class StepExplained(Observer):
         self._gradversions: list[int] = []
         self._stepped_then = -1
         self._values: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+        self._moving: Sampled = []  # the same sample's parameters and indices, for the moves
+        self._moves = Moves()
         self._cleared: list[int] = []  # passes of this accumulation whose gradients were dropped
         # accumulations whose gradients were cleared twice or more: the first's (first such
         # pass, how many), and how many; passes whose gradient was negated (the first LISTED,
@@ -163,10 +166,12 @@ class StepExplained(Observer):
         self._gradversions = [-1 if p.grad is None else p.grad._version for p in params]
         self._stepped_then = self._stepped
         self._values = None
+        self._moving = []
         if end.mode is Mode.RECORDED and params and on_host(params):
             self._values = [(p, i, g.reshape(-1)[i].clone()) for p in params
                             if (g := p.grad) is not None and g.layout is torch.strided
                             and (i := _indices(g.numel())).numel()]
+            self._moving = [(p, i) for p, i, _ in self._values]
 
     def _pick(self) -> list[torch.Tensor]:
         """Up to ``PARAMS`` trainable parameters with a gradient now, the first modules'."""
@@ -192,6 +197,7 @@ class StepExplained(Observer):
             self._look_holder(optimizer)
             if self._cleared and not self._applies_last_pass():
                 self._cleared = []  # gradients combined by hand (PCGrad): not one pass's
+            self._moves.before(optimizer, self._moving, kwargs)
             if self._values is not None and self._stepped == self._stepped_then:
                 self._look_sign(optimizer)
         except Exception:
@@ -206,6 +212,10 @@ class StepExplained(Observer):
 
     def _stepped_hook(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         self._stepped += 1
+        try:
+            self._moves.after(optimizer, self._step)
+        except Exception:
+            self._stop_looking()
         if len(self._cleared) >= 2:
             if self._cleared_first is None:
                 self._cleared_first = (self._cleared[0], len(self._cleared))
@@ -298,6 +308,7 @@ class StepExplained(Observer):
     def _stop_looking(self) -> None:
         self._off = True
         self._values = None
+        self._moving = []
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -326,10 +337,14 @@ class StepExplained(Observer):
                 self._say(self._rebuilt[0], model, "state", {
                     "optimizer": self._rebuilt_cls, "steps": self._rebuilt,
                     "count": self._rebuilt_count})
+        for first, params, detail in self._moves.verdicts():
+            for model, modules in sorted(self._names(params).items()):
+                self._say(first, model, "update", {**detail, "modules": modules})
         for groups in self._all_groups:
             self._said_groups(groups)
         self._all_groups.clear()
         self._values = None
+        self._moving = []
 
     def _said_groups(self, groups: _Groups) -> None:
         for index, steps in sorted(groups.zero.items()):
