@@ -32,7 +32,7 @@ import torch
 MODELLED = {"SGD", "Adam", "AdamW"}
 COSINE = -0.5  # a move this far against the expected one is reversed
 SCALED = 100.0  # a move this many times the expected one is scaled
-SHOWN = 64  # an expected move under this many of the weight's dtype's eps times |w| may not show
+SHOWN = 8  # an expected move under this many of the weight's dtype's eps times |w| may not show
 LISTED = 20
 
 Sampled = list[tuple[torch.Tensor, torch.Tensor]]  # (parameter, the indices sampled)
@@ -60,6 +60,9 @@ class Moves:
 
     def __init__(self) -> None:
         self._pending: dict[int, tuple[str, list[_Pending]]] = {}  # id(optimizer) -> ...
+        self._groups: weakref.WeakKeyDictionary[
+            torch.optim.Optimizer, tuple[tuple[int, ...], dict[int, int]]] = (
+            weakref.WeakKeyDictionary())
         self.judged: dict[str, int] = {}  # optimizer class -> steps judged
         # (optimizer class, verdict, cause) -> steps (the first LISTED), and how many, the
         # first one's cosine and ratio, lr, and the parameters judged
@@ -81,20 +84,33 @@ class Moves:
                 modelled or custom) or optimizer._optimizer_step_pre_hooks or (
                 optimizer._optimizer_step_post_hooks):
             return  # grad_scale (fused), another kind, or hooks of its own that may change it
-        group_of = {id(p): group for group in optimizer.param_groups for p in group["params"]}
+        group_of = self._group_of(optimizer)
         pending = []
+        hyper: dict[int, dict[str, Any]] = {}  # group index -> its hyperparameters now
         for p, i in sampled:
-            group = group_of.get(id(p))
-            if group is None or p.grad is None or p.grad.layout is not torch.strided or (
+            index = group_of.get(id(p))
+            if index is None or p.grad is None or p.grad.layout is not torch.strided or (
                     p.is_complex() or not p.is_floating_point()):
                 continue
+            if index not in hyper:
+                hyper[index] = {k: v for k, v in optimizer.param_groups[index].items()
+                                if k != "params"}
             state = {} if custom else _state(optimizer.state.get(p, {}), i)
-            one = _Pending(p, i, {k: v for k, v in group.items() if k != "params"}, state)
-            if not (bool(torch.isfinite(one.g).all()) and bool(torch.isfinite(one.w).all())):
-                return
-            pending.append(one)
-        if pending:
+            pending.append(_Pending(p, i, hyper[index], state))
+        if pending and bool(torch.isfinite(torch.cat(
+                [t for one in pending for t in (one.w, one.g)])).all()):
             self._pending[id(optimizer)] = ("custom" if custom else name, pending)
+
+    def _group_of(self, optimizer: torch.optim.Optimizer) -> dict[int, int]:
+        """id(parameter) -> the index of its param group, kept while the groups stay as many
+        and as long."""
+        shape = tuple(len(group["params"]) for group in optimizer.param_groups)
+        kept = self._groups.get(optimizer)
+        if kept is None or kept[0] != shape:
+            kept = self._groups[optimizer] = (shape, {
+                id(p): index for index, group in enumerate(optimizer.param_groups)
+                for p in group["params"]})
+        return kept[1]
 
     def after(self, optimizer: torch.optim.Optimizer, step: int) -> None:
         kind, pending = self._pending.pop(id(optimizer), ("", []))
@@ -123,9 +139,18 @@ class Moves:
 
     def _modelled(self, kind: str, pending: list[_Pending], moved: torch.Tensor,
                   step: int) -> None:
-        expected = torch.cat([_expected(kind, one) for one in pending])
-        least = torch.cat([one.w.abs().clamp_min(1e-30) * (SHOWN * torch.finfo(one.p.dtype).eps)
-                           for one in pending])
+        # the parameters of one group with the same state modelled at once, in the same order
+        buckets: dict[tuple[Any, ...], list[_Pending]] = {}
+        for one in pending:
+            key = (id(one.group), one.p.dtype, one.state.get("step"), *sorted(one.state))
+            buckets.setdefault(key, []).append(one)
+        order = [one for bucket in buckets.values() for one in bucket]
+        if order != pending:
+            moved = torch.cat([one.p.detach().reshape(-1)[one.i].double() - one.w
+                               for one in order])
+        expected = torch.cat([_expected(kind, *_merged(bucket)) for bucket in buckets.values()])
+        least = torch.cat([torch.cat([one.w for one in bucket]).abs().clamp_min(1e-30) * (
+            SHOWN * torch.finfo(bucket[0].p.dtype).eps) for bucket in buckets.values()])
         shown = expected.abs() > least
         if not bool(shown.any()):
             return  # lr 0 (a warmup) or too small a move to see: not judged
@@ -188,11 +213,23 @@ def _state(state: dict[str, Any], i: torch.Tensor) -> dict[str, Any]:
     return out
 
 
-def _expected(kind: str, one: _Pending) -> torch.Tensor:
+def _merged(bucket: list[_Pending]) -> tuple[dict[str, Any], dict[str, Any], torch.Tensor,
+                                             torch.Tensor]:
+    """A bucket's hyperparameters, state, weights and gradient, as one parameter's."""
+    if len(bucket) == 1:
+        one = bucket[0]
+        return one.group, one.state, one.w, one.g
+    state = {key: torch.cat([one.state[key] for one in bucket]) if key != "step" else value
+             for key, value in bucket[0].state.items()}
+    return (bucket[0].group, state, torch.cat([one.w for one in bucket]),
+            torch.cat([one.g for one in bucket]))
+
+
+def _expected(kind: str, h: dict[str, Any], s: dict[str, Any], w: torch.Tensor,
+              g: torch.Tensor) -> torch.Tensor:
     """The move PyTorch's ``kind`` makes of the sampled elements, in double."""
-    h, s, w = one.group, one.state, one.w
     lr, wd = _float(h.get("lr")), _float(h.get("weight_decay", 0.0))
-    g = -one.g if h.get("maximize") else one.g
+    g = -g if h.get("maximize") else g
     if kind == "SGD":
         g = g + wd * w if wd else g
         momentum = _float(h.get("momentum", 0.0))

@@ -125,10 +125,10 @@ def adam(cls: type[torch.optim.Optimizer], **kwargs: Any) -> Loop:
     return loop
 
 
-def bf16_small_lr() -> None:
-    """bfloat16 weights with a small lr: most moves round away, the others show."""
+def bf16_weights() -> None:
+    """bfloat16 weights: many moves round away, the others show."""
     model = mlp().to(torch.bfloat16)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9)
     for _ in range(5):
         opt.zero_grad()
         out = model(torch.randn(8, 8, dtype=torch.bfloat16)).float()
@@ -266,7 +266,7 @@ HEALTHY: dict[str, Loop] = {
     "adam_amsgrad_l2": adam(torch.optim.Adam, amsgrad=True, weight_decay=0.1),
     "adam_foreach_betas": adam(torch.optim.Adam, foreach=True, betas=(0.5, 0.9)),
     "adamw_fused_amsgrad": adam(torch.optim.AdamW, fused=True, amsgrad=True),
-    "bf16_small_lr": bf16_small_lr, "grad_scaler_skips": grad_scaler_skips,
+    "bf16_weights": bf16_weights, "grad_scaler_skips": grad_scaler_skips,
     "warmup_and_scheduler": warmup_and_scheduler, "accumulation": accumulation,
     "lbfgs": lbfgs, "sam": sam, "lookahead": lookahead, "hand_adam": hand_adam,
 }
