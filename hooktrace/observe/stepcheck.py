@@ -20,7 +20,9 @@ signal per broken expectation (``detail.expectation``) is written when tracing s
 * ``sign``: in recorded steps, ``SAMPLE`` elements of the gradients of ``PARAMS`` parameters
   read at the end of the backward pass and again before the step that applies them: every
   sampled gradient multiplied by the same negative factor between them (``clip_grad_norm_``
-  with a negative ``max_norm``), in two steps or more, so the step moves the weights up the loss.
+  with a negative ``max_norm``), in two steps or more, so the step moves the weights up the loss;
+* ``update`` (``stepmove.py``): the same sample's weights read just before and after the step,
+  their move against the update the optimizer's kind makes of their gradient, lr and state.
 
 Cost: at each optimizer step, a float per group and a look at its parameters' ``.grad`` until
 one has one; at each backward pass's end, ``PARAMS`` identity and version reads; in recorded
