@@ -46,6 +46,13 @@ named by this item (loss terms 5 of 5: ``loss-term-cut`` for the numpy term, the
 student, the detaching hook, the term under no_grad; ``loss-target-grad`` for the TD target
 computed with gradient through ``q(s').max``); the healthy look-alikes still silent.
 
+After item 1 of issue 36, the move (``step-unexplained`` with ``expectation`` ``update``: in
+recorded steps the sampled weights' move against the update SGD, Adam or AdamW make of their
+gradient, lr and state, a user's optimizer class by its direction): 0 more of 31 named by this
+change: no bug of this set moves the weights against what its optimizer does with the gradient
+it is given (the negative max_norm flips the gradient before the step: ``sign`` names it, and
+the move it makes of that gradient is explained); the healthy look-alikes still silent.
+
 Asserted here: the bugs named today and the healthy cases silent today. The misnamed and
 missed bugs, and the two false alarms, are strict ``xfail`` tests with the culprit expected
 (``CULPRIT``): a fix that names it turns the test into an unexpected pass, and the scorecard is
