@@ -173,7 +173,7 @@ class StepExplained(Observer):
             self._values = [(p, i, g.reshape(-1)[i].clone()) for p in params
                             if (g := p.grad) is not None and g.layout is torch.strided
                             and (i := _indices(g.numel())).numel()]
-            self._moving = [(p, i) for p, i, _ in self._values]
+            self._moving = [(weakref.ref(p), i) for p, i, _ in self._values]
 
     def _pick(self) -> list[torch.Tensor]:
         """Up to ``PARAMS`` trainable parameters with a gradient now, the first modules'."""

@@ -35,7 +35,8 @@ SCALED = 100.0  # a move this many times the expected one is scaled
 SHOWN = 8  # an expected move under this many of the weight's dtype's eps times |w| may not show
 LISTED = 20
 
-Sampled = list[tuple[torch.Tensor, torch.Tensor]]  # (parameter, the indices sampled)
+# (parameter, the indices sampled): weak, the sample must keep no model alive
+Sampled = list[tuple[weakref.ref[torch.Tensor], torch.Tensor]]
 
 
 class _Pending:
@@ -87,10 +88,12 @@ class Moves:
         group_of = self._group_of(optimizer)
         pending = []
         hyper: dict[int, dict[str, Any]] = {}  # group index -> its hyperparameters now
-        for p, i in sampled:
-            index = group_of.get(id(p))
-            if index is None or p.grad is None or p.grad.layout is not torch.strided or (
-                    p.is_complex() or not p.is_floating_point()):
+        for ref, i in sampled:
+            p = ref()
+            index = None if p is None else group_of.get(id(p))
+            if p is None or index is None or p.grad is None or (
+                    p.grad.layout is not torch.strided or p.is_complex()
+                    or not p.is_floating_point()):
                 continue
             if index not in hyper:
                 hyper[index] = {k: v for k, v in optimizer.param_groups[index].items()
