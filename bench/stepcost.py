@@ -52,7 +52,7 @@ def observed(work: workloads.Workload, optimizer: torch.optim.Optimizer,
              moves: bool) -> dict[Mode, float]:
     observer = StepExplained(lambda _: None)
     if not moves:
-        observer._moves = _NoMoves()
+        observer._moves = _NoMoves(observer._names)
     try:
         for fqn, module in work.model.named_modules():
             params = bool(module._parameters)

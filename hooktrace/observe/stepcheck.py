@@ -107,7 +107,7 @@ class StepExplained(Observer):
         self._stepped_then = -1
         self._values: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
         self._moving: Sampled = []  # the same sample's parameters and indices, for the moves
-        self._moves = Moves()
+        self._moves = Moves(self._names)
         self._cleared: list[int] = []  # passes of this accumulation whose gradients were dropped
         # accumulations whose gradients were cleared twice or more: the first's (first such
         # pass, how many), and how many; passes whose gradient was negated (the first LISTED,
@@ -339,8 +339,8 @@ class StepExplained(Observer):
                 self._say(self._rebuilt[0], model, "state", {
                     "optimizer": self._rebuilt_cls, "steps": self._rebuilt,
                     "count": self._rebuilt_count})
-        for first, params, detail in self._moves.verdicts():
-            for model, modules in sorted(self._names(params).items()):
+        for first, named, detail in self._moves.verdicts():
+            for model, modules in sorted(named.items()):
                 self._say(first, model, "update", {**detail, "modules": modules})
         for groups in self._all_groups:
             self._said_groups(groups)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ LISTED = 20
 
 # (parameter, the indices sampled): weak, the sample must keep no model alive
 Sampled = list[tuple[weakref.ref[torch.Tensor], torch.Tensor]]
+Names = Callable[[list[torch.Tensor]], dict[int, list[str]]]
 
 
 class _Pending:
@@ -59,7 +61,8 @@ class Moves:
     """The moves of the sampled parameters over recorded steps, per optimizer class: how many
     judged, and those that contradicted what the kind does."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: Names) -> None:
+        self._names = names  # per model, the modules of some parameters
         self._pending: dict[int, tuple[str, list[_Pending]]] = {}  # id(optimizer) -> ...
         self._groups: weakref.WeakKeyDictionary[
             torch.optim.Optimizer, tuple[tuple[int, ...], dict[int, int]]] = (
@@ -70,7 +73,7 @@ class Moves:
         self.broken: dict[tuple[str, str, str], list[int]] = {}
         self.counts: dict[tuple[str, str, str], int] = {}
         self.first: dict[tuple[str, str, str], dict[str, Any]] = {}
-        self.params: dict[tuple[str, str, str], list[weakref.ref[torch.Tensor]]] = {}
+        self.modules: dict[tuple[str, str, str], dict[int, list[str]]] = {}
 
     def before(self, optimizer: torch.optim.Optimizer, sampled: Sampled,
                kwargs: dict[str, Any]) -> None:
@@ -183,11 +186,12 @@ class Moves:
             steps.append(step)
         self.counts[key] = self.counts.get(key, 0) + 1
         self.first.setdefault(key, detail)
-        self.params.setdefault(key, [weakref.ref(one.p) for one in pending])
+        if key not in self.modules:  # named now: the model may be gone when tracing stops
+            self.modules[key] = self._names([one.p for one in pending])
 
-    def verdicts(self) -> list[tuple[int, list[torch.Tensor], dict[str, Any]]]:
+    def verdicts(self) -> list[tuple[int, dict[int, list[str]], dict[str, Any]]]:
         """The verdicts that held in two recorded steps or more and in half of those judged:
-        (the first step, the parameters, the signal's detail)."""
+        (the first step, per model the modules judged, the signal's detail)."""
         out = []
         for key, steps in self.broken.items():
             name, verdict, cause = key
@@ -195,12 +199,10 @@ class Moves:
             if count < 2 or 2 * count < judged:
                 continue
             first = self.first[key]
-            params = [p for p in (ref() for ref in self.params[key]) if p is not None]
-            out.append((steps[0], params, {
+            out.append((steps[0], self.modules[key], {
                 "optimizer": name, "verdict": verdict, "cause": cause, "steps": steps,
                 "count": count, "judged": judged, "lr": first["lr"],
                 "cosine": round(first["cosine"], 4), "ratio": round(first["ratio"], 4)}))
-        self.params.clear()
         return out
 
 
