@@ -16,7 +16,7 @@ signal per broken expectation (``detail.expectation``) is written when tracing s
   ``.grad`` as it left it: ``zero_grad()`` per micro-batch, so the step applies the last
   micro-batch's gradient only (an analysis pass then a real one, or SAM's two passes around a
   weight change, clear once or change the weights; PCGrad's per-task passes set a combined
-  ``.grad`` before the step);
+  ``.grad`` before the step; under a GradScaler, not judged: a step it skips looks the same);
 * ``sign``: in recorded steps, ``SAMPLE`` elements of the gradients of ``PARAMS`` parameters
   read at the end of the backward pass and again before the step that applies them: every
   sampled gradient multiplied by the same negative factor between them (``clip_grad_norm_``
@@ -33,6 +33,8 @@ steps on the CPU (``stats.on_host``: a read on a device would wait for it), two 
 from __future__ import annotations
 
 import math
+import sys
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +49,7 @@ from torch.optim.optimizer import (
 from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.records import Mode, Observer, PassEnd
 from hooktrace.log import schema
+from hooktrace.observe.lossscale import find_scaler
 from hooktrace.observe.stats import on_host
 from hooktrace.observe.stepmove import Moves, Sampled
 
@@ -108,6 +111,7 @@ class StepExplained(Observer):
         self._values: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
         self._moving: Sampled = []  # the same sample's parameters and indices, for the moves
         self._moves = Moves(self._names)
+        self._scaler: Callable[[], Any] | None = None  # the GradScaler, once looked for
         self._cleared: list[int] = []  # passes of this accumulation whose gradients were dropped
         # accumulations whose gradients were cleared twice or more: the first's (first such
         # pass, how many), and how many; passes whose gradient was negated (the first LISTED,
@@ -161,7 +165,7 @@ class StepExplained(Observer):
                     dropped += 1
                 else:
                     kept += 1
-            if dropped and not kept:
+            if dropped and not kept and not self._scaled():
                 self._cleared.append(end.step)
         self._grads = [None if p.grad is None else weakref.ref(p.grad) for p in params]
         self._versions = [p._version for p in params]
@@ -174,6 +178,17 @@ class StepExplained(Observer):
                             if (g := p.grad) is not None and g.layout is torch.strided
                             and (i := _indices(g.numel())).numel()]
             self._moving = [(weakref.ref(p), i) for p, i, _ in self._values]
+
+    def _scaled(self) -> bool:
+        """Whether the code running backward holds an enabled GradScaler, looked for at the
+        first drop: its ``step`` skips the optimizer's where gradients are not finite, and the
+        ``zero_grad`` of the next iteration then looks like one inside an accumulation."""
+        if self._scaler is None:
+            main = sys._current_frames().get(threading.main_thread().ident or -1)
+            found = find_scaler(sys._getframe()) or find_scaler(main)
+            self._scaler = (lambda: None) if found is None else weakref.ref(found)
+        scaler = self._scaler()
+        return scaler is not None and bool(scaler.is_enabled())
 
     def _pick(self) -> list[torch.Tensor]:
         """Up to ``PARAMS`` trainable parameters with a gradient now, the first modules'."""

@@ -304,3 +304,21 @@ def test_the_findings_say_what_the_step_did(log_path: Path) -> None:
                     if f.kind == "step-unexplained"]
         assert says in found.message
         assert hint in (found.hint or "")
+
+
+def test_a_scaler_that_skips_steps_is_not_an_accumulation(log_path: Path) -> None:
+    """A GradScaler whose first steps find inf gradients calls no optimizer step for them, and
+    the next iteration's zero_grad drops their gradients: not a zero_grad per micro-batch
+    (``cleared``), with the model still alive when tracing stops."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 127)
+    with hooktrace.trace(log_path):
+        for _ in range(6):
+            opt.zero_grad()
+            scaler.scale(loss(model) * 4).backward()
+            scaler.step(opt)
+            scaler.update()
+    assert scaler.get_scale() < 2.0 ** 126  # two steps skipped at least
+    assert [r for r in read_log(log_path) if isinstance(r, schema.Signal)
+            and r.kind == "step-unexplained"] == []
