@@ -1,7 +1,9 @@
 """What issue 36's item 1 costs: the step, explained (``observe/stepcheck.py``) at a recorded
 step's end and in the optimizer step hooks that follow (called directly: the step itself is
-not timed), on W1 and W2 (CPU); and the same in a step that is not recorded (no gradient sample
-read).
+not timed), on W1 and W2 (CPU), under SGD with momentum and AdamW (with their state); and the
+same in a step that is not recorded (no gradient sample read); and the share of it the move
+(``observe/stepmove.py``: weights, gradient and state sampled before the step, weights after,
+the update modelled) takes.
 
     python -m bench.stepcost
 
@@ -20,6 +22,15 @@ from bench.customcost import least
 from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.records import Mode, PassEnd
 from hooktrace.observe.stepcheck import StepExplained
+from hooktrace.observe.stepmove import Moves
+
+
+class _NoMoves(Moves):
+    def before(self, *_: object) -> None:
+        pass
+
+    def after(self, *_: object) -> None:
+        pass
 
 
 def costs(observer: StepExplained, optimizer: torch.optim.Optimizer) -> dict[Mode, float]:
@@ -37,26 +48,39 @@ def costs(observer: StepExplained, optimizer: torch.optim.Optimizer) -> dict[Mod
     return out
 
 
+def observed(work: workloads.Workload, optimizer: torch.optim.Optimizer,
+             moves: bool) -> dict[Mode, float]:
+    observer = StepExplained(lambda _: None)
+    if not moves:
+        observer._moves = _NoMoves(observer._names)
+    try:
+        for fqn, module in work.model.named_modules():
+            params = bool(module._parameters)
+            observer.module_seen(module, ModInfo(0, fqn, type(module).__name__, True,
+                                                 weakref.ref(module), params))
+        return costs(observer, optimizer)
+    finally:
+        observer.stop(0, Mode.OFF)
+
+
 def main() -> None:
     device = torch.device("cpu")
     for name in ("W1", "W2"):
         work = workloads.build(name, device)
-        work.step()  # every parameter has its .grad
-        optimizer = torch.optim.SGD(work.model.parameters(), lr=1e-4)
-        observer = StepExplained(lambda _: None)
-        try:
-            for fqn, module in work.model.named_modules():
-                params = bool(module._parameters)
-                observer.module_seen(module, ModInfo(0, fqn, type(module).__name__, True,
-                                                     weakref.ref(module), params))
-            cost = costs(observer, optimizer)
-        finally:
-            observer.stop(0, Mode.OFF)
         untraced = least(work.step, 10)
-        print(f"{name}: the step explained {cost[Mode.RECORDED] * 1e6:.0f} us a recorded step, "
-              f"{cost[Mode.WATCHED] * 1e6:.0f} us another "
-              f"({len(list(work.model.parameters()))} parameters); an untraced step "
-              f"{untraced * 1e3:.1f} ms ({cost[Mode.RECORDED] / untraced:.2%})")
+        for optimizer in (torch.optim.SGD(work.model.parameters(), lr=1e-4, momentum=0.9),
+                          torch.optim.AdamW(work.model.parameters(), lr=1e-4)):
+            work.step()  # every parameter has its .grad
+            optimizer.step()  # and the optimizer its state
+            cost = observed(work, optimizer, moves=True)
+            without = observed(work, optimizer, moves=False)
+            kind = type(optimizer).__name__
+            print(f"{name} {kind}: the step explained {cost[Mode.RECORDED] * 1e6:.0f} us a "
+                  f"recorded step (the move "
+                  f"{(cost[Mode.RECORDED] - without[Mode.RECORDED]) * 1e6:.0f} us of it), "
+                  f"{cost[Mode.WATCHED] * 1e6:.0f} us another "
+                  f"({len(list(work.model.parameters()))} parameters); an untraced step "
+                  f"{untraced * 1e3:.1f} ms ({cost[Mode.RECORDED] / untraced:.2%})")
 
 
 if __name__ == "__main__":

@@ -77,5 +77,40 @@ def _sign(model: str, d: dict[str, Any]) -> tuple[str, str]:
         "negative max_norm flips their sign; give it a positive max_norm")
 
 
+def _update(model: str, d: dict[str, Any]) -> tuple[str, str]:
+    cls, verdict, cause = d.get("optimizer", "?"), d.get("verdict"), d.get("cause")
+    steps = [int(x) for x in d.get("steps", [])]
+    modules = [str(m) for m in d.get("modules", [])]
+    count, judged = int(d.get("count", len(steps))), int(d.get("judged", len(steps)))
+    where = (f"the {cls} optimizer of model '{model}' ({names_text(modules)})")
+    when = f"in {count} of {plural(judged, 'recorded step')} ({steps_text(steps)})"
+    if cause == "lr":
+        return (f"{where} stepped at a negative learning rate ({float(d.get('lr', 0)):.3g}) "
+                f"{when}: each step moved the weights along +g, up the loss",
+                "a schedule that goes below 0 (LambdaLR's `1 - step / total` past its last "
+                "step, a total too short): clamp its factor with max(0.0, ...) or give it the "
+                "run's number of optimizer steps")
+    if cause == "maximize":
+        return (f"{where} was built with maximize=True: {when} it moved the weights along "
+                "+g, up the loss", "drop maximize=True (it is for a loss that is meant to "
+                "grow); to ascend one term only, negate that term")
+    if cause == "custom":
+        return (f"{where} moved the weights along +g {when} (cosine "
+                f"{float(d.get('cosine', 0)):.2f} with -g): its update climbs the loss",
+                "a sign error in the optimizer's update: p.add_(grad, alpha=lr) where "
+                "p.add_(grad, alpha=-lr) is meant")
+    said = {"still": "did not move the weights though its lr and their gradient say it "
+                     "should",
+            "reversed": "moved the weights against the update its kind makes of their "
+                        f"gradient, lr and state (cosine {float(d.get('cosine', 0)):.2f})",
+            "scaled": f"moved the weights by {float(d.get('ratio', 0)):.3g} times the update "
+                      "its kind makes of their gradient, lr and state"}.get(str(verdict), "?")
+    return (f"{where} {said} {when}",
+            "something changes the weights or their .grad inside optimizer.step() (a step "
+            "hook, a wrapper, a .grad swapped for another tensor) or the step works on copies "
+            "of the parameters: step the parameters themselves, and change weights after "
+            "step() only on purpose")
+
+
 _BY_EXPECTATION = {"group-lr": _group_lr, "state": _state, "cleared": _cleared,
-                   "sign": _sign}
+                   "sign": _sign, "update": _update}

@@ -150,7 +150,13 @@ class Signal:
       passes with no optimizer step between, twice or more before one step, in
       ``detail.windows`` accumulations (``detail.passes``: in the first); ``sign``, their
       sampled gradients were multiplied by a negative factor (``detail.factor``, the first)
-      between the end of backward and the optimizer step in ``detail.steps`` (two at least).
+      between the end of backward and the optimizer step in ``detail.steps`` (two at least);
+      ``update`` (``stepmove.py``), the move of their sampled weights in recorded steps
+      contradicted what ``detail.optimizer`` makes of their gradient, lr and state:
+      ``detail.verdict`` ``reversed``, ``still`` or ``scaled``, ``detail.cause`` ``lr`` (lr
+      below 0), ``maximize``, ``custom`` (a user's class, moved along +g) or empty, in
+      ``detail.steps`` (``detail.count`` of ``detail.judged``; two at least), the first's
+      ``detail.lr``, ``detail.cosine`` and ``detail.ratio``.
     * ``probe``: (``--probe``) what the probe measured of a model (``seeing.py``), at its first
       call in a recorded step with gradients on, one signal per fact; ``detail.what`` is
       ``batch`` (``verdict``: ``apart``, each sample's output depends on its own sample only,

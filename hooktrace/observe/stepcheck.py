@@ -16,11 +16,13 @@ signal per broken expectation (``detail.expectation``) is written when tracing s
   ``.grad`` as it left it: ``zero_grad()`` per micro-batch, so the step applies the last
   micro-batch's gradient only (an analysis pass then a real one, or SAM's two passes around a
   weight change, clear once or change the weights; PCGrad's per-task passes set a combined
-  ``.grad`` before the step);
+  ``.grad`` before the step; under a GradScaler, not judged: a step it skips looks the same);
 * ``sign``: in recorded steps, ``SAMPLE`` elements of the gradients of ``PARAMS`` parameters
   read at the end of the backward pass and again before the step that applies them: every
   sampled gradient multiplied by the same negative factor between them (``clip_grad_norm_``
-  with a negative ``max_norm``), in two steps or more, so the step moves the weights up the loss.
+  with a negative ``max_norm``), in two steps or more, so the step moves the weights up the loss;
+* ``update`` (``stepmove.py``): the same sample's weights read just before and after the step,
+  their move against the update the optimizer's kind makes of their gradient, lr and state.
 
 Cost: at each optimizer step, a float per group and a look at its parameters' ``.grad`` until
 one has one; at each backward pass's end, ``PARAMS`` identity and version reads; in recorded
@@ -31,6 +33,8 @@ steps on the CPU (``stats.on_host``: a read on a device would wait for it), two 
 from __future__ import annotations
 
 import math
+import sys
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -45,7 +49,9 @@ from torch.optim.optimizer import (
 from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.records import Mode, Observer, PassEnd
 from hooktrace.log import schema
+from hooktrace.observe.lossscale import find_scaler
 from hooktrace.observe.stats import on_host
+from hooktrace.observe.stepmove import Moves, Sampled
 
 Emit = Callable[[Any], None]
 PARAMS = 4  # parameters sampled
@@ -103,6 +109,9 @@ class StepExplained(Observer):
         self._gradversions: list[int] = []
         self._stepped_then = -1
         self._values: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+        self._moving: Sampled = []  # the same sample's parameters and indices, for the moves
+        self._moves = Moves(self._names)
+        self._scaler: Callable[[], Any] | None = None  # the GradScaler, once looked for
         self._cleared: list[int] = []  # passes of this accumulation whose gradients were dropped
         # accumulations whose gradients were cleared twice or more: the first's (first such
         # pass, how many), and how many; passes whose gradient was negated (the first LISTED,
@@ -156,17 +165,30 @@ class StepExplained(Observer):
                     dropped += 1
                 else:
                     kept += 1
-            if dropped and not kept:
+            if dropped and not kept and not self._scaled():
                 self._cleared.append(end.step)
         self._grads = [None if p.grad is None else weakref.ref(p.grad) for p in params]
         self._versions = [p._version for p in params]
         self._gradversions = [-1 if p.grad is None else p.grad._version for p in params]
         self._stepped_then = self._stepped
         self._values = None
+        self._moving = []
         if end.mode is Mode.RECORDED and params and on_host(params):
             self._values = [(p, i, g.reshape(-1)[i].clone()) for p in params
                             if (g := p.grad) is not None and g.layout is torch.strided
                             and (i := _indices(g.numel())).numel()]
+            self._moving = [(weakref.ref(p), i) for p, i, _ in self._values]
+
+    def _scaled(self) -> bool:
+        """Whether the code running backward holds an enabled GradScaler, looked for at the
+        first drop: its ``step`` skips the optimizer's where gradients are not finite, and the
+        ``zero_grad`` of the next iteration then looks like one inside an accumulation."""
+        if self._scaler is None:
+            main = sys._current_frames().get(threading.main_thread().ident or -1)
+            found = find_scaler(sys._getframe()) or find_scaler(main)
+            self._scaler = (lambda: None) if found is None else weakref.ref(found)
+        scaler = self._scaler()
+        return scaler is not None and bool(scaler.is_enabled())
 
     def _pick(self) -> list[torch.Tensor]:
         """Up to ``PARAMS`` trainable parameters with a gradient now, the first modules'."""
@@ -192,6 +214,7 @@ class StepExplained(Observer):
             self._look_holder(optimizer)
             if self._cleared and not self._applies_last_pass():
                 self._cleared = []  # gradients combined by hand (PCGrad): not one pass's
+            self._moves.before(optimizer, self._moving, kwargs)
             if self._values is not None and self._stepped == self._stepped_then:
                 self._look_sign(optimizer)
         except Exception:
@@ -206,6 +229,10 @@ class StepExplained(Observer):
 
     def _stepped_hook(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         self._stepped += 1
+        try:
+            self._moves.after(optimizer, self._step)
+        except Exception:
+            self._stop_looking()
         if len(self._cleared) >= 2:
             if self._cleared_first is None:
                 self._cleared_first = (self._cleared[0], len(self._cleared))
@@ -298,6 +325,7 @@ class StepExplained(Observer):
     def _stop_looking(self) -> None:
         self._off = True
         self._values = None
+        self._moving = []
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -326,10 +354,14 @@ class StepExplained(Observer):
                 self._say(self._rebuilt[0], model, "state", {
                     "optimizer": self._rebuilt_cls, "steps": self._rebuilt,
                     "count": self._rebuilt_count})
+        for first, named, detail in self._moves.verdicts():
+            for model, modules in sorted(named.items()):
+                self._say(first, model, "update", {**detail, "modules": modules})
         for groups in self._all_groups:
             self._said_groups(groups)
         self._all_groups.clear()
         self._values = None
+        self._moving = []
 
     def _said_groups(self, groups: _Groups) -> None:
         for index, steps in sorted(groups.zero.items()):

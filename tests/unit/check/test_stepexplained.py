@@ -44,6 +44,38 @@ def test_each_expectation_is_one_warning(tmp_path: Path, expectation: str) -> No
     assert f.evidence["expectation"] == expectation
 
 
+# (verdict, cause) of an ``update`` signal -> words of the message, words of the hint
+UPDATES: dict[tuple[str, str], tuple[str, str]] = {
+    ("reversed", "lr"): ("the SGD optimizer of model 'net' (fc1) stepped at a negative learning "
+                         "rate (-0.05) in 3 of 4 recorded steps (steps 2, 3, 4): each step "
+                         "moved the weights along +g", "max(0.0, ...)"),
+    ("reversed", "maximize"): ("the SGD optimizer of model 'net' (fc1) was built with "
+                               "maximize=True", "drop maximize=True"),
+    ("reversed", "custom"): ("the SGD optimizer of model 'net' (fc1) moved the weights along +g "
+                             "in 3 of 4 recorded steps (steps 2, 3, 4) (cosine -0.90 with -g)",
+                             "alpha=-lr"),
+    ("reversed", ""): ("moved the weights against the update its kind makes of their gradient, "
+                       "lr and state (cosine -0.90) in 3 of 4", "a step hook"),
+    ("still", ""): ("did not move the weights though its lr and their gradient say it should",
+                    "copies of the parameters"),
+    ("scaled", ""): ("moved the weights by 500 times the update its kind makes", "a step hook"),
+}
+
+
+@pytest.mark.parametrize("verdict", sorted(UPDATES))
+def test_each_update_verdict_is_one_warning(tmp_path: Path, verdict: tuple[str, str]) -> None:
+    says, hint = UPDATES[verdict]
+    path = write_log(tmp_path / "log.jsonl", healthy(), signals=[
+        signal("step-unexplained", 2, "fc1", expectation="update", optimizer="SGD",
+               verdict=verdict[0], cause=verdict[1], steps=[2, 3, 4], count=3, judged=4,
+               lr=-0.05, cosine=-0.9, ratio=500.0, modules=["fc1"])])
+    (f,) = findings(path)
+    assert (f.kind, f.module, f.step, f.evidence["verdict"]) == (
+        "step-unexplained", "fc1", 2, verdict[0])
+    assert says in f.message
+    assert hint in (f.hint or "")
+
+
 def test_an_unknown_expectation_says_nothing(tmp_path: Path) -> None:
     path = write_log(tmp_path / "log.jsonl", healthy(), signals=[
         signal("step-unexplained", 0, expectation="future")])
