@@ -27,8 +27,9 @@ still missed); the healthy look-alikes still silent (the gradient reversal Funct
 After item 1 of issue 36 (the step, explained: ``step-unexplained`` says which expectation of
 an optimizer step broke, ``lr-collapsed`` also for a learning rate cut by one factor at every
 step): 5 more of 31 named by this change alone, 14 of 31 with item 3's (the optimizer against
-the gradient 10 of 11: StepLR per batch, a group left at lr 0, a negative max_norm, Adam rebuilt every step, zero_grad per
-micro-batch); ``warmup_starts_at_zero`` is still missed: its first step at lr 0 is what HF's
+the gradient 10 of 11: StepLR per batch, a group left at lr 0, a negative max_norm, Adam
+rebuilt every step, zero_grad per micro-batch); ``warmup_starts_at_zero`` is still missed: its
+first step at lr 0 is what HF's
 ``get_linear_schedule_with_warmup`` does in healthy runs (``test_field_steps.py``), and nothing
 else in the log tells the two apart. The healthy look-alikes still silent.
 
