@@ -29,9 +29,9 @@ an optimizer step broke, ``lr-collapsed`` also for a learning rate cut by one fa
 step): 5 more of 31 named by this change alone, 14 of 31 with item 3's (the optimizer against
 the gradient 10 of 11: StepLR per batch, a group left at lr 0, a negative max_norm, Adam
 rebuilt every step, zero_grad per micro-batch); ``warmup_starts_at_zero`` is still missed: its
-first step at lr 0 is what HF's
-``get_linear_schedule_with_warmup`` does in healthy runs (``test_field_steps.py``), and nothing
-else in the log tells the two apart. The healthy look-alikes still silent.
+first step at lr 0 is what HF's ``get_linear_schedule_with_warmup`` does in healthy runs
+(``test_field_steps.py``), and nothing else in the log tells the two apart. The healthy
+look-alikes still silent.
 
 After item 4 of issue 36 (who may see whom, ``run --probe``): 0 of 31 more named by this run,
 which traces without ``--probe`` (the probe is opt-in): the 7 bugs of samples and positions
