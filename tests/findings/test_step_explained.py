@@ -23,29 +23,15 @@ import hooktrace
 from hooktrace.check.checklog import run_checks
 from hooktrace.log import schema
 
+from . import steploop
+from .steploop import loss, mlp
+
 Loop = Callable[[], None]
+STEPS = 4
 
 
-def mlp() -> nn.Sequential:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-
-
-def loss(model: nn.Module) -> torch.Tensor:
-    return F.cross_entropy(model(torch.randn(8, 8)), torch.randint(0, 4, (8,)))
-
-
-def steps(model: nn.Module, opt: torch.optim.Optimizer, n: int = 4,
-          between: Callable[[], Any] | None = None,
-          after: Callable[[], Any] | None = None) -> None:
-    for _ in range(n):
-        opt.zero_grad()
-        loss(model).backward()
-        if between is not None:
-            between()
-        opt.step()
-        if after is not None:
-            after()
+def steps(model: nn.Module, opt: torch.optim.Optimizer, n: int = STEPS, **hooks: Any) -> None:
+    steploop.steps(model, opt, n, **hooks)
 
 
 # --- bugs --------------------------------------------------------------------------------------
