@@ -9,8 +9,6 @@ what a busy machine adds to it. The step times are an untraced step's, for scale
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,21 +16,11 @@ from torch.autograd import Function
 from torch.nn import functional as F
 
 from bench import workloads
+from bench.measure import least
 from hooktrace.hooks.records import Mode
 from hooktrace.observe import fncheck
 from hooktrace.observe.functions import _APPLY, FunctionCheck
 from hooktrace.observe.hookcount import counts
-
-
-def least(fn: Callable[[], Any], repeat: int = 20, number: int = 1) -> float:
-    """The least time of ``repeat`` runs of ``number`` calls, per call, in seconds."""
-    best = float("inf")
-    for _ in range(repeat):
-        began = time.perf_counter()
-        for _ in range(number):
-            fn()
-        best = min(best, (time.perf_counter() - began) / number)
-    return best
 
 
 class Gelu(Function):

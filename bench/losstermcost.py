@@ -16,8 +16,6 @@ busy machine adds to it). The step times are an untraced step's, for scale.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -25,19 +23,9 @@ import torch
 from torch.nn import functional as F
 
 from bench import workloads
+from bench.measure import least
 from hooktrace.hooks.records import Mode, PassEnd
 from hooktrace.observe.lossterms import LossTerms
-
-
-def least(fn: Callable[[], Any], repeat: int = 30, number: int = 20) -> float:
-    """The least time of ``repeat`` runs of ``number`` calls, per call, in seconds."""
-    best = float("inf")
-    for _ in range(repeat):
-        began = time.perf_counter()
-        for _ in range(number):
-            fn()
-        best = min(best, (time.perf_counter() - began) / number)
-    return best
 
 
 def measure(name: str) -> str:
@@ -66,7 +54,7 @@ def measure(name: str) -> str:
         terms.backward_end(end)
 
     try:
-        calls, plain, window = least(ends, number=1), least(loss), least(windowed)
+        calls, plain, window = least(ends, 30), least(loss, 30, 20), least(windowed, 30, 20)
     finally:
         terms.stop(0, Mode.RECORDED)
     step = least(work.step, 5, 1)

@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bench.logtools import LogSummary, summarize_log
 from bench.variants import Variant
@@ -50,6 +51,18 @@ class GcClock:
 
     def __exit__(self, *exc: object) -> None:
         gc.callbacks.remove(self)
+
+
+def least(fn: Callable[[], Any], repeat: int = 20, number: int = 1) -> float:
+    """The least time of ``repeat`` runs of ``number`` calls, per call, in seconds (what the
+    work costs on a shared machine, not what a busy moment made of it)."""
+    best = float("inf")
+    for _ in range(repeat):
+        began = time.perf_counter()
+        for _ in range(number):
+            fn()
+        best = min(best, (time.perf_counter() - began) / number)
+    return best
 
 
 @dataclass

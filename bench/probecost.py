@@ -11,23 +11,12 @@ machine adds to it.
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from bench import workloads
+from bench.measure import least
 from hooktrace.observe.seeing import probe
-
-
-def least(fn: Callable[[], Any], repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        began = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - began)
-    return best
 
 
 def main() -> None:

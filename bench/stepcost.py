@@ -18,7 +18,7 @@ import weakref
 import torch
 
 from bench import workloads
-from bench.customcost import least
+from bench.measure import least
 from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.records import Mode, PassEnd
 from hooktrace.observe.stepcheck import StepExplained

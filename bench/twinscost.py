@@ -11,27 +11,15 @@ what a busy machine adds to it. The step times are an untraced step's, for scale
 from __future__ import annotations
 
 import copy
-import time
-from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import nn
 
 from bench import workloads
+from bench.measure import least
 from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.records import Mode, PassEnd
 from hooktrace.observe.twins import Twins
-
-
-def least(fn: Callable[[], Any], repeat: int = 20) -> float:
-    """The least time of ``repeat`` calls, in seconds."""
-    best = float("inf")
-    for _ in range(repeat):
-        began = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - began)
-    return best
 
 
 def observer(models: dict[str, nn.Module]) -> Twins:
