@@ -64,7 +64,7 @@ class _Groups:
     """One optimizer's param groups over its steps: per group, the steps it stepped at lr 0
     with gradients while another group moved, and whether it ever moved itself."""
 
-    __slots__ = ("cls", "zero", "counts", "moved", "others", "params")
+    __slots__ = ("cls", "zero", "counts", "moved", "others", "names")
 
     def __init__(self, cls: str) -> None:
         self.cls = cls
@@ -72,7 +72,9 @@ class _Groups:
         self.counts: dict[int, int] = {}  # group index -> how many
         self.moved: set[int] = set()  # the groups that stepped at lr > 0 with gradients
         self.others: dict[int, float] = {}  # group index -> the largest lr beside it
-        self.params: dict[int, list[weakref.ref[torch.Tensor]]] = {}  # a few of each group
+        # group index -> per model, its modules: named when first seen, as the model may be
+        # gone when tracing stops (a script's main() returned, the collector ran)
+        self.names: dict[int, dict[int, list[str]]] = {}
 
 
 class _Holder:
@@ -104,6 +106,7 @@ class StepExplained(Observer):
         # the sampled parameters, their .grad and version at the last pass's end, the optimizer
         # steps then; their sampled gradient values where that pass was recorded (on the CPU)
         self._sample: list[weakref.ref[torch.Tensor]] = []
+        self._sample_names: dict[int, list[str]] = {}  # per model, the sample's modules
         self._grads: list[weakref.ref[torch.Tensor] | None] = []
         self._versions: list[int] = []
         self._gradversions: list[int] = []
@@ -202,6 +205,7 @@ class StepExplained(Observer):
                 break
         picked = picked[:PARAMS]
         self._sample = [weakref.ref(p) for p in picked]
+        self._sample_names = self._names(picked)
         return picked
 
     # -- optimizer steps ---------------------------------------------------------------------
@@ -265,9 +269,8 @@ class StepExplained(Observer):
                     steps.append(self._step)
                 groups.counts[index] = groups.counts.get(index, 0) + 1
                 groups.others[index] = top
-                if index not in groups.params:
-                    params = optimizer.param_groups[index]["params"]
-                    groups.params[index] = [weakref.ref(p) for p in params]
+                if index not in groups.names:
+                    groups.names[index] = self._names(optimizer.param_groups[index]["params"])
 
     def _look_holder(self, optimizer: torch.optim.Optimizer) -> None:
         """At an optimizer's first step, whether it took over from one with state that had
@@ -335,9 +338,8 @@ class StepExplained(Observer):
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        sampled = sorted({info.model for p in self._live_sample()
-                          if (info := self._owner.get(id(p))) is not None})
-        names = self._names(self._live_sample())
+        names = self._sample_names  # named when picked: the models may be gone by now
+        sampled = sorted(names)
         if self._cleared_first is not None:
             first, count = self._cleared_first
             for model in sampled:
@@ -368,8 +370,7 @@ class StepExplained(Observer):
             count = groups.counts.get(index, 0)
             if index in groups.moved or count < 2:
                 continue
-            params = [p for p in (ref() for ref in groups.params.get(index, [])) if p is not None]
-            for model, names in sorted(self._names(params).items()):
+            for model, names in sorted(groups.names.get(index, {}).items()):
                 self._say(steps[0], model, "group-lr", {
                     "optimizer": groups.cls, "group": index, "steps": steps,
                     "count": count, "others": groups.others.get(index, 0.0),

@@ -9,6 +9,7 @@ ExponentialLR(0.9) and a short cosine per batch) write none."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -286,8 +287,11 @@ HEALTHY: dict[str, Loop] = {
 
 
 def traced(loop: Loop, path: Path) -> list[schema.Signal]:
+    """The signals of ``loop`` traced; its model and optimizer are collected before tracing
+    stops, as a script's are when its ``main()`` returns and the collector runs."""
     with hooktrace.trace(path):
         loop()
+        gc.collect()
     return [r for r in read_log(path) if isinstance(r, schema.Signal)
             and r.kind in ("step-unexplained", "lr-collapsed")]
 

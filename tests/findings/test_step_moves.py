@@ -9,6 +9,7 @@ per step, a custom Adam-like optimizer) write none."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -261,6 +262,7 @@ HEALTHY: dict[str, Loop] = {
 def traced(loop: Loop, path: Path) -> list[schema.Signal]:
     with hooktrace.trace(path):
         loop()
+        gc.collect()  # the model and optimizer gone before tracing stops, as after a main()
     return [r for r in read_log(path) if isinstance(r, schema.Signal)
             and r.kind == "step-unexplained" and r.detail["expectation"] == "update"]
 
