@@ -69,11 +69,9 @@ class Collector:
         self._judging = False  # the forward calls' step is judged
         self._last_backward: tuple[int, int] | None = None  # (step, module index)
         self._closed: set[int] = set()  # steps with a step record
-        options = reader.header.options
-        # forward events say what went into their outputs without autograd history, and every
-        # module is traced: what a call's forward ran is in the log
-        self._says_history = reader.header.made_no_history and not (
-            options.get("include") or options.get("exclude"))
+        # forward events say what went into their outputs without history; every module traced
+        options, self._says_history = reader.header.options, reader.header.made_no_history
+        self._says_history &= not (options.get("include") or options.get("exclude"))
 
     def take(self, item: ForwardRows | BackwardRows | schema.Record) -> None:
         """One item of the scan: rows of one type, or a record."""
