@@ -35,6 +35,11 @@ class Call:
     # are and some are not (a module with children; None: not known, or none or all of them)
     zeros: float | None = None
     zero_outs: tuple[int, ...] = ()  # its outputs whose gradient is exactly zero
+    after: int = -1  # the seq of the forward call that returned just before it in the step
+    # something without autograd history went into its outputs (``made_no_history``), so a
+    # call inside it may have made them without a gradient back; None: the log does not say
+    # (a log from before it, or with fqn filters: calls not traced may run between)
+    made_no_history: bool | None = None
 
     def gradients(self, outs: Sequence[Sequence[float] | None] | None,
                   ins: Sequence[Sequence[float] | None] | None) -> None:

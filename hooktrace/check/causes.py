@@ -47,11 +47,13 @@ CAUSES = {
         f"torch.from_numpy, {_NOT_DIFFERENTIABLE}, or an output the loss does not use"),
     "unused_calls": (
         "no-grad", "the output of {branch} gets no gradient back while another call of the "
-        "same module does: inside its forward, those calls' results are overwritten or never "
-        "used",
+        "same module does: inside its forward, those calls' results are overwritten, detached "
+        "or never used",
         "a loop that throws its results away: a recurrent state re-initialised inside the time "
         "loop (h = zeros(...) in the loop, not before it) lets only the last step reach the "
-        "loss, and the state's own layer multiplies zeros; else a result computed and not used"),
+        "loss, and the state's own layer multiplies zeros; else a result detached (.detach(), "
+        "torch.no_grad()) where a later call or the output reads it (a siamese branch), or "
+        "computed and not used"),
     "no_grad": (
         "no-grad-under-no_grad", "inside its forward, torch.no_grad() covers {branch}: no "
         "gradient can reach {branch}",

@@ -69,6 +69,9 @@ class Collector:
         self._judging = False  # the forward calls' step is judged
         self._last_backward: tuple[int, int] | None = None  # (step, module index)
         self._closed: set[int] = set()  # steps with a step record
+        # forward events say what went into their outputs without history; every module traced
+        options, self._says_history = reader.header.options, reader.header.made_no_history
+        self._says_history &= not (options.get("include") or options.get("exclude"))
 
     def take(self, item: ForwardRows | BackwardRows | schema.Record) -> None:
         """One item of the scan: rows of one type, or a record."""
@@ -278,7 +281,7 @@ class Collector:
         self._forward_calls.append(index)
         if self._judging:
             self._judge_call(step, seq, index, call, not more.no_grad, ins, outs,
-                             more.eval_mode)
+                             more.eval_mode, more.made_no_history)
         if more.no_grad:
             self._no_grad_calls.append(index)
         elif more.eval_mode:
@@ -289,15 +292,19 @@ class Collector:
                                      None if before is None else self._keys[before])
 
     def _judge_call(self, step: int, seq: int, index: int, call: int, grad: bool,
-                    ins: Signature, outs: Signature, eval_mode: bool = False) -> None:
+                    ins: Signature, outs: Signature, eval_mode: bool = False,
+                    no_history: bool = False) -> None:
         shapes = outs[0]  # a softmax or norm over a last dim of size 1 is a constant
         unit = bool(shapes) and type(shapes[0]) is list and shapes[0][-1:] == [1]
         key = self._keys[index]
         m = self.c.modules.get(key)
         chance = None if m is None or m.drop is None else whole_drop(*m.drop, ins[0])
-        judged = self._judged[seq] = Call(step, seq, key, call, grad, unit_last=unit,
-                                               chance=chance, half="float16" in outs[1],
-                                               out_shapes=shapes, eval_mode=eval_mode)
+        seqs = self._forward_seqs  # this call's seq last
+        judged = self._judged[seq] = Call(
+            step, seq, key, call, grad, unit_last=unit, chance=chance,
+            half="float16" in outs[1], out_shapes=shapes, eval_mode=eval_mode,
+            after=seqs[-2] if len(seqs) > 1 else -1,
+            made_no_history=no_history if self._says_history else None)
         self._judged_calls[(step, index, call)] = judged
 
     def _compare_orders(self) -> None:

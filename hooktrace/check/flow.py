@@ -298,6 +298,8 @@ def _add_inside(flow: Flow, step: int, enclosing: Enclosing, v: Call,
             cause = ("zeroed_unit" if branch.unit_last else "zeroed") if v.backed else \
                 ("unused_calls" if enclosing.fed_elsewhere(v) else "detached_inside") \
                 if v.grad else "no_grad"
+            if cause == "unused_calls" and _only_looked_at(outer, branch):
+                return
             reads = _reading_part(enclosing, outer, sparse) if v.backed else {}
             b = _add(flow, step, outer, "selected" if reads else cause, v)
             b.branches[_label(branch)] = None
@@ -306,6 +308,16 @@ def _add_inside(flow: Flow, step: int, enclosing: Enclosing, v: Call,
             b.exact = True
             return
         branch = outer
+
+
+def _only_looked_at(outer: Call, branch: Call) -> bool:
+    """``branch``, a call inside ``outer``'s forward without backward, is the last call to
+    return before ``outer`` did, and nothing without autograd history went into ``outer``'s
+    outputs: no traced call can have read ``branch``'s output, and ``outer``'s outputs, which
+    got a gradient, hold none of it. Its result was only looked at (``float(body(x).norm())``,
+    kept for a log); not a call whose detached output a later call reads (a siamese head) or
+    that is added into ``outer``'s output (``a + enc(x2).detach()``)."""
+    return outer.made_no_history is False and outer.after == branch.seq
 
 
 def _passes_zero(outer: Call, branch: Call) -> bool:

@@ -17,8 +17,12 @@ a model, hides its producer.
 
 A call that others ran inside (a block) also says which calls made its outputs (``made``): those
 inside it, and those before it whose data it passed on (a residual's skip); a picture that
-draws it as a box of its calls draws those instead. Watched steps never come here: the core
-asks only in recorded ones.
+draws it as a box of its calls draws those instead. Where something without autograd history
+went into its outputs on the way back to those calls (a ``.detach()``ed result, one made under
+``no_grad``, a buffer or the model's input added in: an edge autograd leaves empty), or the walk
+stopped at its bound, ``made`` may miss a call, and the call says so (``made_no_history``): a
+call inside whose output gets no gradient may have gone into its outputs all the same. Watched
+steps never come here: the core asks only in recorded ones.
 """
 
 from __future__ import annotations
@@ -39,8 +43,8 @@ _PLAIN = torch.Tensor.__torch_dispatch__
 Producers = tuple[int, ...]  # the seqs of the calls that made a tensor, ascending
 Outs = tuple[int, ...]  # parallel to Producers: which output of each (-1: several)
 Found = tuple[Producers, Outs]
-#: (``inputs_from``, ``made``, ``from_out``, ``made_out``) of a call
-Flow = tuple[tuple[Producers, ...], Producers, tuple[Outs, ...], tuple[Producers, ...]]
+#: (``inputs_from``, ``made``, ``from_out``, ``made_out``, ``made_no_history``) of a call
+Flow = tuple[tuple[Producers, ...], Producers, tuple[Outs, ...], tuple[Producers, ...], bool]
 _NONE: Found = ((), ())
 
 
@@ -84,6 +88,7 @@ class DataFlow:
         # storage address -> (the output, held weakly, the seq of the call that returned it,
         # and its index among that call's outputs)
         self._stored: dict[int, tuple[weakref.ref[torch.Tensor], int, int]] = {}
+        self._cut = False  # a walk met an edge without autograd history, or stopped at its bound
 
     def start(self, inputs: list[torch.Tensor]) -> Sources:
         return tuple(map(self._of, inputs)), self._last
@@ -92,9 +97,10 @@ class DataFlow:
             outputs: list[torch.Tensor], seq: int, top: bool) -> Flow | tuple[()]:
         """(the producers of each input, args then kwargs; the calls inside it that made its
         outputs; which output of each producer each input used; the calls that made each of
-        its outputs, when it has several), and those of its outputs that a later call can find
-        only by their storage kept (``top``: a model call); () for a call that began in a step
-        not recorded."""
+        its outputs, when it has several; whether something without autograd history went
+        into its outputs, which carry some: ``made`` may miss a call), and those of its
+        outputs that a later call can find only by their storage kept (``top``: a model call);
+        () for a call that began in a step not recorded."""
         if sources is None:
             return ()
         found, before = sources
@@ -102,11 +108,14 @@ class DataFlow:
             found += tuple(map(self._of, kw_inputs))
         made: Producers = ()
         made_out: tuple[Producers, ...] = ()
+        cut = False
         if self._last > before:  # calls returned while it ran: calls inside it
+            self._cut = False
             per_output = tuple(self._of(t)[0] for t in outputs)
             made = tuple(sorted({s for calls in per_output for s in calls}))
             if len(per_output) > 1 and len(set(per_output)) > 1:
                 made_out = per_output
+            cut = _untracked(outputs, self._cut)
         for i, t in enumerate(outputs):
             # one with autograd history is found by its node, unless detached: a model's output
             # (a GAN's fake batch) is kept for that; not every call's, each an object that
@@ -119,7 +128,7 @@ class DataFlow:
                     self._stored.clear()
                 self._stored[address] = (weakref.ref(t), seq, i)
         self._last = seq
-        return tuple([f[0] for f in found]), made, tuple([f[1] for f in found]), made_out
+        return tuple([f[0] for f in found]), made, tuple([f[1] for f in found]), made_out, cut
 
     def clear(self) -> None:
         """The step ended: its outputs are no longer looked up by storage."""
@@ -152,9 +161,13 @@ class DataFlow:
         todo: list[Any] = list(node.next_functions)
         visited = 1
         for node, nr in todo:  # grows as it goes
-            if node is None or node in seen:
+            if node is None:  # an input without autograd history: who made it is not seen
+                self._cut = True
+                continue
+            if node in seen:
                 continue
             if visited == MAX_NODES:
+                self._cut = True
                 break
             visited += 1
             seen.add(node)
@@ -167,3 +180,12 @@ class DataFlow:
             todo.extend(node.next_functions)
         seqs = tuple(sorted(found))
         return seqs, tuple(found[s] for s in seqs)
+
+
+def _untracked(outputs: list[torch.Tensor], cut: bool) -> bool:
+    """Something without autograd history went into outputs that carry some: an edge without
+    it met on the way back (``cut``), or a floating output without it beside them (integers
+    carry no gradient, whatever made them)."""
+    if not any(t.requires_grad for t in outputs):
+        return False  # no gradient can come back into it (no_grad, a model's data)
+    return cut or any(not t.requires_grad and t.is_floating_point() for t in outputs)

@@ -103,6 +103,8 @@ class ForwardEnd(NamedTuple):
     made: Producers = ()
     from_out: tuple[Outs, ...] = ()  # per input, which output of each producer it used
     made_out: tuple[Producers, ...] = ()  # per output, the calls that made it (several)
+    #: something without autograd history went into its outputs: ``made`` may miss a call
+    made_no_history: bool = False
 
 
 class _BackwardStart(NamedTuple):

@@ -56,6 +56,7 @@ class ForwardMore(NamedTuple):
     from_out: list[list[int]] | None = None  # per input, the output of each producer it used
     made_out: list[list[int]] | None = None  # per output, the calls inside that made it
     eval_mode: bool = False  # its module was in eval mode (``"eval"``)
+    made_no_history: bool = False  # ``made`` may miss a call (``"made_no_history"``)
 
 
 class BackwardMore(NamedTuple):
@@ -272,7 +273,8 @@ class Decoder:
         more = ForwardMore(get(d, "no_grad", bool, False), get(d, "recompute", bool, False),
                            get(d, "inputs_more", int, None), get(d, "outputs_more", int, None),
                            shapes(d, "output_nonfinite") or None, found, made, from_out,
-                           made_out, get(d, "eval", bool, False))
+                           made_out, get(d, "eval", bool, False),
+                           get(d, "made_no_history", bool, False))
         return seq, step, module, call, ins, outs, None if more == _PLAIN_FORWARD else more
 
     def _backward_row(self, d: dict[str, Any]) -> BackwardRow:

@@ -136,6 +136,7 @@ def from_dict(d: Any) -> Record | None:
             hostname=get(d, "hostname", str, None),
             started=get(d, "started", (int, float), None), options=get(d, "options", dict, {}),
             dataflow=get(d, "dataflow", bool, False), eager=get(d, "eager", bool, False),
+            made_no_history=get(d, "made_no_history", bool, False),
         )
     if kind == "model":
         return Model(model=get(d, "model", int), name=get(d, "name", str),

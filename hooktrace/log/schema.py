@@ -3,7 +3,8 @@
 A log is JSON Lines, UTF-8, one record per line, each with a ``"type"`` key:
 
 ``header``   first line: schema version, versions, argv, pid, rank, filters in force; ``dataflow``
-             when forward events say which calls made their inputs (``ForwardEvent``).
+             when forward events say which calls made their inputs (``ForwardEvent``),
+             ``made_no_history`` when they say what went into their outputs without history.
 ``model``    a top-level model seen by the tracer (``model`` index, a name, its class).
 ``module``   one per named submodule, written once when its model is first seen: its ``id``
              (events refer to it), class, own parameter counts, other names of a shared module;
@@ -93,6 +94,8 @@ class Header:
     #: ("force_eager")`` while a step is recorded), so every module hook sees it; the other
     #: steps run it compiled (absent: a log from before)
     eager: bool = False
+    #: forward events say ``made_no_history`` (absent: a log from before it, which does not)
+    made_no_history: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -102,6 +105,7 @@ class Header:
             "hostname": self.hostname, "started": self.started, "options": self.options,
             **({"dataflow": True} if self.dataflow else {}),
             **({"eager": True} if self.eager else {}),
+            **({"made_no_history": True} if self.made_no_history else {}),
         }
 
 
@@ -209,6 +213,14 @@ class ForwardEvent:
     #: the module was in eval mode as the call began (``module.training`` False: after
     #: ``model.eval()``); on the wire ``"eval": true``, absent in train mode
     eval_mode: bool = False
+    #: for a call with calls inside it, whose outputs carry autograd history: something
+    #: without it went into them on the way back to the calls of ``made`` (an input edge
+    #: autograd leaves empty: a ``.detach()``ed result, one made under ``no_grad``, a buffer or
+    #: a model input added in; or a floating output without history beside them), or the walk
+    #: stopped at its bound: ``made`` may miss a call whose output got no gradient. On the wire
+    #: ``"made_no_history": true``; absent: nothing did (in a log whose header says
+    #: ``made_no_history``; a log from before it does not say)
+    made_no_history: bool = False
 
     @property
     def phase(self) -> str:

@@ -134,6 +134,8 @@ class Encoder:
             d["recompute"] = True
         if e.eval_mode:
             d["eval"] = True
+        if e.made_no_history:
+            d["made_no_history"] = True
         if e.inputs_more:
             d["inputs_more"] = e.inputs_more
         if e.outputs_more:

@@ -83,7 +83,7 @@ class LogRecorder(Observer):
             inputs_more=(start.inputs_more + end.kw_inputs_more) or None,
             outputs_more=end.outputs_more or None, inputs_from=end.inputs_from,
             made=end.made, from_out=end.from_out if any(map(any, end.from_out)) else None,
-            made_out=end.made_out or None,
+            made_out=end.made_out or None, made_no_history=end.made_no_history,
         )
         found = None
         if self._outputs is not None:

@@ -68,7 +68,7 @@ class Trace:
             rank=rank, local_rank=_env_int("LOCAL_RANK", 0),
             world_size=world_size, hostname=socket.gethostname(),
             started=round(time.time(), 3), options=self._options.to_header(), dataflow=True,
-            eager=True,
+            eager=True, made_no_history=True,
         ))
         self._writer.flush()
         capture = (Capture(self.path, self._options.capture, self._options.capture_max_mb * 2**20)

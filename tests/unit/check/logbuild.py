@@ -42,6 +42,7 @@ class C:
     shape: list[int] = field(default_factory=lambda: [4, 8])
     dtype: str = "float32"
     model: int = 0  # the index of its model: 0 is ``write_log``'s ``modules``, then ``others``
+    made_no_history: bool = False  # something without autograd history went into its outputs
 
 
 def chain(**over: C) -> list[C]:
@@ -144,7 +145,8 @@ def _write_step(writer: LogWriter, step: int, calls: Sequence[C], seq: int) -> t
         writer.write(schema.ForwardEvent(
             seq=seq, step=step, model=c.model, name=c.name, call=index, input_shapes=[[4, 8]],
             input_dtypes=["float32"], output_shapes=[c.shape], output_dtypes=[c.dtype],
-            no_grad=c.no_grad, output_nonfinite=c.nonfinite, eval_mode=c.eval_mode))
+            no_grad=c.no_grad, output_nonfinite=c.nonfinite, eval_mode=c.eval_mode,
+            made_no_history=c.made_no_history))
     backs = 0
     for fseq, index, c in reversed(fwd):
         if c.g_out is None or c.no_grad:

@@ -252,6 +252,19 @@ def test_data_flow_written_as_offsets_and_read_back(
     assert read.made == made
 
 
+@pytest.mark.parametrize("flow", [True, False])
+def test_made_no_history_written_only_when_true_and_read_back(flow: bool) -> None:
+    """A flag, read whether the data flow is asked for or not (``check`` does not ask)."""
+    header = schema.Header(schema=schema.SCHEMA_VERSION, hooktrace="0")
+    assert "made_no_history" not in wire(header)[0]
+    header.made_no_history = True
+    assert decode(wire(header)) == [header]
+    plain, cut = forward(10, made=[8]), forward(11, made=[8], made_no_history=True)
+    lines = wire(FC, plain, cut)
+    assert "made_no_history" not in lines[-2] and lines[-1]["made_no_history"] is True
+    assert [e.made_no_history for e in decode(lines, flow)[-2:]] == [False, True]
+
+
 def test_without_dataflow_no_flow_is_written() -> None:
     event = wire(FC, forward(10, inputs_from=None, made=None))[-1]
     assert "from" not in event and "made" not in event
