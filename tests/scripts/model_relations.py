@@ -34,8 +34,8 @@ def mlp(inputs: int, hidden: int, outputs: int) -> nn.Sequential:
 
 
 def gan() -> tuple[nn.Module, nn.Module]:
-    G = mlp(4, 8, 4)  # noqa: N806 (the GAN's own names)
-    D = mlp(4, 8, 1)  # noqa: N806
+    G = mlp(4, 8, 4)
+    D = mlp(4, 8, 1)
     opt_g = torch.optim.Adam(G.parameters(), 1e-3)
     opt_d = torch.optim.Adam(D.parameters(), 1e-3)
     bce = nn.BCEWithLogitsLoss()
@@ -121,8 +121,9 @@ def single() -> None:
         opt.step()
 
 
-CASES: dict[str, Callable[[], object]] = {"gan": gan, "gan_in_main": gan_in_main, "mean_teacher": mean_teacher, "dqn": dqn,
-         "frozen_backbone": frozen_backbone, "single": single}
+CASES: dict[str, Callable[[], object]] = {
+    "gan": gan, "gan_in_main": gan_in_main, "mean_teacher": mean_teacher, "dqn": dqn,
+    "frozen_backbone": frozen_backbone, "single": single}
 
 if __name__ == "__main__":
     torch.manual_seed(0)
