@@ -18,7 +18,7 @@ from hooktrace.check.findings import steps_text
 from hooktrace.check.relations import Looks, follows, twin_looks
 
 if TYPE_CHECKING:
-    from hooktrace.check.collected import Collected
+    from hooktrace.check.collected import Collected, Keys
 
 
 @dataclass
@@ -35,6 +35,7 @@ class ModelFacts:
     average: bool = False  # changed at every look, stepped by no optimizer: a moving average
     frozen: str | None = None  # "throughout", "in turns", "from", "until", "at" (see text)
     frozen_steps: list[int] = field(default_factory=list)  # the backward passes it was frozen
+    called: bool = True  # the run called it (a twin known by its variable only: not)
     backward: bool = True  # a backward pass reached it
     no_grad_only: bool = False  # every call ran under torch.no_grad
     text: str = ""
@@ -58,7 +59,8 @@ def model_facts(c: Collected) -> list[ModelFacts]:
     for name in names:
         model = by_name.get(name)
         root = c.modules.get((model, "")) if model is not None else None
-        facts = ModelFacts(name, root.cls if root else "")
+        facts = ModelFacts(name, root.cls if root else "", called=model is not None,
+                           backward=model is not None)
         if model is not None:
             facts.optimizers = _optimizers(c, model)
             facts.losses = _losses(c, model, facts.optimizers)
@@ -121,8 +123,11 @@ def _frozen(c: Collected, model: int, facts: ModelFacts) -> None:
 
 
 def _reached(c: Collected, model: int, facts: ModelFacts) -> None:
-    facts.backward = any(key[0] == model for keys in c.backward.values() for key in keys)
-    facts.no_grad_only = not any(key[0] == model for keys in c.grad.values() for key in keys)
+    def ran(steps: dict[int, Keys]) -> bool:
+        return any(key[0] == model for keys in steps.values() for key in keys)
+    facts.backward = ran(c.backward)
+    facts.no_grad_only = not ran(c.grad)
+    facts.called = not facts.no_grad_only or ran(c.no_grad)
 
 
 def _twin(c: Collected, name: str, looks: dict[str, Looks], facts: ModelFacts) -> None:
@@ -163,7 +168,7 @@ def _text(c: Collected, f: ModelFacts) -> str:
         parts.append("stepped by no optimizer")
     if f.frozen:
         parts.append(_frozen_text(f))
-    if not f.cls:
+    if not f.called:
         parts.append("never called")
     elif not f.backward:
         parts.append("evaluated only, under torch.no_grad" if f.no_grad_only
@@ -181,5 +186,5 @@ def _frozen_text(f: ModelFacts) -> str:
     if f.frozen == "from":
         return f"frozen from step {steps[0]} on"
     if f.frozen == "until":
-        return f"frozen until step {steps[-1]}, trained after"
+        return f"frozen until step {steps[-1]}, trainable after"
     return f"frozen in the backward passes of {steps_text(steps)}"
