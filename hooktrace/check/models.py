@@ -41,7 +41,8 @@ class ModelFacts:
     text: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """As ``--json`` lists it: ``cls`` named ``class``, as in the log's model records."""
+        return {("class" if k == "cls" else k): v for k, v in asdict(self).items()}
 
 
 def model_facts(c: Collected) -> list[ModelFacts]:
