@@ -145,7 +145,8 @@ def _twin(c: Collected, name: str, looks: dict[str, Looks], facts: ModelFacts) -
         return
     facts.copy_of = trained[0]
     facts.copied_at = [step for step in m.looks if facts.copy_of in m.same[step]]
-    facts.average = follows(m)
+    # changed at every look, each time into the weights it copies: a copy, not an average
+    facts.average = follows(m) and not set(m.looks[1:]) <= set(facts.copied_at)
 
 
 def _text(c: Collected, f: ModelFacts) -> str:
