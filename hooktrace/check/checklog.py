@@ -23,6 +23,7 @@ from hooktrace.check.findings import (
     Thresholds,
     after_causes,
 )
+from hooktrace.check.models import model_facts
 from hooktrace.check.ranks import first_divergence, open_ranks
 from hooktrace.log.align import Feed
 from hooktrace.log.errors import HooktraceError
@@ -49,7 +50,7 @@ def _report(c: Collected, path: str | os.PathLike[str], step: int | None,
     captured = None
     if c.end is not None and c.end.captured:
         captured = f"{capture_dir(Path(path))} ({plural(c.end.captured, 'file')})"
-    return Report(findings, c.warnings, steps, events, captured)
+    return Report(findings, c.warnings, steps, events, captured, model_facts(c))
 
 
 _PARTED = {"ran": "modules", "shapes": "shapes", "dtypes": "dtypes", "steps": "steps"}
@@ -99,4 +100,5 @@ def run_checks_ranks(paths: Sequence[str | os.PathLike[str]], step: int | None =
         SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1, f.kind)))
     return Report(findings, [w for r in reports for w in r.warnings],
                   max(r.steps for r in reports), sum(r.events for r in reports),
-                  "; ".join(r.captured for r in reports if r.captured) or None)
+                  "; ".join(r.captured for r in reports if r.captured) or None,
+                  reports[0].models)  # the models of the first rank: the ranks run one script

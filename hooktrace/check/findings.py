@@ -50,6 +50,8 @@ class Report:
     steps: int
     events: int
     captured: str | None = None  # the --capture folder and its file count, when there is one
+    # with two models or more: what each was over the steps (``models.ModelFacts``), no finding
+    models: list[Any] = field(default_factory=list)
 
     @property
     def problems(self) -> list[Finding]:

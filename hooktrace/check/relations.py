@@ -36,7 +36,7 @@ _FOLLOWER_CLASS = re.compile(r"Ema|EMA|Averag|SWA|Swa|Momentum|Shadow")
 
 
 @dataclass
-class _Model:
+class Looks:
     """A model's looks: the steps, and at each whether it changed since the last look."""
 
     looks: list[int] = field(default_factory=list)
@@ -46,14 +46,15 @@ class _Model:
     trained: bool = False
 
 
-def _models(c: Collected) -> dict[str, _Model]:
-    out: dict[str, _Model] = {}
+def twin_looks(c: Collected) -> dict[str, Looks]:
+    """Each model of the ``twins`` signals, by name: its looks."""
+    out: dict[str, Looks] = {}
     for s in c.signals:
         if s.kind != "twins":
             continue
         d: dict[str, Any] = s.detail
         for name in d.get("models", []):
-            m = out.setdefault(name, _Model())
+            m = out.setdefault(name, Looks())
             m.looks.append(s.step)
             if name in d.get("changed", []) or name in d.get("unchanged", []):
                 m.changed[s.step] = name in d.get("changed", [])
@@ -65,13 +66,13 @@ def _models(c: Collected) -> dict[str, _Model]:
     return out
 
 
-def _follows(m: _Model) -> bool:
+def follows(m: Looks) -> bool:
     """Changed at every look after its first (two or more), stepped by no optimizer."""
     return not m.trained and len(m.changed) >= 2 and all(m.changed.values())
 
 
 def check_relations(c: Collected) -> list[Finding]:
-    models = _models(c)
+    models = twin_looks(c)
     out: list[Finding] = []
     for name, m in models.items():
         out += _replaced(c, name, m, models)
@@ -80,10 +81,10 @@ def check_relations(c: Collected) -> list[Finding]:
     return out
 
 
-def _replaced(c: Collected, name: str, m: _Model, models: dict[str, _Model]) -> list[Finding]:
+def _replaced(c: Collected, name: str, m: Looks, models: dict[str, Looks]) -> list[Finding]:
     if not m.trained or not m.replaced:
         return []
-    sources = sorted({o for step in m.replaced for o in m.same[step] if _follows(models[o])})
+    sources = sorted({o for step in m.replaced for o in m.same[step] if follows(models[o])})
     if not sources:
         return []
     source = sources[0]
@@ -101,7 +102,7 @@ def _replaced(c: Collected, name: str, m: _Model, models: dict[str, _Model]) -> 
         f"itself")]
 
 
-def _copied(c: Collected, name: str, m: _Model, models: dict[str, _Model]) -> list[Finding]:
+def _copied(c: Collected, name: str, m: Looks, models: dict[str, Looks]) -> list[Finding]:
     for other in sorted({o for found in m.same.values() for o in found}):
         o = models[other]
         if not o.trained:
@@ -123,7 +124,7 @@ def _copied(c: Collected, name: str, m: _Model, models: dict[str, _Model]) -> li
     return []
 
 
-def _not_updated(c: Collected, name: str, m: _Model, models: dict[str, _Model]
+def _not_updated(c: Collected, name: str, m: Looks, models: dict[str, Looks]
                  ) -> list[Finding]:
     if not m.looks or not _named_follower(c, name):
         return []

@@ -11,6 +11,7 @@ from hooktrace.log.words import plural
 
 _TITLES = {ERROR: "Errors", WARNING: "Warnings", NOTE: "Notes"}
 NOTES_SHOWN = 12  # notes printed in the text report; the rest counted (--json keeps them)
+MODELS_SHOWN = 8  # models in the text report's Models block; the rest counted
 
 
 def _evidence(evidence: dict[str, Any]) -> str:
@@ -81,12 +82,25 @@ def _finding(f: Finding) -> list[str]:
     return lines
 
 
+def _models(report: Report) -> list[str]:
+    """The Models block: one line per model, what it was over the steps (facts, no finding)."""
+    if not report.models:
+        return []
+    lines = ["", f"Models ({len(report.models)})"]
+    lines += [f"  {m.text}" for m in report.models[:MODELS_SHOWN]]
+    if len(report.models) > MODELS_SHOWN:
+        lines.append(f"  ... and {len(report.models) - MODELS_SHOWN} more models "
+                     "(--json lists them all)")
+    return lines
+
+
 def to_text(report: Report, path: str) -> str:
     lines = [f"hooktrace check {path}: {plural(report.steps, 'step')}, "
              f"{plural(report.events, 'event')}"]
     lines += [f"warning: {w}" for w in report.warnings]
     if report.captured:
         lines.append(f"captured tensors (torch.load): {report.captured}")
+    lines += _models(report)
     for severity in (ERROR, WARNING, NOTE):
         found = [f for f in report.findings if f.severity == severity]
         if found:
@@ -115,4 +129,5 @@ def to_json(report: Report) -> str:
     return orjson.dumps({
         "problems": len(report.problems), "steps": report.steps, "events": report.events,
         "warnings": report.warnings, "findings": [f.to_dict() for f in report.findings],
+        "models": [m.to_dict() for m in report.models],
     }, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()

@@ -26,7 +26,7 @@ from hooktrace.observe.stats import DEFER_ENV
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 PROBLEM = ("error", "warning")
-REPORT_KEYS = {"problems", "steps", "events", "warnings", "findings"}
+REPORT_KEYS = {"problems", "steps", "events", "warnings", "findings", "models"}
 FINDING_KEYS = {"kind", "severity", "model", "module", "step", "message", "evidence", "hint",
                 "ranks", "source"}
 

@@ -88,7 +88,7 @@ def test_cli_json_matches_the_library_and_the_exit_status(name: str) -> None:
     data = json.loads(result.stdout)
     report = run_checks(log(name))
     assert data == json.loads(to_json(report))
-    assert list(data) == ["problems", "steps", "events", "warnings", "findings"]
+    assert list(data) == ["problems", "steps", "events", "warnings", "findings", "models"]
     problems = sum(f["severity"] != NOTE for f in data["findings"])
     assert data["problems"] == problems
     assert result.exit_code == (1 if problems else 0)
