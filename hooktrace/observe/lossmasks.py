@@ -5,9 +5,11 @@ of 0s and 1s used as an index (it picks rows 0 and 1, not the rows the mask keep
 targets an ``F.cross_entropy``/``F.nll_loss`` the window did not see (one computed inside a
 model's call, ``model(ids, labels=labels).loss``) leaves to ``ignore_index``.
 
-Only the loss's top is walked (sums, scales, means, views and the ops that pick elements), at
-most ``_BUDGET`` nodes; what it finds is counted on the tensors' device (a few ops, no read):
-the counts are read once as the pass ends (``lossterms.py``). A multiplier with values other
+Only the loss's top is walked (sums, scales, means, views and the ops that pick elements),
+down to the traced calls' outputs, at most ``_BUDGET`` nodes; saved tensors are read without
+unpacking them (none behind an unpack hook: that would run the program's code). What it finds
+is counted on the tensors' device (a few ops, no read): the counts are read once as the pass
+ends (``lossterms.py``). A multiplier with values other
 than 0 and 1 (a focal or class weight) is a weight, not a mask: said nothing of."""
 
 from __future__ import annotations
@@ -50,6 +52,18 @@ def _edges(node: Any) -> list[bool]:
     return [child is not None for child, _ in node.next_functions]
 
 
+class _Hooked(Exception):
+    """A saved tensor behind an unpack hook (activation checkpointing, offloading): reading it
+    would run the program's hook, so the op is not read."""
+
+
+def _saved(raw: Any) -> Any:
+    """A saved tensor read without unpacking it (None where it was not saved)."""
+    if raw.unpack_hook is not None:
+        raise _Hooked
+    return raw.data
+
+
 def _not01(t: torch.Tensor) -> torch.Tensor:
     return ((t != 0) & (t != 1)).sum()
 
@@ -59,7 +73,7 @@ def _mul(node: Any) -> Share | None:
     edges = _edges(node)
     if edges.count(True) != 1 or len(edges) != 2:
         return None
-    mask = node._saved_self if edges[1] else node._saved_other
+    mask = _saved(node._raw_saved_self if edges[1] else node._raw_saved_other)
     shape = node._input_metadata[0].shape
     of = math.prod(shape)
     if not isinstance(mask, torch.Tensor) or mask.numel() <= 1 or of <= 1:
@@ -71,7 +85,7 @@ def _mul(node: Any) -> Share | None:
 def _where(node: Any) -> Share | None:
     """``torch.where(mask, loss, 0)``: the loss's side of the condition."""
     edges = _edges(node)
-    cond = node._saved_condition
+    cond = _saved(node._raw_saved_condition)
     if edges.count(True) != 1 or cond.numel() <= 1:
         return None
     kept = cond if edges[0] else ~cond
@@ -80,7 +94,7 @@ def _where(node: Any) -> Share | None:
 
 
 def _masked_select(node: Any) -> Share | None:
-    mask, loss = node._saved_mask, node._saved_self
+    mask, loss = _saved(node._raw_saved_mask), _saved(node._raw_saved_self)
     shape = torch.broadcast_shapes(mask.shape, loss.shape)  # type: ignore[no-untyped-call]
     read = torch.count_nonzero(torch.broadcast_to(mask, shape))
     return Share({"by": "mask", "op": "MaskedSelect"}, read,
@@ -91,7 +105,9 @@ def _index(node: Any) -> Share | None:
     """``loss[mask]``: one boolean index; an integer index of the dimension's length whose
     values are all 0 or 1 (``bad`` zero) is a mask of the wrong dtype."""
     sizes = list(node._saved_self_sym_sizes)
-    found = [(i, ix) for i, ix in enumerate(node._saved_indices) if ix is not None]
+    found = [(i, _saved(ix)) for i, ix in enumerate(node._raw_saved_indices)
+             if ix is not None]
+    found = [(i, ix) for i, ix in found if ix is not None]
     if len(found) != 1 or math.prod(sizes) <= 1:
         return None
     (dim, ix), of = found[0], math.prod(sizes)
@@ -108,7 +124,7 @@ def _index(node: Any) -> Share | None:
 
 def _nll(node: Any) -> Share | None:
     """Targets a ``nll_loss`` left to ``ignore_index`` (one the window did not see)."""
-    target, ignore = node._saved_target, node._saved_ignore_index
+    target, ignore = _saved(node._raw_saved_target), node._saved_ignore_index
     if target.numel() == 0:
         return None
     below = node.next_functions[0][0]
@@ -136,7 +152,10 @@ def reads(roots: list[Any], known: set[Any]) -> list[Share]:
             continue  # counted by the window, or a model call's output: inside the model
         op = _op(node)
         reader = _READERS.get(op)
-        share = reader(node) if reader is not None else None
+        try:
+            share = reader(node) if reader is not None else None
+        except _Hooked:
+            share = None
         if share is not None:
             out.append(share)
         if op in _NLL or op not in _THROUGH:

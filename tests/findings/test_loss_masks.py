@@ -257,3 +257,19 @@ def test_an_ignore_index_that_matches_every_target_inside_the_model(tmp_path: Pa
 def test_tracing_changes_nothing(tmp_path: Path, loss_fn: Loss) -> None:
     untraced, traced = train(None, loss_fn, 3), train(tmp_path / "log.jsonl", loss_fn, 3)
     assert all(torch.equal(a, b) for a, b in zip(untraced, traced, strict=True))
+
+
+def test_saved_tensors_behind_an_unpack_hook_are_not_unpacked(tmp_path: Path) -> None:
+    unpacked: list[int] = []
+
+    def offloaded(model: nn.Module, ids: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with torch.autograd.graph.saved_tensors_hooks(
+                lambda t: t, lambda t: unpacked.append(1) or t):  # type: ignore[func-returns-value]
+            return padding_mask(model, ids, y)
+
+    train(None, offloaded)
+    untraced = len(unpacked)
+    path = tmp_path / "log.jsonl"
+    train(path, offloaded)
+    assert len(unpacked) == 2 * untraced  # the program's own unpacks, no more
+    assert shares(path) == []
