@@ -47,7 +47,7 @@ def check_loss_terms(c: Collected) -> list[Finding]:
             out.append(_target(c, s))
         elif s.kind == "loss-share":
             d = s.detail
-            key = (s.model, f"{d.get('by')} {d.get('op')} {d.get('loss')} {d.get('file')}",
+            key = (s.model, f"{d.get('by')} {d.get('node')} {d.get('loss')} {d.get('file')}",
                    int(d.get("line", 0)))
             shares.setdefault(key, []).append(s)
     for signals in shares.values():
@@ -185,7 +185,7 @@ def _mask(c: Collected, signals: list[Signal]) -> Finding:
     first = signals[0]
     least = min(signals, key=lambda s: s.detail.get("read", 0) / max(s.detail.get("of", 1), 1))
     read, of = least.detail.get("read", 0), least.detail.get("of", 0)
-    how = _MASKS.get(str(first.detail.get("op")), "a mask")
+    how = _MASKS.get(str(first.detail.get("node")), "a mask")
     recorded = c.backward_steps or {s.step for s in signals}
     if all(s.detail.get("read") == 0 for s in signals) and len(signals) >= len(recorded):
         return Finding(

@@ -79,7 +79,7 @@ def _mul(node: Any) -> Share | None:
     if not isinstance(mask, torch.Tensor) or mask.numel() <= 1 or of <= 1:
         return None  # a scale
     read = torch.count_nonzero(mask) * (of // mask.numel())
-    return Share({"by": "mask", "op": "Mul"}, read, _not01(mask), of)
+    return Share({"by": "mask", "node": "Mul"}, read, _not01(mask), of)
 
 
 def _where(node: Any) -> Share | None:
@@ -89,7 +89,7 @@ def _where(node: Any) -> Share | None:
     if edges.count(True) != 1 or cond.numel() <= 1:
         return None
     kept = cond if edges[0] else ~cond
-    return Share({"by": "mask", "op": "Where"}, torch.count_nonzero(kept),
+    return Share({"by": "mask", "node": "Where"}, torch.count_nonzero(kept),
                  torch.zeros((), dtype=torch.int64, device=cond.device), cond.numel())
 
 
@@ -97,7 +97,7 @@ def _masked_select(node: Any) -> Share | None:
     mask, loss = _saved(node._raw_saved_mask), _saved(node._raw_saved_self)
     shape = torch.broadcast_shapes(mask.shape, loss.shape)  # type: ignore[no-untyped-call]
     read = torch.count_nonzero(torch.broadcast_to(mask, shape))
-    return Share({"by": "mask", "op": "MaskedSelect"}, read,
+    return Share({"by": "mask", "node": "MaskedSelect"}, read,
                  torch.zeros((), dtype=torch.int64, device=mask.device), math.prod(shape))
 
 
@@ -113,12 +113,12 @@ def _index(node: Any) -> Share | None:
     (dim, ix), of = found[0], math.prod(sizes)
     if ix.dtype in (torch.bool, torch.uint8):  # uint8 indexes as a mask
         rest = of // max(math.prod(sizes[dim:dim + ix.dim()]), 1)
-        return Share({"by": "mask", "op": "Index"}, torch.count_nonzero(ix) * rest,
+        return Share({"by": "mask", "node": "Index"}, torch.count_nonzero(ix) * rest,
                      torch.zeros((), dtype=torch.int64, device=ix.device), of)
     if ix.is_floating_point() or ix.dim() != 1 or ix.numel() != sizes[dim] or sizes[dim] <= 2:
         return None
     rows = (ix == 0).any().long() + (ix == 1).any().long()  # the rows it reads
-    return Share({"by": "index", "op": "Index", "dim": dim, "rows": sizes[dim]},
+    return Share({"by": "index", "node": "Index", "dim": dim, "rows": sizes[dim]},
                  rows * (of // sizes[dim]), _not01(ix), of)
 
 
@@ -130,7 +130,7 @@ def _nll(node: Any) -> Share | None:
     below = node.next_functions[0][0]
     loss = "F.cross_entropy" if below is not None and _op(below) == "LogSoftmax" else \
         "F.nll_loss"
-    return Share({"by": "ignore_index", "op": _op(node), "loss": loss,
+    return Share({"by": "ignore_index", "node": _op(node), "loss": loss,
                   "ignore_index": int(ignore), "inside": True},
                  (target != ignore).sum(), torch.zeros((), dtype=torch.int64,
                                                         device=target.device), target.numel())

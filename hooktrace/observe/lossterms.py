@@ -14,11 +14,13 @@ the root's arithmetic top (sums, scales, means), i.e. it is a term of the loss, 
 addition inside a model. A regression loss whose target has gradient is looked at from its node
 (``losstargets.py``: ``loss-target-grad``). ``F.cross_entropy`` and ``F.nll_loss`` met in the
 window count their targets that are not ``ignore_index`` (an op of theirs, read once as the
-pass ends): ``loss-share``, where some are ignored.
+pass ends): ``loss-share``, where some are ignored. As ``backward()`` begins the loss's graph
+adds the masks over its elements and the losses the window did not see (``lossmasks.py``).
 
 A constant that never had a gradient (a loss accumulator started at ``torch.zeros(())``, a
 Python number, a regulariser of frozen weights) cuts nothing and is not said. A loss computed
-inside a model's own call (the first call of a step) is not in the window.
+inside a model's own call (the first call of a step) is not in the window: only its share is
+read, from its graph.
 
 Cost: nothing outside recorded steps, nor before a step's first model call returns; in the
 window one Python call per torch operation (at most ``CAP``, then the window closes), a

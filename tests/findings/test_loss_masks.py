@@ -89,7 +89,7 @@ class _nothing:
 
 
 def shares(path: Path) -> list[tuple[int, str, str, int, int]]:
-    return [(r.step, r.detail["by"], r.detail["op"], r.detail["read"], r.detail["of"])
+    return [(r.step, r.detail["by"], r.detail["node"], r.detail["read"], r.detail["of"])
             for r in read_log(path) if isinstance(r, schema.Signal) and r.kind == "loss-share"]
 
 
