@@ -46,7 +46,9 @@ def check_loss_terms(c: Collected) -> list[Finding]:
         elif s.kind == "loss-target-grad":
             out.append(_target(c, s))
         elif s.kind == "loss-share":
-            key = (s.model, str(s.detail.get("file", "")), int(s.detail.get("line", 0)))
+            d = s.detail
+            key = (s.model, f"{d.get('by')} {d.get('node')} {d.get('loss')} {d.get('file')}",
+                   int(d.get("line", 0)))
             shares.setdefault(key, []).append(s)
     for signals in shares.values():
         out.append(_share(c, signals))
@@ -57,6 +59,7 @@ def absorb(c: Collected, findings: list[Finding]) -> list[Finding]:
     """A ``no-grad`` finding whose starved modules all made (or are inside the modules that
     made) a term a ``loss-term-cut`` names: the gradient stops in the loss, outside every
     forward, not inside the boundary's forward. The cut names them; the ``no-grad`` goes."""
+    findings = _zeroed(findings)
     cuts = [f for f in findings if f.kind == "loss-term-cut"]
     if not cuts:
         return findings
@@ -73,6 +76,25 @@ def absorb(c: Collected, findings: list[Finding]) -> list[Finding]:
         names = cut.evidence["starved"]
         cut.message += (f"; it starves {', '.join(names)}, which "
                         f"{'gets' if len(names) == 1 else 'get'} no gradient")
+    return kept
+
+
+def _zeroed(findings: list[Finding]) -> list[Finding]:
+    """A ``zero-gradient`` finding of a model whose loss reads nothing in those steps: the
+    loss gave no gradient; the empty read names it, the zero goes."""
+    empty = {f.model: f for f in findings if f.kind == "loss-reads-nothing"}
+    kept = []
+    for f in findings:
+        nothing = empty.get(f.model) if f.kind == "zero-gradient" else None
+        if nothing is None or not set(f.evidence.get("steps", [])) <= set(
+                nothing.evidence.get("steps", [])):
+            kept.append(f)
+            continue
+        names = [str(m) or "(root)" for m in
+                 f.evidence.get("modules") or f.evidence.get("starved") or [f.module]]
+        nothing.evidence["zeroed"] = names
+        nothing.message += (f"; the gradient of {', '.join(names[:6])}"
+                            f"{' and more' if len(names) > 6 else ''} is exactly zero")
     return kept
 
 
@@ -118,11 +140,17 @@ def _target(c: Collected, s: Signal) -> Finding:
 
 
 def _share(c: Collected, signals: list[Signal]) -> Finding:
+    by = signals[0].detail.get("by", "ignore_index")
+    if by == "index":
+        return _index(c, signals)
+    if by == "mask":
+        return _mask(c, signals)
     first = signals[0]
     d = first.detail
     least = min(signals, key=lambda s: s.detail.get("read", 0) / max(s.detail.get("of", 1), 1))
     read, of = least.detail.get("read", 0), least.detail.get("of", 0)
-    where = _where(d.get("file"), d.get("line"))
+    where = f"at {_where(d.get('file'), d.get('line'))}" if d.get("file") else \
+        "inside the model's call (a loss it computes, model(..., labels=...).loss)"
     recorded = c.backward_steps or {s.step for s in signals}
     none = all(s.detail.get("read") == 0 for s in signals) and len(signals) >= len(recorded)
     fact = {"loss": d.get("loss"), "ignore_index": d.get("ignore_index"), "file": d.get("file"),
@@ -131,12 +159,57 @@ def _share(c: Collected, signals: list[Signal]) -> Finding:
     if none:
         return Finding(
             "loss-reads-nothing", WARNING, c.model_name(first.model), first.name, first.step,
-            f"{d.get('loss')} at {where} ignores every target of the batch in every recorded "
+            f"{d.get('loss')} {where} ignores every target of the batch in every recorded "
             f"step (all {of} equal ignore_index={d.get('ignore_index')}): the loss is NaN or "
             "0 and gives the model no gradient", fact,
             "check the labels and the ignore_index: padding or a wrong label mapping may have "
             "turned every target into the ignored value")
     return Finding(
         "loss-share", NOTE, c.model_name(first.model), first.name, least.step,
-        f"{d.get('loss')} at {where} reads part of its batch: {read} of {of} targets at step "
+        f"{d.get('loss')} {where} reads part of its batch: {read} of {of} targets at step "
         f"{least.step} (the others equal ignore_index={d.get('ignore_index')})", fact)
+
+
+#: the op that keeps part of a loss's elements, as the program wrote it
+_MASKS = {"Mul": "loss * mask", "Index": "loss[mask]", "MaskedSelect": "masked_select",
+          "Where": "torch.where(mask, loss, ...)"}
+
+
+def _fact(signals: list[Signal]) -> dict[str, Any]:
+    return {**signals[0].detail, "read": [s.detail.get("read") for s in signals],
+            "of": [s.detail.get("of") for s in signals], "steps": [s.step for s in signals]}
+
+
+def _mask(c: Collected, signals: list[Signal]) -> Finding:
+    """A 0/1 mask over a per-element loss: how much it keeps (a note), none ever (a warning)."""
+    first = signals[0]
+    least = min(signals, key=lambda s: s.detail.get("read", 0) / max(s.detail.get("of", 1), 1))
+    read, of = least.detail.get("read", 0), least.detail.get("of", 0)
+    how = _MASKS.get(str(first.detail.get("node")), "a mask")
+    recorded = c.backward_steps or {s.step for s in signals}
+    if all(s.detail.get("read") == 0 for s in signals) and len(signals) >= len(recorded):
+        return Finding(
+            "loss-reads-nothing", WARNING, c.model_name(first.model), first.name, first.step,
+            f"the loss reads none of its {of} elements in every recorded step: a 0/1 mask "
+            f"({how}) keeps none of them, so the loss is 0 (NaN where divided by mask.sum()) "
+            "and gives the model no gradient", _fact(signals),
+            "check the comparison that builds the mask (ids != pad, lengths > position) and "
+            "its dtype and shape against the loss's")
+    return Finding(
+        "loss-share", NOTE, c.model_name(first.model), first.name, least.step,
+        f"the loss reads {read} of its {of} elements ({100 * read // max(of, 1)}%) at step "
+        f"{least.step}: a 0/1 mask ({how}) keeps them", _fact(signals))
+
+
+def _index(c: Collected, signals: list[Signal]) -> Finding:
+    """An integer tensor of 0s and 1s used as an index: a mask of the wrong dtype."""
+    first = signals[0]
+    d = first.detail
+    return Finding(
+        "loss-mask-index", WARNING, c.model_name(first.model), first.name, first.step,
+        f"the loss is indexed along dim {d.get('dim')} with an integer tensor of 0s and 1s "
+        f"as long as that dim ({d.get('rows')}): a mask of dtype long or int, not bool, picks "
+        f"rows 0 and 1 again and again, not the rows it marks; the loss reads "
+        f"{d.get('read')} of its {d.get('of')} elements at step {first.step}", _fact(signals),
+        "index with a bool mask (loss[mask.bool()]), or multiply: (loss * mask).sum() / "
+        "mask.sum()")

@@ -181,10 +181,14 @@ class Signal:
       outputs the cut tensor came from, ``detail.added_file``/``detail.added_line`` where it was
       added, ``detail.models`` the models the loss reached (``model``: the first); once per
       cut's line (``lossterms.py``);
-    * ``loss-share``: an ``F.cross_entropy``/``F.nll_loss`` (or a module calling it) of
-      recorded step ``step`` read ``detail.read`` of its ``detail.of`` targets (the others equal
-      ``detail.ignore_index``), at ``detail.file``:``detail.line``; where some are ignored, each
-      recorded step.
+    * ``loss-share``: a loss of recorded step ``step`` read ``detail.read`` of its
+      ``detail.of`` targets or elements, each recorded step where it read less; ``detail.by``
+      says what kept them: ``ignore_index``, an ``F.cross_entropy``/``F.nll_loss`` (or a module
+      calling it) whose other targets equal ``detail.ignore_index``, at
+      ``detail.file``:``detail.line`` (``detail.inside``: seen in the loss's graph only, computed
+      inside a model's call); ``mask``, a 0/1 mask over the loss's elements (``detail.node``:
+      ``Mul``, ``Index``, ``MaskedSelect``, ``Where``); ``index``, an integer tensor of 0s and
+      1s as long as dim ``detail.dim`` (``detail.rows``) used as an index.
     * ``loss-target-grad``: the target of a regression loss (``detail.loss``: ``F.mse_loss``,
       ``F.l1_loss``, ``F.smooth_l1_loss``, ``F.huber_loss``) at ``detail.file``:``detail.line``
       carries a gradient into another call of model ``model``, whose output its prediction

@@ -14,11 +14,13 @@ the root's arithmetic top (sums, scales, means), i.e. it is a term of the loss, 
 addition inside a model. A regression loss whose target has gradient is looked at from its node
 (``losstargets.py``: ``loss-target-grad``). ``F.cross_entropy`` and ``F.nll_loss`` met in the
 window count their targets that are not ``ignore_index`` (an op of theirs, read once as the
-pass ends): ``loss-share``, where some are ignored.
+pass ends): ``loss-share``, where some are ignored. As ``backward()`` begins the loss's graph
+adds the masks over its elements and the losses the window did not see (``lossmasks.py``).
 
 A constant that never had a gradient (a loss accumulator started at ``torch.zeros(())``, a
 Python number, a regulariser of frozen weights) cuts nothing and is not said. A loss computed
-inside a model's own call (the first call of a step) is not in the window.
+inside a model's own call (the first call of a step) is not in the window: only its share is
+read, from its graph.
 
 Cost: nothing outside recorded steps, nor before a step's first model call returns; in the
 window one Python call per torch operation (at most ``CAP``, then the window closes), a
@@ -39,8 +41,9 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from hooktrace.hooks.records import ForwardEnd, Mode, Observer, PassEnd
 from hooktrace.log import schema
+from hooktrace.observe.lossmasks import reads
 from hooktrace.observe.losstargets import bootstrapped
-from hooktrace.observe.losswindow import Cut, Window
+from hooktrace.observe.losswindow import Window
 
 Emit = Callable[[Any], None]
 
@@ -66,6 +69,24 @@ def arithmetic_top(roots: list[Any]) -> set[Any]:
     return seen
 
 
+Shares = list[tuple[dict[str, Any], torch.Tensor, torch.Tensor, int, int]]
+
+
+def _said(step: int, shares: Shares) -> list[schema.Signal]:
+    """The ``loss-share`` signals of a pass's shares: their counts read at once, the parts
+    read below the whole, multipliers that are 0/1 masks only."""
+    device = shares[0][1].device
+    counts = torch.stack([torch.stack([s[1].to(device, torch.int64),
+                                       s[2].to(device, torch.int64)])
+                          for s in shares]).tolist()  # one read
+    out = []
+    for (detail, _, _, of, model), (read, bad) in zip(shares, counts, strict=True):
+        if read < of and not bad:
+            out.append(schema.Signal(step, model, "", "loss-share",
+                                     {**detail, "read": int(read), "of": of}))
+    return out
+
+
 class LossTerms(Observer):
     """Opens the window when a recorded step's model call returns; ``looked`` (from the loss
     graph's wrapper, as an outermost recorded ``backward()`` begins) closes it."""
@@ -79,7 +100,7 @@ class LossTerms(Observer):
         self._stale = False  # the window may still be on torch's stack, closed
         self._said: set[tuple[str, str, int]] = set()
         self._signals: list[schema.Signal] = []
-        self._shares: list[tuple[Cut, torch.Tensor, int, int, int]] = []
+        self._shares: Shares = []
         # an optimizer steps outside the window: its operations do not pass through it
         self._handle = register_optimizer_step_pre_hook(lambda *_: self.model_call(None, None,
                                                                                    0))
@@ -160,10 +181,21 @@ class LossTerms(Observer):
             if w.targets:
                 self._targets(step, top)
             if model is not None:
-                self._shares.extend((*s, model) for s in w.shares)
+                self._read(roots, model)
             w.clear()
         except Exception:
             self._broken = True
+
+    def _read(self, roots: list[Any], model: int) -> None:
+        """The shares the window counted (targets left to ``ignore_index``), then those the
+        loss's graph shows (masks, and losses computed where the window was not)."""
+        zero = torch.zeros((), dtype=torch.int64)
+        for cut, read, of, ignore, _ in self._window.shares:
+            self._shares.append(({"by": "ignore_index", "loss": cut.op, "ignore_index": ignore,
+                                  "file": cut.file, "line": cut.line}, read, zero, of, model))
+        known = {s[4] for s in self._window.shares if s[4] is not None}
+        self._shares.extend((s.detail, s.read, s.bad, s.of, model)
+                            for s in reads(roots, known)[:16])
 
     def _terms(self, step: int, model: int, models: set[int], top: set[Any]) -> None:
         for term in self._window.terms:
@@ -194,12 +226,7 @@ class LossTerms(Observer):
             signals, self._signals = self._signals, []
             shares, self._shares = self._shares, []
             if end.mode is Mode.RECORDED and shares:
-                reads = torch.stack([s[1] for s in shares]).tolist()  # one read
-                for (cut, _, total, ignore, model), read in zip(shares, reads, strict=True):
-                    if read < total:
-                        signals.append(schema.Signal(end.step, model, "", "loss-share", {
-                            "loss": cut.op, "read": int(read), "of": total,
-                            "ignore_index": ignore, "file": cut.file, "line": cut.line}))
+                signals.extend(_said(end.step, shares))
             for s in signals:
                 self._emit(s)
         except Exception:

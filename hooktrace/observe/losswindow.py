@@ -132,8 +132,8 @@ class Window(TorchFunctionMode):
         self.escapes: list[tuple[Cut, Any]] = []  # (where, the number; None for numpy)
         self.terms: list[_Term] = []
         self.targets: list[tuple[Any, Cut]] = []  # regression losses whose target has gradient
-        # (cut site of the loss call, targets read (a tensor), targets, ignore_index, model)
-        self.shares: list[tuple[Cut, torch.Tensor, int, int]] = []
+        # (cut site of the loss call, targets read (a tensor), targets, ignore_index, its node)
+        self.shares: list[tuple[Cut, torch.Tensor, int, int, Any]] = []
         self._names: dict[Any, str] = {}
 
     def clear(self) -> None:
@@ -166,7 +166,7 @@ class Window(TorchFunctionMode):
             name = self._names[func] = op_name(func)
         if isinstance(out, torch.Tensor):
             if name in _SHARES:
-                self._share(name, args, kwargs, frame)
+                self._share(name, args, kwargs, out, frame)
             if out.requires_grad:
                 if name in _ADDS:
                     self._added(args, out, frame)
@@ -250,7 +250,7 @@ class Window(TorchFunctionMode):
                 self.targets.append((out.grad_fn, Cut("target", name, *site)))
 
     def _share(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
-               frame: FrameType) -> None:
+               out: torch.Tensor, frame: FrameType) -> None:
         kwargs = kwargs or {}
         target = args[1] if len(args) > 1 else kwargs.get("target")
         ignore = args[4] if len(args) > 4 else kwargs.get("ignore_index", -100)
@@ -261,4 +261,5 @@ class Window(TorchFunctionMode):
         if site is not None:
             with torch.no_grad():
                 read = (target != ignore).sum()
-            self.shares.append((Cut("share", name, *site), read, target.numel(), ignore))
+            self.shares.append((Cut("share", name, *site), read, target.numel(), ignore,
+                                out.grad_fn))
