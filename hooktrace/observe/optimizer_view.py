@@ -24,7 +24,7 @@ each later step, a look at one ``.grad`` (about 5 us).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -176,18 +176,45 @@ def _param_name(p: torch.Tensor, info: ModInfo | None) -> str:
     return f"{info.name}.{attr}" if info.name else attr
 
 
-def sort_held(modules: list[tuple[weakref.ref[nn.Module], ModInfo]], held: set[int],
+class Held:
+    """Whether an optimizer that stepped holds a parameter: ``by_id``, the parameters they
+    stepped, by id, is right where its entry is that very parameter; an entry whose parameter
+    died (a model trained in a function that returned) may share its id with a new one (ids of
+    freed objects are reused at once): the optimizers still alive (``optimizers``) say."""
+
+    def __init__(self, by_id: dict[int, weakref.ref[torch.Tensor]],
+                 optimizers: Iterable[torch.optim.Optimizer]) -> None:
+        self._by_id = by_id
+        self._optimizers = optimizers
+        self._live: set[int] | None = None
+
+    def __contains__(self, p: torch.Tensor) -> bool:
+        ref = self._by_id.get(id(p))
+        if ref is None:
+            return False
+        if ref() is p:
+            return True
+        if self._live is None:  # the ids of parameters alive now: their own
+            self._live = {id(q) for o in list(self._optimizers)
+                          for group in o.param_groups for q in group["params"]}
+        if id(p) in self._live:
+            self._by_id[id(p)] = weakref.ref(p)
+            return True
+        return False
+
+
+def sort_held(modules: list[tuple[weakref.ref[nn.Module], ModInfo]], held: Held,
               outside: dict[int, tuple[list[list[int]], int]]) -> dict[int, dict[str, Any]]:
     """Per model, the ``optimizers`` signal's detail: its live ``modules`` whose trainable
-    parameters the optimizers that stepped hold (``held``: the parameters' ids), those none
-    holds, and those all frozen though held; the parameters they held that no module has."""
+    parameters the optimizers that stepped hold (``held``), those none holds, and those all
+    frozen though held; the parameters they held that no module has."""
     into: dict[str, dict[int, list[str]]] = {"held": {}, "not_held": {}, "frozen_held": {}}
     for ref, info in modules:
         m = ref() if info.ref() is not None else None  # not one a model found later adopted
         params = [p for p in m._parameters.values() if p is not None] if m else []
         if trains := [p for p in params if p.requires_grad]:
-            kind = "held" if any(id(p) in held for p in trains) else "not_held"
-        elif any(id(p) in held for p in params):
+            kind = "held" if any(p in held for p in trains) else "not_held"
+        elif any(p in held for p in params):
             kind = "frozen_held"  # frozen, yet held: meant to train
         else:
             continue
