@@ -87,6 +87,7 @@ class Diagnosis(Observer):
         # the parameters of optimizers that stepped, by id (a dead one's id is reused by new
         # parameters: ``sort_held`` tells them apart)
         self._held: dict[int, weakref.ref[torch.Tensor]] = {}
+        self._held_ids: set[int] = set()  # its keys
         self._held_changed = False
         self._seen_since_sort = False  # a module with parameters first seen since then
         self._sorted: dict[int, dict[str, list[str]]] = {}  # model -> its last optimizers signal
@@ -339,7 +340,8 @@ class Diagnosis(Observer):
             self._stepped_after[optimizer] = self._pass_count
             params = optimizer_params(optimizer)
             keys = list(map(id, params))
-            if not all(map(self._held.__contains__, keys)):
+            if not self._held_ids.issuperset(keys):  # the usual step: one look, in C
+                self._held_ids.update(keys)
                 self._held.update(zip(keys, map(weakref.ref, params), strict=True))
                 self._held_changed = True
             if self._view.stepped(optimizer, params, self._step):
@@ -388,7 +390,7 @@ class Diagnosis(Observer):
         if not (self._held_changed or (new and self._held and self._seen_since_sort)):
             return
         self._held_changed = self._seen_since_sort = False
-        held = Held(self._held, self._stepped_after.keys())
+        held = Held(self._held, self._held_ids, self._stepped_after.keys())
         for model, detail in sort_held(self._modules, held, self._view.outside).items():
             if self._sorted.get(model) != detail:
                 self._sorted[model] = detail

@@ -180,11 +180,14 @@ class Held:
     """Whether an optimizer that stepped holds a parameter: ``by_id``, the parameters they
     stepped, by id, is right where its entry is that very parameter; an entry whose parameter
     died (a model trained in a function that returned) may share its id with a new one (ids of
-    freed objects are reused at once): the optimizers still alive (``optimizers``) say."""
+    freed objects are reused at once): the optimizers still alive (``optimizers``) say. An
+    entry none of them holds is dropped, from ``ids`` too (``by_id``'s keys): the next step of
+    an optimizer that holds a parameter with that id is then one with parameters not seen."""
 
-    def __init__(self, by_id: dict[int, weakref.ref[torch.Tensor]],
+    def __init__(self, by_id: dict[int, weakref.ref[torch.Tensor]], ids: set[int],
                  optimizers: Iterable[torch.optim.Optimizer]) -> None:
         self._by_id = by_id
+        self._ids = ids
         self._optimizers = optimizers
         self._live: set[int] | None = None
 
@@ -200,6 +203,8 @@ class Held:
         if id(p) in self._live:
             self._by_id[id(p)] = weakref.ref(p)
             return True
+        del self._by_id[id(p)]
+        self._ids.discard(id(p))
         return False
 
 

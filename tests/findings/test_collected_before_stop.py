@@ -25,11 +25,15 @@ freed ones' ids.
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from helpers import Cases, Run, Shared, hooktrace_cmd, problems, run_cases, run_findings
+
+from hooktrace.observe.optimizer_view import Held
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 COLLECTED = SCRIPTS / "collected.py"
@@ -113,3 +117,18 @@ def test_the_collected_runner_runs_the_case_it_is_given(tmp_path: Path) -> None:
     traced = hooktrace_cmd("run", "-o", log, COLLECTED, "blind_bugs5.ok_adam_built_once")
     assert traced.returncode == 0, traced.stderr
     assert traced.stdout.strip().endswith("ok_adam_built_once: done, collected")
+
+
+def test_a_held_entry_of_a_freed_parameter_does_not_stand_for_a_new_one() -> None:
+    """An entry whose parameter died, under the id a new parameter took: held only where an
+    optimizer alive holds the new one; else dropped, so that optimizer's next step is one with
+    parameters not seen (and sorts the modules again)."""
+    new = torch.nn.Parameter(torch.zeros(2))
+    gone = weakref.ref(torch.nn.Parameter(torch.zeros(2)))  # dead at once: its id, reused
+    assert gone() is None
+    by_id, ids = {id(new): gone}, {id(new)}
+    assert new not in Held(by_id, ids, [])
+    assert by_id == {} and ids == set()
+    by_id, ids = {id(new): gone}, {id(new)}
+    assert new in Held(by_id, ids, [torch.optim.SGD([new], lr=0.1)])
+    assert by_id[id(new)]() is new and ids == {id(new)}
