@@ -84,10 +84,7 @@ class Diagnosis(Observer):
         self._view = OptimizerView(emit, self._owner, {} if uncalled is None else uncalled)
         self._steps = OptimizerSteps(emit, self._owner)
         self._last_pass = -1  # the step of the last backward pass that ended
-        # the parameters of optimizers that stepped, by id (a dead one's id is reused by new
-        # parameters: ``sort_held`` tells them apart)
-        self._held: dict[int, weakref.ref[torch.Tensor]] = {}
-        self._held_ids: set[int] = set()  # its keys
+        self._held = Held()  # the parameters of the optimizers that stepped
         self._held_changed = False
         self._seen_since_sort = False  # a module with parameters first seen since then
         self._sorted: dict[int, dict[str, list[str]]] = {}  # model -> its last optimizers signal
@@ -238,8 +235,7 @@ class Diagnosis(Observer):
         self._seen = [seen[i] for i in kept]
         self._param_ids = [ids[i] for i in kept]
         self._trainable = [counts[i] for i in kept]
-        # a dead module's parameters are dead too: their ids, reused by new parameters (of no
-        # module, which nothing would name anew), must not name it (kept in place: shared)
+        # dead modules' parameters: their ids, reused by parameters of no module, must not name them
         for key in [key for key, info in self._owner.items() if info.ref() is None]:
             del self._owner[key]
 
@@ -340,9 +336,7 @@ class Diagnosis(Observer):
             self._stepped_after[optimizer] = self._pass_count
             params = optimizer_params(optimizer)
             keys = list(map(id, params))
-            if not self._held_ids.issuperset(keys):  # the usual step: one look, in C
-                self._held_ids.update(keys)
-                self._held.update(zip(keys, map(weakref.ref, params), strict=True))
+            if self._held.stepped(params, keys):
                 self._held_changed = True
             if self._view.stepped(optimizer, params, self._step):
                 self._held_changed = True
@@ -390,7 +384,7 @@ class Diagnosis(Observer):
         if not (self._held_changed or (new and self._held and self._seen_since_sort)):
             return
         self._held_changed = self._seen_since_sort = False
-        held = Held(self._held, self._held_ids, self._stepped_after.keys())
+        held = self._held.among(self._stepped_after.keys())
         for model, detail in sort_held(self._modules, held, self._view.outside).items():
             if self._sorted.get(model) != detail:
                 self._sorted[model] = detail

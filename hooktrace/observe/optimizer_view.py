@@ -177,19 +177,34 @@ def _param_name(p: torch.Tensor, info: ModInfo | None) -> str:
 
 
 class Held:
-    """Whether an optimizer that stepped holds a parameter: ``by_id``, the parameters they
-    stepped, by id, is right where its entry is that very parameter; an entry whose parameter
-    died (a model trained in a function that returned) may share its id with a new one (ids of
-    freed objects are reused at once): the optimizers still alive (``optimizers``) say. An
-    entry none of them holds is dropped, from ``ids`` too (``by_id``'s keys): the next step of
-    an optimizer that holds a parameter with that id is then one with parameters not seen."""
+    """The parameters of the optimizers that stepped, by id. An entry is right where it is that
+    very parameter; one whose parameter died (a model trained in a function that returned) may
+    share its id with a new one (ids of freed objects are reused at once): the optimizers still
+    alive (``among``) say whether one holds it. An entry none of them holds is dropped: the next
+    step of an optimizer holding a parameter with that id is then one with parameters not seen.
+    """
 
-    def __init__(self, by_id: dict[int, weakref.ref[torch.Tensor]], ids: set[int],
-                 optimizers: Iterable[torch.optim.Optimizer]) -> None:
-        self._by_id = by_id
-        self._ids = ids
-        self._optimizers = optimizers
+    def __init__(self) -> None:
+        self._by_id: dict[int, weakref.ref[torch.Tensor]] = {}
+        self._ids: set[int] = set()  # its keys: the usual step's one look, in C
+        self._optimizers: Iterable[torch.optim.Optimizer] = ()
         self._live: set[int] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self._ids)
+
+    def stepped(self, params: list[torch.Tensor], keys: list[int]) -> bool:
+        """An optimizer stepped ``params`` (their ids, ``keys``): whether one is new."""
+        if self._ids.issuperset(keys):
+            return False
+        self._ids.update(keys)
+        self._by_id.update(zip(keys, map(weakref.ref, params), strict=True))
+        return True
+
+    def among(self, optimizers: Iterable[torch.optim.Optimizer]) -> Held:
+        """Itself, for one sort: ``optimizers``, those alive, tell a reused id apart."""
+        self._optimizers, self._live = optimizers, None
+        return self
 
     def __contains__(self, p: torch.Tensor) -> bool:
         ref = self._by_id.get(id(p))

@@ -25,7 +25,6 @@ freed ones' ids.
 
 from __future__ import annotations
 
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -119,16 +118,25 @@ def test_the_collected_runner_runs_the_case_it_is_given(tmp_path: Path) -> None:
     assert traced.stdout.strip().endswith("ok_adam_built_once: done, collected")
 
 
+def stale_entry_at(p: torch.Tensor) -> Held:
+    """Held parameters whose entry under ``p``'s id is of a parameter freed since (as if ``p``
+    had taken its id)."""
+    held = Held()
+    freed = torch.nn.Parameter(torch.zeros(1))
+    held.stepped([freed], [id(p)])
+    del freed  # only the weak reference is left: freed at once
+    return held
+
+
 def test_a_held_entry_of_a_freed_parameter_does_not_stand_for_a_new_one() -> None:
     """An entry whose parameter died, under the id a new parameter took: held only where an
-    optimizer alive holds the new one; else dropped, so that optimizer's next step is one with
-    parameters not seen (and sorts the modules again)."""
+    optimizer alive holds the new one; else dropped, so that an optimizer's next step with it
+    is one with parameters not seen (and sorts the modules again)."""
     new = torch.nn.Parameter(torch.zeros(2))
-    gone = weakref.ref(torch.nn.Parameter(torch.zeros(2)))  # dead at once: its id, reused
-    assert gone() is None
-    by_id, ids = {id(new): gone}, {id(new)}
-    assert new not in Held(by_id, ids, [])
-    assert by_id == {} and ids == set()
-    by_id, ids = {id(new): gone}, {id(new)}
-    assert new in Held(by_id, ids, [torch.optim.SGD([new], lr=0.1)])
-    assert by_id[id(new)]() is new and ids == {id(new)}
+    held = stale_entry_at(new)
+    assert new not in held.among([])
+    assert held.stepped([new], [id(new)])
+    assert new in held.among([])
+    held = stale_entry_at(new)
+    assert new in held.among([torch.optim.SGD([new], lr=0.1)])
+    assert not held.stepped([new], [id(new)])
