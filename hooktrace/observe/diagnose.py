@@ -235,9 +235,6 @@ class Diagnosis(Observer):
         self._seen = [seen[i] for i in kept]
         self._param_ids = [ids[i] for i in kept]
         self._trainable = [counts[i] for i in kept]
-        # dead modules' parameters: their ids, reused by parameters of no module, must not name them
-        for key in [key for key, info in self._owner.items() if info.ref() is None]:
-            del self._owner[key]
 
     def _changed_again(self, step: int, info: ModInfo, module: nn.Module) -> bool:
         now = {name: id(p) for name, p in module._parameters.items()
