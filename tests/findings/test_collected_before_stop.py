@@ -10,12 +10,12 @@ Each case of ``CASES``, bugs and healthy look-alikes of the blind sets that trai
 is traced twice with real ``hooktrace run``s: as its script runs it, and run by
 ``scripts/collected.py``, which calls the case's function and then ``gc.collect()`` inside the
 trace. Every finding (kind, severity, model, module, step; notes too) must be the same. The
-cases are a representative set, one run each way: every case of those four scripts, twice, took
-7 minutes, and these about a minute on one core; each is a family whose findings rest on facts
+cases are a representative set, one run each way: the 125 cases of those four scripts, twice,
+took 15 minutes here; each of these is a family whose findings rest on facts
 gathered over the whole run and said at its end or at a step (learning rates, the optimizers'
 steps and holdings, an optimizer stepped twice, models' relations, hooks counted, rounded
-half-precision updates, a GradScaler's steps) and a healthy GAN. Of 129 cases of the four
-scripts traced both ways, only ``step-unexplained`` changed (3 of blind set 5).
+half-precision updates, a GradScaler's steps) and a healthy GAN. Of the 125 cases traced both
+ways, only ``step-unexplained`` changed (3 of blind set 5).
 
 ``scripts/collected_main.py`` is the subprocess case: training in ``main()`` with a cycle
 holding the model, collected at the end of ``main``, against the same script keeping its model
