@@ -11,7 +11,7 @@ is traced twice with real ``hooktrace run``s: as its script runs it, and run by
 ``scripts/collected.py``, which calls the case's function and then ``gc.collect()`` inside the
 trace. Every finding (kind, severity, model, module, step; notes too) must be the same. The
 cases are a representative set, one run each way: the 125 cases of those four scripts, twice,
-took 15 minutes here; each of these is a family whose findings rest on facts
+took 15 minutes here, these 52 s; each is a family whose findings rest on facts
 gathered over the whole run and said at its end or at a step (learning rates, the optimizers'
 steps and holdings, an optimizer stepped twice, models' relations, hooks counted, rounded
 half-precision updates, a GradScaler's steps) and a healthy GAN. Of the 125 cases traced both
