@@ -56,7 +56,7 @@ from hooktrace.hooks.records import Mode, Observer, PassEnd
 from hooktrace.hooks.sites import forward_site
 from hooktrace.log import schema
 from hooktrace.observe.aliases import other_names
-from hooktrace.observe.optimizer_view import OptimizerView, sort_held
+from hooktrace.observe.optimizer_view import Held, OptimizerView, sort_held
 from hooktrace.observe.optsteps import OptimizerSteps
 from hooktrace.observe.paramlooks import all_zero, ids_sum, optimizer_params, trainable_count
 
@@ -84,7 +84,7 @@ class Diagnosis(Observer):
         self._view = OptimizerView(emit, self._owner, {} if uncalled is None else uncalled)
         self._steps = OptimizerSteps(emit, self._owner)
         self._last_pass = -1  # the step of the last backward pass that ended
-        self._held: set[int] = set()  # ids of the parameters of optimizers that stepped
+        self._held = Held()  # the parameters of the optimizers that stepped
         self._held_changed = False
         self._seen_since_sort = False  # a module with parameters first seen since then
         self._sorted: dict[int, dict[str, list[str]]] = {}  # model -> its last optimizers signal
@@ -333,8 +333,7 @@ class Diagnosis(Observer):
             self._stepped_after[optimizer] = self._pass_count
             params = optimizer_params(optimizer)
             keys = list(map(id, params))
-            if not self._held.issuperset(keys):
-                self._held.update(keys)
+            if self._held.stepped(params, keys):
                 self._held_changed = True
             if self._view.stepped(optimizer, params, self._step):
                 self._held_changed = True
@@ -382,7 +381,8 @@ class Diagnosis(Observer):
         if not (self._held_changed or (new and self._held and self._seen_since_sort)):
             return
         self._held_changed = self._seen_since_sort = False
-        for model, detail in sort_held(self._modules, self._held, self._view.outside).items():
+        held = self._held.among(self._stepped_after.keys())
+        for model, detail in sort_held(self._modules, held, self._view.outside).items():
             if self._sorted.get(model) != detail:
                 self._sorted[model] = detail
                 self._emit(schema.Signal(step, model, "", "optimizers", detail))

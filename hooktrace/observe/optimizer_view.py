@@ -24,7 +24,7 @@ each later step, a look at one ``.grad`` (about 5 us).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -176,18 +176,65 @@ def _param_name(p: torch.Tensor, info: ModInfo | None) -> str:
     return f"{info.name}.{attr}" if info.name else attr
 
 
-def sort_held(modules: list[tuple[weakref.ref[nn.Module], ModInfo]], held: set[int],
+class Held:
+    """The parameters of the optimizers that stepped, by id. An entry is right where it is that
+    very parameter; one whose parameter died (a model trained in a function that returned) may
+    share its id with a new one (ids of freed objects are reused at once): the optimizers still
+    alive (``among``) say whether one holds it. An entry none of them holds is dropped: the next
+    step of an optimizer holding a parameter with that id is then one with parameters not seen.
+    """
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, weakref.ref[torch.Tensor]] = {}
+        self._ids: set[int] = set()  # its keys: the usual step's one look, in C
+        self._optimizers: Iterable[torch.optim.Optimizer] = ()
+        self._live: set[int] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self._ids)
+
+    def stepped(self, params: list[torch.Tensor], keys: list[int]) -> bool:
+        """An optimizer stepped ``params`` (their ids, ``keys``): whether one is new."""
+        if self._ids.issuperset(keys):
+            return False
+        self._ids.update(keys)
+        self._by_id.update(zip(keys, map(weakref.ref, params), strict=True))
+        return True
+
+    def among(self, optimizers: Iterable[torch.optim.Optimizer]) -> Held:
+        """Itself, for one sort: ``optimizers``, those alive, tell a reused id apart."""
+        self._optimizers, self._live = optimizers, None
+        return self
+
+    def __contains__(self, p: torch.Tensor) -> bool:
+        ref = self._by_id.get(id(p))
+        if ref is None:
+            return False
+        if ref() is p:
+            return True
+        if self._live is None:  # the ids of parameters alive now: their own
+            self._live = {id(q) for o in list(self._optimizers)
+                          for group in o.param_groups for q in group["params"]}
+        if id(p) in self._live:
+            self._by_id[id(p)] = weakref.ref(p)
+            return True
+        del self._by_id[id(p)]
+        self._ids.discard(id(p))
+        return False
+
+
+def sort_held(modules: list[tuple[weakref.ref[nn.Module], ModInfo]], held: Held,
               outside: dict[int, tuple[list[list[int]], int]]) -> dict[int, dict[str, Any]]:
     """Per model, the ``optimizers`` signal's detail: its live ``modules`` whose trainable
-    parameters the optimizers that stepped hold (``held``: the parameters' ids), those none
-    holds, and those all frozen though held; the parameters they held that no module has."""
+    parameters the optimizers that stepped hold (``held``), those none holds, and those all
+    frozen though held; the parameters they held that no module has."""
     into: dict[str, dict[int, list[str]]] = {"held": {}, "not_held": {}, "frozen_held": {}}
     for ref, info in modules:
         m = ref() if info.ref() is not None else None  # not one a model found later adopted
         params = [p for p in m._parameters.values() if p is not None] if m else []
         if trains := [p for p in params if p.requires_grad]:
-            kind = "held" if any(id(p) in held for p in trains) else "not_held"
-        elif any(id(p) in held for p in params):
+            kind = "held" if any(p in held for p in trains) else "not_held"
+        elif any(p in held for p in params):
             kind = "frozen_held"  # frozen, yet held: meant to train
         else:
             continue
