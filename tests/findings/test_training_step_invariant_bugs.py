@@ -94,9 +94,9 @@ with ``--probe``; one misnamed without it), models and their relations 3 of 3. S
 override).
 
 Asserted here: the bugs named today and the healthy cases silent today. The misnamed and
-missed bugs (and a false alarm, when one is found) are strict ``xfail`` tests with the culprit expected
-(``CULPRIT``): a fix that names it turns the test into an unexpected pass, and the scorecard is
-brought up to date."""
+missed bugs (and a false alarm, when one is found) are strict ``xfail`` tests with the culprit
+expected (``CULPRIT``): a fix that names it turns the test into an unexpected pass, and the
+scorecard is brought up to date."""
 
 from __future__ import annotations
 
