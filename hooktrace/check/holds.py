@@ -13,14 +13,15 @@ from hooktrace.check.findings import WARNING, Finding, names_text, steps_text
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
-    from hooktrace.check.collected import Collected, ModuleKey
+    from hooktrace.check.collected import Collected
+    from hooktrace.check.keys import ModelFqn
 
 # the attribute of each wrapper that holds the model (naming.WRAPPERS; this side reads logs)
 _WRAPPED = {"DistributedDataParallel": "module", "DataParallel": "module",
             "OptimizedModule": "_orig_mod"}
 
 
-def on_wrapper(c: Collected) -> set[ModuleKey]:
+def on_wrapper(c: Collected) -> set[ModelFqn]:
     """The modules a wrapper holds beside the model it wraps, and the modules inside them."""
     tops = [(m.model, m.name) for m in c.modules.values() if m.wrapper]
     return {key for key in c.modules for model, name in tops

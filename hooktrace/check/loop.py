@@ -36,7 +36,8 @@ from hooktrace.check.updates import (
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
-    from hooktrace.check.collected import Collected, ModuleKey
+    from hooktrace.check.collected import Collected
+    from hooktrace.check.keys import ModelFqn
     from hooktrace.log.schema import Signal
 
 
@@ -123,8 +124,8 @@ def _outside_autograd(c: Collected) -> list[Finding]:
     through ``.item()``, ``float()``, ``.data`` or ``.detach()``."""
     held = {(s.model, name) for s in c.signals if s.kind == "optimizers"
             for name in s.detail.get("held", [])}
-    got: set[ModuleKey] = set()
-    none: dict[ModuleKey, list[int]] = {}
+    got: set[ModelFqn] = set()
+    none: dict[ModelFqn, list[int]] = {}
     for step in sorted(c.param_norms):
         reached = c.backward.get(step, frozenset())
         for model, names, norms in c.param_norms[step]:
@@ -150,12 +151,12 @@ def _outside_autograd(c: Collected) -> list[Finding]:
     return out + _params_outside_autograd(c, held)
 
 
-def _params_outside_autograd(c: Collected, held: set[ModuleKey]) -> list[Finding]:
+def _params_outside_autograd(c: Collected, held: set[ModelFqn]) -> list[Finding]:
     """The same, per parameter: a module an optimizer steps whose own parameters got a
     gradient in part, in every recorded step that said so (``params-without-grad``)."""
-    first: dict[ModuleKey, int] = {}
-    without: dict[ModuleKey, list[str]] = {}  # said in every signal of the module
-    with_grad: dict[ModuleKey, list[str]] = {}  # as last said
+    first: dict[ModelFqn, int] = {}
+    without: dict[ModelFqn, list[str]] = {}  # said in every signal of the module
+    with_grad: dict[ModelFqn, list[str]] = {}  # as last said
     for s in c.signals:
         key = (s.model, s.name)
         if s.kind != "params-without-grad" or key not in held:

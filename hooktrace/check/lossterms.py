@@ -6,6 +6,7 @@ recorded step). Pure: a ``Collected`` in, findings out."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from hooktrace.check.findings import NOTE, WARNING, Finding
@@ -64,25 +65,28 @@ def absorb(c: Collected, findings: list[Finding]) -> list[Finding]:
     if not cuts:
         return findings
     kept = []
+    grown: dict[int, Finding] = {}  # each cut (by its place) as the no-grads it takes make it
     for f in findings:
-        cut = next((k for k in cuts if _explains(c, k, f)), None) if f.kind == "no-grad" \
-            else None
+        cut = next((i for i, k in enumerate(cuts) if _explains(c, k, f)), None) \
+            if f.kind == "no-grad" else None
         if cut is None:
             kept.append(f)
             continue
-        starved = [s for s in f.evidence.get("starved", [])
-                   if s not in cut.evidence.get("starved", [])]
-        cut.evidence["starved"] = [*cut.evidence.get("starved", []), *starved]
-        names = cut.evidence["starved"]
-        cut.message += (f"; it starves {', '.join(names)}, which "
-                        f"{'gets' if len(names) == 1 else 'get'} no gradient")
-    return kept
+        now = grown.get(cut, cuts[cut])
+        had = now.evidence.get("starved", [])
+        names = [*had, *[s for s in f.evidence.get("starved", []) if s not in had]]
+        grown[cut] = replace(now, evidence={**now.evidence, "starved": names},
+                             message=f"{now.message}; it starves {', '.join(names)}, which "
+                             f"{'gets' if len(names) == 1 else 'get'} no gradient")
+    made = {id(cuts[i]): f for i, f in grown.items()}
+    return [made.get(id(f), f) for f in kept]
 
 
 def _zeroed(findings: list[Finding]) -> list[Finding]:
     """A ``zero-gradient`` finding of a model whose loss reads nothing in those steps: the
     loss gave no gradient; the empty read names it, the zero goes."""
     empty = {f.model: f for f in findings if f.kind == "loss-reads-nothing"}
+    grown: dict[str, Finding] = {}  # each model's empty read as the zeros it takes make it
     kept = []
     for f in findings:
         nothing = empty.get(f.model) if f.kind == "zero-gradient" else None
@@ -92,10 +96,13 @@ def _zeroed(findings: list[Finding]) -> list[Finding]:
             continue
         names = [str(m) or "(root)" for m in
                  f.evidence.get("modules") or f.evidence.get("starved") or [f.module]]
-        nothing.evidence["zeroed"] = names
-        nothing.message += (f"; the gradient of {', '.join(names[:6])}"
-                            f"{' and more' if len(names) > 6 else ''} is exactly zero")
-    return kept
+        now = grown.get(f.model, nothing)
+        grown[f.model] = replace(
+            now, evidence={**now.evidence, "zeroed": names},
+            message=f"{now.message}; the gradient of {', '.join(names[:6])}"
+            f"{' and more' if len(names) > 6 else ''} is exactly zero")
+    return [grown[f.model] if f is empty.get(f.model) and f.model in grown else f
+            for f in kept]
 
 
 def _explains(c: Collected, cut: Finding, f: Finding) -> bool:

@@ -6,6 +6,7 @@ follow from the first two are said as their consequence. Pure: a ``Collected`` i
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from hooktrace.check.findings import ERROR, WARNING, Finding, names_text
@@ -82,15 +83,18 @@ def _clipped(c: Collected, s: Signal) -> Finding:
         "scaler.step(optimizer); scaler.update()")
 
 
-def explain(findings: list[Finding]) -> None:
-    """Mark the NaN/Inf and growing-gradient findings of a model whose optimizer applied
-    gradients too large by the scale, from that step on, as following from it."""
+def after_scaling(findings: list[Finding]) -> list[Finding]:
+    """``findings`` with the NaN/Inf and growing-gradient findings of a model whose optimizer
+    applied gradients too large by the scale, from that step on, marked as following from it."""
     causes = {(f.model, f.kind): f.step or 0 for f in findings
               if f.kind in ("scaled-step", "scaled-twice")}
+    out = []
     for f in findings:
         cause = next((kind for (model, kind), step in causes.items()
                       if model == f.model and (f.step or 0) >= step), None)
         if f.kind in _CONSEQUENCES and cause is not None and "follows" not in f.evidence:
-            f.evidence["follows"] = cause
-            f.hint = (f"gradients too large by the loss scale were applied (the {cause} "
-                      "finding): fix that first")
+            f = replace(f, evidence={**f.evidence, "follows": cause},
+                        hint=(f"gradients too large by the loss scale were applied (the {cause} "
+                              "finding): fix that first"))
+        out.append(f)
+    return out
