@@ -22,6 +22,7 @@ from hooktrace.check.registered import check_loose
 from hooktrace.check.relations import check_relations
 from hooktrace.check.scaling import check_scaling
 from hooktrace.check.shared import check_shared_targets
+from hooktrace.check.signals import check_signals
 from hooktrace.check.summary import LogSummary
 from hooktrace.check.unseen import check_unseen
 from hooktrace.check.unused import check_unused
@@ -32,6 +33,7 @@ DETECTORS: tuple[tuple[str, Detector], ...] = (
     ("crash", lambda s: check_crash(s.c)),
     ("unseen", lambda s: check_unseen(s.c)),
     ("non-finite", lambda s: check_nonfinite(s.c)),
+    ("signals", lambda s: check_signals(s.c)),  # each signal a finding answers: one table
     ("training loop", lambda s: check_loop(s.c)),
     ("custom functions and hooks", lambda s: check_custom(s.c)),
     ("probed", lambda s: check_probed(s.c)),

@@ -42,11 +42,7 @@ def check_loss_terms(c: Collected) -> list[Finding]:
     out: list[Finding] = []
     shares: dict[tuple[int, str, int], list[Signal]] = {}
     for s in c.signals:
-        if s.kind == "loss-term-cut":
-            out.append(_cut(c, s))
-        elif s.kind == "loss-target-grad":
-            out.append(_target(c, s))
-        elif s.kind == "loss-share":
+        if s.kind == "loss-share":
             d = s.detail
             key = (s.model, f"{d.get('by')} {d.get('node')} {d.get('loss')} {d.get('file')}",
                    int(d.get("line", 0)))
@@ -117,25 +113,25 @@ def _where(file: Any, line: Any) -> str:
     return f"{file}:{line}"
 
 
-def _cut(c: Collected, s: Signal) -> Finding:
+def term_cut(c: Collected, s: Signal) -> list[Finding]:
     d = s.detail
     how, hint = _CUTS.get(str(d.get("reason")), _CUTS["op"])
     where = _where(d.get("file"), d.get("line"))
     code = f" (`{d['code']}`)" if d.get("code") else ""
     models = ", ".join(f"'{c.model_name(m)}'" for m in d.get("models", [s.model]))
-    return Finding(
+    return [Finding(
         "loss-term-cut", WARNING, c.model_name(s.model), s.name, s.step,
         f"a term added into the loss at {_where(d.get('added_file'), d.get('added_line'))} "
         f"reaches no trainable parameter: {how.format(op=d.get('op'), where=where)}{code}. It "
         f"is in the loss, outside every forward: it changes the loss's value, but only the "
-        f"other terms train model {models}", dict(d), hint)
+        f"other terms train model {models}", dict(d), hint)]
 
 
-def _target(c: Collected, s: Signal) -> Finding:
+def target_grad(c: Collected, s: Signal) -> list[Finding]:
     d = s.detail
     model = c.model_name(s.model)
     code = f" (`{d['code']}`)" if d.get("code") else ""
-    return Finding(
+    return [Finding(
         "loss-target-grad", WARNING, model, s.name, s.step,
         f"the target of {d.get('loss')} at {_where(d.get('file'), d.get('line'))}{code} "
         f"carries a gradient into model '{model}': it is computed from another call of the "
@@ -143,7 +139,7 @@ def _target(c: Collected, s: Signal) -> Finding:
         "over its output (a bootstrapped target, r + gamma * max Q(s')), so the loss also moves "
         "its own target. It is in the loss, outside every forward", dict(d),
         "compute the target under torch.no_grad() or .detach() it (or take it from a target "
-        "network): only the prediction should get the gradient")
+        "network): only the prediction should get the gradient")]
 
 
 def _share(c: Collected, signals: list[Signal]) -> Finding:

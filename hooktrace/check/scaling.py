@@ -27,10 +27,6 @@ def check_scaling(c: Collected) -> list[Finding]:
                 and s.model not in twice:
             twice.add(s.model)
             out.append(_twice(c, s))
-        elif s.kind == "scaled-step":
-            out.append(_stepped(c, s))
-        elif s.kind == "scaled-clip":
-            out.append(_clipped(c, s))
     return out
 
 
@@ -53,10 +49,10 @@ def _twice(c: Collected, s: Signal) -> Finding:
         "that returns scaler.scale(loss) gives a loss that must not be scaled again")
 
 
-def _stepped(c: Collected, s: Signal) -> Finding:
+def scaled_step(c: Collected, s: Signal) -> list[Finding]:
     scale = _scale(c, s)
     modules = [str(m) for m in s.detail.get("modules", [])]
-    return Finding(
+    return [Finding(
         "scaled-step", ERROR, c.model_name(s.model), "", s.step,
         f"{s.detail.get('optimizer', 'an optimizer')}.step() applied the gradients of model "
         f"'{c.model_name(s.model)}' ({names_text(modules)}) still multiplied by the loss scale "
@@ -65,14 +61,14 @@ def _stepped(c: Collected, s: Signal) -> Finding:
         "gradients are not skipped",
         {"optimizer": s.detail.get("optimizer"), "modules": modules[:50]},
         "step through the scaler: scaler.step(optimizer); scaler.update() (to clip, call "
-        "scaler.unscale_(optimizer) first)")
+        "scaler.unscale_(optimizer) first)")]
 
 
-def _clipped(c: Collected, s: Signal) -> Finding:
+def scaled_clip(c: Collected, s: Signal) -> list[Finding]:
     scale = _scale(c, s)
     modules = [str(m) for m in s.detail.get("modules", [])]
     max_norm = s.detail.get("max_norm")
-    return Finding(
+    return [Finding(
         "clip-before-unscale", WARNING, c.model_name(s.model), "", s.step,
         f"clip_grad_norm_(max_norm={max_norm}) clipped the gradients of model "
         f"'{c.model_name(s.model)}' ({names_text(modules)}) while they were still multiplied "
@@ -80,7 +76,7 @@ def _clipped(c: Collected, s: Signal) -> Finding:
         f"update is at most max_norm/{scale} and the weights hardly move",
         {"max_norm": max_norm, "modules": modules[:50]},
         "unscale first: scaler.unscale_(optimizer); clip_grad_norm_(...); "
-        "scaler.step(optimizer); scaler.update()")
+        "scaler.step(optimizer); scaler.update()")]
 
 
 def after_scaling(findings: list[Finding]) -> list[Finding]:
