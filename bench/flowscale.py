@@ -13,7 +13,7 @@ import argparse
 import time
 
 from hooktrace.check import flow
-from hooktrace.check.calls import Call
+from hooktrace.check.calls import JudgedCall
 from hooktrace.check.collected import ModuleStats
 from hooktrace.check.findings import Thresholds
 
@@ -24,7 +24,7 @@ MODULES = {(0, ""): ModuleStats(0, "", "Net"), (0, "rnn"): ModuleStats(0, "rnn",
            (0, "rnn.head"): ModuleStats(0, "rnn.head", "Linear", 1, 1)}
 
 
-def unrolled(time_steps: int, flat_at: int | None = None) -> list[Call]:
+def unrolled(time_steps: int, flat_at: int | None = None) -> list[JudgedCall]:
     """A model's root calling ``rnn.cell`` and ``rnn.head`` once per time step (inside one
     ``rnn`` call), backward run through every call; ``flat_at``: the head call of that time
     step gets 1e-12 of the others' gradient (something flat around it in ``rnn``'s forward)."""
@@ -32,10 +32,10 @@ def unrolled(time_steps: int, flat_at: int | None = None) -> list[Call]:
     for t in range(time_steps):
         for name in ("rnn.cell", "rnn.head"):
             seq += 1
-            calls.append(Call(0, seq, (0, name), t, True))
+            calls.append(JudgedCall(0, seq, (0, name), t, True))
     for name in ("rnn", ""):
         seq += 1
-        calls.append(Call(0, seq, (0, name), 0, True))
+        calls.append(JudgedCall(0, seq, (0, name), 0, True))
     for c in calls:
         g = 1e-12 if c.key[1] == "rnn.head" and c.call == flat_at else 1.0 - c.seq * 1e-6
         c.gradients([[g, g]], [[g * 0.5, g]])

@@ -11,17 +11,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hooktrace.check.collected import ModuleKey
+    from hooktrace.check.keys import ModelFqn
 
 
 @dataclass
 class Boundary:
     """One module where gradient is lost, over the judged steps."""
 
-    key: ModuleKey
+    key: ModelFqn
     cause: str  # a key of causes.CAUSES
     steps: list[int] = field(default_factory=list)
-    victims: dict[ModuleKey, None] = field(default_factory=dict)
+    victims: dict[ModelFqn, None] = field(default_factory=dict)
     # for a cause inside a forward: its children whose outputs starve
     branches: dict[str, None] = field(default_factory=dict)
     g_out: float | None = None  # at the first step
@@ -37,20 +37,20 @@ class Boundary:
 
 
 @dataclass
-class Flow:
+class GradientFlow:
     """The boundaries found, and the modules they explain (no other finding needs them)."""
 
-    boundaries: dict[tuple[ModuleKey, str], Boundary] = field(default_factory=dict)
+    boundaries: dict[tuple[ModelFqn, str], Boundary] = field(default_factory=dict)
     judged: dict[int, list[int]] = field(default_factory=dict)  # per model, its judged steps
     # per random-drop layer: its calls that received a gradient, and the largest chance
     # one of them had to drop its whole input
-    draws: dict[ModuleKey, tuple[int, float]] = field(default_factory=dict)
+    draws: dict[ModelFqn, tuple[int, float]] = field(default_factory=dict)
 
     @property
-    def victims(self) -> set[ModuleKey]:
+    def victims(self) -> set[ModelFqn]:
         return {v for b in self.boundaries.values() for v in b.victims}
 
-    def drop_victims(self, keys: set[ModuleKey],
+    def drop_victims(self, keys: set[ModelFqn],
                      causes: Container[str] | None = None) -> None:
         """``keys`` are no victims of a boundary (of one of ``causes``, else of any): modules
         that a training loop explains (trained in turns, an evaluation copy). A boundary they

@@ -9,16 +9,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hooktrace.check.collected import ModuleKey
+    from hooktrace.check.keys import ModelFqn
 
 
 @dataclass(slots=True)
-class Call:
+class JudgedCall:
     """One forward call of a judged step, and what its backward received and gave."""
 
     step: int
     seq: int
-    key: ModuleKey
+    key: ModelFqn
     call: int
     grad: bool  # ran with gradient recording on
     backed: bool = False  # its backward ran
@@ -66,7 +66,7 @@ class Call:
         return not self.backed or (self.finite and self.g_out == 0)
 
 
-def take_zero_shares(judged: dict[int, Call], share: object) -> None:
+def take_zero_shares(judged: dict[int, JudgedCall], share: object) -> None:
     """A ``grad-zeros`` signal's ``share`` (call seq -> the share of exactly-zero gradient at
     its outputs) into the calls being judged."""
     if not isinstance(share, dict) or not judged:
@@ -100,7 +100,7 @@ def whole_drop(p: float, unit: str, inputs: Sequence[object]) -> float | None:
     return float(p ** draws) if draws else 1.0
 
 
-def starves(b: Call, v: Call) -> bool:
+def starves(b: JudgedCall, v: JudgedCall) -> bool:
     """``v``'s gradient is as small as what ``b`` passes back, far below what ``b`` receives
     (unknown sizes, a lost input's among them, say nothing)."""
     if b.g_out is None or b.g_in is None or v.g_out is None:
@@ -108,12 +108,12 @@ def starves(b: Call, v: Call) -> bool:
     return v.g_out <= 1e3 * b.g_in and v.g_out < 1e-3 * b.g_out
 
 
-def reach(b: Call) -> float:
+def reach(b: JudgedCall) -> float:
     """``starves(b, v)`` needs ``v.g_out`` at most this (-inf: ``b`` starves nothing)."""
     if b.g_out is None or b.g_in is None:
         return -math.inf
     return min(1e3 * b.g_in, 1e-3 * b.g_out)
 
 
-def passes_nothing(b: Call) -> bool:
+def passes_nothing(b: JudgedCall) -> bool:
     return b.lost or b.g_in == 0

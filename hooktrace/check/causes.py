@@ -14,8 +14,9 @@ from hooktrace.check.findings import NOTE, WARNING, Finding, names_text, steps_t
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
-    from hooktrace.check.boundary import Boundary, Flow
-    from hooktrace.check.collected import ModuleKey, ModuleStats
+    from hooktrace.check.boundary import Boundary, GradientFlow
+    from hooktrace.check.collected import ModuleStats
+    from hooktrace.check.keys import ModelFqn
 
 # a zero that one batch can make (a note when rare); never a detach or no_grad: code does those
 RANDOM_ZERO = {"zeroed", "zeroed_unit", "zero_backward", "dead_activation"}
@@ -123,13 +124,13 @@ CAUSES = {
 }
 
 
-def findings(flow: Flow, modules: dict[ModuleKey, ModuleStats],
+def findings(flow: GradientFlow, modules: dict[ModelFqn, ModuleStats],
              model_name: dict[int, str]) -> list[Finding]:
     return [f for b in flow.boundaries.values()
             if (f := _finding(flow, b, modules, model_name)) is not None]
 
 
-def _finding(flow: Flow, b: Boundary, modules: dict[ModuleKey, ModuleStats],
+def _finding(flow: GradientFlow, b: Boundary, modules: dict[ModelFqn, ModuleStats],
              model_name: dict[int, str]) -> Finding | None:
     model, name = b.key
     chance = flow.by_chance(b)
@@ -193,7 +194,7 @@ def _ratio(b: Boundary) -> str:
     return ratio + (" (zero at some steps)" if b.exact else "")
 
 
-def _victims(b: Boundary, victims: list[ModuleKey], modules: dict[ModuleKey, ModuleStats]) -> str:
+def _victims(b: Boundary, victims: list[ModelFqn], modules: dict[ModelFqn, ModuleStats]) -> str:
     """The modules it starves; for calls whose results are thrown away, the modules that learn
     from their other calls only."""
     names = names_text([k[1] for k in victims])
@@ -205,6 +206,6 @@ def _victims(b: Boundary, victims: list[ModuleKey], modules: dict[ModuleKey, Mod
     return f"it starves {plural(len(victims), 'trainable module')}{before} ({names})"
 
 
-def _first_seq(modules: dict[ModuleKey, ModuleStats], key: ModuleKey) -> int:
+def _first_seq(modules: dict[ModelFqn, ModuleStats], key: ModelFqn) -> int:
     m = modules.get(key)
     return (m.first_seq or 0) if m is not None else 0

@@ -1,6 +1,8 @@
 """``hooktrace check``'s reading side: read a run's logs, run the checks, one ``Report``.
 
-One log is collected (``collect``) and checked (``checks.check_all``); the logs of several ranks
+One log is collected (``collect``), summarized once (``summary.summary_of``) and judged
+(``checks.judge``); ``check_collected`` does that for a log another reader already collected
+(``collect.Collector`` takes the items of its ``LogReader.scan``). The logs of several ranks
 are walked together to find where the ranks' execution diverges (``ranks.first_divergence``),
 and that walk feeds each rank's collector (each log is read once); each rank is checked, and the
 findings merged where the ranks agree.
@@ -10,9 +12,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
-from hooktrace.check.checks import check_all
+from hooktrace.check.checks import judge
 from hooktrace.check.collect import Collector, collect
 from hooktrace.check.collected import Collected
 from hooktrace.check.findings import (
@@ -25,6 +28,7 @@ from hooktrace.check.findings import (
 )
 from hooktrace.check.models import model_facts
 from hooktrace.check.ranks import first_divergence, open_ranks
+from hooktrace.check.summary import summary_of
 from hooktrace.log.align import Feed
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.reader import LogReader
@@ -35,16 +39,23 @@ from hooktrace.log.writer import capture_dir
 def run_checks(path: str | os.PathLike[str], step: int | None = None,
                thresholds: Thresholds | None = None) -> Report:
     """The findings of one log (of one rank); ``step``: that step only."""
-    return _report(collect(path, step), path, step, thresholds)
+    return check_collected(collect(path, step), step, thresholds, path)
 
 
-def _report(c: Collected, path: str | os.PathLike[str], step: int | None,
-            thresholds: Thresholds | None) -> Report:
-    if step is not None and step not in c.steps_seen | c.backward_steps:
-        seen = sorted(c.steps_seen | c.backward_steps)
+def check_collected(collected: Collected, step: int | None = None,
+                    thresholds: Thresholds | None = None,
+                    path: str | os.PathLike[str] | None = None) -> Report:
+    """The findings of one log already collected (``collect.collect``, or a ``Collector`` fed
+    by another reader's scan, with the same ``step``): ``collected`` is left as it was.
+    ``path``: the log's path as the user gave it (default: as collected)."""
+    path = collected.log if path is None else path
+    if step is not None and step not in collected.steps_seen | collected.backward_steps:
+        seen = sorted(collected.steps_seen | collected.backward_steps)
         have = f"{seen[0]}-{seen[-1]}" if seen else "none"
         raise HooktraceError(f"no step {step} in {path}; its steps: {have}")
-    findings = check_all(c, thresholds or Thresholds())
+    summary = summary_of(collected, thresholds)
+    findings = judge(summary)
+    c = summary.c  # settled: an unfinished backward's step is not counted
     events = c.end.events if c.end else c.events  # without an end record: what the log holds
     steps = c.end.steps if c.end and step is None else len(c.backward_steps)
     captured = None
@@ -87,15 +98,15 @@ def run_checks_ranks(paths: Sequence[str | os.PathLike[str]], step: int | None =
     merged: dict[tuple[str, str, str, int | None], Finding] = {}
     reports = []
     for reader, collector in zip(readers, collectors, strict=True):
-        report = _report(collector.finish(), reader.path, step, thresholds)
+        report = check_collected(collector.finish(), step, thresholds, reader.path)
         reports.append(report)
         for f in report.findings:
-            known = merged.setdefault((f.kind, f.model, f.module, f.step), f)
-            known.ranks = [*(known.ranks or []), reader.header.rank]
+            known = merged.get(key := (f.kind, f.model, f.module, f.step), f)
+            merged[key] = replace(known, ranks=[*(known.ranks or []), reader.header.rank])
     every = sorted(r.header.rank for r in readers)
-    for f in merged.values():
+    for key, f in merged.items():
         if f.ranks == every:
-            f.ranks = None  # on every rank: nothing rank-local about it
+            merged[key] = replace(f, ranks=None)  # on every rank: nothing rank-local about it
     findings = after_causes(sorted([*diverged, *merged.values()], key=lambda f: (
         SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1, f.kind)))
     return Report(findings, [w for r in reports for w in r.warnings],

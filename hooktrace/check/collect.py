@@ -17,8 +17,9 @@ import os
 from typing import Any
 
 from hooktrace.check import firstnan, flow, ops
-from hooktrace.check.calls import Call, take_zero_shares, whole_drop
-from hooktrace.check.collected import Collected, Keys, LossCall, ModuleKey, ModuleStats
+from hooktrace.check.calls import JudgedCall, take_zero_shares, whole_drop
+from hooktrace.check.collected import Collected, LossCall, ModuleStats
+from hooktrace.check.keys import ModelFqn, ModelFqns
 from hooktrace.check.losses import LOSSES
 from hooktrace.check.patterns import Indices, Patterns
 from hooktrace.log import schema
@@ -34,8 +35,8 @@ class Collector:
         self.c = Collected(header=reader.header, log=str(reader.path))
         self._reader = reader
         self._only_step = step
-        self._keys: list[ModuleKey] = []  # a module's index -> its key
-        self._index_of_key: dict[ModuleKey, int] = {}
+        self._keys: list[ModelFqn] = []  # a module's index -> its key
+        self._index_of_key: dict[ModelFqn, int] = {}
         self._index_of_id: dict[int, int] = {}  # the log's module id -> index (ids may move)
         self._trainable: set[int] = set()
         self._losses: set[int] = set()  # loss modules not yet called
@@ -51,7 +52,7 @@ class Collector:
         self._backwards_step: int | None = None  # of the backward events in these lists:
         self._backward_calls: list[int] = []
         self._backward_fwds: list[int] = []
-        self._profile_modules: list[ModuleKey] = []  # the profile of that step, so far
+        self._profile_modules: list[ModelFqn] = []  # the profile of that step, so far
         self._profile_norms: list[float] = []
         self._backward_order: list[int] = []  # the forward seq of this step's backward events
         self._patterns = Patterns(lambda index: self._module(self._keys[index]))
@@ -63,8 +64,8 @@ class Collector:
         self._backward_sets: dict[int, Indices] = {}
         # the calls of the steps judged call by call (flow.STEPS), by forward seq; and by
         # (step, module index, call index), for the backward of a recomputed call
-        self._judged: dict[int, Call] = {}
-        self._judged_calls: dict[tuple[int, int, int], Call] = {}
+        self._judged: dict[int, JudgedCall] = {}
+        self._judged_calls: dict[tuple[int, int, int], JudgedCall] = {}
         self._judged_steps: set[int] = set()
         self._judging = False  # the forward calls' step is judged
         self._last_backward: tuple[int, int] | None = None  # (step, module index)
@@ -186,7 +187,7 @@ class Collector:
         self.c.losses[self._keys[index]] = LossCall(step, list(ins[0]),
                                                     before[0] if model_last else None)
 
-    def _key_index(self, key: ModuleKey) -> int:
+    def _key_index(self, key: ModelFqn) -> int:
         index = self._index_of_key.get(key)
         if index is None:
             index = self._index_of_key[key] = len(self._keys)
@@ -261,7 +262,7 @@ class Collector:
         self._union(self._no_grad_sets, step, pattern.no_grad)
         self._union(self._eval_sets, step, pattern.eval_mode)
 
-    def _module(self, key: ModuleKey) -> ModuleStats:
+    def _module(self, key: ModelFqn) -> ModuleStats:
         m = self.c.modules.get(key)
         if m is None:  # a module made inside forward: no module record
             m = self.c.modules[key] = ModuleStats(key[0], key[1], "?")
@@ -300,7 +301,7 @@ class Collector:
         m = self.c.modules.get(key)
         chance = None if m is None or m.drop is None else whole_drop(*m.drop, ins[0])
         seqs = self._forward_seqs  # this call's seq last
-        judged = self._judged[seq] = Call(
+        judged = self._judged[seq] = JudgedCall(
             step, seq, key, call, grad, unit_last=unit, chance=chance,
             half="float16" in outs[1], out_shapes=shapes, eval_mode=eval_mode,
             after=seqs[-2] if len(seqs) > 1 else -1,
@@ -374,7 +375,7 @@ class Collector:
         if self._last_backward is not None and self._last_backward[0] not in self._closed:
             step, index = self._last_backward
             self.c.unfinished = (step, self._keys[index])
-        as_keys: dict[Indices, Keys] = {}
+        as_keys: dict[Indices, ModelFqns] = {}
         for sets, out in ((self._grad_sets, self.c.grad), (self._no_grad_sets, self.c.no_grad),
                           (self._eval_sets, self.c.eval_mode),
                           (self._backward_sets, self.c.backward)):

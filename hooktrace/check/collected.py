@@ -8,11 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hooktrace.check.calls import Call
+from hooktrace.check.calls import JudgedCall
+from hooktrace.check.keys import ModelFqn, ModelFqns
 from hooktrace.log import schema
-
-ModuleKey = tuple[int, str]  # (model, fqn)
-Keys = frozenset[ModuleKey]
 
 
 @dataclass
@@ -40,7 +38,7 @@ class LossCall:
 
     step: int
     shapes: list[Any]
-    after: ModuleKey | None  # the model's last module
+    after: ModelFqn | None  # the model's last module
 
 
 @dataclass
@@ -57,16 +55,16 @@ class Collected:
 
     header: schema.Header
     models: dict[int, str] = field(default_factory=dict)
-    modules: dict[ModuleKey, ModuleStats] = field(default_factory=dict)
+    modules: dict[ModelFqn, ModuleStats] = field(default_factory=dict)
     backward_steps: set[int] = field(default_factory=set)
     # per step: the modules it called with gradient recording on, and under no_grad; per step
     # of a forward call, the modules whose calls of that step got a backward
-    grad: dict[int, Keys] = field(default_factory=dict)
-    no_grad: dict[int, Keys] = field(default_factory=dict)
-    backward: dict[int, Keys] = field(default_factory=dict)
+    grad: dict[int, ModelFqns] = field(default_factory=dict)
+    no_grad: dict[int, ModelFqns] = field(default_factory=dict)
+    backward: dict[int, ModelFqns] = field(default_factory=dict)
     # per step: the modules whose calls with gradient recording on all ran in eval mode (a
     # validation pass after model.eval(), or training in eval mode: the backward tells)
-    eval_mode: dict[int, Keys] = field(default_factory=dict)
+    eval_mode: dict[int, ModelFqns] = field(default_factory=dict)
     first_forward_nonfinite: Nonfinite | None = None
     forward_nonfinite_steps: set[int] = field(default_factory=set)
     first_backward_nonfinite: Nonfinite | None = None
@@ -77,38 +75,38 @@ class Collected:
         default_factory=dict)
     # per step: activation-gradient norms (grad_output) of modules with parameters, in backward
     # order, as (modules, norms): tuples, the first shared by the steps with the same modules
-    profiles: dict[int, tuple[tuple[ModuleKey, ...], tuple[float, ...]]] = field(
+    profiles: dict[int, tuple[tuple[ModelFqn, ...], tuple[float, ...]]] = field(
         default_factory=dict)
     # the first step whose backward does not run the calls in the reverse of their forward
     # order: (step, model, fqn of the first call out of place)
     order_mismatch: tuple[int, int, str] | None = None
     steps_seen: set[int] = field(default_factory=set)
-    lost_gradient: dict[ModuleKey, list[int]] = field(default_factory=dict)  # watched
+    lost_gradient: dict[ModelFqn, list[int]] = field(default_factory=dict)  # watched
     # the first watched no-grad anomaly's detail per module: the step it last got a gradient
     # in (``last``), the most steps it went without one before (``gap``)
-    lost_detail: dict[ModuleKey, dict[str, Any]] = field(default_factory=dict)
+    lost_detail: dict[ModelFqn, dict[str, Any]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     end: schema.End | None = None
     events: int = 0  # forward and backward events read, of every step
     last_step: int | None = None  # the last step with a step record: its backward pass ended
     # the calls of the first recorded steps, each with its backward's gradient norms
-    calls: list[Call] = field(default_factory=list)
+    calls: list[JudgedCall] = field(default_factory=list)
     # a backward pass that never ended (it raised): its step, and the module of its last
     # backward event, whose backward was running
-    unfinished: tuple[int, ModuleKey] | None = None
+    unfinished: tuple[int, ModelFqn] | None = None
     signals: list[schema.Signal] = field(default_factory=list)  # in file order
     sources: dict[str, str] = field(default_factory=dict)  # class -> "file:line" of forward
-    losses: dict[ModuleKey, LossCall] = field(default_factory=dict)
+    losses: dict[ModelFqn, LossCall] = field(default_factory=dict)
     # per module, its first zoomed calls' operations (``ops`` records, ``ops.KEEP`` at most)
-    ops: dict[ModuleKey, list[schema.Ops]] = field(default_factory=dict)
+    ops: dict[ModelFqn, list[schema.Ops]] = field(default_factory=dict)
     # per step, the module of its first forward output with NaN/Inf, and of its first backward
     # event with a NaN/Inf gradient, with whether that one produced it (firstnan's rule): a
     # zoomed call of a later step answers for a NaN/Inf finding only where they are its own
-    forward_first: dict[int, ModuleKey] = field(default_factory=dict)
-    backward_first: dict[int, tuple[ModuleKey, bool]] = field(default_factory=dict)
+    forward_first: dict[int, ModelFqn] = field(default_factory=dict)
+    backward_first: dict[int, tuple[ModelFqn, bool]] = field(default_factory=dict)
     # the call that returned just before the run's first NaN/Inf forward output, in its step
     # (None: none did): where a NaN/Inf that came in through its inputs was made after
-    forward_first_before: ModuleKey | None = None
+    forward_first_before: ModelFqn | None = None
     log: str = ""  # the log's path, as given
 
     def model_name(self, model: int) -> str:

@@ -4,7 +4,7 @@ EMA copy that keeps ``requires_grad=True``, as timm's ``ModelEmaV3`` does, valid
 steps inside the task that trains the model). Nothing would train them, so no gradient is
 lost: they are not judged as training, and one note per model says what they are. A forward
 under ``no_grad`` by mistake is not one of them: the optimizer holds what it should train.
-Their boundaries go with ``Flow.drop_victims``. Pure: a ``Collected`` in."""
+Their boundaries go with ``GradientFlow.drop_victims``. Pure: a ``Collected`` in."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ from hooktrace.check.grouped import cover, patterns
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
-    from hooktrace.check.collected import Collected, ModuleKey
+    from hooktrace.check.collected import Collected
+    from hooktrace.check.keys import ModelFqn
 
 
-def evaluation_copies(c: Collected) -> set[ModuleKey]:
+def evaluation_copies(c: Collected) -> set[ModelFqn]:
     """The modules no optimizer that stepped holds (the last ``optimizers`` signal of their
     model) that ran in evaluation passes only (under no_grad, or in eval mode with gradients
     on) and never got a backward."""
@@ -35,7 +36,7 @@ def evaluation_copies(c: Collected) -> set[ModuleKey]:
     return {key for key in not_held & ran if key not in trained}
 
 
-def copies_notes(c: Collected, copies: set[ModuleKey]) -> list[Finding]:
+def copies_notes(c: Collected, copies: set[ModelFqn]) -> list[Finding]:
     """One note per model with evaluation copies, their subtrees listed."""
     out = []
     for model in sorted({key[0] for key in copies}):
@@ -52,7 +53,7 @@ def copies_notes(c: Collected, copies: set[ModuleKey]) -> list[Finding]:
     return out
 
 
-def _how(c: Collected, keys: set[ModuleKey]) -> str:
+def _how(c: Collected, keys: set[ModelFqn]) -> str:
     """How the copies ran: under no_grad, in eval mode with gradients on, or both."""
     no_grad = any(keys.intersection(found) for found in c.no_grad.values())
     evaluated = any(keys.intersection(found) for found in c.eval_mode.values())

@@ -29,8 +29,6 @@ def check_custom(c: Collected) -> list[Finding]:
     for s in c.signals:
         if s.kind == "hooks-growing":
             growing.setdefault((s.model, s.detail.get("hooks", "?"), s.step), []).append(s)
-        elif s.kind == "function-backward":
-            out.append(_function(c, s))
     for (model, kind, step), signals in sorted(growing.items()):
         out.append(_growing(c, model, kind, step, signals))
     return out
@@ -74,7 +72,7 @@ _SAYS = {
 _NOTES = {"nonlinear", "modifier", "surrogate"}
 
 
-def _function(c: Collected, s: Signal) -> Finding:
+def function_backward(c: Collected, s: Signal) -> list[Finding]:
     d: dict[str, Any] = dict(s.detail)
     verdict = d.get("verdict", "mismatch")
     ratio = d.get("ratio")
@@ -94,8 +92,8 @@ def _function(c: Collected, s: Signal) -> Finding:
             "backward must return grad_output times the derivative of forward (the chain "
             "rule: a constant forward multiplies by, backward multiplies by too); check it "
             "with torch.autograd.gradcheck on double inputs")
-    return Finding(
+    return [Finding(
         "function-backward", severity, c.model_name(s.model), s.name, s.step,
         f"the autograd.Function {fn} ({site}), used {where}: its backward {says}",
         {k: d[k] for k in ("function", "file", "line", "verdict", "ratio", "elements", "off")
-         if k in s.detail}, hint)
+         if k in s.detail}, hint)]

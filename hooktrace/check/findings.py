@@ -25,7 +25,7 @@ class Thresholds:
     saturated: float = 1e-9
 
 
-@dataclass
+@dataclass(frozen=True)
 class Finding:
     kind: str  # docs/findings.md lists every kind
     severity: str

@@ -38,13 +38,14 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING
 
-from hooktrace.check.boundary import Boundary, Flow
-from hooktrace.check.calls import Call, passes_nothing, reach, starves
+from hooktrace.check.boundary import Boundary, GradientFlow
+from hooktrace.check.calls import JudgedCall, passes_nothing, reach, starves
 from hooktrace.check.findings import Thresholds
 from hooktrace.check.flowindex import Enclosing, FirstAtLeast
 
 if TYPE_CHECKING:
-    from hooktrace.check.collected import ModuleKey, ModuleStats
+    from hooktrace.check.collected import ModuleStats
+    from hooktrace.check.keys import ModelFqn
 
 STEPS = 32  # recorded steps judged call by call (the first ones): bounded memory on long logs
 
@@ -69,10 +70,10 @@ _FLAT_INSIDE = 1e-7
 _READ_PART = 0.5
 
 
-def analyse(calls: Iterable[Call], modules: dict[ModuleKey, ModuleStats],
-            t: Thresholds) -> Flow:
-    flow = Flow()
-    groups: dict[tuple[int, int], list[Call]] = {}
+def analyse(calls: Iterable[JudgedCall], modules: dict[ModelFqn, ModuleStats],
+            t: Thresholds) -> GradientFlow:
+    flow = GradientFlow()
+    groups: dict[tuple[int, int], list[JudgedCall]] = {}
     for c in calls:
         groups.setdefault((c.step, c.key[0]), []).append(c)
         if c.chance is not None and c.fed:
@@ -86,7 +87,7 @@ def analyse(calls: Iterable[Call], modules: dict[ModuleKey, ModuleStats],
     return flow
 
 
-def _trainable(modules: dict[ModuleKey, ModuleStats], key: ModuleKey) -> bool:
+def _trainable(modules: dict[ModelFqn, ModuleStats], key: ModelFqn) -> bool:
     """``key`` has trainable parameters: its own, or, for a second path to a module under
     another parent (BYOL's backbone, ``net`` on the learner and ``online_encoder.net`` in the
     wrapper that calls it: its calls are named by that caller), its first name's."""
@@ -96,8 +97,8 @@ def _trainable(modules: dict[ModuleKey, ModuleStats], key: ModuleKey) -> bool:
     return m is not None and m.trainable > 0
 
 
-def _judge_step(flow: Flow, step: int, calls: list[Call],
-                modules: dict[ModuleKey, ModuleStats], t: Thresholds) -> None:
+def _judge_step(flow: GradientFlow, step: int, calls: list[JudgedCall],
+                modules: dict[ModelFqn, ModuleStats], t: Thresholds) -> None:
     enclosing = Enclosing(calls, partial(_trainable, modules))
     sparse = [c for c in calls if c.fed and c.zeros is not None and c.zeros >= _READ_PART]
     candidates = _Candidates(_candidates(calls, modules, t), enclosing, modules, t)
@@ -131,7 +132,7 @@ def _judge_step(flow: Flow, step: int, calls: list[Call],
                 _add(flow, step, b, _cause(b, modules), v)
 
 
-def _evaluation(enclosing: Enclosing, v: Call) -> bool:
+def _evaluation(enclosing: Enclosing, v: JudgedCall) -> bool:
     """``v`` ran in an evaluation pass (its outermost call around it that is one, or itself:
     under no_grad, or in eval mode with no backward) of a module that another call of the step
     trained: a validation pass between optimizer steps, whose calls the log nests in the
@@ -151,19 +152,19 @@ def _evaluation(enclosing: Enclosing, v: Call) -> bool:
     return enclosing.fed_elsewhere(v) or enclosing.fed_elsewhere(top)
 
 
-def _passive(c: Call) -> bool:
+def _passive(c: JudgedCall) -> bool:
     """``c`` trained nothing, as an evaluation pass does: it ran under no_grad (or
     inference_mode), or in eval mode and no backward reached it."""
     return not c.grad or (c.eval_mode and not c.backed)
 
 
-def _candidates(calls: list[Call], modules: dict[ModuleKey, ModuleStats],
-                t: Thresholds) -> list[Call]:
+def _candidates(calls: list[JudgedCall], modules: dict[ModelFqn, ModuleStats],
+                t: Thresholds) -> list[JudgedCall]:
     """The calls that may be a boundary, in forward order: fed, with a lost input or a gain of
     at most ``t.gain`` (``_UNIT_NORM_GAIN`` for a normalisation over a dim of size 1); not those
     fed only what an earlier boundary (on the way back) let through: in a chain of small gains,
     the first one is the cause."""
-    found: list[Call] = []
+    found: list[JudgedCall] = []
     farthest = -math.inf  # the largest reach of those found: what starves c is c.g_out below it
     for c in reversed(calls):  # backward order, roughly
         gain = _gain(c)
@@ -178,7 +179,7 @@ def _candidates(calls: list[Call], modules: dict[ModuleKey, ModuleStats],
     return found[::-1]
 
 
-def _cancelled(c: Call, modules: dict[ModuleKey, ModuleStats], t: Thresholds) -> bool:
+def _cancelled(c: JudgedCall, modules: dict[ModelFqn, ModuleStats], t: Thresholds) -> bool:
     """A saturating activation that receives an exploding gradient and passes back a usable
     one: the loss after it divides by its own derivative (``Sigmoid`` then ``BCELoss``, whose
     gradient is ``(p - y) / (p (1 - p))``), so its small gain starves nothing; what comes back
@@ -188,18 +189,18 @@ def _cancelled(c: Call, modules: dict[ModuleKey, ModuleStats], t: Thresholds) ->
             and c.g_in is not None and c.g_out >= t.exploding and c.g_in >= t.vanishing)
 
 
-def _unit_norm(c: Call, modules: dict[ModuleKey, ModuleStats]) -> bool:
+def _unit_norm(c: JudgedCall, modules: dict[ModelFqn, ModuleStats]) -> bool:
     m = modules.get(c.key)
     return c.unit_last and m is not None and m.cls in _NORMALISING_LAST
 
 
-def _gain(c: Call) -> float | None:
+def _gain(c: JudgedCall) -> float | None:
     if c.g_out is None or c.g_in is None or not c.g_out:
         return None
     return c.g_in / c.g_out
 
 
-def _bypassed(b: Call, enclosing: Enclosing) -> bool:
+def _bypassed(b: JudgedCall, enclosing: Enclosing) -> bool:
     """A module before ``b`` got a gradient that ``b``'s small gain cannot explain: it came
     round ``b`` (a residual shortcut), and what ``b`` starves is its own branch. Asked of the
     largest gradient of a fed call with parameters before ``b``: if ``b`` does not starve that
@@ -208,7 +209,7 @@ def _bypassed(b: Call, enclosing: Enclosing) -> bool:
     return top is not None and not starves(b, replace(b, g_out=top))
 
 
-def _saturated(b: Call, modules: dict[ModuleKey, ModuleStats], t: Thresholds) -> bool:
+def _saturated(b: JudgedCall, modules: dict[ModelFqn, ModuleStats], t: Thresholds) -> bool:
     """A saturating activation whose gain is far below a layer scale's: it starves its branch
     whatever goes round it (a gate whose bias closes it)."""
     m = modules.get(b.key)
@@ -220,22 +221,22 @@ class _Candidates:
     """The candidates of a step (in forward order), indexed for what is asked of them per
     call: a max tree of each question's necessary number finds the first that may answer."""
 
-    def __init__(self, found: list[Call], enclosing: Enclosing,
-                 modules: dict[ModuleKey, ModuleStats], t: Thresholds) -> None:
+    def __init__(self, found: list[JudgedCall], enclosing: Enclosing,
+                 modules: dict[ModelFqn, ModuleStats], t: Thresholds) -> None:
         self._found, self._seqs = found, [b.seq for b in found]
         self._enclosing, self._modules, self._t = enclosing, modules, t
         self._zero = FirstAtLeast([1.0 if passes_nothing(b) else -math.inf for b in found])
         self._starving = FirstAtLeast([reach(b) for b in found])
-        self._gates: dict[int, tuple[list[Call], FirstAtLeast]] | None = None
+        self._gates: dict[int, tuple[list[JudgedCall], FirstAtLeast]] | None = None
 
-    def zero_after(self, v: Call) -> Call | None:
+    def zero_after(self, v: JudgedCall) -> JudgedCall | None:
         """The nearest one after ``v`` (see ``_after``) that passes back nothing."""
         if not self._found:
             return None
         return self._after(v, self._found, self._zero, bisect_right(self._seqs, v.seq), 1.0,
                            passes_nothing)
 
-    def starving_after(self, v: Call) -> Call | None:
+    def starving_after(self, v: JudgedCall) -> JudgedCall | None:
         """The nearest one after ``v`` (see ``_after``) that starves it."""
         if v.g_out is None or not self._found:
             return None
@@ -243,8 +244,8 @@ class _Candidates:
                            v.g_out, lambda b: starves(b, v))
 
     @staticmethod
-    def _after(v: Call, found: list[Call], tree: FirstAtLeast, i: int, x: float,
-               ok: Callable[[Call], bool]) -> Call | None:
+    def _after(v: JudgedCall, found: list[JudgedCall], tree: FirstAtLeast, i: int, x: float,
+               ok: Callable[[JudgedCall], bool]) -> JudgedCall | None:
         """The first of ``found`` from ``i`` on, outside ``v``'s own subtree and not one of its
         ancestors, that is ``ok`` (its number in ``tree`` at least ``x``, as ``ok`` needs). Asked
         from the first to run after ``v`` in forward: on the gradient's way back, the last module
@@ -256,12 +257,12 @@ class _Candidates:
             i = at + 1
         return None
 
-    def gated_by(self, v: Call) -> Call | None:
+    def gated_by(self, v: JudgedCall) -> JudgedCall | None:
         """A saturated activation in the same forward as ``v`` whose output multiplies ``v``'s
         (a gate ``sigmoid(gate(x)) * value(x)``): ``v``'s gradient is as small as what it
         passes back, though ``v`` may run after it."""
         if self._gates is None:  # the saturated ones, by the innermost call around them
-            by_around: dict[int, list[Call]] = {}
+            by_around: dict[int, list[JudgedCall]] = {}
             for b in self._found:
                 chain = self._enclosing.chain(b)
                 if chain and _saturated(b, self._modules, self._t):
@@ -275,13 +276,13 @@ class _Candidates:
         return self._after(v, *gates, 0, v.g_out, lambda b: starves(b, v))
 
 
-def _contains(outer: ModuleKey, inner: ModuleKey) -> bool:
+def _contains(outer: ModelFqn, inner: ModelFqn) -> bool:
     return outer[0] == inner[0] and (outer[1] == "" or inner[1] == outer[1]
                                      or inner[1].startswith(outer[1] + "."))
 
 
-def _add_inside(flow: Flow, step: int, enclosing: Enclosing, v: Call,
-                sparse: list[Call]) -> None:
+def _add_inside(flow: GradientFlow, step: int, enclosing: Enclosing, v: JudgedCall,
+                sparse: list[JudgedCall]) -> None:
     """``v`` starves with no module to blame on its way back: the gradient stops inside the
     forward of the innermost call around it that got one; or, where that call returns the
     child's output as one of its own whose gradient is exactly zero, after it returned: in the
@@ -310,7 +311,7 @@ def _add_inside(flow: Flow, step: int, enclosing: Enclosing, v: Call,
         branch = outer
 
 
-def _only_looked_at(outer: Call, branch: Call) -> bool:
+def _only_looked_at(outer: JudgedCall, branch: JudgedCall) -> bool:
     """``branch``, a call inside ``outer``'s forward without backward, is the last call to
     return before ``outer`` did, and nothing without autograd history went into ``outer``'s
     outputs: no traced call can have read ``branch``'s output, and ``outer``'s outputs, which
@@ -320,7 +321,7 @@ def _only_looked_at(outer: Call, branch: Call) -> bool:
     return outer.made_no_history is False and outer.after == branch.seq
 
 
-def _passes_zero(outer: Call, branch: Call) -> bool:
+def _passes_zero(outer: JudgedCall, branch: JudgedCall) -> bool:
     """``outer`` returns ``branch``'s output (an output of the same shape) and the gradient of
     that output is exactly zero, while another of its outputs got one."""
     shapes = outer.out_shapes
@@ -329,7 +330,8 @@ def _passes_zero(outer: Call, branch: Call) -> bool:
     return any(i < len(shapes) and shapes[i] == branch.out_shapes[0] for i in outer.zero_outs)
 
 
-def _reading_part(enclosing: Enclosing, outer: Call, sparse: list[Call]) -> dict[str, float]:
+def _reading_part(enclosing: Enclosing, outer: JudgedCall, sparse: list[JudgedCall]
+                  ) -> dict[str, float]:
     """``outer`` or the outermost calls inside its forward whose outputs the loss reads only in
     part: their labels and the share of exactly-zero gradient at their outputs."""
     if outer in sparse:
@@ -339,11 +341,11 @@ def _reading_part(enclosing: Enclosing, outer: Call, sparse: list[Call]) -> dict
             if not any(d in inside for d in enclosing.chain(c))}
 
 
-def _label(c: Call) -> str:
+def _label(c: JudgedCall) -> str:
     return c.key[1] + (f" (call {c.call})" if c.call else "")
 
 
-def _add_flat_inside(flow: Flow, step: int, enclosing: Enclosing, v: Call) -> None:
+def _add_flat_inside(flow: GradientFlow, step: int, enclosing: Enclosing, v: JudgedCall) -> None:
     """``v``'s gradient is tiny with no module to blame on its way back: a boundary (as a zeroed
     one, with its ratio) where it is at most ``_FLAT_INSIDE`` of a sibling's, a call with
     parameters inside the forward of the innermost call around ``v`` that got a gradient, and
@@ -366,7 +368,7 @@ def _add_flat_inside(flow: Flow, step: int, enclosing: Enclosing, v: Call) -> No
     b.ratio = max(b.ratio or 0.0, v.g_out / best)
 
 
-def _cause(b: Call, modules: dict[ModuleKey, ModuleStats]) -> str:
+def _cause(b: JudgedCall, modules: dict[ModelFqn, ModuleStats]) -> str:
     m = modules.get(b.key)
     cls = m.cls if m else "?"
     if b.lost:
@@ -384,7 +386,7 @@ def _cause(b: Call, modules: dict[ModuleKey, ModuleStats]) -> str:
     return "saturated" if cls in _SATURATING or cls in _RELU_LIKE else "small_gain"
 
 
-def _add(flow: Flow, step: int, b: Call, cause: str, victim: Call) -> Boundary:
+def _add(flow: GradientFlow, step: int, b: JudgedCall, cause: str, victim: JudgedCall) -> Boundary:
     found = flow.boundaries.get((b.key, cause))
     if found is None:
         found = flow.boundaries[(b.key, cause)] = Boundary(b.key, cause, g_out=b.g_out,

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from hooktrace.check.findings import ancestors
 
 if TYPE_CHECKING:
-    from hooktrace.check.calls import Call
-    from hooktrace.check.collected import ModuleKey
+    from hooktrace.check.calls import JudgedCall
+    from hooktrace.check.keys import ModelFqn
 
 
 class FirstAtLeast:
@@ -85,19 +85,19 @@ class Enclosing:
     after the call returned (a parent returns after its children). Indexed once per step (the
     calls of each module by seq), so that a step of many calls costs a log each."""
 
-    def __init__(self, calls: list[Call], trainable: Callable[[ModuleKey], bool]) -> None:
-        self._by_key: dict[ModuleKey, list[Call]] = {}
+    def __init__(self, calls: list[JudgedCall], trainable: Callable[[ModelFqn], bool]) -> None:
+        self._by_key: dict[ModelFqn, list[JudgedCall]] = {}
         for c in calls:
             self._by_key.setdefault(c.key, []).append(c)
         self._seqs = {key: [c.seq for c in found] for key, found in self._by_key.items()}
         self._fed = {key: sum(c.fed for c in found) for key, found in self._by_key.items()}
         self._names = sorted(key[1] for key in self._by_key)  # of the step's model
         self._at = {c.seq: c for c in calls}
-        self._chains: dict[int, list[Call]] = {}
+        self._chains: dict[int, list[JudgedCall]] = {}
         # per module: its ancestors that ran in the step, innermost first (seqs, calls)
-        self._above: dict[ModuleKey, list[tuple[list[int], list[Call]]]] = {}
+        self._above: dict[ModelFqn, list[tuple[list[int], list[JudgedCall]]]] = {}
         self._inside: dict[int, Inside] = {}
-        self._lineages: dict[tuple[int, ModuleKey], tuple[set[ModuleKey], float]] = {}
+        self._lineages: dict[tuple[int, ModelFqn], tuple[set[ModelFqn], float]] = {}
         self._trainable = trainable
         # before the i-th call: the largest g_out of a fed call with parameters
         self._call_seqs, self._before = [c.seq for c in calls], []
@@ -108,7 +108,7 @@ class Enclosing:
                 top = c.g_out if top is None else max(top, c.g_out)
         self.largest = top or 0.0  # of them all: no call inside any forward got more
 
-    def chain(self, v: Call) -> list[Call]:
+    def chain(self, v: JudgedCall) -> list[JudgedCall]:
         """Innermost first."""
         out = self._chains.get(v.seq)
         if out is None:
@@ -125,15 +125,15 @@ class Enclosing:
                     out.append(found[i])
         return out
 
-    def fed_elsewhere(self, v: Call) -> bool:
+    def fed_elsewhere(self, v: JudgedCall) -> bool:
         """Another call of ``v``'s module in the step got a gradient."""
         return self._fed.get(v.key, 0) - (v.fed and self._at.get(v.seq) is v) > 0
 
-    def largest_before(self, b: Call) -> float | None:
+    def largest_before(self, b: JudgedCall) -> float | None:
         """The largest gradient (``g_out``) of a fed call with parameters before ``b``."""
         return self._before[bisect_left(self._call_seqs, b.seq)]
 
-    def inside(self, outer: Call) -> Inside:
+    def inside(self, outer: JudgedCall) -> Inside:
         """The gradients of the fed calls with parameters whose chain holds ``outer``: in its
         forward (after the call of its module before it), of a module below it. By module."""
         found = self._inside.get(outer.seq)
@@ -165,7 +165,7 @@ class Enclosing:
             out.append(n)
         return out
 
-    def lineage(self, outer: Call, v: Call) -> tuple[set[ModuleKey], float]:
+    def lineage(self, outer: JudgedCall, v: JudgedCall) -> tuple[set[ModelFqn], float]:
         """The modules of ``inside(outer)`` that hold ``v``'s module, are it, or lie in it;
         and the largest gradient inside ``outer`` of a module that does not (0.0: none)."""
         found = self._lineages.get((outer.seq, v.key))
@@ -176,6 +176,6 @@ class Enclosing:
             found = self._lineages[(outer.seq, v.key)] = (lineage, inside.largest(lineage))
         return found
 
-    def outermost(self, v: Call) -> Call | None:
+    def outermost(self, v: JudgedCall) -> JudgedCall | None:
         chain = self.chain(v)
         return chain[-1] if chain else None

@@ -12,7 +12,8 @@ from hooktrace.check.grouped import copies, cover, inside, patterns
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
-    from hooktrace.check.collected import Collected, ModuleKey, ModuleStats
+    from hooktrace.check.collected import Collected, ModuleStats
+    from hooktrace.check.keys import ModelFqn
 
 _FROZEN = "parameters frozen (requires_grad=False)"
 
@@ -28,7 +29,7 @@ def frozen_notes(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> list
 
 
 def _note(c: Collected, model: int, found: list[tuple[ModuleStats, Finding]],
-          copied: dict[ModuleKey, ModuleKey]) -> Finding:
+          copied: dict[ModelFqn, ModelFqn]) -> Finding:
     names = [m.name for m, _ in found]
     tops = [(model, top) for top in cover(c, model, names)]
     copy_tops = [key for key in tops if key in copied]

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 from hooktrace.check.findings import ancestors
 
 if TYPE_CHECKING:
-    from hooktrace.check.collected import Collected, ModuleKey, ModuleStats
+    from hooktrace.check.collected import Collected, ModuleStats
+    from hooktrace.check.keys import ModelFqn
 
 _INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
 
@@ -59,14 +60,14 @@ def patterns(names: Iterable[str], keep: int = 10) -> str:
     return ", ".join(shown[:keep]) + more
 
 
-Signature = tuple[tuple[str, str, int], ...]
+_Makeup = tuple[tuple[str, str, int], ...]
 
 
-def _signatures(c: Collected) -> dict[ModuleKey, Signature]:
+def _signatures(c: Collected) -> dict[ModelFqn, _Makeup]:
     """What each subtree is made of: each module with parameters below it (and itself), by its
     name relative to it, its class and its parameter count. One pass over the modules, times
     their depth."""
-    parts: dict[ModuleKey, list[tuple[str, str, int]]] = {}
+    parts: dict[ModelFqn, list[tuple[str, str, int]]] = {}
     for m in map(partial(_holder, c), c.modules.values()):
         if m.params:
             for top in [*ancestors(m.name), m.name]:
@@ -75,9 +76,9 @@ def _signatures(c: Collected) -> dict[ModuleKey, Signature]:
     return {key: tuple(sorted(found)) for key, found in parts.items()}
 
 
-def _trains(c: Collected) -> set[ModuleKey]:
+def _trains(c: Collected) -> set[ModelFqn]:
     """The subtrees some module of which has trainable parameters."""
-    out: set[ModuleKey] = set()
+    out: set[ModelFqn] = set()
     for m in map(partial(_holder, c), c.modules.values()):
         if m.trainable:
             out.update((m.model, top) for top in [*ancestors(m.name), m.name])
@@ -92,7 +93,7 @@ def _holder(c: Collected, m: ModuleStats) -> ModuleStats:
     return m if first is None else replace(m, params=first.params, trainable=first.trainable)
 
 
-def copies(c: Collected) -> dict[ModuleKey, ModuleKey]:
+def copies(c: Collected) -> dict[ModelFqn, ModelFqn]:
     """Per frozen subtree that is a copy of a module that trains (same modules, classes and
     parameter counts: ``copy.deepcopy`` of it, a BYOL target, an EMA copy), that module. Only
     subtrees called in the run and at least two modules with parameters large."""
@@ -107,7 +108,7 @@ def copies(c: Collected) -> dict[ModuleKey, ModuleKey]:
     signatures = _signatures(c)
     wanted = {signatures[key]: key for key in tops if len(signatures.get(key, ())) >= 2}
     trains = _trains(c)
-    out: dict[ModuleKey, ModuleKey] = {}
+    out: dict[ModelFqn, ModelFqn] = {}
     for key, m in c.modules.items():
         found = wanted.get(signatures.get(key, ())) if m.calls and key in trains else None
         if found is not None and found not in out and not inside(key, [found]):
@@ -115,7 +116,7 @@ def copies(c: Collected) -> dict[ModuleKey, ModuleKey]:
     return out
 
 
-def inside(key: ModuleKey, tops: Iterable[ModuleKey]) -> bool:
+def inside(key: ModelFqn, tops: Iterable[ModelFqn]) -> bool:
     """``key`` is one of ``tops`` or below one."""
     model, name = key
     return any(m == model and (top == "" or name == top or name.startswith(top + "."))

@@ -13,14 +13,16 @@ from hooktrace.check.findings import WARNING, Finding, names_text, steps_text
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
-    from hooktrace.check.collected import Collected, ModuleKey
+    from hooktrace.check.collected import Collected
+    from hooktrace.check.keys import ModelFqn
+    from hooktrace.log.schema import Signal
 
 # the attribute of each wrapper that holds the model (naming.WRAPPERS; this side reads logs)
 _WRAPPED = {"DistributedDataParallel": "module", "DataParallel": "module",
             "OptimizedModule": "_orig_mod"}
 
 
-def on_wrapper(c: Collected) -> set[ModuleKey]:
+def on_wrapper(c: Collected) -> set[ModelFqn]:
     """The modules a wrapper holds beside the model it wraps, and the modules inside them."""
     tops = [(m.model, m.name) for m in c.modules.values() if m.wrapper]
     return {key for key in c.modules for model, name in tops
@@ -65,30 +67,25 @@ def check_on_wrapper(c: Collected) -> list[Finding]:
     return out
 
 
-def check_shared_storage(c: Collected) -> list[Finding]:
-    """Two or more Parameters over one storage in one optimizer (``shared-storage`` signals):
+def shared_storage(c: Collected, s: Signal) -> list[Finding]:
+    """Two or more Parameters over one storage in one optimizer (a ``shared-storage`` signal):
     each has its own gradient and its own step, and both steps land on the one tensor."""
-    out = []
-    for s in c.signals:
-        if s.kind != "shared-storage":
-            continue
-        params = [str(p) for p in s.detail.get("params", [])]
-        if len(params) < 2:
-            continue
-        optimizer = s.detail.get("optimizer") or "optimizer"
-        first, second = params[-1], params[0]
-        out.append(Finding(
-            "shared-storage", WARNING, c.model_name(s.model), s.name, s.step,
-            f"the {optimizer} optimizer of model '{c.model_name(s.model)}' holds "
-            f"{names_text(params)}, {plural(len(params), 'different Parameter')} over one "
-            "storage (weights tied by assigning .data, or Parameters made from one tensor): "
-            "each has its own gradient, and each step updates the shared tensor "
-            + ("twice" if len(params) == 2 else f"{len(params)} times") + ", once with each",
-            {"params": params, "optimizer": optimizer},
-            f"tie the Parameter itself ({_owner(first)}.{_attr(first)} = "
-            f"{_owner(second)}.{_attr(second)}): one Parameter in both modules, which "
-            "model.parameters() and the optimizer hold once"))
-    return out
+    params = [str(p) for p in s.detail.get("params", [])]
+    if len(params) < 2:
+        return []
+    optimizer = s.detail.get("optimizer") or "optimizer"
+    first, second = params[-1], params[0]
+    return [Finding(
+        "shared-storage", WARNING, c.model_name(s.model), s.name, s.step,
+        f"the {optimizer} optimizer of model '{c.model_name(s.model)}' holds "
+        f"{names_text(params)}, {plural(len(params), 'different Parameter')} over one "
+        "storage (weights tied by assigning .data, or Parameters made from one tensor): "
+        "each has its own gradient, and each step updates the shared tensor "
+        + ("twice" if len(params) == 2 else f"{len(params)} times") + ", once with each",
+        {"params": params, "optimizer": optimizer},
+        f"tie the Parameter itself ({_owner(first)}.{_attr(first)} = "
+        f"{_owner(second)}.{_attr(second)}): one Parameter in both modules, which "
+        "model.parameters() and the optimizer hold once")]
 
 
 def _owner(param: str) -> str:
@@ -99,27 +96,22 @@ def _attr(param: str) -> str:
     return param.rpartition(".")[2]
 
 
-def check_stepped_twice(c: Collected) -> list[Finding]:
+def stepped_twice(c: Collected, s: Signal) -> list[Finding]:
     """An optimizer that stepped again with no backward pass since its last step, at two steps
-    or more (``stepped-twice`` signals): each step applies the same gradients again."""
-    out = []
-    for s in c.signals:
-        if s.kind != "stepped-twice":
-            continue
-        optimizer = s.detail.get("optimizer") or "optimizer"
-        steps = [int(x) for x in s.detail.get("steps", [])]
-        most = int(s.detail.get("most", 2))
-        model = c.model_name(s.model)
-        times = "twice" if most == 2 else f"{most} times"
-        out.append(Finding(
-            "stepped-twice", WARNING, model, s.name, s.step,
-            f"the {optimizer} optimizer of model '{model}' stepped {times} after one backward "
-            f"pass, in {steps_text(steps)}: each step applies the same gradients again (about "
-            f"{most}x the learning rate)",
-            {"optimizer": optimizer, "steps": steps, "most": most},
-            "call optimizer.step() once per backward (once per accumulation cycle); a second "
-            "step() where another optimizer's should be is a copy-paste slip"))
-    return out
+    or more (a ``stepped-twice`` signal): each step applies the same gradients again."""
+    optimizer = s.detail.get("optimizer") or "optimizer"
+    steps = [int(x) for x in s.detail.get("steps", [])]
+    most = int(s.detail.get("most", 2))
+    model = c.model_name(s.model)
+    times = "twice" if most == 2 else f"{most} times"
+    return [Finding(
+        "stepped-twice", WARNING, model, s.name, s.step,
+        f"the {optimizer} optimizer of model '{model}' stepped {times} after one backward "
+        f"pass, in {steps_text(steps)}: each step applies the same gradients again (about "
+        f"{most}x the learning rate)",
+        {"optimizer": optimizer, "steps": steps, "most": most},
+        "call optimizer.step() once per backward (once per accumulation cycle); a second "
+        "step() where another optimizer's should be is a copy-paste slip")]
 
 
 def twice_text(c: Collected) -> str:

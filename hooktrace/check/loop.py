@@ -17,43 +17,29 @@ from typing import TYPE_CHECKING
 from hooktrace.check.findings import ERROR, NOTE, WARNING, Finding, names_text, steps_text
 from hooktrace.check.holds import (
     check_on_wrapper,
-    check_shared_storage,
-    check_stepped_twice,
     outside_text,
     parametrized_hint,
     twice_text,
 )
-from hooktrace.check.modes import eval_backward
-from hooktrace.check.stepexplained import step_unexplained
 from hooktrace.check.trainable import frozen_during_run, unfrozen_at
 from hooktrace.check.updates import (
-    lr_collapsed,
     norms_at,
-    updates_rounded,
-    weight_decay,
-    weights_unchanged,
 )
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
-    from hooktrace.check.collected import Collected, ModuleKey
+    from hooktrace.check.collected import Collected
+    from hooktrace.check.keys import ModelFqn
     from hooktrace.log.schema import Signal
 
 
 def check_loop(c: Collected) -> list[Finding]:
-    out: list[Finding] = []
-    last = {s.model: s for s in c.signals if s.kind == "optimizers"}  # all optimizers seen
-    for s in c.signals:
-        if s.kind == "optimizers" and last[s.model] is not s:
-            continue
-        make = _BY_KIND.get(s.kind)
-        if make is not None:
-            out += make(c, s)
-    return (out + _never_reached(c) + _outside_autograd(c) + frozen_during_run(c)
-            + check_on_wrapper(c) + check_shared_storage(c) + check_stepped_twice(c))
+    """What the loop did around the modules, beyond what one signal says (``signals``)."""
+    return (_never_reached(c) + _outside_autograd(c) + frozen_during_run(c)
+            + check_on_wrapper(c))
 
 
-def _not_held(c: Collected, s: Signal) -> list[Finding]:
+def not_held(c: Collected, s: Signal) -> list[Finding]:
     """The modules with trainable parameters that got a gradient and no optimizer holds."""
     got = _got_gradient(c, s.model)
     missing = [name for name in s.detail.get("not_held", []) if name in got]
@@ -123,8 +109,8 @@ def _outside_autograd(c: Collected) -> list[Finding]:
     through ``.item()``, ``float()``, ``.data`` or ``.detach()``."""
     held = {(s.model, name) for s in c.signals if s.kind == "optimizers"
             for name in s.detail.get("held", [])}
-    got: set[ModuleKey] = set()
-    none: dict[ModuleKey, list[int]] = {}
+    got: set[ModelFqn] = set()
+    none: dict[ModelFqn, list[int]] = {}
     for step in sorted(c.param_norms):
         reached = c.backward.get(step, frozenset())
         for model, names, norms in c.param_norms[step]:
@@ -150,12 +136,12 @@ def _outside_autograd(c: Collected) -> list[Finding]:
     return out + _params_outside_autograd(c, held)
 
 
-def _params_outside_autograd(c: Collected, held: set[ModuleKey]) -> list[Finding]:
+def _params_outside_autograd(c: Collected, held: set[ModelFqn]) -> list[Finding]:
     """The same, per parameter: a module an optimizer steps whose own parameters got a
     gradient in part, in every recorded step that said so (``params-without-grad``)."""
-    first: dict[ModuleKey, int] = {}
-    without: dict[ModuleKey, list[str]] = {}  # said in every signal of the module
-    with_grad: dict[ModuleKey, list[str]] = {}  # as last said
+    first: dict[ModelFqn, int] = {}
+    without: dict[ModelFqn, list[str]] = {}  # said in every signal of the module
+    with_grad: dict[ModelFqn, list[str]] = {}  # as last said
     for s in c.signals:
         key = (s.model, s.name)
         if s.kind != "params-without-grad" or key not in held:
@@ -190,7 +176,7 @@ def _got_gradient(c: Collected, model: int) -> set[str]:
     return got
 
 
-def _carried_over(c: Collected, s: Signal) -> list[Finding]:
+def carried_over(c: Collected, s: Signal) -> list[Finding]:
     modules = sorted(s.detail.get("modules", []), key=lambda name: _order(c, s.model, name))
     return [Finding(
         "grads-carried-over", WARNING, c.model_name(s.model), modules[0] if modules else "",
@@ -203,7 +189,7 @@ def _carried_over(c: Collected, s: Signal) -> list[Finding]:
         "each optimizer.step(), not after each micro-batch)")]
 
 
-def _cleared(c: Collected, s: Signal) -> list[Finding]:
+def grads_cleared(c: Collected, s: Signal) -> list[Finding]:
     modules = sorted(s.detail.get("modules", []), key=lambda name: _order(c, s.model, name))
     return [Finding(
         "grads-cleared", WARNING, c.model_name(s.model), modules[0] if modules else "", s.step,
@@ -215,7 +201,7 @@ def _cleared(c: Collected, s: Signal) -> list[Finding]:
         "order the loop as optimizer.zero_grad(); loss.backward(); optimizer.step()")]
 
 
-def _zeroed(c: Collected, s: Signal) -> list[Finding]:
+def grads_zeroed(c: Collected, s: Signal) -> list[Finding]:
     """An optimizer stepped with every gradient exactly zero: a problem when the backward of
     that step gave them non-zero norms (without a ``params`` record of it, taken as given)."""
     modules = sorted(s.detail.get("modules", []), key=lambda name: _order(c, s.model, name))
@@ -235,7 +221,7 @@ def _zeroed(c: Collected, s: Signal) -> list[Finding]:
         "optimizer.zero_grad(); loss.backward(); optimizer.step()")]
 
 
-def _recreated(c: Collected, s: Signal) -> list[Finding]:
+def params_recreated(c: Collected, s: Signal) -> list[Finding]:
     params = s.detail.get("params", [])
     quoted = ", ".join(f"'{p}'" for p in params)
     return [Finding(
@@ -246,7 +232,7 @@ def _recreated(c: Collected, s: Signal) -> list[Finding]:
         "create it once, in __init__, and use it in forward")]
 
 
-def _backward_hook(c: Collected, s: Signal) -> list[Finding]:
+def backward_hook_only(c: Collected, s: Signal) -> list[Finding]:
     hook = s.detail.get("hook", "?")
     return [Finding(
         "backward-hook", WARNING, c.model_name(s.model), s.name, None,
@@ -257,7 +243,7 @@ def _backward_hook(c: Collected, s: Signal) -> list[Finding]:
         "use module.register_full_backward_hook(...) instead")]
 
 
-def _frozen_bn(c: Collected, s: Signal) -> list[Finding]:
+def frozen_bn_training(c: Collected, s: Signal) -> list[Finding]:
     return [Finding(
         "frozen-bn-training", NOTE, c.model_name(s.model), s.name, s.step,
         f"{c.label(s.model, s.name)} is frozen (no trainable parameters) but in train mode: "
@@ -298,20 +284,3 @@ def _never_reached(c: Collected) -> list[Finding]:
 def _order(c: Collected, model: int, name: str) -> int:
     m = c.modules.get((model, name))
     return m.first_seq or 0 if m is not None else 0
-
-
-_BY_KIND = {
-    "eval-backward": eval_backward,
-    "optimizers": _not_held,
-    "grads-carried-over": _carried_over,
-    "grads-cleared": _cleared,
-    "grads-zeroed": _zeroed,
-    "params-recreated": _recreated,
-    "backward-hook": _backward_hook,
-    "frozen-bn-training": _frozen_bn,
-    "weights-unchanged": weights_unchanged,
-    "updates-rounded": updates_rounded,
-    "lr-collapsed": lr_collapsed,
-    "weight-decay": weight_decay,
-    "step-unexplained": step_unexplained,
-}

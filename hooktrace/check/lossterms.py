@@ -6,6 +6,7 @@ recorded step). Pure: a ``Collected`` in, findings out."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from hooktrace.check.findings import NOTE, WARNING, Finding
@@ -41,11 +42,7 @@ def check_loss_terms(c: Collected) -> list[Finding]:
     out: list[Finding] = []
     shares: dict[tuple[int, str, int], list[Signal]] = {}
     for s in c.signals:
-        if s.kind == "loss-term-cut":
-            out.append(_cut(c, s))
-        elif s.kind == "loss-target-grad":
-            out.append(_target(c, s))
-        elif s.kind == "loss-share":
+        if s.kind == "loss-share":
             d = s.detail
             key = (s.model, f"{d.get('by')} {d.get('node')} {d.get('loss')} {d.get('file')}",
                    int(d.get("line", 0)))
@@ -64,25 +61,28 @@ def absorb(c: Collected, findings: list[Finding]) -> list[Finding]:
     if not cuts:
         return findings
     kept = []
+    grown: dict[int, Finding] = {}  # each cut (by its place) as the no-grads it takes make it
     for f in findings:
-        cut = next((k for k in cuts if _explains(c, k, f)), None) if f.kind == "no-grad" \
-            else None
+        cut = next((i for i, k in enumerate(cuts) if _explains(c, k, f)), None) \
+            if f.kind == "no-grad" else None
         if cut is None:
             kept.append(f)
             continue
-        starved = [s for s in f.evidence.get("starved", [])
-                   if s not in cut.evidence.get("starved", [])]
-        cut.evidence["starved"] = [*cut.evidence.get("starved", []), *starved]
-        names = cut.evidence["starved"]
-        cut.message += (f"; it starves {', '.join(names)}, which "
-                        f"{'gets' if len(names) == 1 else 'get'} no gradient")
-    return kept
+        now = grown.get(cut, cuts[cut])
+        had = now.evidence.get("starved", [])
+        names = [*had, *[s for s in f.evidence.get("starved", []) if s not in had]]
+        grown[cut] = replace(now, evidence={**now.evidence, "starved": names},
+                             message=f"{now.message}; it starves {', '.join(names)}, which "
+                             f"{'gets' if len(names) == 1 else 'get'} no gradient")
+    made = {id(cuts[i]): f for i, f in grown.items()}
+    return [made.get(id(f), f) for f in kept]
 
 
 def _zeroed(findings: list[Finding]) -> list[Finding]:
     """A ``zero-gradient`` finding of a model whose loss reads nothing in those steps: the
     loss gave no gradient; the empty read names it, the zero goes."""
     empty = {f.model: f for f in findings if f.kind == "loss-reads-nothing"}
+    grown: dict[str, Finding] = {}  # each model's empty read as the zeros it takes make it
     kept = []
     for f in findings:
         nothing = empty.get(f.model) if f.kind == "zero-gradient" else None
@@ -92,10 +92,13 @@ def _zeroed(findings: list[Finding]) -> list[Finding]:
             continue
         names = [str(m) or "(root)" for m in
                  f.evidence.get("modules") or f.evidence.get("starved") or [f.module]]
-        nothing.evidence["zeroed"] = names
-        nothing.message += (f"; the gradient of {', '.join(names[:6])}"
-                            f"{' and more' if len(names) > 6 else ''} is exactly zero")
-    return kept
+        now = grown.get(f.model, nothing)
+        grown[f.model] = replace(
+            now, evidence={**now.evidence, "zeroed": names},
+            message=f"{now.message}; the gradient of {', '.join(names[:6])}"
+            f"{' and more' if len(names) > 6 else ''} is exactly zero")
+    return [grown[f.model] if f is empty.get(f.model) and f.model in grown else f
+            for f in kept]
 
 
 def _explains(c: Collected, cut: Finding, f: Finding) -> bool:
@@ -110,25 +113,25 @@ def _where(file: Any, line: Any) -> str:
     return f"{file}:{line}"
 
 
-def _cut(c: Collected, s: Signal) -> Finding:
+def term_cut(c: Collected, s: Signal) -> list[Finding]:
     d = s.detail
     how, hint = _CUTS.get(str(d.get("reason")), _CUTS["op"])
     where = _where(d.get("file"), d.get("line"))
     code = f" (`{d['code']}`)" if d.get("code") else ""
     models = ", ".join(f"'{c.model_name(m)}'" for m in d.get("models", [s.model]))
-    return Finding(
+    return [Finding(
         "loss-term-cut", WARNING, c.model_name(s.model), s.name, s.step,
         f"a term added into the loss at {_where(d.get('added_file'), d.get('added_line'))} "
         f"reaches no trainable parameter: {how.format(op=d.get('op'), where=where)}{code}. It "
         f"is in the loss, outside every forward: it changes the loss's value, but only the "
-        f"other terms train model {models}", dict(d), hint)
+        f"other terms train model {models}", dict(d), hint)]
 
 
-def _target(c: Collected, s: Signal) -> Finding:
+def target_grad(c: Collected, s: Signal) -> list[Finding]:
     d = s.detail
     model = c.model_name(s.model)
     code = f" (`{d['code']}`)" if d.get("code") else ""
-    return Finding(
+    return [Finding(
         "loss-target-grad", WARNING, model, s.name, s.step,
         f"the target of {d.get('loss')} at {_where(d.get('file'), d.get('line'))}{code} "
         f"carries a gradient into model '{model}': it is computed from another call of the "
@@ -136,7 +139,7 @@ def _target(c: Collected, s: Signal) -> Finding:
         "over its output (a bootstrapped target, r + gamma * max Q(s')), so the loss also moves "
         "its own target. It is in the loss, outside every forward", dict(d),
         "compute the target under torch.no_grad() or .detach() it (or take it from a target "
-        "network): only the prediction should get the gradient")
+        "network): only the prediction should get the gradient")]
 
 
 def _share(c: Collected, signals: list[Signal]) -> Finding:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Set
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import repeat
 from typing import TYPE_CHECKING
 
@@ -23,10 +23,11 @@ from hooktrace.check.findings import (
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
-    from hooktrace.check.collected import Collected, ModuleKey
+    from hooktrace.check.collected import Collected
+    from hooktrace.check.keys import ModelFqn
 
 
-def _profile_finding(c: Collected, t: Thresholds, explained: Set[ModuleKey]) -> Finding | None:
+def _profile_finding(c: Collected, t: Thresholds, explained: Set[ModelFqn]) -> Finding | None:
     """Activation-gradient norms (grad_output) that grow or fall across the network, judged
     within each model (a generator's gradients against its discriminator's say nothing of
     either's depth); not where they fall to a module starved at a boundary ``flow`` names."""
@@ -38,8 +39,8 @@ def _profile_finding(c: Collected, t: Thresholds, explained: Set[ModuleKey]) -> 
     return None
 
 
-def _per_model(modules: tuple[ModuleKey, ...], norms: tuple[float, ...]
-               ) -> list[tuple[tuple[ModuleKey, ...], tuple[float, ...]]]:
+def _per_model(modules: tuple[ModelFqn, ...], norms: tuple[float, ...]
+               ) -> list[tuple[tuple[ModelFqn, ...], tuple[float, ...]]]:
     """A step's profile split by model, each in its backward order (one model: as it is)."""
     models = dict.fromkeys(key[0] for key in modules)
     if len(models) == 1:
@@ -49,8 +50,8 @@ def _per_model(modules: tuple[ModuleKey, ...], norms: tuple[float, ...]
             for model in models]
 
 
-def _profile(c: Collected, t: Thresholds, explained: Set[ModuleKey], step: int,
-             modules: tuple[ModuleKey, ...], norms: tuple[float, ...]) -> Finding | None:
+def _profile(c: Collected, t: Thresholds, explained: Set[ModelFqn], step: int,
+             modules: tuple[ModelFqn, ...], norms: tuple[float, ...]) -> Finding | None:
     if len(norms) < 3 or (norms[-1] < norms[0] and modules[-1] in explained):
         return None
     # growth is measured from the largest gradient on the output side (the first quarter
@@ -99,14 +100,14 @@ class _BeyondThreshold:
             self.steps[-1] == self.last and (len(self.steps) >= 2 or self.broke))
 
 
-def _past_thresholds(c: Collected, t: Thresholds, starts: dict[ModuleKey, int]
-                     ) -> dict[str, dict[ModuleKey, _BeyondThreshold]]:
+def _past_thresholds(c: Collected, t: Thresholds, starts: dict[ModelFqn, int]
+                     ) -> dict[str, dict[ModelFqn, _BeyondThreshold]]:
     """Per kind, the modules whose parameter-gradient norm passed a threshold in some step:
     ``exploding``, ``vanishing``, ``zero`` (exactly: never excused), and ``bypassed``: below the
     vanishing threshold while a module that runs before it in forward (nearer the input) got a
     larger gradient in that step: the gradient is small in its branch (ConvNeXt's layer scale,
     a gate), not lost on its way."""
-    flagged: dict[str, dict[ModuleKey, _BeyondThreshold]] = {
+    flagged: dict[str, dict[ModelFqn, _BeyondThreshold]] = {
         "vanishing": {}, "exploding": {}, "zero": {}, "bypassed": {}}
     for step in sorted(c.param_norms):
         norms = _step_norms(c, step)
@@ -149,14 +150,14 @@ def _past_thresholds(c: Collected, t: Thresholds, starts: dict[ModuleKey, int]
     return flagged
 
 
-def _step_norms(c: Collected, step: int) -> dict[ModuleKey, float | None]:
-    norms: dict[ModuleKey, float | None] = {}  # a later record of a module overrides
+def _step_norms(c: Collected, step: int) -> dict[ModelFqn, float | None]:
+    norms: dict[ModelFqn, float | None] = {}  # a later record of a module overrides
     for model, names, values in c.param_norms[step]:
         norms.update(zip(zip(repeat(model), names), values, strict=True))
     return norms
 
 
-def _earliest_above(starts: dict[ModuleKey, int], norms: dict[ModuleKey, float | None],
+def _earliest_above(starts: dict[ModelFqn, int], norms: dict[ModelFqn, float | None],
                     limit: float) -> dict[int, int]:
     """Per model, where its first module (in forward order) with a norm of at least ``limit``
     starts."""
@@ -169,7 +170,7 @@ def _earliest_above(starts: dict[ModuleKey, int], norms: dict[ModuleKey, float |
     return earliest
 
 
-def check_magnitudes(c: Collected, t: Thresholds, explained: Set[ModuleKey] = frozenset()
+def check_magnitudes(c: Collected, t: Thresholds, explained: Set[ModelFqn] = frozenset()
                      ) -> list[Finding]:
     """Parameter-gradient norms past the thresholds, and the profile across the network: one
     finding per kind (vanishing, exploding), a warning where they last; a note where they
@@ -191,13 +192,14 @@ def check_magnitudes(c: Collected, t: Thresholds, explained: Set[ModuleKey] = fr
         lasting = {k: p for k, p in past.items() if p.lasting or (
             kind == "exploding" and grown is not None and grown[2] in p.steps)}
         if lasting or finding is not None:
-            out.append(_magnitude_finding(c, t, starts, kind, lasting, finding))
+            made = _magnitude_finding(c, t, starts, kind, lasting, finding)
             if kind == "exploding" and any(p.broke for p in lasting.values()):
-                out[-1].message += ", up to the step before its gradients turned NaN/Inf"
-                out[-1].hint = DIVERGES
+                made = replace(made, hint=DIVERGES, message=made.message
+                               + ", up to the step before its gradients turned NaN/Inf")
             if kind == "exploding" and grown is not None:
-                out[-1].message += f"; over the steps, {growth_text(grown)}"
-                out[-1].hint = DIVERGES
+                made = replace(made, hint=DIVERGES,
+                               message=f"{made.message}; over the steps, {growth_text(grown)}")
+            out.append(made)
         passing = {k: p for k, p in past.items() if k not in lasting}
         if passing:
             out.append(_magnitude_finding(c, t, starts, kind, passing, None, note="passing"))
@@ -214,8 +216,8 @@ def check_magnitudes(c: Collected, t: Thresholds, explained: Set[ModuleKey] = fr
     return out
 
 
-def _zero_finding(c: Collected, starts: dict[ModuleKey, int],
-                  modules: dict[ModuleKey, _BeyondThreshold]) -> Finding:
+def _zero_finding(c: Collected, starts: dict[ModelFqn, int],
+                  modules: dict[ModelFqn, _BeyondThreshold]) -> Finding:
     order = sorted(modules, key=lambda k: start(starts, k))
     first = order[0]
     steps = sorted({s for p in modules.values() for s in p.steps})
@@ -278,10 +280,10 @@ DIVERGES = ("the training diverges: each update makes the next gradient larger. 
             "learning rate up")
 
 
-def start_orders(c: Collected) -> dict[ModuleKey, int]:
+def start_orders(c: Collected) -> dict[ModelFqn, int]:
     """Where each module starts in forward order: the first return (forward seq) in its subtree,
     since a forward event is written when its call returns (a parent after its children)."""
-    start: dict[ModuleKey, int] = {}
+    start: dict[ModelFqn, int] = {}
     for (model, name), m in c.modules.items():
         if m.first_seq is not None:
             for fqn in [name, *ancestors(name)]:
@@ -290,7 +292,7 @@ def start_orders(c: Collected) -> dict[ModuleKey, int]:
     return start
 
 
-def start(starts: dict[ModuleKey, int], key: ModuleKey) -> int:
+def start(starts: dict[ModelFqn, int], key: ModelFqn) -> int:
     """A module never called (its parent uses its parameters) starts with its parent."""
     model, name = key
     for fqn in [name, *reversed(ancestors(name))]:
@@ -313,8 +315,8 @@ _NOTES = {  # why a vanishing/exploding module is a note: (what the message adds
 }
 
 
-def _magnitude_finding(c: Collected, t: Thresholds, starts: dict[ModuleKey, int], kind: str,
-                       modules: dict[ModuleKey, _BeyondThreshold], finding: Finding | None,
+def _magnitude_finding(c: Collected, t: Thresholds, starts: dict[ModelFqn, int], kind: str,
+                       modules: dict[ModelFqn, _BeyondThreshold], finding: Finding | None,
                        note: str = ""
                        ) -> Finding:
     """One finding for ``modules``: ``finding`` (the profile's) with them added, a warning of
@@ -343,6 +345,6 @@ def _magnitude_finding(c: Collected, t: Thresholds, starts: dict[ModuleKey, int]
                           "check initialisation, normalisation layers and the "
                           "learning-rate scale")
     else:
-        finding.message += f"; {about}"
-    finding.evidence["grad_norm"] = norms
+        finding = replace(finding, message=f"{finding.message}; {about}")
+    finding = replace(finding, evidence={**finding.evidence, "grad_norm": norms})
     return finding

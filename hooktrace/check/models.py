@@ -18,7 +18,8 @@ from hooktrace.check.findings import steps_text
 from hooktrace.check.relations import Looks, follows, twin_looks
 
 if TYPE_CHECKING:
-    from hooktrace.check.collected import Collected, Keys
+    from hooktrace.check.collected import Collected
+    from hooktrace.check.keys import ModelFqns
 
 
 @dataclass
@@ -124,7 +125,7 @@ def _frozen(c: Collected, model: int, facts: ModelFacts) -> None:
 
 
 def _reached(c: Collected, model: int, facts: ModelFacts) -> None:
-    def ran(steps: dict[int, Keys]) -> bool:
+    def ran(steps: dict[int, ModelFqns]) -> bool:
         return any(key[0] == model for keys in steps.values() for key in keys)
     facts.backward = ran(c.backward)
     facts.no_grad_only = not ran(c.grad)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,7 @@ from hooktrace.log.ops import Op, Ops
 from hooktrace.log.options import Steps
 
 if TYPE_CHECKING:
-    from hooktrace.check.boundary import Boundary, Flow
+    from hooktrace.check.boundary import Boundary, GradientFlow
     from hooktrace.check.collected import Collected
 
 # the boundaries whose cause an operation inside the module answers
@@ -34,29 +35,31 @@ _ASKED = {"lost_input", "detached_inside", "no_grad", "zeroed", "zeroed_unit", "
 _DEPTH = 4  # child calls looked into, one inside the other
 
 
-def explain(findings: list[Finding], c: Collected, flowed: Flow) -> None:
+def with_op_lines(findings: list[Finding], c: Collected, flowed: GradientFlow) -> list[Finding]:
     """Each finding with the operation and line that the log's zoomed calls give it."""
     models = {c.model_name(i): i for i in c.models}
-    for f in findings:
-        model = models.get(f.model)
-        if model is None or f.severity == NOTE or f.step is None:
-            continue
-        records = [r for r in c.ops.get((model, f.module), []) if r.step >= f.step]
-        if f.kind == "backward-error":
-            _inplace(f, c, f.step)
-            continue
-        asked, found = _answer(f, c, flowed, model, records)
-        if found is not None:
-            _say(f, *found)
-        elif asked and not any(r.step == f.step for r in records):
-            f.evidence["rerun"] = rerun(c, f.module, f.step)
+    return [_with_op_line(f, c, flowed, models.get(f.model)) for f in findings]
 
 
-Found = tuple[Op, int, str]  # an operation, the step of its call, the module whose call it is
+def _with_op_line(f: Finding, c: Collected, flowed: GradientFlow, model: int | None) -> Finding:
+    if model is None or f.severity == NOTE or f.step is None:
+        return f
+    records = [r for r in c.ops.get((model, f.module), []) if r.step >= f.step]
+    if f.kind == "backward-error":
+        return _inplace(f, c, f.step)
+    asked, found = _answer(f, c, flowed, model, records)
+    if found is not None:
+        return _say(f, *found)
+    if asked and not any(r.step == f.step for r in records):
+        return replace(f, evidence={**f.evidence, "rerun": rerun(c, f.module, f.step)})
+    return f
 
 
-def _answer(f: Finding, c: Collected, flowed: Flow, model: int,
-            records: list[Ops]) -> tuple[bool, Found | None]:
+_Found = tuple[Op, int, str]  # an operation, the step of its call, the module whose call it is
+
+
+def _answer(f: Finding, c: Collected, flowed: GradientFlow, model: int,
+            records: list[Ops]) -> tuple[bool, _Found | None]:
     """Whether the finding's module's operations can answer it, and their answer."""
     key = (model, f.module)
     if f.kind == "nonfinite-forward":  # only a step whose first NaN/Inf is this module's,
@@ -100,7 +103,7 @@ def _question(b: Boundary) -> Callable[[Ops], Op | None]:
     return lambda r: ops.stop_in(r, branches(r))
 
 
-def _inside(c: Collected, model: int, found: Found, depth: int = 0) -> Found:
+def _inside(c: Collected, model: int, found: _Found, depth: int = 0) -> _Found:
     """A child's call that stops the gradient: the operation inside it, where it was zoomed."""
     op, step, _ = found
     if op.child is None or op.no_grad or depth >= _DEPTH:
@@ -113,7 +116,7 @@ def _inside(c: Collected, model: int, found: Found, depth: int = 0) -> Found:
     return found
 
 
-def _first(records: list[Ops], ask: Callable[[Ops], Op | None]) -> Found | None:
+def _first(records: list[Ops], ask: Callable[[Ops], Op | None]) -> _Found | None:
     for record in records:
         if len(record.ops) < 2:
             continue  # a layer's one function (F.linear of a Linear) says nothing new
@@ -123,36 +126,36 @@ def _first(records: list[Ops], ask: Callable[[Ops], Op | None]) -> Found | None:
     return None
 
 
-def _say(f: Finding, op: Op, step: int, module: str) -> None:
+def _say(f: Finding, op: Op, step: int, module: str) -> Finding:
     """The operation into the message, after what happens (flow) or the step (NaN/Inf)."""
-    f.evidence["op"] = ops.where(op, step)
+    where = ops.op_where(op, step)
     if module != f.module:
-        f.evidence["op"]["module"] = module
+        where["module"] = module
     inside = ops.said(op, f" in {module or '(root)'}" if module != f.module else "")
     if f.kind == "nonfinite-forward":
-        f.message += f"; made by {inside}"
+        message = f"{f.message}; made by {inside}"
     elif f.kind == "nonfinite-backward":
-        f.message += f"; made by the backward of {inside}"
+        message = f"{f.message}; made by the backward of {inside}"
     else:  # after what happens at the boundary, before what it starves
         cut = f.message.find("; ")
         cut = cut if cut >= 0 else len(f.message)
-        f.message = f"{f.message[:cut]}, at {inside}{f.message[cut:]}"
+        message = f"{f.message[:cut]}, at {inside}{f.message[cut:]}"
+    return replace(f, evidence={**f.evidence, "op": where}, message=message)
 
 
-def _inplace(f: Finding, c: Collected, step: int) -> None:
+def _inplace(f: Finding, c: Collected, step: int) -> Finding:
     """A backward error: the in-place change and the operation whose output it changed, from
     any zoomed call of the step; else the command that records them."""
     message = str(c.end.error.get("message", "")) if c.end and c.end.error else ""
     records = [r for rs in c.ops.values() for r in rs if r.step == step]
     found = ops.inplace_change(records, message)
     if found is None:
-        f.evidence["rerun"] = rerun(c, f.module, step)
-        return
+        return replace(f, evidence={**f.evidence, "rerun": rerun(c, f.module, step)})
     made, changed = found
-    f.evidence["op"] = ops.where(changed, step)
-    f.evidence["changed"] = ops.where(made, step)
-    f.message += (f"; {ops.said(changed)} changed in place the output of {ops.said(made)}, "
-                  "which its backward needs")
+    return replace(f, evidence={**f.evidence, "op": ops.op_where(changed, step),
+                                "changed": ops.op_where(made, step)},
+                   message=f"{f.message}; {ops.said(changed)} changed in place the output of "
+                   f"{ops.said(made)}, which its backward needs")
 
 
 def rerun(c: Collected, module: str, step: int) -> str:

@@ -124,7 +124,7 @@ def inplace_change(records: Iterable[Ops], message: str) -> tuple[Op, Op] | None
     return None
 
 
-def where(op: Op, step: int) -> dict[str, Any]:
+def op_where(op: Op, step: int) -> dict[str, Any]:
     """An operation as a finding's evidence holds it."""
     out: dict[str, Any] = {"op": op.text, "step": step}
     if op.site is not None:

@@ -6,6 +6,7 @@ follow from the first two are said as their consequence. Pure: a ``Collected`` i
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from hooktrace.check.findings import ERROR, WARNING, Finding, names_text
@@ -26,10 +27,6 @@ def check_scaling(c: Collected) -> list[Finding]:
                 and s.model not in twice:
             twice.add(s.model)
             out.append(_twice(c, s))
-        elif s.kind == "scaled-step":
-            out.append(_stepped(c, s))
-        elif s.kind == "scaled-clip":
-            out.append(_clipped(c, s))
     return out
 
 
@@ -52,10 +49,10 @@ def _twice(c: Collected, s: Signal) -> Finding:
         "that returns scaler.scale(loss) gives a loss that must not be scaled again")
 
 
-def _stepped(c: Collected, s: Signal) -> Finding:
+def scaled_step(c: Collected, s: Signal) -> list[Finding]:
     scale = _scale(c, s)
     modules = [str(m) for m in s.detail.get("modules", [])]
-    return Finding(
+    return [Finding(
         "scaled-step", ERROR, c.model_name(s.model), "", s.step,
         f"{s.detail.get('optimizer', 'an optimizer')}.step() applied the gradients of model "
         f"'{c.model_name(s.model)}' ({names_text(modules)}) still multiplied by the loss scale "
@@ -64,14 +61,14 @@ def _stepped(c: Collected, s: Signal) -> Finding:
         "gradients are not skipped",
         {"optimizer": s.detail.get("optimizer"), "modules": modules[:50]},
         "step through the scaler: scaler.step(optimizer); scaler.update() (to clip, call "
-        "scaler.unscale_(optimizer) first)")
+        "scaler.unscale_(optimizer) first)")]
 
 
-def _clipped(c: Collected, s: Signal) -> Finding:
+def scaled_clip(c: Collected, s: Signal) -> list[Finding]:
     scale = _scale(c, s)
     modules = [str(m) for m in s.detail.get("modules", [])]
     max_norm = s.detail.get("max_norm")
-    return Finding(
+    return [Finding(
         "clip-before-unscale", WARNING, c.model_name(s.model), "", s.step,
         f"clip_grad_norm_(max_norm={max_norm}) clipped the gradients of model "
         f"'{c.model_name(s.model)}' ({names_text(modules)}) while they were still multiplied "
@@ -79,18 +76,21 @@ def _clipped(c: Collected, s: Signal) -> Finding:
         f"update is at most max_norm/{scale} and the weights hardly move",
         {"max_norm": max_norm, "modules": modules[:50]},
         "unscale first: scaler.unscale_(optimizer); clip_grad_norm_(...); "
-        "scaler.step(optimizer); scaler.update()")
+        "scaler.step(optimizer); scaler.update()")]
 
 
-def explain(findings: list[Finding]) -> None:
-    """Mark the NaN/Inf and growing-gradient findings of a model whose optimizer applied
-    gradients too large by the scale, from that step on, as following from it."""
+def after_scaling(findings: list[Finding]) -> list[Finding]:
+    """``findings`` with the NaN/Inf and growing-gradient findings of a model whose optimizer
+    applied gradients too large by the scale, from that step on, marked as following from it."""
     causes = {(f.model, f.kind): f.step or 0 for f in findings
               if f.kind in ("scaled-step", "scaled-twice")}
+    out = []
     for f in findings:
         cause = next((kind for (model, kind), step in causes.items()
                       if model == f.model and (f.step or 0) >= step), None)
         if f.kind in _CONSEQUENCES and cause is not None and "follows" not in f.evidence:
-            f.evidence["follows"] = cause
-            f.hint = (f"gradients too large by the loss scale were applied (the {cause} "
-                      "finding): fix that first")
+            f = replace(f, evidence={**f.evidence, "follows": cause},
+                        hint=(f"gradients too large by the loss scale were applied (the {cause} "
+                              "finding): fix that first"))
+        out.append(f)
+    return out

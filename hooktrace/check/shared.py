@@ -17,13 +17,14 @@ from hooktrace.check.trainable import unfrozen_at
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
-    from hooktrace.check.collected import Collected, ModuleKey
+    from hooktrace.check.collected import Collected
+    from hooktrace.check.keys import ModelFqn
 
 
-def aliases(c: Collected) -> dict[ModuleKey, list[str]]:
+def aliases(c: Collected) -> dict[ModelFqn, list[str]]:
     """Per module held under several names, its other fqns: from its module record (the
     modules below it too) and from the freezes the run saw (``trainable-changed``)."""
-    out: dict[ModuleKey, list[str]] = {}
+    out: dict[ModelFqn, list[str]] = {}
     for m in c.modules.values():
         for alias in m.aliases:
             for o in c.modules.values():
@@ -45,13 +46,13 @@ def _tops(name: str, alias: str) -> tuple[str, str]:
     return ".".join(a), ".".join(b)
 
 
-def _both_ways(c: Collected, key: ModuleKey) -> list[int]:
+def _both_ways(c: Collected, key: ModelFqn) -> list[int]:
     """The steps with a backward pass in which ``key`` ran with gradients and under no_grad."""
     return [step for step in sorted(c.backward_steps)
             if key in c.grad.get(step, ()) and key in c.no_grad.get(step, ())]
 
 
-def _frozen_held(c: Collected) -> set[ModuleKey]:
+def _frozen_held(c: Collected) -> set[ModelFqn]:
     """Modules whose parameters are all frozen though an optimizer that stepped holds them:
     meant to train (``optimizers`` signals, ``frozen_held``)."""
     return {(s.model, name) for s in c.signals if s.kind == "optimizers"

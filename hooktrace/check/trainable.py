@@ -11,20 +11,21 @@ from hooktrace.check.findings import WARNING, Finding, names_text
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
-    from hooktrace.check.boundary import Flow
-    from hooktrace.check.collected import Collected, ModuleKey
+    from hooktrace.check.boundary import GradientFlow
+    from hooktrace.check.collected import Collected
+    from hooktrace.check.keys import ModelFqn
 
 
-def unfrozen_at(c: Collected) -> dict[ModuleKey, int]:
+def unfrozen_at(c: Collected) -> dict[ModelFqn, int]:
     """Per module made trainable during the run (``trainable-changed``), the step it was."""
     return {(s.model, name): s.step for s in c.signals if s.kind == "trainable-changed"
             for name in s.detail.get("unfrozen", [])}
 
 
-def frozen_since(c: Collected) -> dict[ModuleKey, int]:
+def frozen_since(c: Collected) -> dict[ModelFqn, int]:
     """Per module frozen during the run and not made trainable again, from which step (the
     first recorded backward pass that found it frozen)."""
-    out: dict[ModuleKey, int] = {}
+    out: dict[ModelFqn, int] = {}
     for s in c.signals:
         if s.kind == "trainable-changed":
             for name in s.detail.get("frozen", []):
@@ -34,12 +35,12 @@ def frozen_since(c: Collected) -> dict[ModuleKey, int]:
     return out
 
 
-def toggled(c: Collected) -> set[ModuleKey]:
+def toggled(c: Collected) -> set[ModelFqn]:
     """Modules unfrozen again after a freeze during the run: the loop itself turns their
     ``requires_grad`` off and on (a GAN's discriminator, frozen around the generator's pass),
     so their last freeze is one more turn, not a helper that forgot to undo it."""
-    frozen: set[ModuleKey] = set()
-    out: set[ModuleKey] = set()
+    frozen: set[ModelFqn] = set()
+    out: set[ModelFqn] = set()
     for s in c.signals:
         if s.kind == "trainable-changed":
             frozen.update((s.model, name) for name in s.detail.get("frozen", []))
@@ -48,18 +49,15 @@ def toggled(c: Collected) -> set[ModuleKey]:
     return out
 
 
-def settle_frozen(c: Collected) -> None:
+def frozen_from_start(c: Collected) -> set[ModelFqn]:
     """Modules frozen for the rest of the run before any backward reached them (inside the
     first forward, after their module record was written): frozen as far as training goes,
     as their record would say had it been written after the freeze."""
-    for key, step in frozen_since(c).items():
-        m = c.modules.get(key)
-        if m is not None and not any(key in keys for before, keys in c.backward.items()
-                                     if before < step):
-            m.trainable = 0
+    return {key for key, step in frozen_since(c).items() if key in c.modules and not any(
+        key in keys for before, keys in c.backward.items() if before < step)}
 
 
-def drop_frozen(c: Collected, found: Flow) -> None:
+def drop_frozen(c: Collected, found: GradientFlow) -> None:
     """Boundaries whose starved modules were all frozen during the run by the loop (the
     ``frozen-during-run`` finding says so) in every step they starved: no gradient is lost."""
     since = frozen_since(c)

@@ -19,20 +19,22 @@ Pure: the collected log in, the flow's boundaries and the findings adjusted.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from hooktrace.check.findings import NOTE, WARNING, Finding
 
 if TYPE_CHECKING:
-    from hooktrace.check.boundary import Flow
-    from hooktrace.check.collected import Collected, Keys, ModuleKey
+    from hooktrace.check.boundary import GradientFlow
+    from hooktrace.check.collected import Collected
+    from hooktrace.check.keys import ModelFqn, ModelFqns
 
 #: causes of a boundary whose victims got no gradient at all in a step (not a zero one): the
-#: boundaries modules trained in turns are no victims of (``Flow.drop_victims``)
+#: boundaries modules trained in turns are no victims of (``GradientFlow.drop_victims``)
 MISSED = ("detached_inside", "unused_calls")
 
 
-def trained_in_turns(c: Collected) -> set[ModuleKey]:
+def trained_in_turns(c: Collected) -> set[ModelFqn]:
     """The modules that missed the gradient in a recorded pass where their model trained
     (called with gradients on, no backward), and yet got one in every accumulation window of an
     optimizer that holds them (the passes after its last step up to its next one; those within
@@ -42,9 +44,9 @@ def trained_in_turns(c: Collected) -> set[ModuleKey]:
                if s.kind == "optimizer-steps" and (spans := _windows(s.detail.get("after"), last))]
     if not windows:
         return set()  # no optimizer step to judge by
-    missed: set[ModuleKey] = set()
-    got: dict[ModuleKey, set[int]] = {}
-    found: dict[tuple[Keys, Keys], Keys] = {}  # the sets are shared between steps
+    missed: set[ModelFqn] = set()
+    got: dict[ModelFqn, set[int]] = {}
+    found: dict[tuple[ModelFqns, ModelFqns], ModelFqns] = {}  # the sets are shared between steps
     for step in sorted(c.backward_steps):
         grad, backed = c.grad.get(step, frozenset()), c.backward.get(step, frozenset())
         pair = (grad, backed)
@@ -71,7 +73,7 @@ def _windows(after: object, last: int) -> list[tuple[int, int]]:
             if start < end <= last]
 
 
-def first_moving(c: Collected, key: ModuleKey) -> int | None:
+def first_moving(c: Collected, key: ModelFqn) -> int | None:
     """The pass after which an optimizer holding ``key`` first stepped with lr > 0; None where
     none did while tracing (none holds it, or lr stayed 0: nothing says it ever moves)."""
     moved = [p for s in c.signals if s.kind == "optimizer-steps" and s.model == key[0]
@@ -80,19 +82,21 @@ def first_moving(c: Collected, key: ModuleKey) -> int | None:
     return min(moved) if moved else None
 
 
-def zero_before_moving(c: Collected, found: Flow, findings: list[Finding]) -> None:
-    """Zero-gradient warnings of a layer with zero weights, all in passes before an optimizer
-    holding it first stepped with lr > 0: notes."""
+def zero_before_moving(c: Collected, found: GradientFlow, findings: list[Finding]) -> list[Finding]:
+    """``findings`` with the zero-gradient warnings of a layer with zero weights, all in passes
+    before an optimizer holding it first stepped with lr > 0, made notes."""
+    findings = list(findings)
     for (key, cause), b in found.boundaries.items():
         if cause != "zero_weights" or not b.steps:
             continue
         moving = first_moving(c, key)
         if moving is None or b.steps[-1] > moving:
             continue
-        for f in findings:
+        for i, f in enumerate(findings):
             if (f.kind == "zero-gradient" and f.severity == WARNING and f.step == b.steps[0]
                     and f.module == key[1] and f.model == c.model_name(key[0])):
-                f.severity = NOTE
-                f.message += (", all before the first optimizer step with lr > 0 (after step "
-                              f"{moving}): its weights have not moved yet")
-                f.evidence["moving"] = moving
+                findings[i] = replace(
+                    f, severity=NOTE, evidence={**f.evidence, "moving": moving},
+                    message=f.message + ", all before the first optimizer step with lr > 0 "
+                    f"(after step {moving}): its weights have not moved yet")
+    return findings

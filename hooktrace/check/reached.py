@@ -1,0 +1,175 @@
+"""Modules no gradient reached: trainable ones that ran forward and got no backward (detached,
+or off the loss path, grouped by subtree), frozen ones (a note, or a warning beside trainable
+twins), ones the watch saw lose their gradient, and ones run only under no_grad. Pure: a
+``Collected`` in, findings out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Set
+from typing import TYPE_CHECKING
+
+from hooktrace.check import nogradonly
+from hooktrace.check.findings import NOTE, WARNING, Finding, ancestors, steps_text
+from hooktrace.check.frozen import frozen_notes
+from hooktrace.check.trainable import unfrozen_at
+
+if TYPE_CHECKING:
+    from hooktrace.check.collected import Collected, ModuleStats
+    from hooktrace.check.keys import ModelFqn, ModelFqns
+
+
+def _siblings(c: Collected, m: ModuleStats) -> list[ModuleStats]:
+    parent = m.name.rpartition(".")[0]
+    return [o for o in c.modules.values()
+            if o is not m and o.model == m.model and o.name.rpartition(".")[0] == parent
+            and o.name != "" and o.params]
+
+
+def _detached(c: Collected) -> dict[ModelFqn, list[int]]:
+    """Per module, the steps it ran forward with gradient recording on, in a step with a
+    backward, and none of its calls got a backward; not the steps where no backward reached its
+    model at all while one does in other steps: models trained in turns (a GAN's generator run
+    with .detach() for the discriminator's step) are not detached."""
+    out: dict[ModelFqn, list[int]] = {}
+    found: dict[tuple[ModelFqns, ModelFqns], ModelFqns] = {}  # the sets are shared between steps
+    trained = {key[0] for keys in c.backward.values() for key in keys}
+    for step in sorted(c.grad):
+        if step in c.backward_steps:
+            pair = (c.grad[step], c.backward.get(step, frozenset()))
+            if pair not in found:
+                reached = {key[0] for key in pair[1]}
+                found[pair] = frozenset(key for key in pair[0] - pair[1]
+                                        if key[0] in reached or key[0] not in trained)
+            for key in found[pair]:
+                out.setdefault(key, []).append(step)
+    return out
+
+
+def _no_grad_only(c: Collected) -> dict[ModelFqn, list[int]]:
+    """Per module, the steps it ran only under no_grad while its model trained (another of its
+    modules ran with gradient recording on and got a backward), and got no backward: a
+    forward under no_grad recomputed inside the backward (reversible layers, hand-made
+    checkpointing) gives its weights their gradients there."""
+    out: dict[ModelFqn, list[int]] = {}
+    for step in sorted(c.no_grad):
+        if step in c.backward_steps:
+            grad = c.grad.get(step, frozenset())
+            backed = c.backward.get(step, frozenset())
+            trained = {key[0] for key in grad & backed}
+            for key in c.no_grad[step]:
+                if key not in grad and key not in backed and key[0] in trained:
+                    out.setdefault(key, []).append(step)
+    return out
+
+
+def check_no_grad(c: Collected, explained: Set[ModelFqn] = frozenset()) -> list[Finding]:
+    out: list[Finding] = []
+    detached: list[tuple[ModuleStats, Finding]] = []
+    frozen: list[tuple[ModuleStats, Finding]] = []  # frozen on purpose, all run: notes
+    under_no_grad: list[tuple[ModuleStats, list[int]]] = []
+    no_backward, no_grad_only = _detached(c), _no_grad_only(c)
+    unfrozen = unfrozen_at(c)
+    for key in explained:  # starved modules whose boundary ``flow`` names
+        no_backward.pop(key, None)
+        no_grad_only.pop(key, None)
+    for m in c.modules.values():
+        if not m.params or not m.calls:
+            continue
+        if not m.trainable:
+            twins = [o for o in _siblings(c, m) if o.cls == m.cls and o.trainable]
+            trainable_twins = [o.name for o in twins]
+            # no trainable twin before it: a frozen backbone (a frozen prefix), on purpose
+            before = any((o.first_seq or 0) < (m.first_seq or 0) for o in twins)
+            finding = Finding(
+                "frozen", WARNING if before else NOTE, c.model_name(m.model), m.name,
+                None,
+                f"{m.name} ({m.cls}): parameters frozen (requires_grad=False)"
+                + (f" until step {unfrozen[(m.model, m.name)]}, trainable from then on"
+                   if (m.model, m.name) in unfrozen else "")
+                + (f", while {', '.join(trainable_twins[:3])} beside it train" if trainable_twins
+                   else ""),
+                {"params": m.params, "trainable_siblings": trainable_twins},
+                "call .requires_grad_(True) on it if it should train" if before else "",
+            )
+            if before or (m.model, m.name) in unfrozen:
+                out.append(finding)
+            else:
+                frozen.append((m, finding))
+            continue
+        steps = no_backward.get((m.model, m.name))
+        if steps:
+            detached.append((m, Finding(
+                "no-grad", WARNING, c.model_name(m.model), m.name, steps[0],
+                f"{m.name or '(root)'} ({m.cls}) ran forward but no gradient reached it: "
+                f"detached or not on the loss path ({steps_text(steps)})",
+                {"steps": steps[:20], "trainable": m.trainable},
+                "look for .detach(), .data, .item()/numpy round trips, or an output the loss "
+                "does not use",
+            )))
+        steps = no_grad_only.get((m.model, m.name))
+        if steps:
+            under_no_grad.append((m, steps))
+    return (_group_subtrees(c, detached) + frozen_notes(c, frozen) + out
+            + nogradonly.no_grad_only(c, under_no_grad))
+
+
+def check_lost_gradient(c: Collected) -> list[Finding]:
+    out = []
+    for (model, name), steps in c.lost_gradient.items():
+        m = c.modules.get((model, name))
+        detail = c.lost_detail.get((model, name), {})
+        last, gap = detail.get("last"), detail.get("gap")
+        until = f"until step {last}" if isinstance(last, int) else "in earlier steps"
+        turns = f" (at least every {gap} steps)" if isinstance(gap, int) and gap > 1 else ""
+        out.append(Finding(
+            "no-grad", WARNING, c.model_name(model), name, steps[0],
+            f"{name or '(root)'} ({m.cls if m else '?'}) received gradient {until}{turns}, then "
+            + (f"none from step {last + 1} on (said at {steps_text(steps)})"
+               if isinstance(last, int) else
+               f"none from step {steps[0]} on ({steps_text(steps)})"),
+            {"steps": steps[:20], **({"last": last, "gap": gap} if turns else {})},
+            "something started detaching it or stopped using its output in the loss",
+        ))
+    return out
+
+
+def _subtrees(found: list[tuple[ModuleStats, Finding]], candidates: list[ModuleStats]
+              ) -> Iterator[tuple[Finding, str | None, list[ModuleStats]]]:
+    """Each flagged module's finding with the outermost module above it all of whose
+    ``candidates`` below (two or more) are flagged, and those; or with None, alone."""
+    flagged = {(m.model, m.name): f for m, f in found}
+    grouped: set[ModelFqn] = set()
+    for (model, name), finding in flagged.items():
+        if (model, name) in grouped:
+            continue
+        for top in ancestors(name):  # outermost first
+            below = [m for m in candidates if m.model == model
+                     and (top == "" or m.name.startswith(top + "."))]
+            if len(below) >= 2 and all((m.model, m.name) in flagged for m in below):
+                grouped.update((m.model, m.name) for m in below)
+                yield finding, top, below
+                break
+        else:
+            yield finding, None, []
+
+
+def _group_subtrees(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> list[Finding]:
+    """One finding for a module all of whose trainable modules below got no gradient (a whole
+    detached branch), instead of one per layer."""
+    out: list[Finding] = []
+    trained = [m for m in c.modules.values() if m.trainable and m.calls]
+    for finding, top, below in _subtrees(found, trained):
+        if top is None:
+            out.append(finding)
+            continue
+        names = ", ".join(m.name for m in below[:6]) + (", ..." if len(below) > 6 else "")
+        out.append(Finding(
+            finding.kind, finding.severity, finding.model, top, finding.step,
+            f"{c.label(below[0].model, top)}: no gradient reached any of its {len(below)} "
+            f"trainable modules ({names}): detached or not on the loss path "
+            f"({steps_text(finding.evidence['steps'])})",
+            {"modules": [m.name for m in below], "steps": finding.evidence["steps"],
+             "trainable": sum(m.trainable for m in below)},
+            finding.hint))
+    return out
+

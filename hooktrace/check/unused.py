@@ -1,0 +1,96 @@
+"""Modules registered but never called: a warning where they hold trainable parameters (DDP
+needs ``find_unused_parameters=True``), one note per model for the others. Pure: a
+``Collected`` in, findings out."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hooktrace.check.findings import NOTE, WARNING, Finding
+from hooktrace.check.holds import on_wrapper
+from hooktrace.log.words import plural
+
+if TYPE_CHECKING:
+    from hooktrace.check.collected import Collected, ModuleStats
+    from hooktrace.check.keys import ModelFqn
+
+CONTAINERS = {"ModuleList", "ModuleDict", "ParameterList", "ParameterDict"}  # never called
+
+
+def _used_directly(c: Collected, uncalled: set[ModelFqn]) -> set[ModelFqn]:
+    """The modules of ``uncalled`` whose parameters got a gradient: their parent's forward
+    uses the parameters itself (MultiheadAttention, its out_proj). DDP has no trouble with them."""
+    used: set[ModelFqn] = set()
+    if uncalled:
+        for records in c.param_norms.values():
+            for model, names, values in records:
+                used.update(key for name, norm in zip(names, values, strict=True)
+                            if norm is not None and (key := (model, name)) in uncalled)
+    return used
+
+
+def _holds_called(c: Collected, m: ModuleStats) -> bool:
+    """A module never called itself, with called modules below it: a container whose parts
+    were called through its methods (a VAE's encode/decode, a LightningModule's training_step)."""
+    prefix = m.name + "." if m.name else ""
+    return any(o.calls and o.model == m.model and o.name.startswith(prefix) and o is not m
+               for o in c.modules.values())
+
+
+def check_unused(c: Collected) -> list[Finding]:
+    options = c.header.options
+    if options.get("include") or options.get("exclude"):
+        return []  # filtered-out modules would look unused
+    # a model that never ran backward (evaluation only, a reloaded checkpoint, a teacher) has
+    # no gradient flow to judge
+    trained = {key[0] for keys in c.backward.values() for key in keys}
+    # a module under two parents is called under the path of the parent that calls it: one
+    # name called is the module called (and a second path never taken is no module of its own)
+    through = {(m.model, m.alias_of) for m in c.modules.values() if m.alias_of and m.calls}
+    unused = [m for m in c.modules.values()
+              if m.model in trained and not m.calls and m.cls not in CONTAINERS
+              and not m.alias_of and (m.model, m.name) not in through]
+    used = _used_directly(c, {(m.model, m.name) for m in unused if m.trainable})
+    beside = on_wrapper(c)  # set on a wrapper, not the model: set-on-wrapper says so
+    unused = [m for m in unused if (m.model, m.name) not in used | beside
+              and not (m.trainable == 0 and _holds_called(c, m))]
+    names = {(m.model, m.name) for m in unused}
+    out: list[Finding] = []
+    for m in unused:
+        parent = m.name.rpartition(".")[0]
+        if m.name and (m.model, parent) in names:
+            continue  # reported with its unused parent
+        below = [o for o in unused if o.model == m.model and o.name.startswith(m.name + ".")]
+        if m.cls == "Sequential" and not below and not m.params:
+            continue  # an empty Sequential: a placeholder (a block's identity shortcut)
+        trainable = m.trainable + sum(o.trainable for o in below)
+        out.append(Finding(
+            "unused", WARNING if trainable else NOTE, c.model_name(m.model), m.name, None,
+            f"{m.name} ({m.cls}) is registered but never called"
+            + (f" ({plural(len(below), 'submodule')}, {plural(trainable, 'trainable parameter')})"
+               if below else f" ({plural(trainable, 'trainable parameter')})" if trainable
+               else ""),
+            {"submodules": len(below), "trainable": trainable},
+            "DDP needs find_unused_parameters=True for it; remove it if it is not needed"
+            if trainable else "",
+        ))
+    return [f for f in out if f.severity != NOTE] + _one_note_per_model(out)
+
+
+def _one_note_per_model(found: list[Finding]) -> list[Finding]:
+    """The unused modules without trainable parameters (harmless: EfficientNet builds a
+    StochasticDepth in every block and calls it in some), one note per model."""
+    out = []
+    for model in dict.fromkeys(f.model for f in found if f.severity == NOTE):
+        notes = [f for f in found if f.severity == NOTE and f.model == model]
+        if len(notes) == 1:
+            out += notes
+            continue
+        listed = ", ".join(f.module for f in notes[:6]) + (
+            f" and {len(notes) - 6} more" if len(notes) > 6 else "")
+        out.append(Finding(
+            "unused", NOTE, model, notes[0].module, None,
+            f"{len(notes)} modules without trainable parameters are registered but never "
+            f"called: {listed}", {"modules": [f.module for f in notes]}))
+    return out
+
