@@ -14,16 +14,11 @@ the pass ends (``Stats.resolve``), just before the log writer would.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
 
-from hooktrace.hooks.records import BackwardStart, Mode, Observer, PassEnd
+from hooktrace.hooks.records import BackwardStart, Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
 from hooktrace.observe.stats import Stats
-
-Emit = Callable[[Any], None]
 
 
 class GradZeros(Observer):

@@ -32,11 +32,9 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from hooktrace.hooks.gradhooks import output_calls
 from hooktrace.hooks.naming import ModInfo
-from hooktrace.hooks.records import Mode, Observer, PassEnd
+from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
 from hooktrace.observe.lossscale import find_scaler
-
-Emit = Callable[[Any], None]
 
 _BUDGET = 64  # autograd nodes one walk visits at most
 _CHAIN = 12  # nodes followed from a loss's input back to the model's output

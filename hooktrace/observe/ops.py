@@ -26,16 +26,15 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.opzoom import MAX_CALLS, OpZoom, Zoomed
-from hooktrace.hooks.records import Mode, Observer, PassEnd
+from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
 from hooktrace.log.options import TraceOptions
 
-Emit = Callable[[Any], None]
 AUTO = 4  # modules chosen automatically in a run
 _HELD = 4 * MAX_CALLS  # zoomed calls held for their backward, at most (forward-only code)
 
