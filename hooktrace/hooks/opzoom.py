@@ -57,7 +57,7 @@ Look = Callable[[torch.Tensor, list[list[int]], int], None]
 GradStats = Callable[[torch.Tensor, list[Any], int], None]
 
 
-def op_name(func: Any) -> str:
+def function_name(func: Any) -> str:
     """``Tensor.detach``, ``Tensor.data``, ``torch.sigmoid``, ``F.relu``; "" for what is no
     operation (an attribute that gives no tensor is filtered by its result)."""
     name = getattr(func, "__name__", "") or ""
@@ -243,7 +243,7 @@ class OpZoom(TorchFunctionMode):
                 kwargs: dict[str, Any] | None, out: Any) -> None:
         name = self._names.get(func)
         if name is None:
-            name = self._names[func] = op_name(func)
+            name = self._names[func] = function_name(func)
         outs = leaves(out)[0]
         if not outs and name not in LEAVING and not _inplace(name):
             return  # a shape, a number, a flag: no operation on values

@@ -106,7 +106,7 @@ class FunctionCheck(Observer):
         self._busy = True
         self._pause(True)
         try:
-            found = fncheck.check(cls, args)
+            found = fncheck.check_function(cls, args)
         finally:
             self._pause(False)
             self._busy = False

@@ -27,7 +27,7 @@ GROWTHS = 2  # a count that grew at this many looks in a row
 KINDS = ("forward", "backward", "gradient")
 
 
-def counts(module: nn.Module) -> tuple[int, int, int]:
+def hook_counts(module: nn.Module) -> tuple[int, int, int]:
     """The module's forward hooks (pre and post), its module backward hooks, and the gradient
     hooks of its own parameters."""
     forward = len(module._forward_hooks) + len(module._forward_pre_hooks)
@@ -65,7 +65,7 @@ class HookCount(Observer):
                 self._history.pop(info, None)
                 continue
             alive.append(info)
-            self._look(end.step, info, counts(module))
+            self._look(end.step, info, hook_counts(module))
         self._seen = alive
 
     def _look(self, step: int, info: ModInfo, now: tuple[int, int, int]) -> None:

@@ -19,7 +19,7 @@ from hooktrace.hooks.tensors import shape_of, summarize
 from hooktrace.log import schema
 from hooktrace.observe.nanweights import nonfinite_params
 from hooktrace.observe.outputs import OutputCheck
-from hooktrace.observe.stats import Stats
+from hooktrace.observe.stats import TensorStats
 
 _MAX_PENDING = 8192  # events held for deferred statistics before a forced write (no backward)
 RECORDED = Mode.RECORDED
@@ -35,7 +35,7 @@ class LogRecorder(Observer):
 
     follows = (RECORDED,)
 
-    def __init__(self, sink: Sink, stats: Stats | None, outputs: OutputCheck | None) -> None:
+    def __init__(self, sink: Sink, stats: TensorStats | None, outputs: OutputCheck | None) -> None:
         self._sink = sink
         self._stats = stats
         self._outputs = outputs  # None without statistics

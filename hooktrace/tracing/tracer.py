@@ -6,7 +6,7 @@ capture (``--capture``), parameter-gradient norms, who may see whom (``--probe``
 gradients, the op zoom's records (``--ops``), the log writer (it writes what those before it
 emit after the step's events), and break on NaN/Inf (``--break-on nan``, after the writer: the
 NaN's own event is written first).
-Statistics (``stats.Stats``) are shared by the observers that read numbers.
+Statistics (``stats.TensorStats``) are shared by the observers that read numbers.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from hooktrace.observe.outputs import OutputCheck
 from hooktrace.observe.paramnorms import ParamNorms
 from hooktrace.observe.probe import Probe
 from hooktrace.observe.recorder import LogRecorder, Sink
-from hooktrace.observe.stats import Stats
+from hooktrace.observe.stats import TensorStats
 from hooktrace.observe.stepcheck import StepExplained
 from hooktrace.observe.twins import Twins
 from hooktrace.observe.watch import Watch
@@ -61,7 +61,7 @@ class Tracer:
         self._options = options or TraceOptions()
         self._models = models
         self._capture = capture
-        self._stats = Stats(self._options.break_on_nan) if self._options.stats else None
+        self._stats = TensorStats(self._options.break_on_nan) if self._options.stats else None
         self._core = CallTracker(self._options)
         self._naming: Naming | None = None
         self._eager: EagerSteps | None = None
