@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from itertools import compress
 from operator import attrgetter
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import torch
 
 from hooktrace.hooks.naming import ModInfo
-from hooktrace.hooks.records import Mode, Observer, PassEnd
+from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
 from hooktrace.observe.stats import TensorStats
 
@@ -33,7 +32,7 @@ class ParamNorms(Observer):
     follows = ()  # no module call: the step's end names the modules that took part
 
     def __init__(self, stats: TensorStats | None, uncalled: dict[ModInfo, None],
-                 emit: Callable[[Any], None]) -> None:
+                 emit: Emit) -> None:
         self._stats = stats
         self._uncalled = uncalled  # the naming's: traced modules with parameters never called
         self._emit = emit

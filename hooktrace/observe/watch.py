@@ -33,7 +33,15 @@ from typing import Any
 import torch
 
 from hooktrace.hooks.naming import ModInfo
-from hooktrace.hooks.records import BackwardStart, ForwardCall, ForwardEnd, Mode, Observer, PassEnd
+from hooktrace.hooks.records import (
+    BackwardStart,
+    Emit,
+    ForwardCall,
+    ForwardEnd,
+    Mode,
+    Observer,
+    PassEnd,
+)
 from hooktrace.log import schema
 from hooktrace.observe.nanweights import nonfinite_params
 from hooktrace.observe.outputs import HeldOutputs, NonFinite
@@ -52,7 +60,7 @@ _GradState = tuple[list[weakref.ref[torch.Tensor]], list[int]]
 class Watch(Observer):
     follows = (WATCHED,)
 
-    def __init__(self, stats: TensorStats, emit: Callable[[Any], None],
+    def __init__(self, stats: TensorStats, emit: Emit,
                  look: Callable[[], None] = lambda: None) -> None:
         self._stats = stats
         self._look = look  # the next step runs eagerly
