@@ -6,12 +6,9 @@ backward starts when one first gets gradient) and input tensors (grad_input; hoo
 pre-hook: an in-place module replaces its input's node). Full module backward hooks break
 in-place ops (ReLU(inplace=True)). An engine callback at a backward pass's end ends the step.
 
-The core knows module calls and steps, nothing of files, statistics or findings. Of the log it
-knows three things: how many events a run may record (``--max-events``: ``seq``), that a failed
-write (``LogWriteError``, raised by an observer) stops tracing, and naming's records, which
-``naming`` hands to the callback it was given (the log writer's). It hands each moment to its
-observers, in order, as an immutable record (``records.Observer`` says which and when); in
-recorded steps a forward end names the calls that made its inputs (``dataflow``).
+The core knows module calls and steps; of logs, ``--max-events`` and write errors (below) only.
+It hands each moment to its observers, in order, as an immutable record (``records.Observer``);
+in recorded steps a forward end names the calls that made its inputs (``dataflow``).
 
 Each record carries the step's ``Mode`` (``step_mode`` decides). A watched step follows the
 backward of model calls only, not of each call (unless ``--break-on nan``): a hook per call's
