@@ -20,7 +20,7 @@ from bench.measure import least
 from hooktrace.hooks.records import Mode
 from hooktrace.observe import fncheck
 from hooktrace.observe.functions import _APPLY, FunctionCheck
-from hooktrace.observe.hookcount import counts
+from hooktrace.observe.hookcount import hook_counts
 
 
 class Gelu(Function):
@@ -45,7 +45,7 @@ def main() -> None:
     for name in ("W1", "W2"):
         work = workloads.build(name, device)
         modules = list(work.model.modules())
-        look = least(lambda modules=modules: [counts(m) for m in modules], 50)  # type: ignore[misc]
+        look = least(lambda modules=modules: [hook_counts(m) for m in modules], 50)  # type: ignore[misc]
         step = least(work.step, 10)
         print(f"{name}: hook count {look * 1e6:.0f} us a recorded step for {len(modules)} "
               f"modules; an untraced step {step * 1e3:.1f} ms ({look / step:.2%})")
@@ -62,7 +62,7 @@ def main() -> None:
           f"(+{(through - plain) * 1e6:.1f} us)")
     for shape in ((8, 16), (64, 1024), (256, 4096)):
         x = torch.randn(*shape, requires_grad=True)
-        checked = least(lambda x=x: fncheck.check(Gelu, (x,)), 5)  # type: ignore[misc]
+        checked = least(lambda x=x: fncheck.check_function(Gelu, (x,)), 5)  # type: ignore[misc]
         print(f"one check of a GELU Function on {tuple(shape)}: {checked * 1e3:.1f} ms "
               f"(once per class and run)")
 

@@ -6,9 +6,9 @@ backward starts when one first gets gradient) and input tensors (grad_input; hoo
 pre-hook: an in-place module replaces its input's node). Full module backward hooks break
 in-place ops (ReLU(inplace=True)). An engine callback at a backward pass's end ends the step.
 
-The core knows module calls and steps, nothing of logs, statistics or findings. It hands each
-moment to its observers, in order, as an immutable record (``records.Observer`` says which and
-when); in recorded steps a forward end names the calls that made its inputs (``dataflow``).
+The core knows module calls and steps; of logs, ``--max-events`` and write errors (below) only.
+It hands each moment to its observers, in order, as an immutable record (``records.Observer``);
+in recorded steps a forward end names the calls that made its inputs (``dataflow``).
 
 Each record carries the step's ``Mode`` (``step_mode`` decides). A watched step follows the
 backward of model calls only, not of each call (unless ``--break-on nan``): a hook per call's

@@ -42,16 +42,16 @@ _MAX_STORED = 8192  # outputs looked up by storage at once; forward-only code ne
 _PLAIN = torch.Tensor.__torch_dispatch__
 Producers = tuple[int, ...]  # the seqs of the calls that made a tensor, ascending
 Outs = tuple[int, ...]  # parallel to Producers: which output of each (-1: several)
-Found = tuple[Producers, Outs]
+_Found = tuple[Producers, Outs]
 #: (``inputs_from``, ``made``, ``from_out``, ``made_out``, ``made_no_history``) of a call
-Flow = tuple[tuple[Producers, ...], Producers, tuple[Outs, ...], tuple[Producers, ...], bool]
-_NONE: Found = ((), ())
+_Flow = tuple[tuple[Producers, ...], Producers, tuple[Outs, ...], tuple[Producers, ...], bool]
+_NONE: _Found = ((), ())
 
 
 #: What a call knows of its data flow when it begins: who made each positional input (and
 #: which of their outputs), and the last seq of a forward call seen so far (the calls after it
 #: ran inside this one). A plain tuple: one is made per call
-Sources = tuple[tuple[Found, ...], int]
+Sources = tuple[tuple[_Found, ...], int]
 
 
 def _address(t: torch.Tensor) -> int:
@@ -94,7 +94,7 @@ class DataFlow:
         return tuple(map(self._of, inputs)), self._last
 
     def end(self, sources: Sources | None, kw_inputs: list[torch.Tensor],
-            outputs: list[torch.Tensor], seq: int, top: bool) -> Flow | tuple[()]:
+            outputs: list[torch.Tensor], seq: int, top: bool) -> _Flow | tuple[()]:
         """(the producers of each input, args then kwargs; the calls inside it that made its
         outputs; which output of each producer each input used; the calls that made each of
         its outputs, when it has several; whether something without autograd history went
@@ -134,7 +134,7 @@ class DataFlow:
         """The step ended: its outputs are no longer looked up by storage."""
         self._stored.clear()
 
-    def _of(self, t: torch.Tensor) -> Found:
+    def _of(self, t: torch.Tensor) -> _Found:
         """The recorded calls whose outputs made ``t``, and which output of each."""
         node: Any = t.grad_fn  # its ``metadata`` is a dict at runtime, a method in the stubs
         if node is None:
@@ -151,7 +151,7 @@ class DataFlow:
                 return ((made[0],), (made[1],)) if made[0] >= 0 else _NONE
         return self._walk(node, nr)
 
-    def _walk(self, node: Any, nr: int) -> Found:
+    def _walk(self, node: Any, nr: int) -> _Found:
         """Breadth first from output ``nr`` of ``node`` (made by no call) to the nearest nodes
         a call's output made, at most MAX_NODES nodes; a call not recorded (seq -1) is not
         looked past."""

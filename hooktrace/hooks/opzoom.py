@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -57,7 +57,7 @@ Look = Callable[[torch.Tensor, list[list[int]], int], None]
 GradStats = Callable[[torch.Tensor, list[Any], int], None]
 
 
-def op_name(func: Any) -> str:
+def function_name(func: Any) -> str:
     """``Tensor.detach``, ``Tensor.data``, ``torch.sigmoid``, ``F.relu``; "" for what is no
     operation (an attribute that gives no tensor is filtered by its result)."""
     name = getattr(func, "__name__", "") or ""
@@ -120,14 +120,31 @@ def _dropped(zoomed: Zoomed) -> None:
     pass
 
 
+class ZoomRequests(Protocol):
+    """What an observer may ask of the zoom (``OpZoom``): it asks, and never sets its fields."""
+
+    def choose(self, info: ModInfo) -> bool:
+        """Zoom into ``info``'s calls from now on; False when they were chosen already."""
+        ...
+
+    def new_step(self) -> None:
+        """A pass ended: the calls of the next step are zoomed again, ``MAX_CALLS`` at most."""
+        ...
+
+    def close(self) -> None:
+        """Tracing stops: nothing more is zoomed."""
+        ...
+
+
 class OpZoom(TorchFunctionMode):
-    """Records the operations of the calls of ``chosen`` modules (none until ``connect``)."""
+    """Records the operations of the calls of ``chosen`` modules (none until ``connect``);
+    observers choose them through ``ZoomRequests``."""
 
     def __init__(self, on_error: Callable[[BaseException], None]) -> None:
         super().__init__()
         self.chosen: set[ModInfo] = set()  # the modules whose calls are zoomed (the core reads)
         self.depth = 0  # calls followed now (the core reads it)
-        self.calls_left = MAX_CALLS  # in this step; the observer resets it
+        self.calls_left = MAX_CALLS  # in this step (``new_step`` resets it)
         self.active = True
         self._on_error = on_error
         self._on_call: Callable[[Zoomed], None] = _dropped
@@ -146,6 +163,16 @@ class OpZoom(TorchFunctionMode):
         """``on_call`` gets each zoomed call when it returns; ``look`` and ``grads`` are the
         statistics' NaN/Inf look and gradient numbers (None without statistics)."""
         self._on_call, self._look, self._grads = on_call, look, grads
+
+    # -- what observers ask (``ZoomRequests``) ------------------------------------------------
+    def choose(self, info: ModInfo) -> bool:
+        if info in self.chosen:
+            return False
+        self.chosen.add(info)
+        return True
+
+    def new_step(self) -> None:
+        self.calls_left = MAX_CALLS
 
     # -- the core's calls ----------------------------------------------------------------------
     def enter(self, module: Any, info: ModInfo, call: Any, args: tuple[Any, ...]) -> None:
@@ -243,7 +270,7 @@ class OpZoom(TorchFunctionMode):
                 kwargs: dict[str, Any] | None, out: Any) -> None:
         name = self._names.get(func)
         if name is None:
-            name = self._names[func] = op_name(func)
+            name = self._names[func] = function_name(func)
         outs = leaves(out)[0]
         if not outs and name not in LEAVING and not _inplace(name):
             return  # a shape, a number, a flag: no operation on values

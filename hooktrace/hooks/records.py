@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from hooktrace.hooks.tensors import Summary
     from hooktrace.log.options import TraceOptions
 
+#: what an observer hands each record it writes to: the recorder's ``emit``
+Emit = Callable[[Any], None]
+
 
 class Mode(enum.IntEnum):
     """What a step is: ``step_mode`` decides, once per step (and when the log is full)."""

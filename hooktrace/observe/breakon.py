@@ -18,7 +18,7 @@ from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.records import BackwardStart, ForwardEnd, Mode, Observer, PassEnd
 from hooktrace.log.errors import NonFiniteError
 from hooktrace.observe.outputs import OutputCheck
-from hooktrace.observe.stats import Stats
+from hooktrace.observe.stats import TensorStats
 
 
 def info_label(info: ModInfo) -> str:
@@ -26,9 +26,9 @@ def info_label(info: ModInfo) -> str:
 
 
 class BreakOnNonfinite(Observer):
-    """Needs statistics that read every number at once (``Stats(immediate=True)``)."""
+    """Needs statistics that read every number at once (``TensorStats(immediate=True)``)."""
 
-    def __init__(self, stats: Stats) -> None:
+    def __init__(self, stats: TensorStats) -> None:
         self._stats = stats
         self._outputs = OutputCheck(stats)
         self._armed = True  # one stop in all

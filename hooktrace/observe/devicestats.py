@@ -85,7 +85,7 @@ class _Pending:
 
 
 class DeviceStats:
-    """The accelerator's implementation of ``stats.Stats``'s reductions."""
+    """The accelerator's implementation of ``stats.TensorStats``'s reductions."""
 
     def __init__(self, hold_bytes: int) -> None:
         self._hold_bytes = hold_bytes
@@ -308,12 +308,12 @@ def _norm_into(t: torch.Tensor, order: float, slot: torch.Tensor) -> None:
 
 def _count_into(t: torch.Tensor, slots: list[torch.Tensor], pos: int) -> None:
     """NaN and Inf counts of ``t`` into ``slots[pos]`` and ``slots[pos + 1]``."""
-    nan, inf = counts(t)
+    nan, inf = _nan_inf(t)
     slots[pos].copy_(nan)
     slots[pos + 1].copy_(inf)
 
 
-def counts(t: torch.Tensor, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+def _nan_inf(t: torch.Tensor, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
     """NaN and Inf counts of ``t``, as 0-d tensors on its device."""
     return [torch.isnan(t).sum(dtype=dtype), torch.isinf(t).sum(dtype=dtype)]
 
@@ -322,4 +322,4 @@ def _follow_up(t: torch.Tensor, then: _Fill) -> tuple[list[torch.Tensor], _Fill]
     """The second transfer, for a kept tensor whose reduction was not finite: its norm in
     double (a float32 sum of squares overflows past 1.8e19) and its NaN and Inf counts."""
     wide = torch.complex128 if t.is_complex() else torch.float64  # the norm of a complex is real
-    return [torch.linalg.vector_norm(t, dtype=wide), *counts(t, torch.float64)], then
+    return [torch.linalg.vector_norm(t, dtype=wide), *_nan_inf(t, torch.float64)], then

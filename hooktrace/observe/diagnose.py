@@ -39,7 +39,6 @@ module call):
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
 from itertools import compress, repeat
 from operator import attrgetter, is_, is_not
 from typing import Any, cast
@@ -52,7 +51,7 @@ from torch.optim.optimizer import (
 )
 
 from hooktrace.hooks.naming import ModInfo
-from hooktrace.hooks.records import Mode, Observer, PassEnd
+from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.hooks.sites import forward_site
 from hooktrace.log import schema
 from hooktrace.observe.aliases import other_names
@@ -62,7 +61,6 @@ from hooktrace.observe.paramlooks import all_zero, ids_sum, optimizer_params, tr
 
 RECORDED = Mode.RECORDED
 
-Emit = Callable[[Any], None]
 
 
 class Diagnosis(Observer):

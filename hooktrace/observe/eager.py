@@ -27,7 +27,7 @@ from typing import Any
 from torch import nn
 
 from hooktrace.hooks.naming import ModInfo
-from hooktrace.hooks.records import Mode, Observer, PassEnd
+from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
 from hooktrace.log.options import Steps
 
@@ -79,7 +79,7 @@ class EagerSteps(Observer):
 
     follows = ()  # no module call: model calls and passes only
 
-    def __init__(self, steps: Steps, emit: Callable[[Any], None]) -> None:
+    def __init__(self, steps: Steps, emit: Emit) -> None:
         self._steps = steps
         self._emit = emit
         self._recorded = 0 in steps

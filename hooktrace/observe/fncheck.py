@@ -31,7 +31,7 @@ RTOL = 1e-2  # agreement: relative to the larger of the two values...
 ATOL = 1e-6  # ... plus this share of the largest value compared
 
 
-def check(cls: Any, args: tuple[Any, ...]) -> dict[str, Any] | None:
+def check_function(cls: Any, args: tuple[Any, ...]) -> dict[str, Any] | None:
     """The verdict on ``cls``'s backward at ``args`` (``Function.apply``'s), or None when
     it is not checked (no input needs a gradient, too large or slow, not deterministic, not
     differentiable in double precision) or agrees."""

@@ -23,7 +23,7 @@ import torch
 from torch.autograd import Function
 
 from hooktrace.hooks.owners import is_library
-from hooktrace.hooks.records import ForwardEnd, ForwardStart, Mode, Observer
+from hooktrace.hooks.records import Emit, ForwardEnd, ForwardStart, Mode, Observer
 from hooktrace.hooks.sites import shown
 from hooktrace.log import schema
 from hooktrace.observe import fncheck
@@ -45,7 +45,7 @@ class FunctionCheck(Observer):
 
     follows = (Mode.RECORDED,)
 
-    def __init__(self, emit: Callable[[Any], None], mode: Callable[[], Mode],
+    def __init__(self, emit: Emit, mode: Callable[[], Mode],
                  pause: Callable[[bool], None]) -> None:
         self._emit = emit
         self._mode = mode
@@ -106,7 +106,7 @@ class FunctionCheck(Observer):
         self._busy = True
         self._pause(True)
         try:
-            found = fncheck.check(cls, args)
+            found = fncheck.check_function(cls, args)
         finally:
             self._pause(False)
             self._busy = False

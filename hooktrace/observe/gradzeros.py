@@ -7,29 +7,24 @@ mask) leaves the rest of that output's gradient exactly zero; a branch multiplie
 forward leaves the gradient reaching the forward's output whole. ``check`` tells the two apart
 with this share (``flow.py``). Only modules with children are counted (a forward where a child's
 gradient can stop): one more reduction for a few calls. The counts are the statistics'
-(``Stats.nonzero``): on the CPU read at once, on a device written into the step's buffer of
+(``TensorStats.nonzero``): on the CPU read at once, on a device written into the step's buffer of
 numbers and read with them, in the one transfer of the step, which this observer asks for when
-the pass ends (``Stats.resolve``), just before the log writer would.
+the pass ends (``TensorStats.resolve``), just before the log writer would.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
 
-from hooktrace.hooks.records import BackwardStart, Mode, Observer, PassEnd
+from hooktrace.hooks.records import BackwardStart, Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
-from hooktrace.observe.stats import Stats
-
-Emit = Callable[[Any], None]
+from hooktrace.observe.stats import TensorStats
 
 
 class GradZeros(Observer):
     follows = (Mode.RECORDED,)
 
-    def __init__(self, stats: Stats, emit: Emit) -> None:
+    def __init__(self, stats: TensorStats, emit: Emit) -> None:
         self._stats = stats
         self._emit = emit
         # this pass's counts: [model, forward seq, elements, non-zero ones (-1 until counted)]

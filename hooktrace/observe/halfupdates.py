@@ -22,7 +22,6 @@ are on the CPU (``stats.on_host``), as ``weights.py``.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,11 +29,10 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from hooktrace.hooks.naming import ModInfo
-from hooktrace.hooks.records import Mode, Observer, PassEnd
+from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
 from hooktrace.observe.stats import on_host
 
-Emit = Callable[[Any], None]
 SAMPLE = 64  # elements per parameter
 CHANGED = 0.25  # a step that changes this share of the sampled elements trains
 STEPS = 2  # compared steps before a model is said to stall

@@ -14,20 +14,18 @@ PyTorch keeps the hooks in: ``_forward_hooks``, ``_forward_pre_hooks``, ``_backw
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
-from typing import Any
 
 from torch import nn
 
 from hooktrace.hooks.naming import ModInfo
-from hooktrace.hooks.records import Mode, Observer, PassEnd
+from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
 
 GROWTHS = 2  # a count that grew at this many looks in a row
 KINDS = ("forward", "backward", "gradient")
 
 
-def counts(module: nn.Module) -> tuple[int, int, int]:
+def hook_counts(module: nn.Module) -> tuple[int, int, int]:
     """The module's forward hooks (pre and post), its module backward hooks, and the gradient
     hooks of its own parameters."""
     forward = len(module._forward_hooks) + len(module._forward_pre_hooks)
@@ -45,7 +43,7 @@ class HookCount(Observer):
 
     follows = ()  # no module call: the step's end looks at every module seen
 
-    def __init__(self, emit: Callable[[Any], None]) -> None:
+    def __init__(self, emit: Emit) -> None:
         self._emit = emit
         self._seen: list[ModInfo] = []
         # per module: the steps looked at and the counts then, while each kind grows
@@ -65,7 +63,7 @@ class HookCount(Observer):
                 self._history.pop(info, None)
                 continue
             alive.append(info)
-            self._look(end.step, info, counts(module))
+            self._look(end.step, info, hook_counts(module))
         self._seen = alive
 
     def _look(self, step: int, info: ModInfo, now: tuple[int, int, int]) -> None:

@@ -32,11 +32,9 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from hooktrace.hooks.gradhooks import output_calls
 from hooktrace.hooks.naming import ModInfo
-from hooktrace.hooks.records import Mode, Observer, PassEnd
+from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
 from hooktrace.observe.lossscale import find_scaler
-
-Emit = Callable[[Any], None]
 
 _BUDGET = 64  # autograd nodes one walk visits at most
 _CHAIN = 12  # nodes followed from a loss's input back to the model's output
@@ -58,7 +56,7 @@ class Loss(NamedTuple):
     inner: ModInfo  # the innermost
 
 
-class Walk(NamedTuple):
+class _Walk(NamedTuple):
     losses: list[Loss]
     models: set[int]  # the models whose outputs the walk reached
     scales: int  # the most scale multiplications on one path; -1: no scaler known
@@ -119,7 +117,7 @@ def _chain(loss: Any, trained: set[int]) -> Loss | None:
     return None
 
 
-def walk(root: Any, trained: set[int], scale_ptr: int | None) -> Walk:
+def walk(root: Any, trained: set[int], scale_ptr: int | None) -> _Walk:
     """Breadth first from ``root``, stopping at traced calls' outputs and at leaves. Scale
     multiplications are counted along paths of arithmetic from the root only (a gradient
     penalty's double-backward graph multiplies by the scale too, below the ops it takes)."""
@@ -149,7 +147,7 @@ def walk(root: Any, trained: set[int], scale_ptr: int | None) -> Walk:
             depth[child] = None if d is None else d + int(scaled and is_scale(child,
                                                                                scale_ptr or 0))
             queue.append(child)
-    return Walk(losses, models, max(n or 0 for n in depth.values()) if scaled else -1)
+    return _Walk(losses, models, max(n or 0 for n in depth.values()) if scaled else -1)
 
 
 def _roots(tensors: Any) -> list[Any]:
@@ -180,7 +178,7 @@ class LossGraph(Observer):
         self._trained: set[int] = set()  # models with parameters
         self._scaler: weakref.ref[Any] | None = None
         self._looks = 0
-        self._pending: list[Walk] | None = None  # the walks of the pass now running
+        self._pending: list[_Walk] | None = None  # the walks of the pass now running
         self._said_ops: dict[tuple[int, str, str], tuple[Any, ...]] = {}
         self._said_scales: dict[int, int] = {}
         # id(parameter) -> the .grad a scaled recorded pass left, its version then, the
@@ -265,7 +263,7 @@ class LossGraph(Observer):
         except Exception:
             self._on = False  # said nowhere: the other observers go on
 
-    def _write(self, step: int, walks: list[Walk]) -> None:
+    def _write(self, step: int, walks: list[_Walk]) -> None:
         for loss in sorted({loss for w in walks for loss in w.losses},
                            key=lambda x: (x.outer.model, x.outer.name, x.op)):
             key = (loss.outer.model, loss.outer.name, loss.op)

@@ -8,15 +8,12 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
-from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 from hooktrace.hooks.owners import is_library
-from hooktrace.hooks.records import Mode, Observer, PassEnd
+from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
-
-Emit = Callable[[Any], None]
 
 _LOOKS = 16  # recorded passes in which to look for a scaler before giving up
 _SCALERS = ("GradScaler", "ShardedGradScaler")  # torch.amp's, torch.cuda.amp's, FSDP's

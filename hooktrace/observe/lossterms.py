@@ -39,13 +39,11 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from hooktrace.hooks.records import ForwardEnd, Mode, Observer, PassEnd
+from hooktrace.hooks.records import Emit, ForwardEnd, Mode, Observer, PassEnd
 from hooktrace.log import schema
 from hooktrace.observe.lossmasks import reads
 from hooktrace.observe.losstargets import bootstrapped
 from hooktrace.observe.losswindow import Window
-
-Emit = Callable[[Any], None]
 
 _TOP_BUDGET = 64  # nodes of a root's arithmetic top looked at
 _TOP = frozenset({"Add", "Sub", "Mul", "Div", "Neg", "Sum", "Mean", "Stack", "Cat", "View",

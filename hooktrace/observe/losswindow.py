@@ -21,7 +21,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from hooktrace.hooks.gradhooks import output_calls
-from hooktrace.hooks.opzoom import op_name
+from hooktrace.hooks.opzoom import function_name
 from hooktrace.hooks.sites import shown
 
 CAP = 4096  # operations one window follows
@@ -163,7 +163,7 @@ class Window(TorchFunctionMode):
             return
         name = self._names.get(func)
         if name is None:
-            name = self._names[func] = op_name(func)
+            name = self._names[func] = function_name(func)
         if isinstance(out, torch.Tensor):
             if name in _SHARES:
                 self._share(name, args, kwargs, out, frame)

@@ -26,16 +26,15 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from hooktrace.hooks.naming import ModInfo
-from hooktrace.hooks.opzoom import MAX_CALLS, OpZoom, Zoomed
-from hooktrace.hooks.records import Mode, Observer, PassEnd
+from hooktrace.hooks.opzoom import MAX_CALLS, Zoomed, ZoomRequests
+from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
 from hooktrace.log.options import TraceOptions
 
-Emit = Callable[[Any], None]
 AUTO = 4  # modules chosen automatically in a run
 _HELD = 4 * MAX_CALLS  # zoomed calls held for their backward, at most (forward-only code)
 
@@ -45,7 +44,7 @@ class OpsObserver(Observer):
 
     follows = (Mode.RECORDED,)
 
-    def __init__(self, zoom: OpZoom, emit: Emit, options: TraceOptions) -> None:
+    def __init__(self, zoom: ZoomRequests, emit: Emit, options: TraceOptions) -> None:
         self._zoom = zoom
         self._emit = emit
         self._globs = tuple(options.ops)
@@ -68,13 +67,13 @@ class OpsObserver(Observer):
     def module_seen(self, module: Any, info: ModInfo) -> None:
         self._infos.setdefault((info.model, info.name), info)
         if self._globs and any(fnmatch.fnmatchcase(info.name, g) for g in self._globs):
-            self._zoom.chosen.add(info)
+            self._zoom.choose(info)
 
     def backward_end(self, end: PassEnd) -> None:
         held = [z for z in self._held if z.call.step <= end.step]
         self._held = [z for z in self._held if z.call.step > end.step]
         self._write(held)
-        self._zoom.calls_left = MAX_CALLS
+        self._zoom.new_step()
         self._end = end if end.mode is Mode.RECORDED else None
 
     def stop(self, step: int, mode: Mode) -> None:
@@ -87,9 +86,8 @@ class OpsObserver(Observer):
         """Something wrong at a module (a gradient lost, the first NaN/Inf): zoom into it."""
         info = self._infos.get((model, name))
         self._told.add(model)
-        if info is not None and info not in self._zoom.chosen and self._auto < AUTO:
+        if info is not None and self._auto < AUTO and self._zoom.choose(info):
             self._auto += 1
-            self._zoom.chosen.add(info)
 
     def written(self, events: Iterable[Any], unusual: bool) -> None:
         """The log writer wrote events (``unusual``: their statistics met a gradient all zero

@@ -24,16 +24,16 @@ each later step, a look at one ``.grad`` (about 5 us).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
 from hooktrace.hooks.naming import ModInfo
+from hooktrace.hooks.records import Emit
 from hooktrace.log import schema
 
-Emit = Callable[[Any], None]
 OUTSIDE_LISTED = 8  # shapes kept per model: the signal says how many there are
 
 

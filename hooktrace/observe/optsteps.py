@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from hooktrace.hooks.naming import ModInfo
+from hooktrace.hooks.records import Emit
 from hooktrace.log import schema
 
-Emit = Callable[[Any], None]
 LISTED = 64  # steps listed per optimizer: the signal says how many there were
 
 

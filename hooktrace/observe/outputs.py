@@ -7,14 +7,14 @@ from typing import Any
 
 import torch
 
-from hooktrace.observe.stats import Stats
+from hooktrace.observe.stats import TensorStats
 
 
 class OutputCheck:
     """Which outputs of a call hold NaN/Inf; a tensor just checked (a parent returning its last
     child's output) is not checked twice."""
 
-    def __init__(self, stats: Stats) -> None:
+    def __init__(self, stats: TensorStats) -> None:
         self._stats = stats
         self._last: list[tuple[weakref.ref[torch.Tensor], int]] = []
 
@@ -47,7 +47,7 @@ class OutputCheck:
 #: a call, as the caller names it (any immutable object)
 Who = Any
 #: the NaN/Inf outputs of one call: [output index, nan count, inf count] each
-Found = list[list[int]]
+NonFinite = list[list[int]]
 
 
 class _Group:
@@ -60,8 +60,8 @@ class _Group:
         self.held: list[tuple[torch.Tensor, int, Who, int]] = []
         # (the call's number, who, found) of the calls with outputs checked at once (past the
         # bytes held; not plain tensors); once settled, of every call found with NaN/Inf
-        self.checked: list[tuple[int, Who, Found]] = []
-        self.top: Found = []  # the model call's own non-finite outputs
+        self.checked: list[tuple[int, Who, NonFinite]] = []
+        self.top: NonFinite = []  # the model call's own non-finite outputs
 
 
 class HeldOutputs:
@@ -72,14 +72,14 @@ class HeldOutputs:
     the held outputs checked one by one, in call order, to name the first call that produced
     them. Past ``hold_bytes`` an output is checked at once instead of held (big activations,
     where a reduction costs little next to the model's own work), so that no more than that is
-    kept alive. On a device the model call's check is deferred (``Stats``): its group waits for
-    the step's numbers.
+    kept alive. On a device the model call's check is deferred (``TensorStats``): its group waits
+    for the step's numbers.
 
     Not seen: a NaN/Inf that does not reach the model's output (a masked or dropped branch), or
     that an in-place op overwrote before the model call returned: a held output is judged as it
     is then (an in-place activation keeps NaN a NaN, and names the call that made the tensor)."""
 
-    def __init__(self, stats: Stats, hold_bytes: int) -> None:
+    def __init__(self, stats: TensorStats, hold_bytes: int) -> None:
         self._stats = stats
         self._hold_bytes = hold_bytes
         self._bytes = 0
@@ -97,10 +97,10 @@ class HeldOutputs:
         group = self._group
         held = group.held
         n = self._calls = self._calls + 1
-        found: Found | None = None
+        found: NonFinite | None = None
         for i, t in enumerate(outputs):
             if type(t) is not torch.Tensor:
-                size = self._hold_bytes + 1  # a subclass (a DTensor): checked as Stats sees it
+                size = self._hold_bytes + 1  # a subclass (a DTensor): as TensorStats sees it
             elif held and held[-1][0] is t:
                 continue  # a parent returning its last child's output (or an in-place one's)
             elif not t.is_floating_point() or t.is_meta:
@@ -126,10 +126,10 @@ class HeldOutputs:
                 if self._settle(group):
                     self._returned.append(group)
 
-    def take(self) -> list[tuple[Who, Found]]:
+    def take(self) -> list[tuple[Who, NonFinite]]:
         """The calls whose outputs held NaN/Inf, in call order. Call when the step's numbers
         are resolved; the outputs of a model call that has not returned stay held."""
-        calls: list[tuple[int, Who, Found]] = []
+        calls: list[tuple[int, Who, NonFinite]] = []
         for group in self._returned:
             self._settle(group)
             calls += group.checked
@@ -146,7 +146,7 @@ class HeldOutputs:
         """Check the group's held outputs (only when its model call's were not finite) and
         release them; leave in ``checked`` only the calls found with NaN/Inf. Whether any was."""
         if group.top:
-            per_call: dict[int, tuple[int, Who, Found]] = {}
+            per_call: dict[int, tuple[int, Who, NonFinite]] = {}
             for t, n, who, i in group.held:
                 if not torch.isfinite(t).all():
                     per_call.setdefault(n, (n, who, []))[2].append(

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from itertools import compress
 from operator import attrgetter
 from typing import Any
@@ -12,9 +11,9 @@ from typing import Any
 import torch
 
 from hooktrace.hooks.naming import ModInfo
-from hooktrace.hooks.records import Mode, Observer, PassEnd
+from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
-from hooktrace.observe.stats import Stats
+from hooktrace.observe.stats import TensorStats
 
 RECORDED = Mode.RECORDED
 _has_params = attrgetter("has_params")
@@ -32,8 +31,8 @@ class ParamNorms(Observer):
 
     follows = ()  # no module call: the step's end names the modules that took part
 
-    def __init__(self, stats: Stats | None, uncalled: dict[ModInfo, None],
-                 emit: Callable[[Any], None]) -> None:
+    def __init__(self, stats: TensorStats | None, uncalled: dict[ModInfo, None],
+                 emit: Emit) -> None:
         self._stats = stats
         self._uncalled = uncalled  # the naming's: traced modules with parameters never called
         self._emit = emit
@@ -83,7 +82,7 @@ class ParamNorms(Observer):
             if record is None:
                 record = records[info.model] = schema.ParamGrads(step, info.model)
             groups.append((record.grad_norm, info.name, grads))
-        (self._stats or Stats(immediate=True)).param_norms(groups)
+        (self._stats or TensorStats(immediate=True)).param_norms(groups)
         return [records[m] for m in sorted(records)]
 
     def _without_grad(self, step: int, info: ModInfo, module: torch.nn.Module,

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
-from hooktrace.hooks.records import ForwardEnd, Mode, Observer
+from hooktrace.hooks.records import Emit, ForwardEnd, Mode, Observer
 from hooktrace.log import schema
 from hooktrace.observe import seeing
 
@@ -26,7 +25,7 @@ class Probe(Observer):
 
     follows = (Mode.RECORDED,)
 
-    def __init__(self, emit: Callable[[Any], None], pause: Callable[[bool], None]) -> None:
+    def __init__(self, emit: Emit, pause: Callable[[bool], None]) -> None:
         self._emit = emit
         self._pause = pause  # module tracing off (True) while the probe runs, then on again
         self._done: set[int] = set()

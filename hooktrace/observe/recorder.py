@@ -19,7 +19,7 @@ from hooktrace.hooks.tensors import shape_of, summarize
 from hooktrace.log import schema
 from hooktrace.observe.nanweights import nonfinite_params
 from hooktrace.observe.outputs import OutputCheck
-from hooktrace.observe.stats import Stats
+from hooktrace.observe.stats import TensorStats
 
 _MAX_PENDING = 8192  # events held for deferred statistics before a forced write (no backward)
 RECORDED = Mode.RECORDED
@@ -30,12 +30,29 @@ class Sink(Protocol):
     def flush(self) -> None: ...
 
 
+class Facts(Protocol):
+    """What the log writer tells the observer that chooses which modules to zoom into
+    (``ops.OpsObserver``) of what it meets."""
+
+    open: bool  # whether facts are wanted now: read before each is told
+
+    def fact(self, model: int, name: str) -> None:
+        """Something wrong at a module: a gradient lost, the first NaN/Inf output."""
+        ...
+
+    def written(self, events: list[schema.ForwardEvent | schema.BackwardEvent],
+                unusual: bool) -> None:
+        """Held events were written (``unusual``: their statistics met a gradient all zero or
+        not finite)."""
+        ...
+
+
 class LogRecorder(Observer):
     """Writes the events of recorded steps, and every record to ``sink`` in order."""
 
     follows = (RECORDED,)
 
-    def __init__(self, sink: Sink, stats: Stats | None, outputs: OutputCheck | None) -> None:
+    def __init__(self, sink: Sink, stats: TensorStats | None, outputs: OutputCheck | None) -> None:
         self._sink = sink
         self._stats = stats
         self._outputs = outputs  # None without statistics
@@ -53,9 +70,9 @@ class LogRecorder(Observer):
         self._weights_looked = False
         self._suspects: list[tuple[schema.ForwardEvent, ModInfo]] = []
         self._after_event: list[schema.Signal] = []  # said of the event just made, after it
-        # what it meets that says which module to zoom into (``ops.OpsObserver``: ``open``,
-        # ``fact``, ``written``), and the statistics' count of unusual gradients last seen
-        self.facts: Any = None
+        # told what it meets that says which module to zoom into (the tracer connects the ops
+        # observer), and the statistics' count of unusual gradients last seen
+        self.facts: Facts | None = None
         self._unusual = 0
 
     def emit(self, record: Any) -> None:
@@ -65,6 +82,12 @@ class LogRecorder(Observer):
             return
         if self._stats is not None:
             self._stats.resolve()  # a parameter norm may wait for the device
+        self._sink.write(record)
+
+    def emit_now(self, record: schema.Model | schema.Module) -> None:
+        """Write naming's record of a model or module at once: ahead of the events held so
+        far, which may name it (``emit`` would write it after them), and without reading the
+        statistics (a device sync)."""
         self._sink.write(record)
 
     def forward_end(self, end: ForwardEnd) -> None:

@@ -1,8 +1,8 @@
 """Gradient and activation statistics: norms, absolute maxima, NaN/Inf counts.
 
-One interface (``Stats``), two implementations of its reductions: ``HostStats`` reads every
+One interface (``TensorStats``), two implementations of its reductions: ``HostStats`` reads every
 number at once (on CPU ``.item()`` costs no device sync), ``devicestats.DeviceStats`` leaves
-them on the accelerator until the step ends. ``Stats`` picks one per tensor, and reduces a
+them on the accelerator until the step ends. ``TensorStats`` picks one per tensor, and reduces a
 gradient that is both a module's grad_output and the next one's grad_input once. The observers
 call these; the log writes what they fill in.
 """
@@ -20,7 +20,7 @@ import torch
 
 from hooktrace.observe.devicestats import FINITE, DeviceStats, Targets
 
-__all__ = ["DEFER_ENV", "FINITE", "HOLD_BYTES", "HostStats", "Stats", "on_host"]
+__all__ = ["DEFER_ENV", "FINITE", "HOLD_BYTES", "HostStats", "TensorStats", "on_host"]
 
 #: Set to 1, CPU tensors take the accelerator's path (numbers kept as tensors until the step
 #: ends): how the tests run that path on machines without an accelerator.
@@ -30,11 +30,12 @@ DEFER_ENV = "HOOKTRACE_DEFER_STATS"
 HOLD_BYTES = 64 << 20
 
 #: gradients met all zero or not finite on the host, counted in branches a usual one never
-#: takes: whether a step's numbers hold one is known without looking at them (``Stats.unusual``)
+#: takes: whether a step's numbers hold one is known without looking at them
+#: (``TensorStats.unusual``)
 _UNUSUAL = [0]
 
 #: a gradient's numbers: (norm, absmax(, nan, inf)) now, or the targets its deferred ones fill
-Numbers = tuple[float, ...] | Targets
+_Numbers = tuple[float, ...] | Targets
 _Fill = Callable[[list[int], list[float]], None]
 
 
@@ -42,14 +43,14 @@ class HostStats:
     """Reductions read at once: NaN/Inf are counted only when a cheap reduction is not finite
     (they propagate into it)."""
 
-    def reduce(self, grad: torch.Tensor) -> Numbers:
+    def reduce(self, grad: torch.Tensor) -> _Numbers:
         """(norm, absmax(, nan, inf)): a tuple of numbers, which the garbage collector does not
         track."""
         if grad.dtype is torch.float32 and grad.is_contiguous():
             return _host_float32(grad)
         return _host_any(grad)
 
-    def check_finite(self, grad: torch.Tensor) -> Numbers:
+    def check_finite(self, grad: torch.Tensor) -> _Numbers:
         """FINITE, or the full numbers where the float32 sum is not finite (NaN, Inf, or an
         overflow)."""
         return FINITE if math.isfinite(grad.sum().item()) else self.reduce(grad)
@@ -79,7 +80,7 @@ def on_host(tensors: list[torch.Tensor]) -> bool:
     return os.environ.get(DEFER_ENV) != "1" and all(t.is_cpu for t in tensors)
 
 
-class Stats:
+class TensorStats:
     """Gradient norms / absolute maxima and NaN/Inf checks, with one device sync per step: each
     tensor's numbers come from ``HostStats`` (CPU tensors, or every tensor with ``immediate``,
     as ``--break-on`` needs) or ``DeviceStats`` (until ``resolve()``)."""
@@ -94,7 +95,7 @@ class Stats:
         # the last gradient and its numbers: one gradient is often both a module's grad_output
         # and the next module's grad_input, and is reduced once
         self._last_grad: torch.Tensor | None = None
-        self._last_numbers: Numbers | None = None
+        self._last_numbers: _Numbers | None = None
 
     @property
     def deferred(self) -> bool:

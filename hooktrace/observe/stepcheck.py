@@ -47,13 +47,12 @@ from torch.optim.optimizer import (
 )
 
 from hooktrace.hooks.naming import ModInfo
-from hooktrace.hooks.records import Mode, Observer, PassEnd
+from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
 from hooktrace.observe.lossscale import find_scaler
 from hooktrace.observe.stats import on_host
 from hooktrace.observe.stepmove import Moves, Sampled
 
-Emit = Callable[[Any], None]
 PARAMS = 4  # parameters sampled
 SAMPLE = 16  # elements of each one's gradient
 REBUILT_AFTER = 2  # steps an optimizer took before a new one took over: built anew in the loop

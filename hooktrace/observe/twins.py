@@ -31,11 +31,10 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.owners import is_library
-from hooktrace.hooks.records import Mode, Observer, PassEnd
+from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
 from hooktrace.observe.stats import on_host
 
-Emit = Callable[[Any], None]
 Structure = tuple[tuple[tuple[int, ...], torch.dtype], ...]
 _FRAMES = 4  # the user's calling frames looked at for modules never called
 

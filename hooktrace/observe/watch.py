@@ -33,11 +33,19 @@ from typing import Any
 import torch
 
 from hooktrace.hooks.naming import ModInfo
-from hooktrace.hooks.records import BackwardStart, ForwardCall, ForwardEnd, Mode, Observer, PassEnd
+from hooktrace.hooks.records import (
+    BackwardStart,
+    Emit,
+    ForwardCall,
+    ForwardEnd,
+    Mode,
+    Observer,
+    PassEnd,
+)
 from hooktrace.log import schema
 from hooktrace.observe.nanweights import nonfinite_params
-from hooktrace.observe.outputs import Found, HeldOutputs
-from hooktrace.observe.stats import Stats
+from hooktrace.observe.outputs import HeldOutputs, NonFinite
+from hooktrace.observe.stats import TensorStats
 
 _MAX_HELD = 8192  # model calls and modules held per step: forward-only code is bounded
 WATCHED = Mode.WATCHED
@@ -52,7 +60,7 @@ _GradState = tuple[list[weakref.ref[torch.Tensor]], list[int]]
 class Watch(Observer):
     follows = (WATCHED,)
 
-    def __init__(self, stats: Stats, emit: Callable[[Any], None],
+    def __init__(self, stats: TensorStats, emit: Emit,
                  look: Callable[[], None] = lambda: None) -> None:
         self._stats = stats
         self._look = look  # the next step runs eagerly
@@ -221,7 +229,7 @@ class Watch(Observer):
         return changed
 
     def _forward_anomalies(self, step: int) -> list[schema.Anomaly]:
-        bad: list[tuple[ForwardCall, Found]] = self._outputs.take()
+        bad: list[tuple[ForwardCall, NonFinite]] = self._outputs.take()
         if not bad:
             return []
         call, found = bad[0]

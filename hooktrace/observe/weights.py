@@ -39,7 +39,6 @@ it, and a step has one transfer, the statistics' (so a GPU run gets no such sign
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -47,11 +46,10 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from hooktrace.hooks.naming import ModInfo
-from hooktrace.hooks.records import Mode, Observer, PassEnd
+from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
 from hooktrace.observe.stats import on_host
 
-Emit = Callable[[Any], None]
 LR_FLOOR = 1e-4  # of the peak learning rate: updates this much smaller change next to nothing
 #: a learning rate multiplied by the same factor, GEOMETRIC or less, at each of GEOMETRIC_RUN
 #: optimizer steps in a row or more down to below LR_FLOOR: a per-epoch schedule per batch

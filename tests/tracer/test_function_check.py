@@ -42,7 +42,7 @@ def _input(nonnegative: bool = False) -> torch.Tensor:
     (cases.RoundSTE, (), "surrogate"),
 ])
 def test_the_verdicts(fn: Any, args: tuple[Any, ...], verdict: str | None) -> None:
-    found = fncheck.check(fn, (_input(), *args))
+    found = fncheck.check_function(fn, (_input(), *args))
     assert (found or {}).get("verdict") == verdict
 
 
@@ -51,8 +51,8 @@ def test_a_kink_the_inputs_sit_on_is_skipped() -> None:
     (1 and 0.1); compared there, the central difference (0.55) would disagree with the
     backward's 0.1. Those elements are left out, the others agree; and a leaky ReLU on inputs
     it leaves unchanged is not an identity (a gradient modifier)."""
-    assert fncheck.check(cases.LeakyReLU, (_input(nonnegative=True),)) is None
-    assert (fncheck.check(cases.SigmoidWrong, (_input(nonnegative=True),)) or {}).get(
+    assert fncheck.check_function(cases.LeakyReLU, (_input(nonnegative=True),)) is None
+    assert (fncheck.check_function(cases.SigmoidWrong, (_input(nonnegative=True),)) or {}).get(
         "verdict") == "mismatch"
 
 
@@ -61,7 +61,7 @@ def test_the_check_leaves_the_inputs_and_the_random_numbers_alone() -> None:
     torch.manual_seed(5)
     torch.rand(3)
     before = x.detach().clone(), x._version, torch.get_rng_state()
-    assert fncheck.check(blind.MulConstantWrong, (x, 0.01)) is not None
+    assert fncheck.check_function(blind.MulConstantWrong, (x, 0.01)) is not None
     assert torch.equal(x, before[0]) and x._version == before[1] and x.grad is None
     assert torch.equal(torch.get_rng_state(), before[2])
 

@@ -19,7 +19,7 @@ from torch import nn
 import hooktrace
 from hooktrace.log import schema
 from hooktrace.observe.outputs import HeldOutputs
-from hooktrace.observe.stats import DEFER_ENV, Stats
+from hooktrace.observe.stats import DEFER_ENV, TensorStats
 
 REL = 1e-3  # the log keeps 4 significant digits
 
@@ -234,7 +234,7 @@ def test_held_outputs_name_the_first_call_in_order(hold_bytes: int) -> None:
     model calls, with their counts; held outputs (1 MB) are looked at only because the model's
     output is not finite, outputs past the bytes held (0) are checked at once; an integer output
     and a parent returning its child's tensor are not checked again."""
-    stats = Stats()
+    stats = TensorStats()
     held = HeldOutputs(stats, hold_bytes)
     fine, bad = torch.ones(4), torch.tensor([1.0, math.nan, math.inf, math.nan])
     held.add([fine, torch.arange(3)], "a", top=False)
