@@ -24,9 +24,9 @@ from hooktrace.log import schema
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.reader import LogNames, LogReader
 from hooktrace.log.words import plural
-from hooktrace.show.graph import depth_of
+from hooktrace.show.calls import depth_of
 from hooktrace.show.owned import default_output
-from hooktrace.show.render.text import shape_text
+from hooktrace.show.render.labels import shape_text
 
 FORMATS = ("csv", "jsonl")
 

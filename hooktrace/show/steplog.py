@@ -20,7 +20,7 @@ from hooktrace.log.reader import LogNames, LogReader
 from hooktrace.log.words import plural
 from hooktrace.log.writer import capture_dir
 
-Event = schema.ForwardEvent | schema.BackwardEvent
+StepEvent = schema.ForwardEvent | schema.BackwardEvent
 ModuleKey = tuple[int, str]  # (model, fqn)
 
 
@@ -48,7 +48,7 @@ class StepLog:
     steps: list[int]  # every step of the chosen models that has events
     models: dict[int, str]  # model index -> name, from the ``model`` records
     classes: dict[ModuleKey, str]  # from the ``module`` records
-    events: list[Event]  # this step's, in seq order
+    events: list[StepEvent]  # this step's, in seq order
     warnings: list[str] = field(default_factory=list)
     # forward seq -> step of its backward, for calls whose backward ran in a later step (a GAN's
     # generator: its forward in the discriminator's step, its backward in the next)
@@ -66,7 +66,7 @@ class StepLog:
         return self.classes.get((model, fqn), "?")
 
 
-def without_data_prep(events: list[Event], names: LogNames) -> list[Event]:
+def without_data_prep(events: list[StepEvent], names: LogNames) -> list[StepEvent]:
     """``events`` without those of models that prepare data (torchvision transforms are
     modules): no parameters, no backward in the step. They stay in the log, and are drawn
     where nothing else ran."""
@@ -80,7 +80,7 @@ class StepChooser:
 
     def __init__(self, step: int | None) -> None:
         self.step = step
-        self.kept: dict[int, list[Event]] = {}
+        self.kept: dict[int, list[StepEvent]] = {}
         self.steps: set[int] = set()
         self.first_backward: int | None = None
 
@@ -91,7 +91,7 @@ class StepChooser:
             return step == self.step
         return self.first_backward is None or step <= self.first_backward
 
-    def target(self, step: int, backward: bool) -> list[Event] | None:
+    def target(self, step: int, backward: bool) -> list[StepEvent] | None:
         """The list to keep an event of ``step`` in, or None. Only a backward event of an
         earlier step than the first seen with one changes the answer for the events after it."""
         self.steps.add(step)
@@ -121,7 +121,7 @@ class StepsChooser(StepChooser):
     def may_draw(self, step: int) -> bool:
         return step in self.wanted
 
-    def target(self, step: int, backward: bool) -> list[Event] | None:
+    def target(self, step: int, backward: bool) -> list[StepEvent] | None:
         self.steps.add(step)
         return self.kept.setdefault(step, []) if step in self.wanted else None
 
@@ -161,7 +161,7 @@ class _Loader:
         self.any_events = True
         model, models, modules = self.model, self.models, self.reader.modules
         run: int | None = None  # the step of the events kept in target
-        target: list[Event] | None = None
+        target: list[StepEvent] | None = None
         for row in rows:
             seq, step, module, _, _, _, _ = row
             if step != self._step:
@@ -177,7 +177,7 @@ class _Loader:
         self.any_events = True
         model, models, modules = self.model, self.models, self.reader.modules
         run: int | None = None
-        target: list[Event] | None = None
+        target: list[StepEvent] | None = None
         for row in rows:
             seq, step, module, _, fwd, _, _, _, _, _ = row
             if step != self._step:

@@ -27,7 +27,7 @@ from hooktrace.show.render import write_file
 from hooktrace.show.render.dot import dot_missing, run_dot
 from hooktrace.show.view.data import RunData, gather
 from hooktrace.show.view.graphs import step_graphs
-from hooktrace.show.view.heatmap import VALUES, Heatmap, heatmap, legend_items, to_dot, to_html
+from hooktrace.show.view.heatmap import VALUES, Heatmap, heatmap, heatmap_dot, legend_items, to_html
 from hooktrace.show.view.page import page
 
 FORMATS = ("html", "svg", "png")
@@ -75,7 +75,7 @@ def heatmap_picture(logs: str | os.PathLike[str] | Sequence[str | os.PathLike[st
     heat = heatmap(data, _mine(report.findings, reader.header.rank), values)
     heat.title = f"{reader.path.name} (rank {reader.header.rank})" if len(readers) > 1 \
         else reader.path.name
-    return HeatmapPicture(to_dot(heat), data.warnings)
+    return HeatmapPicture(heatmap_dot(heat), data.warnings)
 
 
 def _rank_index(readers: Sequence[LogReader], rank: int | None) -> int:

@@ -12,8 +12,9 @@ from typing import Any
 from hooktrace.check.findings import ancestors
 from hooktrace.log import schema
 from hooktrace.log.reader import LogReader
-from hooktrace.show.graph import depth_of, grad_output_norm
-from hooktrace.show.picture import ModuleKey
+from hooktrace.show.calls import depth_of
+from hooktrace.show.graph import grad_output_norm
+from hooktrace.show.steplog import ModuleKey
 
 MAX_STEPS = 200  # heatmap columns: a longer run shows every n-th recorded step
 
