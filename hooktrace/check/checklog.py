@@ -38,6 +38,14 @@ def run_checks(path: str | os.PathLike[str], step: int | None = None,
     return _report(collect(path, step), path, step, thresholds)
 
 
+def check_collected(collected: Collected, step: int | None = None,
+                    thresholds: Thresholds | None = None,
+                    path: str | os.PathLike[str] | None = None) -> Report:
+    """The findings of one log already collected (a ``Collector`` fed by another reader's
+    scan, with the same ``step``); ``path``: the log's path as the user gave it."""
+    return _report(collected, collected.log if path is None else path, step, thresholds)
+
+
 def _report(c: Collected, path: str | os.PathLike[str], step: int | None,
             thresholds: Thresholds | None) -> Report:
     if step is not None and step not in c.steps_seen | c.backward_steps:

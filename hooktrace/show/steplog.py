@@ -9,12 +9,12 @@ library only: no torch.
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hooktrace.log import schema
-from hooktrace.log.decoder import BackwardRows, ForwardRows
+from hooktrace.log.decoder import BackwardRows, ForwardRows, Rows
 from hooktrace.log.errors import HooktraceError, LogError
 from hooktrace.log.reader import LogNames, LogReader
 from hooktrace.log.words import plural
@@ -22,6 +22,7 @@ from hooktrace.log.writer import capture_dir
 
 StepEvent = schema.ForwardEvent | schema.BackwardEvent
 ModuleKey = tuple[int, str]  # (model, fqn)
+Feed = Callable[[Rows | schema.Record], None]  # another reader of the same pass (check's)
 
 
 class SelectionError(HooktraceError):
@@ -129,8 +130,10 @@ class StepsChooser(StepChooser):
 class _Loader:
     """What ``load_step`` gathers in its pass over the log."""
 
-    def __init__(self, reader: LogReader, chooser: StepChooser, model: str | None) -> None:
+    def __init__(self, reader: LogReader, chooser: StepChooser, model: str | None,
+                 feed: Feed | None = None) -> None:
         self.reader = reader
+        self.feed = feed
         self.chooser = chooser
         self.model = model
         self.names = LogNames()
@@ -144,7 +147,10 @@ class _Loader:
         self._start = 0
 
     def read(self) -> None:
-        for item in self.reader.scan(steps=self.chooser.may_draw, flow=True):
+        feed = self.feed  # it reads every step in full: none is skimmed
+        for item in self.reader.scan(steps=None if feed else self.chooser.may_draw, flow=True):
+            if feed is not None:
+                feed(item)
             if isinstance(item, ForwardRows):
                 self.forwards(item)
             elif isinstance(item, BackwardRows):
@@ -192,11 +198,13 @@ class _Loader:
                 target.append(self.reader.backward_event(row))
 
 
-def load_step(path: str | os.PathLike[str], step: int | None = None,
-              model: str | None = None) -> StepLog:
+def load_step(path: str | os.PathLike[str] | LogReader, step: int | None = None,
+              model: str | None = None, feed: Feed | None = None) -> StepLog:
     """Stream the log at ``path`` and keep step ``step`` (default: the first with a backward
-    event) of the model named ``model`` (default: all). Raises LogError / SelectionError."""
-    loaded = _load(LogReader(path), StepChooser(step), model)
+    event) of the model named ``model`` (default: all). ``feed``: hand every item of the pass
+    on to another reader too (check's ``Collector``). Raises LogError / SelectionError."""
+    reader = path if isinstance(path, LogReader) else LogReader(path)
+    loaded = _load(reader, StepChooser(step), model, feed)
     chosen = loaded.chooser.chosen()
     if chosen not in loaded.chooser.steps:
         raise SelectionError(f"no step {chosen} in {loaded.reader.path}; its steps: "
@@ -212,8 +220,9 @@ def load_steps(path: str | os.PathLike[str], steps: Collection[int],
             if step in loaded.chooser.steps}
 
 
-def _load(reader: LogReader, chooser: StepChooser, model: str | None) -> _Loader:
-    loaded = _Loader(reader, chooser, model)
+def _load(reader: LogReader, chooser: StepChooser, model: str | None,
+          feed: Feed | None = None) -> _Loader:
+    loaded = _Loader(reader, chooser, model, feed)
     loaded.read()
     models = loaded.models
     if not loaded.any_events:

@@ -10,16 +10,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, Union
 
-from hooktrace.check.checklog import run_checks
+from hooktrace.check.checklog import check_collected, run_checks
+from hooktrace.check.collect import Collector
 from hooktrace.check.findings import Finding
 from hooktrace.log.errors import HooktraceError
+from hooktrace.log.reader import LogReader
 from hooktrace.log.words import plural
 from hooktrace.show.graph import build
 from hooktrace.show.marks import marks
 from hooktrace.show.output import choose_format, refuse_log, write_file
 from hooktrace.show.owned import default_output, mark
 from hooktrace.show.render import dot
-from hooktrace.show.steplog import load_step
+from hooktrace.show.steplog import StepLog, load_step
 
 FORMATS = ("dot", "svg", "png", "pdf")
 
@@ -94,12 +96,12 @@ def draw(log: LogLike, options: RenderOptions) -> Picture:
     """The call graph of one step of ``log``, as ``options`` say."""
     path = _log_path(log)
     step, model = options.step, options.model
-    loaded = load_step(path, step, model)
+    if options.findings:
+        loaded, problems, warnings = _read_and_check(path, step, model)
+    else:
+        loaded, problems, warnings = load_step(path, step, model), [], []
     view = build(loaded, options.depth, options.phase, options.every_call)
     view.ops = options.ops
-    # TODO(issue 37, lead): read the log once: take check's problems from the summary of the
-    # log read here (check slice's public entry for an already-read log) instead of run_checks
-    problems, warnings = _problems(path) if options.findings else ([], [])
     drawn = marks(view, problems)
     outlined = {id(f) for inside in drawn.values() for f in inside}
     elsewhere = sorted({f.step for f in problems if id(f) not in outlined and f.step is not None
@@ -110,6 +112,22 @@ def draw(log: LogLike, options: RenderOptions) -> Picture:
     return Picture(dot.to_dot(view, drawn), loaded.step, view.depth, view.auto_depth,
                    len(view.node_map), forward, len(edges) - forward,
                    [*loaded.warnings, *warnings], loaded.captured, len(outlined), elsewhere)
+
+
+def _read_and_check(path: Path, step: int | None, model: str | None
+                    ) -> tuple[StepLog, list[Finding], list[str]]:
+    """The step to draw and check's problems in the whole log, in one pass over it (which then
+    reads every step in full). Where that pass fails (a damaged line in a step not drawn, or
+    one check cannot read), the log is read as before: the step alone, then check, whose
+    error (if any) is the picture's warning."""
+    try:
+        reader = LogReader(path)
+        collector = Collector(reader)
+        loaded = load_step(reader, step, model, collector.take)
+        return loaded, check_collected(collector.finish(), path=path).problems, []
+    except HooktraceError:
+        loaded = load_step(path, step, model)
+        return loaded, *_problems(path)
 
 
 def _problems(path: Path) -> tuple[list[Finding], list[str]]:
