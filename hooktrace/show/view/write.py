@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hooktrace.check.checklog import run_checks_ranks
-from hooktrace.check.findings import Finding
+from hooktrace.check.checklog import check_collected, run_checks_ranks
+from hooktrace.check.collect import Collector
+from hooktrace.check.findings import Finding, Report
 from hooktrace.check.ranks import expand, open_ranks
 from hooktrace.check.report import where
 from hooktrace.log.errors import HooktraceError
@@ -68,12 +69,26 @@ def heatmap_picture(logs: str | os.PathLike[str] | Sequence[str | os.PathLike[st
     paths = [logs] if isinstance(logs, (str, os.PathLike)) else list(logs)
     readers = open_ranks(paths)
     reader = readers[_rank_index(readers, rank)]
-    report = run_checks_ranks([r.path for r in readers])
-    data = gather(reader)
+    if len(readers) == 1:
+        (data,), report = _read(readers)
+    else:  # TODO(issue 37, lead): the ranks' logs are read again by run_checks_ranks
+        report = run_checks_ranks([r.path for r in readers])
+        data = gather(reader)
     heat = heatmap(data, _mine(report.findings, reader.header.rank), values)
     heat.title = f"{reader.path.name} (rank {reader.header.rank})" if len(readers) > 1 \
         else reader.path.name
     return HeatmapPicture(heatmap_dot(heat), data.warnings)
+
+
+def _read(readers: Sequence[LogReader]) -> tuple[list[RunData], Report]:
+    """What the page shows of each log, and check's report on them. One log is read once: its
+    pass feeds check's collector. TODO(issue 37, lead): the logs of several ranks are read
+    again by ``run_checks_ranks`` (its walk across the ranks could feed ``gather``)."""
+    if len(readers) == 1:
+        collector = Collector(readers[0])
+        runs = [gather(readers[0], collector.take)]
+        return runs, check_collected(collector.finish(), path=readers[0].path)
+    return [gather(r) for r in readers], run_checks_ranks([r.path for r in readers])
 
 
 def _rank_index(readers: Sequence[LogReader], rank: int | None) -> int:
@@ -133,10 +148,7 @@ def view_page(logs: Sequence[str | os.PathLike[str]], rank: int | None = None,
     Without the ``dot`` program the page has no call graphs, and a warning says why."""
     readers = open_ranks(logs)
     start = _rank_index(readers, rank)
-    runs = [gather(r) for r in readers]
-    # TODO(issue 37, lead): read each log once: check's summary of the logs gathered here
-    # (check slice's public entry for already-read logs) instead of run_checks_ranks
-    report = run_checks_ranks([r.path for r in readers])
+    runs, report = _read(readers)
     nodot = dot_missing()
     per_rank = [_rank_data(data, report.findings, every_call, nodot is None) for data in runs]
     heats = [heat for _, heat in per_rank]
