@@ -9,12 +9,13 @@ library only: no torch.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hooktrace.log import schema
-from hooktrace.log.decoder import BackwardRows, ForwardRows, Rows
+from hooktrace.log.align import Feed
+from hooktrace.log.decoder import BackwardRows, ForwardRows
 from hooktrace.log.errors import HooktraceError, LogError
 from hooktrace.log.reader import LogNames, LogReader
 from hooktrace.log.words import plural
@@ -22,7 +23,6 @@ from hooktrace.log.writer import capture_dir
 
 StepEvent = schema.ForwardEvent | schema.BackwardEvent
 ModuleKey = tuple[int, str]  # (model, fqn)
-Feed = Callable[[Rows | schema.Record], None]  # another reader of the same pass (check's)
 
 
 class SelectionError(HooktraceError):

@@ -11,11 +11,12 @@ from typing import Any
 
 from hooktrace.check.findings import ancestors
 from hooktrace.log import schema
+from hooktrace.log.align import Feed
 from hooktrace.log.decoder import BackwardRows, ForwardRows
 from hooktrace.log.reader import LogReader
 from hooktrace.show.calls import depth_of
 from hooktrace.show.graph import grad_output_norm
-from hooktrace.show.steplog import Feed, ModuleKey
+from hooktrace.show.steplog import ModuleKey
 
 MAX_STEPS = 200  # heatmap columns: a longer run shows every n-th recorded step
 
