@@ -146,11 +146,11 @@ def render(logs: tuple[Path, ...], rank: int | None, output: Path | None, fmt: s
     """Draw one step of LOG as a call graph: forward order and backward order. Several logs (or
     a quoted glob) are the ranks of one run: --rank picks the one to draw."""
     from hooktrace.check.ranks import pick_rank
-    from hooktrace.show.render import write_picture
+    from hooktrace.show.render import RenderOptions, write_picture
 
-    written = write_picture(pick_rank(logs, rank), output, fmt, step=step, model=model,
-                            depth=depth, phase=phase, findings=not no_findings,
-                            every_call=every_call, ops=ops)
+    options = RenderOptions(step=step, model=model, depth=depth, phase=phase,
+                            findings=not no_findings, every_call=every_call, ops=ops)
+    written = write_picture(pick_rank(logs, rank), output, fmt, options)
     for warning in written.picture.warnings:
         click.echo(f"hooktrace: warning: {warning}", err=True)
     click.echo(f"hooktrace: {written.summary()}", err=True)

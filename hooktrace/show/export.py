@@ -24,9 +24,10 @@ from hooktrace.log import schema
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.reader import LogNames, LogReader
 from hooktrace.log.words import plural
-from hooktrace.show.graph import depth_of
+from hooktrace.show.calls import depth_of
+from hooktrace.show.output import choose_format
 from hooktrace.show.owned import default_output
-from hooktrace.show.render.text import shape_text
+from hooktrace.show.render.labels import shape_text
 
 FORMATS = ("csv", "jsonl")
 
@@ -227,10 +228,7 @@ def _exported(head: bytes) -> bool:
 
 
 def _output(logs: Sequence[Path], fmt: str | None, output: Path | None) -> tuple[str, Path]:
-    suffix = output.suffix.lstrip(".").lower() if output else ""
-    chosen = (fmt or (suffix if suffix in FORMATS else "") or "csv").lower()
-    if chosen not in FORMATS:
-        raise HooktraceError(f"unknown format {chosen!r}; choose one of {', '.join(FORMATS)}")
+    chosen = choose_format(fmt, output, FORMATS, "csv")
     path = output or logs[0].with_suffix(f".{chosen}")
     for log in logs:
         if path.exists() and os.path.samefile(path, log):
@@ -252,10 +250,7 @@ def write_rows(logs: Sequence[str | os.PathLike[str]], fmt: str | None = None,
     readers = open_ranks(logs)
     paths = [r.path for r in readers]
     if stream is not None:
-        chosen = (fmt or "csv").lower()
-        if chosen not in FORMATS:
-            raise HooktraceError(f"unknown format {chosen!r}; choose one of "
-                                 f"{', '.join(FORMATS)}")
+        chosen = choose_format(fmt, None, FORMATS, "csv")
         n = WRITERS[chosen](stream, rows(readers))
         return Exported(None, chosen, n, [w for r in readers for w in r.warnings])
     chosen, path = _output(paths, fmt, Path(output) if output is not None else None)

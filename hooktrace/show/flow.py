@@ -27,15 +27,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from hooktrace.log import schema
+from hooktrace.show.calls import Call
 from hooktrace.show.picture import Edge, NodeKey
 
-if TYPE_CHECKING:
-    from hooktrace.show.graph import Call
-
-Keys = dict[NodeKey, NodeKey | None]  # each call's node at the drawn depth; None: a cluster
+CallNodes = dict[NodeKey, NodeKey | None]  # each call's node at the drawn depth; None: a cluster
 
 
 @dataclass(slots=True)
@@ -77,7 +74,7 @@ def has_flow(calls: Iterable[Call]) -> bool:
     return any(c.inputs_from is not None for c in calls)
 
 
-def links(calls: dict[NodeKey, Call], keys: Keys, unfolded: Keys) -> list[Link]:
+def links(calls: dict[NodeKey, Call], keys: CallNodes, unfolded: CallNodes) -> list[Link]:
     """Every drawn link, in execution order (the consumer's seq, then the producer's)."""
     ends = _Ends(calls, keys)
     by_seq = ends.by_seq
@@ -112,7 +109,7 @@ class _Ends:
     skip) are followed one box back only: in a residual stream every block's output holds
     all the blocks' before it, and a picture with an edge from each would be unreadable."""
 
-    def __init__(self, calls: dict[NodeKey, Call], keys: Keys) -> None:
+    def __init__(self, calls: dict[NodeKey, Call], keys: CallNodes) -> None:
         self.calls, self.keys = calls, keys
         self.by_seq = {c.seq: c for c in calls.values()}
         self._found: dict[tuple[NodeKey, bool, int], list[Call]] = {}
@@ -169,7 +166,7 @@ def _numbered(found: Sequence[Link], fold: set[NodeKey]
     return edges
 
 
-def data_edges(calls: dict[NodeKey, Call], keys: Keys, unfolded: Keys, fold: set[NodeKey],
+def data_edges(calls: dict[NodeKey, Call], keys: CallNodes, unfolded: CallNodes, fold: set[NodeKey],
                phase: str) -> list[Edge]:
     """The forward and backward edges of ``phase`` ("forward", "backward" or "both")."""
     found = links(calls, keys, unfolded)

@@ -13,7 +13,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from hooktrace.check.findings import Finding, ancestors
-from hooktrace.show.picture import ModuleKey, NodeKey, View
+from hooktrace.show.picture import NodeKey, View
+from hooktrace.show.steplog import ModuleKey
 
 Box = ModuleKey | NodeKey  # a cluster's key (model, fqn) or a node's (model, fqn, call)
 

@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hooktrace.log import schema
-from hooktrace.show.steplog import StepLog
+from hooktrace.show.steplog import ModuleKey, StepLog
 
-ModuleKey = tuple[int, str]  # (model, fqn)
 NodeKey = tuple[int, str, int]  # (model, fqn, call); call -1: folded calls, no own call
 
 

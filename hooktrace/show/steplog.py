@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hooktrace.log import schema
+from hooktrace.log.align import Feed
 from hooktrace.log.decoder import BackwardRows, ForwardRows
 from hooktrace.log.errors import HooktraceError, LogError
 from hooktrace.log.reader import LogNames, LogReader
 from hooktrace.log.words import plural
 from hooktrace.log.writer import capture_dir
 
-Event = schema.ForwardEvent | schema.BackwardEvent
+StepEvent = schema.ForwardEvent | schema.BackwardEvent
 ModuleKey = tuple[int, str]  # (model, fqn)
 
 
@@ -48,7 +49,7 @@ class StepLog:
     steps: list[int]  # every step of the chosen models that has events
     models: dict[int, str]  # model index -> name, from the ``model`` records
     classes: dict[ModuleKey, str]  # from the ``module`` records
-    events: list[Event]  # this step's, in seq order
+    events: list[StepEvent]  # this step's, in seq order
     warnings: list[str] = field(default_factory=list)
     # forward seq -> step of its backward, for calls whose backward ran in a later step (a GAN's
     # generator: its forward in the discriminator's step, its backward in the next)
@@ -66,7 +67,7 @@ class StepLog:
         return self.classes.get((model, fqn), "?")
 
 
-def without_data_prep(events: list[Event], names: LogNames) -> list[Event]:
+def without_data_prep(events: list[StepEvent], names: LogNames) -> list[StepEvent]:
     """``events`` without those of models that prepare data (torchvision transforms are
     modules): no parameters, no backward in the step. They stay in the log, and are drawn
     where nothing else ran."""
@@ -80,7 +81,7 @@ class StepChooser:
 
     def __init__(self, step: int | None) -> None:
         self.step = step
-        self.kept: dict[int, list[Event]] = {}
+        self.kept: dict[int, list[StepEvent]] = {}
         self.steps: set[int] = set()
         self.first_backward: int | None = None
 
@@ -91,7 +92,7 @@ class StepChooser:
             return step == self.step
         return self.first_backward is None or step <= self.first_backward
 
-    def target(self, step: int, backward: bool) -> list[Event] | None:
+    def target(self, step: int, backward: bool) -> list[StepEvent] | None:
         """The list to keep an event of ``step`` in, or None. Only a backward event of an
         earlier step than the first seen with one changes the answer for the events after it."""
         self.steps.add(step)
@@ -121,7 +122,7 @@ class StepsChooser(StepChooser):
     def may_draw(self, step: int) -> bool:
         return step in self.wanted
 
-    def target(self, step: int, backward: bool) -> list[Event] | None:
+    def target(self, step: int, backward: bool) -> list[StepEvent] | None:
         self.steps.add(step)
         return self.kept.setdefault(step, []) if step in self.wanted else None
 
@@ -129,8 +130,10 @@ class StepsChooser(StepChooser):
 class _Loader:
     """What ``load_step`` gathers in its pass over the log."""
 
-    def __init__(self, reader: LogReader, chooser: StepChooser, model: str | None) -> None:
+    def __init__(self, reader: LogReader, chooser: StepChooser, model: str | None,
+                 feed: Feed | None = None) -> None:
         self.reader = reader
+        self.feed = feed
         self.chooser = chooser
         self.model = model
         self.names = LogNames()
@@ -144,7 +147,10 @@ class _Loader:
         self._start = 0
 
     def read(self) -> None:
-        for item in self.reader.scan(steps=self.chooser.may_draw, flow=True):
+        feed = self.feed  # it reads every step in full: none is skimmed
+        for item in self.reader.scan(steps=None if feed else self.chooser.may_draw, flow=True):
+            if feed is not None:
+                feed(item)
             if isinstance(item, ForwardRows):
                 self.forwards(item)
             elif isinstance(item, BackwardRows):
@@ -161,7 +167,7 @@ class _Loader:
         self.any_events = True
         model, models, modules = self.model, self.models, self.reader.modules
         run: int | None = None  # the step of the events kept in target
-        target: list[Event] | None = None
+        target: list[StepEvent] | None = None
         for row in rows:
             seq, step, module, _, _, _, _ = row
             if step != self._step:
@@ -177,7 +183,7 @@ class _Loader:
         self.any_events = True
         model, models, modules = self.model, self.models, self.reader.modules
         run: int | None = None
-        target: list[Event] | None = None
+        target: list[StepEvent] | None = None
         for row in rows:
             seq, step, module, _, fwd, _, _, _, _, _ = row
             if step != self._step:
@@ -192,11 +198,13 @@ class _Loader:
                 target.append(self.reader.backward_event(row))
 
 
-def load_step(path: str | os.PathLike[str], step: int | None = None,
-              model: str | None = None) -> StepLog:
+def load_step(path: str | os.PathLike[str] | LogReader, step: int | None = None,
+              model: str | None = None, feed: Feed | None = None) -> StepLog:
     """Stream the log at ``path`` and keep step ``step`` (default: the first with a backward
-    event) of the model named ``model`` (default: all). Raises LogError / SelectionError."""
-    loaded = _load(LogReader(path), StepChooser(step), model)
+    event) of the model named ``model`` (default: all). ``feed``: hand every item of the pass
+    on to another reader too (check's ``Collector``). Raises LogError / SelectionError."""
+    reader = path if isinstance(path, LogReader) else LogReader(path)
+    loaded = _load(reader, StepChooser(step), model, feed)
     chosen = loaded.chooser.chosen()
     if chosen not in loaded.chooser.steps:
         raise SelectionError(f"no step {chosen} in {loaded.reader.path}; its steps: "
@@ -212,8 +220,9 @@ def load_steps(path: str | os.PathLike[str], steps: Collection[int],
             if step in loaded.chooser.steps}
 
 
-def _load(reader: LogReader, chooser: StepChooser, model: str | None) -> _Loader:
-    loaded = _Loader(reader, chooser, model)
+def _load(reader: LogReader, chooser: StepChooser, model: str | None,
+          feed: Feed | None = None) -> _Loader:
+    loaded = _Loader(reader, chooser, model, feed)
     loaded.read()
     models = loaded.models
     if not loaded.any_events:

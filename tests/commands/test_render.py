@@ -32,7 +32,7 @@ from hooktrace.show.graph import build
 from hooktrace.show.picture import View
 from hooktrace.show.render import picture, render, write_picture
 from hooktrace.show.render.dot import TIMES, node_state, norm_text
-from hooktrace.show.render.text import printable
+from hooktrace.show.render.labels import printable
 
 ODD_NAMES = ['q"uote', "<lt>", "a&b", "{brace}", "p|ipe", "back\\slash", "new\nline", "end\\"]
 

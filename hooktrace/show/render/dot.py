@@ -26,8 +26,8 @@ from hooktrace.show.graph import grad_output_norm
 from hooktrace.show.marks import Box
 from hooktrace.show.owned import MARK
 from hooktrace.show.picture import Cluster, Edge, Node, NodeKey, View
+from hooktrace.show.render.labels import printable, shapes_text
 from hooktrace.show.render.ops import inside_box
-from hooktrace.show.render.text import printable, shapes_text
 
 FORWARD_COLOUR = "#303030"
 BACKWARD_COLOUR = "#1f63c6"

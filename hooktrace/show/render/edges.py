@@ -14,7 +14,8 @@ from hooktrace.log.words import plural
 from hooktrace.show.graph import build
 from hooktrace.show.picture import Edge, NodeKey, View
 from hooktrace.show.render.dot import norm_text
-from hooktrace.show.render.text import Shown, module_text, printable
+from hooktrace.show.render.labels import module_text, printable
+from hooktrace.show.render.text import Shown
 from hooktrace.show.steplog import load_step, ranges
 
 _HEADINGS = {

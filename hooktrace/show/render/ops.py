@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 
 from hooktrace.log import schema
-from hooktrace.show.render.text import printable, shapes_text
+from hooktrace.show.render.labels import printable, shapes_text
 
 MOST = 12  # operations drawn inside a box; the rest are counted
 

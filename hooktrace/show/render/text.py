@@ -1,5 +1,4 @@
-"""The text view (``hooktrace show``): a step's events as an indented table, and the small
-formatters of names and shapes that the DOT renderer shares.
+"""The text view (``hooktrace show``): a step's events as an indented table.
 
 Readable without Graphviz and over ssh: plain ASCII apart from the names themselves, one event
 per line, indented by fqn depth. A long step is cut at ``limit`` rows with a line saying how to
@@ -10,52 +9,27 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hooktrace.log import schema
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.words import plural
-from hooktrace.show.graph import depth_of
-from hooktrace.show.steplog import Event, StepLog, load_step, ranges
+from hooktrace.show.calls import depth_of
+from hooktrace.show.render.labels import module_text, printable, shapes_text
+from hooktrace.show.render.ops import block
+from hooktrace.show.steplog import StepEvent, StepLog, load_step, ranges
 
 DEFAULT_LIMIT = 100  # rows; resnet50 has 366 events per step, the MNIST net 14
 
 
-def printable(text: str) -> str:
-    """``text`` with control characters written as escapes: a newline becomes ``\\n``."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
-                   for c in text)
-
-
-def shape_text(shape: schema.Shape | None, times: str = "x") -> str:
-    """``[8, 3, 224, 224]`` -> ``8x3x224x224``; ``[]`` (a scalar) -> ``()``; None -> ``-``."""
-    if shape is None:
-        return "-"
-    return times.join(map(str, shape)) if shape else "()"
-
-
-def shapes_text(shapes: Sequence[schema.Shape | None], times: str = "x", most: int = 3) -> str:
-    """Several shapes, at most ``most`` of them: ``8x10, 8x4 +2``."""
-    shown = ", ".join(shape_text(s, times) for s in shapes[:most])
-    return f"{shown} +{len(shapes) - most}" if len(shapes) > most else shown
-
-
-def module_text(fqn: str) -> str:
-    """How a fqn is shown: the root of a model is ``(root)``."""
-    return printable(fqn) if fqn else "(root)"
-
-
-def _phase(e: Event) -> str:
+def _phase(e: StepEvent) -> str:
     if isinstance(e, schema.ForwardEvent):
         flags = " no_grad" * e.no_grad + " recompute" * e.recompute
         return "forward" + flags
     return "backward" + " recompute" * e.recompute
 
 
-def _row(log: StepLog, e: Event, several_models: bool) -> list[str]:
+def _row(log: StepLog, e: StepEvent, several_models: bool) -> list[str]:
     if isinstance(e, schema.ForwardEvent):
         grads = ""
         shapes = f"{shapes_text(e.input_shapes)} -> {shapes_text(e.output_shapes)}"
@@ -128,8 +102,6 @@ def show(log: str | os.PathLike[str], step: int | None = None, phase: str | None
          ) -> Shown:
     """``hooktrace show``: the table of one step of the log at ``log`` (of the modules matching
     the glob ``module``, or all)."""
-    from hooktrace.show.render.ops import block  # (it formats with this module's helpers)
-
     loaded = load_step(log, step, model)
     text = table(loaded, phase, limit, module)
     records = sorted((r for (_, fqn, _), r in loaded.ops.items() if matches(fqn, module)),

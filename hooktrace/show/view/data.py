@@ -11,9 +11,12 @@ from typing import Any
 
 from hooktrace.check.findings import ancestors
 from hooktrace.log import schema
+from hooktrace.log.align import Feed
+from hooktrace.log.decoder import BackwardRows, ForwardRows
 from hooktrace.log.reader import LogReader
-from hooktrace.show.graph import depth_of, grad_output_norm
-from hooktrace.show.picture import ModuleKey
+from hooktrace.show.calls import depth_of
+from hooktrace.show.graph import grad_output_norm
+from hooktrace.show.steplog import ModuleKey
 
 MAX_STEPS = 200  # heatmap columns: a longer run shows every n-th recorded step
 
@@ -142,12 +145,22 @@ def _record(data: RunData, r: Any) -> None:
         data.models[r.model] = r.name
 
 
-def gather(reader: LogReader) -> RunData:
-    """One pass over the log of ``reader``."""
+def gather(reader: LogReader, feed: Feed | None = None) -> RunData:
+    """One pass over the log of ``reader``; ``feed``: hand every item of the pass on to
+    another reader too (check's ``Collector``)."""
     data = RunData(str(reader.path), reader.header.rank, reader.header,
                    stats=bool(reader.header.options.get("stats", True)))
-    for record in reader:
-        _record(data, record)
+    for item in reader.scan(flow=reader.flow):  # what iterating the reader yields, as rows
+        if feed is not None:
+            feed(item)
+        if isinstance(item, ForwardRows):
+            for forward in map(reader.forward_event, item):
+                _record(data, forward)
+        elif isinstance(item, BackwardRows):
+            for backward in map(reader.backward_event, item):
+                _record(data, backward)
+        else:
+            _record(data, item)
     data.end = reader.end
     data.warnings = list(reader.warnings)
     return data

@@ -18,8 +18,8 @@ from hooktrace.show.graph import build
 from hooktrace.show.marks import marks
 from hooktrace.show.picture import Node, View
 from hooktrace.show.render.dot import node_id, node_state, run_dot, to_dot
+from hooktrace.show.render.labels import shapes_text
 from hooktrace.show.render.ops import hover
-from hooktrace.show.render.text import shapes_text
 from hooktrace.show.steplog import SelectionError, StepLog, load_steps
 from hooktrace.show.view.data import RunData
 

@@ -1,9 +1,9 @@
 """The gradient-flow heatmap: modules (rows, forward order) by steps (columns), coloured by
 log10 of the gradient norm, with NaN/Inf, "no gradient", findings and anomalies marked.
 
-``heatmap`` builds the cells once; ``to_html`` writes them as the page's table and ``to_dot`` as
-a Graphviz table, which the ``dot`` program the renderer already uses turns into svg or png
-(no plotting library). Standard library only.
+``heatmap`` builds the cells once; ``to_html`` writes them as the page's table and
+``heatmap_dot`` as a Graphviz table, which the ``dot`` program the renderer already uses turns
+into svg or png (no plotting library). Standard library only.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 from hooktrace.check.findings import NOTE, Finding
 from hooktrace.log.words import plural
-from hooktrace.show.graph import depth_of
+from hooktrace.show.calls import depth_of
 from hooktrace.show.owned import MARK
-from hooktrace.show.picture import ModuleKey
 from hooktrace.show.render.dot import norm_text
+from hooktrace.show.steplog import ModuleKey
 from hooktrace.show.view.data import Cell, RunData
 
 VALUES = ("grad_output", "params")
@@ -209,7 +209,7 @@ def _dot_cell(c: HeatCell, width: int) -> str:
             f"{text}</TD>")
 
 
-def to_dot(heat: Heatmap) -> str:
+def heatmap_dot(heat: Heatmap) -> str:
     """The heatmap as DOT: one table, laid out by ``dot`` into svg or png."""
     width = 22 if len(heat.steps) < 40 else 10
     what = "grad_output norm" if heat.values == "grad_output" else "parameter-gradient norm"

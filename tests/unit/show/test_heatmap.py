@@ -26,8 +26,10 @@ from hooktrace.show.view.heatmap import (
     Heatmap,
     colour,
     heatmap,
-    to_dot,
     to_html,
+)
+from hooktrace.show.view.heatmap import (
+    heatmap_dot as to_dot,
 )
 from unit.logs import LOGS
 from unit.show.dotparse import parse

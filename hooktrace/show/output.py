@@ -1,0 +1,63 @@
+"""An output file of ``render``, ``view`` and ``export``: its format (``choose_format``, one
+chooser for the three), and writing it whole, never over the log it was read from
+(``write_file``). Default names that never replace a file hooktrace did not write:
+``show/owned.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from hooktrace.log.errors import HooktraceError
+
+
+def choose_format(fmt: str | None, output: Path | None, formats: Sequence[str], default: str,
+                  *, strict: bool = False) -> str:
+    """The format to write: ``fmt``, else the extension of ``output`` where it is one of
+    ``formats``, else ``default``. ``strict`` (``render``): any extension of ``output`` names
+    the format, and one of ``formats`` other than ``fmt`` is an error."""
+    suffix = output.suffix.lstrip(".").lower() if output else ""
+    named = suffix if strict or suffix in formats else ""
+    chosen = (fmt or named or default).lower()
+    if chosen not in formats:
+        raise HooktraceError(f"unknown format {chosen!r}; choose one of {', '.join(formats)}")
+    if strict and fmt and suffix in formats and suffix != chosen:
+        raise HooktraceError(f"the output {output} has the extension of {suffix}, not {chosen}")
+    return chosen
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def refuse_log(path: Path, log: Path) -> None:
+    """A one-line error where ``path`` is the log itself."""
+    if _same_file(path, log):
+        raise HooktraceError(f"refusing to write the picture over the log {log}; "
+                             "give another output path")
+
+
+def write_file(path: Path, data: bytes, log: Path) -> None:
+    """Write ``data`` to ``path`` whole or not at all; never over the log. A device or pipe
+    (``/dev/stdout``) is written into, never replaced."""
+    refuse_log(path, log)
+    if path.is_dir():
+        raise HooktraceError(f"{path} is a directory; give a file name for the picture")
+    target = path.resolve() if path.is_symlink() else path  # replace the file, not the link
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        if path.exists() and not path.is_file():
+            with path.open("wb") as f:
+                f.write(data)
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_bytes(data)
+        os.replace(temporary, target)
+    except OSError as e:
+        temporary.unlink(missing_ok=True)
+        raise HooktraceError(f"cannot write {path}: {e.strerror or e}") from None
