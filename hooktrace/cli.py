@@ -12,10 +12,10 @@ from typing import Any
 
 import click
 
-from hooktrace import __version__
 from hooktrace.diff.compare import DEFAULT_ATOL, DEFAULT_RTOL
 from hooktrace.log.errors import HooktraceError
-from hooktrace.log.options import DEFAULT_MAX_EVENTS, DEFAULT_STEPS, Steps, TraceOptions
+from hooktrace.log.options import DEFAULTS, TraceOptions
+from hooktrace.log.version import __version__
 
 
 class _UserError(click.ClickException):
@@ -47,9 +47,9 @@ def cli() -> None:
               help="Record only modules whose fqn matches (repeatable), e.g. 'layer4*'.")
 @click.option("--exclude", multiple=True, metavar="GLOB",
               help="Do not record modules whose fqn matches (repeatable).")
-@click.option("--steps", metavar="RANGES", default=DEFAULT_STEPS, show_default=True,
+@click.option("--steps", metavar="RANGES", default=DEFAULTS.steps.text, show_default=True,
               help="Steps (backward passes) to record in full, e.g. 0:3, 0,100:102, or all.")
-@click.option("--max-events", type=click.IntRange(min=1), default=DEFAULT_MAX_EVENTS,
+@click.option("--max-events", type=click.IntRange(min=1), default=DEFAULTS.max_events,
               show_default=True, help="Stop recording after this many events.")
 @click.option("--no-stats", is_flag=True,
               help="Record no gradient norms, NaN/Inf checks or parameter-gradient norms.")
@@ -62,7 +62,8 @@ def cli() -> None:
 @click.option("--capture", multiple=True, metavar="GLOB",
               help="Save inputs, outputs and gradients of matching modules (recorded steps) "
                    "with torch.save into LOG's .capture folder, e.g. 'layer4*'.")
-@click.option("--capture-max-mb", type=click.IntRange(min=1), default=256, show_default=True,
+@click.option("--capture-max-mb", type=click.IntRange(min=1), default=DEFAULTS.capture_max_mb,
+              show_default=True,
               help="Stop capturing once the saved tensors reach this size.")
 @click.option("--strict", is_flag=True,
               help="If the log cannot be written (disk full), raise the error into the script "
@@ -83,11 +84,11 @@ def run(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[
     """Run the python script TARGET with ARGS, recording every module call to a log."""
     from hooktrace.tracing.target import Target, check_target, misplaced, set_path
 
-    options = TraceOptions(include=include, exclude=exclude, steps=Steps.parse(steps),
-                           max_events=max_events, stats=not no_stats, watch=not no_watch,
-                           break_on_nan=break_on == "nan", capture=capture,
-                           capture_max_mb=capture_max_mb, strict=strict, ops=ops, probe=probe,
-                           run="module" if as_module else "script")
+    options = TraceOptions.from_flags(
+        include=include, exclude=exclude, steps=steps, max_events=max_events,
+        stats=not no_stats, watch=not no_watch, break_on=break_on, capture=capture,
+        capture_max_mb=capture_max_mb, strict=strict, ops=ops, probe=probe,
+        run="module" if as_module else "script")
     traced = Target(target, args, as_module)
     set_path(traced)
     check_target(traced, output)  # before torch is imported: seconds sooner
@@ -145,7 +146,7 @@ def render(logs: tuple[Path, ...], rank: int | None, output: Path | None, fmt: s
            no_findings: bool, every_call: bool, ops: bool) -> None:
     """Draw one step of LOG as a call graph: forward order and backward order. Several logs (or
     a quoted glob) are the ranks of one run: --rank picks the one to draw."""
-    from hooktrace.check.ranks import pick_rank
+    from hooktrace.log.discovery import pick_rank
     from hooktrace.show.render import write_picture
 
     written = write_picture(pick_rank(logs, rank), output, fmt, step=step, model=model,

@@ -24,8 +24,9 @@ from hooktrace.check.findings import (
     after_causes,
 )
 from hooktrace.check.models import model_facts
-from hooktrace.check.ranks import first_divergence, open_ranks
+from hooktrace.check.ranks import first_divergence
 from hooktrace.log.align import Feed
+from hooktrace.log.discovery import open_ranks
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.reader import LogReader
 from hooktrace.log.words import plural

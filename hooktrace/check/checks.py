@@ -39,6 +39,7 @@ from hooktrace.check.scaling import check_scaling, explain
 from hooktrace.check.shared import check_shared_targets
 from hooktrace.check.trainable import drop_frozen, frozen_since, settle_frozen, unfrozen_at
 from hooktrace.check.unseen import check_unseen
+from hooktrace.log.options import TraceOptions
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
@@ -227,8 +228,7 @@ def _holds_called(c: Collected, m: ModuleStats) -> bool:
 
 
 def check_unused(c: Collected) -> list[Finding]:
-    options = c.header.options
-    if options.get("include") or options.get("exclude"):
+    if TraceOptions.from_header(c.header).filtered:
         return []  # filtered-out modules would look unused
     # a model that never ran backward (evaluation only, a reloaded checkpoint, a teacher) has
     # no gradient flow to judge

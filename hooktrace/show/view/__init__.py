@@ -17,8 +17,8 @@ from typing import Any
 
 from hooktrace.check.checklog import run_checks_ranks
 from hooktrace.check.findings import Finding
-from hooktrace.check.ranks import expand, open_ranks
 from hooktrace.check.report import where
+from hooktrace.log.discovery import expand, open_ranks
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.reader import LogReader
 from hooktrace.log.words import plural

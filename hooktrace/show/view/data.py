@@ -11,6 +11,7 @@ from typing import Any
 
 from hooktrace.check.findings import ancestors
 from hooktrace.log import schema
+from hooktrace.log.options import TraceOptions
 from hooktrace.log.reader import LogReader
 from hooktrace.show.graph import depth_of, grad_output_norm
 from hooktrace.show.picture import ModuleKey
@@ -145,7 +146,7 @@ def _record(data: RunData, r: Any) -> None:
 def gather(reader: LogReader) -> RunData:
     """One pass over the log of ``reader``."""
     data = RunData(str(reader.path), reader.header.rank, reader.header,
-                   stats=bool(reader.header.options.get("stats", True)))
+                   stats=TraceOptions.from_header(reader.header).stats)
     for record in reader:
         _record(data, record)
     data.end = reader.end
