@@ -39,7 +39,7 @@ def cli() -> None:
     """Trace the forward and backward order of PyTorch modules, and debug gradient flow."""
 
 
-@cli.command(context_settings={"allow_interspersed_args": False})
+@cli.command("run", context_settings={"allow_interspersed_args": False})
 @click.option("-o", "--output", type=click.Path(path_type=Path), default="hooktrace.jsonl",
               show_default=True, help="Where to write the log (JSON lines).")
 @click.option("-m", "as_module", is_flag=True, help="Run TARGET as a module, like python -m.")
@@ -77,10 +77,10 @@ def cli() -> None:
                    "padded ones.")
 @click.argument("target")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[str, ...],
-        steps: str, max_events: int, no_stats: bool, no_watch: bool, break_on: str | None,
-        capture: tuple[str, ...], capture_max_mb: int, strict: bool, ops: tuple[str, ...],
-        probe: bool, target: str, args: tuple[str, ...]) -> None:
+def run_command(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[str, ...],
+                steps: str, max_events: int, no_stats: bool, no_watch: bool, break_on: str | None,
+                capture: tuple[str, ...], capture_max_mb: int, strict: bool, ops: tuple[str, ...],
+                probe: bool, target: str, args: tuple[str, ...]) -> None:
     """Run the python script TARGET with ARGS, recording every module call to a log."""
     from hooktrace.tracing.target import Target, check_target, misplaced, set_path
 
@@ -116,7 +116,7 @@ def _runner() -> Any:
     return runner
 
 
-@cli.command()
+@cli.command("render")
 @click.argument("logs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--rank", type=int, help="With the logs of several ranks: the rank to draw "
                                        "(default 0).")
@@ -141,9 +141,9 @@ def _runner() -> Any:
 @click.option("--ops", "ops", is_flag=True,
               help="Draw the operations of zoomed calls (run --ops) inside their boxes, each "
                    "with its line.")
-def render(logs: tuple[Path, ...], rank: int | None, output: Path | None, fmt: str | None,
-           step: int | None, model: str | None, depth: int | None, phase: str,
-           no_findings: bool, every_call: bool, ops: bool) -> None:
+def render_command(logs: tuple[Path, ...], rank: int | None, output: Path | None, fmt: str | None,
+                   step: int | None, model: str | None, depth: int | None, phase: str,
+                   no_findings: bool, every_call: bool, ops: bool) -> None:
     """Draw one step of LOG as a call graph: forward order and backward order. Several logs (or
     a quoted glob) are the ranks of one run: --rank picks the one to draw."""
     from hooktrace.log.discovery import pick_rank
@@ -161,7 +161,7 @@ def render(logs: tuple[Path, ...], rank: int | None, output: Path | None, fmt: s
                    f"--step {elsewhere[0]} draws the first", err=True)
 
 
-@cli.command()
+@cli.command("show")
 @click.argument("log", type=click.Path(path_type=Path))
 @click.option("--step", type=int, help="The step (backward pass) to show. Default: the first "
                                        "with a backward.")
@@ -179,8 +179,8 @@ def render(logs: tuple[Path, ...], rank: int | None, output: Path | None, fmt: s
                    "back along them.")
 @click.option("--depth", type=click.IntRange(min=0), metavar="D",
               help="With --edges: fold calls deeper than D, as render does.")
-def show(log: Path, step: int | None, phase: str, model: str | None, module: str | None,
-         limit: int, edges: bool, depth: int | None) -> None:
+def show_command(log: Path, step: int | None, phase: str, model: str | None, module: str | None,
+                 limit: int, edges: bool, depth: int | None) -> None:
     """Print the events of one step of LOG in order, as an indented table (--edges: the
     edges of its picture)."""
     from hooktrace.show.render.text import show as show_step
@@ -200,7 +200,7 @@ def show(log: Path, step: int | None, phase: str, model: str | None, module: str
     click.echo(shown.text, nl=False)
 
 
-@cli.command()
+@cli.command("check")
 @click.argument("logs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
 @click.option("--step", type=int, help="Check one step only.")
@@ -211,8 +211,8 @@ def show(log: Path, step: int | None, phase: str, model: str | None, module: str
 @click.option("--orders", type=float, default=4.0, show_default=True,
               help="Flag gradient norms that grow or fall by this many orders of magnitude "
                    "across the network.")
-def check(logs: tuple[Path, ...], as_json: bool, step: int | None, vanishing: float,
-          exploding: float, orders: float) -> None:
+def check_command(logs: tuple[Path, ...], as_json: bool, step: int | None, vanishing: float,
+                  exploding: float, orders: float) -> None:
     """Find gradient-flow problems in LOGS: NaN/Inf, no gradient, frozen or unused modules,
     vanishing or exploding gradients, and runs that did not finish. Several logs (or a quoted
     glob, 'run.rank*.jsonl') are the ranks of one run: they are also compared step by step.
@@ -226,7 +226,7 @@ def check(logs: tuple[Path, ...], as_json: bool, step: int | None, vanishing: fl
     sys.exit(1 if result.problems else 0)
 
 
-@cli.command()
+@cli.command("diff")
 @click.argument("a", type=click.Path(path_type=Path))
 @click.argument("b", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -237,8 +237,8 @@ def check(logs: tuple[Path, ...], as_json: bool, step: int | None, vanishing: fl
                    "(the log keeps 4 significant digits).")
 @click.option("--atol", type=click.FloatRange(min=0), default=DEFAULT_ATOL, show_default=True,
               help="Absolute tolerance, added to the relative one.")
-def diff(a: Path, b: Path, as_json: bool, step: int | None, model: str | None, rtol: float,
-         atol: float) -> None:
+def diff_command(a: Path, b: Path, as_json: bool, step: int | None, model: str | None, rtol: float,
+                 atol: float) -> None:
     """Compare the logs A and B of two runs and report, each from its first difference: what
     ran (calls in one run only, another order), shapes and dtypes, numbers (gradient statistics
     past the tolerance, NaN/Inf in one run only, and how the difference grows), and
@@ -254,14 +254,14 @@ def diff(a: Path, b: Path, as_json: bool, step: int | None, model: str | None, r
     sys.exit(1 if report.differ else 0)
 
 
-@cli.command()
+@cli.command("export")
 @click.argument("logs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--format", "fmt", metavar="csv|jsonl",
               help="Default: the extension of -o, else csv.")
 @click.option("-o", "--output", metavar="FILE",
               help="Where to write the rows; - for standard output. Default: the log's name "
                    "with the format's extension, never over a file hooktrace did not write.")
-def export(logs: tuple[Path, ...], fmt: str | None, output: str | None) -> None:
+def export_command(logs: tuple[Path, ...], fmt: str | None, output: str | None) -> None:
     """Write every event of LOGS as one self-describing row (model, fqn, class, phase, step,
     call, shapes, gradient statistics, NaN/Inf counts) for pandas, DuckDB, a spreadsheet or jq.
     Several logs (or a quoted glob) are the ranks of one run, written rank after rank. The
@@ -275,7 +275,7 @@ def export(logs: tuple[Path, ...], fmt: str | None, output: str | None) -> None:
     click.echo(f"hooktrace: {written.summary()}", err=True)
 
 
-@cli.command()
+@cli.command("view")
 @click.argument("logs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path),
               help="Where to write the page or picture. Default: the log's name with .html, "
@@ -291,8 +291,8 @@ def export(logs: tuple[Path, ...], fmt: str | None, output: str | None) -> None:
 @click.option("--every-call", is_flag=True,
               help="Draw each call of a module as its own node. Default: a module called more "
                    "than 16 times in the step (an unrolled loop) is one node, 'LSTMCell x999'.")
-def view(logs: tuple[Path, ...], output: Path | None, fmt: str | None, values: str,
-         rank: int | None, every_call: bool) -> None:
+def view_command(logs: tuple[Path, ...], output: Path | None, fmt: str | None, values: str,
+                 rank: int | None, every_call: bool) -> None:
     """Write one self-contained HTML page to explore LOGS offline: the call graph of each step
     (hover a node for its numbers), a gradient-flow heatmap (modules x steps, colour = log10
     of the gradient norm, NaN/Inf and no-gradient marked) and check's findings, linked to
