@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.2.0"
+from hooktrace.log.version import __version__
 
 if TYPE_CHECKING:
     from hooktrace.tracing.api import Trace, trace

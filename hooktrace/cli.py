@@ -12,10 +12,10 @@ from typing import Any
 
 import click
 
-from hooktrace import __version__
 from hooktrace.diff.compare import DEFAULT_ATOL, DEFAULT_RTOL
 from hooktrace.log.errors import HooktraceError
-from hooktrace.log.options import DEFAULT_MAX_EVENTS, DEFAULT_STEPS, Steps, TraceOptions
+from hooktrace.log.options import DEFAULTS, TraceOptions
+from hooktrace.log.version import __version__
 
 
 class _UserError(click.ClickException):
@@ -39,7 +39,7 @@ def cli() -> None:
     """Trace the forward and backward order of PyTorch modules, and debug gradient flow."""
 
 
-@cli.command(context_settings={"allow_interspersed_args": False})
+@cli.command("run", context_settings={"allow_interspersed_args": False})
 @click.option("-o", "--output", type=click.Path(path_type=Path), default="hooktrace.jsonl",
               show_default=True, help="Where to write the log (JSON lines).")
 @click.option("-m", "as_module", is_flag=True, help="Run TARGET as a module, like python -m.")
@@ -47,9 +47,9 @@ def cli() -> None:
               help="Record only modules whose fqn matches (repeatable), e.g. 'layer4*'.")
 @click.option("--exclude", multiple=True, metavar="GLOB",
               help="Do not record modules whose fqn matches (repeatable).")
-@click.option("--steps", metavar="RANGES", default=DEFAULT_STEPS, show_default=True,
+@click.option("--steps", metavar="RANGES", default=DEFAULTS.steps.text, show_default=True,
               help="Steps (backward passes) to record in full, e.g. 0:3, 0,100:102, or all.")
-@click.option("--max-events", type=click.IntRange(min=1), default=DEFAULT_MAX_EVENTS,
+@click.option("--max-events", type=click.IntRange(min=1), default=DEFAULTS.max_events,
               show_default=True, help="Stop recording after this many events.")
 @click.option("--no-stats", is_flag=True,
               help="Record no gradient norms, NaN/Inf checks or parameter-gradient norms.")
@@ -62,7 +62,8 @@ def cli() -> None:
 @click.option("--capture", multiple=True, metavar="GLOB",
               help="Save inputs, outputs and gradients of matching modules (recorded steps) "
                    "with torch.save into LOG's .capture folder, e.g. 'layer4*'.")
-@click.option("--capture-max-mb", type=click.IntRange(min=1), default=256, show_default=True,
+@click.option("--capture-max-mb", type=click.IntRange(min=1), default=DEFAULTS.capture_max_mb,
+              show_default=True,
               help="Stop capturing once the saved tensors reach this size.")
 @click.option("--strict", is_flag=True,
               help="If the log cannot be written (disk full), raise the error into the script "
@@ -76,18 +77,18 @@ def cli() -> None:
                    "padded ones.")
 @click.argument("target")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[str, ...],
-        steps: str, max_events: int, no_stats: bool, no_watch: bool, break_on: str | None,
-        capture: tuple[str, ...], capture_max_mb: int, strict: bool, ops: tuple[str, ...],
-        probe: bool, target: str, args: tuple[str, ...]) -> None:
+def run_command(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[str, ...],
+                steps: str, max_events: int, no_stats: bool, no_watch: bool, break_on: str | None,
+                capture: tuple[str, ...], capture_max_mb: int, strict: bool, ops: tuple[str, ...],
+                probe: bool, target: str, args: tuple[str, ...]) -> None:
     """Run the python script TARGET with ARGS, recording every module call to a log."""
     from hooktrace.tracing.target import Target, check_target, misplaced, set_path
 
-    options = TraceOptions(include=include, exclude=exclude, steps=Steps.parse(steps),
-                           max_events=max_events, stats=not no_stats, watch=not no_watch,
-                           break_on_nan=break_on == "nan", capture=capture,
-                           capture_max_mb=capture_max_mb, strict=strict, ops=ops, probe=probe,
-                           run="module" if as_module else "script")
+    options = TraceOptions.from_flags(
+        include=include, exclude=exclude, steps=steps, max_events=max_events,
+        stats=not no_stats, watch=not no_watch, break_on=break_on, capture=capture,
+        capture_max_mb=capture_max_mb, strict=strict, ops=ops, probe=probe,
+        run="module" if as_module else "script")
     traced = Target(target, args, as_module)
     set_path(traced)
     check_target(traced, output)  # before torch is imported: seconds sooner
@@ -115,7 +116,7 @@ def _runner() -> Any:
     return runner
 
 
-@cli.command()
+@cli.command("render")
 @click.argument("logs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--rank", type=int, help="With the logs of several ranks: the rank to draw "
                                        "(default 0).")
@@ -140,12 +141,12 @@ def _runner() -> Any:
 @click.option("--ops", "ops", is_flag=True,
               help="Draw the operations of zoomed calls (run --ops) inside their boxes, each "
                    "with its line.")
-def render(logs: tuple[Path, ...], rank: int | None, output: Path | None, fmt: str | None,
-           step: int | None, model: str | None, depth: int | None, phase: str,
-           no_findings: bool, every_call: bool, ops: bool) -> None:
+def render_command(logs: tuple[Path, ...], rank: int | None, output: Path | None, fmt: str | None,
+                   step: int | None, model: str | None, depth: int | None, phase: str,
+                   no_findings: bool, every_call: bool, ops: bool) -> None:
     """Draw one step of LOG as a call graph: forward order and backward order. Several logs (or
     a quoted glob) are the ranks of one run: --rank picks the one to draw."""
-    from hooktrace.check.ranks import pick_rank
+    from hooktrace.log.discovery import pick_rank
     from hooktrace.show.render import RenderOptions, write_picture
 
     options = RenderOptions(step=step, model=model, depth=depth, phase=phase,
@@ -160,7 +161,7 @@ def render(logs: tuple[Path, ...], rank: int | None, output: Path | None, fmt: s
                    f"--step {elsewhere[0]} draws the first", err=True)
 
 
-@cli.command()
+@cli.command("show")
 @click.argument("log", type=click.Path(path_type=Path))
 @click.option("--step", type=int, help="The step (backward pass) to show. Default: the first "
                                        "with a backward.")
@@ -178,8 +179,8 @@ def render(logs: tuple[Path, ...], rank: int | None, output: Path | None, fmt: s
                    "back along them.")
 @click.option("--depth", type=click.IntRange(min=0), metavar="D",
               help="With --edges: fold calls deeper than D, as render does.")
-def show(log: Path, step: int | None, phase: str, model: str | None, module: str | None,
-         limit: int, edges: bool, depth: int | None) -> None:
+def show_command(log: Path, step: int | None, phase: str, model: str | None, module: str | None,
+                 limit: int, edges: bool, depth: int | None) -> None:
     """Print the events of one step of LOG in order, as an indented table (--edges: the
     edges of its picture)."""
     from hooktrace.show.render.text import show as show_step
@@ -199,7 +200,7 @@ def show(log: Path, step: int | None, phase: str, model: str | None, module: str
     click.echo(shown.text, nl=False)
 
 
-@cli.command()
+@cli.command("check")
 @click.argument("logs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
 @click.option("--step", type=int, help="Check one step only.")
@@ -210,8 +211,8 @@ def show(log: Path, step: int | None, phase: str, model: str | None, module: str
 @click.option("--orders", type=float, default=4.0, show_default=True,
               help="Flag gradient norms that grow or fall by this many orders of magnitude "
                    "across the network.")
-def check(logs: tuple[Path, ...], as_json: bool, step: int | None, vanishing: float,
-          exploding: float, orders: float) -> None:
+def check_command(logs: tuple[Path, ...], as_json: bool, step: int | None, vanishing: float,
+                  exploding: float, orders: float) -> None:
     """Find gradient-flow problems in LOGS: NaN/Inf, no gradient, frozen or unused modules,
     vanishing or exploding gradients, and runs that did not finish. Several logs (or a quoted
     glob, 'run.rank*.jsonl') are the ranks of one run: they are also compared step by step.
@@ -225,7 +226,7 @@ def check(logs: tuple[Path, ...], as_json: bool, step: int | None, vanishing: fl
     sys.exit(1 if result.problems else 0)
 
 
-@cli.command()
+@cli.command("diff")
 @click.argument("a", type=click.Path(path_type=Path))
 @click.argument("b", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -236,8 +237,8 @@ def check(logs: tuple[Path, ...], as_json: bool, step: int | None, vanishing: fl
                    "(the log keeps 4 significant digits).")
 @click.option("--atol", type=click.FloatRange(min=0), default=DEFAULT_ATOL, show_default=True,
               help="Absolute tolerance, added to the relative one.")
-def diff(a: Path, b: Path, as_json: bool, step: int | None, model: str | None, rtol: float,
-         atol: float) -> None:
+def diff_command(a: Path, b: Path, as_json: bool, step: int | None, model: str | None, rtol: float,
+                 atol: float) -> None:
     """Compare the logs A and B of two runs and report, each from its first difference: what
     ran (calls in one run only, another order), shapes and dtypes, numbers (gradient statistics
     past the tolerance, NaN/Inf in one run only, and how the difference grows), and
@@ -253,14 +254,14 @@ def diff(a: Path, b: Path, as_json: bool, step: int | None, model: str | None, r
     sys.exit(1 if report.differ else 0)
 
 
-@cli.command()
+@cli.command("export")
 @click.argument("logs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--format", "fmt", metavar="csv|jsonl",
               help="Default: the extension of -o, else csv.")
 @click.option("-o", "--output", metavar="FILE",
               help="Where to write the rows; - for standard output. Default: the log's name "
                    "with the format's extension, never over a file hooktrace did not write.")
-def export(logs: tuple[Path, ...], fmt: str | None, output: str | None) -> None:
+def export_command(logs: tuple[Path, ...], fmt: str | None, output: str | None) -> None:
     """Write every event of LOGS as one self-describing row (model, fqn, class, phase, step,
     call, shapes, gradient statistics, NaN/Inf counts) for pandas, DuckDB, a spreadsheet or jq.
     Several logs (or a quoted glob) are the ranks of one run, written rank after rank. The
@@ -274,7 +275,7 @@ def export(logs: tuple[Path, ...], fmt: str | None, output: str | None) -> None:
     click.echo(f"hooktrace: {written.summary()}", err=True)
 
 
-@cli.command()
+@cli.command("view")
 @click.argument("logs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path),
               help="Where to write the page or picture. Default: the log's name with .html, "
@@ -290,8 +291,8 @@ def export(logs: tuple[Path, ...], fmt: str | None, output: str | None) -> None:
 @click.option("--every-call", is_flag=True,
               help="Draw each call of a module as its own node. Default: a module called more "
                    "than 16 times in the step (an unrolled loop) is one node, 'LSTMCell x999'.")
-def view(logs: tuple[Path, ...], output: Path | None, fmt: str | None, values: str,
-         rank: int | None, every_call: bool) -> None:
+def view_command(logs: tuple[Path, ...], output: Path | None, fmt: str | None, values: str,
+                 rank: int | None, every_call: bool) -> None:
     """Write one self-contained HTML page to explore LOGS offline: the call graph of each step
     (hover a node for its numbers), a gradient-flow heatmap (modules x steps, colour = log10
     of the gradient norm, NaN/Inf and no-gradient marked) and check's findings, linked to

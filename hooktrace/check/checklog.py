@@ -27,9 +27,10 @@ from hooktrace.check.findings import (
     after_causes,
 )
 from hooktrace.check.models import model_facts
-from hooktrace.check.ranks import first_divergence, open_ranks
+from hooktrace.check.ranks import first_divergence
 from hooktrace.check.summary import summary_of
 from hooktrace.log.align import Feed
+from hooktrace.log.discovery import open_ranks
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.reader import LogReader
 from hooktrace.log.words import plural

@@ -24,6 +24,7 @@ from hooktrace.check.losses import LOSSES
 from hooktrace.check.patterns import Indices, Patterns
 from hooktrace.log import schema
 from hooktrace.log.decoder import BackwardRows, ForwardMore, ForwardRows, Signature
+from hooktrace.log.options import TraceOptions
 from hooktrace.log.reader import LogReader
 
 
@@ -71,8 +72,8 @@ class Collector:
         self._last_backward: tuple[int, int] | None = None  # (step, module index)
         self._closed: set[int] = set()  # steps with a step record
         # forward events say what went into their outputs without history; every module traced
-        options, self._says_history = reader.header.options, reader.header.made_no_history
-        self._says_history &= not (options.get("include") or options.get("exclude"))
+        self._says_history = (reader.header.made_no_history
+                              and not TraceOptions.from_header(reader.header).filtered)
 
     def take(self, item: ForwardRows | BackwardRows | schema.Record) -> None:
         """One item of the scan: rows of one type, or a record."""

@@ -15,8 +15,8 @@ import signal
 from typing import TYPE_CHECKING, Any
 
 from hooktrace.check.findings import ERROR, Finding
-from hooktrace.log.errors import HooktraceError, plain
-from hooktrace.log.options import Steps
+from hooktrace.log.errors import plain
+from hooktrace.log.options import TraceOptions
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected
@@ -174,12 +174,8 @@ def _maybe_later(c: Collected, done: int) -> str:
     run watched past ``--steps``): the run may have gone further."""
     if c.end is not None:
         return ""
-    text = c.header.options.get("steps")  # absent: every step recorded
-    try:
-        steps = Steps.parse(text) if isinstance(text, str) and text else Steps()
-    except HooktraceError:  # not a selection this hooktrace reads: say what may be
-        steps = Steps(())
-    if done + 1 in steps:
+    # absent: every step recorded; a selection this hooktrace cannot read: say what may be
+    if done + 1 in TraceOptions.from_header(c.header).steps:
         return ""
     return f" or later (steps after {done} were not recorded in full: --steps)"
 

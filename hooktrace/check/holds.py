@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hooktrace.check.findings import WARNING, Finding, names_text, steps_text
+from hooktrace.log.options import TraceOptions
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
@@ -33,8 +34,7 @@ def check_on_wrapper(c: Collected) -> list[Finding]:
     """A module with trainable parameters set on the wrapper around a model that trained, never
     called: the wrapper's forward runs the wrapped model only (``model.fc = nn.Linear(...)`` on
     a ``DataParallel``; the model's own ``fc`` runs instead)."""
-    options = c.header.options
-    if options.get("include") or options.get("exclude"):
+    if TraceOptions.from_header(c.header).filtered:
         return []  # a filtered-out module is never called in the log
     trained = {key[0] for keys in c.backward.values() for key in keys}
     below = on_wrapper(c)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from hooktrace.check.findings import ERROR, NOTE, Finding, ancestors, names_text, steps_text
 from hooktrace.check.magnitudes import DIVERGES, growth, growth_text, largest_norms
+from hooktrace.log.options import TraceOptions
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected, Nonfinite
@@ -191,5 +192,5 @@ def _recovered(c: Collected) -> bool:
     last = max(c.backward_nonfinite_steps)
     if any(step > last for step in c.backward_steps):
         return True
-    watched = bool(c.header.options.get("watch"))
+    watched = TraceOptions.from_header(c.header).watch
     return watched and c.end is not None and c.end.steps > last + 1

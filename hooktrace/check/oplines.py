@@ -22,9 +22,8 @@ from typing import TYPE_CHECKING
 from hooktrace.check import ops
 from hooktrace.check.causes import CAUSES
 from hooktrace.check.findings import NOTE, Finding
-from hooktrace.log.errors import HooktraceError
 from hooktrace.log.ops import Op, Ops
-from hooktrace.log.options import Steps
+from hooktrace.log.options import TraceOptions
 
 if TYPE_CHECKING:
     from hooktrace.check.boundary import Boundary, GradientFlow
@@ -163,8 +162,8 @@ def rerun(c: Collected, module: str, step: int) -> str:
     modules inside it) recorded, then checks it."""
     globs = ["*"] if not module else [module, f"{module}.*"]
     header = c.header
-    options = header.options
-    if options.get("run") not in ("script", "module") or not header.argv:
+    options = TraceOptions.from_header(header)
+    if options.run not in ("script", "module") or not header.argv:
         listed = ", ".join(repr(g) for g in globs)
         return f"trace it again with hooktrace.trace(..., ops=[{listed}])"
     log = Path(c.log or "hooktrace.jsonl")
@@ -175,21 +174,14 @@ def rerun(c: Collected, module: str, step: int) -> str:
     words += ["hooktrace", "run", "-o", str(out)]
     for glob in globs:
         words += ["--ops", glob]
-    for key in ("include", "exclude"):
-        for glob in options.get(key) or []:
-            words += [f"--{key}", str(glob)]
-    if not _recorded(options.get("steps"), step):
+    for key, kept in (("include", options.include), ("exclude", options.exclude)):
+        for glob in kept:
+            words += [f"--{key}", glob]
+    if step not in options.steps:
         words += ["--steps", str(step)]
-    if options.get("run") == "module":
+    if options.run == "module":
         words.append("-m")
     words += header.argv
     checked = out.with_name(f"{stem}.ops.rank*{out.suffix}") if ranks else out
     return f"{shlex.join(words)}; hooktrace check {shlex.quote(str(checked))}"
 
-
-def _recorded(text: object, step: int) -> bool:
-    try:
-        steps = Steps.parse(text) if isinstance(text, str) and text else Steps()
-    except HooktraceError:
-        return False
-    return step in steps

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hooktrace.check.findings import ERROR, NOTE, Finding
+from hooktrace.log.options import TraceOptions
 from hooktrace.log.unseen import nothing_seen
 
 if TYPE_CHECKING:
@@ -24,16 +25,15 @@ _CRASHED = {"interrupted"}  # said by the crash check, as is an error other than
 
 def check_unseen(c: Collected) -> list[Finding]:
     end = c.end
-    options = c.header.options
+    options = TraceOptions.from_header(c.header)
     # watched steps judged the modules they saw; compiled code run in none but watched steps
     # was never seen (its steps are counted at backward()'s return, judged by nothing)
-    followed = end is not None and end.steps and not end.compiled and not (
-        options.get("include") or options.get("exclude"))
+    followed = end is not None and end.steps and not end.compiled and not options.filtered
     if end is None or c.events or followed or end.status in _CRASHED or (
             end.status == "error" and (end.error or {}).get("type", "SystemExit")
             != "SystemExit"):
         return _eager(c)
-    why = nothing_seen(c.header.options, end, len(c.models))
+    why = nothing_seen(options, end, len(c.models))
     if why is None:
         return []
     return [Finding(

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from hooktrace.check.findings import NOTE, WARNING, Finding
 from hooktrace.check.holds import on_wrapper
+from hooktrace.log.options import TraceOptions
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
@@ -38,8 +39,7 @@ def _holds_called(c: Collected, m: ModuleStats) -> bool:
 
 
 def check_unused(c: Collected) -> list[Finding]:
-    options = c.header.options
-    if options.get("include") or options.get("exclude"):
+    if TraceOptions.from_header(c.header).filtered:
         return []  # filtered-out modules would look unused
     # a model that never ran backward (evaluation only, a reloaded checkpoint, a teacher) has
     # no gradient flow to judge

@@ -16,6 +16,7 @@ from typing import Any
 from hooktrace.diff.numbers import Growth, Numbers, Tolerance, param_differences
 from hooktrace.log.align import Event, Key, StepRecords, Walk, lockstep, parting, renames
 from hooktrace.log.errors import HooktraceError
+from hooktrace.log.options import TraceOptions
 from hooktrace.log.reader import LogReader
 
 DEFAULT_RTOL = 2e-3  # the statistics are written to 4 significant digits: one rounding step
@@ -241,7 +242,7 @@ def diff(a: str | os.PathLike[str], b: str | os.PathLike[str], step: int | None 
         raise HooktraceError(f"{a} and {b} have different log schemas "
                              f"({readers[0].header.schema}, {readers[1].header.schema})")
     report = DiffReport(str(a), str(b), rtol, atol)
-    stats = [r.header.options.get("stats", True) is not False for r in readers]
+    stats = [TraceOptions.from_header(r.header).stats for r in readers]
     compare = _Comparison(report, numbers=all(stats))
     walks = (Walk(readers[0]), Walk(readers[1]))
     only: dict[str, list[int]] = {"A": [], "B": []}
@@ -342,8 +343,8 @@ def _not_compared(report: DiffReport, only: dict[str, list[int]], cut: dict[str,
         if other in cut and cut[other] < steps[0]:
             why = f"{other} was cut off in step {cut[other]}"
         else:
-            recorded = readers[0 if other == "A" else 1].header.options.get("steps", "?")
-            why = f"{other} recorded with --steps {recorded}"
+            recorded = TraceOptions.from_header(readers[0 if other == "A" else 1].header)
+            why = f"{other} recorded with --steps {recorded.steps.text or '?'}"
         report.not_compared.append(f"steps {ranges(steps)}: only in {run} ({why})")
     missing = [run for run, has in zip("AB", stats, strict=True) if not has]
     if missing:

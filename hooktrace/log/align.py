@@ -4,7 +4,7 @@
 Each log is walked one step at a time (its events, parameter-gradient norms and anomalies), and
 the logs are merged by step number, so memory holds one step per log, whatever the length of
 the runs. Events are matched by model name, phase, module fqn and call index. Standard library
-only.
+and orjson (through the reader) only.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
-"""The project's error types: each carries a one-line message and an exit code for the CLI; and
-the plain text of an error raised in a traced script."""
+"""The project's error types, and the plain text of an error raised in a traced script.
+
+A ``HooktraceError`` carries a one-line message and an exit code for the CLI. It and the log's
+own errors live here; a subclass that belongs to one output lives beside the code that raises
+it (``SelectionError``: no such step or model to show; ``DotMissingError``: Graphviz missing).
+"""
 
 from __future__ import annotations
 
@@ -18,6 +22,11 @@ class LogError(HooktraceError):
 
 class LogWriteError(LogError):
     """Writing the log failed while the program ran (disk full, file system gone)."""
+
+
+class SchemaError(ValueError):
+    """A record does not have the shape the schema defines (the reader makes it a ``LogError``
+    naming the line)."""
 
 
 class NonFiniteError(RuntimeError):

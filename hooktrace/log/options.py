@@ -1,4 +1,10 @@
-"""What to record: fqn filters, the steps to record and a cap on events. Standard library only."""
+"""What to record: fqn filters, the steps to record and a cap on events. Standard library only.
+
+``TraceOptions`` is the one home of the trace options: their defaults (which ``hooktrace run``'s
+flags and ``hooktrace.trace``'s keywords show), the user's values read in (``from_flags``), and
+the log header's ``options`` written (``to_header``) and read back (``from_header``): nothing
+outside ``hooktrace.log`` reads a header option by its key.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hooktrace.log.errors import HooktraceError
+from hooktrace.log.schema import Header
 
 DEFAULT_MAX_EVENTS = 1_000_000  # ~200 MB of log; a safety cap, not a target
 DEFAULT_STEPS = "0:10"  # steps recorded in full; later ones are watched for anomalies
+DEFAULT_CAPTURE_MAX_MB = 256  # --capture stops past this size
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,17 @@ class Steps:
             ranges.append((start, stop))
         return cls(tuple(sorted(ranges, key=lambda r: r[0])), text.strip())
 
+    @classmethod
+    def recorded(cls, text: object) -> Steps:
+        """The steps a log header's ``steps`` says were recorded in full, its text kept: absent
+        (or not a string), every step; a selection this hooktrace cannot read, none."""
+        if not isinstance(text, str) or not text:
+            return cls()
+        try:
+            return cls(cls.parse(text).ranges, text)
+        except HooktraceError:
+            return cls((), text)
+
     def __contains__(self, step: int) -> bool:
         return any(start <= step and (stop is None or step < stop) for start, stop in self.ranges)
 
@@ -61,7 +80,7 @@ class TraceOptions:
     watch: bool = True  # after the recorded steps, write anomaly records (needs stats)
     break_on_nan: bool = False  # stop at the first module producing NaN/Inf (pdb, or raise)
     capture: Sequence[str] = ()  # fqn globs whose calls' tensors are saved next to the log
-    capture_max_mb: int = 256  # stop capturing past this size
+    capture_max_mb: int = DEFAULT_CAPTURE_MAX_MB  # stop capturing past this size
     strict: bool = False  # a failed log write is raised into the program instead of stopping
     ops: Sequence[str] = ()  # fqn globs whose calls' tensor operations are recorded (--ops)
     #: --probe: who may see whom, measured once per model on a copy (samples, positions, pads)
@@ -73,10 +92,50 @@ class TraceOptions:
         if self.max_events < 1:
             raise HooktraceError("--max-events must be at least 1")
 
+    @property
+    def filtered(self) -> bool:
+        """Module calls may be left out by ``--include``/``--exclude``."""
+        return bool(self.include or self.exclude)
+
     def matches(self, fqn: str) -> bool:
         if self.include and not any(fnmatch.fnmatchcase(fqn, p) for p in self.include):
             return False
         return not any(fnmatch.fnmatchcase(fqn, p) for p in self.exclude)
+
+    @classmethod
+    def from_flags(cls, *, include: Sequence[str], exclude: Sequence[str], steps: str | None,
+                   max_events: int, stats: bool, watch: bool, break_on: str | None,
+                   capture: Sequence[str], capture_max_mb: int, strict: bool,
+                   ops: Sequence[str], probe: bool, run: str | None) -> TraceOptions:
+        """The options as the user gives them (``hooktrace run``'s flags, ``hooktrace.trace``'s
+        keywords): ``steps`` as text, ``break_on`` as ``"nan"`` or None."""
+        if break_on not in (None, "nan"):
+            raise HooktraceError(f"break_on={break_on!r}: only 'nan' is supported")
+        return cls(include=tuple(include), exclude=tuple(exclude), steps=Steps.parse(steps),
+                   max_events=max_events, stats=stats, watch=watch,
+                   break_on_nan=break_on == "nan", capture=tuple(capture),
+                   capture_max_mb=capture_max_mb, strict=strict, ops=tuple(ops), probe=probe,
+                   run=run)
+
+    @classmethod
+    def from_header(cls, header: Header) -> TraceOptions:
+        """What a log's header says was recorded (``to_header`` read back), tolerant of older
+        logs: an option absent is what hooktrace did before it existed (every module, every
+        step, statistics on, no watching after the recorded steps). ``capture_max_mb`` and
+        ``strict`` say how the tracer behaved, not what it recorded: never written, defaults
+        here."""
+        options = header.options
+        max_events = options.get("max_events")
+        run = options.get("run")
+        return cls(
+            include=_globs(options.get("include")), exclude=_globs(options.get("exclude")),
+            steps=Steps.recorded(options.get("steps")),
+            max_events=max_events if isinstance(max_events, int) and max_events >= 1
+            else DEFAULT_MAX_EVENTS,
+            stats=bool(options.get("stats", True)), watch=bool(options.get("watch")),
+            break_on_nan=options.get("break_on") == "nan", capture=_globs(options.get("capture")),
+            ops=_globs(options.get("ops")), probe=bool(options.get("probe")),
+            run=run if isinstance(run, str) else None)
 
     def to_header(self) -> dict[str, Any]:
         """The filters in force, for the log header (absent = everything recorded)."""
@@ -99,3 +158,12 @@ class TraceOptions:
         if self.steps.text:
             out["steps"] = self.steps.text
         return out
+
+
+#: the defaults, for ``hooktrace run``'s flags and ``hooktrace.trace``'s keywords to show
+DEFAULTS = TraceOptions()
+
+
+def _globs(value: object) -> tuple[str, ...]:
+    """A header's list of fqn globs; anything else (absent) is none."""
+    return tuple(str(g) for g in value) if isinstance(value, list | tuple) else ()

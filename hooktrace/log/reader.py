@@ -1,7 +1,7 @@
 """Reading logs: a streaming, tolerant reader.
 
 The reader streams (constant memory), turns a partial last line or a missing end record into a
-warning, and refuses a log of a newer schema.
+warning, and refuses a log of a newer schema. Lines are parsed with orjson (no torch).
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
 
+from hooktrace.log.errors import SchemaError as SchemaError
 from hooktrace.log.ops import Op as Op
 from hooktrace.log.ops import Ops as Ops
 from hooktrace.log.signals import VIEW_OPS as VIEW_OPS
@@ -56,10 +57,6 @@ Record = Union[
     "Header", "Model", "Module", "ForwardEvent", "BackwardEvent", "ParamGrads", "Anomaly", "Step",
     "End", "Signal", "Source", "Ops",
 ]
-
-
-class SchemaError(ValueError):
-    """A record does not have the shape the schema defines."""
 
 
 #: Statistics of one gradient tensor: [norm, absmax] and, when the norm is not finite,

@@ -9,8 +9,7 @@ Standard library only: the reading side says it without torch.
 
 from __future__ import annotations
 
-from typing import Any
-
+from hooktrace.log.options import TraceOptions
 from hooktrace.log.schema import End
 from hooktrace.log.words import plural
 
@@ -39,25 +38,25 @@ def stopped_early(end: End) -> str | None:
     return f"the script stopped with {kind} before any model ran{_site(end)}"
 
 
-def nothing_seen(options: dict[str, Any], end: End | None, models: int) -> str | None:
+def nothing_seen(options: TraceOptions, end: End | None, models: int) -> str | None:
     """Why the run's log holds no event, or None where it holds some (or has no end: killed,
-    or still running). ``options``: the header's; ``models``: the model records of the log."""
+    or still running). ``options``: what was recorded; ``models``: the model records of the log."""
     if end is None or end.events:
         return None
     stopped = stopped_early(end)
     if stopped is not None:
         return stopped
-    filters = [f"--{key} {' '.join(options[key])}" for key in ("include", "exclude")
-               if options.get(key)]
+    filters = [f"--{key} {' '.join(globs)}" for key, globs in
+               (("include", options.include), ("exclude", options.exclude)) if globs]
     if models and filters:
         return (f"every module call was left out by {' and '.join(filters)} "
                 f"({plural(models, 'model')} seen): no fqn matched")
     if end.compiled:
-        steps = f" (--steps {options['steps']})" if options.get("steps") else ""
+        steps = f" (--steps {options.steps.text})" if options.steps.text else ""
         return (f"torch.compile'd code ran ({plural(end.compiled, 'graph')} compiled) and no "
                 f"module call in it was recorded{steps}")
-    if models and options.get("steps"):
-        return (f"no step that --steps {options['steps']} selects ran: the run completed "
+    if models and options.steps.text:
+        return (f"no step that --steps {options.steps.text} selects ran: the run completed "
                 f"{plural(end.steps, 'step')} ({plural(models, 'model')} seen)")
     if end.backward:
         return (f"backward() ran {plural(end.backward, 'time')} but no nn.Module call was "

@@ -6,7 +6,8 @@ cut off by kill -9 is valid up to its last whole line. A forked child (a DataLoa
 writes its parent's buffer twice. Where a log with records is in the way, the new log is written
 beside it and moved over it when its first record after the header comes (the open file
 survives the rename), so a run killed later still leaves its own partial log, and a run that
-records nothing leaves the previous log where it was.
+records nothing leaves the previous log where it was. Lines are written with orjson (about five
+times faster than json per event).
 """
 
 from __future__ import annotations

@@ -19,9 +19,10 @@ from typing import IO, Any
 
 import orjson
 
-from hooktrace.check.ranks import open_ranks
 from hooktrace.log import schema
+from hooktrace.log.discovery import open_ranks
 from hooktrace.log.errors import HooktraceError
+from hooktrace.log.options import TraceOptions
 from hooktrace.log.reader import LogNames, LogReader
 from hooktrace.log.words import plural
 from hooktrace.show.calls import depth_of
@@ -108,7 +109,7 @@ class _Rows:
 
     def __init__(self, reader: LogReader) -> None:
         self.rank = reader.header.rank
-        self.stats = bool(reader.header.options.get("stats", True))
+        self.stats = TraceOptions.from_header(reader.header).stats
         self.names = LogNames()
         self.models, self.classes, self.sources = (self.names.models, self.names.classes,
                                                    self.names.sources)

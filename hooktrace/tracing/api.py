@@ -14,10 +14,10 @@ from types import TracebackType
 import torch
 from torch import nn
 
-from hooktrace import __version__
 from hooktrace.log import schema
-from hooktrace.log.errors import HooktraceError, LogWriteError
-from hooktrace.log.options import DEFAULT_MAX_EVENTS, DEFAULT_STEPS, Steps, TraceOptions
+from hooktrace.log.errors import LogWriteError
+from hooktrace.log.options import DEFAULTS, TraceOptions
+from hooktrace.log.version import __version__
 from hooktrace.log.writer import LogWriter, rank_path
 from hooktrace.observe.capture import Capture
 from hooktrace.tracing.tracer import Tracer
@@ -142,18 +142,18 @@ def trace(
     path: str | os.PathLike[str] = "hooktrace.jsonl",
     model: nn.Module | Sequence[nn.Module] | None = None,
     *,
-    include: Sequence[str] = (),
-    exclude: Sequence[str] = (),
-    steps: str = DEFAULT_STEPS,
-    max_events: int = DEFAULT_MAX_EVENTS,
-    stats: bool = True,
-    watch: bool = True,
+    include: Sequence[str] = DEFAULTS.include,
+    exclude: Sequence[str] = DEFAULTS.exclude,
+    steps: str = DEFAULTS.steps.text,
+    max_events: int = DEFAULTS.max_events,
+    stats: bool = DEFAULTS.stats,
+    watch: bool = DEFAULTS.watch,
     break_on: str | None = None,
-    capture: Sequence[str] = (),
-    capture_max_mb: int = 256,
-    strict: bool = False,
-    ops: Sequence[str] = (),
-    probe: bool = False,
+    capture: Sequence[str] = DEFAULTS.capture,
+    capture_max_mb: int = DEFAULTS.capture_max_mb,
+    strict: bool = DEFAULTS.strict,
+    ops: Sequence[str] = DEFAULTS.ops,
+    probe: bool = DEFAULTS.probe,
 ) -> Trace:
     """Trace every module call (or those of ``model`` only) into the JSONL log at ``path``.
 
@@ -168,11 +168,8 @@ def trace(
     ...     net(x).sum().backward()
     """
     models = [model] if isinstance(model, nn.Module) else (list(model) if model else None)
-    if break_on not in (None, "nan"):
-        raise HooktraceError(f"break_on={break_on!r}: only 'nan' is supported")
-    options = TraceOptions(include=tuple(include), exclude=tuple(exclude),
-                           steps=Steps.parse(steps), max_events=max_events, stats=stats,
-                           watch=watch, break_on_nan=break_on == "nan", capture=tuple(capture),
-                           capture_max_mb=capture_max_mb, strict=strict, ops=tuple(ops),
-                           probe=probe)
+    options = TraceOptions.from_flags(
+        include=include, exclude=exclude, steps=steps, max_events=max_events, stats=stats,
+        watch=watch, break_on=break_on, capture=capture, capture_max_mb=capture_max_mb,
+        strict=strict, ops=ops, probe=probe, run=None)
     return Trace(path, models, options)

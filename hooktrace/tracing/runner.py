@@ -87,7 +87,7 @@ def _summary(session: Trace, options: TraceOptions) -> None:
     captured = (f", {plural(end.captured, 'tensor file')} in {capture_dir(session.path)}"
                 if end.captured else "")
     stopped = " (tracing stopped early, see above)" if end.tracer_error else ""
-    why = nothing_seen(options.to_header(), end, session.models)
+    why = nothing_seen(options, end, session.models)
     then = (f"nothing traced: {why}" if why else
             f"next: hooktrace render {session.path}; hooktrace check {session.path}")
     print(f"hooktrace: {plural(end.events, 'event')}, {plural(end.steps, 'step')}{dropped}"

@@ -13,6 +13,7 @@ from hooktrace.check.findings import ancestors
 from hooktrace.log import schema
 from hooktrace.log.align import Feed
 from hooktrace.log.decoder import BackwardRows, ForwardRows
+from hooktrace.log.options import TraceOptions
 from hooktrace.log.reader import LogReader
 from hooktrace.show.calls import depth_of
 from hooktrace.show.graph import grad_output_norm
@@ -149,7 +150,7 @@ def gather(reader: LogReader, feed: Feed | None = None) -> RunData:
     """One pass over the log of ``reader``; ``feed``: hand every item of the pass on to
     another reader too (check's ``Collector``)."""
     data = RunData(str(reader.path), reader.header.rank, reader.header,
-                   stats=bool(reader.header.options.get("stats", True)))
+                   stats=TraceOptions.from_header(reader.header).stats)
     for item in reader.scan(flow=reader.flow):  # what iterating the reader yields, as rows
         if feed is not None:
             feed(item)

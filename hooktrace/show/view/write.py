@@ -16,8 +16,8 @@ from typing import Any
 from hooktrace.check.checklog import check_collected, run_checks_ranks
 from hooktrace.check.collect import Collector
 from hooktrace.check.findings import Finding, Report
-from hooktrace.check.ranks import expand, open_ranks
 from hooktrace.check.report import where
+from hooktrace.log.discovery import expand, open_ranks
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.reader import LogReader
 from hooktrace.log.words import plural

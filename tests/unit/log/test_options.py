@@ -221,3 +221,69 @@ def test_checked_in_headers_hold_the_options_they_ran_with(name: str,
     header = LogReader(LOGS / f"{name}.jsonl").header.options
     assert header == options.to_header()
     assert TraceOptions(**options_from_header(header)) == options
+
+
+# -- read back and given: from_header, from_flags --------------------------------------------------
+
+def _header(**options: Any) -> schema.Header:
+    return schema.Header(schema=schema.SCHEMA_VERSION, hooktrace="0.2.0", options=options)
+
+
+@pytest.mark.parametrize("options", [
+    TraceOptions(),
+    TraceOptions(include=("fc*", "conv?"), exclude=("fc2",), steps=Steps.parse("0,100:102"),
+                 max_events=5, break_on_nan=True, capture=("conv1",), ops=("act*",),
+                 probe=True, run="module"),
+    TraceOptions(stats=False, watch=False, steps=Steps(), run="script"),
+    TraceOptions(steps=Steps.parse("all")),
+])
+def test_from_header_reads_back_what_to_header_wrote(options: TraceOptions) -> None:
+    assert TraceOptions.from_header(_header(**options.to_header())) == options
+
+
+@pytest.mark.parametrize(("name", "options"), [
+    ("mnist", TraceOptions(run="script")),
+    ("ops", TraceOptions(ops=("branch_b*",), run="script")),
+    ("diff_nostats", TraceOptions(stats=False, watch=False, steps=Steps.parse("0:3"),
+                                  run="script")),
+])
+def test_from_header_of_checked_in_logs(name: str, options: TraceOptions) -> None:
+    assert TraceOptions.from_header(LogReader(LOGS / f"{name}.jsonl").header) == options
+
+
+def test_from_header_of_an_older_log_is_what_hooktrace_did_then() -> None:
+    """No options at all: every module and every step, statistics, no watching."""
+    read = TraceOptions.from_header(_header())
+    assert (read.include, read.exclude, read.stats, read.watch, read.run) == (
+        (), (), True, False, None)
+    assert read.steps == Steps() and 10**6 in read.steps and not read.filtered
+
+
+@pytest.mark.parametrize(("steps", "selects", "text"), [
+    ("0:2", [0, 1], "0:2"),
+    ("junk", [], "junk"),  # a selection this hooktrace cannot read selects none, said as it was
+    (None, list(range(200)), ""),
+    (3, list(range(200)), ""),
+])
+def test_from_header_steps(steps: object, selects: list[int], text: str) -> None:
+    read = TraceOptions.from_header(_header(steps=steps)).steps
+    assert (selected(read), read.text) == (selects, text)
+
+
+def test_from_header_is_tolerant_of_odd_values() -> None:
+    read = TraceOptions.from_header(_header(include="fc*", max_events=0, run=3, stats=None))
+    assert (read.include, read.max_events, read.run, read.stats) == (
+        (), DEFAULT_MAX_EVENTS, None, False)
+    assert TraceOptions.from_header(_header(exclude=["head"])).filtered
+
+
+def test_from_flags_is_what_run_and_trace_give() -> None:
+    flags: dict[str, Any] = {
+        "include": ["fc*"], "exclude": (), "steps": "0,5", "max_events": 7, "stats": True,
+        "watch": False, "break_on": "nan", "capture": (), "capture_max_mb": 3, "strict": True,
+        "ops": ["act*"], "probe": False, "run": "script"}
+    assert TraceOptions.from_flags(**flags) == TraceOptions(
+        include=("fc*",), steps=Steps.parse("0,5"), max_events=7, watch=False,
+        break_on_nan=True, capture_max_mb=3, strict=True, ops=("act*",), run="script")
+    with pytest.raises(HooktraceError, match="break_on='inf': only 'nan' is supported"):
+        TraceOptions.from_flags(**{**flags, "break_on": "inf"})
