@@ -39,7 +39,7 @@ from hooktrace.check.scaling import check_scaling, explain
 from hooktrace.check.shared import check_shared_targets
 from hooktrace.check.trainable import drop_frozen, frozen_since, settle_frozen, unfrozen_at
 from hooktrace.check.unseen import check_unseen
-from hooktrace.log.words import plural
+from hooktrace.log.words import fqn_text, plural
 
 if TYPE_CHECKING:
     from hooktrace.check.boundary import Flow
@@ -132,7 +132,7 @@ def check_no_grad(c: Collected, explained: Set[ModuleKey] = frozenset()) -> list
         if steps:
             detached.append((m, Finding(
                 "no-grad", WARNING, c.model_name(m.model), m.name, steps[0],
-                f"{m.name or '(root)'} ({m.cls}) ran forward but no gradient reached it: "
+                f"{fqn_text(m.name)} ({m.cls}) ran forward but no gradient reached it: "
                 f"detached or not on the loss path ({steps_text(steps)})",
                 {"steps": steps[:20], "trainable": m.trainable},
                 "look for .detach(), .data, .item()/numpy round trips, or an output the loss "
@@ -155,7 +155,7 @@ def check_lost_gradient(c: Collected) -> list[Finding]:
         turns = f" (at least every {gap} steps)" if isinstance(gap, int) and gap > 1 else ""
         out.append(Finding(
             "no-grad", WARNING, c.model_name(model), name, steps[0],
-            f"{name or '(root)'} ({m.cls if m else '?'}) received gradient {until}{turns}, then "
+            f"{fqn_text(name)} ({m.cls if m else '?'}) received gradient {until}{turns}, then "
             + (f"none from step {last + 1} on (said at {steps_text(steps)})"
                if isinstance(last, int) else
                f"none from step {steps[0]} on ({steps_text(steps)})"),
@@ -300,7 +300,7 @@ def check_info(c: Collected, evaluation: Set[ModuleKey] = frozenset()) -> list[F
                               (model, name) for name in [*ancestors(m.name), m.name])),
                          key=lambda m: m.first_seq or 0)
         if several:
-            listed = ", ".join(f"{m.name or '(root)'} x{m.max_calls_per_step}"
+            listed = ", ".join(f"{fqn_text(m.name)} x{m.max_calls_per_step}"
                                for m in several[:8])
             more = f" and {len(several) - 8} more" if len(several) > 8 else ""
             out.append(Finding(

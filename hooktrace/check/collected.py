@@ -10,6 +10,7 @@ from typing import Any
 
 from hooktrace.check.calls import Call
 from hooktrace.log import schema
+from hooktrace.log.words import fqn_text
 
 ModuleKey = tuple[int, str]  # (model, fqn)
 Keys = frozenset[ModuleKey]
@@ -140,4 +141,4 @@ class Collected:
     def label(self, model: int, name: str) -> str:
         """A module as findings name it: ``layer1.0 (BasicBlock)``, ``(root)`` for the root."""
         m = self.modules.get((model, name))
-        return f"{name or '(root)'} ({m.cls})" if m and m.cls != "?" else (name or "(root)")
+        return f"{fqn_text(name)} ({m.cls})" if m and m.cls != "?" else fqn_text(name)

@@ -20,7 +20,7 @@ from hooktrace.check.findings import (
     names_text,
     steps_text,
 )
-from hooktrace.log.words import plural
+from hooktrace.log.words import fqn_text, plural
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected, ModuleKey
@@ -71,7 +71,7 @@ def _profile(c: Collected, t: Thresholds, explained: Set[ModuleKey], step: int,
         "exploding" if orders > 0 else "vanishing", WARNING, c.model_name(model), name,
         step,
         f"gradient norms {'grow' if orders > 0 else 'fall'} by {abs(orders):.1f} orders of "
-        f"magnitude from {modules[at][1] or '(root)'} ({top:.3g}) back to {name} "
+        f"magnitude from {fqn_text(modules[at][1])} ({top:.3g}) back to {name} "
         f"({bottom:.3g}) at step {step}",
         {"profile": [{"module": n, "grad_output_norm": v}
                      for (_, n), v in zip(modules, norms, strict=True)]},
@@ -324,7 +324,7 @@ def _magnitude_finding(c: Collected, t: Thresholds, starts: dict[ModuleKey, int]
         return finding
     order = sorted(modules, key=lambda k: start(starts, k))
     limit = t.vanishing if kind == "vanishing" else t.exploding
-    listed = ", ".join(f"{k[1] or '(root)'} {modules[k].norm:.2g}" for k in order[:6])
+    listed = ", ".join(f"{fqn_text(k[1])} {modules[k].norm:.2g}" for k in order[:6])
     past = ("of exactly 0" if kind == "zero-gradient" else
             f"{'below' if kind == 'vanishing' else 'above'} {limit:g}")
     about = (f"{plural(len(order), 'module')} with a parameter-gradient norm {past}: {listed}"

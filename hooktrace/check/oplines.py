@@ -24,6 +24,7 @@ from hooktrace.check.findings import NOTE, Finding
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.ops import Op, Ops
 from hooktrace.log.options import Steps
+from hooktrace.log.words import fqn_text
 
 if TYPE_CHECKING:
     from hooktrace.check.boundary import Boundary, Flow
@@ -128,7 +129,7 @@ def _say(f: Finding, op: Op, step: int, module: str) -> None:
     f.evidence["op"] = ops.where(op, step)
     if module != f.module:
         f.evidence["op"]["module"] = module
-    inside = ops.said(op, f" in {module or '(root)'}" if module != f.module else "")
+    inside = ops.said(op, f" in {fqn_text(module)}" if module != f.module else "")
     if f.kind == "nonfinite-forward":
         f.message += f"; made by {inside}"
     elif f.kind == "nonfinite-backward":

@@ -25,6 +25,7 @@ from hooktrace.log.decoder import (
     Rows,
 )
 from hooktrace.log.reader import LogReader
+from hooktrace.log.words import fqn_text
 
 Shapes = Sequence[Any]  # shapes of a call's tensor leaves, as the reader gives them (lists)
 Key = tuple[str, str, str, int]  # (model, phase, fqn, call): one call, in any run
@@ -51,7 +52,7 @@ class Event(NamedTuple):
         return (self.model, self.phase, self.name, self.call)
 
     def describe(self) -> str:
-        return f"{self.phase} of {self.name or '(root)'} call {self.call}"
+        return f"{self.phase} of {fqn_text(self.name)} call {self.call}"
 
 
 @dataclass

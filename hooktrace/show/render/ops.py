@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 
 from hooktrace.log import schema
-from hooktrace.show.render.text import printable, shapes_text
+from hooktrace.show.render.text import module_text, printable, shapes_text
 
 MOST = 12  # operations drawn inside a box; the rest are counted
 
@@ -49,7 +49,7 @@ def row(op: schema.Op) -> list[str]:
 
 
 def title(record: schema.Ops, cls: str) -> str:
-    name = printable(record.name) if record.name else "(root)"
+    name = module_text(record.name)
     more = f", {record.more} more not recorded" if record.more else ""
     return (f"{name} ({printable(cls)}) call {record.call} (forward seq {record.fwd}): "
             f"{len(record.ops)} operations{more}")

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 from hooktrace.log import schema
 from hooktrace.log.errors import HooktraceError
-from hooktrace.log.words import plural
+from hooktrace.log.words import ROOT, plural, ranges
 from hooktrace.show.graph import depth_of
-from hooktrace.show.steplog import Event, StepLog, load_step, ranges
+from hooktrace.show.steplog import Event, StepLog, load_step
 
 DEFAULT_LIMIT = 100  # rows; resnet50 has 366 events per step, the MNIST net 14
 
@@ -45,7 +45,7 @@ def shapes_text(shapes: Sequence[schema.Shape | None], times: str = "x", most: i
 
 def module_text(fqn: str) -> str:
     """How a fqn is shown: the root of a model is ``(root)``."""
-    return printable(fqn) if fqn else "(root)"
+    return printable(fqn) if fqn else ROOT
 
 
 def _phase(e: Event) -> str:
@@ -81,7 +81,7 @@ def _columns(rows: list[list[str]]) -> list[str]:
 def matches(fqn: str, module: str | None) -> bool:
     """Whether ``fqn`` matches the glob ``module`` (None: every fqn; ``(root)``: a model's
     root), as ``run --include`` matches."""
-    return module is None or fnmatch.fnmatchcase(fqn, module) or (not fqn and module == "(root)")
+    return module is None or fnmatch.fnmatchcase(fqn, module) or (not fqn and module == ROOT)
 
 
 def table(log: StepLog, phase: str | None = None, limit: int = DEFAULT_LIMIT,
