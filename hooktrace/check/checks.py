@@ -21,7 +21,6 @@ from hooktrace.check.findings import (
     Finding,
     Thresholds,
     after_causes,
-    ancestors,
     steps_text,
 )
 from hooktrace.check.frozen import frozen_notes
@@ -39,6 +38,7 @@ from hooktrace.check.scaling import check_scaling, explain
 from hooktrace.check.shared import check_shared_targets
 from hooktrace.check.trainable import drop_frozen, frozen_since, settle_frozen, unfrozen_at
 from hooktrace.check.unseen import check_unseen
+from hooktrace.log.names import ancestors
 from hooktrace.log.words import fqn_text, plural
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ def _detached(c: Collected) -> dict[ModuleKey, list[int]]:
     with .detach() for the discriminator's step) are not detached."""
     out: dict[ModuleKey, list[int]] = {}
     found: dict[tuple[Keys, Keys], Keys] = {}  # the sets are shared between steps
-    trained = {key[0] for keys in c.backward.values() for key in keys}
+    trained = c.backward_models()
     for step in sorted(c.grad):
         if step in c.backward_steps:
             pair = (c.grad[step], c.backward.get(step, frozenset()))
@@ -232,7 +232,7 @@ def check_unused(c: Collected) -> list[Finding]:
         return []  # filtered-out modules would look unused
     # a model that never ran backward (evaluation only, a reloaded checkpoint, a teacher) has
     # no gradient flow to judge
-    trained = {key[0] for keys in c.backward.values() for key in keys}
+    trained = c.backward_models()
     # a module under two parents is called under the path of the parent that calls it: one
     # name called is the module called (and a second path never taken is no module of its own)
     through = {(m.model, m.alias_of) for m in c.modules.values() if m.alias_of and m.calls}

@@ -131,12 +131,15 @@ class Collected:
                     records[i] = (model, names, tuple(None if n is None else n / scale
                                                       for n in norms))
 
+    def backward_models(self) -> set[int]:
+        """The models a backward pass reached, in some recorded step."""
+        return {key[0] for keys in self.backward.values() for key in keys}
+
     def data_models(self) -> set[int]:
         """The models that prepare data: no parameters, never reached by a backward pass
         (torchvision transforms are modules: ``Resize``, ``RandomHorizontalFlip``)."""
-        backed = {key[0] for keys in self.backward.values() for key in keys}
         with_params = {m.model for m in self.modules.values() if m.params}
-        return {m.model for m in self.modules.values()} - backed - with_params
+        return {m.model for m in self.modules.values()} - self.backward_models() - with_params
 
     def label(self, model: int, name: str) -> str:
         """A module as findings name it: ``layer1.0 (BasicBlock)``, ``(root)`` for the root."""

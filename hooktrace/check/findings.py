@@ -85,9 +85,3 @@ def names_text(names: list[str], keep: int = 6) -> str:
     """``a, b, c`` or ``a, b, c, ... and 4 more``, ``(root)`` for the root."""
     shown = ", ".join(fqn_text(n) for n in names[:keep])
     return shown + (f" and {len(names) - keep} more" if len(names) > keep else "")
-
-
-def ancestors(name: str) -> list[str]:
-    """Outermost first: "a.b.c" -> ["", "a", "a.b"]."""
-    parts = name.split(".") if name else []
-    return [".".join(parts[:i]) for i in range(len(parts))]

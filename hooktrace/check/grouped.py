@@ -11,7 +11,7 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING
 
-from hooktrace.check.findings import ancestors
+from hooktrace.log.names import ancestors
 from hooktrace.log.words import ROOT, fqn_text
 
 if TYPE_CHECKING:

@@ -34,7 +34,7 @@ def check_on_wrapper(c: Collected) -> list[Finding]:
     options = c.header.options
     if options.get("include") or options.get("exclude"):
         return []  # a filtered-out module is never called in the log
-    trained = {key[0] for keys in c.backward.values() for key in keys}
+    trained = c.backward_models()
     below = on_wrapper(c)
     out = []
     for m in sorted(c.modules.values(), key=lambda m: (m.model, m.name)):

@@ -16,10 +16,10 @@ from hooktrace.check.findings import (
     WARNING,
     Finding,
     Thresholds,
-    ancestors,
     names_text,
     steps_text,
 )
+from hooktrace.log.names import ancestors
 from hooktrace.log.words import fqn_text, plural
 
 if TYPE_CHECKING:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hooktrace.check.findings import ERROR, NOTE, Finding, ancestors, names_text, steps_text
+from hooktrace.check.findings import ERROR, NOTE, Finding, names_text, steps_text
 from hooktrace.check.magnitudes import DIVERGES, growth, growth_text, largest_norms
+from hooktrace.log.names import ancestors
 from hooktrace.log.words import fqn_text
 
 if TYPE_CHECKING:

@@ -22,7 +22,8 @@ import orjson
 from hooktrace.check.ranks import open_ranks
 from hooktrace.log import schema
 from hooktrace.log.errors import HooktraceError
-from hooktrace.log.reader import LogNames, LogReader
+from hooktrace.log.names import LogNames
+from hooktrace.log.reader import LogReader
 from hooktrace.log.words import plural
 from hooktrace.show.graph import depth_of
 from hooktrace.show.owned import default_output

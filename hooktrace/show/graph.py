@@ -34,9 +34,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hooktrace.check.findings import ancestors
 from hooktrace.log import schema
 from hooktrace.log.errors import HooktraceError
+from hooktrace.log.names import ancestors
 from hooktrace.show.flow import data_edges, has_flow, largest
 from hooktrace.show.flow import grad_output_norm as grad_output_norm
 from hooktrace.show.picture import Cluster, Edge, ModuleKey, Node, NodeKey, View

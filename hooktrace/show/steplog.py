@@ -16,7 +16,8 @@ from pathlib import Path
 from hooktrace.log import schema
 from hooktrace.log.decoder import BackwardRows, ForwardRows
 from hooktrace.log.errors import HooktraceError, LogError
-from hooktrace.log.reader import LogNames, LogReader
+from hooktrace.log.names import LogNames
+from hooktrace.log.reader import LogReader
 from hooktrace.log.words import plural, ranges
 from hooktrace.log.writer import capture_dir
 

@@ -9,8 +9,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from hooktrace.check.findings import ancestors
 from hooktrace.log import schema
+from hooktrace.log.names import ancestors
 from hooktrace.log.reader import LogReader
 from hooktrace.show.graph import depth_of, grad_output_norm
 from hooktrace.show.picture import ModuleKey
