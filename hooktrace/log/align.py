@@ -24,6 +24,7 @@ from hooktrace.log.decoder import (
     ForwardRows,
     Rows,
 )
+from hooktrace.log.names import LogNames
 from hooktrace.log.reader import LogReader
 from hooktrace.log.words import fqn_text
 
@@ -88,7 +89,8 @@ class Walk:
         self.reader = reader
         self._feed = feed
         self._items: Iterator[Rows | schema.Record] | None = None  # the scan, once started
-        self.models: dict[int, str] = {}
+        self.names = LogNames()
+        self.models = self.names.models  # model index -> name
         self.modules: dict[str, dict[str, ModuleInfo]] = {}
         self._names: dict[int, tuple[str, str]] = {}  # module id -> (model name, fqn)
         self._closed = -1  # the last step a step record closed
@@ -152,8 +154,9 @@ class Walk:
         if isinstance(record, schema.Step):
             self._closed = record.step
         elif isinstance(record, schema.Model):
-            self.models[record.model] = record.name
+            self.names.take(record)
         elif isinstance(record, schema.Module):
+            self.names.take(record)
             known = self.modules.setdefault(self._model(record.model), {})
             known.setdefault(record.name, ModuleInfo(record.cls, record.params, len(known)))
 
