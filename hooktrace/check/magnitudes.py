@@ -114,7 +114,7 @@ def _past_thresholds(c: Collected, t: Thresholds, starts: dict[ModuleKey, int]
         for key, norm in norms.items():
             if norm is None:
                 continue
-            # NaN compares False: a non-finite norm is another check's
+            # NaN compares False: a NaN/Inf norm is another check's
             kind = ("zero" if norm == 0 else "vanishing" if norm < t.vanishing else "exploding"
                     if t.exploding < norm < math.inf else "")
             if not kind:
