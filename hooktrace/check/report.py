@@ -115,11 +115,10 @@ def to_text(report: Report, path: str) -> str:
     warnings = sum(f.severity == WARNING for f in report.findings)
     notes = sum(f.severity == NOTE for f in report.findings)
     lines.append("")
-    noted = f"{notes} note" + ("" if notes == 1 else "s")
+    noted = plural(notes, "note")
     if errors or warnings:
-        lines.append(f"{errors + warnings} problem{'' if errors + warnings == 1 else 's'} "
-                     f"({errors} error{'' if errors == 1 else 's'}, "
-                     f"{warnings} warning{'' if warnings == 1 else 's'}), {noted}")
+        lines.append(f"{plural(errors + warnings, 'problem')} ({plural(errors, 'error')}, "
+                     f"{plural(warnings, 'warning')}), {noted}")
     else:
         lines.append(f"No problems found ({noted}).")
     return "\n".join(lines)

@@ -86,7 +86,7 @@ def _params(report: DiffReport, compared: bool) -> list[str]:
         lines.append(f"   step {p.step} · model '{p.model}': {shown}{more}")
     if report.param_steps > 3:
         rest = report.param_steps - 3
-        lines.append(f"   ... {rest} more step{'' if rest == 1 else 's'}")
+        lines.append(f"   ... {plural(rest, 'more step')}")
     return lines
 
 
@@ -96,7 +96,7 @@ def _norm(value: float | None) -> str:
 
 def to_text(report: DiffReport) -> str:
     steps = len(report.steps)
-    lines = [f"hooktrace diff {report.a} {report.b}: {steps} step{'' if steps == 1 else 's'} "
+    lines = [f"hooktrace diff {report.a} {report.b}: {plural(steps, 'step')} "
              f"compared ({ranges(report.steps)})"]
     lines += [f"warning: {w}" for w in report.warnings]
     compared = not any(n.startswith("numbers") for n in report.not_compared)
