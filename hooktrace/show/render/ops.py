@@ -14,9 +14,9 @@ MOST = 12  # operations drawn inside a box; the rest are counted
 
 
 def _largest_norm(stats: Sequence[schema.GradStat | None] | None) -> str:
-    """The largest of the tensors' norms (not their L2 norm together: an op's gradient is
-    mostly one tensor), a NaN/Inf one first: ``1.2e-03``, ``nan``, ``0``, ``-`` where none
-    came."""
+    """The largest of the tensors' norms, a NaN/Inf one first (not their L2 norm together,
+    ``gradstat.norm``: the number these rows have always shown): ``1.2e-03``, ``nan``, ``0``,
+    ``-`` where none came."""
     found = worst(norms(stats))
     if found is None:
         return "-"
