@@ -16,6 +16,7 @@ from hooktrace.diff.compare import DEFAULT_ATOL, DEFAULT_RTOL
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.options import DEFAULTS, TraceOptions
 from hooktrace.log.version import __version__
+from hooktrace.log.words import ROOT
 
 
 class _UserError(click.ClickException):
@@ -169,7 +170,7 @@ def render_command(logs: tuple[Path, ...], rank: int | None, output: Path | None
               show_default=True, help="The events to show.")
 @click.option("--model", metavar="NAME", help="Show this model only (as named in the log).")
 @click.option("--module", metavar="GLOB",
-              help="Show the modules whose fqn matches only, e.g. 'layer4*' ('(root)': a model's "
+              help=f"Show the modules whose fqn matches only, e.g. 'layer4*' ('{ROOT}': a model's "
                    "root).")
 @click.option("--limit", type=click.IntRange(min=0), default=100, show_default=True,
               help="Print at most this many events; 0 prints them all.")

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Set
 from typing import TYPE_CHECKING
 
-from hooktrace.check.findings import NOTE, Finding, ancestors
+from hooktrace.check.findings import NOTE, Finding
 from hooktrace.check.grouped import cover
-from hooktrace.log.words import plural
+from hooktrace.log.names import ancestors
+from hooktrace.log.words import fqn_text, plural
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected
@@ -31,7 +32,7 @@ def check_info(c: Collected, evaluation: Set[ModelFqn] = frozenset()) -> list[Fi
                               (model, name) for name in [*ancestors(m.name), m.name])),
                          key=lambda m: m.first_seq or 0)
         if several:
-            listed = ", ".join(f"{m.name or '(root)'} x{m.max_calls_per_step}"
+            listed = ", ".join(f"{fqn_text(m.name)} x{m.max_calls_per_step}"
                                for m in several[:8])
             more = f" and {len(several) - 8} more" if len(several) > 8 else ""
             out.append(Finding(

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hooktrace.log.gradstat import norm
+
 if TYPE_CHECKING:
     from hooktrace.check.keys import ModelFqn
 
@@ -78,13 +80,8 @@ def take_zero_shares(judged: dict[int, JudgedCall], share: object) -> None:
 
 
 def _norm(stats: Sequence[Sequence[float] | None] | None) -> tuple[float | None, bool]:
-    if stats is None:
-        return None, True
-    norms = [s[0] for s in stats if s is not None]
-    if not norms:
-        return None, True
-    total = math.sqrt(sum(n * n for n in norms))
-    return total, math.isfinite(total)
+    total = norm(stats)
+    return (None, True) if total is None else (total, math.isfinite(total))
 
 
 def whole_drop(p: float, unit: str, inputs: Sequence[object]) -> float | None:

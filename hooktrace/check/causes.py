@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hooktrace.check.findings import NOTE, WARNING, Finding, names_text, steps_text
-from hooktrace.log.words import plural
+from hooktrace.log.words import fqn_text, plural
 
 if TYPE_CHECKING:
     from hooktrace.check.boundary import Boundary, GradientFlow
@@ -141,7 +141,7 @@ def _finding(flow: GradientFlow, b: Boundary, modules: dict[ModelFqn, ModuleStat
     kind, what, hint = CAUSES[cause]
     branch = names_text(list(b.branches), 3) if b.branches else "a child"
     victims = sorted(b.victims, key=lambda k: _first_seq(modules, k))
-    message = (f"{name or '(root)'} ({m.cls if m else '?'}): "
+    message = (f"{fqn_text(name)} ({m.cls if m else '?'}): "
                f"{what.format(branch=branch, gain=_gain(b), ratio=_ratio(b), reads=_reads(b))}; "
                f"{_victims(b, victims, modules)} at {steps_text(b.steps)}")
     judged = flow.judged.get(model, [])

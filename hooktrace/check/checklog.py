@@ -33,7 +33,7 @@ from hooktrace.log.align import Feed
 from hooktrace.log.discovery import open_ranks
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.reader import LogReader
-from hooktrace.log.words import plural
+from hooktrace.log.words import fqn_text, plural
 from hooktrace.log.writer import capture_dir
 
 
@@ -76,7 +76,7 @@ def check_ranks(readers: Sequence[LogReader], feeds: Sequence[Feed] | None = Non
     if found is None:
         return []
     what = "; ".join(f"rank {rank}: {desc}" for rank, desc in found.ranks.items())
-    where = f", from {found.module or '(root)'}" if found.model else ""
+    where = f", from {fqn_text(found.module)}" if found.model else ""
     return [Finding(
         "rank-divergence", ERROR, found.model, found.module, found.step,
         f"the ranks ran different {_PARTED[found.kind]} at step {found.step}{where} ({what})",

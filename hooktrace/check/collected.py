@@ -11,6 +11,7 @@ from typing import Any
 from hooktrace.check.calls import JudgedCall
 from hooktrace.check.keys import ModelFqn, ModelFqns
 from hooktrace.log import schema
+from hooktrace.log.words import fqn_text
 
 
 @dataclass
@@ -128,14 +129,17 @@ class Collected:
                     records[i] = (model, names, tuple(None if n is None else n / scale
                                                       for n in norms))
 
+    def backward_models(self) -> set[int]:
+        """The models a backward pass reached, in some recorded step."""
+        return {key[0] for keys in self.backward.values() for key in keys}
+
     def data_models(self) -> set[int]:
         """The models that prepare data: no parameters, never reached by a backward pass
         (torchvision transforms are modules: ``Resize``, ``RandomHorizontalFlip``)."""
-        backed = {key[0] for keys in self.backward.values() for key in keys}
         with_params = {m.model for m in self.modules.values() if m.params}
-        return {m.model for m in self.modules.values()} - backed - with_params
+        return {m.model for m in self.modules.values()} - self.backward_models() - with_params
 
     def label(self, model: int, name: str) -> str:
         """A module as findings name it: ``layer1.0 (BasicBlock)``, ``(root)`` for the root."""
         m = self.modules.get((model, name))
-        return f"{name or '(root)'} ({m.cls})" if m and m.cls != "?" else (name or "(root)")
+        return f"{fqn_text(name)} ({m.cls})" if m and m.cls != "?" else fqn_text(name)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hooktrace.log.words import fqn_text
+
 # one word for the least severity, in the report's headings and in --json alike
 ERROR, WARNING, NOTE = "error", "warning", "note"
 SEVERITY_ORDER = {ERROR: 0, WARNING: 1, NOTE: 2}
@@ -81,11 +83,5 @@ def steps_text(steps: list[int]) -> str:
 
 def names_text(names: list[str], keep: int = 6) -> str:
     """``a, b, c`` or ``a, b, c, ... and 4 more``, ``(root)`` for the root."""
-    shown = ", ".join(n or "(root)" for n in names[:keep])
+    shown = ", ".join(fqn_text(n) for n in names[:keep])
     return shown + (f" and {len(names) - keep} more" if len(names) > keep else "")
-
-
-def ancestors(name: str) -> list[str]:
-    """Outermost first: "a.b.c" -> ["", "a", "a.b"]."""
-    parts = name.split(".") if name else []
-    return [".".join(parts[:i]) for i in range(len(parts))]

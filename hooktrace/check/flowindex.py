@@ -12,7 +12,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from hooktrace.check.findings import ancestors
+from hooktrace.log.names import ancestors
 
 if TYPE_CHECKING:
     from hooktrace.check.calls import JudgedCall

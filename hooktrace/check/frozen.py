@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from hooktrace.check.findings import NOTE, Finding, names_text
 from hooktrace.check.grouped import copies, cover, inside, patterns
+from hooktrace.log.names import ancestors
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
@@ -119,5 +120,4 @@ def _adapters(c: Collected, frozen: list[ModuleStats]) -> dict[str, list[str]]:
 
 
 def _parents(name: str) -> list[str]:
-    parts = name.split(".")
-    return [".".join(parts[:i]) for i in range(1, len(parts))]
+    return ancestors(name)[1:]  # not the root

@@ -11,7 +11,8 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING
 
-from hooktrace.check.findings import ancestors
+from hooktrace.log.names import ancestors
+from hooktrace.log.words import ROOT, fqn_text
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected, ModuleStats
@@ -52,8 +53,8 @@ def patterns(names: Iterable[str], keep: int = 10) -> str:
     ``keep`` patterns, how many more."""
     counts: dict[str, list[str]] = {}
     for name in names:
-        pattern = _INDEX.sub("*", name) if name else "(root)"
-        counts.setdefault(pattern, []).append(name or "(root)")
+        pattern = _INDEX.sub("*", name) if name else ROOT
+        counts.setdefault(pattern, []).append(fqn_text(name))
     shown = [found[0] if len(found) == 1 else f"{p} (x{len(found)})"
              for p, found in counts.items()]
     more = f" and {len(shown) - keep} more" if len(shown) > keep else ""

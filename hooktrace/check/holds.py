@@ -36,7 +36,7 @@ def check_on_wrapper(c: Collected) -> list[Finding]:
     a ``DataParallel``; the model's own ``fc`` runs instead)."""
     if TraceOptions.from_header(c.header).filtered:
         return []  # a filtered-out module is never called in the log
-    trained = {key[0] for keys in c.backward.values() for key in keys}
+    trained = c.backward_models()
     below = on_wrapper(c)
     out = []
     for m in sorted(c.modules.values(), key=lambda m: (m.model, m.name)):

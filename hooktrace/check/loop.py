@@ -258,7 +258,7 @@ def _never_reached(c: Collected) -> list[Finding]:
     out = []
     held = {s.model for s in c.signals if s.kind == "optimizers" and s.detail.get("held")}
     # (held by an optimizer at some point: a GAN's generator is, once its optimizer steps)
-    backed = {key[0] for keys in c.backward.values() for key in keys}
+    backed = c.backward_models()
     ran = {key[0] for keys in c.grad.values() for key in keys}
     ran_no_grad = {key[0] for keys in c.no_grad.values() for key in keys}
     for model in sorted(held & ran_no_grad - ran - backed):

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from hooktrace.check.findings import NOTE, WARNING, Finding
+from hooktrace.log.words import fqn_text
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected
@@ -90,7 +91,7 @@ def _zeroed(findings: list[Finding]) -> list[Finding]:
                 nothing.evidence.get("steps", [])):
             kept.append(f)
             continue
-        names = [str(m) or "(root)" for m in
+        names = [fqn_text(str(m)) for m in
                  f.evidence.get("modules") or f.evidence.get("starved") or [f.module]]
         now = grown.get(f.model, nothing)
         grown[f.model] = replace(

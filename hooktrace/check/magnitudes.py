@@ -16,11 +16,11 @@ from hooktrace.check.findings import (
     WARNING,
     Finding,
     Thresholds,
-    ancestors,
     names_text,
     steps_text,
 )
-from hooktrace.log.words import plural
+from hooktrace.log.names import ancestors
+from hooktrace.log.words import fqn_text, plural
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected
@@ -72,7 +72,7 @@ def _profile(c: Collected, t: Thresholds, explained: Set[ModelFqn], step: int,
         "exploding" if orders > 0 else "vanishing", WARNING, c.model_name(model), name,
         step,
         f"gradient norms {'grow' if orders > 0 else 'fall'} by {abs(orders):.1f} orders of "
-        f"magnitude from {modules[at][1] or '(root)'} ({top:.3g}) back to {name} "
+        f"magnitude from {fqn_text(modules[at][1])} ({top:.3g}) back to {name} "
         f"({bottom:.3g}) at step {step}",
         {"profile": [{"module": n, "grad_output_norm": v}
                      for (_, n), v in zip(modules, norms, strict=True)]},
@@ -115,7 +115,7 @@ def _past_thresholds(c: Collected, t: Thresholds, starts: dict[ModelFqn, int]
         for key, norm in norms.items():
             if norm is None:
                 continue
-            # NaN compares False: a non-finite norm is another check's
+            # NaN compares False: a NaN/Inf norm is another check's
             kind = ("zero" if norm == 0 else "vanishing" if norm < t.vanishing else "exploding"
                     if t.exploding < norm < math.inf else "")
             if not kind:
@@ -326,7 +326,7 @@ def _magnitude_finding(c: Collected, t: Thresholds, starts: dict[ModelFqn, int],
         return finding
     order = sorted(modules, key=lambda k: start(starts, k))
     limit = t.vanishing if kind == "vanishing" else t.exploding
-    listed = ", ".join(f"{k[1] or '(root)'} {modules[k].norm:.2g}" for k in order[:6])
+    listed = ", ".join(f"{fqn_text(k[1])} {modules[k].norm:.2g}" for k in order[:6])
     past = ("of exactly 0" if kind == "zero-gradient" else
             f"{'below' if kind == 'vanishing' else 'above'} {limit:g}")
     about = (f"{plural(len(order), 'module')} with a parameter-gradient norm {past}: {listed}"

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from hooktrace.check.findings import WARNING, Finding, steps_text
 from hooktrace.check.grouped import cover, patterns
-from hooktrace.log.words import plural
+from hooktrace.log.words import fqn_text, plural
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected, ModuleStats
@@ -45,6 +45,6 @@ def no_grad_only(c: Collected, found: list[tuple[ModuleStats, list[int]]]) -> li
 def _one(c: Collected, m: ModuleStats, steps: list[int]) -> Finding:
     return Finding(
         "no-grad-under-no_grad", WARNING, c.model_name(m.model), m.name, steps[0],
-        f"{m.name or '(root)'} ({m.cls}) ran under torch.no_grad while the rest of its "
+        f"{fqn_text(m.name)} ({m.cls}) ran under torch.no_grad while the rest of its "
         f"model trained: its {m.trainable} trainable parameters get no gradient",
         {"steps": steps[:20]}, HINT)

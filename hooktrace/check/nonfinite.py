@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hooktrace.check.findings import ERROR, NOTE, Finding, ancestors, names_text, steps_text
+from hooktrace.check.findings import ERROR, NOTE, Finding, names_text, steps_text
 from hooktrace.check.magnitudes import DIVERGES, growth, growth_text, largest_norms
+from hooktrace.log.names import ancestors
 from hooktrace.log.options import TraceOptions
+from hooktrace.log.words import fqn_text
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected, Nonfinite
@@ -94,9 +96,9 @@ def _came_in(c: Collected, forward: Nonfinite
     also = (f" (or in the forward of {names_text(between)} before it calls {name})"
             if between else "")
     return (made, f", whose input already held NaN/Inf: made in the forward of "
-            f"{c.label(model, made)}, by its own code after {before[1] or '(root)'} returned "
+            f"{c.label(model, made)}, by its own code after {fqn_text(before[1])} returned "
             f"and before {name} was called{also}",
-            f"look in the forward of {made or '(root)'} between {before[1] or '(root)'} and "
+            f"look in the forward of {fqn_text(made)} between {fqn_text(before[1])} and "
             f"{name}: log or sqrt of <= 0, division by 0, exp overflowing, a softmax over a row "
             "masked entirely with -inf",
             {"inputs": said.detail.get("inputs"), "received_by": name, "after": before[1]})

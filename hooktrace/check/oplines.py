@@ -24,6 +24,7 @@ from hooktrace.check.causes import CAUSES
 from hooktrace.check.findings import NOTE, Finding
 from hooktrace.log.ops import Op, Ops
 from hooktrace.log.options import TraceOptions
+from hooktrace.log.words import fqn_text
 
 if TYPE_CHECKING:
     from hooktrace.check.boundary import Boundary, GradientFlow
@@ -130,7 +131,7 @@ def _say(f: Finding, op: Op, step: int, module: str) -> Finding:
     where = ops.op_where(op, step)
     if module != f.module:
         where["module"] = module
-    inside = ops.said(op, f" in {module or '(root)'}" if module != f.module else "")
+    inside = ops.said(op, f" in {fqn_text(module)}" if module != f.module else "")
     if f.kind == "nonfinite-forward":
         message = f"{f.message}; made by {inside}"
     elif f.kind == "nonfinite-backward":

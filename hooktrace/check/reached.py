@@ -9,9 +9,11 @@ from collections.abc import Iterator, Set
 from typing import TYPE_CHECKING
 
 from hooktrace.check import nogradonly
-from hooktrace.check.findings import NOTE, WARNING, Finding, ancestors, steps_text
+from hooktrace.check.findings import NOTE, WARNING, Finding, steps_text
 from hooktrace.check.frozen import frozen_notes
 from hooktrace.check.trainable import unfrozen_at
+from hooktrace.log.names import ancestors
+from hooktrace.log.words import fqn_text
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected, ModuleStats
@@ -100,7 +102,7 @@ def check_no_grad(c: Collected, explained: Set[ModelFqn] = frozenset()) -> list[
         if steps:
             detached.append((m, Finding(
                 "no-grad", WARNING, c.model_name(m.model), m.name, steps[0],
-                f"{m.name or '(root)'} ({m.cls}) ran forward but no gradient reached it: "
+                f"{fqn_text(m.name)} ({m.cls}) ran forward but no gradient reached it: "
                 f"detached or not on the loss path ({steps_text(steps)})",
                 {"steps": steps[:20], "trainable": m.trainable},
                 "look for .detach(), .data, .item()/numpy round trips, or an output the loss "
@@ -123,7 +125,7 @@ def check_lost_gradient(c: Collected) -> list[Finding]:
         turns = f" (at least every {gap} steps)" if isinstance(gap, int) and gap > 1 else ""
         out.append(Finding(
             "no-grad", WARNING, c.model_name(model), name, steps[0],
-            f"{name or '(root)'} ({m.cls if m else '?'}) received gradient {until}{turns}, then "
+            f"{fqn_text(name)} ({m.cls if m else '?'}) received gradient {until}{turns}, then "
             + (f"none from step {last + 1} on (said at {steps_text(steps)})"
                if isinstance(last, int) else
                f"none from step {steps[0]} on ({steps_text(steps)})"),

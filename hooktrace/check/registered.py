@@ -13,7 +13,7 @@ from hooktrace.log.words import plural
 def check_loose(c: Collected) -> list[Finding]:
     """A warning per module of a model that trained (a backward pass reached it) holding such
     tensors; a model only evaluated has nothing to train."""
-    trained = {key[0] for keys in c.backward.values() for key in keys}
+    trained = c.backward_models()
     out = []
     for m in sorted(c.modules.values(), key=lambda m: (m.model, m.first_seq or 0, m.name)):
         if not m.loose or m.model not in trained:

@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 
 from hooktrace.check.findings import ERROR, NOTE, WARNING, Finding, Report
-from hooktrace.log.words import plural
+from hooktrace.log.words import fqn_text, plural
 
 _TITLES = {ERROR: "Errors", WARNING: "Warnings", NOTE: "Notes"}
 NOTES_SHOWN = 12  # notes printed in the text report; the rest counted (--json keeps them)
@@ -29,7 +29,7 @@ def _evidence(evidence: dict[str, Any]) -> str:
             value = ", ".join(f"output {o['index']}" + (f" {o['shape']}" if o.get("shape") else "")
                               + _dtype(o) + f": {o['nan']} NaN, {o['inf']} Inf" for o in value)
         elif key == "profile":
-            value = " -> ".join(f"{p['module'] or '(root)'} {p['grad_output_norm']:.2g}"
+            value = " -> ".join(f"{fqn_text(p['module'])} {p['grad_output_norm']:.2g}"
                                 for p in _thin(value))
         parts.append(f"{key}: {value}")
     return "; ".join(parts)
@@ -55,7 +55,7 @@ def where(f: Finding) -> str:
         if f.step is not None:
             return step
         return "the whole run" if f.kind == "nothing-traced" else "before any model ran"
-    return f"{f.module or '(root)'} · model '{f.model}' · {step}"
+    return f"{fqn_text(f.module)} · model '{f.model}' · {step}"
 
 
 def _finding(f: Finding) -> list[str]:
@@ -115,11 +115,10 @@ def to_text(report: Report, path: str) -> str:
     warnings = sum(f.severity == WARNING for f in report.findings)
     notes = sum(f.severity == NOTE for f in report.findings)
     lines.append("")
-    noted = f"{notes} note" + ("" if notes == 1 else "s")
+    noted = plural(notes, "note")
     if errors or warnings:
-        lines.append(f"{errors + warnings} problem{'' if errors + warnings == 1 else 's'} "
-                     f"({errors} error{'' if errors == 1 else 's'}, "
-                     f"{warnings} warning{'' if warnings == 1 else 's'}), {noted}")
+        lines.append(f"{plural(errors + warnings, 'problem')} ({plural(errors, 'error')}, "
+                     f"{plural(warnings, 'warning')}), {noted}")
     else:
         lines.append(f"No problems found ({noted}).")
     return "\n".join(lines)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from hooktrace.check.findings import Finding, ancestors
+from hooktrace.check.findings import Finding
+from hooktrace.log.names import ancestors
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected

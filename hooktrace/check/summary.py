@@ -8,9 +8,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from hooktrace.check import copies, flow, units
-from hooktrace.check.findings import Thresholds, ancestors
+from hooktrace.check.findings import Thresholds
 from hooktrace.check.magnitudes import start, start_orders
 from hooktrace.check.trainable import drop_frozen, frozen_from_start, frozen_since
+from hooktrace.log.names import ancestors
 
 if TYPE_CHECKING:
     from hooktrace.check.boundary import GradientFlow

@@ -18,6 +18,7 @@ from hooktrace.log.align import Event, Key, StepRecords, Walk, lockstep, parting
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.options import TraceOptions
 from hooktrace.log.reader import LogReader
+from hooktrace.log.words import fqn_text, ranges
 
 DEFAULT_RTOL = 2e-3  # the statistics are written to 4 significant digits: one rounding step
 DEFAULT_ATOL = 0.0
@@ -187,13 +188,13 @@ def _only(event: Event, run: str, other_keys: set[Key]) -> str:
     calls = sum(1 for k in other_keys if k[:3] == event.key[:3])
     other = "A" if run == "B" else "B"
     if calls:
-        return (f"{event.name or '(root)'} has more {event.phase} calls in {run} than in "
+        return (f"{fqn_text(event.name)} has more {event.phase} calls in {run} than in "
                 f"{other} ({other}: {calls}): {event.describe()} ran in {run} only")
     return f"{event.describe()} ran in {run} only"
 
 
 def _short(e: Event) -> str:
-    return f"{e.phase} {e.name or '(root)'} #{e.call}"
+    return f"{e.phase} {fqn_text(e.name)} #{e.call}"
 
 
 def _context(events: list[Event], i: int) -> str:
@@ -220,17 +221,6 @@ def _shapes(step: int, position: int, a: Event, b: Event) -> Difference:
 
 def _dtypes(dtypes: Sequence[str]) -> str:
     return "[" + ", ".join(dtypes) + "]"
-
-
-def ranges(steps: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2, 5'."""
-    runs: list[list[int]] = []  # [first, last] of each run of consecutive steps
-    for s in steps:
-        if runs and s == runs[-1][1] + 1:
-            runs[-1][1] = s
-        else:
-            runs.append([s, s])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def diff(a: str | os.PathLike[str], b: str | os.PathLike[str], step: int | None = None,

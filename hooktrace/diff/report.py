@@ -6,12 +6,12 @@ from typing import Any
 
 import orjson
 
-from hooktrace.diff.compare import Difference, DiffReport, ranges
-from hooktrace.log.words import plural
+from hooktrace.diff.compare import Difference, DiffReport
+from hooktrace.log.words import fqn_text, plural, ranges
 
 
 def _where(d: Difference) -> str:
-    return f"step {d.step} · model '{d.model}' · {d.module or '(root)'}"
+    return f"step {d.step} · model '{d.model}' · {fqn_text(d.module)}"
 
 
 def _difference(d: Difference) -> list[str]:
@@ -21,7 +21,7 @@ def _difference(d: Difference) -> list[str]:
 def _ran(report: DiffReport) -> list[str]:
     lines = []
     for model, old, new in report.renamed:
-        lines.append(f"   renamed: {old or '(root)'} in A is {new or '(root)'} in B "
+        lines.append(f"   renamed: {fqn_text(old)} in A is {fqn_text(new)} in B "
                      f"(model '{model}'); compared under A's name")
     d = report.ran
     if d is not None:
@@ -45,7 +45,7 @@ def _growth(profile: list[dict[str, Any]]) -> str:
     parts, last_step = [], None
     for p in profile:
         module = p["module"]
-        where = "agree" if module is None else f"{module or '(root)'} {_rel(p['relative'])}"
+        where = "agree" if module is None else f"{fqn_text(module)} {_rel(p['relative'])}"
         if p["step"] != last_step:
             parts.append(f"step {p['step']}: {where}")
         else:
@@ -80,13 +80,13 @@ def _params(report: DiffReport, compared: bool) -> list[str]:
         return [f"{title}: agree"]
     lines = [f"{title}: differ in {report.param_steps} of {plural(len(report.steps), 'step')}"]
     for p in report.params[:3]:
-        shown = ", ".join(f"{name or '(root)'} {_norm(a)} vs {_norm(b)}"
+        shown = ", ".join(f"{fqn_text(name)} {_norm(a)} vs {_norm(b)}"
                           for name, a, b in p.modules)
         more = f" (and {p.count - len(p.modules)} more)" if p.count > len(p.modules) else ""
         lines.append(f"   step {p.step} · model '{p.model}': {shown}{more}")
     if report.param_steps > 3:
         rest = report.param_steps - 3
-        lines.append(f"   ... {rest} more step{'' if rest == 1 else 's'}")
+        lines.append(f"   ... {plural(rest, 'more step')}")
     return lines
 
 
@@ -96,7 +96,7 @@ def _norm(value: float | None) -> str:
 
 def to_text(report: DiffReport) -> str:
     steps = len(report.steps)
-    lines = [f"hooktrace diff {report.a} {report.b}: {steps} step{'' if steps == 1 else 's'} "
+    lines = [f"hooktrace diff {report.a} {report.b}: {plural(steps, 'step')} "
              f"compared ({ranges(report.steps)})"]
     lines += [f"warning: {w}" for w in report.warnings]
     compared = not any(n.startswith("numbers") for n in report.not_compared)

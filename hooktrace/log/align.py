@@ -24,7 +24,9 @@ from hooktrace.log.decoder import (
     ForwardRows,
     Rows,
 )
+from hooktrace.log.names import LogNames
 from hooktrace.log.reader import LogReader
+from hooktrace.log.words import fqn_text
 
 Shapes = Sequence[Any]  # shapes of a call's tensor leaves, as the reader gives them (lists)
 Key = tuple[str, str, str, int]  # (model, phase, fqn, call): one call, in any run
@@ -51,7 +53,7 @@ class Event(NamedTuple):
         return (self.model, self.phase, self.name, self.call)
 
     def describe(self) -> str:
-        return f"{self.phase} of {self.name or '(root)'} call {self.call}"
+        return f"{self.phase} of {fqn_text(self.name)} call {self.call}"
 
 
 @dataclass
@@ -87,7 +89,8 @@ class Walk:
         self.reader = reader
         self._feed = feed
         self._items: Iterator[Rows | schema.Record] | None = None  # the scan, once started
-        self.models: dict[int, str] = {}
+        self.names = LogNames()
+        self.models = self.names.models  # model index -> name
         self.modules: dict[str, dict[str, ModuleInfo]] = {}
         self._names: dict[int, tuple[str, str]] = {}  # module id -> (model name, fqn)
         self._closed = -1  # the last step a step record closed
@@ -151,8 +154,9 @@ class Walk:
         if isinstance(record, schema.Step):
             self._closed = record.step
         elif isinstance(record, schema.Model):
-            self.models[record.model] = record.name
+            self.names.take(record)
         elif isinstance(record, schema.Module):
+            self.names.take(record)
             known = self.modules.setdefault(self._model(record.model), {})
             known.setdefault(record.name, ModuleInfo(record.cls, record.params, len(known)))
 

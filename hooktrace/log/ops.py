@@ -17,8 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-#: a gradient's statistics, as in the events: [norm, absmax] or [norm, absmax, nan, inf]
-GradStat = list[float]
+from hooktrace.log.gradstat import GradStat
 
 #: operations through which a value leaves torch (no gradient can follow it)
 LEAVING = frozenset({"Tensor.numpy", "Tensor.tolist", "Tensor.item"})

@@ -61,27 +61,6 @@ def has_records(path: Path) -> bool:
             and d.get("type") != "end")
 
 
-class LogNames:
-    """What a log's records name: each model, each module's class, where each class's
-    ``forward`` is defined. ``take`` each record of a pass."""
-
-    def __init__(self) -> None:
-        self.models: dict[int, str] = {}
-        self.classes: dict[tuple[int, str], str] = {}  # (model, fqn) -> class
-        self.sources: dict[str, str] = {}  # class -> "file:line" of its forward
-        self.with_params: set[int] = set()  # the models with a module that has parameters
-
-    def take(self, record: schema.Record) -> None:
-        if isinstance(record, schema.Module):
-            self.classes[(record.model, record.name)] = record.cls
-            if record.params:
-                self.with_params.add(record.model)
-        elif isinstance(record, schema.Model):
-            self.models[record.model] = record.name
-        elif isinstance(record, schema.Source):
-            self.sources.setdefault(record.cls, f"{record.file}:{record.line}")
-
-
 def _check_readable(path: Path) -> None:
     if not path.exists():
         raise LogError(f"no such log: {path}")

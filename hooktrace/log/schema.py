@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
 
 from hooktrace.log.errors import SchemaError as SchemaError
+from hooktrace.log.gradstat import GradStat as GradStat
 from hooktrace.log.ops import Op as Op
 from hooktrace.log.ops import Ops as Ops
 from hooktrace.log.signals import VIEW_OPS as VIEW_OPS
@@ -59,9 +60,6 @@ Record = Union[
 ]
 
 
-#: Statistics of one gradient tensor: [norm, absmax] and, when the norm is not finite,
-#: [norm, absmax, nan_count, inf_count]. None where no gradient flowed.
-GradStat = list[float]
 
 
 def _compact(d: dict[str, Any]) -> dict[str, Any]:

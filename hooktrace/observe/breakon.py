@@ -17,12 +17,13 @@ from torch import nn
 from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.records import BackwardStart, ForwardEnd, Mode, Observer, PassEnd
 from hooktrace.log.errors import NonFiniteError
+from hooktrace.log.words import fqn_text
 from hooktrace.observe.outputs import OutputCheck
 from hooktrace.observe.stats import TensorStats
 
 
 def info_label(info: ModInfo) -> str:
-    return f"{info.name or '(root)'} ({info.cls})"
+    return f"{fqn_text(info.name)} ({info.cls})"
 
 
 class BreakOnNonfinite(Observer):

@@ -33,6 +33,7 @@ from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.opzoom import MAX_CALLS, Zoomed, ZoomRequests
 from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
+from hooktrace.log.names import ancestors
 from hooktrace.log.options import TraceOptions
 
 AUTO = 4  # modules chosen automatically in a run
@@ -141,8 +142,7 @@ class OpsObserver(Observer):
 
 def enclosing(name: str) -> list[str]:
     """The fqns around ``name``, innermost first: "a.b.c" -> ["a.b", "a", ""]."""
-    parts = name.split(".") if name else []
-    return [".".join(parts[:i]) for i in range(len(parts) - 1, -1, -1)]
+    return ancestors(name)[::-1]
 
 
 def _norm(stat: Any) -> float | None:

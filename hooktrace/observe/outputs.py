@@ -19,7 +19,7 @@ class OutputCheck:
         self._last: list[tuple[weakref.ref[torch.Tensor], int]] = []
 
     def check(self, outputs: list[torch.Tensor]) -> list[list[int]]:
-        """[output index, nan, inf] per non-finite output; on a device, filled in when the
+        """[output index, nan, inf] per NaN/Inf output; on a device, filled in when the
         statistics are resolved."""
         found: list[list[int]] = []
         last = self._last
@@ -61,7 +61,7 @@ class _Group:
         # (the call's number, who, found) of the calls with outputs checked at once (past the
         # bytes held; not plain tensors); once settled, of every call found with NaN/Inf
         self.checked: list[tuple[int, Who, NonFinite]] = []
-        self.top: NonFinite = []  # the model call's own non-finite outputs
+        self.top: NonFinite = []  # the model call's own NaN/Inf outputs
 
 
 class HeldOutputs:

@@ -26,7 +26,7 @@ __all__ = ["DEFER_ENV", "FINITE", "HOLD_BYTES", "HostStats", "TensorStats", "on_
 #: ends): how the tests run that path on machines without an accelerator.
 DEFER_ENV = "HOOKTRACE_DEFER_STATS"
 #: Tensors kept alive until the step ends, so that NaN/Inf are counted only where a reduction
-#: came back non-finite; past this many bytes a step's tensors are counted at once instead.
+#: came back NaN/Inf; past this many bytes a step's tensors are counted at once instead.
 HOLD_BYTES = 64 << 20
 
 #: gradients met all zero or not finite on the host, counted in branches a usual one never

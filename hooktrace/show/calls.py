@@ -9,8 +9,8 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hooktrace.check.findings import ancestors
 from hooktrace.log import schema
+from hooktrace.log.names import ancestors
 from hooktrace.show.picture import NodeKey
 from hooktrace.show.steplog import ModuleKey, StepLog
 

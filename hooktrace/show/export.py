@@ -10,7 +10,6 @@ docs/reading.md; standard library and orjson only.
 from __future__ import annotations
 
 import csv
-import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -22,8 +21,10 @@ import orjson
 from hooktrace.log import schema
 from hooktrace.log.discovery import open_ranks
 from hooktrace.log.errors import HooktraceError
+from hooktrace.log.gradstat import norm
+from hooktrace.log.names import LogNames
 from hooktrace.log.options import TraceOptions
-from hooktrace.log.reader import LogNames, LogReader
+from hooktrace.log.reader import LogReader
 from hooktrace.log.words import plural
 from hooktrace.show.calls import depth_of
 from hooktrace.show.output import choose_format
@@ -97,11 +98,11 @@ def _summed(stats: Sequence[schema.GradStat | None] | None) -> tuple[Any, Any, i
         return None, None, 0, 0
     if len(found) == 1 and len(found[0]) == 2:  # the usual case
         return found[0][0], found[0][1], 0, 0
-    norm = math.sqrt(sum(s[0] * s[0] for s in found))
+    total = norm(found)
     absmax = max(s[1] for s in found)
     nan = sum(int(s[2]) for s in found if len(s) == 4)
     inf = sum(int(s[3]) for s in found if len(s) == 4)
-    return norm, absmax, nan, inf
+    return total, absmax, nan, inf
 
 
 class _Rows:

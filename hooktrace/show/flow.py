@@ -24,11 +24,11 @@ only: no torch.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from hooktrace.log import schema
+from hooktrace.log.gradstat import norm, worst
 from hooktrace.show.calls import Call
 from hooktrace.show.picture import Edge, NodeKey
 
@@ -59,15 +59,14 @@ class Link:
 def grad_output_norm(e: schema.BackwardEvent) -> float | None:
     """The L2 norm of all of ``e``'s grad_output tensors together (NaN/Inf when one is not
     finite); None when the log has no statistics for them."""
-    norms = [s[0] for s in e.grad_output_stats or [] if s is not None]
-    return math.sqrt(sum(n * n for n in norms)) if norms else None
+    return norm(e.grad_output_stats)
 
 
 def largest(events: Iterable[schema.BackwardEvent | None]) -> float | None:
     """The grad_output norm an edge run several times shows: the largest, or the first that
     is not finite (as a node's)."""
-    norms = [n for e in events if e is not None and (n := grad_output_norm(e)) is not None]
-    return next((n for n in norms if not math.isfinite(n)), max(norms, default=None))
+    return worst(n for e in events
+                 if e is not None and (n := norm(e.grad_output_stats)) is not None)
 
 
 def has_flow(calls: Iterable[Call]) -> bool:

@@ -32,9 +32,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from hooktrace.check.findings import ancestors
 from hooktrace.log import schema
 from hooktrace.log.errors import HooktraceError
+from hooktrace.log.gradstat import norms
+from hooktrace.log.names import ancestors
 from hooktrace.show.calls import Call, calls_of, depth_of
 from hooktrace.show.flow import data_edges, has_flow, largest
 from hooktrace.show.flow import grad_output_norm as grad_output_norm
@@ -195,7 +196,7 @@ def _add_nodes(view: View, calls: dict[NodeKey, Call], keys: dict[NodeKey, NodeK
             later=min((c.later for c in group if c.later is not None), default=None),
             nonfinite=any(c.nonfinite for c in group),
             nonfinite_grad=any(_nonfinite_grads(c.backward) for c in group),
-            grad_norm=max((n for c in group if (n := _grad_norm(c.backward)) is not None),
+            grad_norm=max((n for c in group if (n := _largest_norm(c.backward)) is not None),
                           default=None),
             recomputed=any(c.recomputed for c in group))
         view.node_map[key] = node
@@ -218,9 +219,12 @@ def _nonfinite_grads(e: schema.BackwardEvent | None) -> bool:
     return any(s is not None and not math.isfinite(s[0]) for s in _stats(e))
 
 
-def _grad_norm(e: schema.BackwardEvent | None) -> float | None:
-    norms = [s[0] for s in (e.grad_output_stats or []) if s is not None] if e else []
-    return max(norms) if norms and all(math.isfinite(n) for n in norms) else None
+def _largest_norm(e: schema.BackwardEvent | None) -> float | None:
+    """The largest of a call's grad_output tensors' norms (not their L2 norm together: what
+    the picture's vanishing/exploding colours have always judged); None where one is not finite
+    (the box says NaN/Inf otherwise) or no statistics came."""
+    found = norms(e.grad_output_stats) if e else []
+    return max(found) if found and all(math.isfinite(n) for n in found) else None
 
 
 def _add_clusters(view: View, calls: dict[NodeKey, Call]) -> None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from hooktrace.check.findings import Finding, ancestors
+from hooktrace.check.findings import Finding
+from hooktrace.log.names import ancestors
 from hooktrace.show.picture import NodeKey, View
 from hooktrace.show.steplog import ModuleKey
 

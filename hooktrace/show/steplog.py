@@ -17,8 +17,9 @@ from hooktrace.log import schema
 from hooktrace.log.align import Feed
 from hooktrace.log.decoder import BackwardRows, ForwardRows
 from hooktrace.log.errors import HooktraceError, LogError
-from hooktrace.log.reader import LogNames, LogReader
-from hooktrace.log.words import plural
+from hooktrace.log.names import LogNames
+from hooktrace.log.reader import LogReader
+from hooktrace.log.words import plural, ranges
 from hooktrace.log.writer import capture_dir
 
 StepEvent = schema.ForwardEvent | schema.BackwardEvent
@@ -27,17 +28,6 @@ ModuleKey = tuple[int, str]  # (model, fqn)
 
 class SelectionError(HooktraceError):
     """``--step`` or ``--model`` names something the log does not hold."""
-
-
-def ranges(numbers: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2, 5"`` (steps in messages)."""
-    runs: list[list[int]] = []
-    for n in sorted(numbers):
-        if runs and n == runs[-1][-1] + 1:
-            runs[-1].append(n)
-        else:
-            runs.append([n])
-    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 @dataclass(slots=True)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 
-from hooktrace.log.words import plural
+from hooktrace.log.words import plural, ranges
 from hooktrace.show.graph import build
 from hooktrace.show.picture import Edge, NodeKey, View
 from hooktrace.show.render.dot import norm_text
 from hooktrace.show.render.labels import module_text, printable
 from hooktrace.show.render.text import Shown
-from hooktrace.show.steplog import load_step, ranges
+from hooktrace.show.steplog import load_step
 
 _HEADINGS = {
     (True, "forward"): "forward: from the call that made a tensor to each call that used it, "

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hooktrace.log import schema
+from hooktrace.log.words import ROOT
 
 
 def printable(text: str) -> str:
@@ -32,4 +33,4 @@ def shapes_text(shapes: Sequence[schema.Shape | None], times: str = "x", most: i
 
 def module_text(fqn: str) -> str:
     """How a fqn is shown: the root of a model is ``(root)``."""
-    return printable(fqn) if fqn else "(root)"
+    return printable(fqn) if fqn else ROOT

@@ -4,23 +4,23 @@ table, the lines ``hooktrace view`` shows on hovering a node, and the small line
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from hooktrace.log import schema
-from hooktrace.show.render.labels import printable, shapes_text
+from hooktrace.log.gradstat import norms, worst
+from hooktrace.show.render.labels import module_text, printable, shapes_text
 
 MOST = 12  # operations drawn inside a box; the rest are counted
 
 
-def _norm(stats: Sequence[schema.GradStat | None] | None) -> str:
-    """The largest norm among ``stats``: ``1.2e-03``, ``nan``, ``0``, ``-`` where none came."""
-    norms = [s[0] for s in stats or () if s is not None]
-    if not norms:
+def _largest_norm(stats: Sequence[schema.GradStat | None] | None) -> str:
+    """The largest of the tensors' norms, a NaN/Inf one first (not their L2 norm together,
+    ``gradstat.norm``: the number these rows have always shown): ``1.2e-03``, ``nan``, ``0``,
+    ``-`` where none came."""
+    found = worst(norms(stats))
+    if found is None:
         return "-"
-    bad = next((n for n in norms if not math.isfinite(n)), None)
-    worst = bad if bad is not None else max(norms)
-    return "0" if worst == 0 else f"{worst:.2g}"
+    return "0" if found == 0 else f"{found:.2g}"
 
 
 def flags(op: schema.Op) -> list[str]:
@@ -37,7 +37,7 @@ def flags(op: schema.Op) -> list[str]:
     for index, nan, inf in op.nonfinite or ():
         out.append(f"output {index}: {nan} NaN, {inf} Inf")
     if op.grad_out is not None:
-        out.append(f"backward {_norm(op.grad_out)} -> {_norm(op.grad_in)}")
+        out.append(f"backward {_largest_norm(op.grad_out)} -> {_largest_norm(op.grad_in)}")
     return out
 
 
@@ -49,7 +49,7 @@ def row(op: schema.Op) -> list[str]:
 
 
 def title(record: schema.Ops, cls: str) -> str:
-    name = printable(record.name) if record.name else "(root)"
+    name = module_text(record.name)
     more = f", {record.more} more not recorded" if record.more else ""
     return (f"{name} ({printable(cls)}) call {record.call} (forward seq {record.fwd}): "
             f"{len(record.ops)} operations{more}")

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 from hooktrace.log import schema
 from hooktrace.log.errors import HooktraceError
-from hooktrace.log.words import plural
+from hooktrace.log.words import ROOT, plural, ranges
 from hooktrace.show.calls import depth_of
 from hooktrace.show.render.labels import module_text, printable, shapes_text
 from hooktrace.show.render.ops import block
-from hooktrace.show.steplog import StepEvent, StepLog, load_step, ranges
+from hooktrace.show.steplog import StepEvent, StepLog, load_step
 
 DEFAULT_LIMIT = 100  # rows; resnet50 has 366 events per step, the MNIST net 14
 
@@ -55,7 +55,7 @@ def _columns(rows: list[list[str]]) -> list[str]:
 def matches(fqn: str, module: str | None) -> bool:
     """Whether ``fqn`` matches the glob ``module`` (None: every fqn; ``(root)``: a model's
     root), as ``run --include`` matches."""
-    return module is None or fnmatch.fnmatchcase(fqn, module) or (not fqn and module == "(root)")
+    return module is None or fnmatch.fnmatchcase(fqn, module) or (not fqn and module == ROOT)
 
 
 def table(log: StepLog, phase: str | None = None, limit: int = DEFAULT_LIMIT,

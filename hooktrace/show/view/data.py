@@ -9,10 +9,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from hooktrace.check.findings import ancestors
 from hooktrace.log import schema
 from hooktrace.log.align import Feed
 from hooktrace.log.decoder import BackwardRows, ForwardRows
+from hooktrace.log.names import LogNames, ancestors
 from hooktrace.log.options import TraceOptions
 from hooktrace.log.reader import LogReader
 from hooktrace.show.calls import depth_of
@@ -52,8 +52,7 @@ class RunData:
     path: str
     rank: int
     header: schema.Header
-    models: dict[int, str] = field(default_factory=dict)
-    classes: dict[ModuleKey, str] = field(default_factory=dict)
+    names: LogNames = field(default_factory=LogNames)  # each model's name, each module's class
     first_seq: dict[ModuleKey, int] = field(default_factory=dict)  # first forward's seq
     cells: dict[tuple[int, str, int], Cell] = field(default_factory=dict)  # (model, fqn, step)
     steps: set[int] = field(default_factory=set)  # steps with events
@@ -62,6 +61,14 @@ class RunData:
     warnings: list[str] = field(default_factory=list)
     stats: bool = True
     trained: set[int] = field(default_factory=set)  # models with parameters or a backward
+
+    @property
+    def models(self) -> dict[int, str]:
+        return self.names.models
+
+    @property
+    def classes(self) -> dict[ModuleKey, str]:
+        return self.names.classes
 
     def data_models(self) -> set[int]:
         """The models that prepare data (torchvision transforms are modules): no parameters,
@@ -139,11 +146,11 @@ def _record(data: RunData, r: Any) -> None:
     elif isinstance(r, schema.Anomaly):
         data.anomalies.append(r)
     elif isinstance(r, schema.Module):
-        data.classes[(r.model, r.name)] = r.cls
+        data.names.take(r)
         if r.params:
             data.trained.add(r.model)
     elif isinstance(r, schema.Model):
-        data.models[r.model] = r.name
+        data.names.take(r)
 
 
 def gather(reader: LogReader, feed: Feed | None = None) -> RunData:

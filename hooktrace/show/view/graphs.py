@@ -13,7 +13,7 @@ import orjson
 
 from hooktrace.check.findings import NOTE, Finding
 from hooktrace.log import schema
-from hooktrace.log.words import plural
+from hooktrace.log.words import fqn_text, plural
 from hooktrace.show.graph import build
 from hooktrace.show.marks import marks
 from hooktrace.show.picture import Node, View
@@ -83,7 +83,7 @@ def node_details(node: Node, view: View, events: dict[tuple[int, str, int], Any]
     if (record := view.log.ops.get(node.key)) is not None:
         found["operations"] = hover(record)
     if inside:
-        found["findings"] = [f"[{f.kind}] {f.module or '(root)'}: {f.message}" for f in inside]
+        found["findings"] = [f"[{f.kind}] {fqn_text(f.module)}: {f.message}" for f in inside]
     return found
 
 

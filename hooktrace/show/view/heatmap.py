@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hooktrace.check.findings import NOTE, Finding
-from hooktrace.log.words import plural
+from hooktrace.log.words import ROOT, plural
 from hooktrace.show.calls import depth_of
 from hooktrace.show.owned import MARK
 from hooktrace.show.render.dot import norm_text
@@ -131,7 +131,7 @@ def heatmap(data: RunData, findings: Sequence[Finding] = (), values: str = "grad
                    set(steps) - data.steps, [], low, high)
     for i, (model, fqn) in enumerate(rows):
         name = fqn.rpartition(".")[2] if fqn else (data.models.get(model, str(model))
-                                                    if several else "(root)")
+                                                    if several else ROOT)
         heat.labels.append(f"{name} ({data.classes.get((model, fqn), '?')})")
         if (model, fqn, None) in flagged:
             heat.flagged_rows.add(i)

@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 
+from hooktrace.log.words import ROOT
+
 CSS = """
 body{font:13px/1.4 Helvetica,Arial,sans-serif;margin:0;color:#202020;background:#fafafa}
 header{padding:8px 14px;background:#20303f;color:#fff}
@@ -125,7 +127,7 @@ function show(g, unfolded) {
     const d = g.nodes[t.textContent]; t.remove();
     if (!d) continue;
     node.dataset.fqn = d.fqn; node.dataset.model = d.model;
-    node.addEventListener("mousemove", (ev) => showTip(ev, (d.fqn || "(root)") + " · " + d["class"],
+    node.addEventListener("mousemove", (ev) => showTip(ev, (d.fqn || __ROOT__) + " · " + d["class"],
       Object.entries(d).filter(([k]) => !["fqn", "class", "model"].includes(k))));
     node.addEventListener("mouseleave", hideTip);
     if (d.folded && g.unfold) {
@@ -158,7 +160,7 @@ async function unfold(g, d) {
   hideTip();
   g.deeper = g.deeper || await unpack(g.unfold);
   if (graphKey() !== key) return;  // another step was chosen meanwhile
-  show(g.deeper, d.fqn || "(root)");
+  show(g.deeper, d.fqn || __ROOT__);
   const prefix = d.fqn ? d.fqn + "." : "";
   const inside = [...$("graph").querySelectorAll("g.node")].filter((n) =>
     n.dataset.model === d.model && n.dataset.fqn !== undefined &&
@@ -170,7 +172,7 @@ async function unfold(g, d) {
     box.scrollTop += at.top - top.top - box.clientHeight / 3;
     box.scrollLeft += at.left - top.left - box.clientWidth / 3;
   }
-  $("fold").textContent = "fold " + (d.fqn || "(root)") + " again";
+  $("fold").textContent = "fold " + (d.fqn || __ROOT__) + " again";
   $("fold").hidden = false;
 }
 function bindHeat() {
@@ -238,7 +240,7 @@ for (const r of document.querySelectorAll("input[name=values]")) {
 }
 setupRank();
 setupFindings();
-"""
+""".replace("__ROOT__", orjson.dumps(ROOT).decode())  # the root as every output names it
 
 
 def page(title: str, meta: str, data: dict[str, Any], legend: str) -> str:

@@ -20,7 +20,7 @@ from hooktrace.check.report import where
 from hooktrace.log.discovery import expand, open_ranks
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.reader import LogReader
-from hooktrace.log.words import plural
+from hooktrace.log.words import fqn_text, plural
 from hooktrace.show.output import choose_format, write_file
 from hooktrace.show.owned import default_output, mark
 from hooktrace.show.render.dot import dot_missing, run_dot
@@ -105,7 +105,7 @@ def _anomalies(data: RunData) -> str:
         return ""
     items = "".join(
         f"<li>step {a.step}: <b>{html.escape(a.kind)}</b> at "
-        f"{html.escape(a.name or '(root)')} ({html.escape(data.models.get(a.model, '?'))}) "
+        f"{html.escape(fqn_text(a.name))} ({html.escape(data.models.get(a.model, '?'))}) "
         f"call {a.call} <span class='muted'>{html.escape(str(a.detail))}</span></li>"
         for a in data.anomalies)
     return f"<h2>Watched steps: anomaly records</h2><ul>{items}</ul>"

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from hooktrace.diff.compare import Difference, DiffReport, ParamDifference, ranges
+from hooktrace.diff.compare import Difference, DiffReport, ParamDifference
 from hooktrace.diff.numbers import Growth, Numbers, Tolerance, param_differences, relative
 from hooktrace.diff.report import to_text
 from hooktrace.log.align import Event
+from hooktrace.log.words import ranges
 
 DEFAULT = Tolerance(0.002, 0.0)
 NAN, INF = math.nan, math.inf

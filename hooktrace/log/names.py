@@ -1,0 +1,35 @@
+"""What a log's records name, and how fqns nest: the names table a reader keeps (each model's
+name, each module's class, where each class's ``forward`` is defined) and a fqn's ancestors.
+Standard library only."""
+
+from __future__ import annotations
+
+from hooktrace.log import schema
+
+
+def ancestors(name: str) -> list[str]:
+    """The fqns of the modules around ``name``, outermost first: "a.b.c" -> ["", "a", "a.b"]."""
+    parts = name.split(".") if name else []
+    return [".".join(parts[:i]) for i in range(len(parts))]
+
+
+class LogNames:
+    """What a log's records name: each model, each module's class, where each class's
+    ``forward`` is defined. ``take`` each record of a pass."""
+
+    def __init__(self) -> None:
+        self.models: dict[int, str] = {}
+        self.classes: dict[tuple[int, str], str] = {}  # (model, fqn) -> class
+        self.sources: dict[str, str] = {}  # class -> "file:line" of its forward
+        self.with_params: set[int] = set()  # the models with a module that has parameters
+
+    def take(self, record: schema.Record) -> None:
+        if isinstance(record, schema.Module):
+            self.classes[(record.model, record.name)] = record.cls
+            if record.params:
+                self.with_params.add(record.model)
+        elif isinstance(record, schema.Model):
+            self.models[record.model] = record.name
+        elif isinstance(record, schema.Source):
+            self.sources.setdefault(record.cls, f"{record.file}:{record.line}")
+
