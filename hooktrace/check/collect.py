@@ -6,8 +6,7 @@ modules ran and got a backward, as one shared set per distinct set of modules.
 
 Speed: a step's events go into lists of module indices, counted when the step ends. A training
 loop repeats one step, so its forward calls are counted once per distinct sequence of calls (a
-``Patterns``), not once per event. Rows with ``more`` (a flag, NaN/Inf) are looked at further,
-in the same loop.
+``Patterns``), not once per event. Rows with ``more`` (a flag, NaN/Inf) are looked at further.
 """
 
 from __future__ import annotations
