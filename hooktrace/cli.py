@@ -251,7 +251,7 @@ def diff_command(a: Path, b: Path, as_json: bool, step: int | None, model: str |
     from hooktrace.diff.compare import diff as compare
 
     report = compare(a, b, step, model, rtol, atol)
-    click.echo(diffreport.to_json(report) if as_json else diffreport.to_text(report))
+    click.echo(diffreport.diff_json(report) if as_json else diffreport.diff_text(report))
     sys.exit(1 if report.differ else 0)
 
 

@@ -94,7 +94,7 @@ def _norm(value: float | None) -> str:
     return "no gradient" if value is None else f"{value:.4g}"
 
 
-def to_text(report: DiffReport) -> str:
+def diff_text(report: DiffReport) -> str:
     steps = len(report.steps)
     lines = [f"hooktrace diff {report.a} {report.b}: {plural(steps, 'step')} "
              f"compared ({ranges(report.steps)})"]
@@ -116,5 +116,5 @@ def to_text(report: DiffReport) -> str:
     return "\n".join(lines)
 
 
-def to_json(report: DiffReport) -> str:
+def diff_json(report: DiffReport) -> str:
     return orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode()

@@ -34,7 +34,7 @@ def reports(name: str) -> dict[str, Callable[[], str]]:
     if name != "crash":  # no step to draw
         out[f"{name}.dot"] = lambda: picture(log).source
     if name.startswith("diff_") and name != "diff_a":
-        out[f"{name}.diff.json"] = lambda: diffreport.to_json(
+        out[f"{name}.diff.json"] = lambda: diffreport.diff_json(
             diff(LOGS / "diff_a.jsonl", log))
     return out
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hooktrace.diff.compare import diff
-from hooktrace.diff.report import to_text
+from hooktrace.diff.report import diff_text
 from hooktrace.log import schema
 from hooktrace.log.errors import HooktraceError
 from unit.logs import LOGS
@@ -122,7 +122,7 @@ def test_dtypes_differ(a: Path, tmp_path: Path) -> None:
     assert (report.shapes.a, report.shapes.b) == ("[float32] -> [float32]",
                                                   "[bfloat16] -> [bfloat16]")
     assert report.ran is None and report.divergence is None
-    assert "2. shapes and dtypes: dtypes differ" in to_text(report)
+    assert "2. shapes and dtypes: dtypes differ" in diff_text(report)
 
 
 def test_same_class_and_place_is_a_rename(a: Path, tmp_path: Path) -> None:
@@ -138,7 +138,7 @@ def test_another_class_is_not_a_rename(a: Path, tmp_path: Path) -> None:
     assert report.renamed == []
     assert report.ran is not None and report.ran.message == "forward of head call 0 ran in B only"
     assert report.params[0].modules == [("fc2", 1.0, None), ("head", None, 1.0)]
-    assert "fc2 1 vs no gradient, head no gradient vs 1" in to_text(report)
+    assert "fc2 1 vs no gradient, head no gradient vs 1" in diff_text(report)
 
 
 def test_a_call_missing_in_b(a: Path, tmp_path: Path) -> None:
@@ -167,8 +167,8 @@ def test_parameter_gradients_alone(tmp_path: Path, norms: dict[str, float | None
     assert report.divergence is None and report.ran is None
     if differ:
         assert report.params[0].modules == [("fc2", 1.0, norms["fc2"])]
-        assert "4. parameter-gradient norms: differ in 2 of 2 steps" in to_text(report)
-        assert to_text(report).endswith("The runs differ: parameter gradients.")
+        assert "4. parameter-gradient norms: differ in 2 of 2 steps" in diff_text(report)
+        assert diff_text(report).endswith("The runs differ: parameter gradients.")
 
 
 # -- one model of two ------------------------------------------------------------------------------
@@ -201,7 +201,7 @@ def test_a_run_cut_off_is_compared_up_to_its_last_whole_step(a: Path, tmp_path: 
     assert report.not_compared[0] == "step 2: cut off in B (the run did not finish it)"
     assert report.warnings == [f"{tmp_path / 'b.jsonl'} has no end record: the run did not "
                                "finish"]
-    assert f"warning: {tmp_path / 'b.jsonl'} has no end record" in to_text(report)
+    assert f"warning: {tmp_path / 'b.jsonl'} has no end record" in diff_text(report)
 
 
 def test_other_recorded_steps(tmp_path: Path) -> None:

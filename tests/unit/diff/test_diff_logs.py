@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from hooktrace.cli import cli
 from hooktrace.diff.compare import Difference, DiffReport, diff
-from hooktrace.diff.report import to_json, to_text
+from hooktrace.diff.report import diff_json, diff_text
 from hooktrace.log import schema
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.reader import LogReader
@@ -60,7 +60,7 @@ def test_a_log_agrees_with_itself(name: str) -> None:
     assert report.not_compared == ([] if name != "diff_nostats" else
                                    ["numbers and parameter gradients: A and B recorded with "
                                     "--no-stats"])
-    assert to_text(report).endswith("\nThe runs agree.")
+    assert diff_text(report).endswith("\nThe runs agree.")
 
 
 def test_a_log_without_events_has_no_step_to_compare() -> None:
@@ -145,7 +145,7 @@ def test_rename_is_reported_once_and_nothing_else() -> None:
     assert report.renamed == [("model", "fc2", "head")]
     assert (report.ran, report.divergence, report.param_steps) == (None, None, 0)
     assert "renamed: fc2 in A is head in B (model 'model'); compared under A's name" in \
-        to_text(report)
+        diff_text(report)
     assert against_a("rename", reverse=True).renamed == [("model", "head", "fc2")]
 
 
@@ -162,7 +162,7 @@ def test_nostats_is_compared_on_what_both_hold() -> None:
     assert report.not_compared == [
         "steps 3-4: only in A (B recorded with --steps 0:3)",
         "numbers and parameter gradients: B recorded with --no-stats"]
-    text = to_text(report)
+    text = diff_text(report)
     assert "3. numbers (rtol 0.002, atol 0): not compared" in text
     assert "4. parameter-gradient norms: not compared" in text
     assert against_a("nostats", reverse=True).not_compared == [
@@ -178,7 +178,7 @@ def test_docs_example_is_what_diff_prints(tmp_path: Path, monkeypatch: pytest.Mo
     text = DOCS.read_text("utf-8")
     start = text.index("$ hooktrace diff a.jsonl extra.jsonl\n")
     block = text[text.index("\n", start) + 1:text.index("```", start)]
-    assert to_text(diff("a.jsonl", "extra.jsonl")) + "\n" == block
+    assert diff_text(diff("a.jsonl", "extra.jsonl")) + "\n" == block
 
 
 # -- --step, --model, tolerances -------------------------------------------------------------------
@@ -218,7 +218,7 @@ def test_tolerances(rtol: float, atol: float, differ: bool) -> None:
     """lr 0.2: 0.6% at step 1, 13% at step 3, within 20% everywhere."""
     report = diff(log("diff_a"), log("diff_lr"), rtol=rtol, atol=atol)
     assert report.differ == differ
-    assert f"3. numbers (rtol {rtol:g}, atol {atol:g}): " in to_text(report)
+    assert f"3. numbers (rtol {rtol:g}, atol {atol:g}): " in diff_text(report)
 
 
 def test_tolerance_never_hides_what_ran() -> None:
@@ -240,7 +240,7 @@ REPORT_KEYS = {"differ", "a", "b", "rtol", "atol", "steps", "renamed", "ran", "s
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_json_report_keys(variant: str) -> None:
     report = against_a(variant)
-    data = json.loads(to_json(report))
+    data = json.loads(diff_json(report))
     assert set(data) == REPORT_KEYS
     assert data["differ"] == report.differ
     difference_keys = {f.name for f in fields(Difference)}
@@ -251,7 +251,7 @@ def test_json_report_keys(variant: str) -> None:
 
 
 def test_json_report_values() -> None:
-    data = json.loads(to_json(against_a("extra")))
+    data = json.loads(diff_json(against_a("extra")))
     assert data["steps"] == [0, 1, 2, 3, 4]
     assert data["ran"]["module"] == "extra" and data["ran"]["position"] == 3
     assert data["params"][0]["modules"][2] == ["extra", None, 0.5056]
@@ -266,7 +266,7 @@ def test_json_report_values() -> None:
 def test_cli_exit_status(variant: str, status: int) -> None:
     result = CliRunner().invoke(cli, ["diff", str(log("diff_a")), str(log(f"diff_{variant}"))])
     assert result.exit_code == status
-    assert result.stdout == to_text(diff(log("diff_a"), log(f"diff_{variant}"))) + "\n"
+    assert result.stdout == diff_text(diff(log("diff_a"), log(f"diff_{variant}"))) + "\n"
     assert result.stderr == ""
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from hooktrace.diff.compare import Difference, DiffReport, ParamDifference
 from hooktrace.diff.numbers import Growth, Numbers, Tolerance, param_differences, relative
-from hooktrace.diff.report import to_text
+from hooktrace.diff.report import diff_text
 from hooktrace.log.align import Event
 from hooktrace.log.words import ranges
 
@@ -164,7 +164,7 @@ def test_ranges(steps: list[int], text: str) -> None:
 def test_report_of_runs_that_agree() -> None:
     report = DiffReport("a.jsonl", "b.jsonl", 0.002, 0.0, steps=[0])
     assert not report.differ
-    assert to_text(report) == (
+    assert diff_text(report) == (
         "hooktrace diff a.jsonl b.jsonl: 1 step compared (0)\n\n"
         "1. what ran: the same\n"
         "2. shapes and dtypes: the same (in the calls both runs made)\n"
@@ -187,9 +187,9 @@ def test_report_sections_each_make_runs_differ() -> None:
     for change, kind in cases:
         report = DiffReport("a", "b", 0.002, 0.0, steps=[0, 1], **change)
         assert report.differ
-        assert to_text(report).endswith(f"The runs differ: {kind}.")
-    text = to_text(DiffReport("a", "b", 0.002, 0.0, steps=[0, 1], param_steps=1, params=[
+        assert diff_text(report).endswith(f"The runs differ: {kind}.")
+    text = diff_text(DiffReport("a", "b", 0.002, 0.0, steps=[0, 1], param_steps=1, params=[
         ParamDifference(0, "net", 4, [("fc", 1.0, None)])]))
     assert "   step 0 · model 'net': fc 1 vs no gradient (and 3 more)" in text
-    assert "   step 1 · model 'net' · (root)" in to_text(
+    assert "   step 1 · model 'net' · (root)" in diff_text(
         DiffReport("a", "b", 0.002, 0.0, steps=[0, 1], divergence=here))
