@@ -186,11 +186,12 @@ class StepKeeper:
         """A ``StepLog`` of each step kept that ``model`` ran (None: all models), by step;
         ``steps``: every step of ``model`` that has events (what the pass kept of every model
         does not say). Raises LogError / SelectionError as ``load_step`` does."""
-        self.selected(model, steps)
+        assert self.model in (None, model), "a pass that kept one model's events gives only it"
+        self._check(model, steps)
         return {step: _step_log(self, step, model, steps) for step in sorted(self.chooser.kept)
                 if step in steps}
 
-    def selected(self, model: str | None, steps: Collection[int]) -> None:
+    def _check(self, model: str | None, steps: Collection[int]) -> None:
         """Raise LogError when the log has no events, SelectionError when ``model`` names no
         model of the log or ``steps`` (its steps with events) is empty."""
         models, path = self.models, self.reader.path
@@ -264,7 +265,7 @@ def _load(reader: LogReader, chooser: StepChooser, model: str | None,
           feed: Feed | None = None) -> StepKeeper:
     loaded = StepKeeper(reader, chooser, model, feed)
     loaded.read()
-    loaded.selected(model, chooser.steps)
+    loaded._check(model, chooser.steps)
     return loaded
 
 
