@@ -29,7 +29,9 @@ from hooktrace.check.findings import (
 from hooktrace.check.models import model_facts
 from hooktrace.check.ranks import first_divergence
 from hooktrace.check.summary import summary_of
+from hooktrace.log import schema
 from hooktrace.log.align import Feed
+from hooktrace.log.decoder import Rows
 from hooktrace.log.discovery import open_ranks
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.reader import LogReader
@@ -93,9 +95,18 @@ def run_checks_ranks(paths: Sequence[str | os.PathLike[str]], step: int | None =
     readers = open_ranks(paths)
     if len(readers) == 1:
         return run_checks(readers[0].path, step, thresholds)
+    return check_readers(readers, step, thresholds)
+
+
+def check_readers(readers: Sequence[LogReader], step: int | None = None,
+                  thresholds: Thresholds | None = None,
+                  feeds: Sequence[Feed | None] | None = None) -> Report:
+    """``run_checks_ranks`` of the logs of several ranks, open; ``feeds``, one per log (or
+    None), are given every item of their log too (the view page's ``Gatherer``)."""
     # each log read once: the walk that finds where the ranks diverge feeds each rank's collector
     collectors = [Collector(reader, step) for reader in readers]
-    diverged = check_ranks(readers, [c.take for c in collectors])
+    diverged = check_ranks(readers, [c.take if f is None else _both(c.take, f) for c, f in zip(
+        collectors, feeds or [None] * len(readers), strict=True)])
     merged: dict[tuple[str, str, str, int | None], Finding] = {}
     reports = []
     for reader, collector in zip(readers, collectors, strict=True):
@@ -114,3 +125,10 @@ def run_checks_ranks(paths: Sequence[str | os.PathLike[str]], step: int | None =
                   max(r.steps for r in reports), sum(r.events for r in reports),
                   "; ".join(r.captured for r in reports if r.captured) or None,
                   reports[0].models)  # the models of the first rank: the ranks run one script
+
+
+def _both(first: Feed, second: Feed) -> Feed:
+    def feed(item: Rows | schema.Record) -> None:
+        first(item)
+        second(item)
+    return feed

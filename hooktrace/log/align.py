@@ -100,7 +100,7 @@ class Walk:
         parameter-gradient norms, anomalies)."""
         current = StepRecords(-1)  # steps count from 0: this one is never yielded
         reader, feed = self.reader, self._feed
-        self._items = reader.scan()
+        self._items = reader.scan(flow=reader.flow)  # as iterating the reader would
         for item in self._items:
             if feed is not None:
                 feed(item)
@@ -137,7 +137,8 @@ class Walk:
         """Give ``feed`` the items of the log that ``steps`` has not read (none were read if it
         never started); ``steps`` is not taken up again after."""
         if self._feed is not None:
-            for item in self._items if self._items is not None else self.reader.scan():
+            for item in self._items if self._items is not None else self.reader.scan(
+                    flow=self.reader.flow):
                 self._feed(item)
         self._items = iter(())
 

@@ -27,9 +27,10 @@ def expand(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
     return out
 
 
-def open_ranks(paths: Sequence[str | os.PathLike[str]]) -> list[LogReader]:
-    """Readers for the logs, sorted by rank; several must be the ranks of one run."""
-    readers = [LogReader(p) for p in expand(paths)]
+def open_ranks(paths: Sequence[str | os.PathLike[str]], flow: bool = False) -> list[LogReader]:
+    """Readers for the logs, sorted by rank; several must be the ranks of one run. ``flow``:
+    see ``LogReader``."""
+    readers = [LogReader(p, flow) for p in expand(paths)]
     if len(readers) == 1:
         return readers
     headers = [r.header for r in readers]

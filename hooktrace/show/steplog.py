@@ -2,8 +2,9 @@
 events of one step (by default the first step that has a backward event) of the chosen models.
 
 The steps it will not draw are *skimmed* (``hooktrace.log.decoder``): ``StepChooser`` tells the
-reader, each time the events' step changes, whether that step may still be drawn. Standard
-library only: no torch.
+reader, each time the events' step changes, whether that step may still be drawn. A
+``StepKeeper`` takes the items of a pass another reader makes (the view page's ``gather``,
+which keeps its ``FirstSteps``). Standard library only: no torch.
 """
 
 from __future__ import annotations
@@ -117,10 +118,34 @@ class StepsChooser(StepChooser):
         return self.kept.setdefault(step, []) if step in self.wanted else None
 
 
-class _Loader:
-    """What ``load_step`` gathers in its pass over the log."""
+class FirstSteps(StepChooser):
+    """Keeps the first ``count`` steps by number (those the view page draws), from every step
+    read in full: a step smaller than the last of those kept takes its place, so that memory
+    holds ``count`` steps, whatever the order of the log."""
 
-    def __init__(self, reader: LogReader, chooser: StepChooser, model: str | None,
+    def __init__(self, count: int) -> None:
+        super().__init__(None)
+        self.count = count
+
+    def may_draw(self, step: int) -> bool:
+        return step in self.kept or len(self.kept) < self.count or step < max(self.kept)
+
+    def target(self, step: int, backward: bool) -> list[StepEvent] | None:
+        self.steps.add(step)
+        found = self.kept.get(step)
+        if found is None and self.may_draw(step):
+            if len(self.kept) == self.count:
+                del self.kept[max(self.kept)]
+            found = self.kept[step] = []
+        return found
+
+
+class StepKeeper:
+    """What a pass over the log keeps of the steps its ``chooser`` may draw: ``take`` is given
+    each item of a scan, in order (``load_step``'s own pass, or another reader's, like check's
+    ``Collector``); ``step_logs`` then gives them. ``model``: that model's events only."""
+
+    def __init__(self, reader: LogReader, chooser: StepChooser, model: str | None = None,
                  feed: Feed | None = None) -> None:
         self.reader = reader
         self.feed = feed
@@ -137,19 +162,46 @@ class _Loader:
         self._start = 0
 
     def read(self) -> None:
+        """Its own pass over the log."""
         feed = self.feed  # it reads every step in full: none is skimmed
         for item in self.reader.scan(steps=None if feed else self.chooser.may_draw, flow=True):
             if feed is not None:
                 feed(item)
-            if isinstance(item, ForwardRows):
-                self.forwards(item)
-            elif isinstance(item, BackwardRows):
-                self.backwards(item)
-            else:
-                self.names.take(item)
-                if type(item) is schema.Ops and self.chooser.may_draw(item.step):
-                    self.ops.setdefault(item.step, {}).setdefault(
-                        (item.model, item.name, item.call), item)
+            self.take(item)
+
+    def take(self, item: ForwardRows | BackwardRows | schema.Record) -> None:
+        """One item of the scan: rows of one type, or a record (of a scan that reads the data
+        flow, ``flow=True``, for pictures that draw it)."""
+        if isinstance(item, ForwardRows):
+            self.forwards(item)
+        elif isinstance(item, BackwardRows):
+            self.backwards(item)
+        else:
+            self.names.take(item)
+            if type(item) is schema.Ops and self.chooser.may_draw(item.step):
+                self.ops.setdefault(item.step, {}).setdefault(
+                    (item.model, item.name, item.call), item)
+
+    def step_logs(self, model: str | None, steps: Collection[int]) -> dict[int, StepLog]:
+        """A ``StepLog`` of each step kept that ``model`` ran (None: all models), by step;
+        ``steps``: every step of ``model`` that has events (what the pass kept of every model
+        does not say). Raises LogError / SelectionError as ``load_step`` does."""
+        assert self.model in (None, model), "a pass that kept one model's events gives only it"
+        self._check(model, steps)
+        return {step: _step_log(self, step, model, steps) for step in sorted(self.chooser.kept)
+                if step in steps}
+
+    def _check(self, model: str | None, steps: Collection[int]) -> None:
+        """Raise LogError when the log has no events, SelectionError when ``model`` names no
+        model of the log or ``steps`` (its steps with events) is empty."""
+        models, path = self.models, self.reader.path
+        if not self.any_events:
+            raise LogError(f"{path} has no events: no module call was recorded")
+        if model is not None and model not in models.values():
+            names = ", ".join(repr(n) for n in sorted(models.values()))
+            raise SelectionError(f"no model {model!r} in {path}; its models: {names}")
+        if not steps:
+            raise SelectionError(f"model {model!r} has no events in {path}")
 
     # Rows in loops that do little for the steps not kept: nearly all of them (skimmed: read
     # for their seq, step, module and fwd only)
@@ -199,37 +251,32 @@ def load_step(path: str | os.PathLike[str] | LogReader, step: int | None = None,
     if chosen not in loaded.chooser.steps:
         raise SelectionError(f"no step {chosen} in {loaded.reader.path}; its steps: "
                              f"{ranges(sorted(loaded.chooser.steps))}")
-    return _step_log(loaded, chosen)
+    return _step_log(loaded, chosen, model, loaded.chooser.steps)
 
 
 def load_steps(path: str | os.PathLike[str], steps: Collection[int],
                model: str | None = None) -> dict[int, StepLog]:
     """``load_step`` of each of ``steps`` that the model ran, in one pass over the log."""
     loaded = _load(LogReader(path), StepsChooser(steps), model)
-    return {step: _step_log(loaded, step) for step in sorted(steps)
-            if step in loaded.chooser.steps}
+    return loaded.step_logs(model, loaded.chooser.steps)
 
 
 def _load(reader: LogReader, chooser: StepChooser, model: str | None,
-          feed: Feed | None = None) -> _Loader:
-    loaded = _Loader(reader, chooser, model, feed)
+          feed: Feed | None = None) -> StepKeeper:
+    loaded = StepKeeper(reader, chooser, model, feed)
     loaded.read()
-    models = loaded.models
-    if not loaded.any_events:
-        raise LogError(f"{reader.path} has no events: no module call was recorded")
-    if model is not None and model not in models.values():
-        names = ", ".join(repr(n) for n in sorted(models.values()))
-        raise SelectionError(f"no model {model!r} in {reader.path}; its models: {names}")
-    if not chooser.steps:
-        raise SelectionError(f"model {model!r} has no events in {reader.path}")
+    loaded._check(model, chooser.steps)
     return loaded
 
 
-def _step_log(loaded: _Loader, chosen: int) -> StepLog:
+def _step_log(loaded: StepKeeper, chosen: int, model: str | None,
+              steps: Collection[int]) -> StepLog:
     reader, chooser, models = loaded.reader, loaded.chooser, loaded.models
     events = sorted(chooser.kept.get(chosen, []), key=lambda e: e.seq)
-    if loaded.model is None:
+    if model is None:
         events = without_data_prep(events, loaded.names)
+    elif loaded.model is None:  # the pass kept every model's events: this one's
+        events = [e for e in events if models.get(e.model) == model]
     forward = {e.seq for e in events if isinstance(e, schema.ForwardEvent)}
     earlier = {models.get(e.model, str(e.model)) for e in events
                if isinstance(e, schema.BackwardEvent) and e.fwd not in forward}
@@ -239,6 +286,6 @@ def _step_log(loaded: _Loader, chosen: int) -> StepLog:
                         f"(model {', '.join(sorted(earlier))}); they are drawn in that step")
     captured = (f"{capture_dir(reader.path)} ({plural(reader.end.captured, 'file')})"
                 if reader.end is not None and reader.end.captured else None)
-    return StepLog(reader.path, chosen, sorted(chooser.steps), models, loaded.classes, events,
+    return StepLog(reader.path, chosen, sorted(steps), models, loaded.classes, events,
                    warnings, {f: s for f, s in loaded.later.items() if f in forward}, captured,
                    loaded.sources, loaded.ops.get(chosen, {}))

@@ -1,6 +1,7 @@
 """What ``hooktrace view`` shows of one log, gathered in one streaming pass: the modules in
 forward order, and per module and step the gradient's size and health (the heatmap's cells),
-the parameter-gradient norms, and the watched steps' anomaly records. Standard library only.
+the parameter-gradient norms, the watched steps' anomaly records, and the events of the steps
+whose call graphs the page draws. Standard library only.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from hooktrace.log.options import TraceOptions
 from hooktrace.log.reader import LogReader
 from hooktrace.show.calls import depth_of
 from hooktrace.show.graph import grad_output_norm
-from hooktrace.show.steplog import ModuleKey
+from hooktrace.show.steplog import FirstSteps, ModuleKey, StepKeeper, StepLog
 
 MAX_STEPS = 200  # heatmap columns: a longer run shows every n-th recorded step
+MAX_GRAPH_STEPS = 20  # steps drawn per rank and model: the first ones recorded
 
 
 @dataclass(slots=True)
@@ -61,6 +63,8 @@ class RunData:
     warnings: list[str] = field(default_factory=list)
     stats: bool = True
     trained: set[int] = field(default_factory=set)  # models with parameters or a backward
+    model_steps: dict[int, set[int]] = field(default_factory=dict)  # model -> steps with events
+    drawn: StepKeeper | None = None  # the events of the steps the call graphs draw
 
     @property
     def models(self) -> dict[int, str]:
@@ -81,6 +85,16 @@ class RunData:
         data (``data_models``)."""
         data = self.data_models()
         return sorted(name for model, name in self.models.items() if model not in data)
+
+    def step_logs(self, model: str | None) -> dict[int, StepLog]:
+        """The steps the call graphs draw that the model named ``model`` ran (None: all
+        models), by step. Raises LogError / SelectionError as ``steplog.load_step`` does."""
+        assert self.drawn is not None, "gathered without the steps to draw"
+        if model is None:
+            return self.drawn.step_logs(None, self.steps)
+        steps = {step for index, name in self.models.items() if name == model
+                 for step in self.model_steps.get(index, ())}
+        return self.drawn.step_logs(model, steps)
 
     def cell(self, model: int, fqn: str, step: int) -> Cell:
         key = (model, fqn, step)
@@ -120,6 +134,7 @@ def _counts(stats: list[schema.GradStat | None] | None) -> tuple[int, int]:
 def _record(data: RunData, r: Any) -> None:
     if isinstance(r, schema.ForwardEvent):
         data.steps.add(r.step)
+        data.model_steps.setdefault(r.model, set()).add(r.step)
         data.first_seq.setdefault((r.model, r.name), r.seq)
         cell = data.cell(r.model, r.name, r.step)
         if r.no_grad:
@@ -131,6 +146,7 @@ def _record(data: RunData, r: Any) -> None:
             cell.output_inf += inf
     elif isinstance(r, schema.BackwardEvent):
         data.steps.add(r.step)
+        data.model_steps.setdefault(r.model, set()).add(r.step)
         cell = data.cell(r.model, r.name, r.step)
         data.trained.add(r.model)
         cell.backward += 1
@@ -153,14 +169,24 @@ def _record(data: RunData, r: Any) -> None:
         data.names.take(r)
 
 
-def gather(reader: LogReader, feed: Feed | None = None) -> RunData:
-    """One pass over the log of ``reader``; ``feed``: hand every item of the pass on to
-    another reader too (check's ``Collector``)."""
-    data = RunData(str(reader.path), reader.header.rank, reader.header,
-                   stats=TraceOptions.from_header(reader.header).stats)
-    for item in reader.scan(flow=reader.flow):  # what iterating the reader yields, as rows
-        if feed is not None:
-            feed(item)
+class Gatherer:
+    """Takes the items of one ``LogReader.scan`` (``take``), in order, like check's
+    ``Collector``: fed by another reader's pass (the walk across the ranks' logs) or by
+    ``gather``'s; ``finish`` gives the log's ``RunData``. ``draw``: keep the events of the first
+    ``draw`` steps for the call graphs (``RunData.step_logs``; 0: none), which draw the data
+    flow of a scan that reads it (``flow=True``)."""
+
+    def __init__(self, reader: LogReader, draw: int = MAX_GRAPH_STEPS) -> None:
+        self.reader = reader
+        self.data = RunData(str(reader.path), reader.header.rank, reader.header,
+                            stats=TraceOptions.from_header(reader.header).stats)
+        self.keeper = StepKeeper(reader, FirstSteps(draw)) if draw else None
+
+    def take(self, item: ForwardRows | BackwardRows | schema.Record) -> None:
+        """One item of the scan: rows of one type, or a record."""
+        data, reader = self.data, self.reader
+        if self.keeper is not None:
+            self.keeper.take(item)
         if isinstance(item, ForwardRows):
             for forward in map(reader.forward_event, item):
                 _record(data, forward)
@@ -169,6 +195,23 @@ def gather(reader: LogReader, feed: Feed | None = None) -> RunData:
                 _record(data, backward)
         else:
             _record(data, item)
-    data.end = reader.end
-    data.warnings = list(reader.warnings)
-    return data
+
+    def finish(self) -> RunData:
+        data = self.data
+        data.end = self.reader.end
+        data.warnings = list(self.reader.warnings)
+        data.drawn = self.keeper
+        return data
+
+
+def gather(reader: LogReader, feed: Feed | None = None, draw: int = MAX_GRAPH_STEPS
+           ) -> RunData:
+    """One pass over the log of ``reader`` (with its data flow where it keeps steps to draw:
+    ``Gatherer``); ``feed``: hand every item of the pass on to another reader too (check's
+    ``Collector``)."""
+    gatherer = Gatherer(reader, draw)
+    for item in reader.scan(flow=reader.flow or draw > 0):  # as rows
+        if feed is not None:
+            feed(item)
+        gatherer.take(item)
+    return gatherer.finish()

@@ -20,15 +20,13 @@ from hooktrace.show.picture import Node, View
 from hooktrace.show.render.dot import node_id, node_state, run_dot, to_dot
 from hooktrace.show.render.labels import shapes_text
 from hooktrace.show.render.ops import hover
-from hooktrace.show.steplog import SelectionError, StepLog, load_steps
+from hooktrace.show.steplog import SelectionError, StepLog
 from hooktrace.show.view.data import RunData
 
-MAX_GRAPH_STEPS = 20  # steps drawn per rank and model: the first ones recorded
 MAX_UNFOLD_NODES = 400  # a deeper drawing with more nodes is left out (resnet50: 154)
 #: ... or more edges: dot's layout time grows with them, not the nodes (an unrolled GRU cell's
 #: 16 calls a level deeper: 50 nodes, 540 edges, 21 s a layout, against 0.2 s for its 94)
 MAX_UNFOLD_EDGES = 500
-PASS_EVENTS = 200_000  # events of the drawn steps held at once (about 100 MB)
 
 
 def _norms(stats: list[schema.GradStat | None] | None) -> list[str]:
@@ -125,37 +123,18 @@ def _graph(loaded: StepLog, findings: Sequence[Finding], every_call: bool = Fals
     return found
 
 
-def _batches(data: RunData, steps: list[int]) -> list[list[int]]:
-    """``steps`` in runs of at most PASS_EVENTS events (one at least): each run is loaded in one
-    pass over the log, so the page reads the log once or a few times, not once per step."""
-    events: dict[int, int] = {}
-    for (_, _, step), cell in data.cells.items():
-        events[step] = events.get(step, 0) + cell.calls + cell.no_grad + cell.backward
-    batches: list[list[int]] = [[]]
-    held = 0
-    for step in steps:
-        if batches[-1] and held + events.get(step, 0) > PASS_EVENTS:
-            batches.append([])
-            held = 0
-        batches[-1].append(step)
-        held += events.get(step, 0)
-    return batches
-
-
 def step_graphs(data: RunData, findings: Sequence[Finding], every_call: bool = False,
                 draw: bool = True) -> dict[str, dict[str, Any]]:
     """``"model|step"`` (model "" for all models) -> the graph of that step (``draw`` False:
-    without its picture)."""
+    without its picture), of the steps ``gather`` kept (``data.MAX_GRAPH_STEPS``)."""
     names = data.model_names()
     names = names if len(names) > 1 else []
     out: dict[str, dict[str, Any]] = {}
     for model in [None, *names]:
-        for batch in _batches(data, sorted(data.steps)[:MAX_GRAPH_STEPS]):
-            try:
-                loaded = load_steps(data.path, batch, model)
-            except SelectionError:  # the model ran nothing in these steps
-                continue
-            for step, one in loaded.items():  # those the model ran
-                out[f"{model or ''}|{step}"] = _graph(one, findings, every_call, draw)
+        try:
+            loaded = data.step_logs(model)
+        except SelectionError:  # the model ran nothing
+            continue
+        for step, one in loaded.items():  # those the model ran
+            out[f"{model or ''}|{step}"] = _graph(one, findings, every_call, draw)
     return out
-

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hooktrace.check.checklog import check_collected, run_checks_ranks
+from hooktrace.check.checklog import check_collected, check_readers
 from hooktrace.check.collect import Collector
 from hooktrace.check.findings import Finding, Report
 from hooktrace.check.report import where
@@ -24,7 +24,7 @@ from hooktrace.log.words import fqn_text, plural
 from hooktrace.show.output import choose_format, write_file
 from hooktrace.show.owned import default_output, mark
 from hooktrace.show.render.dot import dot_missing, run_dot
-from hooktrace.show.view.data import RunData, gather
+from hooktrace.show.view.data import MAX_GRAPH_STEPS, Gatherer, RunData, gather
 from hooktrace.show.view.graphs import step_graphs
 from hooktrace.show.view.heatmap import VALUES, Heatmap, heatmap, heatmap_dot, legend_items, to_html
 from hooktrace.show.view.page import page
@@ -68,27 +68,28 @@ def heatmap_picture(logs: str | os.PathLike[str] | Sequence[str | os.PathLike[st
         raise HooktraceError(f"unknown values {values!r}; choose one of {', '.join(VALUES)}")
     paths = [logs] if isinstance(logs, (str, os.PathLike)) else list(logs)
     readers = open_ranks(paths)
-    reader = readers[_rank_index(readers, rank)]
-    if len(readers) == 1:
-        (data,), report = _read(readers)
-    else:  # TODO(issue 37, lead): the ranks' logs are read again by run_checks_ranks
-        report = run_checks_ranks([r.path for r in readers])
-        data = gather(reader)
+    index = _rank_index(readers, rank)
+    reader = readers[index]
+    (data,), report = _read(readers, draw=0, only=index)
     heat = heatmap(data, _mine(report.findings, reader.header.rank), values)
     heat.title = f"{reader.path.name} (rank {reader.header.rank})" if len(readers) > 1 \
         else reader.path.name
     return HeatmapPicture(heatmap_dot(heat), data.warnings)
 
 
-def _read(readers: Sequence[LogReader]) -> tuple[list[RunData], Report]:
-    """What the page shows of each log, and check's report on them. One log is read once: its
-    pass feeds check's collector. TODO(issue 37, lead): the logs of several ranks are read
-    again by ``run_checks_ranks`` (its walk across the ranks could feed ``gather``)."""
+def _read(readers: Sequence[LogReader], draw: int = MAX_GRAPH_STEPS, only: int | None = None
+          ) -> tuple[list[RunData], Report]:
+    """What the page shows of each log (``only``: of the log at that position alone; ``draw``:
+    the steps kept for the call graphs, ``Gatherer``), and check's report on them, in one pass
+    over each log: one log's pass feeds check's collector; the walk that finds where the
+    ranks diverge feeds each rank's collector and gatherer."""
     if len(readers) == 1:
         collector = Collector(readers[0])
-        runs = [gather(readers[0], collector.take)]
+        runs = [gather(readers[0], collector.take, draw)]
         return runs, check_collected(collector.finish(), path=readers[0].path)
-    return [gather(r) for r in readers], run_checks_ranks([r.path for r in readers])
+    gatherers = [Gatherer(r, draw) if only in (None, i) else None for i, r in enumerate(readers)]
+    report = check_readers(readers, feeds=[g.take if g else None for g in gatherers])
+    return [g.finish() for g in gatherers if g], report
 
 
 def _rank_index(readers: Sequence[LogReader], rank: int | None) -> int:
@@ -146,7 +147,7 @@ def view_page(logs: Sequence[str | os.PathLike[str]], rank: int | None = None,
     """The page's HTML for one log or the ranks of one run (opening at ``rank``), and the logs'
     warnings. ``every_call``: the call graphs draw each call of a module called many times.
     Without the ``dot`` program the page has no call graphs, and a warning says why."""
-    readers = open_ranks(logs)
+    readers = open_ranks(logs, flow=True)  # the call graphs draw the data flow
     start = _rank_index(readers, rank)
     runs, report = _read(readers)
     nodot = dot_missing()
