@@ -17,6 +17,7 @@ busy machine adds to it). The step times are an untraced step's, for scale.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -29,14 +30,31 @@ from hooktrace.hooks.records import Mode, PassEnd
 from hooktrace.observe.lossterms import LossTerms
 
 
-def interleaved(plain: Any, windowed: Any, rounds: int = 10) -> tuple[float, float]:
+def interleaved(plain: Any, other: Any, rounds: int = 10) -> tuple[float, float]:
     """The least time of each, their rounds alternating, so that both meet the same moments
     of a busy machine (one after the other, the second met another load: a negative cost)."""
     least_plain = least_window = float("inf")
     for _ in range(rounds):
         least_plain = min(least_plain, least(plain, 3, 20))
-        least_window = min(least_window, least(windowed, 3, 20))
+        least_window = min(least_window, least(other, 3, 20))
     return least_plain, least_window
+
+
+def windowed(terms: LossTerms, loss: Callable[[], torch.Tensor]) -> tuple[float, float]:
+    """The loss computed plainly, and with the window open, ``looked`` as backward begins and
+    ``backward_end``; then tracing stops for ``terms``."""
+    end = PassEnd(0, Mode.RECORDED, (), ())
+
+    def with_window() -> None:
+        terms._open()
+        root = loss()
+        terms.looked(0, [root.grad_fn], {0})
+        terms.backward_end(end)
+
+    try:
+        return interleaved(loss, with_window)
+    finally:
+        terms.stop(0, Mode.RECORDED)
 
 
 def measure(name: str) -> str:
@@ -52,23 +70,13 @@ def measure(name: str) -> str:
     said: list[Any] = []
     terms = LossTerms(said.append)
     inner: Any = SimpleNamespace(top=False, in_backward=False)
-    end = PassEnd(0, Mode.RECORDED, (), ())
 
     def ends() -> None:
         for _ in range(modules):
             terms.forward_end(inner)
 
-    def windowed() -> None:
-        terms._open()
-        root = loss()
-        terms.looked(0, [root.grad_fn], {0})
-        terms.backward_end(end)
-
-    try:
-        calls = least(ends, 30)
-        plain, window = interleaved(loss, windowed)
-    finally:
-        terms.stop(0, Mode.RECORDED)
+    calls = least(ends, 30)
+    plain, window = windowed(terms, loss)
     step = least(work.step, 5, 1)
     added = calls + window - plain
     return (f"{name}: forward_end {calls * 1e6:.1f} us for {modules} module calls; the window "
@@ -85,21 +93,11 @@ def measure_mask() -> str:
     mask = (torch.arange(128) < torch.randint(32, 129, (8, 1))).float().flatten()
     said: list[Any] = []
     terms = LossTerms(said.append)
-    end = PassEnd(0, Mode.RECORDED, (), ())
 
     def loss() -> torch.Tensor:
         return (F.cross_entropy(logits, target, reduction="none") * mask).sum() / mask.sum()
 
-    def windowed() -> None:
-        terms._open()
-        root = loss()
-        terms.looked(0, [root.grad_fn], {0})
-        terms.backward_end(end)
-
-    try:
-        plain, window = interleaved(loss, windowed)
-    finally:
-        terms.stop(0, Mode.RECORDED)
+    plain, window = windowed(terms, loss)
     return (f"masked per-token loss: the window and the mask's count "
             f"{(window - plain) * 1e6:.1f} us a recorded step (the loss alone "
             f"{plain * 1e6:.1f} us); signals {len(said)}")
