@@ -59,9 +59,6 @@ from hooktrace.observe.optimizer_view import Held, OptimizerView, sort_held
 from hooktrace.observe.optsteps import OptimizerSteps
 from hooktrace.observe.paramlooks import all_zero, ids_sum, optimizer_params, trainable_count
 
-RECORDED = Mode.RECORDED
-
-
 
 class Diagnosis(Observer):
     """Signals of the training loop; PyTorch calls two of its hooks directly (optimizer steps,
@@ -154,7 +151,7 @@ class Diagnosis(Observer):
     def backward_end(self, end: PassEnd) -> None:
         self._models_reached = set(map(_model, end.reached))
         self._step = self._last_pass = end.step
-        self._recorded_pass = end.mode is RECORDED
+        self._recorded_pass = end.mode is Mode.RECORDED
         if self._recorded_pass:
             self._new_parameters(end.step)
             self._sort_modules(end.step, new=True)

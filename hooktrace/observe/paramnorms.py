@@ -15,7 +15,6 @@ from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
 from hooktrace.observe.stats import TensorStats
 
-RECORDED = Mode.RECORDED
 _has_params = attrgetter("has_params")
 
 
@@ -40,7 +39,7 @@ class ParamNorms(Observer):
         self._partial: dict[ModInfo, list[str]] = {}
 
     def backward_end(self, end: PassEnd) -> None:
-        if end.mode is RECORDED:
+        if end.mode is Mode.RECORDED:
             # the modules with parameters called in the step, or whose backward began in it
             infos = end.called + end.reached
             step_params = dict.fromkeys(compress(infos, map(_has_params, infos)))

@@ -22,7 +22,6 @@ from hooktrace.observe.outputs import OutputCheck
 from hooktrace.observe.stats import TensorStats
 
 _MAX_PENDING = 8192  # events held for deferred statistics before a forced write (no backward)
-RECORDED = Mode.RECORDED
 
 
 class Sink(Protocol):
@@ -50,7 +49,7 @@ class Facts(Protocol):
 class LogRecorder(Observer):
     """Writes the events of recorded steps, and every record to ``sink`` in order."""
 
-    follows = (RECORDED,)
+    follows = (Mode.RECORDED,)
 
     def __init__(self, sink: Sink, stats: TensorStats | None, outputs: OutputCheck | None) -> None:
         self._sink = sink
@@ -154,7 +153,7 @@ class LogRecorder(Observer):
             self._after_event.clear()
 
     def backward_start(self, start: BackwardStart) -> None:
-        if start.mode is not RECORDED:
+        if start.mode is not Mode.RECORDED:
             return
         call = start.call
         info = call.info
@@ -190,7 +189,7 @@ class LogRecorder(Observer):
         error = self._write_pending()
         self._open.clear()  # written: let them go now, not when the graph is freed
         forward, backward = self._forwards, self._backwards
-        if end.mode is RECORDED or forward or backward:  # also the step the cap cut short
+        if end.mode is Mode.RECORDED or forward or backward:  # also the step the cap cut short
             self._sink.write(schema.Step(end.step, forward, backward))
         self._sink.flush()
         self._forwards = self._backwards = 0

@@ -1,0 +1,176 @@
+"""One home per idea (issue 37), kept: no import cycle, counting every import (under
+``TYPE_CHECKING`` and inside functions too); no public name defined in two modules; no option of a
+log's header read by its key outside ``hooktrace/log/``; the root's name ``(root)`` spelled once;
+every package ``__init__`` only re-exports, in under 30 lines. Each rule is also run on a copy of
+the package with one breach planted, so that it is seen to bite."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from collections import defaultdict
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "hooktrace"
+
+
+def _modules(package: Path) -> dict[str, ast.Module]:
+    """Each module of ``package`` by its dotted name (a package by its own name), parsed."""
+    out = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = (package.name, *path.relative_to(package).with_suffix("").parts)
+        name = ".".join(parts).removesuffix(".__init__")
+        out[name] = ast.parse(path.read_text(encoding="utf-8"))
+    return out
+
+
+def _imported(module: str, tree: ast.Module, known: set[str]) -> set[str]:
+    """The package's modules ``module`` imports anywhere in its text: ``from a import b`` names
+    ``a.b`` where that is a module, else ``a``."""
+    package = module if f"{module}.__init__" in known else module.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name in known}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, *([base] if base else [])])
+            for a in node.names:
+                out.add(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base)
+    return out & known - {module}
+
+
+def import_cycles(package: Path) -> list[list[str]]:
+    trees = _modules(package)
+    known = set(trees) | {f"{m}.__init__" for m, t in trees.items()
+                          if (package.parent / m.replace(".", "/") / "__init__.py").exists()}
+    graph = nx.DiGraph()
+    for module, tree in trees.items():
+        graph.add_edges_from((module, other) for other in _imported(module, tree, known))
+    return sorted(sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1)
+
+
+def _defined(tree: ast.Module) -> set[str]:
+    """The public names a module defines at its top level: functions, classes, and names bound
+    to something other than a literal (type aliases, aliases of another name). A module's own
+    tuning constant (``SAMPLE = 64``, ``FORMATS = ("csv", "jsonl")``) is its own."""
+    out = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            out.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None \
+                and not _literal(node.value):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            out |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return {n for n in out if not n.startswith("_")}
+
+
+def _literal(node: ast.expr) -> bool:
+    try:
+        ast.literal_eval(node)
+    except ValueError:
+        return False
+    return True
+
+
+def defined_twice(package: Path) -> dict[str, list[str]]:
+    where = defaultdict(list)
+    for module, tree in _modules(package).items():
+        if not module.endswith("__main__"):
+            for name in _defined(tree):
+                where[name].append(module)
+    return {name: modules for name, modules in sorted(where.items()) if len(modules) > 1}
+
+
+def header_options_read(package: Path) -> list[str]:
+    """Where a header's ``options`` is read by key (``x.options["steps"]``,
+    ``x.options.get("steps")``) outside ``log/``."""
+    def is_options(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "options"
+    out = []
+    for module, tree in _modules(package).items():
+        if module.startswith(f"{package.name}.log"):
+            continue
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Subscript) and is_options(node.value)) or (
+                    isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "get" and is_options(node.func.value)):
+                out.append(f"{module}:{node.lineno}")
+    return out
+
+
+def root_spelled(package: Path) -> list[str]:
+    """Each place the text ``(root)`` is written in a string of the package."""
+    return [f"{module}:{node.lineno}" for module, tree in _modules(package).items()
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and "(root)" in node.value and not _is_docstring(tree, node)]
+
+
+def _is_docstring(tree: ast.Module, constant: ast.Constant) -> bool:
+    return any(isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef)
+               and node.body and isinstance(node.body[0], ast.Expr)
+               and node.body[0].value is constant for node in ast.walk(tree))
+
+
+def inits_with_logic(package: Path) -> list[str]:
+    """Each package ``__init__`` of 30 lines or more, or one that defines a function or class
+    (a module's own ``__getattr__``, which loads the tracing side lazily, is a re-export)."""
+    out = []
+    for path in sorted(package.rglob("__init__.py")):
+        text = path.read_text(encoding="utf-8")
+        defines = any(isinstance(n, ast.FunctionDef | ast.ClassDef) and not n.name.startswith("__")
+                      for n in ast.parse(text).body)
+        if text.count("\n") >= 30 or defines:
+            out.append(str(path.relative_to(package.parent)))
+    return out
+
+
+RULES = {
+    "import_cycles": import_cycles, "defined_twice": defined_twice,
+    "header_options_read": header_options_read, "inits_with_logic": inits_with_logic,
+}
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_the_rule_holds(rule: str) -> None:
+    assert not RULES[rule](PACKAGE)
+
+
+def test_the_root_is_spelled_once() -> None:
+    assert [where.split(":")[0] for where in root_spelled(PACKAGE)] == ["hooktrace.log.words"]
+
+
+BREACHES = [
+    # a check module that imports the collector, which imports it back
+    ("import_cycles", "check/keys.py", "def _late():\n    from hooktrace.check import collect\n"),
+    ("defined_twice", "show/marks.py", "def plural():\n    pass\n"),
+    # an alias is a second definition too
+    ("defined_twice", "observe/ops.py",
+     "from hooktrace.log import gradstat\nGradStat = gradstat.GradStat\n"),
+    ("header_options_read", "check/unused.py", "def _steps(h):\n    return h.options['steps']\n"),
+    ("header_options_read", "show/marks.py", "def _ops(h):\n    return h.options.get('ops')\n"),
+    ("inits_with_logic", "diff/__init__.py", "def helper():\n    pass\n"),
+]
+
+
+@pytest.mark.parametrize(("rule", "module", "text"), BREACHES)
+def test_a_planted_breach_is_found(tmp_path: Path, rule: str, module: str, text: str) -> None:
+    copy = tmp_path / "hooktrace"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    with (copy / module).open("a", encoding="utf-8") as f:
+        f.write(f"\n\n{text}")
+    assert RULES[rule](copy)
+
+
+def test_a_second_root_is_found(tmp_path: Path) -> None:
+    copy = tmp_path / "hooktrace"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    with (copy / "show" / "marks.py").open("a", encoding="utf-8") as f:
+        f.write('\n\nLABEL = "(root)"\n')
+    assert len(root_spelled(copy)) == 2
