@@ -245,7 +245,7 @@ def _read(path: str | os.PathLike[str], layout: Layout, scoped: bool,
     fqns: dict[int, set[str]] = {}
     for r in records:
         if isinstance(r, schema.Module):
-            fqns.setdefault(r.model, set()).add(r.name)
+            fqns.setdefault(r.model, set()).add(r.fqn)
     index = _map_models(model_records, fqns, layout, scoped, by_class)
     claims = _Claims()
     for r in model_records:
@@ -254,7 +254,7 @@ def _read(path: str | os.PathLike[str], layout: Layout, scoped: bool,
             claims.by_name[r.name] = index[r.model]
     for r in records:
         if isinstance(r, (schema.ForwardEvent, schema.BackwardEvent)) and r.model in index:
-            at = (r.step, (index[r.model], r.name))
+            at = (r.step, (index[r.model], r.fqn))
             said = claims.calls.setdefault(at, NONE)
             if isinstance(r, schema.BackwardEvent):
                 claims.calls[at] = _merge(said, _arrived(r))
@@ -262,7 +262,7 @@ def _read(path: str | os.PathLike[str], layout: Layout, scoped: bool,
             for name, norm in r.grad_norm.items():
                 claims.params[(r.step, (index[r.model], name))] = norm
         elif isinstance(r, schema.Anomaly) and r.kind == "no-grad" and r.model in index:
-            claims.anomalies.add((r.step, (index[r.model], r.name)))
+            claims.anomalies.add((r.step, (index[r.model], r.fqn)))
         elif isinstance(r, schema.End):
             claims.steps = r.steps
     return claims

@@ -60,7 +60,7 @@ def events(path: str | os.PathLike[str], phase: str | None = None, step: int | N
 
 
 def names(path: str | os.PathLike[str], phase: str, step: int = 0) -> list[str]:
-    return [e.name for e in events(path, phase, step)]
+    return [e.fqn for e in events(path, phase, step)]
 
 
 #: variables read while the command runs, not when torch is imported: a child takes them as

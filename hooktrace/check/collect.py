@@ -141,15 +141,15 @@ class Collector:
 
     def _record(self, r: schema.Record) -> None:
         if type(r) is schema.Module:
-            m = self.c.modules.setdefault((r.model, r.name), ModuleStats(
-                r.model, r.name, r.cls, r.params, r.trainable, loose=tuple(r.loose or ()),
+            m = self.c.modules.setdefault((r.model, r.fqn), ModuleStats(
+                r.model, r.fqn, r.cls, r.params, r.trainable, loose=tuple(r.loose or ()),
                 drop=None if r.drop is None else (r.drop, r.drop_unit or "element"),
                 wrapper=r.wrapper, aliases=tuple(r.aliases or ()),
                 alias_of=r.alias_of))
             if m.trainable:
-                self._trainable.add(self._key_index((r.model, r.name)))
+                self._trainable.add(self._key_index((r.model, r.fqn)))
             if r.cls in LOSSES:
-                self._losses.add(self._key_index((r.model, r.name)))
+                self._losses.add(self._key_index((r.model, r.fqn)))
             self._index_of_id.clear()
         elif type(r) is schema.Model:
             self.c.models[r.model] = r.name
@@ -158,8 +158,8 @@ class Collector:
                 self._param_grads(r)
         elif type(r) is schema.Anomaly:
             if self._wanted(r.step) and r.kind == "no-grad":
-                self.c.lost_gradient.setdefault((r.model, r.name), []).append(r.step)
-                self.c.lost_detail.setdefault((r.model, r.name), r.detail)
+                self.c.lost_gradient.setdefault((r.model, r.fqn), []).append(r.step)
+                self.c.lost_detail.setdefault((r.model, r.fqn), r.detail)
             elif self._wanted(r.step):
                 firstnan.anomaly(self.c, r)
         elif type(r) is schema.Step:
@@ -173,7 +173,7 @@ class Collector:
         elif type(r) is schema.Source:
             self.c.sources.setdefault(r.cls, f"{r.file}:{r.line}")
         elif type(r) is schema.Ops:
-            kept = self.c.ops.setdefault((r.model, r.name), [])
+            kept = self.c.ops.setdefault((r.model, r.fqn), [])
             if len(kept) < ops.KEEP and self._wanted(r.step):
                 kept.append(r)
         elif type(r) is schema.End:

@@ -36,7 +36,7 @@ def check_custom(c: Collected) -> list[Finding]:
 
 def _growing(c: Collected, model: int, kind: str, step: int, signals: list[Signal]) -> Finding:
     what, call, effect = _HOOKS.get(kind, (f"{kind} hooks", "register_hook", ""))
-    names = [s.name for s in signals]
+    names = [s.fqn for s in signals]
     first = signals[0].detail
     counts = ", ".join(map(str, first.get("counts", [])))
     steps = ", ".join(map(str, first.get("steps", [])))
@@ -86,14 +86,14 @@ def function_backward(c: Collected, s: Signal) -> list[Finding]:
     fn = d.get("function", "?")
     site = f"{d.get('file', '?')}:{d.get('line', '?')}"
     says = _SAYS.get(verdict, _SAYS["mismatch"]).format(**d)
-    where = f"in {c.label(s.model, s.name)}" if s.name else f"in model '{c.model_name(s.model)}'"
+    where = f"in {c.label(s.model, s.fqn)}" if s.fqn else f"in model '{c.model_name(s.model)}'"
     severity = NOTE if verdict in _NOTES else WARNING
     hint = ("nothing to do if that is the intent" if severity is NOTE else
             "backward must return grad_output times the derivative of forward (the chain "
             "rule: a constant forward multiplies by, backward multiplies by too); check it "
             "with torch.autograd.gradcheck on double inputs")
     return [Finding(
-        "function-backward", severity, c.model_name(s.model), s.name, s.step,
+        "function-backward", severity, c.model_name(s.model), s.fqn, s.step,
         f"the autograd.Function {fn} ({site}), used {where}: its backward {says}",
         {k: d[k] for k in ("function", "file", "line", "verdict", "ratio", "elements", "off")
          if k in s.detail}, hint)]

@@ -75,7 +75,7 @@ def parameter_norms(c: Collected, r: schema.ParamGrads) -> None:
 
 def anomaly(c: Collected, r: schema.Anomaly) -> None:
     """A watched step's record: the same findings as from events, without the events."""
-    found = Nonfinite(r.step, r.model, r.name, {"call": r.call, **r.detail})
+    found = Nonfinite(r.step, r.model, r.fqn, {"call": r.call, **r.detail})
     if r.kind == "nonfinite-forward":
         c.forward_nonfinite_steps.add(r.step)
         first = c.first_forward_nonfinite

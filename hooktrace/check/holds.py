@@ -76,7 +76,7 @@ def shared_storage(c: Collected, s: Signal) -> list[Finding]:
     optimizer = s.detail.get("optimizer") or "optimizer"
     first, second = params[-1], params[0]
     return [Finding(
-        "shared-storage", WARNING, c.model_name(s.model), s.name, s.step,
+        "shared-storage", WARNING, c.model_name(s.model), s.fqn, s.step,
         f"the {optimizer} optimizer of model '{c.model_name(s.model)}' holds "
         f"{names_text(params)}, {plural(len(params), 'different Parameter')} over one "
         "storage (weights tied by assigning .data, or Parameters made from one tensor): "
@@ -105,7 +105,7 @@ def stepped_twice(c: Collected, s: Signal) -> list[Finding]:
     model = c.model_name(s.model)
     times = "twice" if most == 2 else f"{most} times"
     return [Finding(
-        "stepped-twice", WARNING, model, s.name, s.step,
+        "stepped-twice", WARNING, model, s.fqn, s.step,
         f"the {optimizer} optimizer of model '{model}' stepped {times} after one backward "
         f"pass, in {steps_text(steps)}: each step applies the same gradients again (about "
         f"{most}x the learning rate)",

@@ -143,7 +143,7 @@ def _params_outside_autograd(c: Collected, held: set[ModelFqn]) -> list[Finding]
     without: dict[ModelFqn, list[str]] = {}  # said in every signal of the module
     with_grad: dict[ModelFqn, list[str]] = {}  # as last said
     for s in c.signals:
-        key = (s.model, s.name)
+        key = (s.model, s.fqn)
         if s.kind != "params-without-grad" or key not in held:
             continue
         said = s.detail.get("params", [])
@@ -225,8 +225,8 @@ def params_recreated(c: Collected, s: Signal) -> list[Finding]:
     params = s.detail.get("params", [])
     quoted = ", ".join(f"'{p}'" for p in params)
     return [Finding(
-        "params-recreated", WARNING, c.model_name(s.model), s.name, s.step,
-        f"{c.label(s.model, s.name)} creates a new nn.Parameter {quoted} in its forward at every "
+        "params-recreated", WARNING, c.model_name(s.model), s.fqn, s.step,
+        f"{c.label(s.model, s.fqn)} creates a new nn.Parameter {quoted} in its forward at every "
         "call: no optimizer holds it, and it restarts from its initial value each step",
         {"params": params},
         "create it once, in __init__, and use it in forward")]
@@ -235,8 +235,8 @@ def params_recreated(c: Collected, s: Signal) -> list[Finding]:
 def backward_hook_only(c: Collected, s: Signal) -> list[Finding]:
     hook = s.detail.get("hook", "?")
     return [Finding(
-        "backward-hook", WARNING, c.model_name(s.model), s.name, None,
-        f"{c.label(s.model, s.name)} has a hook from the deprecated "
+        "backward-hook", WARNING, c.model_name(s.model), s.fqn, None,
+        f"{c.label(s.model, s.fqn)} has a hook from the deprecated "
         f"register_backward_hook ({hook}): its forward is more than one operation, and the "
         "hook sees the gradients of the last one only, not the module's",
         {"hook": hook},
@@ -245,8 +245,8 @@ def backward_hook_only(c: Collected, s: Signal) -> list[Finding]:
 
 def frozen_bn_training(c: Collected, s: Signal) -> list[Finding]:
     return [Finding(
-        "frozen-bn-training", NOTE, c.model_name(s.model), s.name, s.step,
-        f"{c.label(s.model, s.name)} is frozen (no trainable parameters) but in train mode: "
+        "frozen-bn-training", NOTE, c.model_name(s.model), s.fqn, s.step,
+        f"{c.label(s.model, s.fqn)} is frozen (no trainable parameters) but in train mode: "
         "its running statistics still change with every batch",
         {}, "call .eval() on frozen BatchNorm layers after model.train() if they should "
         "stay as loaded")]

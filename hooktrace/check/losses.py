@@ -143,12 +143,12 @@ def check_loss_ops(c: Collected, module_found: set[str]) -> list[Finding]:
 
 def _output_of(c: Collected, s: Signal) -> str:
     model = c.model_name(s.model)
-    return f"model '{model}'" if s.name == "" else f"{c.label(s.model, s.name)} of model '{model}'"
+    return f"model '{model}'" if s.fqn == "" else f"{c.label(s.model, s.fqn)} of model '{model}'"
 
 
 def _squashed(c: Collected, s: Signal, op: str, in_model: bool) -> Finding:
     what, loss, does, hint, hint_in_model = _SQUASHED[op]
-    name = str(s.detail.get("last", s.name)) if in_model else s.name
+    name = str(s.detail.get("last", s.fqn)) if in_model else s.fqn
     where = (f"{_output_of(c, s)} ends with {what}, in {c.label(s.model, name)}, and its output "
              f"goes" if in_model else f"the output of {_output_of(c, s)} goes through {what}, then")
     return Finding(
@@ -160,7 +160,7 @@ def _squashed(c: Collected, s: Signal, op: str, in_model: bool) -> Finding:
 
 
 def _raw_scores(c: Collected, s: Signal) -> Finding:
-    last = str(s.detail.get("last", s.name))  # the module whose scores it takes: the culprit
+    last = str(s.detail.get("last", s.fqn))  # the module whose scores it takes: the culprit
     return Finding(
         "loss-input", WARNING, c.model_name(s.model), last, s.step,
         f"nll_loss (F.nll_loss or nn.NLLLoss) takes the output of {_output_of(c, s)} as it is: "

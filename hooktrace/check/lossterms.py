@@ -121,7 +121,7 @@ def term_cut(c: Collected, s: Signal) -> list[Finding]:
     code = f" (`{d['code']}`)" if d.get("code") else ""
     models = ", ".join(f"'{c.model_name(m)}'" for m in d.get("models", [s.model]))
     return [Finding(
-        "loss-term-cut", WARNING, c.model_name(s.model), s.name, s.step,
+        "loss-term-cut", WARNING, c.model_name(s.model), s.fqn, s.step,
         f"a term added into the loss at {_where(d.get('added_file'), d.get('added_line'))} "
         f"reaches no trainable parameter: {how.format(op=d.get('op'), where=where)}{code}. It "
         f"is in the loss, outside every forward: it changes the loss's value, but only the "
@@ -133,7 +133,7 @@ def target_grad(c: Collected, s: Signal) -> list[Finding]:
     model = c.model_name(s.model)
     code = f" (`{d['code']}`)" if d.get("code") else ""
     return [Finding(
-        "loss-target-grad", WARNING, model, s.name, s.step,
+        "loss-target-grad", WARNING, model, s.fqn, s.step,
         f"the target of {d.get('loss')} at {_where(d.get('file'), d.get('line'))}{code} "
         f"carries a gradient into model '{model}': it is computed from another call of the "
         f"model the prediction comes from, through a {str(d.get('through', 'max')).lower()} "
@@ -162,14 +162,14 @@ def _share(c: Collected, signals: list[Signal]) -> Finding:
             "of": [s.detail.get("of") for s in signals], "steps": [s.step for s in signals]}
     if none:
         return Finding(
-            "loss-reads-nothing", WARNING, c.model_name(first.model), first.name, first.step,
+            "loss-reads-nothing", WARNING, c.model_name(first.model), first.fqn, first.step,
             f"{d.get('loss')} {where} ignores every target of the batch in every recorded "
             f"step (all {of} equal ignore_index={d.get('ignore_index')}): the loss is NaN or "
             "0 and gives the model no gradient", fact,
             "check the labels and the ignore_index: padding or a wrong label mapping may have "
             "turned every target into the ignored value")
     return Finding(
-        "loss-share", NOTE, c.model_name(first.model), first.name, least.step,
+        "loss-share", NOTE, c.model_name(first.model), first.fqn, least.step,
         f"{d.get('loss')} {where} reads part of its batch: {read} of {of} targets at step "
         f"{least.step} (the others equal ignore_index={d.get('ignore_index')})", fact)
 
@@ -193,14 +193,14 @@ def _mask(c: Collected, signals: list[Signal]) -> Finding:
     recorded = c.backward_steps or {s.step for s in signals}
     if all(s.detail.get("read") == 0 for s in signals) and len(signals) >= len(recorded):
         return Finding(
-            "loss-reads-nothing", WARNING, c.model_name(first.model), first.name, first.step,
+            "loss-reads-nothing", WARNING, c.model_name(first.model), first.fqn, first.step,
             f"the loss reads none of its {of} elements in every recorded step: a 0/1 mask "
             f"({how}) keeps none of them, so the loss is 0 (NaN where divided by mask.sum()) "
             "and gives the model no gradient", _fact(signals),
             "check the comparison that builds the mask (ids != pad, lengths > position) and "
             "its dtype and shape against the loss's")
     return Finding(
-        "loss-share", NOTE, c.model_name(first.model), first.name, least.step,
+        "loss-share", NOTE, c.model_name(first.model), first.fqn, least.step,
         f"the loss reads {read} of its {of} elements ({100 * read // max(of, 1)}%) at step "
         f"{least.step}: a 0/1 mask ({how}) keeps them", _fact(signals))
 
@@ -210,7 +210,7 @@ def _index(c: Collected, signals: list[Signal]) -> Finding:
     first = signals[0]
     d = first.detail
     return Finding(
-        "loss-mask-index", WARNING, c.model_name(first.model), first.name, first.step,
+        "loss-mask-index", WARNING, c.model_name(first.model), first.fqn, first.step,
         f"the loss is indexed along dim {d.get('dim')} with an integer tensor of 0s and 1s "
         f"as long as that dim ({d.get('rows')}): a mask of dtype long or int, not bool, picks "
         f"rows 0 and 1 again and again, not the rows it marks; the loss reads "

@@ -26,7 +26,7 @@ def eval_backward(c: Collected, s: Signal) -> list[Finding]:
             "mode: linear probing?)" if probing else "dropout is off, and BatchNorm normalises "
             "with its running statistics and does not update them")
     return [Finding(
-        "eval-backward", NOTE if probing else WARNING, c.model_name(s.model), s.name, s.step,
+        "eval-backward", NOTE if probing else WARNING, c.model_name(s.model), s.fqn, s.step,
         f"model '{c.model_name(s.model)}' ran backward in eval mode (model.training is False) "
         f"from step {s.step} on: {what} ({names_text(layers, 3)} in what trains)",
         {"layers": layers[:20]},

@@ -77,7 +77,7 @@ def _came_in(c: Collected, forward: Nonfinite
     child's that received it), or before the model's first call of the step (the data). Its
     module, the words, the hint and the evidence; None where its inputs were finite."""
     said = next((s for s in c.signals if s.kind == "nonfinite-inputs" and (
-        s.step, s.model, s.name) == (forward.step, forward.model, forward.name)), None)
+        s.step, s.model, s.fqn) == (forward.step, forward.model, forward.name)), None)
     if said is None:
         return None
     model, name = forward.model, forward.name
@@ -165,7 +165,7 @@ def _nonfinite_weights(c: Collected, forward: Nonfinite) -> tuple[list[str], set
     if isinstance(said, list):
         return [str(n) for n in said], set(map(str, forward.evidence.get("weights_dtypes") or []))
     for s in c.signals:
-        if s.kind == "nonfinite-weights" and (s.step, s.model, s.name) == (
+        if s.kind == "nonfinite-weights" and (s.step, s.model, s.fqn) == (
                 forward.step, forward.model, forward.name):
             return ([str(n) for n in s.detail.get("params") or []],
                     set(map(str, s.detail.get("dtypes") or [])))

@@ -82,7 +82,7 @@ def _answer(f: Finding, c: Collected, flowed: GradientFlow, model: int,
             continue  # a step where this boundary was not found (or not judged)
         op = ask(record)
         if op is not None:
-            return True, _inside(c, model, (op, record.step, record.name))
+            return True, _inside(c, model, (op, record.step, record.fqn))
     return True, None
 
 
@@ -112,7 +112,7 @@ def _inside(c: Collected, model: int, found: _Found, depth: int = 0) -> _Found:
         if record.step >= step:
             inner = ops.stop_in(record)
             if inner is not None:
-                return _inside(c, model, (inner, record.step, record.name), depth + 1)
+                return _inside(c, model, (inner, record.step, record.fqn), depth + 1)
     return found
 
 
@@ -122,7 +122,7 @@ def _first(records: list[Ops], ask: Callable[[Ops], Op | None]) -> _Found | None
             continue  # a layer's one function (F.linear of a Linear) says nothing new
         op = ask(record)
         if op is not None:
-            return op, record.step, record.name
+            return op, record.step, record.fqn
     return None
 
 

@@ -40,7 +40,7 @@ def check_probed(c: Collected) -> list[Finding]:
 
 
 def _note(c: Collected, s: Signal, message: str, kind: str = "probe") -> Finding:
-    return Finding(kind, NOTE, c.model_name(s.model), s.name, s.step, message,
+    return Finding(kind, NOTE, c.model_name(s.model), s.fqn, s.step, message,
                    dict(s.detail), "a fact the probe measured (run --probe)")
 
 
@@ -69,12 +69,12 @@ def _batch(c: Collected, s: Signal) -> Finding:
                 f"axis {axis})")
     mixers = d.get("mixers") or []
     if mixers:
-        says = (f"{c.label(s.model, s.name)} is a BatchNorm in train mode: it mixes the samples "
+        says = (f"{c.label(s.model, s.fqn)} is a BatchNorm in train mode: it mixes the samples "
                 f"of a batch through its statistics ({measured})")
         if not _compares_samples(c, s.model):
             return _note(c, s, f"the probe: {says}", "samples-mixed")
         return Finding(
-            "samples-mixed", WARNING, model, s.name, s.step,
+            "samples-mixed", WARNING, model, s.fqn, s.step,
             f"{says}, and the loss compares the model's outputs of one batch with each other "
             f"(a matmul of outputs, as InfoNCE's q @ k.t()): the batch statistics leak "
             f"between the samples the loss tells apart, so the model can learn the task from "
@@ -86,7 +86,7 @@ def _batch(c: Collected, s: Signal) -> Finding:
                            f"whole batch (attention or a similarity across samples, on purpose, "
                            f"or an axis mixed by mistake)", "samples-mixed")
     return Finding(
-        "samples-mixed", WARNING, model, s.name, s.step,
+        "samples-mixed", WARNING, model, s.fqn, s.step,
         f"in model '{model}' {measured} and not on the others, and no layer that mixes samples "
         f"by design (BatchNorm) is in it: a view or reshape across the batch axis mixes "
         f"samples (a (T, B, H) tensor reshaped to (B, -1) without moving the batch axis first)",
@@ -96,7 +96,7 @@ def _batch(c: Collected, s: Signal) -> Finding:
 
 def _causal(c: Collected, s: Signal) -> Finding:
     d: dict[str, Any] = s.detail
-    who = c.label(s.model, s.name)
+    who = c.label(s.model, s.fqn)
     masks: dict[str, str] = d.get("masks") or {}
     given = ", ".join(f"its {k} hides {v}" for k, v in masks.items())
     if d.get("is_causal"):
@@ -119,7 +119,7 @@ def _causal(c: Collected, s: Signal) -> Finding:
                    f"very positions it learns to predict")
         hint = ("pass mask=nn.Transformer.generate_square_subsequent_mask(T) and "
                 "is_causal=True")
-    return Finding("sees-later", WARNING, c.model_name(s.model), s.name, s.step, message,
+    return Finding("sees-later", WARNING, c.model_name(s.model), s.fqn, s.step, message,
                    dict(d), hint)
 
 
@@ -140,12 +140,12 @@ def _padding(c: Collected, s: Signal) -> Finding:
                  "True means ignore" if m.get("reads") == "inverted" else
                  f"hiding {m.get('hidden')} positions, not the {padded} padded ones")
         return Finding(
-            "sees-padding", WARNING, c.model_name(s.model), s.name, s.step,
-            f"{c.label(s.model, s.name)}: its {m.get('arg')} is {reads}; the output depends on "
+            "sees-padding", WARNING, c.model_name(s.model), s.fqn, s.step,
+            f"{c.label(s.model, s.fqn)}: its {m.get('arg')} is {reads}; the output depends on "
             f"{seen} ({where})", dict(d),
             f"{m.get('arg')} must be True where padded: (ids == pad_id)")
     return Finding(
-        "sees-padding", WARNING, c.model_name(s.model), s.name, s.step,
+        "sees-padding", WARNING, c.model_name(s.model), s.fqn, s.step,
         f"in model '{c.model_name(s.model)}' the output at real positions depends on {seen} "
         f"({where}): a mean or sum over the sequence counts the padding", dict(d),
         "weight the pooling by the mask: (h * mask).sum(1) / mask.sum(1)")

@@ -71,7 +71,7 @@ def _first_divergence(walks: Sequence[Walk], ranks: list[int]) -> Divergence | N
             at = [events[i] if i < len(events) else None for events in per_rank]
             named = at[odd] or at[0]  # the module the odd rank ran, else rank 0's
             assert named is not None
-            return Divergence(step, i, named.model, named.name, {
+            return Divergence(step, i, named.model, named.fqn, {
                 rank: _describe(e, kind) if e is not None else "nothing (its step ended)"
                 for rank, e in zip(ranks, at, strict=True)}, kind)
         if cut_off:

@@ -23,7 +23,7 @@ def step_unexplained(c: Collected, s: Signal) -> list[Finding]:
     message, hint = make(c.model_name(s.model), s.detail)
     evidence = {k: v for k, v in s.detail.items() if k != "modules"}
     evidence["modules"] = list(s.detail.get("modules", []))
-    return [Finding("step-unexplained", WARNING, c.model_name(s.model), s.name, s.step,
+    return [Finding("step-unexplained", WARNING, c.model_name(s.model), s.fqn, s.step,
                     message, evidence, hint)]
 
 

@@ -49,6 +49,6 @@ def _eager(c: Collected) -> list[Finding]:
     if first is None:
         return []
     return [Finding(
-        "compiled-eager", NOTE, c.model_name(first.model), first.name, None,
+        "compiled-eager", NOTE, c.model_name(first.model), first.fqn, None,
         "recorded steps ran torch.compile'd code eagerly (torch.compiler.set_stance"
         "(\"force_eager\")), so every module call was seen; the other steps ran it compiled")]

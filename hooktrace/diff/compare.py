@@ -127,7 +127,7 @@ class _Comparison:
             named = here_a
             what = (f"another order: A ran {here_a.describe()} where B ran "
                     f"{here_b.describe()}")
-        self.report.ran = Difference("ran", step, named.model, named.name, named.phase,
+        self.report.ran = Difference("ran", step, named.model, named.fqn, named.phase,
                                      named.call, what, _context(a, i), _context(b, i), i)
 
     def _pair(self, step: int, a: Event, b: Event) -> None:
@@ -138,7 +138,7 @@ class _Comparison:
         if self.report.divergence is None or (found.kind == "nonfinite"
                                               and self.report.nonfinite is None):
             what, value_a, value_b = found.words()
-            difference = Difference(found.kind, step, a.model, a.name, a.phase, a.call,
+            difference = Difference(found.kind, step, a.model, a.fqn, a.phase, a.call,
                                     f"{a.describe()}: {what}", value_a, value_b)
             if found.kind == "nonfinite" and self.report.nonfinite is None:
                 self.report.nonfinite = difference
@@ -188,13 +188,13 @@ def _only(event: Event, run: str, other_keys: set[Key]) -> str:
     calls = sum(1 for k in other_keys if k[:3] == event.key[:3])
     other = "A" if run == "B" else "B"
     if calls:
-        return (f"{fqn_text(event.name)} has more {event.phase} calls in {run} than in "
+        return (f"{fqn_text(event.fqn)} has more {event.phase} calls in {run} than in "
                 f"{other} ({other}: {calls}): {event.describe()} ran in {run} only")
     return f"{event.describe()} ran in {run} only"
 
 
 def _short(e: Event) -> str:
-    return f"{e.phase} {fqn_text(e.name)} #{e.call}"
+    return f"{e.phase} {fqn_text(e.fqn)} #{e.call}"
 
 
 def _context(events: list[Event], i: int) -> str:
@@ -215,7 +215,7 @@ def _shapes(step: int, position: int, a: Event, b: Event) -> Difference:
         value_a = f"{_dtypes(a.in_dtypes)} -> {_dtypes(a.out_dtypes)}"
         value_b = f"{_dtypes(b.in_dtypes)} -> {_dtypes(b.out_dtypes)}"
     what = "grad_input/grad_output" if a.phase == "backward" else "input/output"
-    return Difference(kind, step, a.model, a.name, a.phase, a.call,
+    return Difference(kind, step, a.model, a.fqn, a.phase, a.call,
                       f"{a.describe()}: the {what} {kind} differ", value_a, value_b, position)
 
 
@@ -283,7 +283,7 @@ def _rename(b: StepRecords, walks: tuple[Walk, Walk], report: DiffReport,
             entry = (model, old, new)
             if entry not in report.renamed and not _implied(entry, report.renamed):
                 report.renamed.append(entry)
-        b.events = [e._replace(name=mapping.get(e.name, e.name)) if e.model == model else e
+        b.events = [e._replace(fqn=mapping.get(e.fqn, e.fqn)) if e.model == model else e
                     for e in b.events]
         if model in b.params:
             b.params[model] = {mapping.get(k, k): v for k, v in b.params[model].items()}

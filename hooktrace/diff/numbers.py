@@ -150,7 +150,7 @@ def param_differences(a: dict[str, float | None], b: dict[str, float | None],
 def _entry(step: int, event: Event | None, rel: float | None) -> dict[str, Any]:
     if event is None:  # every call agrees
         return {"step": step, "module": None, "phase": None, "relative": 0.0}
-    return {"step": step, "module": event.name, "phase": event.phase, "relative": rel}
+    return {"step": step, "module": event.fqn, "phase": event.phase, "relative": rel}
 
 
 Worst = Callable[[], tuple[Event, float | None] | None]  # a step's largest difference, if any

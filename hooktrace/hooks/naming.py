@@ -52,7 +52,7 @@ WRAPPERS = {
 @dataclass(slots=True, eq=False)  # identity hash: a key of per-step call counters
 class ModInfo:
     model: int
-    name: str
+    fqn: str
     cls: str
     traced: bool  # False: named (its children nest under it) but filtered out by include/exclude
     # the module it names; None once that module is gone, or named anew in a model found later
@@ -212,20 +212,20 @@ class Naming:
                 continue
             known = self._infos.get(module)
             if known is not None and known.model != model and not self._scoped and (
-                    known.name == "" or known.model in adopted):
+                    known.fqn == "" or known.model in adopted):
                 # a model of its own until now (called on its own first, as SSDlite's backbone
                 # is at construction): from here on its whole tree is named as part of this one
                 adopted.add(known.model)
                 self.uncalled.pop(known, None)
                 known.ref = _no_module  # observers holding the old identity let it go
             elif known is not None and fqn not in records and (
-                    known.name != "" or known.model != model):
+                    known.fqn != "" or known.model != model):
                 # shared with a model named earlier, or a second path inside this one: one identity
-                first = records.get(known.name) if known.model == model else None
+                first = records.get(known.fqn) if known.model == model else None
                 if first is not None:
                     first.aliases = [*(first.aliases or []), fqn]
                     parent = fqn.rpartition(".")[0]
-                    if parent != known.name.rpartition(".")[0]:  # one parent: no telling which
+                    if parent != known.fqn.rpartition(".")[0]:  # one parent: no telling which
                         records.update(self._aliases(module, known, fqn))
                 continue
             params, trainable = _own_params(module)
@@ -278,7 +278,7 @@ class Naming:
         if known.aliases is None:
             known.aliases = {}
         known.aliases.setdefault(parent, alias)
-        return schema.Module(known.model, fqn, known.cls, alias_of=known.name)
+        return schema.Module(known.model, fqn, known.cls, alias_of=known.fqn)
 
     def _from_owner(self, module: nn.Module) -> ModInfo | None:
         """Name a module first called outside any traced module through its owner's tree; a
@@ -299,7 +299,7 @@ class Naming:
             known = self._infos[owner]
             if known is None:  # a wrapper, or outside the scope: name the module on its own
                 return self.add_model(module)
-            self._name_tree(owner, known.model, known.name)
+            self._name_tree(owner, known.model, known.fqn)
         return self._infos[module]
 
     def known(self, module: nn.Module) -> ModInfo | None:
@@ -315,7 +315,7 @@ class Naming:
             pass
         else:
             if info is not None and info.aliases is not None and caller is not None:
-                return info.aliases.get(caller.name, info)  # the name under its caller
+                return info.aliases.get(caller.fqn, info)  # the name under its caller
             return info
         if caller is None:
             if self._scoped or compiled_graph(module):
@@ -326,7 +326,7 @@ class Naming:
         key = registered(holder, module)
         if key is not None:  # made in the caller's forward, registered on it: its real name
             return self._name_tree(module, caller.model,
-                                   f"{caller.name}.{key}" if caller.name else key)
+                                   f"{caller.fqn}.{key}" if caller.fqn else key)
         base = place(holder, module) or type(module).__name__
         return self._name_tree(module, caller.model, self._free(module, caller, base))
 
@@ -336,11 +336,11 @@ class Naming:
         gone) keeps the name."""
         for n in range(1, _SAME_NAME_ALIVE + 1):
             name = f"({base})" if n == 1 else f"({base}#{n})"
-            fqn = f"{caller.name}.{name}" if caller.name else name
+            fqn = f"{caller.fqn}.{name}" if caller.fqn else name
             taken = self._by_name.get((caller.model, fqn))
             held = taken.ref() if taken is not None else None
             if held is None or held is module:
                 return fqn
         # modules built in forward and kept alive (a leak): no name per module without bound
-        return f"{caller.name}.({base})" if caller.name else f"({base})"
+        return f"{caller.fqn}.({base})" if caller.fqn else f"({base})"
 

@@ -329,7 +329,7 @@ class OpZoom(TorchFunctionMode):
             parent.more += 1
             return None
         op = _entry(info.cls, site, parent, leaves(args)[0])
-        op.child = info.name
+        op.child = info.fqn
         parent.ops.append(op)
         return op
 

@@ -38,7 +38,7 @@ class Event(NamedTuple):
 
     model: str
     phase: str
-    name: str
+    fqn: str
     call: int
     ins: Shapes
     outs: Shapes
@@ -50,10 +50,10 @@ class Event(NamedTuple):
 
     @property
     def key(self) -> Key:
-        return (self.model, self.phase, self.name, self.call)
+        return (self.model, self.phase, self.fqn, self.call)
 
     def describe(self) -> str:
-        return f"{self.phase} of {fqn_text(self.name)} call {self.call}"
+        return f"{self.phase} of {fqn_text(self.fqn)} call {self.call}"
 
 
 @dataclass
@@ -146,7 +146,7 @@ class Walk:
         if isinstance(item, schema.ParamGrads):
             current.params[self._model(item.model)] = item.grad_norm
         else:
-            current.anomalies.append((item.kind, self._model(item.model), item.name, item.call))
+            current.anomalies.append((item.kind, self._model(item.model), item.fqn, item.call))
 
     def _model(self, index: int) -> str:
         return self.models.get(index, str(index))
@@ -159,7 +159,7 @@ class Walk:
         elif isinstance(record, schema.Module):
             self.names.take(record)
             known = self.modules.setdefault(self._model(record.model), {})
-            known.setdefault(record.name, ModuleInfo(record.cls, record.params, len(known)))
+            known.setdefault(record.fqn, ModuleInfo(record.cls, record.params, len(known)))
 
     def _name(self, module: int) -> tuple[str, str]:
         """(model name, fqn) of a module id, kept from the first event that names it."""

@@ -132,7 +132,7 @@ class Decoder:
         self.modules: dict[int, tuple[int, str]] = {}  # module id -> (model, fqn)
         self.tensors: dict[int, Signature] = {}
         self.end: End | None = None  # the last end record
-        self._names: dict[str, str] = {}  # a module id as a params record writes it -> fqn
+        self._fqns: dict[str, str] = {}  # a module id as a params record writes it -> fqn
 
     def _ask(self, step: int) -> None:
         self._step, self._wanted = step, self._steps(step)
@@ -190,16 +190,16 @@ class Decoder:
         """The record of a forward row (the names of its module resolved), made before a later
         ``module`` record can give its id another module."""
         seq, step, module, call, (ins, in_types), (outs, out_types), more = row
-        model, name = self.modules[module]
-        return ForwardEvent(seq, step, model, name, call, ins, in_types, outs, out_types,
+        model, fqn = self.modules[module]
+        return ForwardEvent(seq, step, model, fqn, call, ins, in_types, outs, out_types,
                             *(more or _PLAIN_FORWARD))
 
     def backward_event(self, row: BackwardRow) -> BackwardEvent:
         """The record of a backward row, like ``forward_event``."""
         seq, step, module, call, fwd, grad_ins, grad_outs, in_stats, out_stats, more = row
-        model, name = self.modules[module]
+        model, fqn = self.modules[module]
         flags = more or _NONFINITE
-        return BackwardEvent(seq, step, model, name, call, fwd, len(grad_ins), len(grad_outs),
+        return BackwardEvent(seq, step, model, fqn, call, fwd, len(grad_ins), len(grad_outs),
                              grad_ins, grad_outs, flags.recompute, in_stats, out_stats,
                              flags.lost)
 
@@ -215,9 +215,9 @@ class Decoder:
         record = from_dict(d)
         if type(record) is Module:
             ident = get(d, "id", int)
-            self.modules[ident] = (record.model, record.name)
+            self.modules[ident] = (record.model, record.fqn)
             if ident >= 0:  # the careful path reads "-1" as no id
-                self._names[str(ident)] = record.name
+                self._fqns[str(ident)] = record.fqn
         elif type(record) is End:
             self.end = record
         return record
@@ -227,7 +227,7 @@ class Decoder:
         norms: dict[str, float | None] | None = None
         if {*map(type, grad_norm.values())} <= NORM_TYPES:
             with contextlib.suppress(KeyError):  # ids as written, norms as floats: built in C
-                norms = dict(zip(map(self._names.__getitem__, grad_norm), grad_norm.values(),
+                norms = dict(zip(map(self._fqns.__getitem__, grad_norm), grad_norm.values(),
                                  strict=True))
         if norms is None:
             norms = {}

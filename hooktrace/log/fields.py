@@ -143,7 +143,7 @@ def from_dict(d: Any) -> Record | None:
                      cls=get(d, "class", str, "?"))
     if kind == "module":
         aliases = strs(d, "aliases") or None
-        return Module(model=get(d, "model", int), name=get(d, "name", str),
+        return Module(model=get(d, "model", int), fqn=get(d, "name", str),
                       cls=get(d, "class", str, "?"), params=get(d, "params", int, 0),
                       trainable=get(d, "trainable", int, 0), aliases=aliases,
                       loose=strs(d, "loose") or None, wrapper=get(d, "wrapper", str, None),
@@ -153,14 +153,14 @@ def from_dict(d: Any) -> Record | None:
         if anomaly not in Anomaly.KINDS:
             return None  # a kind from a newer version: skipped like an unknown record
         return Anomaly(step=get(d, "step", int), model=get(d, "model", int),
-                       name=get(d, "name", str), kind=anomaly, call=get(d, "call", int, 0),
+                       fqn=get(d, "name", str), kind=anomaly, call=get(d, "call", int, 0),
                        detail=get(d, "detail", dict, {}))
     if kind == "signal":
         signal = get(d, "kind", str)
         if signal not in Signal.KINDS:
             return None  # a kind from a newer version: skipped like an unknown record
         return Signal(step=get(d, "step", int), model=get(d, "model", int),
-                      name=get(d, "name", str), kind=signal, detail=get(d, "detail", dict, {}))
+                      fqn=get(d, "name", str), kind=signal, detail=get(d, "detail", dict, {}))
     if kind == "source":
         return Source(cls=get(d, "class", str), file=get(d, "file", str),
                       line=get(d, "line", int))
@@ -270,7 +270,7 @@ def _op(d: Any) -> Op:
 def _ops(d: dict[str, Any]) -> Ops:
     """An ``ops`` line (``hooktrace.log.ops``)."""
     return Ops(step=get(d, "step", int), fwd=get(d, "fwd", int, -1), model=get(d, "model", int),
-               name=get(d, "name", str), call=get(d, "call", int, 0),
+               fqn=get(d, "name", str), call=get(d, "call", int, 0),
                inputs=get(d, "inputs", int, 0), in_grad=_bools(d, "in_grad"),
                outputs=_ints(d, "outputs"), ops=[_op(op) for op in get(d, "ops", list, [])],
                more=get(d, "more", int, 0))

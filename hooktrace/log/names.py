@@ -25,7 +25,7 @@ class LogNames:
 
     def take(self, record: schema.Record) -> None:
         if isinstance(record, schema.Module):
-            self.classes[(record.model, record.name)] = record.cls
+            self.classes[(record.model, record.fqn)] = record.cls
             if record.params:
                 self.with_params.add(record.model)
         elif isinstance(record, schema.Model):

@@ -82,7 +82,7 @@ class Ops:
     step: int
     fwd: int
     model: int
-    name: str
+    fqn: str
     call: int
     inputs: int = 0  # its positional tensor inputs: slots 0 .. inputs-1
     in_grad: list[bool] = field(default_factory=list)  # each of them required a gradient
@@ -93,7 +93,7 @@ class Ops:
     def to_dict(self) -> dict[str, Any]:
         """The line, numbers left as they are (``wire`` encodes them)."""
         return {"type": self.TYPE, "step": self.step, "fwd": self.fwd, "model": self.model,
-                "name": self.name, "call": self.call, "inputs": self.inputs,
+                "name": self.fqn, "call": self.call, "inputs": self.inputs,
                 "in_grad": self.in_grad, "outputs": self.outputs,
                 "ops": [op_dict(op) for op in self.ops], **({"more": self.more}
                                                              if self.more else {})}

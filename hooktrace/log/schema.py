@@ -28,7 +28,9 @@ A log is JSON Lines, UTF-8, one record per line, each with a ``"type"`` key:
              ``backward()`` calls and the graphs ``torch.compile`` compiled while tracing ran).
 
 Events name modules and tensor signatures by id, which keeps a log near 100 bytes per event; the
-reader resolves the ids, so the records it yields carry names and shapes.
+reader resolves the ids, so the records it yields carry names and shapes. A record that names a
+module (``Module``, ``ForwardEvent``, ``BackwardEvent``, ``Anomaly``, ``Signal``, ``Ops``) holds
+its fqn in the field ``fqn``, written under the key ``"name"``; ``Model.name`` is a model's name.
 
 ``seq`` is global and increasing in file order. ``step`` counts backward passes: forward calls
 before the first backward are step 0, the first backward pass is step 0 too, and the forward
@@ -125,7 +127,7 @@ class Module:
 
     TYPE: ClassVar[str] = "module"
     model: int
-    name: str  # fqn in named_modules(), "" for the root, wrapper prefixes stripped
+    fqn: str  # its named_modules() name, "" for the root, wrapper prefixes stripped
     cls: str
     params: int = 0
     trainable: int = 0
@@ -150,7 +152,7 @@ class Module:
 
     def to_dict(self) -> dict[str, Any]:
         return _compact({
-            "type": self.TYPE, "model": self.model, "name": self.name, "class": self.cls,
+            "type": self.TYPE, "model": self.model, "name": self.fqn, "class": self.cls,
             "params": self.params, "trainable": self.trainable, "aliases": self.aliases,
             "loose": self.loose,
             "drop": None if self.drop is None else {"p": self.drop, "per": self.drop_unit},
@@ -167,7 +169,7 @@ class ForwardEvent:
     seq: int
     step: int
     model: int
-    name: str
+    fqn: str
     call: int
     # tensor leaves of args then kwargs (tuples as the tracer makes them, lists when read)
     input_shapes: Sequence[Shape] = field(default_factory=list)
@@ -240,7 +242,7 @@ class BackwardEvent:
     seq: int
     step: int
     model: int
-    name: str
+    fqn: str
     call: int
     fwd: int
     grad_input_len: int = 0
@@ -286,13 +288,13 @@ class Anomaly:
     KINDS: ClassVar[tuple[str, ...]] = ("nonfinite-forward", "nonfinite-backward", "no-grad")
     step: int
     model: int
-    name: str
+    fqn: str
     kind: str
     call: int = 0
     detail: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "step": self.step, "model": self.model, "name": self.name,
+        return {"type": self.TYPE, "step": self.step, "model": self.model, "name": self.fqn,
                 "kind": self.kind, "call": self.call, "detail": self.detail}
 
 

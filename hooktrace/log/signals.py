@@ -28,28 +28,28 @@ class Signal:
       built), ``detail.outside``, the shapes of the first 8, and ``detail.outside_count``;
     * ``shared-storage``: at an optimizer's first step, Parameters it holds that share one
       storage (``data_ptr``, device, dtype, shape, stride): ``detail.params`` in its order
-      (``lm_head.weight``), ``detail.optimizer`` its class; ``name``, the last one's module;
+      (``lm_head.weight``), ``detail.optimizer`` its class; ``fqn``, the last one's module;
     * ``stepped-twice``: when tracing stops, an optimizer (``detail.optimizer``) that stepped
       again with the gradients its last step applied (no backward pass between) in
       ``detail.steps`` (two at least, half of its steps or more; ``step``, the first),
       ``detail.most`` steps in a row at most;
     * ``grads-carried-over``: parameters whose ``.grad`` was neither zeroed nor set to None
       after an optimizer step, so the next backward adds to it (``detail.modules``: fqns);
-    * ``backward-hook``: ``name`` has a deprecated ``register_backward_hook`` hook
+    * ``backward-hook``: ``fqn`` has a deprecated ``register_backward_hook`` hook
       (``detail.hook``: its function's qualified name);
-    * ``frozen-bn-training``: ``name`` is a BatchNorm without trainable parameters whose
+    * ``frozen-bn-training``: ``fqn`` is a BatchNorm without trainable parameters whose
       running statistics update (train mode) while its model trains;
     * ``grads-cleared``: an optimizer stepped with every ``.grad`` None although a backward
       pass reached its parameters' modules since its last step: ``zero_grad()`` ran between
       ``backward()`` and ``step()`` (``detail.modules``: fqns of the modules reached);
-    * ``params-without-grad``: after a recorded backward pass, ``name`` has trainable own
+    * ``params-without-grad``: after a recorded backward pass, ``fqn`` has trainable own
       parameters that got no ``.grad`` while others of its own got one (a weight read through
       ``.data`` in its forward): ``detail.params``, their names, ``detail.with_grad``, the
       others'; written again when that changes (``params`` empty: all of them got one since);
     * ``grads-zeroed``: after a recorded backward pass, an optimizer stepped with every
       ``.grad`` it holds exactly zero (not None) although a backward pass reached their modules
       since its last step (``detail.modules``: fqns); once a run;
-    * ``params-recreated``: ``name``'s own trainable parameters ``detail.params`` were new
+    * ``params-recreated``: ``fqn``'s own trainable parameters ``detail.params`` were new
       objects at the end of two recorded steps in a row (an ``nn.Parameter`` created in its
       forward), ``step`` the first of them; once per module;
     * ``weights-unchanged``: the trainable parameters of the model that got gradients kept
@@ -83,12 +83,12 @@ class Signal:
       stepped: of ``detail.compared`` sampled elements with a non-zero gradient, ``detail.moved``
       changed (under 25% a step; ``halfupdates.py``), with learning rates ``detail.lr``;
     * ``nonfinite-weights``: the first call of recorded step ``step`` with NaN/Inf in its
-      outputs, ``name``, ran with NaN/Inf in its own parameters ``detail.params`` (names;
+      outputs, ``fqn``, ran with NaN/Inf in its own parameters ``detail.params`` (names;
       ``detail.dtypes``: theirs): an optimizer step before made them so. Written after that
       call's event;
     * ``loss-ops``: the autograd ops of a recorded pass from a loss function (``detail.loss``:
       its node's name without ``Backward0``: ``NllLoss``, ``BinaryCrossEntropyWithLogits``,
-      ``MseLoss``) back to the output of ``name`` (the outermost call that returned it):
+      ``MseLoss``) back to the output of ``fqn`` (the outermost call that returned it):
       ``detail.ops``, the ops between, the loss's input first, and ``detail.out``, the op that
       made that output (below views and casts, ``VIEW_OPS``); ``detail.last``, the innermost
       module that returned it where it is another; when it changes;
@@ -102,7 +102,7 @@ class Signal:
     * ``scaled-clip``: ``clip_grad_norm_`` (``detail.max_norm``) clipped gradients that a
       scaled pass of step ``step`` left unchanged before any optimizer was unscaled
       (``detail.modules``, fqns); once a run;
-    * ``compiled-eager``: the model call ``name`` of recorded step ``step`` ran inside
+    * ``compiled-eager``: the model call ``fqn`` of recorded step ``step`` ran inside
       ``torch.compile``'d code, run eagerly while the step was recorded (``Header.eager``);
       the steps not recorded ran it compiled; once a run;
     * ``optimizer-steps``: when tracing stops, per optimizer that stepped (``detail.optimizer``:
@@ -112,14 +112,14 @@ class Signal:
       (null: not a number read on the host), both for its first 64 steps; ``detail.moving``,
       the pass after which it first stepped with lr > 0 (null: never); ``step``, its first
       step's pass. Steps and accumulation windows, as training counts them (``optsteps.py``);
-    * ``hooks-growing``: ``name``'s hooks of one kind (``detail.hooks``: ``forward``, its
+    * ``hooks-growing``: ``fqn``'s hooks of one kind (``detail.hooks``: ``forward``, its
       forward and forward pre hooks; ``backward``, its module backward hooks; ``gradient``, the
       gradient hooks of its own parameters) grew at each of the last recorded steps
       ``detail.steps`` (``step``, the first), to ``detail.counts`` (``hookcount.py``): a hook
       registered in the loop and never removed; once per module and kind;
     * ``function-backward``: the first call of the user's custom ``autograd.Function``
       ``detail.function`` (its backward at ``detail.file``:``detail.line``) in a recorded step,
-      inside ``name``'s call, got a numerical gradient check (``fncheck.py``) its backward did
+      inside ``fqn``'s call, got a numerical gradient check (``fncheck.py``) its backward did
       not pass: ``detail.verdict`` is ``ignores-grad`` (the same result for ``grad_output`` and
       twice it), ``nonlinear`` (not linear in it), ``scaled`` (the finite-difference gradient
       times ``detail.ratio``), ``reversed`` (times a negative ``detail.ratio``), ``modifier``
@@ -128,7 +128,7 @@ class Signal:
       ``mismatch``; with ``detail.elements`` compared, ``detail.off`` of them different, and the
       worst one's ``detail.numeric`` and ``detail.backward``; once per class;
     * ``nonfinite-inputs``: the first call of recorded step ``step`` whose outputs held
-      NaN/Inf, ``name``, got them in its inputs too: ``detail.inputs``, [input index, nan, inf]
+      NaN/Inf, ``fqn``, got them in its inputs too: ``detail.inputs``, [input index, nan, inf]
       each (args then kwargs; an input the call changed in place is not judged); the NaN/Inf was
       made before it, not by it. Found where the outputs are checked at once (on the host);
     * ``twins``: at the end of recorded step ``step``, models of one structure (their
@@ -143,7 +143,7 @@ class Signal:
       the step (``stepcheck.py``), ``detail.expectation``: ``group-lr``, param group
       ``detail.group`` of ``detail.optimizer`` stepped at lr 0 in ``detail.steps`` (two at
       least, ``detail.count`` in all) while another group stepped at ``detail.others``, and
-      never above 0, with gradients (``detail.modules``: its modules; ``name``, the first);
+      never above 0, with gradients (``detail.modules``: its modules; ``fqn``, the first);
       ``state``, a new ``detail.optimizer`` took over the parameters of one with state after
       its first steps in ``detail.steps`` (``detail.count``; two at least); ``cleared``, the
       sampled parameters' ``.grad`` (of ``detail.modules``) was dropped between backward
@@ -162,14 +162,14 @@ class Signal:
       ``batch`` (``verdict``: ``apart``, each sample's output depends on its own sample only,
       along input ``axis`` of ``samples``; ``some`` or ``all``, output ``sample`` depends on
       ``count`` others, the first ``sees``; ``mixers``, the BatchNorm layers in train mode;
-      ``name``, the first of them), ``causal`` (``name``, an attention module with a mask
+      ``fqn``, the first of them), ``causal`` (``fqn``, an attention module with a mask
       that orders positions, ``masks`` (argument -> ``torch.triu(ones, k)``), ``is_causal``,
       or in a model fed ``x[:, :-1]`` (``next_step``); ``verdict`` ``holds`` or ``leaks``:
       its output at ``position`` depends on ``count`` later positions of its input, the first
       ``sees``), ``padding`` (``source``: ``padding_idx N`` or a ``key_padding_mask``;
       ``padded`` of ``positions``; ``verdict`` ``leaks`` where the output at real positions
       depends on ``seen`` padded ones; ``masks``: each attention module's padding mask,
-      ``reads`` ``same``, ``inverted`` or ``other``; ``name``, the first that does not read
+      ``reads`` ``same``, ``inverted`` or ``other``; ``fqn``, the first that does not read
       the same) or ``undecided`` (``why``);
     * ``loss-term-cut``: a term added into the loss of recorded backward pass ``step`` (on the
       root's arithmetic top: sums, scales, means) carries no gradient: ``detail.reason`` is
@@ -194,6 +194,8 @@ class Signal:
       carries a gradient into another call of model ``model``, whose output its prediction
       comes from too, through a max over that output (``detail.through``: ``Max``, ``Amax``,
       ``Logsumexp``): a bootstrapped target computed with gradient; once per line.
+
+    ``fqn`` is the module a signal is about (``""``: the model's root); on the wire ``"name"``.
     """
 
     TYPE: ClassVar[str] = "signal"
@@ -213,12 +215,12 @@ class Signal:
                                         "twins", "nonfinite-inputs")
     step: int
     model: int
-    name: str
+    fqn: str
     kind: str
     detail: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "step": self.step, "model": self.model, "name": self.name,
+        return {"type": self.TYPE, "step": self.step, "model": self.model, "name": self.fqn,
                 "kind": self.kind, "detail": self.detail}
 
 

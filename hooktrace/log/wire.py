@@ -93,11 +93,11 @@ class Encoder:
             return self._backward(record)
         out: list[dict[str, Any]] = []
         if kind is Module:
-            self._module(record.model, record.name, out, record)
+            self._module(record.model, record.fqn, out, record)
         elif kind is ParamGrads:
             model = record.model
-            norms = {str(self._module(model, name, out)): None if v is None else encode_number(v)
-                     for name, v in record.grad_norm.items()}
+            norms = {str(self._module(model, fqn, out)): None if v is None else encode_number(v)
+                     for fqn, v in record.grad_norm.items()}
             out.append({"type": "params", "step": record.step, "model": model,
                         "grad_norm": norms})
         elif kind is Ops:
@@ -106,14 +106,14 @@ class Encoder:
             out.append(record.to_dict())
         return out
 
-    def _module(self, model: int, name: str, out: list[dict[str, Any]],
+    def _module(self, model: int, fqn: str, out: list[dict[str, Any]],
                 record: Module | None = None) -> int:
-        key = (model, name)
+        key = (model, fqn)
         ident = self._modules.get(key)
         if ident is None:  # an event of a module without a record: a record that says only that
             ident = self._modules[key] = len(self._modules)
             d: dict[str, Any] = {"type": "module", "id": ident}
-            d.update((record or Module(model, name, "?")).to_dict())
+            d.update((record or Module(model, fqn, "?")).to_dict())
             out.append(d)
         return ident
 
@@ -137,11 +137,11 @@ class Encoder:
     def _forward(self, e: ForwardEvent) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         try:  # the usual case, a module and tensors seen before: looks in C, no call
-            module = self._modules[e.model, e.name]
+            module = self._modules[e.model, e.fqn]
             ins = self._tensors[e.input_shapes, e.input_dtypes]
             outs = self._tensors[e.output_shapes, e.output_dtypes]
         except (KeyError, TypeError):  # new ones (a record first), or lists of shapes
-            module = self._module(e.model, e.name, out)
+            module = self._module(e.model, e.fqn, out)
             ins = self._ids(e.input_shapes, e.input_dtypes, out)
             outs = self._ids(e.output_shapes, e.output_dtypes, out)
         d: dict[str, Any] = {"type": "forward", "seq": e.seq, "step": e.step, "module": module,
@@ -169,11 +169,11 @@ class Encoder:
     def _backward(self, e: BackwardEvent) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         try:  # as in _forward; shapes here are lists, whose tuples are hashable
-            module = self._modules[e.model, e.name]
+            module = self._modules[e.model, e.fqn]
             ins = self._tensors[tuple(e.grad_input_shapes), None]
             outs = self._tensors[tuple(e.grad_output_shapes), None]
         except (KeyError, TypeError):
-            module = self._module(e.model, e.name, out)
+            module = self._module(e.model, e.fqn, out)
             ins = self._ids(e.grad_input_shapes, None, out)
             outs = self._ids(e.grad_output_shapes, None, out)
         d: dict[str, Any] = {"type": "backward", "seq": e.seq, "step": e.step, "module": module,

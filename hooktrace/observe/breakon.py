@@ -23,7 +23,7 @@ from hooktrace.observe.stats import TensorStats
 
 
 def info_label(info: ModInfo) -> str:
-    return f"{fqn_text(info.name)} ({info.cls})"
+    return f"{fqn_text(info.fqn)} ({info.cls})"
 
 
 class BreakOnNonfinite(Observer):

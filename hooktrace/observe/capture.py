@@ -123,7 +123,7 @@ class CaptureObserver(Observer):
         if inputs is None or end.mode is not Mode.RECORDED:
             return
         call = end.call
-        self._capture.save(call.step, self._model_name(call.info.model), call.info.name,
+        self._capture.save(call.step, self._model_name(call.info.model), call.info.fqn,
                            call.call_index, "forward", {
             "inputs": [*inputs, *end.kw_inputs], "outputs": list(end.outputs)})
         self._grads[call] = {"grad_inputs": [None] * call.n_in,
@@ -149,10 +149,10 @@ class CaptureObserver(Observer):
             saved = self._grads.pop(call, None)
             if saved is not None:
                 self._capture.save(end.step, self._model_name(call.info.model),
-                                   call.info.name, call.call_index, "backward", saved)
+                                   call.info.fqn, call.call_index, "backward", saved)
 
     def _captures(self, info: ModInfo) -> bool:
         match = self._matches.get(info)
         if match is None:
-            match = self._matches[info] = self._capture.matches(info.name)
+            match = self._matches[info] = self._capture.matches(info.fqn)
         return match

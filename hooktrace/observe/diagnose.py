@@ -121,7 +121,7 @@ class Diagnosis(Observer):
         if module._backward_hooks and module._is_full_backward_hook is False and (
                 module._modules or not cls.__module__.startswith("torch.")):
             for hook in list(module._backward_hooks.values()):
-                self._emit(schema.Signal(self._step, info.model, info.name, "backward-hook",
+                self._emit(schema.Signal(self._step, info.model, info.fqn, "backward-hook",
                                          {"hook": getattr(hook, "__qualname__", repr(hook))}))
         self._seen.append(info)
         self._param_ids.append(ids_sum(module))
@@ -181,7 +181,7 @@ class Diagnosis(Observer):
             if (isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training
                     and m.track_running_stats and info.model in self._models_reached
                     and not any(p.requires_grad for p in m.parameters(recurse=False))):
-                self._emit(schema.Signal(step, info.model, info.name, "frozen-bn-training"))
+                self._emit(schema.Signal(step, info.model, info.fqn, "frozen-bn-training"))
 
     def _new_parameters(self, step: int) -> None:
         """Modules whose own parameters are other objects than at the last recorded step's end;
@@ -208,7 +208,7 @@ class Diagnosis(Observer):
             if (count := trainable[i]) != counts[i]:
                 key = "frozen" if count < counts[i] else "unfrozen"
                 changed.setdefault(info.model, {"frozen": [], "unfrozen": []})[key].append(
-                    info.name)
+                    info.fqn)
                 counts[i] = count
                 self._adopt(module, info)
         for model, detail in sorted(changed.items()):
@@ -244,7 +244,7 @@ class Diagnosis(Observer):
             self._changed[info] = (first, self._looks, now)
             return False
         del self._changed[info]
-        self._emit(schema.Signal(first, info.model, info.name, "params-recreated",
+        self._emit(schema.Signal(first, info.model, info.fqn, "params-recreated",
                                  {"params": new}))
         return True
 
@@ -274,7 +274,7 @@ class Diagnosis(Observer):
                     info = self._owner[id(p)]
                     added = self._passes.get(info.model, 0) - self._stepped_passes[id(p)]
                     if added and grad._version == self._stepped_version[id(p)] + added:
-                        carried.setdefault(info.model, {})[info.name] = None
+                        carried.setdefault(info.model, {})[info.fqn] = None
             for model, names in sorted(carried.items()):
                 self._reported_carry = True
                 self._emit(schema.Signal(self._step, model, "", "grads-carried-over",
@@ -302,7 +302,7 @@ class Diagnosis(Observer):
         for p in params:
             info = self._owner.get(id(p))
             if info is not None and self._last_reached.get(info.model, 0) > since:
-                reached.setdefault(info.model, {})[info.name] = None
+                reached.setdefault(info.model, {})[info.fqn] = None
         return [(model, list(names)) for model, names in sorted(reached.items())]
 
     def _zeroed_before_step(self, optimizer: torch.optim.Optimizer,

@@ -110,7 +110,7 @@ class EagerSteps(Observer):
                 return
             if frame.f_code.co_filename == wrapper:
                 self._said = True
-                self._emit(schema.Signal(step, info.model, info.name, "compiled-eager"))
+                self._emit(schema.Signal(step, info.model, info.fqn, "compiled-eager"))
                 return
             frame = frame.f_back
 

@@ -113,7 +113,7 @@ class FunctionCheck(Observer):
         if found is not None:
             call = self._calls[-1].info if self._calls else None
             model = call.model if call is not None else self._model
-            self._emit(schema.Signal(self._step, model, call.name if call else "",
+            self._emit(schema.Signal(self._step, model, call.fqn if call else "",
                                      "function-backward", {
                                          "function": cls.__qualname__, "file": site[0],
                                          "line": site[1], **found}))

@@ -81,5 +81,5 @@ class HookCount(Observer):
                     a < b for a, b in itertools.pairwise(seen)):
                 continue
             self._said.add((info, kind))
-            self._emit(schema.Signal(history[0][0], info.model, info.name, "hooks-growing", {
+            self._emit(schema.Signal(history[0][0], info.model, info.fqn, "hooks-growing", {
                 "hooks": kind, "counts": seen, "steps": [s for s, _ in history]}))

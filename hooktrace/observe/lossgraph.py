@@ -265,15 +265,15 @@ class LossGraph(Observer):
 
     def _write(self, step: int, walks: list[_Walk]) -> None:
         for loss in sorted({loss for w in walks for loss in w.losses},
-                           key=lambda x: (x.outer.model, x.outer.name, x.op)):
-            key = (loss.outer.model, loss.outer.name, loss.op)
-            said = (loss.ops, loss.out, loss.inner.name)
+                           key=lambda x: (x.outer.model, x.outer.fqn, x.op)):
+            key = (loss.outer.model, loss.outer.fqn, loss.op)
+            said = (loss.ops, loss.out, loss.inner.fqn)
             if self._said_ops.get(key) != said:
                 self._said_ops[key] = said
                 detail: dict[str, Any] = {"loss": loss.op, "ops": list(loss.ops), "out": loss.out}
-                if loss.inner.name != loss.outer.name:
-                    detail["last"] = loss.inner.name
-                self._emit(schema.Signal(step, loss.outer.model, loss.outer.name, "loss-ops",
+                if loss.inner.fqn != loss.outer.fqn:
+                    detail["last"] = loss.inner.fqn
+                self._emit(schema.Signal(step, loss.outer.model, loss.outer.fqn, "loss-ops",
                                          detail))
         times: dict[int, int] = {}
         for w in walks:
@@ -312,7 +312,7 @@ class LossGraph(Observer):
         step = min(found)
         infos = [info for infos in found.values() for info in infos]
         for model in sorted({info.model for info in infos}):
-            names = list(dict.fromkeys(i.name for i in infos if i.model == model))
+            names = list(dict.fromkeys(i.fqn for i in infos if i.model == model))
             self._emit(schema.Signal(step, model, "", kind, {**detail, "modules": names}))
 
     # -- optimizer steps and clipping ------------------------------------------------------

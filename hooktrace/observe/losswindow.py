@@ -101,7 +101,7 @@ def _calls(t: torch.Tensor) -> tuple[tuple[int, str], ...]:
         n = queue.popleft()
         infos = [c.info for c in output_calls(n) if c.info is not None]
         if infos:
-            found.update(((i.model, i.name), None) for i in infos)
+            found.update(((i.model, i.fqn), None) for i in infos)
             continue
         for child, _ in n.next_functions:
             if child is not None and child not in seen:

@@ -66,8 +66,8 @@ class OpsObserver(Observer):
             del self._held[:MAX_CALLS]
 
     def module_seen(self, module: Any, info: ModInfo) -> None:
-        self._infos.setdefault((info.model, info.name), info)
-        if self._globs and any(fnmatch.fnmatchcase(info.name, g) for g in self._globs):
+        self._infos.setdefault((info.model, info.fqn), info)
+        if self._globs and any(fnmatch.fnmatchcase(info.fqn, g) for g in self._globs):
             self._zoom.choose(info)
 
     def backward_end(self, end: PassEnd) -> None:
@@ -108,17 +108,17 @@ class OpsObserver(Observer):
         missing = set(end.called).difference(end.reached, self._looked)  # in C: most steps
         if not missing:
             return
-        reached = {(i.model, i.name) for i in end.reached}
+        reached = {(i.model, i.fqn) for i in end.reached}
         for info in [i for i in end.called if i in missing]:  # in the order they ran
             if info.model in self._told:
                 continue  # a lost input or a NaN/Inf there says more: looked at again later
             self._looked.add(info)
-            if (info.model, info.name) in reached or not info.has_params:
+            if (info.model, info.fqn) in reached or not info.has_params:
                 continue
             module = info.ref()
             if module is None or not any(p.requires_grad for p in module.parameters(False)):
                 continue
-            for name in enclosing(info.name):
+            for name in enclosing(info.fqn):
                 if (info.model, name) in reached:
                     self.fact(info.model, name)
                     break
@@ -132,7 +132,7 @@ class OpsObserver(Observer):
         for z in zoomed:
             call = z.call
             fwd, index = (call.seq, call.index) if call.info is not None else (-1, 0)
-            self._emit(schema.Ops(call.step, fwd, z.info.model, z.info.name, index, z.inputs,
+            self._emit(schema.Ops(call.step, fwd, z.info.model, z.info.fqn, index, z.inputs,
                                   z.in_grad, z.outputs, z.ops, z.more))
             for op in z.ops:
                 if op.child is not None and any(op.in_grad) and op.outs and not any(op.out_grad) \
@@ -155,7 +155,7 @@ def gradient_facts(events: Iterable[Any], most: int = AUTO) -> list[tuple[int, s
     gradient, the nearest call around it that received a non-zero one."""
     backward = [e for e in events if type(e) is schema.BackwardEvent
                 and e.grad_output_stats is not None]
-    fed = {(e.model, e.name) for e in backward
+    fed = {(e.model, e.fqn) for e in backward
            if any((n := _norm(s)) is not None and n > 0 for s in e.grad_output_stats or ())}
     found: dict[tuple[int, str], None] = {}
     zeroed: list[Any] = []  # calls that received exactly zero
@@ -164,17 +164,17 @@ def gradient_facts(events: Iterable[Any], most: int = AUTO) -> list[tuple[int, s
         ins = [n for s in e.grad_input_stats or () if (n := _norm(s)) is not None]
         finite = all(math.isfinite(n) for n in outs)
         if finite and any(not math.isfinite(n) for n in ins):
-            found[(e.model, e.name)] = None  # produced NaN/Inf
+            found[(e.model, e.fqn)] = None  # produced NaN/Inf
         elif finite and any(n > 0 for n in outs) and ins and not any(ins):
-            found[(e.model, e.name)] = None  # passed back zero
+            found[(e.model, e.fqn)] = None  # passed back zero
         elif outs and not any(outs):
             zeroed.append(e)
     if not found:  # no call's backward made the zero: a forward around one did
         for e in zeroed:
-            if (e.model, e.name) in fed:
+            if (e.model, e.fqn) in fed:
                 continue  # another call of it got a gradient: a loop's call given zero (a
                 # GRU cell's reset gate at a hidden state of zero), not a module cut off
-            around = next((n for n in enclosing(e.name) if (e.model, n) in fed), None)
+            around = next((n for n in enclosing(e.fqn) if (e.model, n) in fed), None)
             if around is not None:
                 found[(e.model, around)] = None
     return list(found)[:most]

@@ -136,7 +136,7 @@ class OptimizerView:
         known = [info for info in infos if info is not None]
         if known:
             names = [_param_name(p, info) for p, info in zip(group, infos, strict=True)]
-            self._emit(schema.Signal(step, known[-1].model, known[-1].name, "shared-storage",
+            self._emit(schema.Signal(step, known[-1].model, known[-1].fqn, "shared-storage",
                                      {"optimizer": twice.cls, "params": names}))
 
     def _outside(self, models: list[int], params: list[torch.Tensor]) -> bool:
@@ -173,7 +173,7 @@ def _param_name(p: torch.Tensor, info: ModInfo | None) -> str:
     if info is None or module is None:
         return f"a parameter {list(p.shape)}"
     attr = next((name for name, q in module._parameters.items() if q is p), "?")
-    return f"{info.name}.{attr}" if info.name else attr
+    return f"{info.fqn}.{attr}" if info.fqn else attr
 
 
 class Held:
@@ -238,7 +238,7 @@ def sort_held(modules: list[tuple[weakref.ref[nn.Module], ModInfo]], held: Held,
             kind = "frozen_held"  # frozen, yet held: meant to train
         else:
             continue
-        into[kind].setdefault(info.model, []).append(info.name)
+        into[kind].setdefault(info.model, []).append(info.fqn)
     out: dict[int, dict[str, Any]] = {}
     for model in sorted({model for names in into.values() for model in names}):
         detail: dict[str, Any] = {"held": into["held"].get(model, []),

@@ -68,7 +68,7 @@ class OptimizerSteps:
         held: dict[int, dict[str, None]] = {}
         for info in map(self._owner.get, map(id, params)):
             if info is not None:
-                held.setdefault(info.model, {})[info.name] = None
+                held.setdefault(info.model, {})[info.fqn] = None
         return {model: list(names) for model, names in sorted(held.items())}
 
     def stop(self) -> None:

@@ -80,7 +80,7 @@ class ParamNorms(Observer):
             record = records.get(info.model)
             if record is None:
                 record = records[info.model] = schema.ParamGrads(step, info.model)
-            groups.append((record.grad_norm, info.name, grads))
+            groups.append((record.grad_norm, info.fqn, grads))
         (self._stats or TensorStats(immediate=True)).param_norms(groups)
         return [records[m] for m in sorted(records)]
 
@@ -93,7 +93,7 @@ class ParamNorms(Observer):
         if without == self._partial.get(info, []):
             return
         self._partial[info] = without
-        signals.append(schema.Signal(step, info.model, info.name, "params-without-grad", {
+        signals.append(schema.Signal(step, info.model, info.fqn, "params-without-grad", {
             "params": without,
             "with_grad": [name for name, p in module._parameters.items()
                           if p is not None and p.requires_grad and p.grad is not None]}))

@@ -51,5 +51,5 @@ class Probe(Observer):
             self._pause(False)
         for fact in facts:
             inner = fact.pop("module", "")
-            name = f"{info.name}.{inner}" if info.name and inner else inner or info.name
+            name = f"{info.fqn}.{inner}" if info.fqn and inner else inner or info.fqn
             self._emit(schema.Signal(end.start.step, info.model, name, "probe", fact))

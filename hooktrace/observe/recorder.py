@@ -99,7 +99,7 @@ class LogRecorder(Observer):
             in_shapes, in_dtypes = in_shapes + kw_shapes, in_dtypes + kw_dtypes
         out_shapes, out_dtypes = summarize(end.outputs)
         event = schema.ForwardEvent(
-            call.seq, call.step, info.model, info.name, call.call_index, in_shapes, in_dtypes,
+            call.seq, call.step, info.model, info.fqn, call.call_index, in_shapes, in_dtypes,
             out_shapes, out_dtypes, no_grad=not start.grad, recompute=call.recompute,
             eval_mode=not start.training,
             inputs_more=(start.inputs_more + end.kw_inputs_more) or None,
@@ -116,7 +116,7 @@ class LogRecorder(Observer):
                     found = self._look_at_weights(event, info)
                     if inputs:  # the NaN/Inf came in: not made by this call
                         self._after_event.append(schema.Signal(
-                            event.step, event.model, event.name, "nonfinite-inputs",
+                            event.step, event.model, event.fqn, "nonfinite-inputs",
                             {"inputs": inputs}))
                 elif stats is not None and stats.deferred and len(self._suspects) < _MAX_PENDING:
                     self._suspects.append((event, info))  # known when the numbers are read
@@ -160,7 +160,7 @@ class LogRecorder(Observer):
         n_in, n_out = call.n_in, call.n_out
         stats = self._stats is not None
         event = self._open[start.seq] = schema.BackwardEvent(
-            start.seq, start.step, info.model, info.name, call.call_index, call.seq, n_in, n_out,
+            start.seq, start.step, info.model, info.fqn, call.call_index, call.seq, n_in, n_out,
             [None] * n_in, [None] * n_out, call.recompute,
             [None] * n_in if stats else None, [None] * n_out if stats else None)
         self._pending.append(event)
@@ -215,7 +215,7 @@ class LogRecorder(Observer):
                                 if shape is None and bits >> i & 1]
                         event.lost = lost or None
                         if lost and self.facts is not None and self.facts.open:
-                            self.facts.fact(event.model, event.name)
+                            self.facts.fact(event.model, event.fqn)
         for old in [s for s in needs if s < step]:
             del needs[old]
 
@@ -284,11 +284,11 @@ class LogRecorder(Observer):
         a forward, nor before the step's numbers are read)."""
         self._weights_looked = True
         if self.facts is not None and self.facts.open:
-            self.facts.fact(info.model, info.name)
+            self.facts.fact(info.model, info.fqn)
         params = nonfinite_params(info.ref())
         if not params:
             return None
-        return schema.Signal(event.step, event.model, event.name, "nonfinite-weights",
+        return schema.Signal(event.step, event.model, event.fqn, "nonfinite-weights",
                              {"params": list(params), "dtypes": sorted(set(params.values()))})
 
     @staticmethod

@@ -381,7 +381,7 @@ class StepExplained(Observer):
         for p in params:
             info = self._owner.get(id(p))
             if info is not None:
-                out.setdefault(info.model, {})[info.name] = None
+                out.setdefault(info.model, {})[info.fqn] = None
         return {model: list(names) for model, names in out.items()}
 
     def _say(self, step: int, model: int, expectation: str, detail: dict[str, Any]) -> None:

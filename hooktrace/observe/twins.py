@@ -105,7 +105,7 @@ class Twins(Observer):
         self._handle = register_optimizer_step_post_hook(self._optimizer_stepped)
 
     def module_seen(self, module: nn.Module, info: ModInfo) -> None:
-        if info.name == "":
+        if info.fqn == "":
             self._roots.append(info)
 
     def backward_end(self, end: PassEnd) -> None:

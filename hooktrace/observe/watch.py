@@ -178,7 +178,7 @@ class Watch(Observer):
         for info in infos:
             weights = nonfinite_params(info.ref())
             if weights:
-                return schema.Anomaly(step, info.model, info.name, "nonfinite-forward", 0, {
+                return schema.Anomaly(step, info.model, info.fqn, "nonfinite-forward", 0, {
                     "weights": list(weights), "weights_dtypes": sorted(set(weights.values())),
                     "compiled": True})
         return None
@@ -241,7 +241,7 @@ class Watch(Observer):
         if weights:
             detail["weights"] = list(weights)
             detail["weights_dtypes"] = sorted(set(weights.values()))
-        return [schema.Anomaly(step, info.model, info.name, "nonfinite-forward", call.call_index,
+        return [schema.Anomaly(step, info.model, info.fqn, "nonfinite-forward", call.call_index,
                                detail)]
 
     def _end_step(self, step: int, changed: list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]],
@@ -264,7 +264,7 @@ class Watch(Observer):
         for start, numbers in self._model_grads.items():
             if any(s is not None and not math.isfinite(s[0]) for s in numbers):
                 info = start.call.info
-                return schema.Anomaly(step, info.model, info.name, "nonfinite-backward",
+                return schema.Anomaly(step, info.model, info.fqn, "nonfinite-backward",
                                       start.call.call_index, {"produced": False})
         if all(n is None or math.isfinite(n) for n in norms):
             return None
@@ -274,7 +274,7 @@ class Watch(Observer):
             end -= len(grads)
             if not all(map(math.isfinite, mine)):
                 norm = math.sqrt(sum(n * n for n in mine))
-                return schema.Anomaly(step, info.model, info.name, "nonfinite-backward",
+                return schema.Anomaly(step, info.model, info.fqn, "nonfinite-backward",
                                       call.call_index,
                                       {"produced": True, "parameter_grad_norm": str(norm)})
         return None
@@ -318,7 +318,7 @@ class Watch(Observer):
                   and step - self._got_at[info] >= self._gap.get(info, 1)
                   and _trainable(info)):
                 self._had_grad.discard(info)  # reported once, until it receives gradient again
-                out.append(schema.Anomaly(step, info.model, info.name, "no-grad",
+                out.append(schema.Anomaly(step, info.model, info.fqn, "no-grad",
                                           call.call_index, {"had_gradient_before": True,
                                                             "last": self._got_at[info],
                                                             "gap": self._gap.get(info, 1)}))

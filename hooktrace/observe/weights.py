@@ -202,7 +202,7 @@ class WeightChange(Observer):
             got = [p for p in module._parameters.values()
                    if p is not None and p.requires_grad and p.grad is not None]
             if got:
-                names.append(info.name)
+                names.append(info.fqn)
                 params += got
         return out
 

@@ -58,13 +58,13 @@ def calls_of(log: StepLog) -> tuple[dict[NodeKey, Call], list[tuple[Call, schema
     by_seq: dict[int, NodeKey] = {}
     for e in log.events:
         if isinstance(e, schema.ForwardEvent):
-            key = (e.model, e.name, e.call)
+            key = (e.model, e.fqn, e.call)
             by_seq[e.seq] = key
             if e.recompute:
                 if key in calls:
                     calls[key].recomputed = True
             elif key not in calls:
-                calls[key] = Call(e.model, e.name, e.call, log.cls(e.model, e.name), e.seq,
+                calls[key] = Call(e.model, e.fqn, e.call, log.cls(e.model, e.fqn), e.seq,
                                   e.output_shapes, e.no_grad, later=log.later.get(e.seq),
                                   nonfinite=bool(e.output_nonfinite),
                                   inputs_from=e.inputs_from, made=e.made or (),
@@ -72,7 +72,7 @@ def calls_of(log: StepLog) -> tuple[dict[NodeKey, Call], list[tuple[Call, schema
     backward: list[tuple[Call, schema.BackwardEvent]] = []
     for e in log.events:
         if isinstance(e, schema.BackwardEvent):
-            found = calls.get(by_seq.get(e.fwd, (e.model, e.name, e.call)))
+            found = calls.get(by_seq.get(e.fwd, (e.model, e.fqn, e.call)))
             if found is not None:
                 found.backward = found.backward or e
                 backward.append((found, e))

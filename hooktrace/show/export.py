@@ -117,11 +117,11 @@ class _Rows:
         self.shapes = _Shapes()
 
     def row(self, e: schema.ForwardEvent | schema.BackwardEvent) -> dict[str, Any]:
-        cls = self.classes.get((e.model, e.name), "?")
+        cls = self.classes.get((e.model, e.fqn), "?")
         row: dict[str, Any] = {
             "rank": self.rank, "seq": e.seq, "step": e.step, "phase": e.phase,
-            "model": self.models.get(e.model, str(e.model)), "fqn": e.name, "class": cls,
-            "source": self.sources.get(cls, ""), "depth": depth_of(e.name),
+            "model": self.models.get(e.model, str(e.model)), "fqn": e.fqn, "class": cls,
+            "source": self.sources.get(cls, ""), "depth": depth_of(e.fqn),
             "call": e.call, "recompute": e.recompute,
         }
         if isinstance(e, schema.ForwardEvent):

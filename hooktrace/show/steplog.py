@@ -180,7 +180,7 @@ class StepKeeper:
             self.names.take(item)
             if type(item) is schema.Ops and self.chooser.may_draw(item.step):
                 self.ops.setdefault(item.step, {}).setdefault(
-                    (item.model, item.name, item.call), item)
+                    (item.model, item.fqn, item.call), item)
 
     def step_logs(self, model: str | None, steps: Collection[int]) -> dict[int, StepLog]:
         """A ``StepLog`` of each step kept that ``model`` ran (None: all models), by step;

@@ -181,7 +181,7 @@ class Tracer:
             module, path, line = error_site(error)
             info = self._naming.known(module) if module is not None and self._naming else None
             if info is not None:
-                described.update(model=info.model, module=info.name)
+                described.update(model=info.model, module=info.fqn)
             if path is not None:
                 described.update(file=path, line=line)
                 if isinstance(error, SystemExit):  # where it exited, said by check and run

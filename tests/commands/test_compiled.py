@@ -90,7 +90,7 @@ def _make_runs(tmp: Path) -> dict[str, list[Any]]:
 
 def _signature(log: Path) -> list[tuple[Any, ...]]:
     """Each event's phase, step, module, call and shapes, in order."""
-    return [(e.phase, e.step, e.name, e.call,
+    return [(e.phase, e.step, e.fqn, e.call,
              e.input_shapes if isinstance(e, schema.ForwardEvent) else e.grad_output_shapes)
             for e in events(log)]
 

@@ -164,7 +164,7 @@ def synthetic_log(path: Path, steps: int) -> Path:
     writer.write(schema.Model(model=0, name="net", cls="Sequential"))
     names = [str(i) for i in range(10)]
     for name in names:
-        writer.write(schema.Module(model=0, name=name, cls="Linear"))
+        writer.write(schema.Module(model=0, fqn=name, cls="Linear"))
     seq = 0
     for step in range(steps):
         first = seq + 1

@@ -120,7 +120,7 @@ def test_a_module_under_two_parents_is_drawn_inside_the_one_that_called_it(
     ])
     assert boxes(text) == {"m0/encoder.block#0": "m0/encoder",
                            "m0/decoder.block#0": "m0/decoder", "m0/head#0": "m0/"}
-    modules = {r.name: r for r in read_log(field["two_parents"]) if isinstance(r, schema.Module)}
+    modules = {r.fqn: r for r in read_log(field["two_parents"]) if isinstance(r, schema.Module)}
     assert modules["encoder.block"].aliases == ["decoder.block"]
     assert (modules["decoder.block"].alias_of, modules["decoder.block"].params) == (
         "encoder.block", 0)
@@ -208,7 +208,7 @@ def test_a_healthy_unrolled_cell_is_not_zoomed_into(field: dict[str, Path]) -> N
     recorded down to its operations."""
     records = read_log(field["gru"])
     first = [e for e in records if isinstance(e, schema.BackwardEvent)
-             and e.step == 0 and e.name == "cell.xh_to_r"]
+             and e.step == 0 and e.fqn == "cell.xh_to_r"]
     norms = [e.grad_output_stats[0][0] for e in first if e.grad_output_stats]
     assert norms[-1] == 0 and all(n > 0 for n in norms[:-1])  # backward order: call 0 last
     assert [r for r in records if isinstance(r, schema.Ops)] == []

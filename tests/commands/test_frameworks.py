@@ -75,12 +75,12 @@ def test_lightning_training_step_modules_named_under_the_lightning_module(
         lightning_run: Traced) -> None:
     _, log = lightning_run
     assert models(log) == [(0, "classifier", "Classifier")]
-    assert [r.name for r in read_log(log) if isinstance(r, schema.Module)] == [
+    assert [r.fqn for r in read_log(log) if isinstance(r, schema.Module)] == [
         "", "net", "net.0", "net.1", "net.2", "loss"]
     for step in range(3):
-        assert [e.name for e in events(log, "forward", step)] == [
+        assert [e.fqn for e in events(log, "forward", step)] == [
             "net.0", "net.1", "net.2", "net", "loss"]
-        assert [e.name for e in events(log, "backward", step)] == [
+        assert [e.fqn for e in events(log, "backward", step)] == [
             "loss", "net", "net.2", "net.1", "net.0"]
 
 
@@ -106,8 +106,8 @@ def test_hf_trainer_exit_status_names_and_steps(trainer_run: Traced) -> None:
     assert models(log) == [(0, "model", "GPT2LMHeadModel")]
     assert steps(log) == [(0, 31, 31), (1, 31, 31), (2, 31, 31)]
     for step in range(3):
-        assert [e.name for e in events(log, "forward", step)] == gpt2_forward(2)
-        assert [e.name for e in events(log, "backward", step)] == gpt2_forward(2)[::-1]
+        assert [e.fqn for e in events(log, "forward", step)] == gpt2_forward(2)
+        assert [e.fqn for e in events(log, "backward", step)] == gpt2_forward(2)[::-1]
 
 
 def test_hf_trainer_check_clean(trainer_run: Traced) -> None:
@@ -122,7 +122,7 @@ def test_generate_is_one_model_with_the_usual_fqns(tmp_path: Path) -> None:
     assert "generated 3 tokens" in done.stdout
     assert models(log) == [(0, "lm", "GPT2LMHeadModel")]
     forward = events(log, "forward")
-    assert [(e.name, e.call) for e in forward] == [
+    assert [(e.fqn, e.call) for e in forward] == [
         (name, call) for call in range(3) for name in gpt2_forward(1)]
     assert all(e.no_grad for e in forward)
     assert events(log, "backward") == []

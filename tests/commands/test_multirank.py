@@ -40,7 +40,7 @@ def _torchrun(tmp_path: Path, nproc: int, *script_args: str, script: Path = SCRI
 
 
 def _order(path: Path) -> list[tuple[int, str, str, int]]:
-    return [(e.step, e.phase, e.name, e.call) for e in events(path)]
+    return [(e.step, e.phase, e.fqn, e.call) for e in events(path)]
 
 
 @pytest.mark.slow
@@ -54,7 +54,7 @@ def test_two_ranks_write_one_log_each_named_as_single_process(tmp_path: Path) ->
         header = read_log(log)[0]
         assert isinstance(header, schema.Header)
         assert (header.rank, header.local_rank, header.world_size) == (rank, rank, 2)
-        modules = [r.name for r in read_log(log) if isinstance(r, schema.Module)]
+        modules = [r.fqn for r in read_log(log) if isinstance(r, schema.Module)]
         assert modules == ["", "fc1", "extra", "fc2"]  # no "module." prefix, no DDP wrapper
         assert _order(log) == _order(single)  # DDP changes neither names nor order
         end = read_log(log)[-1]

@@ -69,6 +69,6 @@ def test_dataloader_workers_never_write_into_the_log(tmp_path: Path, context: st
     # the workers called
     assert {r.pid for r in records if isinstance(r, schema.Header)} == {header.pid}
     forward = events(log, "forward")
-    assert {e.name for e in forward} == {"", "0", "1", "2"}
+    assert {e.fqn for e in forward} == {"", "0", "1", "2"}
     assert len(forward) == 8 * 4
     assert isinstance(records[-1], schema.End) and records[-1].steps == 8

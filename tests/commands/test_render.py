@@ -132,7 +132,7 @@ def write_log(path: Path, events: list[schema.Record], end: bool = True) -> Path
     writer.write(schema.Header(schema=schema.SCHEMA_VERSION, hooktrace="0.1.0"))
     writer.write(schema.Model(model=0, name="net", cls="Sequential"))
     for name, cls in (("", "Sequential"), ("0", "Linear"), ("1", "Tanh")):
-        writer.write(schema.Module(model=0, name=name, cls=cls))
+        writer.write(schema.Module(model=0, fqn=name, cls=cls))
     for record in events:
         writer.write(record)
     if end:
@@ -585,7 +585,7 @@ def test_backward_edges_show_the_norm_of_the_gradient_reaching_the_call(mnist_lo
     """Each backward edge enters a call: its label is that call's grad_output norm, from the
     log; "gi 1 go 1" is gone (all are 1 / 1 here)."""
     view = view_of(mnist_log)
-    backward = {e.name: e for e in steplog.load_step(mnist_log).events
+    backward = {e.fqn: e for e in steplog.load_step(mnist_log).events
                 if isinstance(e, schema.BackwardEvent)}
     source = picture(mnist_log).source
     for edge in view.edges():

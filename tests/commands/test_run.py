@@ -108,7 +108,7 @@ def test_run_log_model_and_modules(train_run: tuple[Run, Path]) -> None:
     records = read_log(log)
     models = [r for r in records if isinstance(r, schema.Model)]
     assert models == [schema.Model(model=0, name="net", cls="Sequential")]
-    modules = [(r.name, r.cls, r.params, r.trainable) for r in records
+    modules = [(r.fqn, r.cls, r.params, r.trainable) for r in records
                if isinstance(r, schema.Module)]
     assert modules == [("", "Sequential", 0, 0), ("fc1", "Linear", 40, 40),
                        ("act", "ReLU", 0, 0), ("fc2", "Linear", 18, 18)]
@@ -122,9 +122,9 @@ def test_run_log_events_steps_and_end(train_run: tuple[Run, Path]) -> None:
     for step in range(3):
         fwd = [e for e in evs if e.step == step and e.phase == "forward"]
         bwd = [e for e in evs if e.step == step and e.phase == "backward"]
-        assert [e.name for e in fwd] == ["fc1", "act", "fc2", ""]
-        assert [e.name for e in bwd] == ["", "fc2", "act", "fc1"]
-    fc1 = next(e for e in evs if e.name == "fc1" and e.phase == "forward")
+        assert [e.fqn for e in fwd] == ["fc1", "act", "fc2", ""]
+        assert [e.fqn for e in bwd] == ["", "fc2", "act", "fc1"]
+    fc1 = next(e for e in evs if e.fqn == "fc1" and e.phase == "forward")
     assert isinstance(fc1, schema.ForwardEvent)
     assert (fc1.input_shapes, fc1.output_shapes) == ([[5, 4]], [[5, 8]])
     records = read_log(log)
@@ -298,8 +298,8 @@ def test_module_mode_relative_import(tmp_path: Path) -> None:
     assert result.stderr.splitlines() == summary(8, 1, str(log))
     header = read_log(log)[0]
     assert isinstance(header, schema.Header) and header.argv[1:] == ["q", "r"]
-    assert [e.name for e in events(log, "forward")] == ["0", "1", "2", ""]
-    assert [e.name for e in events(log, "backward")] == ["", "2", "1", "0"]
+    assert [e.fqn for e in events(log, "forward")] == ["0", "1", "2", ""]
+    assert [e.fqn for e in events(log, "backward")] == ["", "2", "1", "0"]
     assert end_of(log) == schema.End(status="ok", events=8, steps=1, exit_code=0, backward=1)
 
 
@@ -332,8 +332,8 @@ def test_steps_filter_records_only_that_step(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     evs = events(log)
     assert {e.step for e in evs} == {1}
-    assert [e.name for e in evs if e.phase == "forward"] == ["fc1", "act", "fc2", ""]
-    assert [e.name for e in evs if e.phase == "backward"] == ["", "fc2", "act", "fc1"]
+    assert [e.fqn for e in evs if e.phase == "forward"] == ["fc1", "act", "fc2", ""]
+    assert [e.fqn for e in evs if e.phase == "backward"] == ["", "fc2", "act", "fc1"]
     records = read_log(log)
     assert isinstance(records[0], schema.Header) and records[0].options["steps"] == "1:2"
     assert [r for r in records if isinstance(r, schema.Step)] == [schema.Step(1, 4, 4)]
@@ -351,8 +351,8 @@ def test_include_exclude_filters(tmp_path: Path, flag: str, pattern: str,
     result = hooktrace_fresh("run", "-o", log, flag, pattern, TRAIN, "2", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     for step in range(2):
-        assert [e.name for e in events(log, "forward", step)] == expected
-        assert [e.name for e in events(log, "backward", step)] == expected[::-1]
+        assert [e.fqn for e in events(log, "forward", step)] == expected
+        assert [e.fqn for e in events(log, "backward", step)] == expected[::-1]
     assert len(events(log)) == 4 * len(expected)
     header = read_log(log)[0]
     assert isinstance(header, schema.Header) and header.options[flag[2:]] == [pattern]

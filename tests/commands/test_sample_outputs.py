@@ -24,7 +24,7 @@ def sample_log(request: pytest.FixtureRequest, traced: Traced) -> Path:
 
 def test_view_export_and_render_read_every_sample(sample_log: Path, tmp_path: Path) -> None:
     logged = events(sample_log)
-    fqns = {e.name for e in logged if e.name}
+    fqns = {e.fqn for e in logged if e.fqn}
     out = {fmt: tmp_path / f"{sample_log.stem}.{fmt}" for fmt in ("html", "csv", "svg")}
     for command, fmt in (("view", "html"), ("export", "csv"), ("render", "svg")):
         result = hooktrace_cmd(command, sample_log, "-o", out[fmt])

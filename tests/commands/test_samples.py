@@ -39,7 +39,7 @@ def test_mnist_exact_orders(mnist_log: Path) -> None:
 
 
 def test_mnist_shapes(mnist_log: Path) -> None:
-    forward = {e.name: e for e in events(mnist_log, "forward", 0)}
+    forward = {e.fqn: e for e in events(mnist_log, "forward", 0)}
     assert forward["conv1"].input_shapes == [[8, 1, 28, 28]]
     assert forward["conv1"].output_shapes == [[8, 32, 26, 26]]
     assert forward["fc1"].input_shapes == [[8, 9216]]
@@ -52,11 +52,11 @@ def test_resnet_features_shapes(tmp_path: Path) -> None:
     traced = hooktrace_cmd("run", "-o", log, SAMPLES / "resnet_features.py")
     assert traced.returncode == 0, traced.stderr
     assert traced.stdout == _plain("resnet_features.py").stdout
-    forward = {e.name: e for e in events(log, "forward")}
+    forward = {e.fqn: e for e in events(log, "forward")}
     assert forward["layer3"].output_shapes == [[1, 1024, 14, 14]]
     assert forward["layer4"].input_shapes == [[1, 1024, 14, 14]]
     assert forward["layer4"].output_shapes == [[1, 2048, 7, 7]]
-    backward = {e.name: e for e in events(log, "backward")}
+    backward = {e.fqn: e for e in events(log, "backward")}
     assert backward["layer4"].grad_output_shapes == [[1, 2048, 7, 7]]
     assert backward["layer4"].grad_input_shapes == [[1, 1024, 14, 14]]
     assert backward["conv1"].grad_input_shapes == [None]  # the image needs no gradient

@@ -107,7 +107,7 @@ def test_the_ops_from_a_functional_loss_back_to_the_model(tmp_path: Path) -> Non
     path = tmp_path / "log.jsonl"
     traced_steps(path, lambda out, y: F.cross_entropy(F.softmax(out, dim=1), y))
     [found] = signals(path, "loss-ops")  # written once: it did not change at step 1
-    assert (found.step, found.model, found.name) == (0, 0, "")
+    assert (found.step, found.model, found.fqn) == (0, 0, "")
     assert found.detail == {"loss": "NllLoss", "ops": ["LogSoftmax", "Softmax"], "out": "Addmm",
                             "last": "2"}
     assert signals(path, "loss-scaled") == []  # no scaler in this run

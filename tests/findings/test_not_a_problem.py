@@ -69,7 +69,7 @@ def test_reversible_layers_recomputed_in_backward_are_not_no_grad(log_path: Path
             F.cross_entropy(model(torch.randn(4, 8)), torch.tensor([0, 1, 2, 0])).backward()
     assert model[1].f[1].weight.grad is not None and model[1].f[1].weight.grad.abs().sum() > 0
     # the log has the recomputed calls, with their backward
-    assert any(e.recompute and e.name == "1.f.1" for e in events(log_path, "backward"))
+    assert any(e.recompute and e.fqn == "1.f.1" for e in events(log_path, "backward"))
     assert run_checks(log_path).findings == []
 
 

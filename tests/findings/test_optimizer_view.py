@@ -91,7 +91,7 @@ def test_names_of_list_blocks_stay_the_same_at_every_step(log_path: Path) -> Non
         for _ in range(3):
             model(torch.randn(2, 4)).sum().backward()
     for step in range(3):
-        assert [(e.name, e.call) for e in events(log_path, "forward", step)] == [
+        assert [(e.fqn, e.call) for e in events(log_path, "forward", step)] == [
             ("(blocks[0]).0", 0), ("(blocks[0]).1", 0), ("(blocks[0])", 0),
             ("(blocks[1]).0", 0), ("(blocks[1]).1", 0), ("(blocks[1])", 0), ("", 0)]
 
@@ -112,7 +112,7 @@ def test_layers_rebuilt_at_each_call_keep_their_names(log_path: Path) -> None:
         for _ in range(3):
             model(torch.randn(2, 4)).sum().backward()
     for step in range(3):
-        assert [e.name for e in events(log_path, "forward", step)] == ["a", "b", ""]
+        assert [e.fqn for e in events(log_path, "forward", step)] == ["a", "b", ""]
 
 
 def signals(path: Path, kind: str) -> list[schema.Signal]:
@@ -135,7 +135,7 @@ def test_the_head_on_the_wrapper_is_named_beside_the_model(log_path: Path) -> No
     model.fc = nn.Linear(4, 3)
     with hooktrace.trace(log_path):
         model(torch.randn(2, 8)).sum().backward()
-    modules = {r.name: r for r in read_log(log_path) if isinstance(r, schema.Module)}
+    modules = {r.fqn: r for r in read_log(log_path) if isinstance(r, schema.Module)}
     assert modules["(DataParallel).fc"].wrapper == "DataParallel"
     assert modules["fc"].wrapper is None
 

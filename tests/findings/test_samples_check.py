@@ -449,7 +449,7 @@ def write_log(path: Path, events: list[schema.Record], models: tuple[str, ...] =
     for model, name in enumerate(models):
         writer.write(schema.Model(model=model, name=name, cls="Sequential"))
         for fqn, params in (("", 0), ("0", 10), ("1", 10)):
-            writer.write(schema.Module(model=model, name=fqn, cls="Linear" if fqn else
+            writer.write(schema.Module(model=model, fqn=fqn, cls="Linear" if fqn else
                                        "Sequential", params=params, trainable=params))
     for record in events:
         writer.write(record)

@@ -315,7 +315,7 @@ def test_healthy_look_alikes_are_silent(log_path: Path, case: str) -> None:
 def test_where_each_expectation_broke(log_path: Path) -> None:
     """What each signal says: the group and its modules, the steps, the factor."""
     (group,) = traced(group_at_zero, log_path)
-    assert (group.step, group.name) == (0, "0")
+    assert (group.step, group.fqn) == (0, "0")
     assert {k: group.detail[k] for k in ("optimizer", "group", "steps", "others", "modules")} == {
         "optimizer": "AdamW", "group": 0, "steps": [0, 1, 2, 3], "others": 0.01,
         "modules": ["0", "2"]}

@@ -273,7 +273,7 @@ def test_a_move_against_the_step_is_said(log_path: Path, case: str) -> None:
     (signal,) = traced(loop, log_path)
     assert (signal.detail["verdict"], signal.detail["cause"]) == (verdict, cause)
     assert signal.detail["count"] >= 2
-    assert signal.name == "0"
+    assert signal.fqn == "0"
 
 
 @pytest.mark.parametrize("case", sorted(HEALTHY))

@@ -80,7 +80,7 @@ def test_vae_two_heads(vae_log: Path) -> None:
     assert pairs(view, "backward") == [
         ("fc4", "fc3"), ("fc3", "fc22"), ("fc3", "fc21"), ("fc22", "fc1"), ("fc21", "fc1")]
     assert [e.order for e in view.edges()] == [1, 2, 3, 4, 5, 1, 2, 3, 4, 5]
-    backward = {e.name: e for e in events(vae_log, "backward", 0)}
+    backward = {e.fqn: e for e in events(vae_log, "backward", 0)}
     for edge in view.edges():  # the norm of the gradient reaching the producer, as before
         if edge.phase == "backward":
             stats = backward[edge.dst[1]].grad_output_stats
@@ -91,7 +91,7 @@ def test_vae_two_heads(vae_log: Path) -> None:
 def test_vae_log_names_the_producers(vae_log: Path) -> None:
     """What the forward events hold: the producing calls' seqs per input; the root's made;
     on the wire, offsets, and no "from" where the input came from the call just before."""
-    forward = {e.name: e for e in events(vae_log, "forward", 0)}
+    forward = {e.fqn: e for e in events(vae_log, "forward", 0)}
     seq = {fqn: e.seq for fqn, e in forward.items()}
     assert {fqn: e.inputs_from for fqn, e in forward.items()} == {
         "fc1": [[]], "fc21": [[seq["fc1"]]], "fc22": [[seq["fc1"]]],
@@ -323,7 +323,7 @@ def test_fake_tensors_are_not_looked_up_by_storage(tmp_path: Path) -> None:
         with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
             model(mode.from_tensor(torch.randn(2, 4)))
     assert [str(w.message) for w in caught if "data pointer" in str(w.message)] == []
-    forward = [e for e in events(log, "forward") if e.name]
+    forward = [e for e in events(log, "forward") if e.fqn]
     assert [e.inputs_from for e in forward[:3]] == [[[]], [[forward[0].seq]],
                                                     [[forward[1].seq]]]
     assert [e.inputs_from for e in forward[3:]] == [[[]]] * 3  # no autograd, no storage
@@ -353,7 +353,7 @@ def test_the_walk_back_is_bounded(tmp_path: Path, ops: int, found: bool) -> None
     log = tmp_path / "chain.jsonl"
     with hooktrace.trace(log, model=(model := Chain(ops))):
         model(torch.randn(2, 3, requires_grad=True)).sum().backward()
-    forward = {e.name: e for e in events(log, "forward")}
+    forward = {e.fqn: e for e in events(log, "forward")}
     assert forward["b"].inputs_from == ([[forward["a"].seq]] if found else [[]])
 
 
@@ -435,7 +435,7 @@ def test_data_flow_round_trip(tmp_path: Path) -> None:
         writer = LogWriter(path)
         writer.write(schema.Header(schema=schema.SCHEMA_VERSION, hooktrace="0",
                                    dataflow=dataflow_on))
-        writer.write(schema.Module(model=0, name="m", cls="Linear"))
+        writer.write(schema.Module(model=0, fqn="m", cls="Linear"))
         for i, (inputs, made) in enumerate(flows):
             writer.write(schema.ForwardEvent(5, i, 0, "m", 0, [[1]] * len(inputs),
                                              ["float32"] * len(inputs), inputs_from=inputs,

@@ -120,7 +120,7 @@ def _deep_numbers(path: Path) -> list[Any]:
         for _ in range(3):  # two recorded steps, then a watched one: the buffer is reused
             model.zero_grad()
             model(x).sum().backward()
-    return [(e.seq, e.name, e.grad_input_stats, e.grad_output_stats)
+    return [(e.seq, e.fqn, e.grad_input_stats, e.grad_output_stats)
             for e in events(path, "backward") if isinstance(e, schema.BackwardEvent)]
 
 

@@ -89,7 +89,7 @@ def test_statistics_equal_the_cpu(tmp_path: Path) -> None:
     _train(copy.deepcopy(model), torch.device("cpu"), tmp_path / "cpu.jsonl")
     _train(model, CUDA, tmp_path / "cuda.jsonl")
     cpu, gpu = backward(tmp_path / "cpu.jsonl"), backward(tmp_path / "cuda.jsonl")
-    assert [(e.step, e.name) for e in cpu] == [(e.step, e.name) for e in gpu]
+    assert [(e.step, e.fqn) for e in cpu] == [(e.step, e.fqn) for e in gpu]
     compared = 0
     for a, b in zip(cpu, gpu, strict=True):
         for sa, sb in zip([*(a.grad_input_stats or []), *(a.grad_output_stats or [])],
@@ -97,7 +97,7 @@ def test_statistics_equal_the_cpu(tmp_path: Path) -> None:
             assert (sa is None) == (sb is None)
             if sa is not None and sb is not None:
                 assert len(sb) == 2  # finite: no NaN/Inf counts
-                assert sb == pytest.approx(sa, rel=2e-3), (a.step, a.name)
+                assert sb == pytest.approx(sa, rel=2e-3), (a.step, a.fqn)
                 compared += 1
     assert compared >= 3 * 5
     params = [[r.grad_norm for r in read_log(log) if isinstance(r, schema.ParamGrads)]
@@ -152,7 +152,7 @@ def test_nan_sample_on_cuda(tmp_path: Path) -> None:
     assert ("nonfinite-forward", "compress", 3) in _check(log)
     # the counts, reduced on the device, arrived: the NaN output's count, a NaN gradient's
     [forward] = [e for e in events(log, "forward", step=3)
-                 if isinstance(e, schema.ForwardEvent) and e.name == "compress"]
+                 if isinstance(e, schema.ForwardEvent) and e.fqn == "compress"]
     assert forward.output_nonfinite and forward.output_nonfinite[0][1] > 0
     grads = [s for e in backward(log, step=3) for s in e.grad_output_stats or []
              if s is not None and not math.isfinite(s[0])]

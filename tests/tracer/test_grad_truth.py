@@ -45,7 +45,7 @@ def test_in_place_op_on_a_whole_view_keeps_the_gradient(log_path: Path) -> None:
     with hooktrace.trace(log_path, model=model):
         _step(model, x)
     # the first Linear's output view was rebuilt by the in-place ReLU: its backward still shows
-    bwd = {e.name: e for e in events(log_path, "backward")}
+    bwd = {e.fqn: e for e in events(log_path, "backward")}
     assert {"mlp", "mlp.0", "mlp.1", "mlp.2"} <= set(bwd)
     assert model.mlp[0].weight.grad is not None and model.mlp[0].weight.grad.abs().sum() > 0
     # the gradient reaching mlp.0's output, in its own shape, as an out-of-place ReLU gets it
@@ -104,7 +104,7 @@ def test_chance_drops_are_not_reported(log_path: Path) -> None:
     report = run_checks(log_path)
     assert not [f for f in report.findings if f.kind == "zero-gradient"]
     # the drops happened: the log shows blocks with an exactly-zero gradient
-    zero = [e for e in events(log_path, "backward") if e.name.startswith("drops.")
+    zero = [e for e in events(log_path, "backward") if e.fqn.startswith("drops.")
             and e.grad_input_stats and e.grad_input_stats[0] and e.grad_input_stats[0][0] == 0]
     assert zero
 
@@ -147,7 +147,7 @@ def test_a_whole_view_used_beside_its_base_keeps_its_own_gradient(log_path: Path
     model = Both()
     with hooktrace.trace(log_path, model=model):
         model(torch.randn(2, 1, 5, 5)).backward()
-    bwd = {e.name: e for e in events(log_path, "backward")}
+    bwd = {e.fqn: e for e in events(log_path, "backward")}
     [stat] = bwd["flat"].grad_output_stats or [None]
     assert stat is not None
     assert stat[0] == pytest.approx(2 * (2 * 2 * 3 * 3) ** 0.5, rel=1e-3)  # 2 everywhere

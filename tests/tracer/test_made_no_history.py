@@ -64,7 +64,7 @@ def root(tmp_path: Path, out: Second, grad: bool = True) -> schema.ForwardEvent:
             first.sum().backward()
     reader = LogReader(log)
     assert reader.header.made_no_history
-    [event] = [e for e in reader if isinstance(e, schema.ForwardEvent) and e.name == ""]
+    [event] = [e for e in reader if isinstance(e, schema.ForwardEvent) and e.fqn == ""]
     return event
 
 

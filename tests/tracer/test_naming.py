@@ -68,11 +68,11 @@ class Diffusion(nn.Module):
 def models_and_modules(path: Path) -> tuple[list[tuple[int, str, str]], list[tuple[int, str]]]:
     records = read_log(path)
     return ([(r.model, r.name, r.cls) for r in records if isinstance(r, schema.Model)],
-            [(r.model, r.name) for r in records if isinstance(r, schema.Module)])
+            [(r.model, r.fqn) for r in records if isinstance(r, schema.Module)])
 
 
 def order(path: Path, phase: str, step: int = 0) -> list[tuple[int, str, int]]:
-    return [(e.model, e.name, e.call) for e in events(path, phase, step)]
+    return [(e.model, e.fqn, e.call) for e in events(path, phase, step)]
 
 
 def check_findings(path: Path) -> list[tuple[str, str, str, str]]:
@@ -270,5 +270,5 @@ def test_spectral_norm_built_while_tracing_stays_in_its_model(log_path: Path) ->
     models, modules = models_and_modules(log_path)
     assert models == [(0, "critic", "Sequential")]
     assert (0, "0.parametrizations.weight.0") in modules
-    assert "0.parametrizations.weight.0" in [e.name for e in events(log_path, "forward", 0)]
+    assert "0.parametrizations.weight.0" in [e.fqn for e in events(log_path, "forward", 0)]
     assert [f for f in check_findings(log_path) if f[1] != "note"] == []

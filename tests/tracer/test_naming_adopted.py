@@ -78,13 +78,13 @@ def test_a_module_called_at_construction_is_named_in_the_model_that_holds_it(
     models, modules = models_and_modules(log_path)
     assert models == [(0, "model", "Backbone"), (1, "detector", "Detector")]
     assert [m for m in modules if m[0] == 1] == DETECTOR_MODULES
-    forward = [(e.model, e.name, e.no_grad) for e in events(log_path, "forward", 0)]
+    forward = [(e.model, e.fqn, e.no_grad) for e in events(log_path, "forward", 0)]
     # the construction call: the backbone's model of its own, under no_grad; then the detector
     assert forward[:5] == [(0, "features.0", True), (0, "features.1", True),
                            (0, "features.2", True), (0, "features", True), (0, "", True)]
     assert [(m, n) for m, n, _ in forward[5:]] == DETECTOR_CALLS
-    assert [(e.model, e.name) for e in events(log_path, "forward", 1)] == DETECTOR_CALLS
-    assert [(e.model, e.name) for e in events(log_path, "backward", 1)] == DETECTOR_CALLS[::-1]
+    assert [(e.model, e.fqn) for e in events(log_path, "forward", 1)] == DETECTOR_CALLS
+    assert [(e.model, e.fqn) for e in events(log_path, "backward", 1)] == DETECTOR_CALLS[::-1]
     # the parameters' gradients are the detector's, in each step: none said of the backbone's
     # model, which took no part in a backward pass
     assert {(r.step, r.model) for r in read_log(log_path)
@@ -115,10 +115,10 @@ def test_a_model_trained_alone_then_inside_another_joins_it(log_path: Path) -> N
     assert models == [(0, "encoder", "Sequential"), (1, "classifier", "Sequential")]
     assert [m for m in modules if m[0] == 1] == [(1, ""), (1, "0"), (1, "0.0"), (1, "0.1"),
                                                  (1, "1")]
-    assert [(e.model, e.name) for e in events(log_path, "forward", 0)] == [
+    assert [(e.model, e.fqn) for e in events(log_path, "forward", 0)] == [
         (0, "0"), (0, "1"), (0, "")]
     for step in (1, 2):
-        assert [(e.model, e.name) for e in events(log_path, "forward", step)] == [
+        assert [(e.model, e.fqn) for e in events(log_path, "forward", step)] == [
             (1, "0.0"), (1, "0.1"), (1, "0"), (1, "1"), (1, "")]
     assert [f for f in check_findings(log_path) if f[1] != "note"] == []
 
@@ -166,7 +166,7 @@ def test_models_apart_stay_apart(log_path: Path) -> None:
                       (4, "criterion", "MSELoss")]
     assert [m for m in modules if m[0] == 0] == [(0, ""), (0, "net"), (0, "net.0"),
                                                  (0, "net.1"), (0, "net.2")]
-    assert {e.model for e in events(log_path, "forward") if e.name == "net.0"} == {0}
+    assert {e.model for e in events(log_path, "forward") if e.fqn == "net.0"} == {0}
     assert [f for f in check_findings(log_path) if f[1] != "note"] == []
 
 
@@ -178,6 +178,6 @@ def test_models_given_stay_as_given(log_path: Path) -> None:
     x, target = torch.randn(4, 8), torch.tensor([0, 1, 2, 1])
     with hooktrace.trace(log_path, model=[detector.backbone, detector]):
         F.cross_entropy(detector(x), target).backward()
-    assert [(e.model, e.name) for e in events(log_path, "forward")] == [
+    assert [(e.model, e.fqn) for e in events(log_path, "forward")] == [
         (0, "features.0"), (0, "features.1"), (0, "features.2"), (0, "features"), (0, ""),
         (1, "head"), (1, "")]

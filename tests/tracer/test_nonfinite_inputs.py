@@ -48,7 +48,7 @@ def run(path: Path, model: nn.Module) -> list[schema.Signal]:
 
 def test_a_nan_made_by_the_parent_reaches_the_child_in_its_input(tmp_path: Path) -> None:
     found = run(tmp_path / "log.jsonl", Parent(inside=False))
-    assert [(s.step, s.name) for s in found] == [(0, "b"), (1, "b")]
+    assert [(s.step, s.fqn) for s in found] == [(0, "b"), (1, "b")]
     assert found[0].detail["inputs"][0][0] == 0 and found[0].detail["inputs"][0][1] > 0
 
 

@@ -35,16 +35,16 @@ class Seen(Observer):
         self.seen: list[tuple[Any, ...]] = []
 
     def module_seen(self, module: nn.Module, info: ModInfo) -> None:
-        self.seen.append(("module", info.name, type(module).__name__))
+        self.seen.append(("module", info.fqn, type(module).__name__))
 
     def model_call(self, module: nn.Module, info: ModInfo, step: int) -> None:
-        self.seen.append(("model", info.name, module.training, step))
+        self.seen.append(("model", info.fqn, module.training, step))
 
     def forward_end(self, end: ForwardEnd) -> None:
-        self.seen.append(("forward", end.call.info.name, end.call.step, end.mode.name))
+        self.seen.append(("forward", end.call.info.fqn, end.call.step, end.mode.name))
 
     def backward_start(self, start: BackwardStart) -> None:
-        self.seen.append(("backward", start.call.info.name, start.step, start.mode.name))
+        self.seen.append(("backward", start.call.info.fqn, start.step, start.mode.name))
 
     def backward_end(self, end: PassEnd) -> None:
         self.seen.append(("end", end.step, end.mode.name))

@@ -98,7 +98,7 @@ def test_the_operations_of_a_zoomed_call_in_order(tmp_path: Path) -> None:
     train(Net(), path=path, ops=["clip", "gate"])
     found = ops_of(path)
     # step 1 also zooms into the root: in step 0 enc's backward never began, inside its forward
-    assert [(r.step, r.name) for r in found] == [(0, "clip"), (0, "gate"), (1, "clip"),
+    assert [(r.step, r.fqn) for r in found] == [(0, "clip"), (0, "gate"), (1, "clip"),
                                                  (1, "gate"), (1, "")]
     clip, gate = found[0], found[1]
     assert [(op.op, op.line, op.ins, op.outs, op.in_grad, op.out_grad) for op in clip.ops] == [
@@ -145,7 +145,7 @@ def test_only_recorded_steps_are_zoomed(tmp_path: Path) -> None:
     torch.manual_seed(0)
     path = tmp_path / "log.jsonl"
     train(Healthy(), n=4, path=path, ops=["gate"], steps="1,3")
-    assert [(r.step, r.name) for r in ops_of(path)] == [(1, "gate"), (3, "gate")]
+    assert [(r.step, r.fqn) for r in ops_of(path)] == [(1, "gate"), (3, "gate")]
 
 
 @pytest.mark.parametrize("ops", [["*"], ["gate", "gate.*"]])

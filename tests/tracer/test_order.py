@@ -45,7 +45,7 @@ def assert_pairing(path: Path) -> None:
     forward = {e.seq: e for e in events(path, "forward")}
     for b in events(path, "backward"):
         f = forward[b.fwd]
-        assert (f.model, f.name, f.call, f.recompute) == (b.model, b.name, b.call, b.recompute)
+        assert (f.model, f.fqn, f.call, f.recompute) == (b.model, b.fqn, b.call, b.recompute)
         assert f.seq < b.seq
 
 
@@ -85,7 +85,7 @@ def test_mnist_forward_and_backward_order(log_path: Path) -> None:
 
 def test_mnist_shapes(log_path: Path) -> None:
     mnist_steps(log_path, 1)
-    fwd = {e.name: e for e in events(log_path, "forward")}
+    fwd = {e.fqn: e for e in events(log_path, "forward")}
     assert fwd["conv1"].input_shapes == [[2, 1, 28, 28]]
     assert fwd["conv1"].output_shapes == [[2, 32, 26, 26]]
     assert fwd["conv2"].output_shapes == [[2, 64, 24, 24]]
@@ -98,7 +98,7 @@ def test_mnist_shapes(log_path: Path) -> None:
     assert all(e.input_dtypes == ["float32"] and e.output_dtypes == ["float32"]
                for e in fwd.values())
     assert not any(e.no_grad or e.recompute for e in fwd.values())
-    bwd = {e.name: e for e in events(log_path, "backward")}
+    bwd = {e.fqn: e for e in events(log_path, "backward")}
     assert bwd["fc2"].grad_output_shapes == [[2, 10]]
     assert bwd["fc2"].grad_input_shapes == [[2, 128]]
     assert bwd["fc1"].grad_input_shapes == [[2, 9216]]
@@ -140,7 +140,7 @@ def test_mnist_model_and_module_records(log_path: Path) -> None:
     models = records_of(log_path, schema.Model)
     assert [(m.model, m.cls) for m in models] == [(0, "Net")]
     modules = records_of(log_path, schema.Module)
-    assert [(m.name, m.cls, m.params) for m in modules] == [
+    assert [(m.fqn, m.cls, m.params) for m in modules] == [
         ("", "Net", 0),
         ("conv1", "Conv2d", 32 * 9 + 32),
         ("conv2", "Conv2d", 64 * 32 * 9 + 64),
@@ -173,7 +173,7 @@ def test_sequential_nesting(log_path: Path) -> None:
     # backward: a parent starts before its last child (they share the output tensor)
     assert names(log_path, "backward") == ["", "2", "1", "1.1", "1.1.1", "1.1.0", "1.0", "0"]
     assert_pairing(log_path)
-    bwd = {e.name: e for e in events(log_path, "backward")}
+    bwd = {e.fqn: e for e in events(log_path, "backward")}
     assert bwd["1"].grad_input_shapes == [[2, 4]]
     assert bwd["0"].grad_input_shapes == [None]
     assert bwd[""].grad_input_shapes == [None]
@@ -194,12 +194,12 @@ def test_module_called_three_times(log_path: Path) -> None:
         model(torch.randn(2, 3)).sum().backward()
     fwd = events(log_path, "forward")
     bwd = events(log_path, "backward")
-    assert [(e.name, e.call) for e in fwd] == [
+    assert [(e.fqn, e.call) for e in fwd] == [
         ("lin", 0), ("lin", 1), ("lin", 2), ("out", 0), ("", 0)]
-    assert [(e.name, e.call) for e in bwd] == [
+    assert [(e.fqn, e.call) for e in bwd] == [
         ("", 0), ("out", 0), ("lin", 2), ("lin", 1), ("lin", 0)]
-    seq_of = {(e.name, e.call): e.seq for e in fwd}
-    assert [e.fwd for e in bwd] == [seq_of[(e.name, e.call)] for e in bwd]
+    seq_of = {(e.fqn, e.call): e.seq for e in fwd}
+    assert [e.fwd for e in bwd] == [seq_of[(e.fqn, e.call)] for e in bwd]
     assert [e.grad_input_shapes for e in bwd] == [[None], [[2, 3]], [[2, 3]], [[2, 3]], [None]]
     assert_pairing(log_path)
 
@@ -214,7 +214,7 @@ def test_leaf_input_reused_over_steps_gives_no_duplicates(log_path: Path) -> Non
             model(x).sum().backward()
     for step in range(3):
         bwd = events(log_path, "backward", step)
-        assert [(e.name, e.call) for e in bwd] == [("", 0), ("0", 1), ("1", 0), ("0", 0)]
+        assert [(e.fqn, e.call) for e in bwd] == [("", 0), ("0", 1), ("1", 0), ("0", 0)]
         assert all(e.grad_input_shapes == [[2, 3]] for e in bwd)
     assert [(s.step, s.forward, s.backward) for s in records_of(log_path, schema.Step)] == [
         (0, 4, 4), (1, 4, 4), (2, 4, 4)]
@@ -227,10 +227,10 @@ def test_retain_graph_second_backward_is_a_new_step(log_path: Path) -> None:
         out = model(torch.randn(2, 3)).sum()
         out.backward(retain_graph=True)
         out.backward()
-    fwd_seq = {e.name: e.seq for e in events(log_path, "forward")}
+    fwd_seq = {e.fqn: e.seq for e in events(log_path, "forward")}
     for step in (0, 1):
         bwd = events(log_path, "backward", step)
-        assert [e.name for e in bwd] == ["", "1", "0"]
+        assert [e.fqn for e in bwd] == ["", "1", "0"]
         assert [e.fwd for e in bwd] == [fwd_seq[""], fwd_seq["1"], fwd_seq["0"]]
     assert [(s.step, s.forward, s.backward) for s in records_of(log_path, schema.Step)] == [
         (0, 3, 3), (1, 0, 3)]
@@ -247,7 +247,7 @@ def test_inplace_relu_same_events_as_out_of_place(tmp_path: Path) -> None:
         logs.append([dataclasses.replace(e, seq=0) for e in events(path)])
         assert end_of(path).tracer_error is None
     assert logs[0] == logs[1]
-    relu = [e for e in logs[1] if e.name == "1" and e.phase == "backward"]
+    relu = [e for e in logs[1] if e.fqn == "1" and e.phase == "backward"]
     assert len(relu) == 1
     assert relu[0].grad_input_shapes == [[2, 3]]
     assert relu[0].grad_output_shapes == [[2, 3]]
@@ -290,7 +290,7 @@ def test_nested_inputs_and_outputs(log_path: Path) -> None:
         )
         (result.scores.sum() + result.hidden.sum() + rest[1].sum()).backward()
     (fwd,) = events(log_path, "forward")
-    assert fwd.name == ""
+    assert fwd.fqn == ""
     # args leaves in order, then kwargs leaves in the order they were passed
     assert fwd.input_shapes == [[1, 2], [3], [4], [5, 6], [7], [2, 2], [8], [9], [9]]
     assert fwd.input_dtypes == ["float32"] * 5 + ["float16", "float32", "bool", "float32"]
@@ -328,9 +328,9 @@ def test_tuple_output_partly_unused(log_path: Path) -> None:
         model(torch.randn(2, 3)).sum().backward()
     assert names(log_path, "forward") == ["lin", "split", "head", ""]
     assert names(log_path, "backward") == ["", "head", "split", "lin"]
-    split = next(e for e in events(log_path, "forward") if e.name == "split")
+    split = next(e for e in events(log_path, "forward") if e.fqn == "split")
     assert split.output_shapes == [[2, 2], [2, 3]]
-    bwd = next(e for e in events(log_path, "backward") if e.name == "split")
+    bwd = next(e for e in events(log_path, "backward") if e.fqn == "split")
     assert bwd.grad_output_len == 2
     assert bwd.grad_output_shapes == [None, [2, 3]]
     assert bwd.grad_input_shapes == [[2, 5]]
@@ -341,7 +341,7 @@ def test_first_layer_without_input_grad_gets_backward(log_path: Path) -> None:
     with hooktrace.trace(log_path, model=model):
         model(torch.randn(2, 3)).sum().backward()
     bwd = events(log_path, "backward")
-    assert [e.name for e in bwd] == ["", "1", "0"]
+    assert [e.fqn for e in bwd] == ["", "1", "0"]
     first = bwd[2]
     assert (first.grad_input_len, first.grad_output_len) == (1, 1)
     assert first.grad_input_shapes == [None]
@@ -355,7 +355,7 @@ def test_no_grad_and_eval_give_forward_only(log_path: Path) -> None:
         model(torch.randn(1, 4))
     fwd = events(log_path, "forward")
     order = ["0", "1.0", "1.1.0", "1.1.1", "1.1", "1", "2", ""]
-    assert [e.name for e in fwd] == order + order
+    assert [e.fqn for e in fwd] == order + order
     assert [e.call for e in fwd] == [0] * 8 + [1] * 8
     assert all(e.no_grad for e in fwd)
     assert all(e.step == 0 for e in fwd)
@@ -376,7 +376,7 @@ def test_inference_mode_gives_forward_only(log_path: Path, stats: bool) -> None:
     assert end.tracer_error is None
     fwd = events(log_path, "forward")
     order = ["0", "1.0", "1.1.0", "1.1.1", "1.1", "1", "2", ""]
-    assert [(e.name, e.call, e.no_grad) for e in fwd] == [
+    assert [(e.fqn, e.call, e.no_grad) for e in fwd] == [
         (n, c, True) for c in (0, 1) for n in order]
     assert events(log_path, "backward") == []
 
@@ -388,11 +388,11 @@ def test_no_grad_flag_only_where_grad_is_off(log_path: Path) -> None:
             model(torch.randn(2, 3))
         model(torch.randn(2, 3)).sum().backward()
     fwd = events(log_path, "forward")
-    assert [(e.name, e.call, e.no_grad) for e in fwd] == [
+    assert [(e.fqn, e.call, e.no_grad) for e in fwd] == [
         ("0", 0, True), ("1", 0, True), ("", 0, True),
         ("0", 1, False), ("1", 1, False), ("", 1, False)]
     bwd = events(log_path, "backward")
-    assert [(e.name, e.call) for e in bwd] == [("", 1), ("1", 1), ("0", 1)]
+    assert [(e.fqn, e.call) for e in bwd] == [("", 1), ("1", 1), ("0", 1)]
     assert_pairing(log_path)
 
 
@@ -431,7 +431,7 @@ def test_global_mode_several_models(log_path: Path) -> None:
     modules = records_of(log_path, schema.Module)
     # proj is also enc.0 and dec.1: each call is named by the parent that made it (issue 38),
     # those names' records say whose alias they are, and proj alone holds the parameters
-    assert [(m.model, m.name, m.cls, m.params, m.aliases, m.alias_of) for m in modules] == [
+    assert [(m.model, m.fqn, m.cls, m.params, m.aliases, m.alias_of) for m in modules] == [
         (0, "", "Sequential", 0, None, None),
         (0, "0", "Linear", 16, None, None),
         (0, "1", "ReLU", 0, None, None),
@@ -448,14 +448,14 @@ def test_global_mode_several_models(log_path: Path) -> None:
         (2, "", "BCEWithLogitsLoss", 0, None, None),
     ]
     fwd = events(log_path, "forward")
-    assert [(e.model, e.name, e.call) for e in fwd] == [
+    assert [(e.model, e.fqn, e.call) for e in fwd] == [
         (0, "0", 0), (0, "1", 0), (0, "2", 0), (0, "", 0),
         (1, "enc.0", 0), (1, "enc.1", 0), (1, "enc", 0),
         (1, "dec.0", 0), (1, "dec.1", 0), (1, "dec", 0), (1, "out", 0), (1, "", 0),
         (2, "", 0),
     ]
     bwd = events(log_path, "backward")
-    assert [(e.model, e.name, e.call) for e in bwd] == [
+    assert [(e.model, e.fqn, e.call) for e in bwd] == [
         (2, "", 0),
         (1, "", 0), (1, "out", 0), (1, "dec", 0), (1, "dec.1", 0), (1, "dec.0", 0),
         (1, "enc", 0), (1, "enc.1", 0), (1, "enc.0", 0),
@@ -480,9 +480,9 @@ def test_model_list_traces_only_those(log_path: Path) -> None:
         out.sum().backward()
     assert [(m.model, m.cls) for m in records_of(log_path, schema.Model)] == [
         (0, "Linear"), (1, "Sequential")]
-    assert [(e.model, e.name) for e in events(log_path, "forward")] == [
+    assert [(e.model, e.fqn) for e in events(log_path, "forward")] == [
         (0, ""), (1, "0"), (1, "")]
-    assert [(e.model, e.name) for e in events(log_path, "backward")] == [
+    assert [(e.model, e.fqn) for e in events(log_path, "backward")] == [
         (1, ""), (1, "0"), (0, "")]
     assert [(s.step, s.forward, s.backward) for s in records_of(log_path, schema.Step)] == [
         (0, 3, 3)]
@@ -521,34 +521,34 @@ def test_activation_checkpointing_recompute(log_path: Path, use_reentrant: bool)
         evs = events(log_path, step=step)
         first_bwd = next(i for i, e in enumerate(evs) if e.phase == "backward")
         # the first forward pass: no recompute
-        assert [(e.name, e.recompute) for e in evs[:first_bwd]] == [
+        assert [(e.fqn, e.recompute) for e in evs[:first_bwd]] == [
             ("a", False), ("blk.0", False), ("blk.1", False), ("blk", False), ("b", False),
             ("", False)]
         recomputed = [e for e in evs if e.phase == "forward" and e.recompute]
         assert recomputed, "the recompute inside backward was not recorded"
         # every recompute happens during backward, inside the checkpointed block
         assert all(evs.index(e) > first_bwd for e in recomputed)
-        assert all(e.name.startswith("blk") for e in recomputed)
+        assert all(e.fqn.startswith("blk") for e in recomputed)
         assert all(not e.no_grad and e.call == 0 for e in recomputed)
-        assert recomputed[0].name == "blk.0"
+        assert recomputed[0].fqn == "blk.0"
         assert recomputed[0].input_shapes == [[2, 4]]
         bwd = [e for e in evs if e.phase == "backward"]
-        assert sorted(e.name for e in bwd) == sorted(["", "b", "blk", "blk.1", "blk.0", "a"])
-        assert [e.name for e in bwd][:2] == ["", "b"]
-        assert bwd[-1].name == "a"
+        assert sorted(e.fqn for e in bwd) == sorted(["", "b", "blk", "blk.1", "blk.0", "a"])
+        assert [e.fqn for e in bwd][:2] == ["", "b"]
+        assert bwd[-1].fqn == "a"
         if use_reentrant:
             # the first pass ran under no_grad; backward goes through the recomputed calls
             assert [e.no_grad for e in evs[:first_bwd]] == [False, True, True, True, False, False]
-            assert [(e.name, e.recompute) for e in evs[first_bwd:]] == [
+            assert [(e.fqn, e.recompute) for e in evs[first_bwd:]] == [
                 ("", False), ("b", False),
                 ("blk.0", True), ("blk.1", True), ("blk", True),
                 ("blk", True), ("blk.1", True), ("blk.0", True),
                 ("a", False)]
         else:
             # backward uses the original graph: its events pair with the first-pass calls
-            assert [e.name for e in bwd] == ["", "b", "blk", "blk.1", "blk.0", "a"]
+            assert [e.fqn for e in bwd] == ["", "b", "blk", "blk.1", "blk.0", "a"]
             assert not any(e.recompute for e in bwd)
-        logs.append([(e.phase, e.name, e.call, e.recompute, e.step - step) for e in evs])
+        logs.append([(e.phase, e.fqn, e.call, e.recompute, e.step - step) for e in evs])
     assert logs[0] == logs[1]
 
 
@@ -602,7 +602,7 @@ def test_max_events(log_path: Path) -> None:
         for _ in range(2):
             model(torch.randn(2, 4)).sum().backward()
     evs = events(log_path)
-    assert [(e.phase, e.name) for e in evs] == [
+    assert [(e.phase, e.fqn) for e in evs] == [
         ("forward", "0"), ("forward", "1.0"), ("forward", "1.1.0"), ("forward", "1.1.1"),
         ("forward", "1.1")]
     end = end_of(log_path)
@@ -707,9 +707,9 @@ def test_agrees_with_full_backward_hooks(log_path: Path, make) -> None:  # type:
         model(x).sum().backward()
     bwd = events(log_path, "backward")
     assert [e.call for e in bwd] == [0] * len(bwd)
-    assert [e.name for e in bwd] == started
-    assert {e.name for e in bwd} == set(seen) == {n for n, _ in model.named_modules()}
-    ours = {e.name: (e.grad_input_len, e.grad_output_len, e.grad_input_shapes,
+    assert [e.fqn for e in bwd] == started
+    assert {e.fqn for e in bwd} == set(seen) == {n for n, _ in model.named_modules()}
+    ours = {e.fqn: (e.grad_input_len, e.grad_output_len, e.grad_input_shapes,
                      e.grad_output_shapes) for e in bwd}
     assert ours == seen
     # and identical parameter gradients: the hooks changed nothing
@@ -725,7 +725,7 @@ def test_identity_on_leaf_input_agrees_with_full_hook(log_path: Path) -> None:
     assert seen["0"] == (1, 1, [[2, 3]], [[2, 3]])
     with hooktrace.trace(log_path, model=model):
         model(x).sum().backward()
-    bwd = {e.name: e for e in events(log_path, "backward")}
+    bwd = {e.fqn: e for e in events(log_path, "backward")}
     assert bwd["0"].grad_output_shapes == [[2, 3]]
     assert bwd["0"].grad_input_shapes == [[2, 3]]
 
@@ -777,5 +777,5 @@ def test_second_backward_keeps_leaf_grad_input(log_path: Path) -> None:
     assert x.grad is not None
     for step in (0, 1):
         bwd = events(log_path, "backward", step)
-        assert [(e.name, e.grad_input_shapes) for e in bwd] == [
+        assert [(e.fqn, e.grad_input_shapes) for e in bwd] == [
             ("", [[2, 3]]), ("1", [[2, 3]]), ("0", [[2, 3]])]

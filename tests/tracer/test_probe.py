@@ -170,7 +170,7 @@ def test_a_probed_run_changes_nothing(tmp_path: Path) -> None:
     records = read_log(log)
     assert isinstance(records[0], schema.Header) and records[0].options["probe"] is True
     signals = [r for r in records if isinstance(r, schema.Signal) and r.kind == "probe"]
-    assert [(s.step, s.name, s.detail["what"], s.detail["verdict"]) for s in signals] == [
+    assert [(s.step, s.fqn, s.detail["what"], s.detail["verdict"]) for s in signals] == [
         (0, "net.1", "batch", "all")]  # once per model, at its first recorded call
 
 

@@ -258,11 +258,11 @@ def test_exception_caught_inside_trace_keeps_tracing_right(log_path: Path) -> No
         good(torch.randn(2, 4)).sum().backward()
     end = end_of(log_path)
     assert (end.status, end.error, end.tracer_error) == ("ok", None, None)
-    good_fwd = [e.name for e in events(log_path, "forward") if e.model == 1]
+    good_fwd = [e.fqn for e in events(log_path, "forward") if e.model == 1]
     assert good_fwd == ["0", "1", "2.0", "2", ""]
-    assert [(e.model, e.name) for e in events(log_path, "backward")] == [
+    assert [(e.model, e.fqn) for e in events(log_path, "backward")] == [
         (1, ""), (1, "2"), (1, "2.0"), (1, "1"), (1, "0")]
-    bad_fwd = [(e.name, e.call) for e in events(log_path, "forward") if e.model == 0]
+    bad_fwd = [(e.fqn, e.call) for e in events(log_path, "forward") if e.model == 0]
     assert bad_fwd == [("0", 0), ("1.ok", 0), ("1.inner.0", 0), ("1.inner.1", 0), ("1.inner", 0),
                        ("0", 1), ("1.ok", 1), ("1.inner.0", 1), ("1.inner.1", 1), ("1.inner", 1)]
     assert_no_hooks(bad, good)
@@ -341,7 +341,7 @@ def test_second_trace_in_same_process(tmp_path: Path) -> None:
         assert_no_hooks(model)
         logs.append([r for r in read_log(path) if not isinstance(r, schema.Header)])
     assert logs[0] == logs[1]
-    assert [e.name for e in logs[1] if isinstance(e, schema.BackwardEvent)] == [
+    assert [e.fqn for e in logs[1] if isinstance(e, schema.BackwardEvent)] == [
         "", "2", "2.0", "1", "0"]
     assert [r for r in logs[1] if isinstance(r, schema.Model)] == [
         schema.Model(model=0, name="model", cls="Sequential")]
@@ -455,6 +455,6 @@ def test_a_fake_tensor_pass_leaves_tracing_on(log_path: Path) -> None:
     end = end_of(log_path)
     assert (end.status, end.steps, end.tracer_error) == ("ok", 2, None)
     forward = [e for e in events(log_path, "forward", 0) if isinstance(e, schema.ForwardEvent)]
-    assert [e.name for e in forward] == ["0", "1", "2.0", "2", ""] * 2  # fake, then real
+    assert [e.fqn for e in forward] == ["0", "1", "2.0", "2", ""] * 2  # fake, then real
     backward = [e for e in events(log_path, "backward", 1) if isinstance(e, schema.BackwardEvent)]
     assert all(s is not None and s[0] > 0 for e in backward for s in e.grad_output_stats or [])

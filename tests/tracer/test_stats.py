@@ -63,7 +63,7 @@ def test_gradient_statistics_match_torch(log_path: Path) -> None:
     with hooktrace.trace(log_path, model=model):
         (model(x) * torch.arange(3.0)).sum().backward()
 
-    bwd = {e.name: e for e in events(log_path, "backward")}
+    bwd = {e.fqn: e for e in events(log_path, "backward")}
     for name in ("0", "1", "2"):
         grad = reference[f"{name}.out"]
         stats = bwd[name].grad_output_stats
@@ -107,7 +107,7 @@ def test_nonfinite_gradients_are_counted(log_path: Path, bad: float, nan: int, i
     weights[0, 0] = weights[1, 2] = bad
     with hooktrace.trace(log_path, model=model):
         (model(x) * weights).sum().backward()
-    bwd = {e.name: e for e in events(log_path, "backward")}
+    bwd = {e.fqn: e for e in events(log_path, "backward")}
     stats = bwd["2"].grad_output_stats
     assert stats is not None and stats[0] is not None
     assert len(stats[0]) == 4 and not math.isfinite(stats[0][0])
@@ -132,7 +132,7 @@ def test_tiny_and_huge_gradients_keep_their_norm(log_path: Path, scale: float, p
     assert out.grad is not None
     with hooktrace.trace(log_path, model=model):
         (model(x) * weights).sum().backward()
-    stats = next(e for e in events(log_path, "backward") if e.name == "2").grad_output_stats
+    stats = next(e for e in events(log_path, "backward") if e.fqn == "2").grad_output_stats
     assert stats is not None and stats[0] is not None
     assert _close(stats[0][0], torch.linalg.vector_norm(out.grad.double()).item())
     assert _close(stats[0][1], scale)
@@ -162,7 +162,7 @@ def test_nonfinite_outputs_are_counted(log_path: Path, bad: float) -> None:
     assert expected["0"] and expected["2"]  # the bad row reaches the output
     with hooktrace.trace(log_path, model=model):
         model(x).sum().backward()
-    forward = {e.name: e.output_nonfinite for e in events(log_path, "forward")
+    forward = {e.fqn: e.output_nonfinite for e in events(log_path, "forward")
                if isinstance(e, schema.ForwardEvent)}
     assert {name: forward[name] for name in expected} == expected
 
@@ -222,7 +222,7 @@ def test_watched_steps_name_the_first_nonfinite_output(log_path: Path) -> None:
                 if step == 4:
                     head[0].bias[1] = encoder[2].weight[0, 0] = 0.0
             head(encoder(x)).sum().backward()
-    found = {(a.step, a.model, a.name, a.detail["outputs"][0]["index"])
+    found = {(a.step, a.model, a.fqn, a.detail["outputs"][0]["index"])
              for a in read_log(log_path)
              if isinstance(a, schema.Anomaly) and a.kind == "nonfinite-forward"}
     assert found == {(2, 1, "0", 0), (3, 0, "2", 0)}
@@ -260,7 +260,7 @@ def test_other_dtypes(log_path: Path, dtype: torch.dtype) -> None:
     reference = _reference(twin, x, torch.arange(3.0, dtype=dtype))
     with hooktrace.trace(log_path, model=model):
         (model(x) * torch.arange(3.0, dtype=dtype)).sum().backward()
-    bwd = {e.name: e for e in events(log_path, "backward") if isinstance(e, schema.BackwardEvent)}
+    bwd = {e.fqn: e for e in events(log_path, "backward") if isinstance(e, schema.BackwardEvent)}
     for name in ("0", "1", "2"):
         grad = reference[f"{name}.out"].double()
         stats = bwd[name].grad_output_stats
@@ -292,7 +292,7 @@ def test_complex_gradients(log_path: Path) -> None:
     assert expected is not None and expected.is_complex()
     with hooktrace.trace(log_path, model=model):
         (model(x) * weights).sum().backward()
-    bwd = {e.name: e for e in events(log_path, "backward") if isinstance(e, schema.BackwardEvent)}
+    bwd = {e.fqn: e for e in events(log_path, "backward") if isinstance(e, schema.BackwardEvent)}
     stats = bwd["1"].grad_output_stats
     assert stats is not None and stats[0] is not None
     assert _close(stats[0][0], expected.norm().item()), stats

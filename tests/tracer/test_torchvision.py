@@ -46,7 +46,7 @@ IDLE = {
 
 
 def calls(path: Path, phase: str) -> set[tuple[str, int]]:
-    return {(e.name, e.call) for e in events(path, phase)}
+    return {(e.fqn, e.call) for e in events(path, phase)}
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -88,11 +88,11 @@ def test_torchvision_forward_backward(log_path: Path, name: str) -> None:
     by_seq = {e.seq: e for e in fwd}
     for b in bwd:
         f = by_seq[b.fwd]
-        assert (f.name, f.call) == (b.name, b.call)
+        assert (f.fqn, f.call) == (b.fqn, b.call)
         assert len(b.grad_output_shapes) == b.grad_output_len == len(f.output_shapes)
         assert len(b.grad_input_shapes) == b.grad_input_len == len(f.input_shapes)
     # the root starts the backward pass
-    assert bwd[0].name == ""
+    assert bwd[0].fqn == ""
     assert bwd[0].grad_input_shapes == [None]
     assert bwd[0].grad_output_shapes[0] == fwd[-1].output_shapes[0]
 
@@ -104,8 +104,8 @@ def test_resnet50_feature_shapes(log_path: Path) -> None:
     with hooktrace.trace(log_path, model=model):
         out = model(x)
         out[0][0].backward()
-    fwd = {e.name: e for e in events(log_path, "forward")}
-    bwd = {e.name: e for e in events(log_path, "backward")}
+    fwd = {e.fqn: e for e in events(log_path, "forward")}
+    bwd = {e.fqn: e for e in events(log_path, "backward")}
     assert fwd["layer3"].output_shapes == [[1, 1024, 14, 14]]
     assert fwd["layer4"].input_shapes == [[1, 1024, 14, 14]]
     assert fwd["layer4"].output_shapes == [[1, 2048, 7, 7]]
@@ -116,7 +116,7 @@ def test_resnet50_feature_shapes(log_path: Path) -> None:
     assert bwd["fc"].grad_output_shapes == [[1, 1000]]
     assert bwd["avgpool"].grad_output_shapes == [[1, 2048, 1, 1]]
     assert bwd["conv1"].grad_input_shapes == [None]
-    order = [e.name for e in events(log_path, "backward")]
+    order = [e.fqn for e in events(log_path, "backward")]
     assert order[:3] == ["", "fc", "avgpool"]
     assert order.index("layer4") < order.index("layer3") < order.index("layer2")
     assert order.index("layer1") < order.index("maxpool") < order.index("relu")
@@ -181,7 +181,7 @@ def test_detection_training_is_no_false_alarm(log_path: Path) -> None:
             optimizer.zero_grad()
             sum(model(images, targets).values()).backward()
             optimizer.step()
-    zero = {e.name for e in events(log_path, "backward")
+    zero = {e.fqn for e in events(log_path, "backward")
             if isinstance(e, schema.BackwardEvent) and e.grad_output_stats
             and all(s is not None and s[0] == 0 for s in e.grad_output_stats)}
     assert "rpn.head.bbox_pred" in zero  # the case is what it says

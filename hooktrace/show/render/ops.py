@@ -49,7 +49,7 @@ def row(op: schema.Op) -> list[str]:
 
 
 def title(record: schema.Ops, cls: str) -> str:
-    name = module_text(record.name)
+    name = module_text(record.fqn)
     more = f", {record.more} more not recorded" if record.more else ""
     return (f"{name} ({printable(cls)}) call {record.call} (forward seq {record.fwd}): "
             f"{len(record.ops)} operations{more}")
@@ -60,7 +60,7 @@ def block(records: Sequence[schema.Ops], classes: dict[tuple[int, str], str]) ->
     lines = ["", "operations inside the zoomed calls (--ops):"]
     for record in records:
         rows = [[str(i), *row(op)] for i, op in enumerate(record.ops)]
-        lines.append("  " + title(record, classes.get((record.model, record.name), "?")))
+        lines.append("  " + title(record, classes.get((record.model, record.fqn), "?")))
         if not rows:
             continue
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

@@ -38,7 +38,7 @@ def _row(log: StepLog, e: StepEvent, several_models: bool) -> list[str]:
         shapes = f"{shapes_text(e.grad_output_shapes)} -> {shapes_text(e.grad_input_shapes)}"
     model = [printable(log.models.get(e.model, str(e.model)))] if several_models else []
     return [str(e.seq), _phase(e), *model, str(e.call),
-            "  " * depth_of(e.name) + module_text(e.name), printable(log.cls(e.model, e.name)),
+            "  " * depth_of(e.fqn) + module_text(e.fqn), printable(log.cls(e.model, e.fqn)),
             grads, shapes]
 
 
@@ -62,7 +62,7 @@ def table(log: StepLog, phase: str | None = None, limit: int = DEFAULT_LIMIT,
           module: str | None = None) -> str:
     """The step's events (of one phase, or both; of the modules matching the glob ``module``, or
     all) in seq order; ``limit`` 0: every row."""
-    mine = [e for e in log.events if matches(e.name, module)]
+    mine = [e for e in log.events if matches(e.fqn, module)]
     if module is not None and not mine:
         raise HooktraceError(f"no module matching {module!r} ran in step {log.step}; a glob "
                              "matches whole fqns, e.g. 'layer4*'")

@@ -135,8 +135,8 @@ def _record(data: RunData, r: Any) -> None:
     if isinstance(r, schema.ForwardEvent):
         data.steps.add(r.step)
         data.model_steps.setdefault(r.model, set()).add(r.step)
-        data.first_seq.setdefault((r.model, r.name), r.seq)
-        cell = data.cell(r.model, r.name, r.step)
+        data.first_seq.setdefault((r.model, r.fqn), r.seq)
+        cell = data.cell(r.model, r.fqn, r.step)
         if r.no_grad:
             cell.no_grad += 1
         elif not r.recompute:
@@ -147,7 +147,7 @@ def _record(data: RunData, r: Any) -> None:
     elif isinstance(r, schema.BackwardEvent):
         data.steps.add(r.step)
         data.model_steps.setdefault(r.model, set()).add(r.step)
-        cell = data.cell(r.model, r.name, r.step)
+        cell = data.cell(r.model, r.fqn, r.step)
         data.trained.add(r.model)
         cell.backward += 1
         cell.add_norm(grad_output_norm(r))

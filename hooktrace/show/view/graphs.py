@@ -113,7 +113,7 @@ def _graph(loaded: StepLog, findings: Sequence[Finding], every_call: bool = Fals
     (packed; absent when nothing is folded, it is too big to draw: more than MAX_UNFOLD_NODES
     nodes or MAX_UNFOLD_EDGES edges, or nothing is drawn)."""
     view = build(loaded, every_call=every_call)
-    events = {(e.model, e.name, e.call): e for e in loaded.events
+    events = {(e.model, e.fqn, e.call): e for e in loaded.events
               if isinstance(e, schema.ForwardEvent) and not e.recompute}
     found = _drawing(view, events, findings, draw)
     if draw and any(n.folded for n in view.node_map.values()):

@@ -123,7 +123,7 @@ def heatmap(data: RunData, findings: Sequence[Finding] = (), values: str = "grad
     several = len(data.models) > 1
     anomalies: dict[tuple[int, str, int], list[str]] = {}
     for a in data.anomalies:
-        anomalies.setdefault((a.model, a.name, a.step), []).append(f"anomaly {a.kind}")
+        anomalies.setdefault((a.model, a.fqn, a.step), []).append(f"anomaly {a.kind}")
     # problems only: a note names what is fine
     flagged = {(names.get(f.model, -1), f.module, f.step) for f in findings
                if f.severity != NOTE}

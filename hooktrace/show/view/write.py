@@ -106,7 +106,7 @@ def _anomalies(data: RunData) -> str:
         return ""
     items = "".join(
         f"<li>step {a.step}: <b>{html.escape(a.kind)}</b> at "
-        f"{html.escape(fqn_text(a.name))} ({html.escape(data.models.get(a.model, '?'))}) "
+        f"{html.escape(fqn_text(a.fqn))} ({html.escape(data.models.get(a.model, '?'))}) "
         f"call {a.call} <span class='muted'>{html.escape(str(a.detail))}</span></li>"
         for a in data.anomalies)
     return f"<h2>Watched steps: anomaly records</h2><ul>{items}</ul>"

@@ -71,7 +71,7 @@ def _module(spec: tuple[Any, ...], model: int) -> schema.Module:
     """(fqn, class, params[, trainable[, aliases]])"""
     name, cls, params = spec[:3]
     trainable = spec[3] if len(spec) > 3 else params
-    return schema.Module(model=model, name=name, cls=cls, params=params, trainable=trainable,
+    return schema.Module(model=model, fqn=name, cls=cls, params=params, trainable=trainable,
                          aliases=spec[4] if len(spec) > 4 else None)
 
 
@@ -95,7 +95,7 @@ def write_log(path: Path, steps: Sequence[Sequence[C]], *,
     modules) each, called by ``C(model=1)`` and on; no optimizer holds them."""
     models = [(model, modules), *others]
     mods = [_module(m, i) for i, (_, specs) in enumerate(models) for m in specs]
-    trainable = [m.name for m in mods if m.trainable and m.model == 0]
+    trainable = [m.fqn for m in mods if m.trainable and m.model == 0]
     writer = LogWriter(path)
     writer.write(head or header())
     for i, (name, specs) in enumerate(models):
@@ -106,7 +106,7 @@ def write_log(path: Path, steps: Sequence[Sequence[C]], *,
         writer.write(schema.Source(cls=mods[0].cls, file="train.py", line=10))
     pending = sorted(signals, key=lambda s: s.step)
     if optimizer and steps:
-        pending.append(schema.Signal(step=0, model=0, name="", kind="optimizers",
+        pending.append(schema.Signal(step=0, model=0, fqn="", kind="optimizers",
                                      detail={"held": trainable, "not_held": []}))
         pending.sort(key=lambda s: s.step)
     seq = events = 0
@@ -143,7 +143,7 @@ def _write_step(writer: LogWriter, step: int, calls: Sequence[C], seq: int) -> t
         index = counts[(c.model, c.name)] = counts.get((c.model, c.name), -1) + 1
         fwd.append((seq, index, c))
         writer.write(schema.ForwardEvent(
-            seq=seq, step=step, model=c.model, name=c.name, call=index, input_shapes=[[4, 8]],
+            seq=seq, step=step, model=c.model, fqn=c.name, call=index, input_shapes=[[4, 8]],
             input_dtypes=["float32"], output_shapes=[c.shape], output_dtypes=[c.dtype],
             no_grad=c.no_grad, output_nonfinite=c.nonfinite, eval_mode=c.eval_mode,
             made_no_history=c.made_no_history))
@@ -156,7 +156,7 @@ def _write_step(writer: LogWriter, step: int, calls: Sequence[C], seq: int) -> t
         g_in = c.g_out if c.g_in == SAME else c.g_in
         assert not isinstance(g_in, str)
         writer.write(schema.BackwardEvent(
-            seq=seq, step=step, model=c.model, name=c.name, call=index, fwd=fseq,
+            seq=seq, step=step, model=c.model, fqn=c.name, call=index, fwd=fseq,
             grad_input_len=1, grad_output_len=1,
             grad_input_shapes=[None if g_in is None else c.shape], grad_output_shapes=[c.shape],
             grad_input_stats=c.in_stats or [_stats(g_in)],
@@ -170,8 +170,8 @@ def _write_params(writer: LogWriter, step: int, model: int, calls: Sequence[C],
     ``g_out`` of that call (None: no backward), ``given`` over them; none where no backward
     reached the model and nothing is given."""
     called = {c.name: c for c in calls if not c.no_grad and c.model == model}
-    norms: dict[str, float | None] = {m.name: called[m.name].g_out for m in mods
-                                      if m.model == model and m.trainable and m.name in called}
+    norms: dict[str, float | None] = {m.fqn: called[m.fqn].g_out for m in mods
+                                      if m.model == model and m.trainable and m.fqn in called}
     norms.update(given)
     if given or (norms and any(c.g_out is not None for c in called.values())):
         writer.write(schema.ParamGrads(step=step, model=model, grad_norm=norms))
@@ -184,7 +184,7 @@ def healthy(n: int = 3) -> list[list[C]]:
 
 def signal(kind: str, step: int = 0, name: str = "", *, model: int = 0, **detail: Any
            ) -> schema.Signal:
-    return schema.Signal(step=step, model=model, name=name, kind=kind, detail=detail)
+    return schema.Signal(step=step, model=model, fqn=name, kind=kind, detail=detail)
 
 
 def findings(path: Path, step: int | None = None, thresholds: Thresholds | None = None

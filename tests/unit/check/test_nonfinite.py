@@ -104,7 +104,7 @@ def test_a_nan_parameter_norm_alone_is_a_gradient_produced(tmp_path: Path) -> No
 
 
 def anomaly(step: int, name: str, kind: str, **detail: object) -> schema.Anomaly:
-    return schema.Anomaly(step=step, model=0, name=name, kind=kind, detail=dict(detail))
+    return schema.Anomaly(step=step, model=0, fqn=name, kind=kind, detail=dict(detail))
 
 
 def test_nan_in_a_watched_step(tmp_path: Path) -> None:
@@ -140,7 +140,7 @@ def test_nan_weights_at_the_first_step_say_where_they_came_from(tmp_path: Path,
     if weights:
         detail |= {"weights": weights, "weights_dtypes": ["float32"]}
     path = write_log(tmp_path / "log.jsonl", [], end_steps=5,
-                     extra=[schema.Anomaly(step=3, model=0, name="fc1",
+                     extra=[schema.Anomaly(step=3, model=0, fqn="fc1",
                                            kind="nonfinite-forward", detail=detail)])
     (f,) = findings(path)
     assert f.kind == "nonfinite-forward"

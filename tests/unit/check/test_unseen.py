@@ -26,7 +26,7 @@ def empty_log(path: Path, *, models: int = 0, end: str | None = "ok", exit_code:
     writer.write(header(**options))
     for i in range(models):
         writer.write(schema.Model(model=i, name=f"net{i or ''}", cls="Net"))
-        writer.write(schema.Module(model=i, name="", cls="Net", params=10, trainable=10))
+        writer.write(schema.Module(model=i, fqn="", cls="Net", params=10, trainable=10))
     if end is not None:
         writer.write(schema.End(status=end, exit_code=exit_code, error=error,
                                 backward=backward, compiled=compiled, steps=end_steps))

@@ -248,9 +248,9 @@ def test_a_watched_anomaly_in_one_run_only_where_both_have_the_step(tmp_path: Pa
         b = Builder()
         b.model(0, "net", "Net", dict.fromkeys(NAMES, "Linear"))
         chain(b, 0, NAMES)
-        b.records.append(schema.Anomaly(step=5, model=0, name="act", kind="no-grad"))
+        b.records.append(schema.Anomaly(step=5, model=0, fqn="act", kind="no-grad"))
         if anomaly:
-            b.records.append(schema.Anomaly(step=5, model=0, name="fc2",
+            b.records.append(schema.Anomaly(step=5, model=0, fqn="fc2",
                                             kind="nonfinite-forward"))
         return b.write(path, steps="0:1")
 

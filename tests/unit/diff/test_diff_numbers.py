@@ -120,7 +120,7 @@ def test_largest_of_several_calls() -> None:
              (backward("b", out=[(1.0, 0.5)]), backward("b", out=[(2.0, 0.5)])),
              (backward("c"), backward("c"))]
     largest = Numbers(DEFAULT).largest(pairs)
-    assert largest is not None and (largest[0].name, largest[1]) == ("b", 0.5)
+    assert largest is not None and (largest[0].fqn, largest[1]) == ("b", 0.5)
     assert Numbers(DEFAULT).largest([]) is None
 
 

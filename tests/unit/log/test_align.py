@@ -74,7 +74,7 @@ def test_renamed_module_is_matched() -> None:
         assert split is not None and (split.kind, split.position) == ("ran", 3)
         assert (x.events[3].describe(), y.events[3].describe()) == (
             "forward of fc2 call 0", "forward of head call 0")
-        renamed = [e._replace(name=mapping.get(e.name, e.name)) for e in y.events]
+        renamed = [e._replace(fqn=mapping.get(e.fqn, e.fqn)) for e in y.events]
         assert parting(x.events, renamed) is None
 
 

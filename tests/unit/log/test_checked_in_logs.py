@@ -96,7 +96,7 @@ def test_backward_names_an_earlier_forward_of_its_call(name: str) -> None:
     for e in read(name).of(schema.BackwardEvent):
         f = forwards.get(e.fwd)
         assert f is not None and f.seq < e.seq, e
-        assert (f.model, f.name, f.call) == (e.model, e.name, e.call), e
+        assert (f.model, f.fqn, f.call) == (e.model, e.fqn, e.call), e
         assert f.step <= e.step  # a GAN's generator runs a step before its backward
         assert e.grad_input_len == len(e.grad_input_shapes) == len(f.input_shapes)
         assert e.grad_output_len == len(e.grad_output_shapes) == len(f.output_shapes)
@@ -138,9 +138,9 @@ def test_end_and_step_records_count_the_events_read(name: str) -> None:
 def test_events_name_declared_modules_and_params_their_own(name: str) -> None:
     log = read(name)
     models = {m.model for m in log.of(schema.Model)}
-    modules = {(m.model, m.name): m for m in log.of(schema.Module)}
+    modules = {(m.model, m.fqn): m for m in log.of(schema.Module)}
     assert {m for m, _ in modules} <= models
-    assert {(e.model, e.name) for e in log.events} <= set(modules)
+    assert {(e.model, e.fqn) for e in log.events} <= set(modules)
     for params in log.of(schema.ParamGrads):
         for fqn in params.grad_norm:
             assert modules[params.model, fqn].params > 0, (params, fqn)
@@ -215,7 +215,7 @@ def test_long_run_records_two_steps_and_watches_the_rest() -> None:
     assert {e.step for e in log.events} == {0, 1}
     anomalies = log.of(schema.Anomaly)
     assert min(a.step for a in anomalies) == 50
-    first = [(a.kind, a.name) for a in anomalies if a.step == 50]
+    first = [(a.kind, a.fqn) for a in anomalies if a.step == 50]
     assert first == [("nonfinite-forward", "norm"), ("nonfinite-backward", "")]
     assert {a.step for a in anomalies} == set(range(50, 60))
 
@@ -245,7 +245,7 @@ def test_no_stats_log_has_no_statistics() -> None:
 def test_nan_logs_mark_the_first_nonfinite_output(name: str, first: str) -> None:
     log = read(name)
     marked = [e for e in log.of(schema.ForwardEvent) if e.output_nonfinite]
-    assert (marked[0].step, marked[0].name) == (3, first)
+    assert (marked[0].step, marked[0].fqn) == (3, first)
     assert not [e for e in log.of(schema.ForwardEvent) if e.step < 3 and e.output_nonfinite]
     stats = [s for e in log.of(schema.BackwardEvent) if e.step >= 3
              for s in e.grad_output_stats or [] if s is not None]
@@ -253,7 +253,7 @@ def test_nan_logs_mark_the_first_nonfinite_output(name: str, first: str) -> None
 
 
 def test_frozen_and_dropout_modules_are_declared() -> None:
-    frozen = {m.name: m for m in read("frozen").of(schema.Module)}
+    frozen = {m.fqn: m for m in read("frozen").of(schema.Module)}
     assert (frozen["layers.2"].params, frozen["layers.2"].trainable) == (1056, 0)
-    drops = {m.name: (m.drop, m.drop_unit) for m in read("mnist").of(schema.Module) if m.drop}
+    drops = {m.fqn: (m.drop, m.drop_unit) for m in read("mnist").of(schema.Module) if m.drop}
     assert drops == {"dropout1": (0.25, "element"), "dropout2": (0.5, "element")}

@@ -29,11 +29,11 @@ RECORDS: list[Any] = [
                   argv=["a.py", "--x"], pid=3, rank=1, local_rank=1, world_size=2,
                   hostname="h", started=1.5, options={"steps": "0:3"}, dataflow=True),
     schema.Model(model=1, name="teacher", cls="Net"),
-    schema.Module(model=0, name="fc", cls="Linear", params=4, trainable=2, aliases=["b.fc"],
+    schema.Module(model=0, fqn="fc", cls="Linear", params=4, trainable=2, aliases=["b.fc"],
                   loose=["scale"], wrapper="DataParallel"),
-    schema.Anomaly(step=50, model=0, name="fc1", kind="nonfinite-forward", call=2,
+    schema.Anomaly(step=50, model=0, fqn="fc1", kind="nonfinite-forward", call=2,
                    detail={"weights": ["weight"]}),
-    schema.Signal(step=3, model=0, name="", kind="eval-backward"),
+    schema.Signal(step=3, model=0, fqn="", kind="eval-backward"),
     schema.Source(cls="Net", file="train.py", line=12),
     schema.Step(step=4, forward=5, backward=6),
     schema.End(status="interrupted", events=3, steps=1, exit_code=130,
@@ -50,11 +50,11 @@ def test_record_from_its_line(record: Any) -> None:
 @pytest.mark.parametrize(("line", "record"), [
     ({"type": "header", "schema": 2}, schema.Header(schema=2, hooktrace="?")),
     ({"type": "model", "model": 0, "name": "m"}, schema.Model(model=0, name="m", cls="?")),
-    ({"type": "module", "model": 0, "name": ""}, schema.Module(model=0, name="", cls="?")),
+    ({"type": "module", "model": 0, "name": ""}, schema.Module(model=0, fqn="", cls="?")),
     ({"type": "step", "step": 2}, schema.Step(step=2)),
     ({"type": "end", "status": "ok"}, schema.End(status="ok")),
     ({"type": "anomaly", "step": 1, "model": 0, "name": "x", "kind": "no-grad"},
-     schema.Anomaly(step=1, model=0, name="x", kind="no-grad")),
+     schema.Anomaly(step=1, model=0, fqn="x", kind="no-grad")),
     ({"type": "step", "step": 2, "forward": None}, schema.Step(step=2)),  # null: absent
 ])
 def test_absent_keys_take_their_defaults(line: dict[str, Any], record: Any) -> None:

@@ -26,15 +26,15 @@ HEADER_LINE = orjson.dumps(HEADER.to_dict()) + b"\n"
 
 RECORDS: list[Any] = [
     schema.Model(model=0, name="net", cls="Net"),
-    schema.Module(model=0, name="", cls="Net", loose=["scale"]),
-    schema.Module(model=0, name="fc1", cls="Linear", params=40, trainable=40,
+    schema.Module(model=0, fqn="", cls="Net", loose=["scale"]),
+    schema.Module(model=0, fqn="fc1", cls="Linear", params=40, trainable=40,
                   aliases=["shared.fc1"]),
-    schema.ForwardEvent(seq=1, step=0, model=0, name="fc1", call=0, input_shapes=[[5, 4]],
+    schema.ForwardEvent(seq=1, step=0, model=0, fqn="fc1", call=0, input_shapes=[[5, 4]],
                         input_dtypes=["float32"], output_shapes=[[5, 8]],
                         output_dtypes=["float32"], output_nonfinite=[[0, 1, 2]]),
-    schema.ForwardEvent(seq=2, step=0, model=0, name="", call=0, no_grad=True, recompute=True,
+    schema.ForwardEvent(seq=2, step=0, model=0, fqn="", call=0, no_grad=True, recompute=True,
                         inputs_more=3, outputs_more=1, eval_mode=True),
-    schema.BackwardEvent(seq=3, step=0, model=0, name="fc1", call=0, fwd=1, grad_input_len=2,
+    schema.BackwardEvent(seq=3, step=0, model=0, fqn="fc1", call=0, fwd=1, grad_input_len=2,
                          grad_output_len=1, grad_input_shapes=[None, [5, 4]],
                          grad_output_shapes=[[5, 8]], grad_input_stats=[None, [1.5, 0.25]],
                          grad_output_stats=[[math.inf, 2.0, 0.0, 3.0]]),
@@ -203,7 +203,7 @@ def test_other_schema_says_what_to_do(tmp_path: Path, first: bytes, message: str
 def test_events_name_modules_and_tensors_by_id(tmp_path: Path) -> None:
     """The wire form: ids of module and tensors records, each written once, before its use."""
     path = tmp_path / "log.jsonl"
-    again = schema.ForwardEvent(seq=4, step=0, model=0, name="fc1", call=1,
+    again = schema.ForwardEvent(seq=4, step=0, model=0, fqn="fc1", call=1,
                                 input_shapes=[[5, 4]], input_dtypes=["float32"],
                                 output_shapes=[[5, 8]], output_dtypes=["float32"])
     write_log(path, [*RECORDS[:4], again])
@@ -476,9 +476,9 @@ def test_plain_statistics_are_two_numbers_each(key: str, odd: int) -> None:
 
 def test_scan_gives_events_as_rows_in_lists_of_one_type(tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
-    plain = [schema.ForwardEvent(seq=s, step=0, model=0, name="fc1", call=s - 4)
+    plain = [schema.ForwardEvent(seq=s, step=0, model=0, fqn="fc1", call=s - 4)
              for s in (4, 5)]
-    plain_backward = schema.BackwardEvent(seq=6, step=0, model=0, name="fc1", call=1, fwd=5,
+    plain_backward = schema.BackwardEvent(seq=6, step=0, model=0, fqn="fc1", call=1, fwd=5,
                                           grad_input_stats=[[1.0, 0.5]],
                                           grad_output_stats=[None])
     write_log(path, [*RECORDS[:-1], *plain, plain_backward, RECORDS[-1]])
@@ -502,7 +502,7 @@ def test_scan_gives_events_as_rows_in_lists_of_one_type(tmp_path: Path) -> None:
 def test_plain_events_before_a_bad_line_come_first(tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
     encoder = wire.Encoder()
-    plain = schema.ForwardEvent(seq=4, step=0, model=0, name="fc1", call=0)
+    plain = schema.ForwardEvent(seq=4, step=0, model=0, fqn="fc1", call=0)
     path.write_bytes(HEADER_LINE + lines(*RECORDS[:3], plain, encoder=encoder)
                      + b'{"type":"forward","seq":5,"step":0,"module":1,"call":"0"}\n'
                      + lines(RECORDS[-1], encoder=encoder))
@@ -517,7 +517,7 @@ def test_lines_are_numbered_across_read_blocks(tmp_path: Path, bad: bytes) -> No
     """The reader reads 1 MB at a time; a bad line far into the log still gets its number."""
     path = tmp_path / "log.jsonl"
     encoder = wire.Encoder()
-    events = [schema.ForwardEvent(seq=s, step=s // 100, model=0, name="fc1", call=s % 100)
+    events = [schema.ForwardEvent(seq=s, step=s // 100, model=0, fqn="fc1", call=s % 100)
               for s in range(30_000)]
     body = lines(*RECORDS[:3], *events, encoder=encoder)
     path.write_bytes(HEADER_LINE + body + bad + b"\n" + lines(RECORDS[-1], encoder=encoder))

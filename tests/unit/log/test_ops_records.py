@@ -69,8 +69,8 @@ def test_op_dict_leaves_defaults_out() -> None:
 
 
 def test_ops_more_only_when_some_were_left_out() -> None:
-    assert "more" not in Ops(step=0, fwd=1, model=0, name="fc", call=0).to_dict()
-    assert Ops(step=0, fwd=1, model=0, name="fc", call=0, more=3).to_dict()["more"] == 3
+    assert "more" not in Ops(step=0, fwd=1, model=0, fqn="fc", call=0).to_dict()
+    assert Ops(step=0, fwd=1, model=0, fqn="fc", call=0, more=3).to_dict()["more"] == 3
 
 
 def without_grads(record: Ops) -> Ops:
@@ -80,7 +80,7 @@ def without_grads(record: Ops) -> Ops:
 
 def test_ops_round_trip_through_a_log(tmp_path: Path) -> None:
     nan = math.nan
-    ops = Ops(step=1, fwd=-1, model=0, name="fc", call=2, inputs=1, in_grad=[True],
+    ops = Ops(step=1, fwd=-1, model=0, fqn="fc", call=2, inputs=1, in_grad=[True],
               outputs=[2], more=4, ops=[
                   Op("Tensor.sub", file="m.py", line=7, code="x - 1", ins=[0], outs=[1],
                      in_shapes=[[4]], out_shapes=[[4]], out_dtypes=["float32"], in_grad=[True],
@@ -104,7 +104,7 @@ def test_ops_round_trip_through_a_log(tmp_path: Path) -> None:
 
 
 def test_ops_line_is_written_as_the_encoder_writes_it() -> None:
-    ops = Ops(step=0, fwd=3, model=0, name="fc", call=0, ops=[Op("F.relu", line=1)])
+    ops = Ops(step=0, fwd=3, model=0, fqn="fc", call=0, ops=[Op("F.relu", line=1)])
     assert Encoder().wire(ops) == [{"type": "ops", "step": 0, "fwd": 3, "model": 0, "name": "fc",
                                     "call": 0, "inputs": 0, "in_grad": [], "outputs": [],
                                     "ops": [op_dict(Op("F.relu", line=1))]}]
@@ -129,7 +129,7 @@ def test_rejects_what_is_no_operation(op: Any, look_alike: dict[str, Any], messa
 
 def test_ops_line_defaults() -> None:
     read = from_dict({"type": "ops", "step": 0, "model": 0, "name": "fc"})
-    assert read == Ops(step=0, fwd=-1, model=0, name="fc", call=0)
+    assert read == Ops(step=0, fwd=-1, model=0, fqn="fc", call=0)
 
 
 # -- the checked-in logs --------------------------------------------------------------------------
@@ -150,8 +150,8 @@ def test_ops_name_the_forward_of_their_call(name: str) -> None:
     forwards = {e.seq: e for e in found if isinstance(e, schema.ForwardEvent)}
     for record in (r for r in found if isinstance(r, Ops)):
         call = forwards[record.fwd]
-        assert (call.step, call.model, call.name, call.call) == (
-            record.step, record.model, record.name, record.call)
+        assert (call.step, call.model, call.fqn, call.call) == (
+            record.step, record.model, record.fqn, record.call)
         assert record.inputs == len(record.in_grad) <= len(call.input_shapes)
 
 
@@ -160,7 +160,7 @@ def test_slots_follow_the_data(name: str) -> None:
     for record in (r for r in records(name) if isinstance(r, Ops)):
         known = set(range(record.inputs))
         for op in record.ops:
-            assert all(s == -1 or s in known for s in op.ins), (record.name, op.op)
+            assert all(s == -1 or s in known for s in op.ins), (record.fqn, op.op)
             assert len(op.ins) == len(op.in_shapes) == len(op.in_grad)
             assert len(op.outs) == len(op.out_shapes) == len(op.out_dtypes) == len(op.out_grad)
             known |= set(op.outs)
@@ -170,11 +170,11 @@ def test_slots_follow_the_data(name: str) -> None:
 
 def test_ops_option_zooms_every_call_it_names() -> None:
     found = records("ops")
-    zoomed = {(r.step, r.name) for r in found if isinstance(r, Ops)}
+    zoomed = {(r.step, r.fqn) for r in found if isinstance(r, Ops)}
     wanted = {(step, name) for step in range(3)
               for name in ("branch_b", "branch_b.0", "branch_b.1", "branch_b.2")}
     assert wanted <= zoomed
-    children = [(op.op, op.child) for r in found if isinstance(r, Ops) and r.name == "branch_b"
+    children = [(op.op, op.child) for r in found if isinstance(r, Ops) and r.fqn == "branch_b"
                 for op in r.ops]
     assert children[:3] == [("Linear", "branch_b.0"), ("ReLU", "branch_b.1"),
                             ("Linear", "branch_b.2")]

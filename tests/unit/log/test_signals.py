@@ -47,7 +47,7 @@ def test_every_kind_is_a_row_of_the_docs_table() -> None:
 
 @pytest.mark.parametrize("kind", Signal.KINDS)
 def test_each_kind_reads_back_from_its_line(kind: str) -> None:
-    signal = Signal(step=2, model=1, name="fc", kind=kind, detail={"modules": ["fc"], "x": 1.5})
+    signal = Signal(step=2, model=1, fqn="fc", kind=kind, detail={"modules": ["fc"], "x": 1.5})
     line = orjson.loads(orjson.dumps(signal.to_dict()))
     assert line["type"] == "signal"
     assert from_dict(line) == signal
@@ -57,12 +57,12 @@ def test_an_unknown_kind_is_skipped_in_a_log(tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
     writer = LogWriter(path)
     writer.write(schema.Header(schema=schema.SCHEMA_VERSION, hooktrace="0"))
-    writer.write(Signal(step=0, model=0, name="", kind="from-the-future"))
-    writer.write(Signal(step=0, model=0, name="", kind="eval-backward"))
+    writer.write(Signal(step=0, model=0, fqn="", kind="from-the-future"))
+    writer.write(Signal(step=0, model=0, fqn="", kind="eval-backward"))
     writer.write(schema.End(status="ok"))
     writer.close()
     reader = LogReader(path)
-    assert list(reader) == [Signal(step=0, model=0, name="", kind="eval-backward"),
+    assert list(reader) == [Signal(step=0, model=0, fqn="", kind="eval-backward"),
                             schema.End(status="ok")]
     assert reader.warnings == []
 
@@ -82,10 +82,10 @@ NAMES = sorted(p.stem for p in LOGS.glob("*.jsonl"))
 @pytest.mark.parametrize("name", NAMES)
 def test_signals_name_modules_of_their_model(name: str) -> None:
     found = records(name)
-    modules = {(m.model, m.name) for m in found if isinstance(m, schema.Module)}
+    modules = {(m.model, m.fqn) for m in found if isinstance(m, schema.Module)}
     for r in found:
         if isinstance(r, (Signal, schema.Anomaly)):
-            assert (r.model, r.name) in modules, r
+            assert (r.model, r.fqn) in modules, r
             for key in ("held", "not_held", "modules"):
                 for fqn in r.detail.get(key, []):
                     assert (r.model, fqn) in modules, (r, fqn)
@@ -93,7 +93,7 @@ def test_signals_name_modules_of_their_model(name: str) -> None:
 
 def test_optimizers_hold_the_trainable_modules() -> None:
     found = records("mnist")
-    trainable = {m.name for m in found if isinstance(m, schema.Module) and m.trainable}
+    trainable = {m.fqn for m in found if isinstance(m, schema.Module) and m.trainable}
     [signal] = signals("mnist", "optimizers")
     assert set(signal.detail["held"]) == trainable and signal.detail["not_held"] == []
     [stale] = signals("stale_optimizer", "optimizers")
@@ -109,7 +109,7 @@ def test_weights_unchanged_names_what_did_not_move() -> None:
 
 
 def test_eval_backward_is_written_at_its_step() -> None:
-    assert [(s.step, s.name) for s in signals("eval_mode", "eval-backward")] == [(3, "")]
+    assert [(s.step, s.fqn) for s in signals("eval_mode", "eval-backward")] == [(3, "")]
     assert signals("diff_a", "eval-backward") == []
 
 
@@ -117,14 +117,14 @@ def test_eval_backward_is_written_at_its_step() -> None:
 def test_grad_zeros_share_is_by_forward_seq_of_a_module_with_children(name: str) -> None:
     found = records(name)
     forwards = {e.seq: e for e in found if isinstance(e, schema.ForwardEvent)}
-    fqns = [m.name for m in found if isinstance(m, schema.Module)]
+    fqns = [m.fqn for m in found if isinstance(m, schema.Module)]
     zeros = signals(name, "grad-zeros")
     assert [s.step for s in zeros] == [0, 1, 2]
     for signal in zeros:
         for seq, share in signal.detail["share"].items():
             call = forwards[int(seq)]
             assert call.step == signal.step
-            assert any(f.startswith(call.name + ".") or (call.name == "" and f) for f in fqns)
+            assert any(f.startswith(call.fqn + ".") or (call.fqn == "" and f) for f in fqns)
             assert 0 < share < 1
 
 
@@ -137,5 +137,5 @@ def test_loss_ops_name_the_loss_and_the_last_module() -> None:
 
 def test_nonfinite_weights_follow_the_first_nan_call() -> None:
     [signal] = signals("nan_layer", "nonfinite-weights")
-    assert (signal.step, signal.name) == (4, "fc1")
+    assert (signal.step, signal.fqn) == (4, "fc1")
     assert signal.detail == {"params": ["weight", "bias"], "dtypes": ["float32"]}

@@ -22,7 +22,7 @@ from hooktrace.log.reader import LogReader
 from hooktrace.log.wire import Encoder, encode_number
 from hooktrace.log.writer import LogWriter
 
-FC = schema.Module(model=0, name="fc", cls="Linear", params=12, trainable=12)
+FC = schema.Module(model=0, fqn="fc", cls="Linear", params=12, trainable=12)
 
 
 def wire(*records: Any) -> list[dict[str, Any]]:
@@ -48,7 +48,7 @@ def decode(lines: list[dict[str, Any]], flow: bool = True) -> list[Any]:
 def forward(seq: int, name: str = "fc", **kw: Any) -> schema.ForwardEvent:
     kw.setdefault("input_shapes", ((2, 3),))
     kw.setdefault("input_dtypes", ("float32",))
-    return schema.ForwardEvent(seq=seq, step=0, model=0, name=name, call=0, **kw)
+    return schema.ForwardEvent(seq=seq, step=0, model=0, fqn=name, call=0, **kw)
 
 
 # -- numbers --------------------------------------------------------------------------------------
@@ -79,7 +79,7 @@ def test_a_norm_near_float_max_reads_back(tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
     writer = LogWriter(path)
     for record in (schema.Header(schema=schema.SCHEMA_VERSION, hooktrace="0"), FC,
-                   schema.BackwardEvent(seq=2, step=0, model=0, name="fc", call=0, fwd=1,
+                   schema.BackwardEvent(seq=2, step=0, model=0, fqn="fc", call=0, fwd=1,
                                         grad_output_shapes=[[2, 3]],
                                         grad_output_stats=[[sys.float_info.max, 1.0]])):
         writer.write(record)
@@ -95,7 +95,7 @@ def test_a_norm_near_float_max_reads_back(tmp_path: Path) -> None:
 # -- module and tensors records -------------------------------------------------------------------
 
 def test_module_record_once_with_ids_in_order() -> None:
-    root = schema.Module(model=0, name="", cls="Net")
+    root = schema.Module(model=0, fqn="", cls="Net")
     lines = wire(root, FC, forward(1), forward(2))
     modules = [d for d in lines if d["type"] == "module"]
     assert [(d["id"], d["name"]) for d in modules] == [(0, ""), (1, "fc")]
@@ -113,10 +113,10 @@ def test_event_of_a_module_without_record_declares_it() -> None:
 
 
 def test_one_fqn_in_two_models_is_two_modules() -> None:
-    lines = wire(FC, schema.Module(model=1, name="fc", cls="Linear"),
-                 forward(1), schema.ForwardEvent(seq=2, step=0, model=1, name="fc", call=0))
+    lines = wire(FC, schema.Module(model=1, fqn="fc", cls="Linear"),
+                 forward(1), schema.ForwardEvent(seq=2, step=0, model=1, fqn="fc", call=0))
     assert [d["module"] for d in lines if d["type"] == "forward"] == [0, 1]
-    assert [(e.model, e.name) for e in decode(lines) if isinstance(e, schema.ForwardEvent)] == [
+    assert [(e.model, e.fqn) for e in decode(lines) if isinstance(e, schema.ForwardEvent)] == [
         (0, "fc"), (1, "fc")]
 
 
@@ -133,7 +133,7 @@ def test_tensors_record_once_per_signature() -> None:
 
 
 def test_gradient_signatures_have_no_dtypes_and_their_own_ids() -> None:
-    back = schema.BackwardEvent(seq=2, step=0, model=0, name="fc", call=0, fwd=1,
+    back = schema.BackwardEvent(seq=2, step=0, model=0, fqn="fc", call=0, fwd=1,
                                 grad_input_shapes=[None], grad_output_shapes=[[2, 3]])
     lines = wire(FC, forward(1, output_shapes=((2, 3),), output_dtypes=("float32",)), back)
     tensors = [d for d in lines if d["type"] == "tensors"]
@@ -142,13 +142,13 @@ def test_gradient_signatures_have_no_dtypes_and_their_own_ids() -> None:
     assert lines[-1] == {"type": "backward", "seq": 2, "step": 0, "module": 0, "call": 0,
                          "fwd": 1, "in": 1, "out": 2}
     read = decode(lines)[-1]
-    assert read == schema.BackwardEvent(seq=2, step=0, model=0, name="fc", call=0, fwd=1,
+    assert read == schema.BackwardEvent(seq=2, step=0, model=0, fqn="fc", call=0, fwd=1,
                                         grad_input_len=1, grad_output_len=1,
                                         grad_input_shapes=[None], grad_output_shapes=[[2, 3]])
 
 
 def test_drop_is_written_as_p_and_per_and_read_back() -> None:
-    drop = schema.Module(model=0, name="drop", cls="Dropout", drop=0.25, drop_unit="channel")
+    drop = schema.Module(model=0, fqn="drop", cls="Dropout", drop=0.25, drop_unit="channel")
     lines = wire(drop)
     assert lines[0]["drop"] == {"p": 0.25, "per": "channel"}
     assert decode(lines) == [drop]
@@ -170,7 +170,7 @@ def test_drop_read_tolerantly(drop: dict[str, Any], read: tuple[Any, Any]) -> No
 # -- statistics -----------------------------------------------------------------------------------
 
 def backward(seq: int, out_stats: Any, in_stats: Any = None) -> schema.BackwardEvent:
-    return schema.BackwardEvent(seq=seq, step=0, model=0, name="fc", call=0, fwd=1,
+    return schema.BackwardEvent(seq=seq, step=0, model=0, fqn="fc", call=0, fwd=1,
                                 grad_output_shapes=[[2, 3]], grad_input_shapes=[[2, 3]],
                                 grad_output_stats=out_stats, grad_input_stats=in_stats)
 
@@ -206,7 +206,7 @@ def test_a_statistic_list_changed_in_place_is_encoded_anew() -> None:
 
 
 def test_params_name_modules_by_id_and_round_numbers() -> None:
-    lines = wire(schema.Module(model=0, name="", cls="Net"), FC,
+    lines = wire(schema.Module(model=0, fqn="", cls="Net"), FC,
                  schema.ParamGrads(step=0, model=0, grad_norm={"fc": 0.123456, "": None,
                                                                "new": 2.0}))
     assert lines[2] == {"type": "module", "id": 2, "model": 0, "name": "new", "class": "?",

@@ -26,10 +26,10 @@ class Builder:
               params: int = 10) -> None:
         """A model and its modules (fqn -> class; the root ``""`` is added when missing)."""
         self.records.append(schema.Model(model=index, name=name, cls=cls))
-        self.records.append(schema.Module(model=index, name="", cls=cls))
+        self.records.append(schema.Module(model=index, fqn="", cls=cls))
         for fqn, module_cls in modules.items():
             if fqn:
-                self.records.append(schema.Module(model=index, name=fqn, cls=module_cls,
+                self.records.append(schema.Module(model=index, fqn=fqn, cls=module_cls,
                                                   params=params, trainable=params))
 
     def forward(self, step: int, name: str, call: int = 0, model: int = 0,
@@ -38,7 +38,7 @@ class Builder:
         self.seq += 1
         self.events += 1
         self.records.append(schema.ForwardEvent(
-            seq=self.seq, step=step, model=model, name=name, call=call,
+            seq=self.seq, step=step, model=model, fqn=name, call=call,
             input_shapes=[list(s) for s in ins], input_dtypes=[dtype] * len(ins),
             output_shapes=[list(s) for s in outs], output_dtypes=[dtype] * len(outs), **more))
         return self.seq
@@ -53,7 +53,7 @@ class Builder:
         self.events += 1
         stat = None if norm is None else _stat(norm)
         self.records.append(schema.BackwardEvent(
-            seq=self.seq, step=step, model=model, name=name, call=call, fwd=fwd,
+            seq=self.seq, step=step, model=model, fqn=name, call=call, fwd=fwd,
             grad_input_len=1, grad_output_len=1,
             grad_input_shapes=[list(in_shape or shape) if grad_input else None],
             grad_output_shapes=[list(shape)],

@@ -57,7 +57,7 @@ def call_nodes(dot: Dot) -> set[str]:
 
 def seqs(name: str, step: int) -> dict[str, int]:
     """Node id -> the forward seq of its call."""
-    return {f"m{e.model}/{e.name}#{e.call}": e.seq for e in forwards(name, step)}
+    return {f"m{e.model}/{e.fqn}#{e.call}": e.seq for e in forwards(name, step)}
 
 
 def forward_edges(dot: Dot) -> list[tuple[str, str, str]]:
@@ -103,9 +103,9 @@ def test_one_node_per_call(name: str) -> None:
     pic, dot = drawn(name)
     assert f"depth {pic.depth} of {pic.depth} (auto)" in dot.attrs["label"]
     called = forwards(name, pic.step)
-    with_children = {(e.model, a) for e in called for a in ancestors(e.name)}
-    leaves = {f"m{e.model}/{e.name}#{e.call}" for e in called
-              if (e.model, e.name) not in with_children}
+    with_children = {(e.model, a) for e in called for a in ancestors(e.fqn)}
+    leaves = {f"m{e.model}/{e.fqn}#{e.call}" for e in called
+              if (e.model, e.fqn) not in with_children}
     assert call_nodes(dot) == leaves
     for node in leaves:
         assert dot.nodes[node]["label"].startswith("<<B>")
@@ -115,7 +115,7 @@ def test_one_node_per_call(name: str) -> None:
 def test_node_labels_show_the_output_shapes(name: str) -> None:
     pic, dot = drawn(name)
     for e in forwards(name, pic.step):
-        node = f"m{e.model}/{e.name}#{e.call}"
+        node = f"m{e.model}/{e.fqn}#{e.call}"
         if node in dot.nodes and e.output_shapes and all(e.output_shapes):
             first = "\N{MULTIPLICATION SIGN}".join(map(str, e.output_shapes[0]))
             assert first in dot.nodes[node]["label"], node
@@ -125,7 +125,7 @@ def test_node_labels_show_the_output_shapes(name: str) -> None:
 def test_clusters_nest_by_module_hierarchy(name: str) -> None:
     pic, dot = drawn(name)
     called = forwards(name, pic.step)
-    expected = {f"cluster_m{e.model}/{a}" for e in called for a in ancestors(e.name)}
+    expected = {f"cluster_m{e.model}/{a}" for e in called for a in ancestors(e.fqn)}
     assert set(dot.clusters) == expected
     for cluster in dot.clusters.values():  # a cluster sits in the one of its nearest ancestor
         model, fqn = cluster.name.removeprefix("cluster_m").split("/", 1)
@@ -169,8 +169,8 @@ def test_backward_edges_dashed_numbered_and_mirrored(name: str) -> None:
 def test_backward_starts_at_the_first_backward_call(name: str) -> None:
     pic, dot = drawn(name)
     nodes = call_nodes(dot)
-    first = next(f"m{e.model}/{e.name}#{e.call}" for e in events(name, pic.step)
-                 if e.phase == "backward" and f"m{e.model}/{e.name}#{e.call}" in nodes)
+    first = next(f"m{e.model}/{e.fqn}#{e.call}" for e in events(name, pic.step)
+                 if e.phase == "backward" and f"m{e.model}/{e.fqn}#{e.call}" in nodes)
     starts = [e for e in dot.edges if e.tail == "backward start"]
     assert [e.head for e in starts] == [first]
     assert starts[0].attrs["label"].startswith("backward starts")

@@ -104,7 +104,7 @@ def test_one_row_per_event_in_order(name: str) -> None:
     assert n == len(rows) == len(found)
     assert text.splitlines()[0] == ",".join(NAMES)
     assert [(r["seq"], r["step"], r["phase"], r["fqn"], r["call"]) for r in rows] == \
-        [(e.seq, e.step, e.phase, e.name, e.call) for e in found]
+        [(e.seq, e.step, e.phase, e.fqn, e.call) for e in found]
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -128,7 +128,7 @@ def test_rows_spell_out_the_events(name: str) -> None:
     """Shapes, lengths and the forward seq a backward row joins on, from the reader's events."""
     rows = json_rows(exported(log(name), "jsonl")[0])
     for row, e in zip(rows, events(log(name)), strict=True):
-        assert row["depth"] == (e.name.count(".") + 1 if e.name else 0)
+        assert row["depth"] == (e.fqn.count(".") + 1 if e.fqn else 0)
         if isinstance(e, schema.ForwardEvent):
             assert row["forward_seq"] == e.seq and row["no_grad"] == e.no_grad
             assert row["input_shapes"] == ", ".join("x".join(map(str, s)) if len(s) else "()"

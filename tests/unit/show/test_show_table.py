@@ -42,7 +42,7 @@ def read(name: str) -> tuple[list[Event], dict[tuple[int, str], str], dict[int, 
         if isinstance(r, (schema.ForwardEvent, schema.BackwardEvent)):
             found.append(r)
         elif isinstance(r, schema.Module):
-            classes[(r.model, r.name)] = r.cls
+            classes[(r.model, r.fqn)] = r.cls
         elif isinstance(r, schema.Model):
             models[r.model] = r.name
     return found, classes, models
@@ -90,11 +90,11 @@ def test_rows_are_the_steps_events_in_seq_order(name: str) -> None:
     for row, e in zip(rows, mine, strict=True):
         assert row[col["phase"]:].startswith(e.phase + " ")
         assert row[col["call"]:].startswith(f"{e.call} ")
-        fqn = e.name or "(root)"
-        depth = e.name.count(".") + 1 if e.name else 0
+        fqn = e.fqn or "(root)"
+        depth = e.fqn.count(".") + 1 if e.fqn else 0
         assert row[col["fqn"]:col["fqn"] + 2 * depth].strip() == ""
         assert row[col["fqn"] + 2 * depth:].startswith(fqn + " ")
-        assert row[col["class"]:].startswith(classes[(e.model, e.name)] + " ")
+        assert row[col["class"]:].startswith(classes[(e.model, e.fqn)] + " ")
         grads = f"{e.grad_output_len}/{e.grad_input_len}" \
             if isinstance(e, schema.BackwardEvent) else ""
         assert row[col["grads"]:col["shapes"]].strip() == grads
