@@ -29,17 +29,17 @@ def check_info(c: Collected, evaluation: Set[ModelFqn] = frozenset()) -> list[Fi
         several = sorted((m for m in c.modules.values()
                           if m.model == model and m.max_calls_per_step > 1
                           and not copied.intersection(
-                              (model, name) for name in [*ancestors(m.name), m.name])),
+                              (model, name) for name in [*ancestors(m.fqn), m.fqn])),
                          key=lambda m: m.first_seq or 0)
         if several:
-            listed = ", ".join(f"{fqn_text(m.name)} x{m.max_calls_per_step}"
+            listed = ", ".join(f"{fqn_text(m.fqn)} x{m.max_calls_per_step}"
                                for m in several[:8])
             more = f" and {len(several) - 8} more" if len(several) > 8 else ""
             out.append(Finding(
-                "called-several-times", NOTE, c.model_name(model), several[0].name, None,
+                "called-several-times", NOTE, c.model_name(model), several[0].fqn, None,
                 f"{plural(len(several), 'module')} called several times per step: "
                 f"{listed}{more}",
-                {"modules": {m.name: m.max_calls_per_step for m in several}},
+                {"modules": {m.fqn: m.max_calls_per_step for m in several}},
                 "expected for shared modules and reused activations; their gradients add up"))
     if c.order_mismatch is not None:
         step, model, name = c.order_mismatch

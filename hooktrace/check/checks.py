@@ -39,7 +39,7 @@ def judge(s: LogSummary) -> list[Finding]:
     findings = with_sources(c, findings)
     findings = oplines.with_op_lines(findings, c, s.flowed)
     findings = notes.settle(c, findings)
-    order = {m.name: m.first_seq or 0 for m in c.modules.values()}
+    order = {m.fqn: m.first_seq or 0 for m in c.modules.values()}
     findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1,
                                  order.get(f.module, 0), f.kind))
     return after_causes(findings)

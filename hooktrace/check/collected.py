@@ -17,7 +17,7 @@ from hooktrace.log.words import fqn_text
 @dataclass
 class ModuleStats:
     model: int
-    name: str
+    fqn: str
     cls: str
     params: int = 0
     trainable: int = 0
@@ -46,7 +46,7 @@ class LossCall:
 class Nonfinite:
     step: int
     model: int
-    name: str
+    fqn: str
     evidence: dict[str, Any]
 
 

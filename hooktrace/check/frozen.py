@@ -31,12 +31,12 @@ def frozen_notes(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> list
 
 def _note(c: Collected, model: int, found: list[tuple[ModuleStats, Finding]],
           copied: dict[ModelFqn, ModelFqn]) -> Finding:
-    names = [m.name for m, _ in found]
+    names = [m.fqn for m, _ in found]
     tops = [(model, top) for top in cover(c, model, names)]
     copy_tops = [key for key in tops if key in copied]
-    rest = [m for m, _ in found if not inside((m.model, m.name), copy_tops)]
+    rest = [m for m, _ in found if not inside((m.model, m.fqn), copy_tops)]
     adapters = _adapters(c, rest)
-    backbone = cover(c, model, [m.name for m in rest if m.name not in adapters])
+    backbone = cover(c, model, [m.fqn for m in rest if m.fqn not in adapters])
     if len(found) == 1 and not copy_tops:
         return found[0][1]
     if not copy_tops and not adapters and len(backbone) == 1:  # one frozen subtree, alone
@@ -103,19 +103,19 @@ def _adapters(c: Collected, frozen: list[ModuleStats]) -> dict[str, list[str]]:
     head (its parent holds many frozen modules)."""
     below: dict[tuple[int, str], tuple[list[str], list[str]]] = {}  # parent: frozen, trainable
     for m in c.modules.values():
-        if m.params and m.name:
-            for parent in _parents(m.name):
+        if m.params and m.fqn:
+            for parent in _parents(m.fqn):
                 frozen_below, trained = below.setdefault((m.model, parent), ([], []))
-                (trained if m.trainable else frozen_below).append(m.name)
+                (trained if m.trainable else frozen_below).append(m.fqn)
     out: dict[str, list[str]] = {}
     for m in frozen:
-        parent = m.name.rpartition(".")[0]
-        if "." not in m.name or not getattr(c.modules.get((m.model, parent)), "calls", 0):
+        parent = m.fqn.rpartition(".")[0]
+        if "." not in m.fqn or not getattr(c.modules.get((m.model, parent)), "calls", 0):
             continue  # the root's children (a backbone and a head), or a container's
         frozen_below, trained = below.get((m.model, parent), ([], []))
-        if trained and frozen_below == [m.name] and sum(
+        if trained and frozen_below == [m.fqn] and sum(
                 c.modules[(m.model, name)].trainable for name in trained) < m.params:
-            out[m.name] = trained
+            out[m.fqn] = trained
     return out
 
 

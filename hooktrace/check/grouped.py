@@ -30,9 +30,9 @@ def cover(c: Collected, model: int, names: Iterable[str]) -> list[str]:
     named: dict[str, int] = {}
     for m in c.modules.values():
         if m.model == model and m.params and m.calls:
-            for top in [*ancestors(m.name), m.name]:
+            for top in [*ancestors(m.fqn), m.fqn]:
                 below[top] = below.get(top, 0) + 1
-                named[top] = named.get(top, 0) + (m.name in wanted)
+                named[top] = named.get(top, 0) + (m.fqn in wanted)
     out: dict[str, None] = {}
     for name in wanted:
         for top in [*ancestors(name), name]:  # outermost first
@@ -71,8 +71,8 @@ def _signatures(c: Collected) -> dict[ModelFqn, _Makeup]:
     parts: dict[ModelFqn, list[tuple[str, str, int]]] = {}
     for m in map(partial(_holder, c), c.modules.values()):
         if m.params:
-            for top in [*ancestors(m.name), m.name]:
-                rel = "" if m.name == top else m.name[len(top) + 1:] if top else m.name
+            for top in [*ancestors(m.fqn), m.fqn]:
+                rel = "" if m.fqn == top else m.fqn[len(top) + 1:] if top else m.fqn
                 parts.setdefault((m.model, top), []).append((rel, m.cls, m.params))
     return {key: tuple(sorted(found)) for key, found in parts.items()}
 
@@ -82,7 +82,7 @@ def _trains(c: Collected) -> set[ModelFqn]:
     out: set[ModelFqn] = set()
     for m in map(partial(_holder, c), c.modules.values()):
         if m.trainable:
-            out.update((m.model, top) for top in [*ancestors(m.name), m.name])
+            out.update((m.model, top) for top in [*ancestors(m.fqn), m.fqn])
     return out
 
 
@@ -101,7 +101,7 @@ def copies(c: Collected) -> dict[ModelFqn, ModelFqn]:
     frozen: dict[int, list[str]] = {}
     for m in c.modules.values():
         if m.params and not m.trainable:
-            frozen.setdefault(m.model, []).append(m.name)
+            frozen.setdefault(m.model, []).append(m.fqn)
     tops = [(model, top) for model, names in frozen.items() for top in cover(c, model, names)
             if (model, top) in c.modules and c.modules[(model, top)].calls]
     if not tops:

@@ -25,7 +25,7 @@ _WRAPPED = {"DistributedDataParallel": "module", "DataParallel": "module",
 
 def on_wrapper(c: Collected) -> set[ModelFqn]:
     """The modules a wrapper holds beside the model it wraps, and the modules inside them."""
-    tops = [(m.model, m.name) for m in c.modules.values() if m.wrapper]
+    tops = [(m.model, m.fqn) for m in c.modules.values() if m.wrapper]
     return {key for key in c.modules for model, name in tops
             if key[0] == model and (key[1] == name or key[1].startswith(name + "."))}
 
@@ -39,29 +39,29 @@ def check_on_wrapper(c: Collected) -> list[Finding]:
     trained = c.backward_models()
     below = on_wrapper(c)
     out = []
-    for m in sorted(c.modules.values(), key=lambda m: (m.model, m.name)):
+    for m in sorted(c.modules.values(), key=lambda m: (m.model, m.fqn)):
         if not m.wrapper or m.model not in trained:
             continue
         inside = [c.modules[key] for key in below if key[0] == m.model
-                  and (key[1] == m.name or key[1].startswith(m.name + "."))]
+                  and (key[1] == m.fqn or key[1].startswith(m.fqn + "."))]
         if any(o.calls for o in inside):
             continue  # the script calls it itself
         trainable = sum(o.trainable for o in inside)
         if not trainable:
             continue
-        attr = m.name.rpartition(").")[2]
-        twin = c.modules.get((m.model, m.name.rpartition(f"({m.wrapper}).")[0] + attr))
+        attr = m.fqn.rpartition(").")[2]
+        twin = c.modules.get((m.model, m.fqn.rpartition(f"({m.wrapper}).")[0] + attr))
         wrapped = _WRAPPED.get(m.wrapper)
         model = c.model_name(m.model)
         out.append(Finding(
-            "set-on-wrapper", WARNING, model, m.name, None,
+            "set-on-wrapper", WARNING, model, m.fqn, None,
             f"{attr} ({m.cls}) was set on the {m.wrapper} wrapper around model '{model}', not on "
             f"the model it wraps: the wrapper's forward runs the model only, so it never runs "
             f"and its {plural(trainable, 'trainable parameter')} never train"
             + (f", while the model's own {attr} ({twin.cls}) runs in its place"
                if twin is not None and twin.calls else ""),
             {"wrapper": m.wrapper, "trainable": trainable,
-             "runs_instead": twin.name if twin is not None and twin.calls else None},
+             "runs_instead": twin.fqn if twin is not None and twin.calls else None},
             (f"set it on the wrapped model (model.{wrapped}.{attr} = ...)" if wrapped else
              "set it on the wrapped model") + ", or replace it before wrapping the model"))
     return out

@@ -97,8 +97,8 @@ def _losses(c: Collected, model: int, optimizers: list[dict[str, Any]]) -> list[
 
 def _frozen(c: Collected, model: int, facts: ModelFacts) -> None:
     """Frozen throughout, or in which backward passes (``trainable-changed`` signals)."""
-    with_params = {s.name for s in c.modules.values() if s.model == model and s.params}
-    frozen = {s.name for s in c.modules.values()
+    with_params = {s.fqn for s in c.modules.values() if s.model == model and s.params}
+    frozen = {s.fqn for s in c.modules.values()
               if s.model == model and s.params and not s.trainable}
     changes = [s for s in c.signals if s.kind == "trainable-changed" and s.model == model]
     if not changes:

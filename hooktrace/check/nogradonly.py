@@ -27,7 +27,7 @@ def no_grad_only(c: Collected, found: list[tuple[ModuleStats, list[int]]]) -> li
         if len(modules) == 1:
             out.append(_one(c, modules[0], steps))
             continue
-        names = [m.name for m in modules]
+        names = [m.fqn for m in modules]
         tops = cover(c, model, names)
         trainable = sum(m.trainable for m in modules)
         out.append(Finding(
@@ -44,7 +44,7 @@ def no_grad_only(c: Collected, found: list[tuple[ModuleStats, list[int]]]) -> li
 
 def _one(c: Collected, m: ModuleStats, steps: list[int]) -> Finding:
     return Finding(
-        "no-grad-under-no_grad", WARNING, c.model_name(m.model), m.name, steps[0],
-        f"{fqn_text(m.name)} ({m.cls}) ran under torch.no_grad while the rest of its "
+        "no-grad-under-no_grad", WARNING, c.model_name(m.model), m.fqn, steps[0],
+        f"{fqn_text(m.fqn)} ({m.cls}) ran under torch.no_grad while the rest of its "
         f"model trained: its {m.trainable} trainable parameters get no gradient",
         {"steps": steps[:20]}, HINT)

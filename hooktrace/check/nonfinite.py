@@ -24,21 +24,21 @@ def check_nonfinite(c: Collected) -> list[Finding]:
     if forward is not None:
         later = sorted(c.forward_nonfinite_steps - {forward.step})
         why, hint = _forward_cause(c, forward, backward.step if backward else None)
-        module, evidence = forward.name, forward.evidence
+        module, evidence = forward.fqn, forward.evidence
         came = _came_in(c, forward)
         if came is not None and not (backward is not None and backward.step < forward.step):
             module, why, hint, more = came
             evidence = {**evidence, **more}
         out.append(Finding(
             "nonfinite-forward", ERROR, c.model_name(forward.model), module, forward.step,
-            f"first NaN/Inf in a forward output: {c.label(forward.model, forward.name)} at "
+            f"first NaN/Inf in a forward output: {c.label(forward.model, forward.fqn)} at "
             f"step {forward.step}" + (f" (again in {steps_text(later)})" if later else "") + why,
             evidence, hint))
     if backward is not None and forward is None and _recovered(c):
         bad = sorted(c.backward_nonfinite_steps)
-        label = c.label(backward.model, backward.name)
+        label = c.label(backward.model, backward.fqn)
         out.append(Finding(
-            "nonfinite-backward", NOTE, c.model_name(backward.model), backward.name,
+            "nonfinite-backward", NOTE, c.model_name(backward.model), backward.fqn,
             backward.step,
             f"NaN/Inf gradients in {steps_text(bad)}, first "
             f"{'produced by' if backward.evidence.get('produced') else 'reaching'} {label}; "
@@ -51,9 +51,9 @@ def check_nonfinite(c: Collected) -> list[Finding]:
     elif backward is not None:
         produced = backward.evidence.get("produced")
         follows = forward is not None and forward.step <= backward.step
-        label = c.label(backward.model, backward.name)
+        label = c.label(backward.model, backward.fqn)
         out.append(Finding(
-            "nonfinite-backward", ERROR, c.model_name(backward.model), backward.name,
+            "nonfinite-backward", ERROR, c.model_name(backward.model), backward.fqn,
             backward.step,
             f"first NaN/Inf gradient {'produced by' if produced else 'reached'} {label} at step "
             f"{backward.step}" + (" (follows from the forward NaN/Inf)" if follows else ""),
@@ -77,31 +77,31 @@ def _came_in(c: Collected, forward: Nonfinite
     child's that received it), or before the model's first call of the step (the data). Its
     module, the words, the hint and the evidence; None where its inputs were finite."""
     said = next((s for s in c.signals if s.kind == "nonfinite-inputs" and (
-        s.step, s.model, s.fqn) == (forward.step, forward.model, forward.name)), None)
+        s.step, s.model, s.fqn) == (forward.step, forward.model, forward.fqn)), None)
     if said is None:
         return None
-    model, name = forward.model, forward.name
+    model, fqn = forward.model, forward.fqn
     before = c.forward_first_before
     if before is None or before[0] != model:
-        return (name, ", whose input already held NaN/Inf when model "
+        return (fqn, ", whose input already held NaN/Inf when model "
                 f"'{c.model_name(model)}' began the step: it came with the data, or from the "
                 "code before the model's call", "check the batch (torch.isfinite(x).all()) and "
                 "what the script computes from it before the model",
                 {"inputs": said.detail.get("inputs")})
-    around = [a for a in ancestors(name) if a == "" or before[1] == a
+    around = [a for a in ancestors(fqn) if a == "" or before[1] == a
               or before[1].startswith(a + ".")]
     made = around[-1] if around else ""
-    between = [a for a in ancestors(name) if len(a) > len(made) and a != name and (
+    between = [a for a in ancestors(fqn) if len(a) > len(made) and a != fqn and (
         made == "" or a.startswith(made + "."))]
-    also = (f" (or in the forward of {names_text(between)} before it calls {name})"
+    also = (f" (or in the forward of {names_text(between)} before it calls {fqn})"
             if between else "")
     return (made, f", whose input already held NaN/Inf: made in the forward of "
             f"{c.label(model, made)}, by its own code after {fqn_text(before[1])} returned "
-            f"and before {name} was called{also}",
+            f"and before {fqn} was called{also}",
             f"look in the forward of {fqn_text(made)} between {fqn_text(before[1])} and "
-            f"{name}: log or sqrt of <= 0, division by 0, exp overflowing, a softmax over a row "
+            f"{fqn}: log or sqrt of <= 0, division by 0, exp overflowing, a softmax over a row "
             "masked entirely with -inf",
-            {"inputs": said.detail.get("inputs"), "received_by": name, "after": before[1]})
+            {"inputs": said.detail.get("inputs"), "received_by": fqn, "after": before[1]})
 
 
 def _forward_cause(c: Collected, forward: Nonfinite, backward: int | None) -> tuple[str, str]:
@@ -166,7 +166,7 @@ def _nonfinite_weights(c: Collected, forward: Nonfinite) -> tuple[list[str], set
         return [str(n) for n in said], set(map(str, forward.evidence.get("weights_dtypes") or []))
     for s in c.signals:
         if s.kind == "nonfinite-weights" and (s.step, s.model, s.fqn) == (
-                forward.step, forward.model, forward.name):
+                forward.step, forward.model, forward.fqn):
             return ([str(n) for n in s.detail.get("params") or []],
                     set(map(str, s.detail.get("dtypes") or [])))
     return [], set()
@@ -181,7 +181,7 @@ def _overflowed(c: Collected, forward: Nonfinite) -> bool:
     """The first NaN/Inf in a forward is certainly a float16 overflow: a Linear or Conv whose
     float16 outputs hold Inf and no NaN, after modules whose outputs were finite (bfloat16
     overflows only past float32's range)."""
-    m = c.modules.get((forward.model, forward.name))
+    m = c.modules.get((forward.model, forward.fqn))
     outputs = forward.evidence.get("outputs") or []
     return m is not None and m.cls in _PRODUCTS and bool(outputs) and all(
         o.get("dtype") == "float16" and o.get("nan") == 0 and (o.get("inf") or 0) > 0

@@ -21,10 +21,10 @@ if TYPE_CHECKING:
 
 
 def _siblings(c: Collected, m: ModuleStats) -> list[ModuleStats]:
-    parent = m.name.rpartition(".")[0]
+    parent = m.fqn.rpartition(".")[0]
     return [o for o in c.modules.values()
-            if o is not m and o.model == m.model and o.name.rpartition(".")[0] == parent
-            and o.name != "" and o.params]
+            if o is not m and o.model == m.model and o.fqn.rpartition(".")[0] == parent
+            and o.fqn != "" and o.params]
 
 
 def _detached(c: Collected) -> dict[ModelFqn, list[int]]:
@@ -79,36 +79,36 @@ def check_no_grad(c: Collected, explained: Set[ModelFqn] = frozenset()) -> list[
             continue
         if not m.trainable:
             twins = [o for o in _siblings(c, m) if o.cls == m.cls and o.trainable]
-            trainable_twins = [o.name for o in twins]
+            trainable_twins = [o.fqn for o in twins]
             # no trainable twin before it: a frozen backbone (a frozen prefix), on purpose
             before = any((o.first_seq or 0) < (m.first_seq or 0) for o in twins)
             finding = Finding(
-                "frozen", WARNING if before else NOTE, c.model_name(m.model), m.name,
+                "frozen", WARNING if before else NOTE, c.model_name(m.model), m.fqn,
                 None,
-                f"{m.name} ({m.cls}): parameters frozen (requires_grad=False)"
-                + (f" until step {unfrozen[(m.model, m.name)]}, trainable from then on"
-                   if (m.model, m.name) in unfrozen else "")
+                f"{m.fqn} ({m.cls}): parameters frozen (requires_grad=False)"
+                + (f" until step {unfrozen[(m.model, m.fqn)]}, trainable from then on"
+                   if (m.model, m.fqn) in unfrozen else "")
                 + (f", while {', '.join(trainable_twins[:3])} beside it train" if trainable_twins
                    else ""),
                 {"params": m.params, "trainable_siblings": trainable_twins},
                 "call .requires_grad_(True) on it if it should train" if before else "",
             )
-            if before or (m.model, m.name) in unfrozen:
+            if before or (m.model, m.fqn) in unfrozen:
                 out.append(finding)
             else:
                 frozen.append((m, finding))
             continue
-        steps = no_backward.get((m.model, m.name))
+        steps = no_backward.get((m.model, m.fqn))
         if steps:
             detached.append((m, Finding(
-                "no-grad", WARNING, c.model_name(m.model), m.name, steps[0],
-                f"{fqn_text(m.name)} ({m.cls}) ran forward but no gradient reached it: "
+                "no-grad", WARNING, c.model_name(m.model), m.fqn, steps[0],
+                f"{fqn_text(m.fqn)} ({m.cls}) ran forward but no gradient reached it: "
                 f"detached or not on the loss path ({steps_text(steps)})",
                 {"steps": steps[:20], "trainable": m.trainable},
                 "look for .detach(), .data, .item()/numpy round trips, or an output the loss "
                 "does not use",
             )))
-        steps = no_grad_only.get((m.model, m.name))
+        steps = no_grad_only.get((m.model, m.fqn))
         if steps:
             under_no_grad.append((m, steps))
     return (_group_subtrees(c, detached) + frozen_notes(c, frozen) + out
@@ -139,16 +139,16 @@ def _subtrees(found: list[tuple[ModuleStats, Finding]], candidates: list[ModuleS
               ) -> Iterator[tuple[Finding, str | None, list[ModuleStats]]]:
     """Each flagged module's finding with the outermost module above it all of whose
     ``candidates`` below (two or more) are flagged, and those; or with None, alone."""
-    flagged = {(m.model, m.name): f for m, f in found}
+    flagged = {(m.model, m.fqn): f for m, f in found}
     grouped: set[ModelFqn] = set()
     for (model, name), finding in flagged.items():
         if (model, name) in grouped:
             continue
         for top in ancestors(name):  # outermost first
             below = [m for m in candidates if m.model == model
-                     and (top == "" or m.name.startswith(top + "."))]
-            if len(below) >= 2 and all((m.model, m.name) in flagged for m in below):
-                grouped.update((m.model, m.name) for m in below)
+                     and (top == "" or m.fqn.startswith(top + "."))]
+            if len(below) >= 2 and all((m.model, m.fqn) in flagged for m in below):
+                grouped.update((m.model, m.fqn) for m in below)
                 yield finding, top, below
                 break
         else:
@@ -164,13 +164,13 @@ def _group_subtrees(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> l
         if top is None:
             out.append(finding)
             continue
-        names = ", ".join(m.name for m in below[:6]) + (", ..." if len(below) > 6 else "")
+        names = ", ".join(m.fqn for m in below[:6]) + (", ..." if len(below) > 6 else "")
         out.append(Finding(
             finding.kind, finding.severity, finding.model, top, finding.step,
             f"{c.label(below[0].model, top)}: no gradient reached any of its {len(below)} "
             f"trainable modules ({names}): detached or not on the loss path "
             f"({steps_text(finding.evidence['steps'])})",
-            {"modules": [m.name for m in below], "steps": finding.evidence["steps"],
+            {"modules": [m.fqn for m in below], "steps": finding.evidence["steps"],
              "trainable": sum(m.trainable for m in below)},
             finding.hint))
     return out

@@ -15,15 +15,15 @@ def check_loose(c: Collected) -> list[Finding]:
     tensors; a model only evaluated has nothing to train."""
     trained = c.backward_models()
     out = []
-    for m in sorted(c.modules.values(), key=lambda m: (m.model, m.first_seq or 0, m.name)):
+    for m in sorted(c.modules.values(), key=lambda m: (m.model, m.first_seq or 0, m.fqn)):
         if not m.loose or m.model not in trained:
             continue
         one = len(m.loose) == 1
         it = "it" if one else "them"
         names = ", ".join(m.loose)
         out.append(Finding(
-            "not-a-parameter", WARNING, c.model_name(m.model), m.name, None,
-            f"{c.label(m.model, m.name)} holds {plural(len(m.loose), 'tensor')} with "
+            "not-a-parameter", WARNING, c.model_name(m.model), m.fqn, None,
+            f"{c.label(m.model, m.fqn)} holds {plural(len(m.loose), 'tensor')} with "
             f"requires_grad=True that {'is' if one else 'are'} not an nn.Parameter ({names}): "
             f"model.parameters() does not hold {it}, so an optimizer built from it never "
             f"updates {it}, and state_dict() and .to() leave {it} out",

@@ -28,8 +28,8 @@ def aliases(c: Collected) -> dict[ModelFqn, list[str]]:
     for m in c.modules.values():
         for alias in m.aliases:
             for o in c.modules.values():
-                if o.model == m.model and (o.name == m.name or o.name.startswith(m.name + ".")):
-                    out.setdefault((o.model, o.name), []).append(alias + o.name[len(m.name):])
+                if o.model == m.model and (o.fqn == m.fqn or o.fqn.startswith(m.fqn + ".")):
+                    out.setdefault((o.model, o.fqn), []).append(alias + o.fqn[len(m.fqn):])
     for s in c.signals:
         if s.kind == "trainable-changed":
             for name, others in (s.detail.get("aliases") or {}).items():

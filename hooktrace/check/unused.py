@@ -33,8 +33,8 @@ def _used_directly(c: Collected, uncalled: set[ModelFqn]) -> set[ModelFqn]:
 def _holds_called(c: Collected, m: ModuleStats) -> bool:
     """A module never called itself, with called modules below it: a container whose parts
     were called through its methods (a VAE's encode/decode, a LightningModule's training_step)."""
-    prefix = m.name + "." if m.name else ""
-    return any(o.calls and o.model == m.model and o.name.startswith(prefix) and o is not m
+    prefix = m.fqn + "." if m.fqn else ""
+    return any(o.calls and o.model == m.model and o.fqn.startswith(prefix) and o is not m
                for o in c.modules.values())
 
 
@@ -49,24 +49,24 @@ def check_unused(c: Collected) -> list[Finding]:
     through = {(m.model, m.alias_of) for m in c.modules.values() if m.alias_of and m.calls}
     unused = [m for m in c.modules.values()
               if m.model in trained and not m.calls and m.cls not in CONTAINERS
-              and not m.alias_of and (m.model, m.name) not in through]
-    used = _used_directly(c, {(m.model, m.name) for m in unused if m.trainable})
+              and not m.alias_of and (m.model, m.fqn) not in through]
+    used = _used_directly(c, {(m.model, m.fqn) for m in unused if m.trainable})
     beside = on_wrapper(c)  # set on a wrapper, not the model: set-on-wrapper says so
-    unused = [m for m in unused if (m.model, m.name) not in used | beside
+    unused = [m for m in unused if (m.model, m.fqn) not in used | beside
               and not (m.trainable == 0 and _holds_called(c, m))]
-    names = {(m.model, m.name) for m in unused}
+    names = {(m.model, m.fqn) for m in unused}
     out: list[Finding] = []
     for m in unused:
-        parent = m.name.rpartition(".")[0]
-        if m.name and (m.model, parent) in names:
+        parent = m.fqn.rpartition(".")[0]
+        if m.fqn and (m.model, parent) in names:
             continue  # reported with its unused parent
-        below = [o for o in unused if o.model == m.model and o.name.startswith(m.name + ".")]
+        below = [o for o in unused if o.model == m.model and o.fqn.startswith(m.fqn + ".")]
         if m.cls == "Sequential" and not below and not m.params:
             continue  # an empty Sequential: a placeholder (a block's identity shortcut)
         trainable = m.trainable + sum(o.trainable for o in below)
         out.append(Finding(
-            "unused", WARNING if trainable else NOTE, c.model_name(m.model), m.name, None,
-            f"{m.name} ({m.cls}) is registered but never called"
+            "unused", WARNING if trainable else NOTE, c.model_name(m.model), m.fqn, None,
+            f"{m.fqn} ({m.cls}) is registered but never called"
             + (f" ({plural(len(below), 'submodule')}, {plural(trainable, 'trainable parameter')})"
                if below else f" ({plural(trainable, 'trainable parameter')})" if trainable
                else ""),

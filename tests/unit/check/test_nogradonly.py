@@ -27,7 +27,7 @@ def test_several_modules_are_one_warning_by_subtree() -> None:
     c = Collected(header())
     mods = [ModuleStats(0, name, "Linear", 10, 10, calls=1)
             for name in ("backbone.0", "backbone.1", "backbone.2")]
-    c.modules.update({(0, m.name): m for m in mods})
+    c.modules.update({(0, m.fqn): m for m in mods})
     c.modules[(0, "backbone")] = ModuleStats(0, "backbone", "Sequential", 0, 0)
     c.modules[(0, "head")] = ModuleStats(0, "head", "Linear", 10, 10, calls=1)
     [f] = no_grad_only(c, [(m, [1, 2]) for m in mods])
