@@ -171,7 +171,7 @@ class Naming:
         )
         self._model_names: list[str] = []
         self._written: set[tuple[int, str]] = set()
-        self._by_name: dict[tuple[int, str], ModInfo] = {}  # one identity per (model, fqn)
+        self._by_fqn: dict[tuple[int, str], ModInfo] = {}  # one identity per (model, fqn)
         # traced modules with parameters of their own that no recorded step has called yet (the
         # tracer drops them as they are called): a parent may use their parameters directly,
         # as MultiheadAttention does its out_proj's
@@ -229,14 +229,14 @@ class Naming:
                         records.update(self._aliases(module, known, fqn))
                 continue
             params, trainable = _own_params(module)
-            info = self._by_name.get((model, fqn))
+            info = self._by_fqn.get((model, fqn))
             if info is not None and info.cls == type(module).__name__:
                 info.ref = weakref.ref(module)  # a module built anew in each forward: same name
                 info.trainable = _trainable_count(module)
             else:
                 info = ModInfo(model, fqn, type(module).__name__, self._matches(fqn),
                                weakref.ref(module), params > 0, _trainable_count(module))
-                self._by_name[(model, fqn)] = info
+                self._by_fqn[(model, fqn)] = info
                 if info.has_params and info.traced:
                     self.uncalled[info] = None
             self._infos[module] = info
@@ -267,13 +267,13 @@ class Naming:
         """``fqn``, a second path to ``known``'s module under another ``parent``: the name of
         its calls from that parent, and its ``module`` record (no parameters: ``known`` holds
         them)."""
-        alias = self._by_name.get((known.model, fqn))
+        alias = self._by_fqn.get((known.model, fqn))
         if alias is None or alias.cls != known.cls:
             # traced when either name is asked for: ``--include 'net*'`` still records the
             # backbone that a wrapper calls as ``online_encoder.net``
             alias = ModInfo(known.model, fqn, known.cls, known.traced or self._matches(fqn),
                             known.ref, False)
-            self._by_name[(known.model, fqn)] = alias
+            self._by_fqn[(known.model, fqn)] = alias
         alias.ref = known.ref
         if known.aliases is None:
             known.aliases = {}
@@ -337,7 +337,7 @@ class Naming:
         for n in range(1, _SAME_NAME_ALIVE + 1):
             name = f"({base})" if n == 1 else f"({base}#{n})"
             fqn = f"{caller.fqn}.{name}" if caller.fqn else name
-            taken = self._by_name.get((caller.model, fqn))
+            taken = self._by_fqn.get((caller.model, fqn))
             held = taken.ref() if taken is not None else None
             if held is None or held is module:
                 return fqn
