@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hooktrace.check.findings import NOTE, WARNING, Finding, names_text, steps_text
+from hooktrace.check.findings import NOTE, WARNING, Finding, FindingKind, names_text, steps_text
 from hooktrace.log.words import fqn_text, plural
 
 if TYPE_CHECKING:
@@ -34,22 +34,22 @@ _STEP_FUNCTIONS = (
 # cause -> (finding kind, what happens, hint)
 CAUSES = {
     "lost_input": (
-        "no-grad", "its input needed a gradient and none came back: the gradient stops inside "
-        "its forward",
+        FindingKind.NO_GRAD,
+        "its input needed a gradient and none came back: the gradient stops inside its forward",
         "look in its forward for .detach(), .data, a torch.no_grad() block, .item()/.numpy(), "
         "a tensor rebuilt from numbers (torch.tensor(x), torch.from_numpy), "
         f"{_NOT_DIFFERENTIABLE}, or a custom autograd.Function whose backward returns None for "
         "that input"),
     "detached_inside": (
-        "no-grad", "the gradient stops inside its forward: the output of {branch} gets no "
-        "gradient back",
+        FindingKind.NO_GRAD,
+        "the gradient stops inside its forward: the output of {branch} gets no gradient back",
         "look in its forward, where {branch}'s output is used, for .detach(), .data, "
         ".item()/.numpy() round trips, a tensor rebuilt with torch.tensor(...) or "
         f"torch.from_numpy, {_NOT_DIFFERENTIABLE}, or an output the loss does not use"),
     "unused_calls": (
-        "no-grad", "the output of {branch} gets no gradient back while another call of the "
-        "same module does: inside its forward, those calls' results are overwritten, detached "
-        "or never used",
+        FindingKind.NO_GRAD,
+        "the output of {branch} gets no gradient back while another call of the same module "
+        "does: inside its forward, those calls' results are overwritten, detached or never used",
         "a loop that throws its results away: a recurrent state re-initialised inside the time "
         "loop (h = zeros(...) in the loop, not before it) lets only the last step reach the "
         "loss, and the state's own layer multiplies zeros; else a result detached (.detach(), "

@@ -20,6 +20,7 @@ from hooktrace.check.findings import (
     steps_text,
 )
 from hooktrace.log.names import ancestors
+from hooktrace.log.schema import SignalKind
 from hooktrace.log.words import fqn_text, plural
 
 if TYPE_CHECKING:
@@ -241,7 +242,7 @@ def _zero_finding(c: Collected, starts: dict[ModelFqn, int],
 def _underflowed(c: Collected, models: set[int], steps: set[int]) -> bool:
     """The models' outputs are float16 and their gradient exactly zero in every judged step
     among ``steps``, and no loss scaler ran: float16 underflow (bfloat16 has float32's range)."""
-    if any(s.kind == "loss-scale" for s in c.signals):
+    if any(s.kind == SignalKind.LOSS_SCALE for s in c.signals):
         return False
     roots = [call for call in c.calls
              if call.key[1] == "" and call.key[0] in models and call.step in steps]

@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from hooktrace.check.findings import NOTE, WARNING, Finding
+from hooktrace.log.schema import SignalKind
 
 if TYPE_CHECKING:
     from hooktrace.check.boundary import GradientFlow
@@ -41,7 +42,8 @@ def trained_in_turns(c: Collected) -> set[ModelFqn]:
     the recorded steps, one at least): each of its steps had their gradient."""
     last = max(c.backward_steps, default=-1)
     windows = [(s.model, set(s.detail.get("held") or ()), spans) for s in c.signals
-               if s.kind == "optimizer-steps" and (spans := _windows(s.detail.get("after"), last))]
+               if s.kind == SignalKind.OPTIMIZER_STEPS
+               and (spans := _windows(s.detail.get("after"), last))]
     if not windows:
         return set()  # no optimizer step to judge by
     missed: set[ModelFqn] = set()
@@ -76,7 +78,7 @@ def _windows(after: object, last: int) -> list[tuple[int, int]]:
 def first_moving(c: Collected, key: ModelFqn) -> int | None:
     """The pass after which an optimizer holding ``key`` first stepped with lr > 0; None where
     none did while tracing (none holds it, or lr stayed 0: nothing says it ever moves)."""
-    moved = [p for s in c.signals if s.kind == "optimizer-steps" and s.model == key[0]
+    moved = [p for s in c.signals if s.kind == SignalKind.OPTIMIZER_STEPS and s.model == key[0]
              and key[1] in (s.detail.get("held") or ())
              and isinstance(p := s.detail.get("moving"), int)]
     return min(moved) if moved else None

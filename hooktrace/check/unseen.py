@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hooktrace.check.findings import ERROR, NOTE, Finding
+from hooktrace.check.findings import ERROR, NOTE, Finding, FindingKind
 from hooktrace.log.options import TraceOptions
+from hooktrace.log.schema import SignalKind
 from hooktrace.log.unseen import nothing_seen
 
 if TYPE_CHECKING:
@@ -45,10 +46,10 @@ def check_unseen(c: Collected) -> list[Finding]:
 
 
 def _eager(c: Collected) -> list[Finding]:
-    first = next((s for s in c.signals if s.kind == "compiled-eager"), None)
+    first = next((s for s in c.signals if s.kind == SignalKind.COMPILED_EAGER), None)
     if first is None:
         return []
     return [Finding(
-        "compiled-eager", NOTE, c.model_name(first.model), first.name, None,
+        FindingKind.COMPILED_EAGER, NOTE, c.model_name(first.model), first.name, None,
         "recorded steps ran torch.compile'd code eagerly (torch.compiler.set_stance"
         "(\"force_eager\")), so every module call was seen; the other steps ran it compiled")]

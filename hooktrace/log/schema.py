@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, Final, Union
 
 from hooktrace.log.errors import SchemaError as SchemaError
 from hooktrace.log.gradstat import GradStat as GradStat
@@ -50,6 +50,8 @@ from hooktrace.log.ops import Op as Op
 from hooktrace.log.ops import Ops as Ops
 from hooktrace.log.signals import VIEW_OPS as VIEW_OPS
 from hooktrace.log.signals import Signal as Signal
+from hooktrace.log.signals import SignalKind as SignalKind
+from hooktrace.log.signals import kinds_of
 
 SCHEMA_VERSION = 2
 
@@ -274,6 +276,15 @@ class ParamGrads:
     grad_norm: dict[str, float | None] = field(default_factory=dict)
 
 
+class AnomalyKind:
+    """Each kind of ``anomaly`` record, spelled once (``Anomaly`` says what each means); plain
+    strings, as ``SignalKind``'s."""
+
+    NONFINITE_FORWARD: Final[str] = "nonfinite-forward"
+    NONFINITE_BACKWARD: Final[str] = "nonfinite-backward"
+    NO_GRAD: Final[str] = "no-grad"
+
+
 @dataclass(slots=True)
 class Anomaly:
     """In a watched step (outside ``--steps``, where events are not written): the first module
@@ -283,7 +294,7 @@ class Anomaly:
     or a module that received gradient before and no longer does (``no-grad``)."""
 
     TYPE: ClassVar[str] = "anomaly"
-    KINDS: ClassVar[tuple[str, ...]] = ("nonfinite-forward", "nonfinite-backward", "no-grad")
+    KINDS: ClassVar[tuple[str, ...]] = kinds_of(AnomalyKind)
     step: int
     model: int
     name: str
@@ -324,10 +335,18 @@ class Step:
                 "backward": self.backward}
 
 
+class EndStatus:
+    """How a run ended, the ``end`` record's ``status``, spelled once."""
+
+    OK: Final[str] = "ok"
+    ERROR: Final[str] = "error"
+    INTERRUPTED: Final[str] = "interrupted"
+
+
 @dataclass(slots=True)
 class End:
     TYPE: ClassVar[str] = "end"
-    status: str  # "ok" | "error" | "interrupted"
+    status: str  # an ``EndStatus``
     events: int = 0
     steps: int = 0  # backward passes completed
     exit_code: int | None = None
@@ -351,4 +370,4 @@ class End:
         })
 
 
-END_STATUSES = ("ok", "error", "interrupted")
+END_STATUSES = kinds_of(EndStatus)
