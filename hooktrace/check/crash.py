@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from hooktrace.check.findings import ERROR, Finding
 from hooktrace.log.errors import plain
 from hooktrace.log.options import TraceOptions
+from hooktrace.log.schema import EndStatus
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected
@@ -78,7 +79,7 @@ def _words(text: str, n: int) -> str:
 
 def check_crash(c: Collected) -> list[Finding]:
     """The error the run stopped on; else how it stopped, where it did not finish."""
-    if c.end is None or c.end.status != "error" or not c.end.error:
+    if c.end is None or c.end.status != EndStatus.ERROR or not c.end.error:
         return _stopped(c)
     error = c.end.error
     kind = str(error.get("type", "error"))
@@ -152,7 +153,7 @@ def _how(c: Collected) -> tuple[str, str, str] | None:
                 "a process killed without a word is most often out of memory (the kernel's OOM "
                 "killer: dmesg says so) or a scheduler's limit; the findings cover what the log "
                 "holds")
-    if end.status == "interrupted":
+    if end.status == EndStatus.INTERRUPTED:
         return (f"it was interrupted by {_signal(end)}", "interrupted",
                 "the findings cover the steps it ran; trace a run to its end to check it whole")
     return None

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 
 from hooktrace.check.findings import ERROR, NOTE, Finding, FindingKind
 from hooktrace.log.options import TraceOptions
-from hooktrace.log.schema import SignalKind
+from hooktrace.log.schema import EndStatus, SignalKind
 from hooktrace.log.unseen import nothing_seen
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected
 
-_CRASHED = {"interrupted"}  # said by the crash check, as is an error other than SystemExit
+_CRASHED = {EndStatus.INTERRUPTED}  # said by the crash check, as is an error other than SystemExit
 
 
 def check_unseen(c: Collected) -> list[Finding]:
@@ -31,7 +31,7 @@ def check_unseen(c: Collected) -> list[Finding]:
     # was never seen (its steps are counted at backward()'s return, judged by nothing)
     followed = end is not None and end.steps and not end.compiled and not options.filtered
     if end is None or c.events or followed or end.status in _CRASHED or (
-            end.status == "error" and (end.error or {}).get("type", "SystemExit")
+            end.status == EndStatus.ERROR and (end.error or {}).get("type", "SystemExit")
             != "SystemExit"):
         return _eager(c)
     why = nothing_seen(options, end, len(c.models))

@@ -221,7 +221,8 @@ class ForwardEvent:
 
     @property
     def phase(self) -> str:
-        return "forward"
+        """``forward``: the record's type, as ``BackwardEvent.phase`` is ``backward``."""
+        return self.TYPE
 
 
 @dataclass(slots=True)
@@ -259,7 +260,7 @@ class BackwardEvent:
 
     @property
     def phase(self) -> str:
-        return "backward"
+        return self.TYPE
 
 
 @dataclass(slots=True)
