@@ -25,7 +25,6 @@ from hooktrace.log import schema
 from hooktrace.log.decoder import BackwardRows, ForwardMore, ForwardRows, Signature
 from hooktrace.log.options import TraceOptions
 from hooktrace.log.reader import LogReader
-from hooktrace.log.schema import AnomalyKind, SignalKind
 
 
 class Collector:
@@ -158,7 +157,7 @@ class Collector:
             if self._wanted(r.step):
                 self._param_grads(r)
         elif type(r) is schema.Anomaly:
-            if self._wanted(r.step) and r.kind == AnomalyKind.NO_GRAD:
+            if self._wanted(r.step) and r.kind == schema.AnomalyKind.NO_GRAD:
                 self.c.lost_gradient.setdefault((r.model, r.name), []).append(r.step)
                 self.c.lost_detail.setdefault((r.model, r.name), r.detail)
             elif self._wanted(r.step):
@@ -167,7 +166,7 @@ class Collector:
             self._closed.add(r.step)
             self.c.last_step = max(r.step, -1 if self.c.last_step is None else self.c.last_step)
         elif type(r) is schema.Signal:
-            if r.kind == SignalKind.GRAD_ZEROS:
+            if r.kind == schema.SignalKind.GRAD_ZEROS:
                 take_zero_shares(self._judged, r.detail.get("share"))
             else:
                 self.c.signals.append(r)
