@@ -143,7 +143,7 @@ class Collector:
         if type(r) is schema.Module:
             m = self.c.modules.setdefault((r.model, r.name), ModuleStats(
                 r.model, r.name, r.cls, r.params, r.trainable, loose=tuple(r.loose or ()),
-                drop=None if r.drop is None else (r.drop, r.drop_unit or "element"),
+                drop=None if r.drop is None else (r.drop, r.drop_unit or schema.DropUnit.ELEMENT),
                 wrapper=r.wrapper, aliases=tuple(r.aliases or ()),
                 alias_of=r.alias_of))
             if m.trainable:

@@ -121,6 +121,15 @@ class Model:
         return {"type": self.TYPE, "model": self.model, "name": self.name, "class": self.cls}
 
 
+class DropUnit:
+    """What one draw of a random-drop layer drops (``Module.drop_unit``), spelled once."""
+
+    BATCH: Final[str] = "batch"  # the whole batch (torchvision's ``StochasticDepth(mode="batch")``)
+    SAMPLE: Final[str] = "sample"
+    CHANNEL: Final[str] = "channel"
+    ELEMENT: Final[str] = "element"
+
+
 @dataclass(slots=True)
 class Module:
     """One named module of a model; ``params``/``trainable`` count its own (direct) parameters."""
@@ -148,7 +157,7 @@ class Module:
     #: ``alias_of`` the module's first name, which holds its parameters (``params`` 0 here)
     alias_of: str | None = None
 
-    DROP_UNITS: ClassVar[tuple[str, ...]] = ("batch", "sample", "channel", "element")
+    DROP_UNITS: ClassVar[tuple[str, ...]] = kinds_of(DropUnit)
 
     def to_dict(self) -> dict[str, Any]:
         return _compact({

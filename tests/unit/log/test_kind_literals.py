@@ -79,6 +79,8 @@ def test_each_home_derives_its_kinds_from_its_constants() -> None:
     assert kinds_of(SignalKind) == Signal.KINDS
     assert kinds_of(schema.AnomalyKind) == schema.Anomaly.KINDS
     assert kinds_of(schema.EndStatus) == schema.END_STATUSES == ("ok", "error", "interrupted")
+    assert kinds_of(schema.DropUnit) == schema.Module.DROP_UNITS == (
+        "batch", "sample", "channel", "element")
 
 
 def test_finding_kinds_spelled_in_check_are_words_of_the_log() -> None:
