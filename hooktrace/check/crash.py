@@ -14,7 +14,7 @@ from __future__ import annotations
 import signal
 from typing import TYPE_CHECKING, Any
 
-from hooktrace.check.findings import ERROR, Finding
+from hooktrace.check.findings import ERROR, Finding, FindingKind
 from hooktrace.log.errors import plain
 from hooktrace.log.options import TraceOptions
 from hooktrace.log.schema import EndStatus
@@ -93,7 +93,7 @@ def check_crash(c: Collected) -> list[Finding]:
     if c.unfinished is not None:
         step, (model, name) = c.unfinished
         return [Finding(
-            "backward-error", ERROR, c.model_name(model), name, step,
+            FindingKind.BACKWARD_ERROR, ERROR, c.model_name(model), name, step,
             f"the backward pass of step {step} raised {kind} while the backward of "
             f"{c.label(model, name)} ran{where}: {text}", evidence,
             _hint(text, "the gradient of the modules before it was never computed: fix this "

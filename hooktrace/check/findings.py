@@ -28,10 +28,11 @@ class Thresholds:
 
 
 class FindingKind:
-    """The finding kinds that are also the word of a log record's kind (the signal or anomaly
-    a finding reports takes its word): check's own words, spelled once here, so that the log's
-    kinds (``SignalKind``, ``AnomalyKind``) are spelled only in ``log/``. Every other kind is
-    spelled where its finding is made; docs/findings.md lists them all."""
+    """The finding kinds spelled once here: those that are also a log record's kind word (the
+    signal or anomaly a finding reports gives it its word; check's own word all the same, so
+    that the log's kinds, ``SignalKind`` and ``AnomalyKind``, are spelled only in ``log/``), and
+    those more than one module of check names. Every other kind is spelled where its finding
+    is made; docs/findings.md lists them all."""
 
     BACKWARD_HOOK: Final[str] = "backward-hook"
     COMPILED_EAGER: Final[str] = "compiled-eager"
@@ -58,6 +59,12 @@ class FindingKind:
     UPDATES_ROUNDED: Final[str] = "updates-rounded"
     WEIGHT_DECAY: Final[str] = "weight-decay"
     WEIGHTS_UNCHANGED: Final[str] = "weights-unchanged"
+    # spelled in more than one module of check
+    BACKWARD_ERROR: Final[str] = "backward-error"
+    NO_GRAD_UNDER_NO_GRAD: Final[str] = "no-grad-under-no_grad"
+    NOTHING_TRACED: Final[str] = "nothing-traced"
+    RANK_DIVERGENCE: Final[str] = "rank-divergence"
+    ZERO_GRADIENT: Final[str] = "zero-gradient"
 
 
 @dataclass(frozen=True)

@@ -274,7 +274,7 @@ def _never_reached(c: Collected) -> list[Finding]:
     ran_no_grad = {key[0] for keys in c.no_grad.values() for key in keys}
     for model in sorted(held & ran_no_grad - ran - backed):
         out.append(Finding(
-            "no-grad-under-no_grad", WARNING, c.model_name(model), "", None,
+            FindingKind.NO_GRAD_UNDER_NO_GRAD, WARNING, c.model_name(model), "", None,
             f"model '{c.model_name(model)}' ran only under torch.no_grad() while an optimizer "
             "steps its parameters: they never get a gradient",
             {}, "call it outside torch.no_grad() to train it; to keep it frozen on purpose, "

@@ -87,7 +87,7 @@ def _zeroed(findings: list[Finding]) -> list[Finding]:
     grown: dict[str, Finding] = {}  # each model's empty read as the zeros it takes make it
     kept = []
     for f in findings:
-        nothing = empty.get(f.model) if f.kind == "zero-gradient" else None
+        nothing = empty.get(f.model) if f.kind == FindingKind.ZERO_GRADIENT else None
         if nothing is None or not set(f.evidence.get("steps", [])) <= set(
                 nothing.evidence.get("steps", [])):
             kept.append(f)

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 # the notes that come one per module of a cause: a frozen BatchNorm in train mode, a layer
 # initialised to zero (which passes nothing back before its first update)
-REPEATING = (FindingKind.FROZEN_BN_TRAINING, "zero-gradient")
+REPEATING = (FindingKind.FROZEN_BN_TRAINING, FindingKind.ZERO_GRADIENT)
 
 
 def settle(c: Collected, findings: list[Finding]) -> list[Finding]:

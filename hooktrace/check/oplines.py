@@ -45,7 +45,7 @@ def _with_op_line(f: Finding, c: Collected, flowed: GradientFlow, model: int | N
     if model is None or f.severity == NOTE or f.step is None:
         return f
     records = [r for r in c.ops.get((model, f.module), []) if r.step >= f.step]
-    if f.kind == "backward-error":
+    if f.kind == FindingKind.BACKWARD_ERROR:
         return _inplace(f, c, f.step)
     asked, found = _answer(f, c, flowed, model, records)
     if found is not None:

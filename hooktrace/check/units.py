@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from hooktrace.check.findings import NOTE, WARNING, Finding
+from hooktrace.check.findings import NOTE, WARNING, Finding, FindingKind
 from hooktrace.log.schema import SignalKind
 
 if TYPE_CHECKING:
@@ -95,8 +95,9 @@ def zero_before_moving(c: Collected, found: GradientFlow, findings: list[Finding
         if moving is None or b.steps[-1] > moving:
             continue
         for i, f in enumerate(findings):
-            if (f.kind == "zero-gradient" and f.severity == WARNING and f.step == b.steps[0]
-                    and f.module == key[1] and f.model == c.model_name(key[0])):
+            if (f.kind == FindingKind.ZERO_GRADIENT and f.severity == WARNING
+                    and f.step == b.steps[0] and f.module == key[1]
+                    and f.model == c.model_name(key[0])):
                 findings[i] = replace(
                     f, severity=NOTE, evidence={**f.evidence, "moving": moving},
                     message=f.message + ", all before the first optimizer step with lr > 0 "

@@ -38,7 +38,7 @@ def check_unseen(c: Collected) -> list[Finding]:
     if why is None:
         return []
     return [Finding(
-        "nothing-traced", ERROR, "", "", None, why,
+        FindingKind.NOTHING_TRACED, ERROR, "", "", None, why,
         {"exit_code": end.exit_code, "backward": end.backward or 0,
          "compiled": end.compiled or 0, "models": len(c.models)},
         "nothing was checked: run the script to where its model trains (hooktrace run "

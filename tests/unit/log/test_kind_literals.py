@@ -2,8 +2,8 @@
 its home (``SignalKind`` in ``log/signals.py``, ``AnomalyKind`` in ``log/schema.py``), which every
 writer and reader names; no string literal equal to one appears anywhere else in the package
 (an AST walk; docstrings say the words in prose and are not walked). ``check``'s finding kinds
-that share such a word are check's own, spelled once in ``check/findings.py`` (``FindingKind``).
-A planted literal is found."""
+that share such a word, or that several of its modules name, are check's own, spelled once in
+``check/findings.py`` (``FindingKind``), and held the same way. A planted literal is found."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from hooktrace.log import schema
 from hooktrace.log.signals import Signal, SignalKind, kinds_of
 
 PACKAGE = Path(hooktrace.__file__).resolve().parent
-KINDS = set(Signal.KINDS) | set(schema.Anomaly.KINDS)
+KINDS = set(Signal.KINDS) | set(schema.Anomaly.KINDS) | set(kinds_of(FindingKind))
 # file (relative to the package) -> the kind words it may spell: the homes
 HOMES = {
     "log/signals.py": set(Signal.KINDS),
@@ -39,7 +39,7 @@ def _docstrings(tree: ast.Module) -> set[int]:
 
 
 def kind_literals(package: Path) -> list[str]:
-    """``file:line: 'kind'`` for each string literal equal to a log kind outside its home."""
+    """``file:line: 'kind'`` for each string literal equal to a kind outside its home."""
     found = []
     for path in sorted(package.rglob("*.py")):
         where = path.relative_to(package).as_posix()
@@ -60,13 +60,17 @@ def test_no_kind_literal_outside_its_home() -> None:
 def test_a_planted_literal_is_found(tmp_path: Path) -> None:
     copy = tmp_path / "hooktrace"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    loop, watch = copy / "check" / "loop.py", copy / "observe" / "watch.py"
+    loop, report = copy / "check" / "loop.py", copy / "check" / "report.py"
+    watch = copy / "observe" / "watch.py"
     with loop.open("a", encoding="utf-8") as f:
         f.write('\n\ndef _planted(kind: str) -> bool:\n    """Says "eval-backward" in prose."""\n'
                 '    return kind == "eval-backward"\n')
     with watch.open("a", encoding="utf-8") as f:
         f.write('\nPLANTED = ("no-grad", "probe")\n')
+    with report.open("a", encoding="utf-8") as f:  # a finding kind, outside check/findings.py
+        f.write('\nPLANTED = "zero-gradient"\n')
     assert kind_literals(copy) == [f"check/loop.py:{_lines(loop)}: 'eval-backward'",
+                                   f"check/report.py:{_lines(report)}: 'zero-gradient'",
                                    f"observe/watch.py:{_lines(watch)}: 'no-grad'",
                                    f"observe/watch.py:{_lines(watch)}: 'probe'"]
 
@@ -81,8 +85,3 @@ def test_each_home_derives_its_kinds_from_its_constants() -> None:
     assert kinds_of(schema.EndStatus) == schema.END_STATUSES == ("ok", "error", "interrupted")
     assert kinds_of(schema.DropUnit) == schema.Module.DROP_UNITS == (
         "batch", "sample", "channel", "element")
-
-
-def test_finding_kinds_spelled_in_check_are_words_of_the_log() -> None:
-    """``FindingKind`` holds the finding kinds that share a log kind's word."""
-    assert set(kinds_of(FindingKind)) <= KINDS
