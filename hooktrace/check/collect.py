@@ -143,7 +143,7 @@ class Collector:
         if type(r) is schema.Module:
             m = self.c.modules.setdefault((r.model, r.name), ModuleStats(
                 r.model, r.name, r.cls, r.params, r.trainable, loose=tuple(r.loose or ()),
-                drop=None if r.drop is None else (r.drop, r.drop_unit or "element"),
+                drop=None if r.drop is None else (r.drop, r.drop_unit or schema.DropUnit.ELEMENT),
                 wrapper=r.wrapper, aliases=tuple(r.aliases or ()),
                 alias_of=r.alias_of))
             if m.trainable:
@@ -157,7 +157,7 @@ class Collector:
             if self._wanted(r.step):
                 self._param_grads(r)
         elif type(r) is schema.Anomaly:
-            if self._wanted(r.step) and r.kind == "no-grad":
+            if self._wanted(r.step) and r.kind == schema.AnomalyKind.NO_GRAD:
                 self.c.lost_gradient.setdefault((r.model, r.name), []).append(r.step)
                 self.c.lost_detail.setdefault((r.model, r.name), r.detail)
             elif self._wanted(r.step):
@@ -166,7 +166,7 @@ class Collector:
             self._closed.add(r.step)
             self.c.last_step = max(r.step, -1 if self.c.last_step is None else self.c.last_step)
         elif type(r) is schema.Signal:
-            if r.kind == "grad-zeros":
+            if r.kind == schema.SignalKind.GRAD_ZEROS:
                 take_zero_shares(self._judged, r.detail.get("share"))
             else:
                 self.c.signals.append(r)

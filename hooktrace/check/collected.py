@@ -11,6 +11,7 @@ from typing import Any
 from hooktrace.check.calls import JudgedCall
 from hooktrace.check.keys import ModelFqn, ModelFqns
 from hooktrace.log import schema
+from hooktrace.log.schema import SignalKind
 from hooktrace.log.words import fqn_text
 
 
@@ -118,7 +119,7 @@ class Collected:
         ``loss-scale`` signals): a backward pass leaves gradients scaled until the scaler's
         step unscales them."""
         changes = sorted((s.step, s.model, float(s.detail.get("scale") or 1.0))
-                         for s in self.signals if s.kind == "loss-scale")
+                         for s in self.signals if s.kind == SignalKind.LOSS_SCALE)
         if not changes:
             return
         for step, records in self.param_norms.items():
