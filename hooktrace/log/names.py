@@ -5,6 +5,7 @@ data) and a fqn's ancestors. Standard library only."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Set
+from dataclasses import dataclass, field
 
 from hooktrace.log import schema
 
@@ -15,15 +16,16 @@ def ancestors(name: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(len(parts))]
 
 
+@dataclass
 class LogNames:
     """What a log's records name: each model, each module's class, where each class's
     ``forward`` is defined; which models have parameters. ``take`` each record of a pass."""
 
-    def __init__(self) -> None:
-        self.models: dict[int, str] = {}
-        self.classes: dict[tuple[int, str], str] = {}  # (model, fqn) -> class
-        self.sources: dict[str, str] = {}  # class -> "file:line" of its forward
-        self.with_params: set[int] = set()  # the models with a module that has parameters
+    models: dict[int, str] = field(default_factory=dict)
+    classes: dict[tuple[int, str], str] = field(default_factory=dict)  # (model, fqn) -> class
+    sources: dict[str, str] = field(default_factory=dict)  # class -> "file:line" of forward
+    # the models with a module that has parameters
+    with_params: set[int] = field(default_factory=set)
 
     def take(self, record: schema.Record) -> None:
         if isinstance(record, schema.Module):

@@ -58,7 +58,7 @@ class StepLog:
         return self.classes.get((model, fqn), "?")
 
 
-def without_data_prep(events: list[StepEvent], names: LogNames) -> list[StepEvent]:
+def without_data_models(events: list[StepEvent], names: LogNames) -> list[StepEvent]:
     """``events`` without those of the models that prepare data in their step
     (``LogNames.data_models`` of the models these events name, a backward in the step: one
     of these). They stay in the log, and are drawn where nothing else ran."""
@@ -279,7 +279,7 @@ def _step_log(loaded: StepKeeper, chosen: int, model: str | None,
     reader, chooser, models = loaded.reader, loaded.chooser, loaded.models
     events = sorted(chooser.kept.get(chosen, []), key=lambda e: e.seq)
     if model is None:
-        events = without_data_prep(events, loaded.names)
+        events = without_data_models(events, loaded.names)
     elif loaded.model is None:  # the pass kept every model's events: this one's
         events = [e for e in events if models.get(e.model) == model]
     forward = {e.seq for e in events if isinstance(e, schema.ForwardEvent)}
