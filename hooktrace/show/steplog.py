@@ -59,9 +59,9 @@ class StepLog:
 
 
 def without_data_models(events: list[StepEvent], names: LogNames) -> list[StepEvent]:
-    """``events`` without those of the models that prepare data in their step
-    (``LogNames.data_models`` of the models these events name, a backward in the step: one
-    of these). They stay in the log, and are drawn where nothing else ran."""
+    """``events``, one step's, without those of the models that prepare data in that step
+    (``LogNames.data_models`` over the models they name and those of their backward events).
+    They stay in the log, and are drawn where nothing else ran."""
     data = names.data_models({e.model for e in events},
                              {e.model for e in events if e.phase == "backward"})
     return [e for e in events if e.model not in data] if data else events
