@@ -141,6 +141,7 @@ class Collector:
 
     def _record(self, r: schema.Record) -> None:
         if type(r) is schema.Module:
+            self.c.names.take(r)
             m = self.c.modules.setdefault((r.model, r.name), ModuleStats(
                 r.model, r.name, r.cls, r.params, r.trainable, loose=tuple(r.loose or ()),
                 drop=None if r.drop is None else (r.drop, r.drop_unit or schema.DropUnit.ELEMENT),
@@ -151,8 +152,8 @@ class Collector:
             if r.cls in LOSSES:
                 self._losses.add(self._key_index((r.model, r.name)))
             self._index_of_id.clear()
-        elif type(r) is schema.Model:
-            self.c.models[r.model] = r.name
+        elif type(r) is schema.Model or type(r) is schema.Source:
+            self.c.names.take(r)
         elif type(r) is schema.ParamGrads:
             if self._wanted(r.step):
                 self._param_grads(r)
@@ -170,8 +171,6 @@ class Collector:
                 take_zero_shares(self._judged, r.detail.get("share"))
             else:
                 self.c.signals.append(r)
-        elif type(r) is schema.Source:
-            self.c.sources.setdefault(r.cls, f"{r.file}:{r.line}")
         elif type(r) is schema.Ops:
             kept = self.c.ops.setdefault((r.model, r.name), [])
             if len(kept) < ops.KEEP and self._wanted(r.step):
