@@ -24,9 +24,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[3]
 SCRIPTS = ROOT / "tests" / "scripts"
-sys.path[:0] = [str(HERE.parent), str(ROOT / "tests" / "unit" / "check")]
+sys.path.insert(0, str(ROOT))
 
-from make import constant_header  # noqa: E402  (tests/unit/logs/make.py)
+from tests.unit.logs.make import constant_header  # noqa: E402
 
 #: script -> the options of each way its cases are traced, by the suffix of the log's name
 BLIND: dict[str, dict[str, tuple[str, ...]]] = {
@@ -69,5 +69,5 @@ def archive(script: str) -> Path:
 if __name__ == "__main__":
     for script in sys.argv[1:] or list(BLIND):
         archive(script)
-    import test_blind_reports_unchanged
+    from tests.unit.check import test_blind_reports_unchanged
     test_blind_reports_unchanged.write()
