@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hooktrace.log.gradstat import norm
+from hooktrace.log.schema import DropUnit
 
 if TYPE_CHECKING:
     from hooktrace.check.keys import ModelFqn
@@ -90,9 +91,9 @@ def whole_drop(p: float, unit: str, inputs: Sequence[object]) -> float | None:
     shape = inputs[0] if inputs else None
     if not isinstance(shape, list) or not all(type(d) is int for d in shape):
         return None
-    if p >= 1 or unit == "batch":
+    if p >= 1 or unit == DropUnit.BATCH:
         return min(p, 1.0)
-    leading = {"sample": 1, "channel": 2}.get(unit)  # the dims a draw covers; else all
+    leading = {DropUnit.SAMPLE: 1, DropUnit.CHANNEL: 2}.get(unit)  # dims a draw covers; else all
     draws = math.prod(shape[:leading])
     return float(p ** draws) if draws else 1.0
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hooktrace.check.findings import NOTE, WARNING, Finding, names_text, steps_text
+from hooktrace.check.findings import NOTE, WARNING, Finding, FindingKind, names_text, steps_text
 from hooktrace.log.words import fqn_text, plural
 
 if TYPE_CHECKING:
@@ -34,39 +34,42 @@ _STEP_FUNCTIONS = (
 # cause -> (finding kind, what happens, hint)
 CAUSES = {
     "lost_input": (
-        "no-grad", "its input needed a gradient and none came back: the gradient stops inside "
-        "its forward",
+        FindingKind.NO_GRAD,
+        "its input needed a gradient and none came back: the gradient stops inside its forward",
         "look in its forward for .detach(), .data, a torch.no_grad() block, .item()/.numpy(), "
         "a tensor rebuilt from numbers (torch.tensor(x), torch.from_numpy), "
         f"{_NOT_DIFFERENTIABLE}, or a custom autograd.Function whose backward returns None for "
         "that input"),
     "detached_inside": (
-        "no-grad", "the gradient stops inside its forward: the output of {branch} gets no "
-        "gradient back",
+        FindingKind.NO_GRAD,
+        "the gradient stops inside its forward: the output of {branch} gets no gradient back",
         "look in its forward, where {branch}'s output is used, for .detach(), .data, "
         ".item()/.numpy() round trips, a tensor rebuilt with torch.tensor(...) or "
         f"torch.from_numpy, {_NOT_DIFFERENTIABLE}, or an output the loss does not use"),
     "unused_calls": (
-        "no-grad", "the output of {branch} gets no gradient back while another call of the "
-        "same module does: inside its forward, those calls' results are overwritten, detached "
-        "or never used",
+        FindingKind.NO_GRAD,
+        "the output of {branch} gets no gradient back while another call of the same module "
+        "does: inside its forward, those calls' results are overwritten, detached or never used",
         "a loop that throws its results away: a recurrent state re-initialised inside the time "
         "loop (h = zeros(...) in the loop, not before it) lets only the last step reach the "
         "loss, and the state's own layer multiplies zeros; else a result detached (.detach(), "
         "torch.no_grad()) where a later call or the output reads it (a siamese branch), or "
         "computed and not used"),
     "no_grad": (
-        "no-grad-under-no_grad", "inside its forward, torch.no_grad() covers {branch}: no "
+        FindingKind.NO_GRAD_UNDER_NO_GRAD,
+        "inside its forward, torch.no_grad() covers {branch}: no "
         "gradient can reach {branch}",
         "move {branch} out of the torch.no_grad() block, or freeze what should not train with "
         ".requires_grad_(False)"),
     "zeroed": (
-        "zero-gradient", "the gradient of {branch}'s output is exactly zero: inside its "
+        FindingKind.ZERO_GRADIENT,
+        "the gradient of {branch}'s output is exactly zero: inside its "
         "forward, {branch}'s output is multiplied by 0 or fully masked",
         f"look for a loss weight or gate of 0, a mask that removes every element, or "
         f"{_STEP_FUNCTIONS}"),
     "selected": (
-        "zero-gradient", "the gradient of {branch}'s output is exactly zero, and only part of "
+        FindingKind.ZERO_GRADIENT,
+        "the gradient of {branch}'s output is exactly zero, and only part of "
         "the output of {reads} is read: a selection by the data (the anchors matched to boxes, "
         "a mask, a max-pool) that leaves {branch} out",
         "usual where which part is read depends on the data (a detector's feature levels or "
@@ -74,7 +77,8 @@ CAUSES = {
         "matching (anchor sizes against the boxes) or the mask; a branch multiplied by 0 "
         "inside this forward looks the same"),
     "zeroed_unit": (
-        "zero-gradient", "the gradient of {branch}'s output is exactly zero: its last dim has "
+        FindingKind.ZERO_GRADIENT,
+        "the gradient of {branch}'s output is exactly zero: its last dim has "
         "size 1, and inside its forward a softmax or normalisation over that dim makes it a "
         "constant (a softmax over one element is 1 whatever it is), or it is multiplied by 0 "
         "or fully masked",
@@ -89,21 +93,25 @@ CAUSES = {
         "scores multiplied by sqrt(d) instead of divided, inputs not normalised, too low a "
         "temperature), or a multiplication by a vanishing factor"),
     "unit_norm": (
-        "zero-gradient", "it normalises over its input's last dim, of size 1: its output is a "
+        FindingKind.ZERO_GRADIENT,
+        "it normalises over its input's last dim, of size 1: its output is a "
         "constant whatever its input (a LayerNorm's is its bias, a softmax's 1), and it passes "
         "back {gain} of the gradient it receives",
         "normalise over the features, not over a single value: drop the LayerNorm/softmax on a "
         "one-value output, or apply it over the dim you mean"),
     "zero_weights": (
-        "zero-gradient", "it passes back an exactly-zero gradient: its weights are zero",
+        FindingKind.ZERO_GRADIENT,
+        "it passes back an exactly-zero gradient: its weights are zero",
         "a zero-initialised layer passes no gradient back until its first update; if it stays "
         "zero, check that its parameters are in the optimizer and train"),
     "zero_backward": (
-        "zero-gradient", "it passes back an exactly-zero gradient for a non-zero one",
+        FindingKind.ZERO_GRADIENT,
+        "it passes back an exactly-zero gradient for a non-zero one",
         f"a custom autograd.Function whose backward returns zeros, {_STEP_FUNCTIONS}, or a "
         "mask or a multiplication by 0 inside its forward"),
     "dropped": (
-        "zero-gradient", "it dropped its whole input (every sample of the batch): it passes "
+        FindingKind.ZERO_GRADIENT,
+        "it dropped its whole input (every sample of the batch): it passes "
         "back an exactly-zero gradient",
         "stochastic depth and dropout drop a whole small batch now and then, by chance (not "
         "reported); this many drops are not chance: its drop probability is 1 (a keep "

@@ -22,6 +22,7 @@ from hooktrace.check.findings import (
     ERROR,
     SEVERITY_ORDER,
     Finding,
+    FindingKind,
     Report,
     Thresholds,
     after_causes,
@@ -80,7 +81,7 @@ def check_ranks(readers: Sequence[LogReader], feeds: Sequence[Feed] | None = Non
     what = "; ".join(f"rank {rank}: {desc}" for rank, desc in found.ranks.items())
     where = f", from {fqn_text(found.module)}" if found.model else ""
     return [Finding(
-        "rank-divergence", ERROR, found.model, found.module, found.step,
+        FindingKind.RANK_DIVERGENCE, ERROR, found.model, found.module, found.step,
         f"the ranks ran different {_PARTED[found.kind]} at step {found.step}{where} ({what})",
         {"position": found.position, "ranks": {str(r): d for r, d in found.ranks.items()}},
         "DDP hangs, or fails with 'unused parameters', when ranks run different modules: look "

@@ -141,9 +141,10 @@ class Collector:
 
     def _record(self, r: schema.Record) -> None:
         if type(r) is schema.Module:
+            self.c.names.take(r)
             m = self.c.modules.setdefault((r.model, r.fqn), ModuleStats(
                 r.model, r.fqn, r.cls, r.params, r.trainable, loose=tuple(r.loose or ()),
-                drop=None if r.drop is None else (r.drop, r.drop_unit or "element"),
+                drop=None if r.drop is None else (r.drop, r.drop_unit or schema.DropUnit.ELEMENT),
                 wrapper=r.wrapper, aliases=tuple(r.aliases or ()),
                 alias_of=r.alias_of))
             if m.trainable:
@@ -151,13 +152,13 @@ class Collector:
             if r.cls in LOSSES:
                 self._losses.add(self._key_index((r.model, r.fqn)))
             self._index_of_id.clear()
-        elif type(r) is schema.Model:
-            self.c.models[r.model] = r.name
+        elif type(r) is schema.Model or type(r) is schema.Source:
+            self.c.names.take(r)
         elif type(r) is schema.ParamGrads:
             if self._wanted(r.step):
                 self._param_grads(r)
         elif type(r) is schema.Anomaly:
-            if self._wanted(r.step) and r.kind == "no-grad":
+            if self._wanted(r.step) and r.kind == schema.AnomalyKind.NO_GRAD:
                 self.c.lost_gradient.setdefault((r.model, r.fqn), []).append(r.step)
                 self.c.lost_detail.setdefault((r.model, r.fqn), r.detail)
             elif self._wanted(r.step):
@@ -166,12 +167,10 @@ class Collector:
             self._closed.add(r.step)
             self.c.last_step = max(r.step, -1 if self.c.last_step is None else self.c.last_step)
         elif type(r) is schema.Signal:
-            if r.kind == "grad-zeros":
+            if r.kind == schema.SignalKind.GRAD_ZEROS:
                 take_zero_shares(self._judged, r.detail.get("share"))
             else:
                 self.c.signals.append(r)
-        elif type(r) is schema.Source:
-            self.c.sources.setdefault(r.cls, f"{r.file}:{r.line}")
         elif type(r) is schema.Ops:
             kept = self.c.ops.setdefault((r.model, r.fqn), [])
             if len(kept) < ops.KEEP and self._wanted(r.step):

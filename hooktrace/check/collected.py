@@ -11,6 +11,8 @@ from typing import Any
 from hooktrace.check.calls import JudgedCall
 from hooktrace.check.keys import ModelFqn, ModelFqns
 from hooktrace.log import schema
+from hooktrace.log.names import LogNames
+from hooktrace.log.schema import SignalKind
 from hooktrace.log.words import fqn_text
 
 
@@ -55,7 +57,8 @@ class Collected:
     """What the checks need from a log, gathered in one streaming pass."""
 
     header: schema.Header
-    models: dict[int, str] = field(default_factory=dict)
+    # each model's name, each module's class, where each class's forward is: the log's names
+    names: LogNames = field(default_factory=LogNames)
     modules: dict[ModelFqn, ModuleStats] = field(default_factory=dict)
     backward_steps: set[int] = field(default_factory=set)
     # per step: the modules it called with gradient recording on, and under no_grad; per step
@@ -96,7 +99,6 @@ class Collected:
     # backward event, whose backward was running
     unfinished: tuple[int, ModelFqn] | None = None
     signals: list[schema.Signal] = field(default_factory=list)  # in file order
-    sources: dict[str, str] = field(default_factory=dict)  # class -> "file:line" of forward
     losses: dict[ModelFqn, LossCall] = field(default_factory=dict)
     # per module, its first zoomed calls' operations (``ops`` records, ``ops.KEEP`` at most)
     ops: dict[ModelFqn, list[schema.Ops]] = field(default_factory=dict)
@@ -110,6 +112,15 @@ class Collected:
     forward_first_before: ModelFqn | None = None
     log: str = ""  # the log's path, as given
 
+    @property
+    def models(self) -> dict[int, str]:
+        return self.names.models
+
+    @property
+    def sources(self) -> dict[str, str]:
+        """class -> "file:line" of its forward"""
+        return self.names.sources
+
     def model_name(self, model: int) -> str:
         return self.models.get(model, str(model))
 
@@ -118,7 +129,7 @@ class Collected:
         ``loss-scale`` signals): a backward pass leaves gradients scaled until the scaler's
         step unscales them."""
         changes = sorted((s.step, s.model, float(s.detail.get("scale") or 1.0))
-                         for s in self.signals if s.kind == "loss-scale")
+                         for s in self.signals if s.kind == SignalKind.LOSS_SCALE)
         if not changes:
             return
         for step, records in self.param_norms.items():
@@ -134,10 +145,10 @@ class Collected:
         return {key[0] for keys in self.backward.values() for key in keys}
 
     def data_models(self) -> set[int]:
-        """The models that prepare data: no parameters, never reached by a backward pass
-        (torchvision transforms are modules: ``Resize``, ``RandomHorizontalFlip``)."""
-        with_params = {m.model for m in self.modules.values() if m.params}
-        return {m.model for m in self.modules.values()} - self.backward_models() - with_params
+        """The models that prepare data (``LogNames.data_models``), of the whole log: of the
+        models with modules, those without parameters that no backward pass reached."""
+        return self.names.data_models({m.model for m in self.modules.values()},
+                                      self.backward_models())
 
     def label(self, model: int, name: str) -> str:
         """A module as findings name it: ``layer1.0 (BasicBlock)``, ``(root)`` for the root."""

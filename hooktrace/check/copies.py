@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from hooktrace.check.findings import NOTE, Finding
 from hooktrace.check.grouped import cover, patterns
+from hooktrace.log.schema import SignalKind
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ def evaluation_copies(c: Collected) -> set[ModelFqn]:
     """The modules no optimizer that stepped holds (the last ``optimizers`` signal of their
     model) that ran in evaluation passes only (under no_grad, or in eval mode with gradients
     on) and never got a backward."""
-    last = {s.model: s for s in c.signals if s.kind == "optimizers"}
+    last = {s.model: s for s in c.signals if s.kind == SignalKind.OPTIMIZERS}
     not_held = {(model, name) for model, s in last.items()
                 for name in s.detail.get("not_held") or ()}
     if not not_held:

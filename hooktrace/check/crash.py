@@ -14,9 +14,10 @@ from __future__ import annotations
 import signal
 from typing import TYPE_CHECKING, Any
 
-from hooktrace.check.findings import ERROR, Finding
+from hooktrace.check.findings import ERROR, Finding, FindingKind
 from hooktrace.log.errors import plain
 from hooktrace.log.options import TraceOptions
+from hooktrace.log.schema import EndStatus
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected
@@ -78,7 +79,7 @@ def _words(text: str, n: int) -> str:
 
 def check_crash(c: Collected) -> list[Finding]:
     """The error the run stopped on; else how it stopped, where it did not finish."""
-    if c.end is None or c.end.status != "error" or not c.end.error:
+    if c.end is None or c.end.status != EndStatus.ERROR or not c.end.error:
         return _stopped(c)
     error = c.end.error
     kind = str(error.get("type", "error"))
@@ -92,7 +93,7 @@ def check_crash(c: Collected) -> list[Finding]:
     if c.unfinished is not None:
         step, (model, name) = c.unfinished
         return [Finding(
-            "backward-error", ERROR, c.model_name(model), name, step,
+            FindingKind.BACKWARD_ERROR, ERROR, c.model_name(model), name, step,
             f"the backward pass of step {step} raised {kind} while the backward of "
             f"{c.label(model, name)} ran{where}: {text}", evidence,
             _hint(text, "the gradient of the modules before it was never computed: fix this "
@@ -152,7 +153,7 @@ def _how(c: Collected) -> tuple[str, str, str] | None:
                 "a process killed without a word is most often out of memory (the kernel's OOM "
                 "killer: dmesg says so) or a scheduler's limit; the findings cover what the log "
                 "holds")
-    if end.status == "interrupted":
+    if end.status == EndStatus.INTERRUPTED:
         return (f"it was interrupted by {_signal(end)}", "interrupted",
                 "the findings cover the steps it ran; trace a run to its end to check it whole")
     return None

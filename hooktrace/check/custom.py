@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hooktrace.check.findings import NOTE, WARNING, Finding, names_text
+from hooktrace.check.findings import NOTE, WARNING, Finding, FindingKind, names_text
+from hooktrace.log.schema import SignalKind
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected
@@ -27,7 +28,7 @@ def check_custom(c: Collected) -> list[Finding]:
     out: list[Finding] = []
     growing: dict[tuple[int, str, int], list[Signal]] = {}
     for s in c.signals:
-        if s.kind == "hooks-growing":
+        if s.kind == SignalKind.HOOKS_GROWING:
             growing.setdefault((s.model, s.detail.get("hooks", "?"), s.step), []).append(s)
     for (model, kind, step), signals in sorted(growing.items()):
         out.append(_growing(c, model, kind, step, signals))
@@ -42,7 +43,7 @@ def _growing(c: Collected, model: int, kind: str, step: int, signals: list[Signa
     steps = ", ".join(map(str, first.get("steps", [])))
     whose = c.label(model, names[0]) if len(names) == 1 else names_text(names)
     return Finding(
-        "hooks-growing", WARNING, c.model_name(model), names[0], step,
+        FindingKind.HOOKS_GROWING, WARNING, c.model_name(model), names[0], step,
         f"{whose}: the {what} grew at every recorded step ({counts} at steps {steps}): a hook "
         f"is registered in the training loop and never removed; {effect}",
         {"modules": names, "hooks": kind, "counts": first.get("counts", []),
@@ -93,7 +94,7 @@ def function_backward(c: Collected, s: Signal) -> list[Finding]:
             "rule: a constant forward multiplies by, backward multiplies by too); check it "
             "with torch.autograd.gradcheck on double inputs")
     return [Finding(
-        "function-backward", severity, c.model_name(s.model), s.fqn, s.step,
+        FindingKind.FUNCTION_BACKWARD, severity, c.model_name(s.model), s.fqn, s.step,
         f"the autograd.Function {fn} ({site}), used {where}: its backward {says}",
         {k: d[k] for k in ("function", "file", "line", "verdict", "ratio", "elements", "off")
          if k in s.detail}, hint)]

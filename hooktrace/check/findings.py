@@ -7,7 +7,7 @@ thresholds); it imports nothing of the project, so that each of them starts fast
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from hooktrace.log.words import fqn_text
 
@@ -25,6 +25,46 @@ class Thresholds:
     # a saturating activation passing back at most this: no layer scale (ConvNeXt's is 1e-6),
     # its branch starves even with a shortcut around it
     saturated: float = 1e-9
+
+
+class FindingKind:
+    """The finding kinds spelled once here: those that are also a log record's kind word (the
+    signal or anomaly a finding reports gives it its word; check's own word all the same, so
+    that the log's kinds, ``SignalKind`` and ``AnomalyKind``, are spelled only in ``log/``), and
+    those more than one module of check names. Every other kind is spelled where its finding
+    is made; docs/findings.md lists them all."""
+
+    BACKWARD_HOOK: Final[str] = "backward-hook"
+    COMPILED_EAGER: Final[str] = "compiled-eager"
+    EVAL_BACKWARD: Final[str] = "eval-backward"
+    FROZEN_BN_TRAINING: Final[str] = "frozen-bn-training"
+    FUNCTION_BACKWARD: Final[str] = "function-backward"
+    GRADS_CARRIED_OVER: Final[str] = "grads-carried-over"
+    GRADS_CLEARED: Final[str] = "grads-cleared"
+    GRADS_ZEROED: Final[str] = "grads-zeroed"
+    HOOKS_GROWING: Final[str] = "hooks-growing"
+    LOSS_SHARE: Final[str] = "loss-share"
+    LOSS_TARGET_GRAD: Final[str] = "loss-target-grad"
+    LOSS_TERM_CUT: Final[str] = "loss-term-cut"
+    LR_COLLAPSED: Final[str] = "lr-collapsed"
+    NO_GRAD: Final[str] = "no-grad"
+    NONFINITE_BACKWARD: Final[str] = "nonfinite-backward"
+    NONFINITE_FORWARD: Final[str] = "nonfinite-forward"
+    PARAMS_RECREATED: Final[str] = "params-recreated"
+    PROBE: Final[str] = "probe"
+    SCALED_STEP: Final[str] = "scaled-step"
+    SHARED_STORAGE: Final[str] = "shared-storage"
+    STEP_UNEXPLAINED: Final[str] = "step-unexplained"
+    STEPPED_TWICE: Final[str] = "stepped-twice"
+    UPDATES_ROUNDED: Final[str] = "updates-rounded"
+    WEIGHT_DECAY: Final[str] = "weight-decay"
+    WEIGHTS_UNCHANGED: Final[str] = "weights-unchanged"
+    # spelled in more than one module of check
+    BACKWARD_ERROR: Final[str] = "backward-error"
+    NO_GRAD_UNDER_NO_GRAD: Final[str] = "no-grad-under-no_grad"
+    NOTHING_TRACED: Final[str] = "nothing-traced"
+    RANK_DIVERGENCE: Final[str] = "rank-divergence"
+    ZERO_GRADIENT: Final[str] = "zero-gradient"
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import Any
 from hooktrace.check.collected import Collected, Nonfinite
 from hooktrace.log import schema
 from hooktrace.log.decoder import Stats
+from hooktrace.log.schema import AnomalyKind
 
 
 def _finite(stat: list[float] | None) -> bool:
@@ -76,12 +77,12 @@ def parameter_norms(c: Collected, r: schema.ParamGrads) -> None:
 def anomaly(c: Collected, r: schema.Anomaly) -> None:
     """A watched step's record: the same findings as from events, without the events."""
     found = Nonfinite(r.step, r.model, r.fqn, {"call": r.call, **r.detail})
-    if r.kind == "nonfinite-forward":
+    if r.kind == AnomalyKind.NONFINITE_FORWARD:
         c.forward_nonfinite_steps.add(r.step)
         first = c.first_forward_nonfinite
         if first is None or r.step < first.step:
             c.first_forward_nonfinite = found
-    elif r.kind == "nonfinite-backward":
+    elif r.kind == AnomalyKind.NONFINITE_BACKWARD:
         c.backward_nonfinite_steps.add(r.step)
         first = c.first_backward_nonfinite
         if first is None or r.step < first.step:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hooktrace.check.findings import WARNING, Finding, names_text, steps_text
+from hooktrace.check.findings import WARNING, Finding, FindingKind, names_text, steps_text
 from hooktrace.log.options import TraceOptions
+from hooktrace.log.schema import SignalKind
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ def shared_storage(c: Collected, s: Signal) -> list[Finding]:
     optimizer = s.detail.get("optimizer") or "optimizer"
     first, second = params[-1], params[0]
     return [Finding(
-        "shared-storage", WARNING, c.model_name(s.model), s.fqn, s.step,
+        FindingKind.SHARED_STORAGE, WARNING, c.model_name(s.model), s.fqn, s.step,
         f"the {optimizer} optimizer of model '{c.model_name(s.model)}' holds "
         f"{names_text(params)}, {plural(len(params), 'different Parameter')} over one "
         "storage (weights tied by assigning .data, or Parameters made from one tensor): "
@@ -105,7 +106,7 @@ def stepped_twice(c: Collected, s: Signal) -> list[Finding]:
     model = c.model_name(s.model)
     times = "twice" if most == 2 else f"{most} times"
     return [Finding(
-        "stepped-twice", WARNING, model, s.fqn, s.step,
+        FindingKind.STEPPED_TWICE, WARNING, model, s.fqn, s.step,
         f"the {optimizer} optimizer of model '{model}' stepped {times} after one backward "
         f"pass, in {steps_text(steps)}: each step applies the same gradients again (about "
         f"{most}x the learning rate)",
@@ -118,7 +119,7 @@ def twice_text(c: Collected) -> str:
     """For a model no optimizer steps, where another model's optimizer stepped twice after one
     backward pass (a second step() where this model's was meant): ', while ... steps twice'."""
     twice = sorted({(c.model_name(s.model), str(s.detail.get("optimizer") or "optimizer"))
-                    for s in c.signals if s.kind == "stepped-twice"})
+                    for s in c.signals if s.kind == SignalKind.STEPPED_TWICE})
     return "".join(f", while the {cls} optimizer of model '{model}' steps twice after one "
                    "backward pass" for model, cls in twice)
 

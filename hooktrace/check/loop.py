@@ -14,7 +14,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hooktrace.check.findings import ERROR, NOTE, WARNING, Finding, names_text, steps_text
+from hooktrace.check.findings import (
+    ERROR,
+    NOTE,
+    WARNING,
+    Finding,
+    FindingKind,
+    names_text,
+    steps_text,
+)
 from hooktrace.check.holds import (
     check_on_wrapper,
     outside_text,
@@ -25,6 +33,7 @@ from hooktrace.check.trainable import frozen_during_run, unfrozen_at
 from hooktrace.check.updates import (
     norms_at,
 )
+from hooktrace.log.schema import SignalKind
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
@@ -89,7 +98,7 @@ def not_held(c: Collected, s: Signal) -> list[Finding]:
 def _others_held(c: Collected, model: int) -> bool:
     """Whether an optimizer that steps holds parameters of another model (several models
     trained side by side, each with its own optimizer)."""
-    return any(t.kind == "optimizers" and t.model != model and t.detail.get("held")
+    return any(t.kind == SignalKind.OPTIMIZERS and t.model != model and t.detail.get("held")
                for t in c.signals)
 
 
@@ -107,7 +116,7 @@ def _outside_autograd(c: Collected) -> list[Finding]:
     """Modules an optimizer steps whose backward ran in every recorded step while their own
     parameters never got a gradient (others of their model did): forward uses the parameters
     through ``.item()``, ``float()``, ``.data`` or ``.detach()``."""
-    held = {(s.model, name) for s in c.signals if s.kind == "optimizers"
+    held = {(s.model, name) for s in c.signals if s.kind == SignalKind.OPTIMIZERS
             for name in s.detail.get("held", [])}
     got: set[ModelFqn] = set()
     none: dict[ModelFqn, list[int]] = {}
@@ -127,7 +136,7 @@ def _outside_autograd(c: Collected) -> list[Finding]:
         if key not in got:
             model, name = key
             out.append(Finding(
-                "no-grad", WARNING, c.model_name(model), name, steps[0],
+                FindingKind.NO_GRAD, WARNING, c.model_name(model), name, steps[0],
                 f"{c.label(model, name)}: its backward ran but its own parameters never got a "
                 f"gradient ({steps_text(steps)}): its forward uses them outside autograd",
                 {"steps": steps[:20]},
@@ -144,7 +153,7 @@ def _params_outside_autograd(c: Collected, held: set[ModelFqn]) -> list[Finding]
     with_grad: dict[ModelFqn, list[str]] = {}  # as last said
     for s in c.signals:
         key = (s.model, s.fqn)
-        if s.kind != "params-without-grad" or key not in held:
+        if s.kind != SignalKind.PARAMS_WITHOUT_GRAD or key not in held:
             continue
         said = s.detail.get("params", [])
         first.setdefault(key, s.step)
@@ -155,7 +164,7 @@ def _params_outside_autograd(c: Collected, held: set[ModelFqn]) -> list[Finding]
         got, step = with_grad[(model, name)], first[(model, name)]
         if params and got:
             out.append(Finding(
-                "no-grad", WARNING, c.model_name(model), name, step,
+                FindingKind.NO_GRAD, WARNING, c.model_name(model), name, step,
                 f"{c.label(model, name)}: its {names_text(params)} never got a gradient "
                 f"though its {names_text(got)} did (from step {step} on): its forward "
                 f"uses {'it' if len(params) == 1 else 'them'} outside autograd (.data, "
@@ -179,8 +188,8 @@ def _got_gradient(c: Collected, model: int) -> set[str]:
 def carried_over(c: Collected, s: Signal) -> list[Finding]:
     modules = sorted(s.detail.get("modules", []), key=lambda name: _order(c, s.model, name))
     return [Finding(
-        "grads-carried-over", WARNING, c.model_name(s.model), modules[0] if modules else "",
-        s.step,
+        FindingKind.GRADS_CARRIED_OVER, WARNING, c.model_name(s.model),
+        modules[0] if modules else "", s.step,
         f"the gradients of {plural(len(modules), 'module')} of model "
         f"'{c.model_name(s.model)}' ({names_text(modules)}) were not cleared after "
         f"optimizer.step(): the backward of step {s.step} adds to the previous step's",
@@ -192,7 +201,8 @@ def carried_over(c: Collected, s: Signal) -> list[Finding]:
 def grads_cleared(c: Collected, s: Signal) -> list[Finding]:
     modules = sorted(s.detail.get("modules", []), key=lambda name: _order(c, s.model, name))
     return [Finding(
-        "grads-cleared", WARNING, c.model_name(s.model), modules[0] if modules else "", s.step,
+        FindingKind.GRADS_CLEARED, WARNING, c.model_name(s.model), modules[0] if modules else "",
+        s.step,
         f"optimizer.step() after step {s.step} found every gradient of model "
         f"'{c.model_name(s.model)}' already cleared ({plural(len(modules), 'module')} the "
         f"backward reached: {names_text(modules)}): zero_grad() ran between backward() and "
@@ -210,7 +220,8 @@ def grads_zeroed(c: Collected, s: Signal) -> list[Finding]:
     if norms and not any(norms):
         return []  # the backward gave zero gradients itself (a loss of 0): nothing was zeroed
     return [Finding(
-        "grads-zeroed", WARNING, c.model_name(s.model), modules[0] if modules else "", s.step,
+        FindingKind.GRADS_ZEROED, WARNING, c.model_name(s.model), modules[0] if modules else "",
+        s.step,
         f"optimizer.step() after step {s.step} found every gradient of model "
         f"'{c.model_name(s.model)}' exactly zero, though its backward gave "
         f"{plural(len(modules), 'module')} ({names_text(modules)}) non-zero ones: they were "
@@ -225,7 +236,7 @@ def params_recreated(c: Collected, s: Signal) -> list[Finding]:
     params = s.detail.get("params", [])
     quoted = ", ".join(f"'{p}'" for p in params)
     return [Finding(
-        "params-recreated", WARNING, c.model_name(s.model), s.fqn, s.step,
+        FindingKind.PARAMS_RECREATED, WARNING, c.model_name(s.model), s.fqn, s.step,
         f"{c.label(s.model, s.fqn)} creates a new nn.Parameter {quoted} in its forward at every "
         "call: no optimizer holds it, and it restarts from its initial value each step",
         {"params": params},
@@ -235,7 +246,7 @@ def params_recreated(c: Collected, s: Signal) -> list[Finding]:
 def backward_hook_only(c: Collected, s: Signal) -> list[Finding]:
     hook = s.detail.get("hook", "?")
     return [Finding(
-        "backward-hook", WARNING, c.model_name(s.model), s.fqn, None,
+        FindingKind.BACKWARD_HOOK, WARNING, c.model_name(s.model), s.fqn, None,
         f"{c.label(s.model, s.fqn)} has a hook from the deprecated "
         f"register_backward_hook ({hook}): its forward is more than one operation, and the "
         "hook sees the gradients of the last one only, not the module's",
@@ -245,7 +256,7 @@ def backward_hook_only(c: Collected, s: Signal) -> list[Finding]:
 
 def frozen_bn_training(c: Collected, s: Signal) -> list[Finding]:
     return [Finding(
-        "frozen-bn-training", NOTE, c.model_name(s.model), s.fqn, s.step,
+        FindingKind.FROZEN_BN_TRAINING, NOTE, c.model_name(s.model), s.fqn, s.step,
         f"{c.label(s.model, s.fqn)} is frozen (no trainable parameters) but in train mode: "
         "its running statistics still change with every batch",
         {}, "call .eval() on frozen BatchNorm layers after model.train() if they should "
@@ -256,14 +267,14 @@ def _never_reached(c: Collected) -> list[Finding]:
     """A model whose parameters an optimizer steps, run with gradients on, that no backward
     pass ever reached: the loss was computed from a detached output."""
     out = []
-    held = {s.model for s in c.signals if s.kind == "optimizers" and s.detail.get("held")}
+    held = {s.model for s in c.signals if s.kind == SignalKind.OPTIMIZERS and s.detail.get("held")}
     # (held by an optimizer at some point: a GAN's generator is, once its optimizer steps)
     backed = c.backward_models()
     ran = {key[0] for keys in c.grad.values() for key in keys}
     ran_no_grad = {key[0] for keys in c.no_grad.values() for key in keys}
     for model in sorted(held & ran_no_grad - ran - backed):
         out.append(Finding(
-            "no-grad-under-no_grad", WARNING, c.model_name(model), "", None,
+            FindingKind.NO_GRAD_UNDER_NO_GRAD, WARNING, c.model_name(model), "", None,
             f"model '{c.model_name(model)}' ran only under torch.no_grad() while an optimizer "
             "steps its parameters: they never get a gradient",
             {}, "call it outside torch.no_grad() to train it; to keep it frozen on purpose, "

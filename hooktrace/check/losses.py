@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hooktrace.check.findings import WARNING, Finding
-from hooktrace.log.schema import VIEW_OPS
+from hooktrace.log.schema import VIEW_OPS, SignalKind
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected, LossCall
@@ -122,7 +122,7 @@ def check_loss_ops(c: Collected, module_found: set[str]) -> list[Finding]:
     out: list[Finding] = []
     said: set[tuple[int, str]] = set()
     for s in c.signals:
-        if s.kind != "loss-ops" or c.model_name(s.model) in module_found:
+        if s.kind != SignalKind.LOSS_OPS or c.model_name(s.model) in module_found:
             continue
         loss, out_op = str(s.detail.get("loss", "")), str(s.detail.get("out", ""))
         ops = [o for o in [*s.detail.get("ops", []), out_op] if o not in VIEW_OPS]

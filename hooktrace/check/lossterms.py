@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from hooktrace.check.findings import NOTE, WARNING, Finding
+from hooktrace.check.findings import NOTE, WARNING, Finding, FindingKind
+from hooktrace.log.schema import SignalKind
 from hooktrace.log.words import fqn_text
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ def check_loss_terms(c: Collected) -> list[Finding]:
     out: list[Finding] = []
     shares: dict[tuple[int, str, int], list[Signal]] = {}
     for s in c.signals:
-        if s.kind == "loss-share":
+        if s.kind == SignalKind.LOSS_SHARE:
             d = s.detail
             key = (s.model, f"{d.get('by')} {d.get('node')} {d.get('loss')} {d.get('file')}",
                    int(d.get("line", 0)))
@@ -58,14 +59,14 @@ def absorb(c: Collected, findings: list[Finding]) -> list[Finding]:
     made) a term a ``loss-term-cut`` names: the gradient stops in the loss, outside every
     forward, not inside the boundary's forward. The cut names them; the ``no-grad`` goes."""
     findings = _zeroed(findings)
-    cuts = [f for f in findings if f.kind == "loss-term-cut"]
+    cuts = [f for f in findings if f.kind == FindingKind.LOSS_TERM_CUT]
     if not cuts:
         return findings
     kept = []
     grown: dict[int, Finding] = {}  # each cut (by its place) as the no-grads it takes make it
     for f in findings:
         cut = next((i for i, k in enumerate(cuts) if _explains(c, k, f)), None) \
-            if f.kind == "no-grad" else None
+            if f.kind == FindingKind.NO_GRAD else None
         if cut is None:
             kept.append(f)
             continue
@@ -86,7 +87,7 @@ def _zeroed(findings: list[Finding]) -> list[Finding]:
     grown: dict[str, Finding] = {}  # each model's empty read as the zeros it takes make it
     kept = []
     for f in findings:
-        nothing = empty.get(f.model) if f.kind == "zero-gradient" else None
+        nothing = empty.get(f.model) if f.kind == FindingKind.ZERO_GRADIENT else None
         if nothing is None or not set(f.evidence.get("steps", [])) <= set(
                 nothing.evidence.get("steps", [])):
             kept.append(f)
@@ -121,7 +122,7 @@ def term_cut(c: Collected, s: Signal) -> list[Finding]:
     code = f" (`{d['code']}`)" if d.get("code") else ""
     models = ", ".join(f"'{c.model_name(m)}'" for m in d.get("models", [s.model]))
     return [Finding(
-        "loss-term-cut", WARNING, c.model_name(s.model), s.fqn, s.step,
+        FindingKind.LOSS_TERM_CUT, WARNING, c.model_name(s.model), s.fqn, s.step,
         f"a term added into the loss at {_where(d.get('added_file'), d.get('added_line'))} "
         f"reaches no trainable parameter: {how.format(op=d.get('op'), where=where)}{code}. It "
         f"is in the loss, outside every forward: it changes the loss's value, but only the "
@@ -133,7 +134,7 @@ def target_grad(c: Collected, s: Signal) -> list[Finding]:
     model = c.model_name(s.model)
     code = f" (`{d['code']}`)" if d.get("code") else ""
     return [Finding(
-        "loss-target-grad", WARNING, model, s.fqn, s.step,
+        FindingKind.LOSS_TARGET_GRAD, WARNING, model, s.fqn, s.step,
         f"the target of {d.get('loss')} at {_where(d.get('file'), d.get('line'))}{code} "
         f"carries a gradient into model '{model}': it is computed from another call of the "
         f"model the prediction comes from, through a {str(d.get('through', 'max')).lower()} "
@@ -169,7 +170,7 @@ def _share(c: Collected, signals: list[Signal]) -> Finding:
             "check the labels and the ignore_index: padding or a wrong label mapping may have "
             "turned every target into the ignored value")
     return Finding(
-        "loss-share", NOTE, c.model_name(first.model), first.fqn, least.step,
+        FindingKind.LOSS_SHARE, NOTE, c.model_name(first.model), first.fqn, least.step,
         f"{d.get('loss')} {where} reads part of its batch: {read} of {of} targets at step "
         f"{least.step} (the others equal ignore_index={d.get('ignore_index')})", fact)
 
@@ -200,7 +201,7 @@ def _mask(c: Collected, signals: list[Signal]) -> Finding:
             "check the comparison that builds the mask (ids != pad, lengths > position) and "
             "its dtype and shape against the loss's")
     return Finding(
-        "loss-share", NOTE, c.model_name(first.model), first.fqn, least.step,
+        FindingKind.LOSS_SHARE, NOTE, c.model_name(first.model), first.fqn, least.step,
         f"the loss reads {read} of its {of} elements ({100 * read // max(of, 1)}%) at step "
         f"{least.step}: a 0/1 mask ({how}) keeps them", _fact(signals))
 

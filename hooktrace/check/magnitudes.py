@@ -15,11 +15,13 @@ from hooktrace.check.findings import (
     NOTE,
     WARNING,
     Finding,
+    FindingKind,
     Thresholds,
     names_text,
     steps_text,
 )
 from hooktrace.log.names import ancestors
+from hooktrace.log.schema import SignalKind
 from hooktrace.log.words import fqn_text, plural
 
 if TYPE_CHECKING:
@@ -211,7 +213,7 @@ def check_magnitudes(c: Collected, t: Thresholds, explained: Set[ModelFqn] = fro
         out.append(_zero_finding(c, starts, lasting))
     passing = {k: p for k, p in zero.items() if not p.lasting}
     if passing:
-        out.append(_magnitude_finding(c, t, starts, "zero-gradient", passing, None,
+        out.append(_magnitude_finding(c, t, starts, FindingKind.ZERO_GRADIENT, passing, None,
                                       note="passing"))
     return out
 
@@ -234,14 +236,14 @@ def _zero_finding(c: Collected, starts: dict[ModelFqn, int],
         hint = ("keep the weights in float32 and train with torch.autocast(dtype=torch.float16) "
                 "and torch.amp.GradScaler, which multiplies the loss by 65536 before backward "
                 "(or scale the loss up yourself and the gradients down before the step)")
-    return Finding("zero-gradient", WARNING, c.model_name(first[0]), first[1], steps[0],
+    return Finding(FindingKind.ZERO_GRADIENT, WARNING, c.model_name(first[0]), first[1], steps[0],
                    message, {"modules": [k[1] for k in order], "steps": steps[:20]}, hint)
 
 
 def _underflowed(c: Collected, models: set[int], steps: set[int]) -> bool:
     """The models' outputs are float16 and their gradient exactly zero in every judged step
     among ``steps``, and no loss scaler ran: float16 underflow (bfloat16 has float32's range)."""
-    if any(s.kind == "loss-scale" for s in c.signals):
+    if any(s.kind == SignalKind.LOSS_SCALE for s in c.signals):
         return False
     roots = [call for call in c.calls
              if call.key[1] == "" and call.key[0] in models and call.step in steps]
@@ -327,7 +329,7 @@ def _magnitude_finding(c: Collected, t: Thresholds, starts: dict[ModelFqn, int],
     order = sorted(modules, key=lambda k: start(starts, k))
     limit = t.vanishing if kind == "vanishing" else t.exploding
     listed = ", ".join(f"{fqn_text(k[1])} {modules[k].norm:.2g}" for k in order[:6])
-    past = ("of exactly 0" if kind == "zero-gradient" else
+    past = ("of exactly 0" if kind == FindingKind.ZERO_GRADIENT else
             f"{'below' if kind == 'vanishing' else 'above'} {limit:g}")
     about = (f"{plural(len(order), 'module')} with a parameter-gradient norm {past}: {listed}"
              + (f" and {len(order) - 6} more" if len(order) > 6 else ""))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from hooktrace.check.findings import steps_text
 from hooktrace.check.relations import Looks, follows, twin_looks
+from hooktrace.log.schema import SignalKind
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected
@@ -78,7 +79,7 @@ def model_facts(c: Collected) -> list[ModelFacts]:
 def _optimizers(c: Collected, model: int) -> list[dict[str, Any]]:
     return [{"optimizer": s.detail.get("optimizer", "?"), "steps": s.detail.get("count", 0),
              "after": [a for a in s.detail.get("after") or [] if a >= 0]}
-            for s in c.signals if s.kind == "optimizer-steps" and s.model == model]
+            for s in c.signals if s.kind == SignalKind.OPTIMIZER_STEPS and s.model == model]
 
 
 def _losses(c: Collected, model: int, optimizers: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -86,7 +87,7 @@ def _losses(c: Collected, model: int, optimizers: list[dict[str, Any]]) -> list[
     generator through the discriminator), those that read the outputs of the models its
     optimizer's passes reached."""
     said = sorted({(s.detail.get("loss", "?"), s.model) for s in c.signals
-                   if s.kind == "loss-ops"})
+                   if s.kind == SignalKind.LOSS_OPS})
     own = [(loss, m) for loss, m in said if m == model]
     if not own and optimizers:
         passes = {p for o in optimizers for p in o["after"]}
@@ -100,7 +101,7 @@ def _frozen(c: Collected, model: int, facts: ModelFacts) -> None:
     with_params = {s.fqn for s in c.modules.values() if s.model == model and s.params}
     frozen = {s.fqn for s in c.modules.values()
               if s.model == model and s.params and not s.trainable}
-    changes = [s for s in c.signals if s.kind == "trainable-changed" and s.model == model]
+    changes = [s for s in c.signals if s.kind == SignalKind.TRAINABLE_CHANGED and s.model == model]
     if not changes:
         if with_params and frozen == with_params:
             facts.frozen = "throughout"
@@ -139,7 +140,8 @@ def _twin(c: Collected, name: str, looks: dict[str, Looks], facts: ModelFacts) -
         return
     held = {o for found in m.same.values() for o in found}
     if follows(m):  # a moving average holds no one's weights after its first look
-        held |= {o for s in c.signals if s.kind == "twins" and name in s.detail.get("models", [])
+        held |= {o for s in c.signals
+                 if s.kind == SignalKind.TWINS and name in s.detail.get("models", [])
                  for o in s.detail.get("models", [])}
     trained = sorted(o for o in held if o in looks and looks[o].trained)
     if not trained:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hooktrace.check.findings import NOTE, WARNING, Finding, names_text
+from hooktrace.check.findings import NOTE, WARNING, Finding, FindingKind, names_text
 from hooktrace.check.trainable import trainable_at
 
 if TYPE_CHECKING:
@@ -26,7 +26,8 @@ def eval_backward(c: Collected, s: Signal) -> list[Finding]:
             "mode: linear probing?)" if probing else "dropout is off, and BatchNorm normalises "
             "with its running statistics and does not update them")
     return [Finding(
-        "eval-backward", NOTE if probing else WARNING, c.model_name(s.model), s.fqn, s.step,
+        FindingKind.EVAL_BACKWARD, NOTE if probing else WARNING, c.model_name(s.model), s.fqn,
+        s.step,
         f"model '{c.model_name(s.model)}' ran backward in eval mode (model.training is False) "
         f"from step {s.step} on: {what} ({names_text(layers, 3)} in what trains)",
         {"layers": layers[:20]},

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hooktrace.check.findings import WARNING, Finding, steps_text
+from hooktrace.check.findings import WARNING, Finding, FindingKind, steps_text
 from hooktrace.check.grouped import cover, patterns
 from hooktrace.log.words import fqn_text, plural
 
@@ -31,7 +31,7 @@ def no_grad_only(c: Collected, found: list[tuple[ModuleStats, list[int]]]) -> li
         tops = cover(c, model, names)
         trainable = sum(m.trainable for m in modules)
         out.append(Finding(
-            "no-grad-under-no_grad", WARNING, c.model_name(model), tops[0], steps[0],
+            FindingKind.NO_GRAD_UNDER_NO_GRAD, WARNING, c.model_name(model), tops[0], steps[0],
             f"{patterns(tops)} ({plural(len(modules), 'module')} with "
             f"{plural(trainable, 'trainable parameter')}) ran only under torch.no_grad while "
             f"the rest of model '{c.model_name(model)}' trained: they get no gradient "
@@ -44,7 +44,7 @@ def no_grad_only(c: Collected, found: list[tuple[ModuleStats, list[int]]]) -> li
 
 def _one(c: Collected, m: ModuleStats, steps: list[int]) -> Finding:
     return Finding(
-        "no-grad-under-no_grad", WARNING, c.model_name(m.model), m.fqn, steps[0],
+        FindingKind.NO_GRAD_UNDER_NO_GRAD, WARNING, c.model_name(m.model), m.fqn, steps[0],
         f"{fqn_text(m.fqn)} ({m.cls}) ran under torch.no_grad while the rest of its "
         f"model trained: its {m.trainable} trainable parameters get no gradient",
         {"steps": steps[:20]}, HINT)

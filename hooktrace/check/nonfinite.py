@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hooktrace.check.findings import ERROR, NOTE, Finding, names_text, steps_text
+from hooktrace.check.findings import ERROR, NOTE, Finding, FindingKind, names_text, steps_text
 from hooktrace.check.magnitudes import DIVERGES, growth, growth_text, largest_norms
 from hooktrace.log.names import ancestors
 from hooktrace.log.options import TraceOptions
+from hooktrace.log.schema import SignalKind
 from hooktrace.log.words import fqn_text
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ def check_nonfinite(c: Collected) -> list[Finding]:
             module, why, hint, more = came
             evidence = {**evidence, **more}
         out.append(Finding(
-            "nonfinite-forward", ERROR, c.model_name(forward.model), module, forward.step,
+            FindingKind.NONFINITE_FORWARD, ERROR, c.model_name(forward.model), module, forward.step,
             f"first NaN/Inf in a forward output: {c.label(forward.model, forward.fqn)} at "
             f"step {forward.step}" + (f" (again in {steps_text(later)})" if later else "") + why,
             evidence, hint))
@@ -38,7 +39,7 @@ def check_nonfinite(c: Collected) -> list[Finding]:
         bad = sorted(c.backward_nonfinite_steps)
         label = c.label(backward.model, backward.fqn)
         out.append(Finding(
-            "nonfinite-backward", NOTE, c.model_name(backward.model), backward.fqn,
+            FindingKind.NONFINITE_BACKWARD, NOTE, c.model_name(backward.model), backward.fqn,
             backward.step,
             f"NaN/Inf gradients in {steps_text(bad)}, first "
             f"{'produced by' if backward.evidence.get('produced') else 'reaching'} {label}; "
@@ -53,11 +54,11 @@ def check_nonfinite(c: Collected) -> list[Finding]:
         follows = forward is not None and forward.step <= backward.step
         label = c.label(backward.model, backward.fqn)
         out.append(Finding(
-            "nonfinite-backward", ERROR, c.model_name(backward.model), backward.fqn,
+            FindingKind.NONFINITE_BACKWARD, ERROR, c.model_name(backward.model), backward.fqn,
             backward.step,
             f"first NaN/Inf gradient {'produced by' if produced else 'reached'} {label} at step "
             f"{backward.step}" + (" (follows from the forward NaN/Inf)" if follows else ""),
-            {**backward.evidence, "follows": "nonfinite-forward"} if follows else
+            {**backward.evidence, "follows": FindingKind.NONFINITE_FORWARD} if follows else
             backward.evidence,
             "fix the forward NaN/Inf first" if follows else
             "its backward turned finite gradients into NaN/Inf (sqrt or log near 0, division by "
@@ -76,7 +77,7 @@ def _came_in(c: Collected, forward: Nonfinite
     just before it (a NaN born in a module's own functional code is that module's, not the
     child's that received it), or before the model's first call of the step (the data). Its
     module, the words, the hint and the evidence; None where its inputs were finite."""
-    said = next((s for s in c.signals if s.kind == "nonfinite-inputs" and (
+    said = next((s for s in c.signals if s.kind == SignalKind.NONFINITE_INPUTS and (
         s.step, s.model, s.fqn) == (forward.step, forward.model, forward.fqn)), None)
     if said is None:
         return None
@@ -165,7 +166,7 @@ def _nonfinite_weights(c: Collected, forward: Nonfinite) -> tuple[list[str], set
     if isinstance(said, list):
         return [str(n) for n in said], set(map(str, forward.evidence.get("weights_dtypes") or []))
     for s in c.signals:
-        if s.kind == "nonfinite-weights" and (s.step, s.model, s.fqn) == (
+        if s.kind == SignalKind.NONFINITE_WEIGHTS and (s.step, s.model, s.fqn) == (
                 forward.step, forward.model, forward.fqn):
             return ([str(n) for n in s.detail.get("params") or []],
                     set(map(str, s.detail.get("dtypes") or [])))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hooktrace.check.findings import NOTE, Finding
+from hooktrace.check.findings import NOTE, Finding, FindingKind
 from hooktrace.check.grouped import copies, inside, patterns
 from hooktrace.log.words import plural
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 # the notes that come one per module of a cause: a frozen BatchNorm in train mode, a layer
 # initialised to zero (which passes nothing back before its first update)
-REPEATING = ("frozen-bn-training", "zero-gradient")
+REPEATING = (FindingKind.FROZEN_BN_TRAINING, FindingKind.ZERO_GRADIENT)
 
 
 def settle(c: Collected, findings: list[Finding]) -> list[Finding]:
@@ -22,10 +22,10 @@ def settle(c: Collected, findings: list[Finding]) -> list[Finding]:
     trained module (a BYOL target or an EMA copy runs in train mode on purpose: its statistics
     follow the batches as the online network's do), and with each ``REPEATING`` note that
     repeats over several modules of a model as one note listing them."""
-    if any(f.kind == "frozen-bn-training" for f in findings):
+    if any(f.kind == FindingKind.FROZEN_BN_TRAINING for f in findings):
         models = {c.model_name(i): i for i in c.models}
         tops = list(copies(c))
-        findings = [f for f in findings if f.kind != "frozen-bn-training"
+        findings = [f for f in findings if f.kind != FindingKind.FROZEN_BN_TRAINING
                     or not inside((models.get(f.model, -1), f.module), tops)]
     groups: dict[tuple[str, str, str], list[Finding]] = {}
     for f in findings:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hooktrace.check.findings import NOTE, WARNING, Finding
+from hooktrace.check.findings import NOTE, WARNING, Finding, FindingKind
+from hooktrace.log.schema import SignalKind
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ _SIMILARITY = frozenset({"Mm", "Bmm", "Matmul", "Einsum"})
 def check_probed(c: Collected) -> list[Finding]:
     out: list[Finding] = []
     for s in c.signals:
-        if s.kind != "probe":
+        if s.kind != SignalKind.PROBE:
             continue
         what = s.detail.get("what")
         if what == "batch":
@@ -39,7 +40,7 @@ def check_probed(c: Collected) -> list[Finding]:
     return out
 
 
-def _note(c: Collected, s: Signal, message: str, kind: str = "probe") -> Finding:
+def _note(c: Collected, s: Signal, message: str, kind: str = FindingKind.PROBE) -> Finding:
     return Finding(kind, NOTE, c.model_name(s.model), s.fqn, s.step, message,
                    dict(s.detail), "a fact the probe measured (run --probe)")
 
@@ -52,7 +53,7 @@ def _listed(numbers: list[int], count: int) -> str:
 def _compares_samples(c: Collected, model: int) -> bool:
     """The loss reaches the model's output through a matmul (a similarity between the
     samples of a batch, as InfoNCE's ``q @ k.t()``)."""
-    return any(s.kind == "loss-ops" and s.model == model
+    return any(s.kind == SignalKind.LOSS_OPS and s.model == model
                and _SIMILARITY & set(s.detail.get("ops", [])) for s in c.signals)
 
 

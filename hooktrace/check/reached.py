@@ -9,7 +9,7 @@ from collections.abc import Iterator, Set
 from typing import TYPE_CHECKING
 
 from hooktrace.check import nogradonly
-from hooktrace.check.findings import NOTE, WARNING, Finding, steps_text
+from hooktrace.check.findings import NOTE, WARNING, Finding, FindingKind, steps_text
 from hooktrace.check.frozen import frozen_notes
 from hooktrace.check.trainable import unfrozen_at
 from hooktrace.log.names import ancestors
@@ -101,7 +101,7 @@ def check_no_grad(c: Collected, explained: Set[ModelFqn] = frozenset()) -> list[
         steps = no_backward.get((m.model, m.fqn))
         if steps:
             detached.append((m, Finding(
-                "no-grad", WARNING, c.model_name(m.model), m.fqn, steps[0],
+                FindingKind.NO_GRAD, WARNING, c.model_name(m.model), m.fqn, steps[0],
                 f"{fqn_text(m.fqn)} ({m.cls}) ran forward but no gradient reached it: "
                 f"detached or not on the loss path ({steps_text(steps)})",
                 {"steps": steps[:20], "trainable": m.trainable},
@@ -124,7 +124,7 @@ def check_lost_gradient(c: Collected) -> list[Finding]:
         until = f"until step {last}" if isinstance(last, int) else "in earlier steps"
         turns = f" (at least every {gap} steps)" if isinstance(gap, int) and gap > 1 else ""
         out.append(Finding(
-            "no-grad", WARNING, c.model_name(model), name, steps[0],
+            FindingKind.NO_GRAD, WARNING, c.model_name(model), name, steps[0],
             f"{fqn_text(name)} ({m.cls if m else '?'}) received gradient {until}{turns}, then "
             + (f"none from step {last + 1} on (said at {steps_text(steps)})"
                if isinstance(last, int) else

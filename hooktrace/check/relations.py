@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hooktrace.check.findings import WARNING, Finding, steps_text
+from hooktrace.log.schema import SignalKind
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected
@@ -50,7 +51,7 @@ def twin_looks(c: Collected) -> dict[str, Looks]:
     """Each model of the ``twins`` signals, by name: its looks."""
     out: dict[str, Looks] = {}
     for s in c.signals:
-        if s.kind != "twins":
+        if s.kind != SignalKind.TWINS:
             continue
         d: dict[str, Any] = s.detail
         for name in d.get("models", []):

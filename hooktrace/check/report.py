@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 
-from hooktrace.check.findings import ERROR, NOTE, WARNING, Finding, Report
+from hooktrace.check.findings import ERROR, NOTE, WARNING, Finding, FindingKind, Report
 from hooktrace.log.words import fqn_text, plural
 
 _TITLES = {ERROR: "Errors", WARNING: "Warnings", NOTE: "Notes"}
@@ -54,7 +54,7 @@ def where(f: Finding) -> str:
     if not f.model:
         if f.step is not None:
             return step
-        return "the whole run" if f.kind == "nothing-traced" else "before any model ran"
+        return "the whole run" if f.kind == FindingKind.NOTHING_TRACED else "before any model ran"
     return f"{fqn_text(f.module)} · model '{f.model}' · {step}"
 
 
@@ -63,7 +63,7 @@ def _finding(f: Finding) -> list[str]:
     if f.ranks is not None:
         listed = ", ".join(map(str, f.ranks))
         ranks = f" · rank{'s' if len(f.ranks) > 1 else ''} {listed}"
-        ranks += "" if f.kind == "rank-divergence" else " only"
+        ranks += "" if f.kind == FindingKind.RANK_DIVERGENCE else " only"
     lines = [f"  [{f.kind}] {where(f)}{ranks}", f"    {f.message}"]
     evidence = _evidence(f.evidence) if f.severity != NOTE else ""  # a note's message says it
     if evidence:

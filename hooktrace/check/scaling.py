@@ -9,21 +9,22 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from hooktrace.check.findings import ERROR, WARNING, Finding, names_text
+from hooktrace.check.findings import ERROR, WARNING, Finding, FindingKind, names_text
+from hooktrace.log.schema import SignalKind
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected
     from hooktrace.log.schema import Signal
 
 # findings that gradients too large by the scale explain, in the same model from its step on
-_CONSEQUENCES = ("nonfinite-forward", "nonfinite-backward", "exploding")
+_CONSEQUENCES = (FindingKind.NONFINITE_FORWARD, FindingKind.NONFINITE_BACKWARD, "exploding")
 
 
 def check_scaling(c: Collected) -> list[Finding]:
     out: list[Finding] = []
     twice: set[int] = set()
     for s in c.signals:
-        if s.kind == "loss-scaled" and int(s.detail.get("times") or 0) > 1 \
+        if s.kind == SignalKind.LOSS_SCALED and int(s.detail.get("times") or 0) > 1 \
                 and s.model not in twice:
             twice.add(s.model)
             out.append(_twice(c, s))
@@ -32,7 +33,7 @@ def check_scaling(c: Collected) -> list[Finding]:
 
 def _scale(c: Collected, s: Signal) -> str:
     """The scale in force at the signal's step, as the ``loss-scale`` signals say."""
-    scales = [x for x in c.signals if x.kind == "loss-scale" and x.model == s.model
+    scales = [x for x in c.signals if x.kind == SignalKind.LOSS_SCALE and x.model == s.model
               and x.step <= s.step]
     return f"{float(scales[-1].detail.get('scale') or 0):g}" if scales else "the scale"
 
@@ -53,7 +54,7 @@ def scaled_step(c: Collected, s: Signal) -> list[Finding]:
     scale = _scale(c, s)
     modules = [str(m) for m in s.detail.get("modules", [])]
     return [Finding(
-        "scaled-step", ERROR, c.model_name(s.model), "", s.step,
+        FindingKind.SCALED_STEP, ERROR, c.model_name(s.model), "", s.step,
         f"{s.detail.get('optimizer', 'an optimizer')}.step() applied the gradients of model "
         f"'{c.model_name(s.model)}' ({names_text(modules)}) still multiplied by the loss scale "
         f"({scale}): scaler.scale(loss).backward() was followed by optimizer.step(), not "
@@ -83,7 +84,7 @@ def after_scaling(findings: list[Finding]) -> list[Finding]:
     """``findings`` with the NaN/Inf and growing-gradient findings of a model whose optimizer
     applied gradients too large by the scale, from that step on, marked as following from it."""
     causes = {(f.model, f.kind): f.step or 0 for f in findings
-              if f.kind in ("scaled-step", "scaled-twice")}
+              if f.kind in (FindingKind.SCALED_STEP, "scaled-twice")}
     out = []
     for f in findings:
         cause = next((kind for (model, kind), step in causes.items()

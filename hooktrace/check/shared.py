@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from hooktrace.check.findings import WARNING, Finding, names_text
 from hooktrace.check.trainable import unfrozen_at
+from hooktrace.log.schema import SignalKind
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ def aliases(c: Collected) -> dict[ModelFqn, list[str]]:
                 if o.model == m.model and (o.fqn == m.fqn or o.fqn.startswith(m.fqn + ".")):
                     out.setdefault((o.model, o.fqn), []).append(alias + o.fqn[len(m.fqn):])
     for s in c.signals:
-        if s.kind == "trainable-changed":
+        if s.kind == SignalKind.TRAINABLE_CHANGED:
             for name, others in (s.detail.get("aliases") or {}).items():
                 out.setdefault((s.model, name), []).extend(others)
     return out
@@ -55,7 +56,7 @@ def _both_ways(c: Collected, key: ModelFqn) -> list[int]:
 def _frozen_held(c: Collected) -> set[ModelFqn]:
     """Modules whose parameters are all frozen though an optimizer that stepped holds them:
     meant to train (``optimizers`` signals, ``frozen_held``)."""
-    return {(s.model, name) for s in c.signals if s.kind == "optimizers"
+    return {(s.model, name) for s in c.signals if s.kind == SignalKind.OPTIMIZERS
             for name in s.detail.get("frozen_held") or ()}
 
 

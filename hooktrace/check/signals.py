@@ -15,6 +15,7 @@ from hooktrace.check.custom import function_backward
 from hooktrace.check.findings import Finding
 from hooktrace.check.modes import eval_backward
 from hooktrace.check.stepexplained import step_unexplained
+from hooktrace.log.schema import SignalKind
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected
@@ -24,35 +25,35 @@ SignalFindings = Callable[["Collected", "Signal"], list[Finding]]
 
 # signal kind -> its findings; "optimizers": the last such signal of each model only
 FINDINGS_OF_SIGNAL: dict[str, SignalFindings] = {
-    "eval-backward": eval_backward,
-    "optimizers": loop.not_held,
-    "grads-carried-over": loop.carried_over,
-    "grads-cleared": loop.grads_cleared,
-    "grads-zeroed": loop.grads_zeroed,
-    "params-recreated": loop.params_recreated,
-    "backward-hook": loop.backward_hook_only,
-    "frozen-bn-training": loop.frozen_bn_training,
-    "weights-unchanged": updates.weights_unchanged,
-    "updates-rounded": updates.updates_rounded,
-    "lr-collapsed": updates.lr_collapsed,
-    "weight-decay": updates.weight_decay,
-    "step-unexplained": step_unexplained,
-    "function-backward": function_backward,
-    "scaled-step": scaling.scaled_step,
-    "scaled-clip": scaling.scaled_clip,
-    "loss-term-cut": lossterms.term_cut,
-    "loss-target-grad": lossterms.target_grad,
-    "shared-storage": holds.shared_storage,
-    "stepped-twice": holds.stepped_twice,
+    SignalKind.EVAL_BACKWARD: eval_backward,
+    SignalKind.OPTIMIZERS: loop.not_held,
+    SignalKind.GRADS_CARRIED_OVER: loop.carried_over,
+    SignalKind.GRADS_CLEARED: loop.grads_cleared,
+    SignalKind.GRADS_ZEROED: loop.grads_zeroed,
+    SignalKind.PARAMS_RECREATED: loop.params_recreated,
+    SignalKind.BACKWARD_HOOK: loop.backward_hook_only,
+    SignalKind.FROZEN_BN_TRAINING: loop.frozen_bn_training,
+    SignalKind.WEIGHTS_UNCHANGED: updates.weights_unchanged,
+    SignalKind.UPDATES_ROUNDED: updates.updates_rounded,
+    SignalKind.LR_COLLAPSED: updates.lr_collapsed,
+    SignalKind.WEIGHT_DECAY: updates.weight_decay,
+    SignalKind.STEP_UNEXPLAINED: step_unexplained,
+    SignalKind.FUNCTION_BACKWARD: function_backward,
+    SignalKind.SCALED_STEP: scaling.scaled_step,
+    SignalKind.SCALED_CLIP: scaling.scaled_clip,
+    SignalKind.LOSS_TERM_CUT: lossterms.term_cut,
+    SignalKind.LOSS_TARGET_GRAD: lossterms.target_grad,
+    SignalKind.SHARED_STORAGE: holds.shared_storage,
+    SignalKind.STEPPED_TWICE: holds.stepped_twice,
 }
 
 
 def check_signals(c: Collected) -> list[Finding]:
     """The findings of each signal the table answers, in the log's order."""
     out: list[Finding] = []
-    last = {s.model: s for s in c.signals if s.kind == "optimizers"}  # all optimizers seen
+    last = {s.model: s for s in c.signals if s.kind == SignalKind.OPTIMIZERS}  # all optimizers seen
     for s in c.signals:
-        if s.kind == "optimizers" and last[s.model] is not s:
+        if s.kind == SignalKind.OPTIMIZERS and last[s.model] is not s:
             continue
         make = FINDINGS_OF_SIGNAL.get(s.kind)
         if make is not None:

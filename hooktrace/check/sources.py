@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from hooktrace.check.findings import Finding
+from hooktrace.check.findings import Finding, FindingKind
 from hooktrace.log.names import ancestors
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ def with_sources(c: Collected, findings: list[Finding]) -> list[Finding]:
 
 
 def _with_source(c: Collected, f: Finding, model: int) -> Finding:
-    if f.kind in ("loss-term-cut", "loss-target-grad"):
+    if f.kind in (FindingKind.LOSS_TERM_CUT, FindingKind.LOSS_TARGET_GRAD):
         return f  # in the loss, outside every forward: its own line says where
     for name in [f.module, *reversed(ancestors(f.module))]:
         m = c.modules.get((model, name))

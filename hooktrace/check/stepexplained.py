@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hooktrace.check.findings import WARNING, Finding, names_text, steps_text
+from hooktrace.check.findings import WARNING, Finding, FindingKind, names_text, steps_text
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ def step_unexplained(c: Collected, s: Signal) -> list[Finding]:
     message, hint = make(c.model_name(s.model), s.detail)
     evidence = {k: v for k, v in s.detail.items() if k != "modules"}
     evidence["modules"] = list(s.detail.get("modules", []))
-    return [Finding("step-unexplained", WARNING, c.model_name(s.model), s.fqn, s.step,
+    return [Finding(FindingKind.STEP_UNEXPLAINED, WARNING, c.model_name(s.model), s.fqn, s.step,
                     message, evidence, hint)]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hooktrace.check.findings import WARNING, Finding, names_text
+from hooktrace.log.schema import SignalKind
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
 def unfrozen_at(c: Collected) -> dict[ModelFqn, int]:
     """Per module made trainable during the run (``trainable-changed``), the step it was."""
-    return {(s.model, name): s.step for s in c.signals if s.kind == "trainable-changed"
+    return {(s.model, name): s.step for s in c.signals if s.kind == SignalKind.TRAINABLE_CHANGED
             for name in s.detail.get("unfrozen", [])}
 
 
@@ -27,7 +28,7 @@ def frozen_since(c: Collected) -> dict[ModelFqn, int]:
     first recorded backward pass that found it frozen)."""
     out: dict[ModelFqn, int] = {}
     for s in c.signals:
-        if s.kind == "trainable-changed":
+        if s.kind == SignalKind.TRAINABLE_CHANGED:
             for name in s.detail.get("frozen", []):
                 out.setdefault((s.model, name), s.step)
             for name in s.detail.get("unfrozen", []):
@@ -42,7 +43,7 @@ def toggled(c: Collected) -> set[ModelFqn]:
     frozen: set[ModelFqn] = set()
     out: set[ModelFqn] = set()
     for s in c.signals:
-        if s.kind == "trainable-changed":
+        if s.kind == SignalKind.TRAINABLE_CHANGED:
             frozen.update((s.model, name) for name in s.detail.get("frozen", []))
             out.update(key for name in s.detail.get("unfrozen", [])
                        if (key := (s.model, name)) in frozen)
@@ -105,7 +106,7 @@ def trainable_at(c: Collected, model: int, step: int) -> set[str]:
     the ``trainable-changed`` signals up to ``step`` changed them."""
     trains = {name for (m, name), stats in c.modules.items() if m == model and stats.trainable}
     for s in c.signals:
-        if s.kind == "trainable-changed" and s.model == model and s.step <= step:
+        if s.kind == SignalKind.TRAINABLE_CHANGED and s.model == model and s.step <= step:
             trains -= set(s.detail.get("frozen", []))
             trains |= set(s.detail.get("unfrozen", []))
     return trains

@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from hooktrace.check.findings import NOTE, WARNING, Finding
+from hooktrace.check.findings import NOTE, WARNING, Finding, FindingKind
+from hooktrace.log.schema import SignalKind
 
 if TYPE_CHECKING:
     from hooktrace.check.boundary import GradientFlow
@@ -41,7 +42,8 @@ def trained_in_turns(c: Collected) -> set[ModelFqn]:
     the recorded steps, one at least): each of its steps had their gradient."""
     last = max(c.backward_steps, default=-1)
     windows = [(s.model, set(s.detail.get("held") or ()), spans) for s in c.signals
-               if s.kind == "optimizer-steps" and (spans := _windows(s.detail.get("after"), last))]
+               if s.kind == SignalKind.OPTIMIZER_STEPS
+               and (spans := _windows(s.detail.get("after"), last))]
     if not windows:
         return set()  # no optimizer step to judge by
     missed: set[ModelFqn] = set()
@@ -76,7 +78,7 @@ def _windows(after: object, last: int) -> list[tuple[int, int]]:
 def first_moving(c: Collected, key: ModelFqn) -> int | None:
     """The pass after which an optimizer holding ``key`` first stepped with lr > 0; None where
     none did while tracing (none holds it, or lr stayed 0: nothing says it ever moves)."""
-    moved = [p for s in c.signals if s.kind == "optimizer-steps" and s.model == key[0]
+    moved = [p for s in c.signals if s.kind == SignalKind.OPTIMIZER_STEPS and s.model == key[0]
              and key[1] in (s.detail.get("held") or ())
              and isinstance(p := s.detail.get("moving"), int)]
     return min(moved) if moved else None
@@ -93,8 +95,9 @@ def zero_before_moving(c: Collected, found: GradientFlow, findings: list[Finding
         if moving is None or b.steps[-1] > moving:
             continue
         for i, f in enumerate(findings):
-            if (f.kind == "zero-gradient" and f.severity == WARNING and f.step == b.steps[0]
-                    and f.module == key[1] and f.model == c.model_name(key[0])):
+            if (f.kind == FindingKind.ZERO_GRADIENT and f.severity == WARNING
+                    and f.step == b.steps[0] and f.module == key[1]
+                    and f.model == c.model_name(key[0])):
                 findings[i] = replace(
                     f, severity=NOTE, evidence={**f.evidence, "moving": moving},
                     message=f.message + ", all before the first optimizer step with lr > 0 "

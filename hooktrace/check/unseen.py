@@ -13,14 +13,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hooktrace.check.findings import ERROR, NOTE, Finding
+from hooktrace.check.findings import ERROR, NOTE, Finding, FindingKind
 from hooktrace.log.options import TraceOptions
+from hooktrace.log.schema import EndStatus, SignalKind
 from hooktrace.log.unseen import nothing_seen
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected
 
-_CRASHED = {"interrupted"}  # said by the crash check, as is an error other than SystemExit
+_CRASHED = {EndStatus.INTERRUPTED}  # said by the crash check, as is an error other than SystemExit
 
 
 def check_unseen(c: Collected) -> list[Finding]:
@@ -30,14 +31,14 @@ def check_unseen(c: Collected) -> list[Finding]:
     # was never seen (its steps are counted at backward()'s return, judged by nothing)
     followed = end is not None and end.steps and not end.compiled and not options.filtered
     if end is None or c.events or followed or end.status in _CRASHED or (
-            end.status == "error" and (end.error or {}).get("type", "SystemExit")
+            end.status == EndStatus.ERROR and (end.error or {}).get("type", "SystemExit")
             != "SystemExit"):
         return _eager(c)
     why = nothing_seen(options, end, len(c.models))
     if why is None:
         return []
     return [Finding(
-        "nothing-traced", ERROR, "", "", None, why,
+        FindingKind.NOTHING_TRACED, ERROR, "", "", None, why,
         {"exit_code": end.exit_code, "backward": end.backward or 0,
          "compiled": end.compiled or 0, "models": len(c.models)},
         "nothing was checked: run the script to where its model trains (hooktrace run "
@@ -45,10 +46,10 @@ def check_unseen(c: Collected) -> list[Finding]:
 
 
 def _eager(c: Collected) -> list[Finding]:
-    first = next((s for s in c.signals if s.kind == "compiled-eager"), None)
+    first = next((s for s in c.signals if s.kind == SignalKind.COMPILED_EAGER), None)
     if first is None:
         return []
     return [Finding(
-        "compiled-eager", NOTE, c.model_name(first.model), first.fqn, None,
+        FindingKind.COMPILED_EAGER, NOTE, c.model_name(first.model), first.fqn, None,
         "recorded steps ran torch.compile'd code eagerly (torch.compiler.set_stance"
         "(\"force_eager\")), so every module call was seen; the other steps ran it compiled")]

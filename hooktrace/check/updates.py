@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hooktrace.check.findings import WARNING, Finding, names_text
+from hooktrace.check.findings import WARNING, Finding, FindingKind, names_text
+from hooktrace.log.schema import SignalKind
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
@@ -20,9 +21,10 @@ def weights_unchanged(c: Collected, s: Signal) -> list[Finding]:
     """A model whose weights got non-zero gradients and never changed: why, from what else
     the loop did (a cause another finding names is left to it)."""
     model = s.model
-    if any(t.model == model and t.kind in ("grads-cleared", "grads-zeroed") for t in c.signals):
+    if any(t.model == model and t.kind in (SignalKind.GRADS_CLEARED, SignalKind.GRADS_ZEROED)
+           for t in c.signals):
         return []
-    optimizers = [t for t in c.signals if t.model == model and t.kind == "optimizers"]
+    optimizers = [t for t in c.signals if t.model == model and t.kind == SignalKind.OPTIMIZERS]
     not_held = set(optimizers[-1].detail.get("not_held", [])) if optimizers else set()
     modules = [name for name in s.detail.get("modules", []) if name not in not_held]
     norms = norms_at(c, model, s.step)
@@ -33,7 +35,7 @@ def weights_unchanged(c: Collected, s: Signal) -> list[Finding]:
     steps, lrs, through = (s.detail.get("optimizer_steps", 0), s.detail.get("lr", []),
                            s.detail.get("through", s.step))
     if steps == 0:
-        if any(t.model == model and t.kind == "eval-backward" for t in c.signals):
+        if any(t.model == model and t.kind == SignalKind.EVAL_BACKWARD for t in c.signals):
             return []  # gradients of a model in eval mode, no optimizer: an analysis
         cause, hint = "no optimizer.step() ran", "call optimizer.step() after loss.backward()"
     elif lrs and not any(lrs):
@@ -55,7 +57,7 @@ def weights_unchanged(c: Collected, s: Signal) -> list[Finding]:
                 "gradient (0 does not turn clipping off), as do zero_grad(set_to_none=False) or "
                 "p.grad.zero_() between backward() and step()")
     return [Finding(
-        "weights-unchanged", WARNING, c.model_name(model), "", s.step,
+        FindingKind.WEIGHTS_UNCHANGED, WARNING, c.model_name(model), "", s.step,
         f"the weights of model '{c.model_name(model)}' did not change from step {s.step} to "
         f"step {through} though they got gradients ({plural(len(modules), 'module')}: "
         f"{names_text(modules)}): {cause}",
@@ -65,14 +67,14 @@ def weights_unchanged(c: Collected, s: Signal) -> list[Finding]:
 def updates_rounded(c: Collected, s: Signal) -> list[Finding]:
     """Half-precision weights whose updates round away: most do not move though their
     gradients are not zero (all of them unmoved is ``weights-unchanged``'s)."""
-    if any(t.model == s.model and t.kind == "weights-unchanged" for t in c.signals):
+    if any(t.model == s.model and t.kind == SignalKind.WEIGHTS_UNCHANGED for t in c.signals):
         return []
     d = s.detail
     dtype, moved, compared = d.get("dtype", "?"), d.get("moved", 0), d.get("compared", 0)
     lrs = d.get("lr") or []
     lr = f" (learning rate {max(lrs):.3g})" if lrs else ""
     return [Finding(
-        "updates-rounded", WARNING, c.model_name(s.model), "", s.step,
+        FindingKind.UPDATES_ROUNDED, WARNING, c.model_name(s.model), "", s.step,
         f"the {dtype} weights of model '{c.model_name(s.model)}' barely change: from step "
         f"{s.step} to step {d.get('through', '?')}, {moved} of {compared} sampled weights with "
         f"a non-zero gradient moved: each update{lr} is below a {dtype} weight's precision "
@@ -95,7 +97,7 @@ def lr_collapsed(c: Collected, s: Signal) -> list[Finding]:
     if factor:
         evidence["factor"] = factor
     return [Finding(
-        "lr-collapsed", WARNING, c.model_name(s.model), "", s.step,
+        FindingKind.LR_COLLAPSED, WARNING, c.model_name(s.model), "", s.step,
         f"the learning rate of the optimizer of model '{c.model_name(s.model)}'{fell} fell "
         f"below 1e-4 of its peak ({d.get('peak', 0):.3g}) at step {s.step} and stepped {low} of "
         f"its {steps} steps there (last {d.get('lr', 0):.2g}): from then on the weights hardly "
@@ -110,7 +112,7 @@ def weight_decay(c: Collected, s: Signal) -> list[Finding]:
     lr, wd = s.detail.get("lr", 0.0), s.detail.get("weight_decay", 0.0)
     shrink = lr * wd
     return [Finding(
-        "weight-decay", WARNING, c.model_name(s.model), "", s.step,
+        FindingKind.WEIGHT_DECAY, WARNING, c.model_name(s.model), "", s.step,
         f"the weight decay of the {s.detail.get('optimizer', '?')} optimizer of model "
         f"'{c.model_name(s.model)}' takes {min(shrink, 1.0):.0%} of every weight at each step "
         f"(lr {lr:.3g} x weight_decay {wd:.3g}): the weights shrink toward 0 whatever the "

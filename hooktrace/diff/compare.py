@@ -18,6 +18,7 @@ from hooktrace.log.align import Event, Key, StepRecords, Walk, lockstep, parting
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.options import TraceOptions
 from hooktrace.log.reader import LogReader
+from hooktrace.log.schema import AnomalyKind
 from hooktrace.log.words import fqn_text, ranges
 
 DEFAULT_RTOL = 2e-3  # the statistics are written to 4 significant digits: one rounding step
@@ -148,8 +149,8 @@ class _Comparison:
 
     def _anomalies(self, step: int, a: StepRecords, b: StepRecords) -> None:
         """Watched steps: a NaN/Inf anomaly in one run only."""
-        odd = sorted({x for x in a.anomalies if x[0] != "no-grad"}
-                     ^ {x for x in b.anomalies if x[0] != "no-grad"})
+        odd = sorted({x for x in a.anomalies if x[0] != AnomalyKind.NO_GRAD}
+                     ^ {x for x in b.anomalies if x[0] != AnomalyKind.NO_GRAD})
         if not odd:
             return
         kind, model, name, call = odd[0]

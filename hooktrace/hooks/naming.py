@@ -141,13 +141,14 @@ def _drop(module: nn.Module) -> dict[str, Any]:
     if not isinstance(p, (float, int)) or isinstance(p, bool):
         return {}
     if cls == "StochasticDepth":
-        unit = "batch" if getattr(module, "mode", "row") == "batch" else "sample"
+        batch = getattr(module, "mode", "row") == "batch"
+        unit = schema.DropUnit.BATCH if batch else schema.DropUnit.SAMPLE
     elif "DropPath" in cls:
-        unit = "sample"
+        unit = schema.DropUnit.SAMPLE
     elif isinstance(module, (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.FeatureAlphaDropout)):
-        unit = "channel"
+        unit = schema.DropUnit.CHANNEL
     elif isinstance(module, nn.modules.dropout._DropoutNd):
-        unit = "element"
+        unit = schema.DropUnit.ELEMENT
     else:
         return {}
     return {"drop": float(p), "drop_unit": unit}

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, Final, Union
 
 from hooktrace.log.errors import SchemaError as SchemaError
 from hooktrace.log.gradstat import GradStat as GradStat
@@ -52,6 +52,8 @@ from hooktrace.log.ops import Op as Op
 from hooktrace.log.ops import Ops as Ops
 from hooktrace.log.signals import VIEW_OPS as VIEW_OPS
 from hooktrace.log.signals import Signal as Signal
+from hooktrace.log.signals import SignalKind as SignalKind
+from hooktrace.log.signals import kinds_of
 
 SCHEMA_VERSION = 2
 
@@ -121,6 +123,15 @@ class Model:
         return {"type": self.TYPE, "model": self.model, "name": self.name, "class": self.cls}
 
 
+class DropUnit:
+    """What one draw of a random-drop layer drops (``Module.drop_unit``), spelled once."""
+
+    BATCH: Final[str] = "batch"  # the whole batch (torchvision's ``StochasticDepth(mode="batch")``)
+    SAMPLE: Final[str] = "sample"
+    CHANNEL: Final[str] = "channel"
+    ELEMENT: Final[str] = "element"
+
+
 @dataclass(slots=True)
 class Module:
     """One named module of a model; ``params``/``trainable`` count its own (direct) parameters."""
@@ -148,7 +159,7 @@ class Module:
     #: ``alias_of`` the module's first name, which holds its parameters (``params`` 0 here)
     alias_of: str | None = None
 
-    DROP_UNITS: ClassVar[tuple[str, ...]] = ("batch", "sample", "channel", "element")
+    DROP_UNITS: ClassVar[tuple[str, ...]] = kinds_of(DropUnit)
 
     def to_dict(self) -> dict[str, Any]:
         return _compact({
@@ -221,7 +232,8 @@ class ForwardEvent:
 
     @property
     def phase(self) -> str:
-        return "forward"
+        """``forward``: the record's type, as ``BackwardEvent.phase`` is ``backward``."""
+        return self.TYPE
 
 
 @dataclass(slots=True)
@@ -259,7 +271,7 @@ class BackwardEvent:
 
     @property
     def phase(self) -> str:
-        return "backward"
+        return self.TYPE
 
 
 @dataclass(slots=True)
@@ -276,6 +288,15 @@ class ParamGrads:
     grad_norm: dict[str, float | None] = field(default_factory=dict)
 
 
+class AnomalyKind:
+    """Each kind of ``anomaly`` record, spelled once (``Anomaly`` says what each means); plain
+    strings, as ``SignalKind``'s."""
+
+    NONFINITE_FORWARD: Final[str] = "nonfinite-forward"
+    NONFINITE_BACKWARD: Final[str] = "nonfinite-backward"
+    NO_GRAD: Final[str] = "no-grad"
+
+
 @dataclass(slots=True)
 class Anomaly:
     """In a watched step (outside ``--steps``, where events are not written): the first module
@@ -285,7 +306,7 @@ class Anomaly:
     or a module that received gradient before and no longer does (``no-grad``)."""
 
     TYPE: ClassVar[str] = "anomaly"
-    KINDS: ClassVar[tuple[str, ...]] = ("nonfinite-forward", "nonfinite-backward", "no-grad")
+    KINDS: ClassVar[tuple[str, ...]] = kinds_of(AnomalyKind)
     step: int
     model: int
     fqn: str
@@ -326,10 +347,18 @@ class Step:
                 "backward": self.backward}
 
 
+class EndStatus:
+    """How a run ended, the ``end`` record's ``status``, spelled once."""
+
+    OK: Final[str] = "ok"
+    ERROR: Final[str] = "error"
+    INTERRUPTED: Final[str] = "interrupted"
+
+
 @dataclass(slots=True)
 class End:
     TYPE: ClassVar[str] = "end"
-    status: str  # "ok" | "error" | "interrupted"
+    status: str  # an ``EndStatus``
     events: int = 0
     steps: int = 0  # backward passes completed
     exit_code: int | None = None
@@ -353,4 +382,4 @@ class End:
         })
 
 
-END_STATUSES = ("ok", "error", "interrupted")
+END_STATUSES = kinds_of(EndStatus)

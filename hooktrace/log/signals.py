@@ -1,4 +1,5 @@
-"""The ``signal`` record: what the training loop did around the modules, each kind documented.
+"""The ``signal`` record: what the training loop did around the modules; its kinds, spelled once
+(``SignalKind``) and each documented (``Signal``).
 
 Part of the log contract (``schema`` re-exports it): standard library only.
 """
@@ -6,7 +7,54 @@ Part of the log contract (``schema`` re-exports it): standard library only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
+
+
+class SignalKind:
+    """Each kind of ``signal`` record, spelled once: the word on the wire, which every writer
+    and reader names through these constants (``Signal``'s docstring says what each means).
+    Plain strings, not an Enum: the log stays as it is, and a reader keeps a kind it does not
+    know (a newer log's) as the word it read."""
+
+    EVAL_BACKWARD: Final[str] = "eval-backward"
+    OPTIMIZERS: Final[str] = "optimizers"
+    SHARED_STORAGE: Final[str] = "shared-storage"
+    STEPPED_TWICE: Final[str] = "stepped-twice"
+    GRADS_CARRIED_OVER: Final[str] = "grads-carried-over"
+    BACKWARD_HOOK: Final[str] = "backward-hook"
+    FROZEN_BN_TRAINING: Final[str] = "frozen-bn-training"
+    GRADS_CLEARED: Final[str] = "grads-cleared"
+    PARAMS_WITHOUT_GRAD: Final[str] = "params-without-grad"
+    GRADS_ZEROED: Final[str] = "grads-zeroed"
+    PARAMS_RECREATED: Final[str] = "params-recreated"
+    WEIGHTS_UNCHANGED: Final[str] = "weights-unchanged"
+    TRAINABLE_CHANGED: Final[str] = "trainable-changed"
+    LR_COLLAPSED: Final[str] = "lr-collapsed"
+    WEIGHT_DECAY: Final[str] = "weight-decay"
+    LOSS_SCALE: Final[str] = "loss-scale"
+    NONFINITE_WEIGHTS: Final[str] = "nonfinite-weights"
+    UPDATES_ROUNDED: Final[str] = "updates-rounded"
+    GRAD_ZEROS: Final[str] = "grad-zeros"
+    LOSS_OPS: Final[str] = "loss-ops"
+    LOSS_SCALED: Final[str] = "loss-scaled"
+    SCALED_STEP: Final[str] = "scaled-step"
+    SCALED_CLIP: Final[str] = "scaled-clip"
+    COMPILED_EAGER: Final[str] = "compiled-eager"
+    OPTIMIZER_STEPS: Final[str] = "optimizer-steps"
+    HOOKS_GROWING: Final[str] = "hooks-growing"
+    FUNCTION_BACKWARD: Final[str] = "function-backward"
+    STEP_UNEXPLAINED: Final[str] = "step-unexplained"
+    PROBE: Final[str] = "probe"
+    LOSS_TERM_CUT: Final[str] = "loss-term-cut"
+    LOSS_SHARE: Final[str] = "loss-share"
+    LOSS_TARGET_GRAD: Final[str] = "loss-target-grad"
+    TWINS: Final[str] = "twins"
+    NONFINITE_INPUTS: Final[str] = "nonfinite-inputs"
+
+
+def kinds_of(namespace: type) -> tuple[str, ...]:
+    """The words a namespace of kinds (``SignalKind``) defines, in the order it defines them."""
+    return tuple(v for k, v in vars(namespace).items() if k.isupper() and isinstance(v, str))
 
 
 @dataclass(slots=True)
@@ -199,20 +247,7 @@ class Signal:
     """
 
     TYPE: ClassVar[str] = "signal"
-    KINDS: ClassVar[tuple[str, ...]] = ("eval-backward", "optimizers", "shared-storage",
-                                        "stepped-twice", "grads-carried-over",
-                                        "backward-hook", "frozen-bn-training", "grads-cleared",
-                                        "params-without-grad", "grads-zeroed",
-                                        "params-recreated", "weights-unchanged",
-                                        "trainable-changed", "lr-collapsed", "weight-decay",
-                                        "loss-scale", "nonfinite-weights",
-                                        "updates-rounded", "grad-zeros", "loss-ops",
-                                        "loss-scaled", "scaled-step", "scaled-clip",
-                                        "compiled-eager", "optimizer-steps",
-                                        "hooks-growing", "function-backward",
-                                        "step-unexplained", "probe",
-                                        "loss-term-cut", "loss-share", "loss-target-grad",
-                                        "twins", "nonfinite-inputs")
+    KINDS: ClassVar[tuple[str, ...]] = kinds_of(SignalKind)
     step: int
     model: int
     fqn: str

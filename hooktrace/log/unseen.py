@@ -10,7 +10,7 @@ Standard library only: the reading side says it without torch.
 from __future__ import annotations
 
 from hooktrace.log.options import TraceOptions
-from hooktrace.log.schema import End
+from hooktrace.log.schema import End, EndStatus
 from hooktrace.log.words import plural
 
 
@@ -28,9 +28,9 @@ def stopped_early(end: End) -> str | None:
     An error or a signal is ``check``'s crash finding; a non-zero ``sys.exit`` is this one's."""
     error = end.error or {}
     kind = error.get("type")
-    if end.status == "interrupted":
+    if end.status == EndStatus.INTERRUPTED:
         return "the run was interrupted before any module call was recorded"
-    if end.status != "error":
+    if end.status != EndStatus.ERROR:
         return None
     if kind == "SystemExit" or kind is None:
         return (f"the script exited with status {end.exit_code} before any model "

@@ -54,6 +54,7 @@ from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.hooks.sites import forward_site
 from hooktrace.log import schema
+from hooktrace.log.schema import SignalKind
 from hooktrace.observe.aliases import other_names
 from hooktrace.observe.optimizer_view import Held, OptimizerView, sort_held
 from hooktrace.observe.optsteps import OptimizerSteps
@@ -121,8 +122,9 @@ class Diagnosis(Observer):
         if module._backward_hooks and module._is_full_backward_hook is False and (
                 module._modules or not cls.__module__.startswith("torch.")):
             for hook in list(module._backward_hooks.values()):
-                self._emit(schema.Signal(self._step, info.model, info.fqn, "backward-hook",
-                                         {"hook": getattr(hook, "__qualname__", repr(hook))}))
+                self._emit(schema.Signal(
+                    self._step, info.model, info.fqn, SignalKind.BACKWARD_HOOK,
+                    {"hook": getattr(hook, "__qualname__", repr(hook))}))
         self._seen.append(info)
         self._param_ids.append(ids_sum(module))
         # as its module record has it: a freeze between naming and the first call (inside the
@@ -164,7 +166,7 @@ class Diagnosis(Observer):
                 self._in_eval.discard(model)
             elif model not in self._in_eval:
                 self._in_eval.add(model)
-                self._emit(schema.Signal(end.step, model, "", "eval-backward"))
+                self._emit(schema.Signal(end.step, model, "", SignalKind.EVAL_BACKWARD))
         if self._models_reached and not self._bn_checked:
             self._bn_checked = True
             self._frozen_batchnorms(end.step)
@@ -181,7 +183,8 @@ class Diagnosis(Observer):
             if (isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training
                     and m.track_running_stats and info.model in self._models_reached
                     and not any(p.requires_grad for p in m.parameters(recurse=False))):
-                self._emit(schema.Signal(step, info.model, info.fqn, "frozen-bn-training"))
+                self._emit(schema.Signal(step, info.model, info.fqn,
+                                         SignalKind.FROZEN_BN_TRAINING))
 
     def _new_parameters(self, step: int) -> None:
         """Modules whose own parameters are other objects than at the last recorded step's end;
@@ -214,7 +217,7 @@ class Diagnosis(Observer):
         for model, detail in sorted(changed.items()):
             self._held_changed = True  # sort the modules by the optimizers again
             detail.update(other_names(self._entries.get(model), detail["frozen"]))
-            self._emit(schema.Signal(step, model, "", "trainable-changed", detail))
+            self._emit(schema.Signal(step, model, "", SignalKind.TRAINABLE_CHANGED, detail))
         if gone:
             self._prune()
 
@@ -244,7 +247,7 @@ class Diagnosis(Observer):
             self._changed[info] = (first, self._looks, now)
             return False
         del self._changed[info]
-        self._emit(schema.Signal(first, info.model, info.fqn, "params-recreated",
+        self._emit(schema.Signal(first, info.model, info.fqn, SignalKind.PARAMS_RECREATED,
                                  {"params": new}))
         return True
 
@@ -277,7 +280,7 @@ class Diagnosis(Observer):
                         carried.setdefault(info.model, {})[info.fqn] = None
             for model, names in sorted(carried.items()):
                 self._reported_carry = True
-                self._emit(schema.Signal(self._step, model, "", "grads-carried-over",
+                self._emit(schema.Signal(self._step, model, "", SignalKind.GRADS_CARRIED_OVER,
                                          {"modules": list(names)}))
         except Exception:  # never into the program: these signals go quiet instead
             self._remove_hooks()
@@ -290,7 +293,7 @@ class Diagnosis(Observer):
             return
         for model, names in self._reached(optimizer, params):
             self._reported_cleared = True
-            self._emit(schema.Signal(self._step, model, "", "grads-cleared",
+            self._emit(schema.Signal(self._step, model, "", SignalKind.GRADS_CLEARED,
                                      {"modules": names}))
 
     def _reached(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]
@@ -320,7 +323,7 @@ class Diagnosis(Observer):
             return
         for model, names in self._reached(optimizer, params):
             self._reported_zeroed = True
-            self._emit(schema.Signal(self._step, model, "", "grads-zeroed",
+            self._emit(schema.Signal(self._step, model, "", SignalKind.GRADS_ZEROED,
                                      {"modules": names}))
 
     def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
@@ -380,7 +383,7 @@ class Diagnosis(Observer):
         for model, detail in sort_held(self._modules, held, self._view.outside).items():
             if self._sorted.get(model) != detail:
                 self._sorted[model] = detail
-                self._emit(schema.Signal(step, model, "", "optimizers", detail))
+                self._emit(schema.Signal(step, model, "", SignalKind.OPTIMIZERS, detail))
 
 _Tensors = list[torch.Tensor]
 _GONE = -2  # a dead module's ids sum at a look (-1: said)

@@ -30,6 +30,7 @@ from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
 from hooktrace.log.options import Steps
+from hooktrace.log.schema import SignalKind
 
 _EVAL_FRAME = "torch._dynamo.eval_frame"
 _FRAMES = 64  # frames looked up from a model call for torch.compile's wrapper
@@ -110,7 +111,7 @@ class EagerSteps(Observer):
                 return
             if frame.f_code.co_filename == wrapper:
                 self._said = True
-                self._emit(schema.Signal(step, info.model, info.fqn, "compiled-eager"))
+                self._emit(schema.Signal(step, info.model, info.fqn, SignalKind.COMPILED_EAGER))
                 return
             frame = frame.f_back
 

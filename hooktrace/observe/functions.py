@@ -26,6 +26,7 @@ from hooktrace.hooks.owners import is_library
 from hooktrace.hooks.records import Emit, ForwardEnd, ForwardStart, Mode, Observer
 from hooktrace.hooks.sites import shown
 from hooktrace.log import schema
+from hooktrace.log.schema import SignalKind
 from hooktrace.observe import fncheck
 
 _APPLY = Function.__dict__["apply"]  # PyTorch's (a classmethod descriptor, in C)
@@ -114,7 +115,7 @@ class FunctionCheck(Observer):
             call = self._calls[-1].info if self._calls else None
             model = call.model if call is not None else self._model
             self._emit(schema.Signal(self._step, model, call.fqn if call else "",
-                                     "function-backward", {
+                                     SignalKind.FUNCTION_BACKWARD, {
                                          "function": cls.__qualname__, "file": site[0],
                                          "line": site[1], **found}))
 

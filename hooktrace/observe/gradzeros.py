@@ -18,6 +18,7 @@ import torch
 
 from hooktrace.hooks.records import BackwardStart, Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
+from hooktrace.log.schema import SignalKind
 from hooktrace.observe.stats import TensorStats
 
 
@@ -62,7 +63,8 @@ class GradZeros(Observer):
             if zeros:
                 shares.setdefault(model, {})[str(seq)] = round(zeros / n, 4)
         for model, of_model in sorted(shares.items()):
-            self._emit(schema.Signal(end.step, model, "", "grad-zeros", {"share": of_model}))
+            self._emit(schema.Signal(end.step, model, "", SignalKind.GRAD_ZEROS,
+                                     {"share": of_model}))
 
     def stop(self, step: int, mode: Mode) -> None:
         self._counts = []

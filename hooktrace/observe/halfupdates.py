@@ -31,6 +31,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
+from hooktrace.log.schema import SignalKind
 from hooktrace.observe.stats import on_host
 
 SAMPLE = 64  # elements per parameter
@@ -125,7 +126,7 @@ class HalfUpdates(Observer):
                 if tally[0] >= STEPS and tally[2] >= COMPARED:
                     self._decided.add(model)
                     self._samples.pop(model, None)
-                    self._emit(schema.Signal(tally[3], model, "", "updates-rounded", {
+                    self._emit(schema.Signal(tally[3], model, "", SignalKind.UPDATES_ROUNDED, {
                         "through": step, "moved": tally[1], "compared": tally[2],
                         "dtype": str(params[0].dtype).removeprefix("torch."),
                         "lr": sorted(self._lrs)}))

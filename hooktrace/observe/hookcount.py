@@ -20,6 +20,7 @@ from torch import nn
 from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
+from hooktrace.log.schema import SignalKind
 
 GROWTHS = 2  # a count that grew at this many looks in a row
 KINDS = ("forward", "backward", "gradient")
@@ -81,5 +82,6 @@ class HookCount(Observer):
                     a < b for a, b in itertools.pairwise(seen)):
                 continue
             self._said.add((info, kind))
-            self._emit(schema.Signal(history[0][0], info.model, info.fqn, "hooks-growing", {
+            self._emit(schema.Signal(
+                history[0][0], info.model, info.fqn, SignalKind.HOOKS_GROWING, {
                 "hooks": kind, "counts": seen, "steps": [s for s, _ in history]}))

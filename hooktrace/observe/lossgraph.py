@@ -34,6 +34,7 @@ from hooktrace.hooks.gradhooks import output_calls
 from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
+from hooktrace.log.schema import SignalKind
 from hooktrace.observe.lossscale import find_scaler
 
 _BUDGET = 64  # autograd nodes one walk visits at most
@@ -273,8 +274,8 @@ class LossGraph(Observer):
                 detail: dict[str, Any] = {"loss": loss.op, "ops": list(loss.ops), "out": loss.out}
                 if loss.inner.fqn != loss.outer.fqn:
                     detail["last"] = loss.inner.fqn
-                self._emit(schema.Signal(step, loss.outer.model, loss.outer.fqn, "loss-ops",
-                                         detail))
+                self._emit(schema.Signal(step, loss.outer.model, loss.outer.fqn,
+                                         SignalKind.LOSS_OPS, detail))
         times: dict[int, int] = {}
         for w in walks:
             if w.scales >= 0:
@@ -283,7 +284,7 @@ class LossGraph(Observer):
         for model, n in sorted(times.items()):
             if self._said_scales.get(model) != n:
                 self._said_scales[model] = n
-                self._emit(schema.Signal(step, model, "", "loss-scaled", {"times": n}))
+                self._emit(schema.Signal(step, model, "", SignalKind.LOSS_SCALED, {"times": n}))
 
     def _remember(self, end: PassEnd) -> None:
         """The .grad of the parameters of the modules a scaled pass reached, as it left them."""
@@ -332,7 +333,7 @@ class LossGraph(Observer):
             found = self._still_scaled(params, keep=False)
             if found and not unscaled and optimizer not in self._said_steps:
                 self._said_steps.add(optimizer)
-                self._say("scaled-step", found, {"optimizer": type(optimizer).__name__})
+                self._say(SignalKind.SCALED_STEP, found, {"optimizer": type(optimizer).__name__})
         except Exception:
             self._on = False
 
@@ -357,6 +358,6 @@ class LossGraph(Observer):
             if found:
                 self._said_clip = True
                 max_norm = args[0] if args else kwargs.get("max_norm")
-                self._say("scaled-clip", found, {"max_norm": float(max_norm or 0)})
+                self._say(SignalKind.SCALED_CLIP, found, {"max_norm": float(max_norm or 0)})
         except Exception:
             self._on = False

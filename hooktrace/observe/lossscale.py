@@ -14,6 +14,7 @@ from typing import Any
 from hooktrace.hooks.owners import is_library
 from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
+from hooktrace.log.schema import SignalKind
 
 _LOOKS = 16  # recorded passes in which to look for a scaler before giving up
 _SCALERS = ("GradScaler", "ShardedGradScaler")  # torch.amp's, torch.cuda.amp's, FSDP's
@@ -65,7 +66,8 @@ class LossScale(Observer):
         for model in sorted({info.model for info in end.reached}):
             if self._last.get(model) != scale:
                 self._last[model] = scale
-                self._emit(schema.Signal(end.step, model, "", "loss-scale", {"scale": scale}))
+                self._emit(schema.Signal(end.step, model, "", SignalKind.LOSS_SCALE,
+                                         {"scale": scale}))
 
     def _find(self) -> Any:
         scaler = self._scaler() if self._scaler is not None else None

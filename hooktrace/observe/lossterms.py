@@ -41,6 +41,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from hooktrace.hooks.records import Emit, ForwardEnd, Mode, Observer, PassEnd
 from hooktrace.log import schema
+from hooktrace.log.schema import SignalKind
 from hooktrace.observe.lossmasks import reads
 from hooktrace.observe.losstargets import bootstrapped
 from hooktrace.observe.losswindow import Window
@@ -80,7 +81,7 @@ def _said(step: int, shares: Shares) -> list[schema.Signal]:
     out = []
     for (detail, _, _, of, model), (read, bad) in zip(shares, counts, strict=True):
         if read < of and not bad:
-            out.append(schema.Signal(step, model, "", "loss-share",
+            out.append(schema.Signal(step, model, "", SignalKind.LOSS_SHARE,
                                      {**detail, "read": int(read), "of": of}))
     return out
 
@@ -201,7 +202,7 @@ class LossTerms(Observer):
             if term.node not in top or key in self._said:
                 continue
             self._said.add(key)
-            self._signals.append(schema.Signal(step, model, "", "loss-term-cut", {
+            self._signals.append(schema.Signal(step, model, "", SignalKind.LOSS_TERM_CUT, {
                 **term.cut._asdict(), "calls": [list(call) for call in term.cut.calls],
                 "added_file": term.file, "added_line": term.line,
                 "models": sorted(models)}))
@@ -213,7 +214,8 @@ class LossTerms(Observer):
             found = bootstrapped(node) if node in under and key not in self._said else None
             if found is not None:
                 self._said.add(key)
-                self._signals.append(schema.Signal(step, found[0], "", "loss-target-grad", {
+                self._signals.append(schema.Signal(
+                    step, found[0], "", SignalKind.LOSS_TARGET_GRAD, {
                     "loss": cut.op, "through": found[1], "file": cut.file, "line": cut.line,
                     "code": cut.code}))
 

@@ -33,6 +33,7 @@ from torch import nn
 from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.records import Emit
 from hooktrace.log import schema
+from hooktrace.log.schema import SignalKind
 
 OUTSIDE_LISTED = 8  # shapes kept per model: the signal says how many there are
 
@@ -136,7 +137,8 @@ class OptimizerView:
         known = [info for info in infos if info is not None]
         if known:
             names = [_param_name(p, info) for p, info in zip(group, infos, strict=True)]
-            self._emit(schema.Signal(step, known[-1].model, known[-1].fqn, "shared-storage",
+            self._emit(schema.Signal(step, known[-1].model, known[-1].fqn,
+                                     SignalKind.SHARED_STORAGE,
                                      {"optimizer": twice.cls, "params": names}))
 
     def _outside(self, models: list[int], params: list[torch.Tensor]) -> bool:
@@ -161,7 +163,7 @@ class OptimizerView:
         for twice in self._all:
             if len(twice.again) >= 2 and 2 * len(twice.again) >= twice.stepped:
                 for model in twice.models:
-                    self._emit(schema.Signal(twice.again[0], model, "", "stepped-twice", {
+                    self._emit(schema.Signal(twice.again[0], model, "", SignalKind.STEPPED_TWICE, {
                         "optimizer": twice.cls, "steps": twice.again[:20],
                         "most": twice.most}))
         self._all.clear()

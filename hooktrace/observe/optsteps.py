@@ -22,6 +22,7 @@ import torch
 from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.records import Emit
 from hooktrace.log import schema
+from hooktrace.log.schema import SignalKind
 
 LISTED = 64  # steps listed per optimizer: the signal says how many there were
 
@@ -75,7 +76,8 @@ class OptimizerSteps:
         """An ``optimizer-steps`` signal per optimizer that stepped and model it holds."""
         for steps in self._all:
             for model, names in steps.held.items():
-                self._emit(schema.Signal(max(steps.after[0], 0), model, "", "optimizer-steps", {
+                self._emit(schema.Signal(
+                    max(steps.after[0], 0), model, "", SignalKind.OPTIMIZER_STEPS, {
                     "optimizer": steps.cls, "count": steps.count, "after": steps.after,
                     "lr": steps.lr, "moving": steps.moving, "held": names}))
         self._all.clear()

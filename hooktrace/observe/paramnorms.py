@@ -13,6 +13,7 @@ import torch
 from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
+from hooktrace.log.schema import SignalKind
 from hooktrace.observe.stats import TensorStats
 
 _has_params = attrgetter("has_params")
@@ -93,7 +94,7 @@ class ParamNorms(Observer):
         if without == self._partial.get(info, []):
             return
         self._partial[info] = without
-        signals.append(schema.Signal(step, info.model, info.fqn, "params-without-grad", {
+        signals.append(schema.Signal(step, info.model, info.fqn, SignalKind.PARAMS_WITHOUT_GRAD, {
             "params": without,
             "with_grad": [name for name, p in module._parameters.items()
                           if p is not None and p.requires_grad and p.grad is not None]}))

@@ -17,6 +17,7 @@ import torch
 
 from hooktrace.hooks.records import Emit, ForwardEnd, Mode, Observer
 from hooktrace.log import schema
+from hooktrace.log.schema import SignalKind
 from hooktrace.observe import seeing
 
 
@@ -52,4 +53,4 @@ class Probe(Observer):
         for fact in facts:
             inner = fact.pop("module", "")
             name = f"{info.fqn}.{inner}" if info.fqn and inner else inner or info.fqn
-            self._emit(schema.Signal(end.start.step, info.model, name, "probe", fact))
+            self._emit(schema.Signal(end.start.step, info.model, name, SignalKind.PROBE, fact))

@@ -17,6 +17,7 @@ from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.records import BackwardStart, ForwardEnd, Mode, Observer, PassEnd
 from hooktrace.hooks.tensors import shape_of, summarize
 from hooktrace.log import schema
+from hooktrace.log.schema import SignalKind
 from hooktrace.observe.nanweights import nonfinite_params
 from hooktrace.observe.outputs import OutputCheck
 from hooktrace.observe.stats import TensorStats
@@ -116,7 +117,7 @@ class LogRecorder(Observer):
                     found = self._look_at_weights(event, info)
                     if inputs:  # the NaN/Inf came in: not made by this call
                         self._after_event.append(schema.Signal(
-                            event.step, event.model, event.fqn, "nonfinite-inputs",
+                            event.step, event.model, event.fqn, SignalKind.NONFINITE_INPUTS,
                             {"inputs": inputs}))
                 elif stats is not None and stats.deferred and len(self._suspects) < _MAX_PENDING:
                     self._suspects.append((event, info))  # known when the numbers are read
@@ -288,7 +289,7 @@ class LogRecorder(Observer):
         params = nonfinite_params(info.ref())
         if not params:
             return None
-        return schema.Signal(event.step, event.model, event.fqn, "nonfinite-weights",
+        return schema.Signal(event.step, event.model, event.fqn, SignalKind.NONFINITE_WEIGHTS,
                              {"params": list(params), "dtypes": sorted(set(params.values()))})
 
     @staticmethod

@@ -49,6 +49,7 @@ from torch.optim.optimizer import (
 from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
+from hooktrace.log.schema import SignalKind
 from hooktrace.observe.lossscale import find_scaler
 from hooktrace.observe.stats import on_host
 from hooktrace.observe.stepmove import Moves, Sampled
@@ -386,7 +387,7 @@ class StepExplained(Observer):
 
     def _say(self, step: int, model: int, expectation: str, detail: dict[str, Any]) -> None:
         modules = detail.get("modules") or [""]
-        self._emit(schema.Signal(step, model, modules[0], "step-unexplained",
+        self._emit(schema.Signal(step, model, modules[0], SignalKind.STEP_UNEXPLAINED,
                                  {"expectation": expectation, **detail}))
 
 

@@ -33,6 +33,7 @@ from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.owners import is_library
 from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
+from hooktrace.log.schema import SignalKind
 from hooktrace.observe.stats import on_host
 
 Structure = tuple[tuple[tuple[int, ...], torch.dtype], ...]
@@ -151,7 +152,7 @@ class Twins(Observer):
             fingerprints = {name: fingerprint(p) for name, p in params.items()}
             first = next((m for name in names if (m := models[name][0]) is not None), 0)
             versions = {name: _versions(p) for name, p in params.items() if name in self._stepped}
-            self._emit(schema.Signal(step, first, "", "twins",
+            self._emit(schema.Signal(step, first, "", SignalKind.TWINS,
                                      self._detail(fingerprints, versions)))
             self._last.update(fingerprints)
         self._stepped.clear()

@@ -43,13 +43,14 @@ from hooktrace.hooks.records import (
     PassEnd,
 )
 from hooktrace.log import schema
+from hooktrace.log.schema import AnomalyKind
 from hooktrace.observe.nanweights import nonfinite_params
 from hooktrace.observe.outputs import HeldOutputs, NonFinite
 from hooktrace.observe.stats import TensorStats
 
 _MAX_HELD = 8192  # model calls and modules held per step: forward-only code is bounded
 WATCHED = Mode.WATCHED
-_NONFINITE = ("nonfinite-forward", "nonfinite-backward")
+_NONFINITE = (AnomalyKind.NONFINITE_FORWARD, AnomalyKind.NONFINITE_BACKWARD)
 _SPELL = 10  # watched steps in a row that write the same NaN/Inf
 
 _Numbers = list[tuple[float, ...] | None]
@@ -178,7 +179,8 @@ class Watch(Observer):
         for info in infos:
             weights = nonfinite_params(info.ref())
             if weights:
-                return schema.Anomaly(step, info.model, info.fqn, "nonfinite-forward", 0, {
+                return schema.Anomaly(
+                    step, info.model, info.fqn, AnomalyKind.NONFINITE_FORWARD, 0, {
                     "weights": list(weights), "weights_dtypes": sorted(set(weights.values())),
                     "compiled": True})
         return None
@@ -189,14 +191,14 @@ class Watch(Observer):
         optimizer step after the compiled one made them so, any module may show it first);
         this step's own anomalies of the same kind are the same."""
         held, self._held = self._held, []
-        forward = [a for a in anomalies if a.kind == "nonfinite-forward"
+        forward = [a for a in anomalies if a.kind == AnomalyKind.NONFINITE_FORWARD
                    and "weights" not in a.detail]
         if forward:
             named = forward[0]
             named.detail["named_in"] = named.step
             named.step = held[0].step
             held = [named]
-        return held + [a for a in anomalies if a.kind == "no-grad"]
+        return held + [a for a in anomalies if a.kind == AnomalyKind.NO_GRAD]
 
     def stop(self, step: int, mode: Mode) -> None:
         if mode is WATCHED:
@@ -241,8 +243,8 @@ class Watch(Observer):
         if weights:
             detail["weights"] = list(weights)
             detail["weights_dtypes"] = sorted(set(weights.values()))
-        return [schema.Anomaly(step, info.model, info.fqn, "nonfinite-forward", call.call_index,
-                               detail)]
+        return [schema.Anomaly(step, info.model, info.fqn, AnomalyKind.NONFINITE_FORWARD,
+                               call.call_index, detail)]
 
     def _end_step(self, step: int, changed: list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]],
                   norms: list[float | None]) -> list[schema.Anomaly]:
@@ -264,7 +266,7 @@ class Watch(Observer):
         for start, numbers in self._model_grads.items():
             if any(s is not None and not math.isfinite(s[0]) for s in numbers):
                 info = start.call.info
-                return schema.Anomaly(step, info.model, info.fqn, "nonfinite-backward",
+                return schema.Anomaly(step, info.model, info.fqn, AnomalyKind.NONFINITE_BACKWARD,
                                       start.call.call_index, {"produced": False})
         if all(n is None or math.isfinite(n) for n in norms):
             return None
@@ -274,7 +276,7 @@ class Watch(Observer):
             end -= len(grads)
             if not all(map(math.isfinite, mine)):
                 norm = math.sqrt(sum(n * n for n in mine))
-                return schema.Anomaly(step, info.model, info.fqn, "nonfinite-backward",
+                return schema.Anomaly(step, info.model, info.fqn, AnomalyKind.NONFINITE_BACKWARD,
                                       call.call_index,
                                       {"produced": True, "parameter_grad_norm": str(norm)})
         return None
@@ -318,7 +320,7 @@ class Watch(Observer):
                   and step - self._got_at[info] >= self._gap.get(info, 1)
                   and _trainable(info)):
                 self._had_grad.discard(info)  # reported once, until it receives gradient again
-                out.append(schema.Anomaly(step, info.model, info.fqn, "no-grad",
+                out.append(schema.Anomaly(step, info.model, info.fqn, AnomalyKind.NO_GRAD,
                                           call.call_index, {"had_gradient_before": True,
                                                             "last": self._got_at[info],
                                                             "gap": self._gap.get(info, 1)}))

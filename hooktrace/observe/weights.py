@@ -48,6 +48,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.log import schema
+from hooktrace.log.schema import SignalKind
 from hooktrace.observe.stats import on_host
 
 LR_FLOOR = 1e-4  # of the peak learning rate: updates this much smaller change next to nothing
@@ -215,7 +216,7 @@ class WeightChange(Observer):
                        if p.dtype in (torch.float16, torch.bfloat16)})
         if half:  # updates below their precision round away (model.half(), no master copy)
             detail["dtype"] = half[0]
-        self._emit(schema.Signal(baseline.step, model, "", "weights-unchanged", detail))
+        self._emit(schema.Signal(baseline.step, model, "", SignalKind.WEIGHTS_UNCHANGED, detail))
 
     def stop(self, step: int, mode: Mode) -> None:
         self._handle.remove()
@@ -239,7 +240,8 @@ class WeightChange(Observer):
             if lr * wd >= DECAY_SHRINK:
                 schedule.decay_said = True
                 for model in schedule.models:
-                    self._emit(schema.Signal(max(self._step - 1, 0), model, "", "weight-decay", {
+                    self._emit(schema.Signal(
+                        max(self._step - 1, 0), model, "", SignalKind.WEIGHT_DECAY, {
                         "lr": float(lr), "weight_decay": float(wd),
                         "optimizer": type(optimizer).__name__}))
                 return
@@ -263,7 +265,7 @@ class WeightChange(Observer):
             if schedule.factor:
                 detail["factor"] = schedule.factor
             for model in schedule.models:
-                self._emit(schema.Signal(schedule.low_from, model, "", "lr-collapsed",
+                self._emit(schema.Signal(schedule.low_from, model, "", SignalKind.LR_COLLAPSED,
                                          dict(detail)))
 
 

@@ -58,12 +58,13 @@ class StepLog:
         return self.classes.get((model, fqn), "?")
 
 
-def without_data_prep(events: list[StepEvent], names: LogNames) -> list[StepEvent]:
-    """``events`` without those of models that prepare data (torchvision transforms are
-    modules): no parameters, no backward in the step. They stay in the log, and are drawn
-    where nothing else ran."""
-    keep = names.with_params | {e.model for e in events if e.phase == "backward"}
-    return [e for e in events if e.model in keep] or events
+def without_data_models(events: list[StepEvent], names: LogNames) -> list[StepEvent]:
+    """``events``, one step's, without those of the models that prepare data in that step
+    (``LogNames.data_models`` over the models they name and those of their backward events).
+    They stay in the log, and are drawn where nothing else ran."""
+    data = names.data_models({e.model for e in events},
+                             {e.model for e in events if e.phase == "backward"})
+    return [e for e in events if e.model not in data] if data else events
 
 
 class StepChooser:
@@ -143,15 +144,18 @@ class FirstSteps(StepChooser):
 class StepKeeper:
     """What a pass over the log keeps of the steps its ``chooser`` may draw: ``take`` is given
     each item of a scan, in order (``load_step``'s own pass, or another reader's, like check's
-    ``Collector``); ``step_logs`` then gives them. ``model``: that model's events only."""
+    ``Collector``); ``step_logs`` then gives them. ``model``: that model's events only.
+    ``names``: the names table of a reader that takes the same items (the view page's
+    ``Gatherer``), which fills it; by default the keeper fills its own."""
 
     def __init__(self, reader: LogReader, chooser: StepChooser, model: str | None = None,
-                 feed: Feed | None = None) -> None:
+                 feed: Feed | None = None, names: LogNames | None = None) -> None:
         self.reader = reader
         self.feed = feed
         self.chooser = chooser
         self.model = model
-        self.names = LogNames()
+        self._fills_names = names is None
+        self.names = LogNames() if names is None else names
         self.models, self.classes, self.sources = (self.names.models, self.names.classes,
                                                    self.names.sources)
         self.any_events = False
@@ -177,7 +181,8 @@ class StepKeeper:
         elif isinstance(item, BackwardRows):
             self.backwards(item)
         else:
-            self.names.take(item)
+            if self._fills_names:
+                self.names.take(item)
             if type(item) is schema.Ops and self.chooser.may_draw(item.step):
                 self.ops.setdefault(item.step, {}).setdefault(
                     (item.model, item.fqn, item.call), item)
@@ -274,7 +279,7 @@ def _step_log(loaded: StepKeeper, chosen: int, model: str | None,
     reader, chooser, models = loaded.reader, loaded.chooser, loaded.models
     events = sorted(chooser.kept.get(chosen, []), key=lambda e: e.seq)
     if model is None:
-        events = without_data_prep(events, loaded.names)
+        events = without_data_models(events, loaded.names)
     elif loaded.model is None:  # the pass kept every model's events: this one's
         events = [e for e in events if models.get(e.model) == model]
     forward = {e.seq for e in events if isinstance(e, schema.ForwardEvent)}

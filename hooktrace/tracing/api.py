@@ -17,6 +17,7 @@ from torch import nn
 from hooktrace.log import schema
 from hooktrace.log.errors import LogWriteError
 from hooktrace.log.options import DEFAULTS, TraceOptions
+from hooktrace.log.schema import EndStatus
 from hooktrace.log.version import __version__
 from hooktrace.log.writer import LogWriter, rank_path
 from hooktrace.observe.capture import Capture
@@ -77,7 +78,7 @@ class Trace:
         self._capture = capture
         return self
 
-    def stop(self, status: str = "ok", error: BaseException | None = None,
+    def stop(self, status: str = EndStatus.OK, error: BaseException | None = None,
              exit_code: int | None = None) -> schema.End:
         """Remove the hooks and write the end record. A second call returns the first's record."""
         if self.end is not None:
@@ -131,11 +132,11 @@ class Trace:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  tb: TracebackType | None) -> None:
         if error is None:
-            self.stop("ok")
+            self.stop(EndStatus.OK)
         elif isinstance(error, KeyboardInterrupt):
-            self.stop("interrupted", error)
+            self.stop(EndStatus.INTERRUPTED, error)
         else:
-            self.stop("error", error)
+            self.stop(EndStatus.ERROR, error)
 
 
 def trace(

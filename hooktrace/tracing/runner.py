@@ -22,6 +22,7 @@ from types import FrameType
 
 from hooktrace.log import schema
 from hooktrace.log.options import TraceOptions
+from hooktrace.log.schema import EndStatus
 from hooktrace.log.unseen import nothing_seen
 from hooktrace.log.words import plural
 from hooktrace.log.writer import capture_dir
@@ -115,7 +116,7 @@ def run(target: Target, output: Path, options: TraceOptions) -> schema.End:
     gc.freeze()
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        session.stop("interrupted", exit_code=-signum)
+        session.stop(EndStatus.INTERRUPTED, exit_code=-signum)
         _summary(session, options)
         _die_by(signum)
 
@@ -127,10 +128,11 @@ def run(target: Target, output: Path, options: TraceOptions) -> schema.End:
         _exec(target)
     except SystemExit as e:
         code = _exit_code(e.code)
-        session.stop("ok" if code == 0 else "error", None if code == 0 else e, exit_code=code)
+        session.stop(EndStatus.OK if code == 0 else EndStatus.ERROR, None if code == 0 else e,
+                     exit_code=code)
     except KeyboardInterrupt as e:
         _print_exception(e)
-        session.stop("interrupted", e, exit_code=-signal.SIGINT)
+        session.stop(EndStatus.INTERRUPTED, e, exit_code=-signal.SIGINT)
         _summary(session, options)
         atexit._run_exitfuncs()
         _die_by(signal.SIGINT)
@@ -138,9 +140,9 @@ def run(target: Target, output: Path, options: TraceOptions) -> schema.End:
         return session.end  # not reached: the signal ends the process
     except BaseException as e:
         _print_exception(e)
-        session.stop("error", e, exit_code=1)
+        session.stop(EndStatus.ERROR, e, exit_code=1)
     else:
-        session.stop("ok", exit_code=0)
+        session.stop(EndStatus.OK, exit_code=0)
     finally:
         gc.unfreeze()
         if sigterm_installed and signal.getsignal(signal.SIGTERM) is on_sigterm:

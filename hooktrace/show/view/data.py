@@ -62,7 +62,7 @@ class RunData:
     end: schema.End | None = None
     warnings: list[str] = field(default_factory=list)
     stats: bool = True
-    trained: set[int] = field(default_factory=set)  # models with parameters or a backward
+    reached: set[int] = field(default_factory=set)  # models a backward event names
     model_steps: dict[int, set[int]] = field(default_factory=dict)  # model -> steps with events
     drawn: StepKeeper | None = None  # the events of the steps the call graphs draw
 
@@ -75,10 +75,9 @@ class RunData:
         return self.names.classes
 
     def data_models(self) -> set[int]:
-        """The models that prepare data (torchvision transforms are modules): no parameters,
-        never reached by a backward pass; none when nothing else ran."""
-        ran = {model for model, _ in self.first_seq}
-        return ran - self.trained if ran & self.trained else set()
+        """The models that prepare data (``LogNames.data_models``), of the whole log: of the
+        models with forward events, those without parameters that no backward event names."""
+        return self.names.data_models({model for model, _ in self.first_seq}, self.reached)
 
     def model_names(self) -> list[str]:
         """The names of the models the page offers to choose, sorted: not those that prepare
@@ -148,7 +147,7 @@ def _record(data: RunData, r: Any) -> None:
         data.steps.add(r.step)
         data.model_steps.setdefault(r.model, set()).add(r.step)
         cell = data.cell(r.model, r.fqn, r.step)
-        data.trained.add(r.model)
+        data.reached.add(r.model)
         cell.backward += 1
         cell.add_norm(grad_output_norm(r))
         for stats in (r.grad_output_stats, r.grad_input_stats):
@@ -161,11 +160,7 @@ def _record(data: RunData, r: Any) -> None:
             cell.param_norm, cell.params_seen = norm, True
     elif isinstance(r, schema.Anomaly):
         data.anomalies.append(r)
-    elif isinstance(r, schema.Module):
-        data.names.take(r)
-        if r.params:
-            data.trained.add(r.model)
-    elif isinstance(r, schema.Model):
+    else:
         data.names.take(r)
 
 
@@ -180,7 +175,9 @@ class Gatherer:
         self.reader = reader
         self.data = RunData(str(reader.path), reader.header.rank, reader.header,
                             stats=TraceOptions.from_header(reader.header).stats)
-        self.keeper = StepKeeper(reader, FirstSteps(draw)) if draw else None
+        # the keeper reads its names from the log's one table, which ``take`` fills
+        self.keeper = StepKeeper(reader, FirstSteps(draw), names=self.data.names) \
+            if draw else None
 
     def take(self, item: ForwardRows | BackwardRows | schema.Record) -> None:
         """One item of the scan: rows of one type, or a record."""
