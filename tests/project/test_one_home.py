@@ -1,8 +1,11 @@
 """One home per idea (issue 37), kept: no import cycle, counting every import (under
 ``TYPE_CHECKING`` and inside functions too); no public name defined in two modules; no option of a
 log's header read by its key outside ``hooktrace/log/``; the root's name ``(root)`` spelled once;
-every package ``__init__`` only re-exports, in under 30 lines. Each rule is also run on a copy of
-the package with one breach planted, so that it is seen to bite."""
+each kind of ``signal`` and ``anomaly`` record, and each finding kind ``check`` shares with one or
+names in several modules, spelled only in its home (``SignalKind``, ``AnomalyKind``,
+``FindingKind``); every package ``__init__`` only re-exports, in under 30 lines. Each rule is also
+run on a copy of the package with one breach planted, so that it is seen to bite. Docstrings say
+the words in prose and are not read."""
 
 from __future__ import annotations
 
@@ -14,17 +17,38 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
+from hooktrace.check.findings import FindingKind
+from hooktrace.log import schema
+from hooktrace.log.signals import Signal, kinds_of
+
 PACKAGE = Path(__file__).resolve().parents[2] / "hooktrace"
+
+
+def _files(package: Path) -> dict[str, ast.Module]:
+    """Each module of ``package`` by its path in it (``check/loop.py``), parsed."""
+    return {path.relative_to(package).as_posix(): ast.parse(path.read_text(encoding="utf-8"))
+            for path in sorted(package.rglob("*.py"))}
 
 
 def _modules(package: Path) -> dict[str, ast.Module]:
     """Each module of ``package`` by its dotted name (a package by its own name), parsed."""
-    out = {}
-    for path in sorted(package.rglob("*.py")):
-        parts = (package.name, *path.relative_to(package).with_suffix("").parts)
-        name = ".".join(parts).removesuffix(".__init__")
-        out[name] = ast.parse(path.read_text(encoding="utf-8"))
-    return out
+    return {".".join((package.name, *Path(file).with_suffix("").parts)).removesuffix(".__init__"):
+            tree for file, tree in _files(package).items()}
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    """The ids of the docstrings' constants in ``tree``."""
+    owners = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, owners) and n.body and isinstance(n.body[0], ast.Expr)
+            and isinstance(n.body[0].value, ast.Constant)}
+
+
+def _strings(tree: ast.Module) -> list[ast.Constant]:
+    """The string constants of ``tree`` that are not docstrings."""
+    docstrings = _docstrings(tree)
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Constant)
+            and isinstance(n.value, str) and id(n) not in docstrings]
 
 
 def _imported(module: str, tree: ast.Module, known: set[str]) -> set[str]:
@@ -107,15 +131,29 @@ def header_options_read(package: Path) -> list[str]:
 def root_spelled(package: Path) -> list[str]:
     """Each place the text ``(root)`` is written in a string of the package."""
     return [f"{module}:{node.lineno}" for module, tree in _modules(package).items()
-            for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str)
-            and "(root)" in node.value and not _is_docstring(tree, node)]
+            for node in _strings(tree) if "(root)" in node.value]
 
 
-def _is_docstring(tree: ast.Module, constant: ast.Constant) -> bool:
-    return any(isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef)
-               and node.body and isinstance(node.body[0], ast.Expr)
-               and node.body[0].value is constant for node in ast.walk(tree))
+KINDS = set(Signal.KINDS) | set(schema.Anomaly.KINDS) | set(kinds_of(FindingKind))
+# file (relative to the package) -> the kind words it may spell: the homes
+HOMES = {
+    "log/signals.py": set(Signal.KINDS),
+    "log/schema.py": set(schema.Anomaly.KINDS),
+    "check/findings.py": set(kinds_of(FindingKind)),
+}
+# the same word for another idea, where it is that idea's own word
+OTHER_IDEAS = {
+    ("log/options.py", "probe"),  # the header's ``probe`` option (``run --probe``)
+    ("show/view/heatmap.py", "no-grad"),  # a heatmap cell's mark
+}
+
+
+def kind_literals(package: Path) -> list[str]:
+    """``file:line: 'kind'`` for each string literal equal to a kind outside its home."""
+    return [f"{file}:{n.lineno}: {n.value!r}" for file, tree in _files(package).items()
+            for n in _strings(tree)
+            if n.value in KINDS and n.value not in HOMES.get(file, ())
+            and (file, n.value) not in OTHER_IDEAS]
 
 
 def inits_with_logic(package: Path) -> list[str]:
@@ -140,6 +178,10 @@ RULES = {
 @pytest.mark.parametrize("rule", sorted(RULES))
 def test_the_rule_holds(rule: str) -> None:
     assert not RULES[rule](PACKAGE)
+
+
+def test_no_kind_literal_outside_its_home() -> None:
+    assert kind_literals(PACKAGE) == []
 
 
 def test_the_root_is_spelled_once() -> None:
@@ -174,3 +216,25 @@ def test_a_second_root_is_found(tmp_path: Path) -> None:
     with (copy / "show" / "marks.py").open("a", encoding="utf-8") as f:
         f.write('\n\nLABEL = "(root)"\n')
     assert len(root_spelled(copy)) == 2
+
+
+def test_a_planted_literal_is_found(tmp_path: Path) -> None:
+    copy = tmp_path / "hooktrace"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    loop, report = copy / "check" / "loop.py", copy / "check" / "report.py"
+    watch = copy / "observe" / "watch.py"
+    with loop.open("a", encoding="utf-8") as f:
+        f.write('\n\ndef _planted(kind: str) -> bool:\n    """Says "eval-backward" in prose."""\n'
+                '    return kind == "eval-backward"\n')
+    with watch.open("a", encoding="utf-8") as f:
+        f.write('\nPLANTED = ("no-grad", "probe")\n')
+    with report.open("a", encoding="utf-8") as f:  # a finding kind, outside check/findings.py
+        f.write('\nPLANTED = "zero-gradient"\n')
+    assert kind_literals(copy) == [f"check/loop.py:{_lines(loop)}: 'eval-backward'",
+                                   f"check/report.py:{_lines(report)}: 'zero-gradient'",
+                                   f"observe/watch.py:{_lines(watch)}: 'no-grad'",
+                                   f"observe/watch.py:{_lines(watch)}: 'probe'"]
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text(encoding="utf-8").splitlines())
