@@ -344,7 +344,7 @@ def _finding_contradictions(f: Finding, claims: _Claims, truth: GradTruth,
                             label: Callable[[ModuleKey], str]) -> list[Contradiction]:
     """A finding that says its modules got no (or a zero) gradient in its steps: for one
     module, in each of them; for several (the steps are their union), in one at least."""
-    said = CLAIMS.get(f.kind)
+    said = CLAIMS.get(f.cause)
     model = claims.by_name.get(f.model)
     if said is None or model is None:
         return []
@@ -352,8 +352,8 @@ def _finding_contradictions(f: Finding, claims: _Claims, truth: GradTruth,
     all_steps = list(range(len(truth.steps)))
     steps = [s for s in ev.get("steps") or ([f.step] if f.step is not None else all_steps)
              if s < len(truth.steps)]
-    source = f"check [{f.kind}] {f.severity}: {f.message}"
-    if "params" in ev and f.kind == "no-grad":  # named parameters of one module got none
+    source = f"check [{f.cause}] {f.severity}: {f.message}"
+    if "params" in ev and f.cause == "no-grad":  # named parameters of one module got none
         t = truth.steps[steps[0]].get((model, f.module)) if steps else None
         got = [p for p in ev["params"] if t is not None and t.grads.get(p)]
         return [Contradiction(steps[0], label((model, f.module)), source,
@@ -362,7 +362,7 @@ def _finding_contradictions(f: Finding, claims: _Claims, truth: GradTruth,
         names = list(ev["starved"])
     elif "modules" in ev and isinstance(ev["modules"], list):
         names = list(ev["modules"])
-    elif f.kind in ("unused", "never-reached") or not (f.module or ev):
+    elif f.cause in ("unused", "never-reached") or not (f.module or ev):
         # the module and everything below it (a whole model, named by its root)
         names = [n for (i, n) in truth.steps[0] if i == model and (
             not f.module or n == f.module or n.startswith(f.module + "."))] if truth.steps else []
@@ -401,7 +401,7 @@ class Result:
     @property
     def problems(self) -> list[str]:
         """check's warnings and errors (what makes it exit 1), one line each."""
-        return [f"[{f.kind}] {f.severity} {f.model}:{f.module or '(root)'}: {f.message}"
+        return [f"[{f.cause}] {f.severity} {f.model}:{f.module or '(root)'}: {f.message}"
                 for f in self.report.problems]
 
     def failures(self) -> list[str]:

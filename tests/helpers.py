@@ -219,7 +219,7 @@ def run_findings(run: Run) -> tuple[int, list[dict[str, Any]]]:
 
 def problems(found: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     """(kind, severity, model, module, step) of each finding that is not a note, in order."""
-    return [(f["kind"], f["severity"], f["model"], f["module"], f["step"]) for f in found
+    return [(f["cause"], f["severity"], f["model"], f["module"], f["step"]) for f in found
             if f["severity"] != "note"]
 
 

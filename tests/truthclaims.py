@@ -49,9 +49,9 @@ def claims(findings: Sequence[Finding], modules: Mapping[str, Sequence[str]]) ->
     census knows, for a finding that names a module with modules below it."""
     out = []
     for f in findings:
-        if f.kind not in RUN_CLAIMS:
+        if f.cause not in RUN_CLAIMS:
             continue
-        state, when = RUN_CLAIMS[f.kind]
+        state, when = RUN_CLAIMS[f.cause]
         named = f.evidence.get("modules")
         tops = list(named) if isinstance(named, list) else [f.module]
         known = modules.get(f.model, ())
@@ -59,9 +59,9 @@ def claims(findings: Sequence[Finding], modules: Mapping[str, Sequence[str]]) ->
         names = [*dict.fromkeys([n for top in tops for n in known if n == top or not top
                                  or n.startswith(top + ".")] or tops)]
         until = re.search(r"until step (\d+)", f.message)
-        out.append(Claim(f"check [{f.kind}] {f.severity} {f.module or '(root)'}: {f.message}",
+        out.append(Claim(f"check [{f.cause}] {f.severity} {f.module or '(root)'}: {f.message}",
                          f.model, tuple(names), state, when,
-                         f.step if f.step is not None and f.kind != "frozen" else 0,
+                         f.step if f.step is not None and f.cause != "frozen" else 0,
                          int(until.group(1)) if until else None))
     return out
 

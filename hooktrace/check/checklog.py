@@ -114,14 +114,14 @@ def check_readers(readers: Sequence[LogReader], step: int | None = None,
         report = check_collected(collector.finish(), step, thresholds, reader.path)
         reports.append(report)
         for f in report.findings:
-            known = merged.get(key := (f.kind, f.model, f.module, f.step), f)
+            known = merged.get(key := (f.cause, f.model, f.module, f.step), f)
             merged[key] = replace(known, ranks=[*(known.ranks or []), reader.header.rank])
     every = sorted(r.header.rank for r in readers)
     for key, f in merged.items():
         if f.ranks == every:
             merged[key] = replace(f, ranks=None)  # on every rank: nothing rank-local about it
     findings = after_causes(sorted([*diverged, *merged.values()], key=lambda f: (
-        SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1, f.kind)))
+        SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1, f.cause)))
     return Report(findings, [w for r in reports for w in r.warnings],
                   max(r.steps for r in reports), sum(r.events for r in reports),
                   "; ".join(r.captured for r in reports if r.captured) or None,

@@ -41,5 +41,5 @@ def judge(s: LogSummary) -> list[Finding]:
     findings = notes.settle(c, findings)
     order = {m.fqn: m.first_seq or 0 for m in c.modules.values()}
     findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1,
-                                 order.get(f.module, 0), f.kind))
+                                 order.get(f.module, 0), f.cause))
     return after_causes(findings)

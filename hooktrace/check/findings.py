@@ -67,9 +67,50 @@ class FindingKind:
     ZERO_GRADIENT: Final[str] = "zero-gradient"
 
 
+# The invariants check holds, each a finding kind, and the causes that break each: every
+# finding names its cause (today's word for what went wrong), and its kind follows from it.
+# One table: docs/findings.md lists each kind with its causes (a test holds it).
+KINDS: Final[dict[str, tuple[str, ...]]] = {
+    # gradients reach every module the loss depends on, as the loss's derivative says
+    "gradient-flow": (
+        "no-grad", "no-grad-under-no_grad", "zero-gradient", "dead-activation", "saturated",
+        "not-a-parameter", "never-reached", "backward-hook", "ignores-grad",
+        "function-backward", "hooks-growing"),
+    # the gradients that do reach stay within a usable range
+    "gradient-scale": ("vanishing", "exploding"),
+    # every trainable parameter moves as its gradient, lr and optimizer explain
+    "update": (
+        "not-optimized", "set-on-wrapper", "shared-storage", "stepped-twice", "frozen",
+        "frozen-during-run", "lr-collapsed", "group-lr", "weight-decay", "updates-rounded",
+        "step-unexplained", "grads-cleared", "grads-zeroed", "grads-carried-over",
+        "params-recreated", "weights-unchanged", "scaled-step", "scaled-twice",
+        "clip-before-unscale"),
+    # every loss term reaches a trainable parameter and reads what the loss expects
+    "loss": (
+        "loss-input", "loss-broadcast", "loss-term-cut", "loss-target-grad", "loss-share",
+        "loss-reads-nothing", "loss-mask-index"),
+    # the first NaN/Inf, and where it came from
+    "nonfinite": ("nonfinite-forward", "nonfinite-backward"),
+    # how the models of a run relate: copies, targets, modes
+    "models": (
+        "evaluation-copy", "shared-target", "weights-replaced", "copied-every-step",
+        "copy-not-updated", "eval-backward", "frozen-bn-training"),
+    # who may see whom (run --probe)
+    "leak": ("samples-mixed", "sees-later", "sees-padding", "probe"),
+    # how a model's modules are called
+    "calls": ("unused", "called-several-times", "backward-order"),
+    # runs that crashed, stopped, were not seen, or whose ranks part ways
+    "run": (
+        "backward-error", "forward-error", "script-error", "stopped", "nothing-traced",
+        "compiled-eager", "rank-divergence"),
+}
+KIND_OF_CAUSE: Final[dict[str, str]] = {
+    cause: kind for kind, causes in KINDS.items() for cause in causes}
+
+
 @dataclass(frozen=True)
 class Finding:
-    kind: str  # docs/findings.md lists every kind
+    cause: str  # what went wrong; ``KINDS`` gives its kind
     severity: str
     model: str
     module: str  # the module where it happens (the boundary), not the modules it starves
@@ -80,8 +121,17 @@ class Finding:
     ranks: list[int] | None = None  # with several logs: the ranks it was found on
     source: str | None = None  # "file:line" of its module's class's forward, when known
 
+    def __post_init__(self) -> None:
+        if self.cause not in KIND_OF_CAUSE:
+            raise ValueError(f"a finding's cause {self.cause!r} is in no kind of KINDS")
+
+    @property
+    def kind(self) -> str:
+        """The invariant this finding breaks (``KINDS``)."""
+        return KIND_OF_CAUSE[self.cause]
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"kind": self.kind, **asdict(self)}
 
 
 @dataclass
@@ -102,14 +152,14 @@ class Report:
 
 def after_causes(findings: list[Finding]) -> list[Finding]:
     """``findings`` with each one that follows from another (its evidence's ``follows``: the
-    kind of that other, in the same model) moved to just after the other: the cause reads
+    cause of that other, in the same model) moved to just after the other: the cause reads
     first, whatever the sort put between them."""
     out = list(findings)
     for f in findings:
         follows = f.evidence.get("follows")
-        if follows and any(o.kind == follows and o.model == f.model for o in out):
+        if follows and any(o.cause == follows and o.model == f.model for o in out):
             out = [o for o in out if o is not f]
-            at = max(i for i, o in enumerate(out) if o.kind == follows and o.model == f.model)
+            at = max(i for i, o in enumerate(out) if o.cause == follows and o.model == f.model)
             out.insert(at + 1, f)
     return out
 

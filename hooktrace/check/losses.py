@@ -43,7 +43,7 @@ def check_losses(c: Collected) -> list[Finding]:
             out.extend(_broadcast(c, model, name, cls, call))
         elif cls in _WANTS_SCORES and call.after is not None:
             out.extend(_probabilities(c, cls, call))
-    return out + check_loss_ops(c, {f.model for f in out if f.kind == "loss-input"})
+    return out + check_loss_ops(c, {f.model for f in out if f.cause == "loss-input"})
 
 
 def _broadcast(c: Collected, model: int, name: str, cls: str, call: LossCall) -> list[Finding]:

@@ -59,14 +59,14 @@ def absorb(c: Collected, findings: list[Finding]) -> list[Finding]:
     made) a term a ``loss-term-cut`` names: the gradient stops in the loss, outside every
     forward, not inside the boundary's forward. The cut names them; the ``no-grad`` goes."""
     findings = _zeroed(findings)
-    cuts = [f for f in findings if f.kind == FindingKind.LOSS_TERM_CUT]
+    cuts = [f for f in findings if f.cause == FindingKind.LOSS_TERM_CUT]
     if not cuts:
         return findings
     kept = []
     grown: dict[int, Finding] = {}  # each cut (by its place) as the no-grads it takes make it
     for f in findings:
         cut = next((i for i, k in enumerate(cuts) if _explains(c, k, f)), None) \
-            if f.kind == FindingKind.NO_GRAD else None
+            if f.cause == FindingKind.NO_GRAD else None
         if cut is None:
             kept.append(f)
             continue
@@ -83,11 +83,11 @@ def absorb(c: Collected, findings: list[Finding]) -> list[Finding]:
 def _zeroed(findings: list[Finding]) -> list[Finding]:
     """A ``zero-gradient`` finding of a model whose loss reads nothing in those steps: the
     loss gave no gradient; the empty read names it, the zero goes."""
-    empty = {f.model: f for f in findings if f.kind == "loss-reads-nothing"}
+    empty = {f.model: f for f in findings if f.cause == "loss-reads-nothing"}
     grown: dict[str, Finding] = {}  # each model's empty read as the zeros it takes make it
     kept = []
     for f in findings:
-        nothing = empty.get(f.model) if f.kind == FindingKind.ZERO_GRADIENT else None
+        nothing = empty.get(f.model) if f.cause == FindingKind.ZERO_GRADIENT else None
         if nothing is None or not set(f.evidence.get("steps", [])) <= set(
                 nothing.evidence.get("steps", [])):
             kept.append(f)

@@ -188,7 +188,7 @@ def check_magnitudes(c: Collected, t: Thresholds, explained: Set[ModelFqn] = fro
     out: list[Finding] = []
     grown = growth(c)
     for kind, past in flagged.items():
-        finding = profile if profile is not None and profile.kind == kind else None
+        finding = profile if profile is not None and profile.cause == kind else None
         # past the threshold where the largest norm ended after growing over the steps: the
         # training diverges, even when that is the last step recorded
         lasting = {k: p for k, p in past.items() if p.lasting or (

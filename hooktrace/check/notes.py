@@ -22,18 +22,18 @@ def settle(c: Collected, findings: list[Finding]) -> list[Finding]:
     trained module (a BYOL target or an EMA copy runs in train mode on purpose: its statistics
     follow the batches as the online network's do), and with each ``REPEATING`` note that
     repeats over several modules of a model as one note listing them."""
-    if any(f.kind == FindingKind.FROZEN_BN_TRAINING for f in findings):
+    if any(f.cause == FindingKind.FROZEN_BN_TRAINING for f in findings):
         models = {c.model_name(i): i for i in c.models}
         tops = list(copies(c))
-        findings = [f for f in findings if f.kind != FindingKind.FROZEN_BN_TRAINING
+        findings = [f for f in findings if f.cause != FindingKind.FROZEN_BN_TRAINING
                     or not inside((models.get(f.model, -1), f.module), tops)]
     groups: dict[tuple[str, str, str], list[Finding]] = {}
     for f in findings:
-        if f.severity == NOTE and f.kind in REPEATING:
-            groups.setdefault((f.kind, f.model, f.hint), []).append(f)
+        if f.severity == NOTE and f.cause in REPEATING:
+            groups.setdefault((f.cause, f.model, f.hint), []).append(f)
     out = []
     for f in findings:
-        group = groups.get((f.kind, f.model, f.hint)) if f.severity == NOTE else None
+        group = groups.get((f.cause, f.model, f.hint)) if f.severity == NOTE else None
         if group is None or len(group) == 1:
             out.append(f)
         elif group[0] is f:
@@ -44,7 +44,7 @@ def settle(c: Collected, findings: list[Finding]) -> list[Finding]:
 def _one(group: list[Finding]) -> Finding:
     first, rest = group[0], [f.module for f in group[1:]]
     return Finding(
-        first.kind, NOTE, first.model, first.module, first.step,
+        first.cause, NOTE, first.model, first.module, first.step,
         f"{first.message}; the same at {plural(len(rest), 'more module')} (in all: "
         f"{patterns(f.module for f in group)})",
         {**first.evidence, "modules": [f.module for f in group]}, first.hint,

@@ -45,7 +45,7 @@ def _with_op_line(f: Finding, c: Collected, flowed: GradientFlow, model: int | N
     if model is None or f.severity == NOTE or f.step is None:
         return f
     records = [r for r in c.ops.get((model, f.module), []) if r.step >= f.step]
-    if f.kind == FindingKind.BACKWARD_ERROR:
+    if f.cause == FindingKind.BACKWARD_ERROR:
         return _inplace(f, c, f.step)
     asked, found = _answer(f, c, flowed, model, records)
     if found is not None:
@@ -62,18 +62,19 @@ def _answer(f: Finding, c: Collected, flowed: GradientFlow, model: int,
             records: list[Ops]) -> tuple[bool, _Found | None]:
     """Whether the finding's module's operations can answer it, and their answer."""
     key = (model, f.module)
-    if f.kind == FindingKind.NONFINITE_FORWARD:  # only a step whose first NaN/Inf is this module's,
+    # only a step whose first NaN/Inf is this module's,
+    if f.cause == FindingKind.NONFINITE_FORWARD:
         # or, where it was made in this module's own code, the child's that received it
         first = (model, str(f.evidence.get("received_by", f.module)))
         return True, _first([r for r in records if c.forward_first.get(r.step) == first],
                             ops.first_nonfinite)
-    if f.kind == FindingKind.NONFINITE_BACKWARD:
+    if f.cause == FindingKind.NONFINITE_BACKWARD:
         if not f.evidence.get("produced"):
             return False, None  # reached it: made elsewhere
         return True, _first([r for r in records if c.backward_first.get(r.step) == (key, True)],
                             ops.nonfinite_backward)
     b = next((b for (k, cause), b in flowed.boundaries.items()
-              if k == key and CAUSES[cause][0] == f.kind), None)
+              if k == key and CAUSES[cause][0] == f.cause), None)
     if b is None or b.cause not in _ASKED:
         return False, None
     ask = _question(b)
@@ -132,9 +133,9 @@ def _say(f: Finding, op: Op, step: int, module: str) -> Finding:
     if module != f.module:
         where["module"] = module
     inside = ops.said(op, f" in {fqn_text(module)}" if module != f.module else "")
-    if f.kind == FindingKind.NONFINITE_FORWARD:
+    if f.cause == FindingKind.NONFINITE_FORWARD:
         message = f"{f.message}; made by {inside}"
-    elif f.kind == FindingKind.NONFINITE_BACKWARD:
+    elif f.cause == FindingKind.NONFINITE_BACKWARD:
         message = f"{f.message}; made by the backward of {inside}"
     else:  # after what happens at the boundary, before what it starves
         cut = f.message.find("; ")

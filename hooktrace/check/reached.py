@@ -166,7 +166,7 @@ def _group_subtrees(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> l
             continue
         names = ", ".join(m.fqn for m in below[:6]) + (", ..." if len(below) > 6 else "")
         out.append(Finding(
-            finding.kind, finding.severity, finding.model, top, finding.step,
+            finding.cause, finding.severity, finding.model, top, finding.step,
             f"{c.label(below[0].model, top)}: no gradient reached any of its {len(below)} "
             f"trainable modules ({names}): detached or not on the loss path "
             f"({steps_text(finding.evidence['steps'])})",

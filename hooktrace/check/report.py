@@ -54,7 +54,7 @@ def where(f: Finding) -> str:
     if not f.model:
         if f.step is not None:
             return step
-        return "the whole run" if f.kind == FindingKind.NOTHING_TRACED else "before any model ran"
+        return "the whole run" if f.cause == FindingKind.NOTHING_TRACED else "before any model ran"
     return f"{fqn_text(f.module)} · model '{f.model}' · {step}"
 
 
@@ -63,8 +63,8 @@ def _finding(f: Finding) -> list[str]:
     if f.ranks is not None:
         listed = ", ".join(map(str, f.ranks))
         ranks = f" · rank{'s' if len(f.ranks) > 1 else ''} {listed}"
-        ranks += "" if f.kind == FindingKind.RANK_DIVERGENCE else " only"
-    lines = [f"  [{f.kind}] {where(f)}{ranks}", f"    {f.message}"]
+        ranks += "" if f.cause == FindingKind.RANK_DIVERGENCE else " only"
+    lines = [f"  [{f.cause}] {where(f)}{ranks}", f"    {f.message}"]
     evidence = _evidence(f.evidence) if f.severity != NOTE else ""  # a note's message says it
     if evidence:
         lines.append(f"    evidence: {evidence}")

@@ -83,13 +83,13 @@ def scaled_clip(c: Collected, s: Signal) -> list[Finding]:
 def after_scaling(findings: list[Finding]) -> list[Finding]:
     """``findings`` with the NaN/Inf and growing-gradient findings of a model whose optimizer
     applied gradients too large by the scale, from that step on, marked as following from it."""
-    causes = {(f.model, f.kind): f.step or 0 for f in findings
-              if f.kind in (FindingKind.SCALED_STEP, "scaled-twice")}
+    causes = {(f.model, f.cause): f.step or 0 for f in findings
+              if f.cause in (FindingKind.SCALED_STEP, "scaled-twice")}
     out = []
     for f in findings:
         cause = next((kind for (model, kind), step in causes.items()
                       if model == f.model and (f.step or 0) >= step), None)
-        if f.kind in _CONSEQUENCES and cause is not None and "follows" not in f.evidence:
+        if f.cause in _CONSEQUENCES and cause is not None and "follows" not in f.evidence:
             f = replace(f, evidence={**f.evidence, "follows": cause},
                         hint=(f"gradients too large by the loss scale were applied (the {cause} "
                               "finding): fix that first"))

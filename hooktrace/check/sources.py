@@ -23,7 +23,7 @@ def with_sources(c: Collected, findings: list[Finding]) -> list[Finding]:
 
 
 def _with_source(c: Collected, f: Finding, model: int) -> Finding:
-    if f.kind in (FindingKind.LOSS_TERM_CUT, FindingKind.LOSS_TARGET_GRAD):
+    if f.cause in (FindingKind.LOSS_TERM_CUT, FindingKind.LOSS_TARGET_GRAD):
         return f  # in the loss, outside every forward: its own line says where
     for name in [f.module, *reversed(ancestors(f.module))]:
         m = c.modules.get((model, name))

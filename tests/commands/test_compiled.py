@@ -113,7 +113,7 @@ def test_recorded_steps_of_compiled_code_are_the_eager_runs(runs: dict[str, Any]
     # check says it once, as a note; nothing else
     assert check.returncode == 0, check.stdout
     found = json.loads(check.stdout)["findings"]
-    assert [(f["kind"], f["severity"]) for f in found] == [("compiled-eager", "note")]
+    assert [(f["cause"], f["severity"]) for f in found] == [("compiled-eager", "note")]
     assert "next: hooktrace render" in run.stderr
 
 
@@ -133,7 +133,7 @@ def test_a_compiled_resnet18_is_traced_as_its_eager_run(runs: dict[str, Any]) ->
     assert _counters(runs["plain-resnet18"][1].stdout)["graph_calls"] == STEPS
     assert check.returncode == 0, check.stdout
     found = json.loads(check.stdout)["findings"]
-    assert sorted((f["kind"], f["severity"]) for f in found) == [
+    assert sorted((f["cause"], f["severity"]) for f in found) == [
         ("called-several-times", "note"), ("compiled-eager", "note")]  # each block's relu x2
 
 
@@ -148,7 +148,7 @@ def test_a_detach_inside_a_compiled_model_is_named(runs: dict[str, Any]) -> None
     assert check.returncode == 1
     found = json.loads(check.stdout)["findings"]
     lost = [f for f in found if f["severity"] != "note"]
-    assert [(f["kind"], f["module"]) for f in lost] == [("no-grad", "h.0"), ("no-grad", "h.1")]
+    assert [(f["cause"], f["module"]) for f in lost] == [("no-grad", "h.0"), ("no-grad", "h.1")]
     assert lost[0]["evidence"]["starved"] == ["h.0.ln_1", "h.0.attn.qkv", "h.0.attn.proj"]
     assert "at .detach() (" in lost[0]["message"]  # the op zoom of a later step found the line
 
@@ -172,12 +172,12 @@ def test_max_autotune_without_cuda_graphs_recorded_eager_then_compiled(
     assert (_counters(run.stdout)["graph_calls"], _counters(run.stdout)["recompiles"]) == (1, 0)
     assert check.returncode == 0, check.stdout
     found = json.loads(check.stdout)["findings"]
-    assert [(f["kind"], f["severity"]) for f in found] == [("compiled-eager", "note")]
+    assert [(f["cause"], f["severity"]) for f in found] == [("compiled-eager", "note")]
 
 
 def _problems(check: subprocess.CompletedProcess[str]) -> list[tuple[Any, ...]]:
     found = json.loads(check.stdout)["findings"]
-    return [(f["kind"], f["module"], f["step"]) for f in found if f["severity"] != "note"]
+    return [(f["cause"], f["module"], f["step"]) for f in found if f["severity"] != "note"]
 
 
 def test_a_nan_in_a_watched_compiled_step_is_found_at_its_step_with_its_module(
@@ -232,7 +232,7 @@ def _unseen(tmp_path: Path, script: Path, *args: str, options: tuple[str, ...] =
     check = hooktrace_cmd("check", "--json", log)
     assert check.returncode == 1, check.stdout
     (found,) = json.loads(check.stdout)["findings"]
-    assert (found["kind"], found["severity"]) == ("nothing-traced", "error")
+    assert (found["cause"], found["severity"]) == ("nothing-traced", "error")
     assert last == f"hooktrace: nothing traced: {found['message']}"
     return last, found
 

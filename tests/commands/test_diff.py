@@ -295,7 +295,7 @@ def test_check_on_ranks_and_diff_part_the_logs_at_the_same_call(
     checked = hooktrace_cmd("check", "--json", *pair, cwd=logs)
     assert checked.returncode == 1, checked.stderr
     rank = next(f for f in json.loads(checked.stdout)["findings"]
-                if f["kind"] == "rank-divergence")
+                if f["cause"] == "rank-divergence")
     found = json.loads(hooktrace_cmd("diff", "--json", *pair, cwd=logs).stdout)
     first = found["ran" if kind == "ran" else "shapes"]
     assert (first["kind"], first["step"], first["module"], first["position"]) == (
@@ -311,7 +311,7 @@ def test_two_ranks_give_the_answer_check_gives(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     checked = json.loads(hooktrace_cmd("check", "--json", "ddp.rank0.jsonl", "ddp.rank1.jsonl",
                                        cwd=tmp_path).stdout)
-    rank = next(f for f in checked["findings"] if f["kind"] == "rank-divergence")
+    rank = next(f for f in checked["findings"] if f["cause"] == "rank-divergence")
     result = hooktrace_cmd("diff", "--json", "ddp.rank0.jsonl", "ddp.rank1.jsonl", cwd=tmp_path)
     assert result.returncode == 1
     ran = json.loads(result.stdout)["ran"]

@@ -55,7 +55,7 @@ def check(path: Path) -> tuple[int, list[tuple[str, str, str, str]]]:
     """``hooktrace check --json``: its exit status and findings (kind, severity, model, module)."""
     done = hooktrace_cmd("check", "--json", path)
     findings = json.loads(done.stdout)["findings"]
-    return done.returncode, [(f["kind"], f["severity"], f["model"], f["module"])
+    return done.returncode, [(f["cause"], f["severity"], f["model"], f["module"])
                              for f in findings]
 
 

@@ -77,7 +77,7 @@ def test_healthy_ranks_agree(tmp_path: Path) -> None:
     result = hooktrace_cmd("check", "--json", tmp_path / "ddp.rank*.jsonl")
     report = json.loads(result.stdout)
     # the ranks agree; the one problem is the script's: `extra` is never called, on any rank
-    assert [(f["kind"], f["module"], f["ranks"]) for f in report["findings"]] == [
+    assert [(f["cause"], f["module"], f["ranks"]) for f in report["findings"]] == [
         ("unused", "extra", None)]
 
 
@@ -89,7 +89,7 @@ def test_rank_taking_another_branch_at_step_2_is_found(tmp_path: Path) -> None:
                             tmp_path / "ddp.rank1.jsonl")
     assert checked.returncode == 1
     report = json.loads(checked.stdout)
-    divergence = [f for f in report["findings"] if f["kind"] == "rank-divergence"]
+    divergence = [f for f in report["findings"] if f["cause"] == "rank-divergence"]
     assert len(divergence) == 1
     found = divergence[0]
     # rank 1 ran `extra` where rank 0 went on to fc2: step 2, second forward event
@@ -98,7 +98,7 @@ def test_rank_taking_another_branch_at_step_2_is_found(tmp_path: Path) -> None:
     assert found["evidence"]["ranks"]["1"].startswith("forward of extra call 0")
     assert found["evidence"]["ranks"]["0"].startswith("forward of fc2 call 0")
     # rank-local: only rank 0 never called `extra`
-    unused = [f for f in report["findings"] if f["kind"] == "unused"]
+    unused = [f for f in report["findings"] if f["cause"] == "unused"]
     assert [(f["module"], f["ranks"]) for f in unused] == [("extra", [0])]
     text = hooktrace_cmd("check", tmp_path / "ddp.rank*.jsonl").stdout
     assert "[rank-divergence] extra · model 'model' · step 2 · ranks 0, 1" in text
@@ -197,12 +197,12 @@ def test_check_reads_each_rank_log_once(tmp_path: Path, odd_step: int | None,
     report = run_checks_ranks(logs)
     assert sorted(reads) == logs
     assert report.events == sum(r.events for r in alone) == 48
-    divergence = [(f.step, f.module) for f in report.findings if f.kind == "rank-divergence"]
+    divergence = [(f.step, f.module) for f in report.findings if f.cause == "rank-divergence"]
     assert divergence == ([] if odd_step is None else [(1, "extra")])
     expected: dict[tuple[str, str, int | None], list[int]] = {}
     for rank, alone_report in enumerate(alone):
         for f in alone_report.findings:
-            expected.setdefault((f.kind, f.module, f.step), []).append(rank)
-    assert {(f.kind, f.module, f.step): f.ranks or [0, 1] for f in report.findings
-            if f.kind != "rank-divergence"} == expected
+            expected.setdefault((f.cause, f.module, f.step), []).append(rank)
+    assert {(f.cause, f.module, f.step): f.ranks or [0, 1] for f in report.findings
+            if f.cause != "rank-divergence"} == expected
     assert (odd_step is None) == (expected.get(("unused", "extra", None)) == [0, 1])

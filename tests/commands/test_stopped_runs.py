@@ -56,7 +56,7 @@ def _check(log: Path) -> tuple[int, list[dict[str, Any]], str]:
 
 
 def _stopped(findings: list[dict[str, Any]]) -> dict[str, Any]:
-    stopped = [f for f in findings if f["kind"] == "stopped"]
+    stopped = [f for f in findings if f["cause"] == "stopped"]
     assert len(stopped) == 1, findings
     assert stopped[0]["severity"] == "error"
     return stopped[0]
@@ -137,7 +137,7 @@ def test_exit_before_any_model_ran(tmp_path: Path) -> None:
     assert ran.returncode == 3
     code, findings, text = _check(log)
     assert code == 1, text
-    assert [(f["kind"], f["severity"]) for f in findings] == [("nothing-traced", "error")]
+    assert [(f["cause"], f["severity"]) for f in findings] == [("nothing-traced", "error")]
     assert "exited with status 3 before any model ran" in findings[0]["message"]
 
 
@@ -149,7 +149,7 @@ def test_a_crash_before_any_model_ran_says_so(tmp_path: Path) -> None:
     assert ran.returncode == 1
     code, findings, text = _check(log)
     assert code == 1
-    assert [(f["kind"], f["model"], f["module"], f["step"]) for f in findings] == [
+    assert [(f["cause"], f["model"], f["module"], f["step"]) for f in findings] == [
         ("script-error", "", "", None)]
     message = findings[0]["message"]
     assert message.startswith("the script stopped before any model ran, with ValueError (")
@@ -171,7 +171,7 @@ def test_a_long_coloured_error_keeps_its_cause_in_plain_text(tmp_path: Path) -> 
     assert "\x1b" not in end.error["message"] and words in end.error["message"]  # plain
     code, findings, text = _check(log)
     assert code == 1
-    crash = next(f for f in findings if f["kind"] == "script-error")
+    crash = next(f for f in findings if f["cause"] == "script-error")
     message = crash["message"]
     assert (crash["model"], crash["step"]) == ("net", 2)
     assert "\x1b" not in message and "[1;31m" not in message

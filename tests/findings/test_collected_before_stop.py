@@ -69,7 +69,7 @@ def collected(shared: Shared) -> Cases:
 def findings(run: Run) -> list[tuple[Any, ...]]:
     """(kind, severity, model, module, step) of every finding, notes too."""
     _, found = run_findings(run)
-    return [(f["kind"], f["severity"], f["model"], f["module"], f["step"]) for f in found]
+    return [(f["cause"], f["severity"], f["model"], f["module"], f["step"]) for f in found]
 
 
 @pytest.mark.parametrize("pair", PAIRS)

@@ -63,7 +63,7 @@ def test_a_validation_pass_between_steps_is_not_training(cases: Cases) -> None:
     fall in steps 3 and 6 beside the training pass, and are not judged as training."""
     traced, _ = cases["timm_validate"]
     assert traced.stdout.count("top-1") == 2  # two epochs ended within the recorded steps
-    kinds = {f["kind"] for f in found(cases, "timm_validate")}
+    kinds = {f["cause"] for f in found(cases, "timm_validate")}
     assert not kinds & {"no-grad", "no-grad-under-no_grad"}
 
 
@@ -77,8 +77,8 @@ def test_a_validation_pass_with_gradients_on_is_not_training(cases: Cases) -> No
     evaluated = {e["step"] for e in events if e["type"] == "forward" and e.get("eval")}
     assert evaluated == {3, 6}  # the validations after steps 2 and 5 fall in the next step
     findings = found(cases, "timm_validate_grad")
-    assert not {f["kind"] for f in findings} & {"no-grad", "called-several-times"}
-    [note] = [f for f in findings if f["kind"] == "evaluation-copy"]
+    assert not {f["cause"] for f in findings} & {"no-grad", "called-several-times"}
+    [note] = [f for f in findings if f["cause"] == "evaluation-copy"]
     assert (note["model"], note["module"]) == ("model", "")
     assert "ran only in eval mode, with no backward, and no optimizer" in note["message"]
 
@@ -88,7 +88,7 @@ def test_training_in_eval_mode_is_not_evaluation(cases: Cases) -> None:
     no evaluation copy. Its look-alike with the state reset inside the loop keeps its finding:
     the cell's calls thrown away are in eval mode with no backward, inside a forward that
     trained."""
-    assert "evaluation-copy" not in {f["kind"] for f in found(cases, "eval_finetune")}
+    assert "evaluation-copy" not in {f["cause"] for f in found(cases, "eval_finetune")}
     events = [json.loads(line) for line in (cases.folder / "eval_finetune.jsonl").open()]
     assert all(e.get("eval") for e in events if e["type"] == "forward")
     findings = found(cases, "bug_eval_reset")
@@ -105,7 +105,7 @@ def test_an_ema_copy_inside_the_task_is_one_note(cases: Cases) -> None:
     traced, _ = cases["timm_task_ema"]
     assert traced.stdout.count("ema top-1") == 2
     findings = found(cases, "timm_task_ema")
-    [note] = [f for f in findings if f["kind"] == "evaluation-copy"]
+    [note] = [f for f in findings if f["cause"] == "evaluation-copy"]
     assert (note["severity"], note["module"]) == ("note", "trainable_module_ema")
     assert len(note["evidence"]["modules"]) == 41  # resnet18's modules with parameters
     assert all(name.startswith("trainable_module_ema.module.")
@@ -124,7 +124,7 @@ def test_training_forward_under_no_grad_is_one_finding(cases: Cases) -> None:
 
 def test_lora_frozen_layers_one_note_by_role(cases: Cases) -> None:
     findings = found(cases, "lora_32")
-    [frozen] = [f for f in findings if f["kind"] == "frozen"]
+    [frozen] = [f for f in findings if f["cause"] == "frozen"]
     roles = frozen["evidence"]["roles"]
     assert roles["copy"] == {} and roles["other"] == []
     assert sorted(roles["adapted"]) == sorted(
@@ -150,8 +150,8 @@ def test_lora_report_reads_in_a_screen(cases: Cases) -> None:
 
 def test_byol_target_is_a_frozen_copy_without_eval_advice(cases: Cases) -> None:
     findings = found(cases, "byol_target")
-    assert [f["kind"] for f in findings if f["kind"] == "frozen-bn-training"] == []
-    [frozen] = [f for f in findings if f["kind"] == "frozen"]
+    assert [f["cause"] for f in findings if f["cause"] == "frozen-bn-training"] == []
+    [frozen] = [f for f in findings if f["cause"] == "frozen"]
     assert frozen["module"] == "target_encoder"
     assert frozen["evidence"]["roles"] == {
         "copy": {"target_encoder": "online_encoder"}, "adapted": [], "backbone": [], "other": []}

@@ -42,7 +42,7 @@ def test_lora_before_its_first_moving_step_is_a_note(runs: Cases) -> None:
     optimizer step with lr > 0 (a step after every 16th pass, the first at lr 0): one note for
     the model, naming that step and every adapter (repeating notes are grouped, item 4)."""
     _, found = run_findings(runs["lora_accumulation"])
-    notes = [f for f in found if f["kind"] == "zero-gradient"]
+    notes = [f for f in found if f["cause"] == "zero-gradient"]
     assert [(f["module"], f["severity"], f["evidence"]["moving"]) for f in notes] == [
         (LORA[0], "note", 31)]
     assert notes[0]["evidence"]["modules"] == LORA

@@ -62,7 +62,7 @@ def moved(run: Run) -> float:
 def test_a_target_that_is_the_online_network_is_named(shared: Shared, case: str) -> None:
     run = field_run(shared, case)
     [found] = run.problems
-    assert (found.kind, found.severity, found.model, found.module, found.step) == (
+    assert (found.cause, found.severity, found.model, found.module, found.step) == (
         "shared-target", "warning", "learner", "online_encoder", 0)
     assert found.message == (
         "online_encoder (NetWrapper) is also registered as target_encoder: one module, not a "
@@ -95,8 +95,8 @@ def test_the_online_network_never_got_a_gradient(shared: Shared, case: str) -> N
 @pytest.mark.parametrize("case", [c for c in CASES if c.startswith("ok_")])
 def test_look_alikes_stay_silent(shared: Shared, case: str) -> None:
     run = field_run(shared, case)
-    assert [f"[{f.kind}] {f.module}: {f.message}" for f in run.problems] == []
-    assert not [f for f in run.report.findings if f.kind == "shared-target"]
+    assert [f"[{f.cause}] {f.module}: {f.message}" for f in run.problems] == []
+    assert not [f for f in run.report.findings if f.cause == "shared-target"]
 
 
 def test_a_layer_unused_by_design_is_named_in_the_wrapper_that_calls_it(shared: Shared) -> None:
@@ -108,15 +108,15 @@ def test_a_layer_unused_by_design_is_named_in_the_wrapper_that_calls_it(shared: 
     wrapper, without ``.eval()`` advice for its BatchNorms."""
     run = field_run(shared, "byol_hidden_layer")
     [found] = run.problems
-    assert (found.kind, found.severity, found.model, found.module, found.step) == (
+    assert (found.cause, found.severity, found.model, found.module, found.step) == (
         "no-grad", "warning", "learner", "online_encoder", 0)
     assert found.evidence["starved"] == ["online_encoder.net.5"]
     assert found.message.startswith("online_encoder (HiddenLayerWrapper): the gradient stops "
                                     "inside its forward: the output of online_encoder.net ")
     assert found.source is not None and "(HiddenLayerWrapper.forward)" in found.source
-    [frozen] = [f for f in run.report.findings if f.kind == "frozen"]
+    [frozen] = [f for f in run.report.findings if f.cause == "frozen"]
     assert frozen.evidence["roles"]["copy"] == {"target_encoder": "online_encoder"}
-    assert "frozen-bn-training" not in {f.kind for f in run.report.findings}
+    assert "frozen-bn-training" not in {f.cause for f in run.report.findings}
     # PyTorch's census: that layer's .grad is None at every optimizer step
     assert all(census[(0, "net.5")].state == NONE for _, census in run.truth.optimizer_steps)
 
@@ -126,7 +126,7 @@ def _frozen_covers(findings: list[Finding], names: list[str]) -> bool:
     ``names``: by their module (and all below it) or their evidence's modules."""
     covered: set[str] = set()
     for f in findings:
-        if f.kind == "frozen":
+        if f.cause == "frozen":
             covered |= set(f.evidence.get("modules") or ())
             covered |= {n for n in names if n == f.module or n.startswith(f.module + ".")}
     return set(names) <= covered
@@ -136,7 +136,7 @@ def test_a_freeze_in_the_first_forward_keeps_its_frozen_note(shared: Shared) -> 
     # the backbone is frozen inside step 0's forward, after the module records said trainable:
     # a frozen backbone under a trained head, on purpose (no warning), and its note stays
     run = field_run(shared, "freeze_in_first_forward")
-    assert [f"[{f.kind}] {f.module}: {f.message}" for f in run.problems] == []
+    assert [f"[{f.cause}] {f.module}: {f.message}" for f in run.problems] == []
     assert _frozen_covers(run.report.findings, ["backbone.0", "backbone.1", "backbone.5"])
 
 

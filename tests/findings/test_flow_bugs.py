@@ -48,13 +48,13 @@ BUGS = {
 def test_the_boundary_is_named(tmp_path: Path, case: str) -> None:
     status, found = check_case(tmp_path, case)
     kind, severity, module, step, starved = BUGS[case]
-    [finding] = [f for f in found if f["kind"] == kind]
+    [finding] = [f for f in found if f["cause"] == kind]
     assert (finding["severity"], finding["module"], finding["step"]) == (severity, module, step)
     assert finding["evidence"]["starved"] == starved
     assert finding["evidence"]["steps"] == [0, 1, 2]  # every step: it never recovers
     # the starved modules are evidence, not findings of their own
-    others = {(f["kind"], f["module"]) for f in found if f is not finding
-              and f["severity"] != "note" and f["kind"] != "frozen"}
+    others = {(f["cause"], f["module"]) for f in found if f is not finding
+              and f["severity"] != "note" and f["cause"] != "frozen"}
     assert others == set()
     assert status == 1
 
@@ -63,7 +63,7 @@ def test_detach_names_the_branch_and_the_call(tmp_path: Path) -> None:
     """A shared encoder whose second call is detached: judged per call, the report says which
     call's output gets no gradient back, while its first call trains."""
     _, found = check_case(tmp_path, "shared_detached")
-    [finding] = [f for f in found if f["kind"] == "no-grad"]
+    [finding] = [f for f in found if f["cause"] == "no-grad"]
     assert "the output of embed (call 1), encoder (call 1) gets no gradient back" \
         in finding["message"]
 
@@ -71,7 +71,7 @@ def test_detach_names_the_branch_and_the_call(tmp_path: Path) -> None:
 def test_the_source_of_the_boundary_is_named(tmp_path: Path) -> None:
     """The finding points at the forward of the boundary's class, in the user's file."""
     _, found = check_case(tmp_path, "numpy_block")
-    [finding] = [f for f in found if f["kind"] == "no-grad"]
+    [finding] = [f for f in found if f["cause"] == "no-grad"]
     line = int(finding["source"].split(" ")[0].rsplit(":", 1)[1])
     assert finding["source"].endswith("(NumpyBlock.forward)")
     assert SCRIPT.read_text().splitlines()[line - 1].strip().startswith("def forward(")
@@ -83,11 +83,11 @@ def test_zero_initialised_head_is_a_note(tmp_path: Path) -> None:
     step only: a note naming the head, and no vanishing finding about its victims."""
     status, found = check_case(tmp_path, "zero_head")
     assert status == 0
-    [note] = [f for f in found if f["kind"] == "zero-gradient"]
+    [note] = [f for f in found if f["cause"] == "zero-gradient"]
     assert (note["severity"], note["module"], note["step"]) == ("note", "4", 0)
     assert "its weights are zero" in note["message"]
     assert "not in the 2 later steps" in note["message"]
-    assert not [f for f in found if f["kind"] == "vanishing"]
+    assert not [f for f in found if f["cause"] == "vanishing"]
 
 
 def test_a_backward_that_raised_names_its_module(tmp_path: Path) -> None:
@@ -96,7 +96,7 @@ def test_a_backward_that_raised_names_its_module(tmp_path: Path) -> None:
     modules before it, which the aborted pass never reached, detached."""
     status, found = check_case(tmp_path, "backward_inplace", exit_code=1)
     [error] = [f for f in found if f["severity"] != "note"]
-    assert (error["kind"], error["severity"], error["module"], error["step"]) == (
+    assert (error["cause"], error["severity"], error["module"], error["step"]) == (
         "backward-error", "error", "3", 0)
     assert "modified by an inplace operation" in error["message"]
     assert "make it out of place" in error["hint"]
@@ -125,7 +125,7 @@ def test_a_loss_reading_part_of_an_output_is_a_note(tmp_path: Path) -> None:
     the log records), a note that names it; the same head multiplied by 0 while every row is
     read, or a mask that is always empty, stays a warning (BUGS)."""
     status, found = check_case(tmp_path, "ok_level_selection")
-    [note] = [f for f in found if f["kind"] == "zero-gradient"]
+    [note] = [f for f in found if f["cause"] == "zero-gradient"]
     assert (note["severity"], note["module"], note["evidence"]["starved"]) == (
         "note", "boxes", ["boxes.heads.2"])
     assert "and only part of the output of boxes (75.0% of its gradient exactly zero) is " \

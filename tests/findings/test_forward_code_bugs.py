@@ -104,7 +104,7 @@ CAUSES = {
 def test_the_finding_says_why(runs: dict[str, Run], case: str) -> None:
     _, found = run_findings(runs[case])
     kind, said, hint = CAUSES[case]
-    [finding] = [f for f in found if f["kind"] == kind]
+    [finding] = [f for f in found if f["cause"] == kind]
     assert said in finding["message"]
     assert hint in finding["hint"]
 

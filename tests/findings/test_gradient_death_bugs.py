@@ -89,7 +89,7 @@ CAUSES = {
 def test_the_finding_says_why(runs: dict[str, Run], case: str) -> None:
     _, found = findings(runs, case)
     kind, said, hint = CAUSES[case]
-    [finding] = [f for f in found if f["kind"] == kind]
+    [finding] = [f for f in found if f["cause"] == kind]
     assert said in finding["message"]
     assert hint in finding["hint"]
 
@@ -106,7 +106,7 @@ def test_the_starved_modules_are_the_evidence(runs: dict[str, Run], case: str) -
     _, found = findings(runs, case)
     kind, starved = STARVED[case]
     [finding] = found  # the starved modules are not findings of their own (a vanishing note)
-    assert (finding["kind"], finding["evidence"]["starved"]) == (kind, starved)
+    assert (finding["cause"], finding["evidence"]["starved"]) == (kind, starved)
     assert finding["evidence"]["steps"] == [0, 1, 2, 3]
     assert Path(finding["source"].rsplit(":", 1)[0]).name == SCRIPT.name
 
@@ -122,7 +122,7 @@ def test_no_backward_means_no_step_to_count_calls_in(runs: dict[str, Run]) -> No
     """A loss from argmax never runs backward: the iterations are not told apart, so modules
     called once an iteration are not "called several times per step"."""
     _, found = findings(runs, "argmax_loss")
-    assert [f["kind"] for f in found] == ["never-reached"]
+    assert [f["cause"] for f in found] == ["never-reached"]
 
 
 def test_a_too_broad_freeze_is_a_note_on_each_frozen_layer(runs: dict[str, Run]) -> None:
@@ -131,7 +131,7 @@ def test_a_too_broad_freeze_is_a_note_on_each_frozen_layer(runs: dict[str, Run])
     in the model's one frozen note (issue 38), the intended one as a frozen backbone, the other
     among trainable modules."""
     _, found = findings(runs, "freeze_too_broad")
-    assert [(f["kind"], f["module"]) for f in found] == [("frozen", "encoder.layers.0")]
+    assert [(f["cause"], f["module"]) for f in found] == [("frozen", "encoder.layers.0")]
     roles = found[0]["evidence"]["roles"]
     assert (roles["backbone"], roles["other"]) == (["encoder.layers.0"], ["decoder.layers.0"])
     assert "frozen among trainable modules (decoder.layers.0)" in found[0]["message"]

@@ -160,7 +160,7 @@ def test_pattern(tmp_path: Path, name: str, steps: int) -> None:
     result = _run(tmp_path, PATTERNS[name](), steps)
     if name == "transforms":
         # data preparation is not a model: no finding about the transforms, not even a note
-        strays = [f"[{f.kind}] {f.severity} {f.model}: {f.message}"
+        strays = [f"[{f.cause}] {f.severity} {f.model}: {f.message}"
                   for f in result.report.findings if f.model not in result.models]
         assert not strays, "findings about data transforms:\n" + "\n".join(strays)
 

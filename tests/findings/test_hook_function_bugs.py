@@ -47,7 +47,7 @@ def test_the_bug_is_named(runs: dict[str, Run], case: str) -> None:
 
 def test_the_wrong_backward_names_the_function_and_its_line(runs: dict[str, Run]) -> None:
     _, found = run_findings(runs["sigmoid_backward_wrong"])
-    (f,) = [f for f in found if f["kind"] == "function-backward"]
+    (f,) = [f for f in found if f["cause"] == "function-backward"]
     assert "SigmoidWrong (" in f["message"] and "hook_function_cases.py:" in f["message"]
     assert f["evidence"]["verdict"] == "mismatch"
 
@@ -63,5 +63,5 @@ def test_healthy_look_alikes_are_silent(runs: dict[str, Run], case: str) -> None
     status, found = run_findings(runs[case])
     assert problems(found) == []
     assert status == 0
-    notes = [f["evidence"]["verdict"] for f in found if f["kind"] == "function-backward"]
+    notes = [f["evidence"]["verdict"] for f in found if f["cause"] == "function-backward"]
     assert notes == ([HEALTHY[case]] if HEALTHY[case] else [])

@@ -40,27 +40,27 @@ def test_loop_bug_is_named(tmp_path: Path, case: str) -> None:
     status, found, _ = check_case(tmp_path, case)
     kind, severity, module, step = BUGS[case]
     problems = [f for f in found if f["severity"] != "note"]
-    assert [(f["kind"], f["severity"], f["model"], f["module"], f["step"]) for f in problems] \
+    assert [(f["cause"], f["severity"], f["model"], f["module"], f["step"]) for f in problems] \
         == [(kind, severity, "model", module, step)]
     assert status == 1
 
 
 def test_not_optimized_names_only_the_new_layer(tmp_path: Path) -> None:
     _, found, _ = check_case(tmp_path, "not_optimized")
-    [finding] = [f for f in found if f["kind"] == "not-optimized"]
+    [finding] = [f for f in found if f["cause"] == "not-optimized"]
     assert finding["evidence"]["modules"] == ["head"]
 
 
 def test_carried_over_names_every_module_and_where_to_look(tmp_path: Path) -> None:
     _, found, _ = check_case(tmp_path, "no_zero_grad")
-    [finding] = [f for f in found if f["kind"] == "grads-carried-over"]
+    [finding] = [f for f in found if f["cause"] == "grads-carried-over"]
     assert finding["evidence"]["modules"] == ["stem", "block.fc", "block.norm", "head"]
     assert "zero_grad" in finding["hint"]
 
 
 def test_backward_hook_names_the_function(tmp_path: Path) -> None:
     _, found, _ = check_case(tmp_path, "backward_hook")
-    [finding] = [f for f in found if f["kind"] == "backward-hook"]
+    [finding] = [f for f in found if f["cause"] == "backward-hook"]
     assert finding["evidence"]["hook"] == "main.<locals>.<lambda>"
     assert "register_full_backward_hook" in finding["hint"]
     assert "loop_bugs.py:" in finding["source"]
@@ -68,7 +68,7 @@ def test_backward_hook_names_the_function(tmp_path: Path) -> None:
 
 def test_frozen_batchnorm_in_train_mode_is_a_note(tmp_path: Path) -> None:
     _, found, _ = check_case(tmp_path, "frozen_bn")
-    [note] = [f for f in found if f["kind"] == "frozen-bn-training"]
+    [note] = [f for f in found if f["cause"] == "frozen-bn-training"]
     assert (note["severity"], note["module"]) == ("note", "block.norm")
 
 
@@ -109,7 +109,7 @@ def test_forgot_train_mode_sample(traced: Traced) -> None:
     log = traced(SAMPLES / "forgot_train_mode.py")
     result = hooktrace_cmd("check", "--json", log)
     found = json.loads(result.stdout)["findings"]
-    assert [(f["kind"], f["model"], f["step"]) for f in found if f["severity"] != "note"] == [
+    assert [(f["cause"], f["model"], f["step"]) for f in found if f["severity"] != "note"] == [
         ("eval-backward", "model", 3)]
     assert result.returncode == 1
 
@@ -131,7 +131,7 @@ def test_stale_optimizer_sample(traced: Traced) -> None:
     log = traced(SAMPLES / "stale_optimizer.py")
     result = hooktrace_cmd("check", "--json", log)
     found = json.loads(result.stdout)["findings"]
-    assert [(f["kind"], f["severity"], f["model"], f["module"]) for f in found] == [
+    assert [(f["cause"], f["severity"], f["model"], f["module"]) for f in found] == [
         ("not-optimized", "warning", "model", "")]
     assert found[0]["evidence"]["modules"] == ["features.0", "features.2", "head"]
     assert result.returncode == 1

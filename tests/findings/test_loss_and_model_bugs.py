@@ -51,7 +51,7 @@ def test_the_bug_is_named(runs: dict[str, Run], case: str) -> None:
 
 def test_probabilities_fed_to_a_loss_that_wants_scores(runs: dict[str, Run]) -> None:
     _, found = run_findings(runs["double_softmax_ce"])
-    [finding] = [f for f in found if f["kind"] == "loss-input"]
+    [finding] = [f for f in found if f["cause"] == "loss-input"]
     assert "ends with 3 (Softmax), and its output goes to CrossEntropyLoss, which applies " \
            "log_softmax itself" in finding["message"]
     assert "return the raw scores (logits)" in finding["hint"]
@@ -59,7 +59,7 @@ def test_probabilities_fed_to_a_loss_that_wants_scores(runs: dict[str, Run]) -> 
 
 def test_a_target_that_broadcasts_names_both_shapes(runs: dict[str, Run]) -> None:
     _, found = run_findings(runs["mse_broadcast"])
-    [finding] = [f for f in found if f["kind"] == "loss-broadcast"]
+    [finding] = [f for f in found if f["cause"] == "loss-broadcast"]
     assert "compares input [16, 1] with target [16]: they broadcast to [16, 16]" \
         in finding["message"]
     assert finding["evidence"] == {"input": [16, 1], "target": [16], "broadcast": [16, 16]}

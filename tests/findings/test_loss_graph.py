@@ -249,7 +249,7 @@ def loss_findings(*details: dict[str, Any]) -> list[tuple[str, str]]:
     c = Collected(header=schema.Header(schema=schema.SCHEMA_VERSION, hooktrace="test"))
     c.models[0] = "model"
     c.signals = [schema.Signal(0, 0, "", "loss-ops", d) for d in details]
-    return [(f.kind, f.module) for f in check_losses(c)]
+    return [(f.cause, f.module) for f in check_losses(c)]
 
 
 @pytest.mark.parametrize(("ops", "out", "named"), [

@@ -139,7 +139,7 @@ def test_the_share_a_mask_keeps_is_a_fact(tmp_path: Path, case: str) -> None:
     assert shares(path) == [(0, *share), (1, *share)]
     report = run_checks(path)
     assert report.problems == []
-    [note] = [f for f in report.findings if f.kind == "loss-share"]
+    [note] = [f for f in report.findings if f.cause == "loss-share"]
     assert note.model == "model" and "reads 17 of its 28 elements (60%)" in note.message
 
 
@@ -176,7 +176,7 @@ def test_mlm_masking_is_a_note(tmp_path: Path) -> None:
     train(path, mlm)
     report = run_checks(path)
     assert report.problems == []
-    [note] = [f for f in report.findings if f.kind == "loss-share"]
+    [note] = [f for f in report.findings if f.cause == "loss-share"]
     assert "4 of 28 targets" in note.message
 
 
@@ -199,7 +199,7 @@ def test_a_mask_that_keeps_nothing_is_a_finding(tmp_path: Path) -> None:
     train(path, mask_from_a_wrong_comparison)
     assert shares(path) == [(0, "mask", "Mul", 0, 28), (1, "mask", "Mul", 0, 28)]
     [problem] = run_checks(path).problems
-    assert (problem.kind, problem.model, problem.step) == ("loss-reads-nothing", "model", 0)
+    assert (problem.cause, problem.model, problem.step) == ("loss-reads-nothing", "model", 0)
     assert "none of its 28 elements" in problem.message and "loss * mask" in problem.message
 
 
@@ -208,7 +208,7 @@ def test_an_integer_mask_used_as_an_index_is_a_finding(tmp_path: Path) -> None:
     train(path, mask_of_the_wrong_dtype)
     assert shares(path) == [(0, "index", "Index", 14, 28), (1, "index", "Index", 14, 28)]
     [problem] = run_checks(path).problems
-    assert (problem.kind, problem.model, problem.step) == ("loss-mask-index", "model", 0)
+    assert (problem.cause, problem.model, problem.step) == ("loss-mask-index", "model", 0)
     assert "rows 0 and 1" in problem.message and "14 of its 28" in problem.message
 
 
@@ -235,7 +235,7 @@ def test_a_loss_inside_the_model_call_states_its_share(tmp_path: Path) -> None:
     assert shares(path) == ignored
     report = run_checks(path)
     assert report.problems == []
-    [note] = [f for f in report.findings if f.kind == "loss-share"]
+    [note] = [f for f in report.findings if f.cause == "loss-share"]
     assert "inside the model's call" in note.message and "17 of 28 targets" in note.message
 
 
@@ -244,7 +244,7 @@ def test_an_ignore_index_that_matches_every_target_inside_the_model(tmp_path: Pa
     train(path, lambda model, ids, y: model(ids, labels=torch.full_like(y, PAD)).loss,
           model=TinyLM(ignore_index=PAD))  # labels made of the padding id only
     problems = run_checks(path).problems  # the loss is NaN: a mean over no target
-    assert [(p.kind, p.model) for p in problems] == [("nonfinite-forward", "model"),
+    assert [(p.cause, p.model) for p in problems] == [("nonfinite-forward", "model"),
                                                      ("loss-reads-nothing", "model")]
     message = problems[1].message
     assert message.startswith("F.cross_entropy inside the model's call") and \

@@ -116,7 +116,7 @@ def test_a_term_without_gradient_is_named_with_its_cut(tmp_path: Path, case: str
     assert found["line"] == line_of(loss_fn, text)
     assert found["added_line"] == line_of(loss_fn, "return")
     [problem] = run_checks(path).problems
-    assert (problem.kind, problem.model, problem.module, problem.step) == \
+    assert (problem.cause, problem.model, problem.module, problem.step) == \
         ("loss-term-cut", "model", "", 0)
     assert f"test_loss_terms.py:{found['line']}" in problem.message
     assert "in the loss, outside every forward" in problem.message
@@ -212,7 +212,7 @@ def test_the_share_of_targets_a_loss_reads_is_a_fact(tmp_path: Path) -> None:
             for s in shares] == [(0, 4, 6, -100), (1, 4, 6, -100)]
     report = run_checks(path)
     assert report.problems == []
-    [note] = [f for f in report.findings if f.kind == "loss-share"]
+    [note] = [f for f in report.findings if f.cause == "loss-share"]
     assert "4 of 6 targets" in note.message and note.severity == "note"
 
 
@@ -225,7 +225,7 @@ def test_a_loss_that_ignores_every_target_is_a_finding(tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
     run(path, all_ignored)
     [problem] = run_checks(path).problems
-    assert (problem.kind, problem.model, problem.step) == ("loss-reads-nothing", "model", 0)
+    assert (problem.cause, problem.model, problem.step) == ("loss-reads-nothing", "model", 0)
     assert "every target" in problem.message and "ignore_index=255" in problem.message
 
 
@@ -268,7 +268,7 @@ def test_a_target_with_gradient_through_a_max_is_named(tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
     q_learning(path, lambda q, s2, r: r + 0.99 * q(s2).max(1).values)
     [problem] = run_checks(path).problems
-    assert (problem.kind, problem.model, problem.module, problem.step) == \
+    assert (problem.cause, problem.model, problem.module, problem.step) == \
         ("loss-target-grad", "q", "", 0)
     assert problem.evidence["through"] == "Max" and problem.evidence["loss"] == "F.mse_loss"
     assert "no_grad" in problem.hint and problem.source is None
@@ -340,7 +340,7 @@ def test_a_head_cut_in_the_loss_is_said_to_be_in_the_loss(tmp_path: Path) -> Non
             (F.cross_entropy(logits, y) + torch.tensor(aux)).backward()
             opt.step()
     [problem] = run_checks(path).problems
-    assert (problem.kind, problem.module, problem.evidence["starved"]) == \
+    assert (problem.cause, problem.module, problem.evidence["starved"]) == \
         ("loss-term-cut", "", ["reg"])
     assert "inside its forward" not in problem.message and problem.source is None
     assert "outside every forward" in problem.message and "it starves reg" in problem.message

@@ -88,7 +88,7 @@ def test_a_block_left_under_no_grad_is_still_named(log_path: Path) -> None:
     with hooktrace.trace(log_path, model=model):
         model(torch.randn(4, 8)).sum().backward()
     [found] = run_checks(log_path).problems
-    assert (found.kind, found.module) == ("no-grad-under-no_grad", "")  # the forward with it
+    assert (found.cause, found.module) == ("no-grad-under-no_grad", "")  # the forward with it
     assert "torch.no_grad() covers body" in found.message
 
 
@@ -113,10 +113,10 @@ def test_linear_probing_in_eval_mode_is_not_a_problem(log_path: Path) -> None:
     model.fc = nn.Linear(512, 2)  # trainable; the frozen BatchNorms keep their statistics
     _probe(model, model.fc, log_path)
     report = run_checks(log_path)
-    assert [f.kind for f in report.problems] == []
+    assert [f.cause for f in report.problems] == []
     # the frozen backbone is said once, by its subtrees, not once a layer (41 notes before,
     # then one a subtree: 6)
-    [frozen] = [f for f in report.findings if f.kind == "frozen"]
+    [frozen] = [f for f in report.findings if f.cause == "frozen"]
     assert frozen.module == "conv1"
     assert frozen.evidence["roles"]["backbone"] == ["conv1", "bn1", "layer1", "layer2",
                                                     "layer3", "layer4"]
@@ -127,7 +127,7 @@ def test_linear_probing_with_a_dropout_head_is_a_note(log_path: Path) -> None:
     model = _frozen("mobilenet_v3_small")
     model.classifier[3] = nn.Linear(1024, 2)  # behind classifier.2, a Dropout(0.2)
     _probe(model, model.classifier[3], log_path)
-    found = [f for f in run_checks(log_path).findings if f.kind == "eval-backward"]
+    found = [f for f in run_checks(log_path).findings if f.cause == "eval-backward"]
     assert [(f.severity, f.module) for f in found] == [("note", "")]
     assert "its dropout is off in what trains" in found[0].message
     assert "classifier.2" in found[0].message
@@ -137,7 +137,7 @@ def test_training_on_in_eval_mode_is_still_named(log_path: Path) -> None:
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=2)  # everything trains, BatchNorms too
     _probe(model, model, log_path)
-    [found] = [f for f in run_checks(log_path).problems if f.kind == "eval-backward"]
+    [found] = [f for f in run_checks(log_path).problems if f.cause == "eval-backward"]
     assert found.severity == "warning"
     assert "bn1" in found.message
 
@@ -189,4 +189,4 @@ def test_gradients_a_loss_scaler_scales_are_not_exploding(log_path: Path) -> Non
 
 def test_gradients_as_large_without_a_scaler_are_exploding(log_path: Path) -> None:
     _amp_steps(log_path, scaled=False)
-    assert [f.kind for f in run_checks(log_path).problems] == ["exploding"]
+    assert [f.cause for f in run_checks(log_path).problems] == ["exploding"]

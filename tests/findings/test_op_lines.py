@@ -25,7 +25,7 @@ def line_of(tag: str) -> str:
 
 
 def the(found: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    [finding] = [f for f in found if f["kind"] == kind and f["severity"] != "note"]
+    [finding] = [f for f in found if f["cause"] == kind and f["severity"] != "note"]
     return finding
 
 

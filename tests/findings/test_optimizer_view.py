@@ -62,7 +62,7 @@ def test_each_unregistered_module_has_a_name_of_its_own(runs: dict[str, Run]) ->
                         ("nested_list", ["(Linear)", "(Linear#2)"])):
         _, found = run_findings(runs[case])
         assert found[0]["evidence"]["modules"] == names
-        assert not [f for f in found if f["kind"] == "called-several-times"]
+        assert not [f for f in found if f["cause"] == "called-several-times"]
 
 
 def test_what_the_messages_say(runs: dict[str, Run]) -> None:

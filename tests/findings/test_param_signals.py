@@ -59,7 +59,7 @@ def test_the_module_and_the_cause_are_named(runs: dict[str, Run], case: str) -> 
     status, found = findings(runs, case)
     problem, said, hint = BUGS[case]
     assert problems(found) == [problem]
-    [finding] = [f for f in found if f["kind"] == problem[0]]
+    [finding] = [f for f in found if f["cause"] == problem[0]]
     assert said in finding["message"]
     assert hint in finding["hint"]
     assert status == 1

@@ -28,7 +28,7 @@ def findings(tmp_path: Path, script: str, case: str, *options: str) -> list[dict
 
 def first_nan(tmp_path: Path, script: str, case: str, *options: str) -> dict[str, Any]:
     [found] = [f for f in findings(tmp_path, script, case, *options)
-               if f["kind"] == "nonfinite-forward"]
+               if f["cause"] == "nonfinite-forward"]
     return found
 
 
@@ -66,7 +66,7 @@ def test_nan_from_the_data_does_not_blame_the_weights(tmp_path: Path) -> None:
 
 def test_float16_gradients_that_underflow_without_a_scaler(tmp_path: Path) -> None:
     [found] = findings(tmp_path, "blind_bugs4.py", "fp16_underflow")
-    assert (found["kind"], found["severity"], found["module"]) == ("zero-gradient", "warning", "0")
+    assert (found["cause"], found["severity"], found["module"]) == ("zero-gradient", "warning", "0")
     assert found["message"].endswith(
         "; the gradient reaching the float16 output of model 'model' is already exactly zero, "
         "and no loss scaler scales the loss: its gradients fall below float16's smallest value "
@@ -76,7 +76,7 @@ def test_float16_gradients_that_underflow_without_a_scaler(tmp_path: Path) -> No
 
 def test_a_float16_zero_from_a_zero_layer_is_not_an_underflow(tmp_path: Path) -> None:
     found = findings(tmp_path, "precision.py", "fp16_zero_head")
-    assert [(f["kind"], f["severity"], f["module"]) for f in found] == [
+    assert [(f["cause"], f["severity"], f["module"]) for f in found] == [
         ("zero-gradient", "note", "2")]
     assert "float16" not in found[0]["message"] and "its weights are zero" in found[0]["message"]
 
@@ -86,7 +86,7 @@ def test_a_float16_zero_from_a_zero_layer_is_not_an_underflow(tmp_path: Path) ->
 def test_bfloat16_weights_whose_updates_round_away(tmp_path: Path, script: str,
                                                    case: str) -> None:
     [found] = findings(tmp_path, script, case)
-    assert (found["kind"], found["severity"], found["model"], found["step"]) == (
+    assert (found["cause"], found["severity"], found["model"], found["step"]) == (
         "updates-rounded", "warning", "model", 0)
     assert found["message"].startswith(
         "the bfloat16 weights of model 'model' barely change: from step 0 to step 2, ")

@@ -70,9 +70,9 @@ def test_the_probe_names_the_bug(runs: dict[str, Run], case: str) -> None:
 @pytest.mark.parametrize("case", sorted(NOTES))
 def test_the_probe_states_what_holds(runs: dict[str, Run], case: str) -> None:
     _, found = run_findings(runs[case])
-    said = [(f["kind"], f["module"]) for f in found if f["kind"] in ("probe", "samples-mixed")]
+    said = [(f["cause"], f["module"]) for f in found if f["cause"] in ("probe", "samples-mixed")]
     assert sorted(said) == sorted(NOTES[case])
-    assert all(f["severity"] == "note" for f in found if f["kind"] == "probe")
+    assert all(f["severity"] == "note" for f in found if f["cause"] == "probe")
 
 
 @pytest.mark.parametrize("case", HEALTHY)
@@ -112,7 +112,7 @@ def test_probed_healthy_models_are_silent(tmp_path: Path, name: str) -> None:
             case.backward()
             case.update()
     report = run_checks(log)
-    assert [f"{f.kind} {f.module}: {f.message}" for f in report.problems] == []
-    said = [f for f in report.findings if f.kind in ("probe", "samples-mixed")]
-    assert sorted(f.kind for f in said) == sorted(notes)
+    assert [f"{f.cause} {f.module}: {f.message}" for f in report.problems] == []
+    said = [f for f in report.findings if f.cause in ("probe", "samples-mixed")]
+    assert sorted(f.cause for f in said) == sorted(notes)
     assert all(f.severity == "note" for f in said)

@@ -27,7 +27,7 @@ from hooktrace.observe.stats import DEFER_ENV
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 PROBLEM = ("error", "warning")
 REPORT_KEYS = {"problems", "steps", "events", "warnings", "findings", "models"}
-FINDING_KEYS = {"kind", "severity", "model", "module", "step", "message", "evidence", "hint",
+FINDING_KEYS = {"kind", "cause", "severity", "model", "module", "step", "message", "evidence", "hint",
                 "ranks", "source"}
 
 Run = subprocess.CompletedProcess[str]
@@ -76,7 +76,7 @@ def problems(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 def summary(findings: list[dict[str, Any]]) -> set[tuple[str, str, str, int | None]]:
     """(kind, severity, module, step) of each finding: what a test compares."""
-    return {(f["kind"], f["severity"], f["module"], f["step"]) for f in findings}
+    return {(f["cause"], f["severity"], f["module"], f["step"]) for f in findings}
 
 
 def assert_user_error(result: Run) -> None:
@@ -156,14 +156,14 @@ def test_frozen_by_mistake(frozen_log: Path) -> None:
 def test_nan_layer(nan_log: Path) -> None:
     status, report = check_json(nan_log)
     assert status == 1
-    forward = [f for f in problems(report) if f["kind"] == "nonfinite-forward"]
+    forward = [f for f in problems(report) if f["cause"] == "nonfinite-forward"]
     assert summary(forward) == {("nonfinite-forward", "error", "compress", 3)}
     assert forward[0]["evidence"]["outputs"][0]["nan"] > 0
     # The NaN output makes the loss NaN, so the backward pass of step 3 is NaN too: a second,
     # natural finding. Its gradient is NaN as soon as it leaves the loss, so it is first seen on
     # the path from the loss back to compress (today: the root module); never an earlier step.
     # Nothing else: the NaN weights of steps 4.. are "again in steps ..." of the same findings.
-    backward = [f for f in problems(report) if f["kind"] == "nonfinite-backward"]
+    backward = [f for f in problems(report) if f["cause"] == "nonfinite-backward"]
     assert [(f["severity"], f["step"]) for f in backward] == [("error", 3)]
     assert backward[0]["module"] in ("", "fc2", "compress")
     assert len(problems(report)) == 2
@@ -176,7 +176,7 @@ def test_exploding(exploding_log: Path) -> None:
     assert found
     # only exploding gradients, seen at the first step (clipping keeps the run finite), all in
     # the 30-layer stack; and no vanishing/NaN misreading of the same stack
-    assert {(f["kind"], f["severity"], f["step"]) for f in found} == {("exploding", "warning", 0)}
+    assert {(f["cause"], f["severity"], f["step"]) for f in found} == {("exploding", "warning", 0)}
     layers = {f"layers.{i}" for i in range(30)}
     assert {f["module"] for f in found} <= layers
     # the gradient grows from the output side back to the input side: the finding that compares
@@ -214,17 +214,17 @@ def test_transformer_habits_are_not_defects(tmp_path: Path, stats: bool, unused:
         assert summary(problems(report)) == {("unused", "warning", "aux", None)}
     else:
         assert problems(report) == [] and status == 0
-    assert [f["module"] for f in report["findings"] if f["kind"] == "unused"] == (
+    assert [f["module"] for f in report["findings"] if f["cause"] == "unused"] == (
         ["aux"] if unused else [])
     if stats:  # the step-0 zero gradients: a note naming the head, at that step only
-        [note] = [f for f in report["findings"] if f["kind"] == "zero-gradient"]
+        [note] = [f for f in report["findings"] if f["cause"] == "zero-gradient"]
         assert (note["severity"], note["module"], note["step"]) == ("note", "head", 0)
         assert note["evidence"]["steps"] == [0]
         assert note["evidence"]["starved"][0] == "embed"  # in execution order
         assert "not in the 3 later steps" in note["message"]
         # its victims are its evidence, not vanishing findings of their own (out_proj, whose
         # parameters MultiheadAttention uses without calling it, included)
-        assert [f for f in report["findings"] if f["kind"] == "vanishing"] == []
+        assert [f for f in report["findings"] if f["cause"] == "vanishing"] == []
 
 
 def test_lasting_vanishing_is_a_problem(tmp_path: Path) -> None:
@@ -236,9 +236,9 @@ def test_lasting_vanishing_is_a_problem(tmp_path: Path) -> None:
     # and the weights that the learning rate of 0 leaves as they are
     assert summary(problems(report)) == {("zero-gradient", "warning", "head", 0),
                                          ("weights-unchanged", "warning", "", 0)}
-    [finding] = [f for f in problems(report) if f["kind"] == "zero-gradient"]
+    [finding] = [f for f in problems(report) if f["cause"] == "zero-gradient"]
     assert finding["evidence"]["steps"] == [0, 1, 2, 3]
-    [unchanged] = [f for f in problems(report) if f["kind"] == "weights-unchanged"]
+    [unchanged] = [f for f in problems(report) if f["cause"] == "weights-unchanged"]
     assert unchanged["message"].endswith(": the optimizer's learning rate is 0")
     assert status == 1
 
@@ -251,7 +251,7 @@ def test_small_gradients_inside_a_branch(tmp_path: Path, shortcut: bool) -> None
     one note."""
     log = trace(tmp_path, SCRIPTS / "layer_scale.py", *(() if shortcut else ("--no-shortcut",)))
     status, report = check_json(log)
-    vanishing = [f for f in report["findings"] if f["kind"] == "vanishing"]
+    vanishing = [f for f in report["findings"] if f["cause"] == "vanishing"]
     if shortcut:
         assert problems(report) == [] and status == 0
         [note] = vanishing
@@ -265,7 +265,7 @@ def test_small_gradients_inside_a_branch(tmp_path: Path, shortcut: bool) -> None
         assert summary(problems(report)) == {("vanishing", "warning", "3", 0)}
         [finding] = problems(report)
         assert finding["evidence"]["starved"][0] == "0"
-    [unused] = [f for f in report["findings"] if f["kind"] == "unused"]
+    [unused] = [f for f in report["findings"] if f["cause"] == "unused"]
     assert (unused["severity"], unused["evidence"]["modules"]) == ("note",
                                                                    ["1.drop", "2.drop", "3.drop"])
 
@@ -278,7 +278,7 @@ def test_loss_scaler_overflow_is_a_note(tmp_path: Path, scaler: bool) -> None:
     Without the scaler the Inf gradients are applied and the run stays NaN: errors."""
     log = trace(tmp_path, SCRIPTS / "loss_scaling.py", *(() if scaler else ("--no-scaler",)))
     status, report = check_json(log)
-    backward = [f for f in report["findings"] if f["kind"] == "nonfinite-backward"]
+    backward = [f for f in report["findings"] if f["cause"] == "nonfinite-backward"]
     if scaler:
         assert problems(report) == [] and status == 0
         [note] = backward
@@ -287,7 +287,7 @@ def test_loss_scaler_overflow_is_a_note(tmp_path: Path, scaler: bool) -> None:
         assert "as a loss scaler (torch.amp.GradScaler) skips a step" in note["message"]
     else:
         assert status == 1
-        assert {(f["kind"], f["severity"]) for f in problems(report)} == {
+        assert {(f["cause"], f["severity"]) for f in problems(report)} == {
             ("nonfinite-forward", "error"), ("nonfinite-backward", "error")}
         assert [f["step"] for f in backward] == [0]
 
@@ -405,12 +405,12 @@ def test_long_run_finds_late_nan_in_small_log(traced: Traced) -> None:
     status, report = check_json(log)
     assert status == 1
     assert report["steps"] == 2000
-    forward = [f for f in problems(report) if f["kind"] == "nonfinite-forward"]
+    forward = [f for f in problems(report) if f["cause"] == "nonfinite-forward"]
     assert summary(forward) == {("nonfinite-forward", "error", "norm", 1800)}
     # as in nan_layer: the NaN loss makes step 1800's backward NaN too; nothing else (the steps
     # past the fully recorded ones must not look like modules without gradient)
-    assert {f["kind"] for f in problems(report)} == {"nonfinite-forward", "nonfinite-backward"}
-    backward = [f for f in problems(report) if f["kind"] == "nonfinite-backward"]
+    assert {f["cause"] for f in problems(report)} == {"nonfinite-forward", "nonfinite-backward"}
+    backward = [f for f in problems(report) if f["cause"] == "nonfinite-backward"]
     assert [f["step"] for f in backward] == [1800]
 
     text = check(log)
@@ -433,7 +433,7 @@ def test_nan_found_on_the_device_path(tmp_path: Path, script: str, args: tuple[s
     assert result.returncode == 0, result.stderr
     status, report = check_json(log)
     assert status == 1
-    forward = [f for f in problems(report) if f["kind"] == "nonfinite-forward"]
+    forward = [f for f in problems(report) if f["cause"] == "nonfinite-forward"]
     assert summary(forward) == {("nonfinite-forward", "error", module, step)}
     assert forward[0]["evidence"]["outputs"][0]["nan"] + forward[0]["evidence"]["outputs"][0][
         "inf"] > 0
@@ -491,7 +491,7 @@ class Steps:
 
 def findings(log: Path, step: int | None = None) -> list[tuple[str, str, int | None, Any]]:
     report = run_checks(log, step)
-    return [(f.kind, f.module, f.step, f.evidence.get("steps") or f.evidence.get("modules"))
+    return [(f.cause, f.module, f.step, f.evidence.get("steps") or f.evidence.get("modules"))
             for f in report.findings]
 
 
@@ -535,5 +535,5 @@ def test_backward_in_a_later_step_belongs_to_its_forward(tmp_path: Path) -> None
         steps.events.append(schema.Step(step))
     steps.backward(6, "0", late, model=1)  # four steps late
     log = write_log(tmp_path / "gan.jsonl", steps.events, models=("disc", "gen"))
-    no_grad = [f for f in run_checks(log).findings if f.kind == "no-grad"]
+    no_grad = [f for f in run_checks(log).findings if f.cause == "no-grad"]
     assert [(f.model, f.module, f.evidence["steps"]) for f in no_grad] == [("gen", "0", [2])]

@@ -289,7 +289,7 @@ def test_the_findings_say_what_the_step_did(log_path: Path) -> None:
             (maximize_by_mistake, "maximize=True", "drop maximize=True")):
         traced(loop, log_path)
         (found,) = [f for f in run_checks(log_path).findings
-                    if f.kind == "step-unexplained"]
+                    if f.cause == "step-unexplained"]
         assert says in found.message
         assert hint in (found.hint or "")
 

@@ -93,7 +93,7 @@ CAUSES = {
 def test_the_finding_says_why(runs: dict[str, Run], case: str) -> None:
     _, found = run_findings(runs[case])
     kind, said, hint = CAUSES[case]
-    [finding] = [f for f in found if f["kind"] == kind]
+    [finding] = [f for f in found if f["cause"] == kind]
     assert said in finding["message"]
     assert hint in finding["hint"]
 
@@ -110,6 +110,6 @@ def test_a_layer_unfrozen_later_is_not_frozen_all_run(runs: dict[str, Run], case
     """The frozen note says when the layer was unfrozen (a freeze schedule), not that it stayed
     frozen."""
     _, found = run_findings(runs[case])
-    notes = [f["message"] for f in found if f["kind"] == "frozen"]
+    notes = [f["message"] for f in found if f["cause"] == "frozen"]
     assert notes == [f"{name} (Linear): parameters frozen (requires_grad=False) until step 2, "
                      "trainable from then on" for name in ("encoder.0", "encoder.2")]

@@ -29,7 +29,7 @@ def check_case(tmp_path: Path, case: str) -> tuple[int, list[dict[str, Any]]]:
 @pytest.mark.parametrize("case", BUGS)
 def test_a_detached_call_in_the_output_is_said(tmp_path: Path, case: str) -> None:
     status, found = check_case(tmp_path, case)
-    problems = [(f["kind"], f["severity"], f["module"], f["step"], f["evidence"]["starved"])
+    problems = [(f["cause"], f["severity"], f["module"], f["step"], f["evidence"]["starved"])
                 for f in found if f["severity"] != "note"]
     assert problems == [("no-grad", "warning", "", 0, ["body.0", "body.2"])]
     assert "the output of body (call 1) gets no gradient back" in found[0]["message"]

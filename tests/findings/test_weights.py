@@ -42,7 +42,7 @@ BUGS = {
 def test_weights_that_never_change_are_named_with_their_cause(tmp_path: Path, case: str) -> None:
     step, through, cause, hint = BUGS[case]
     [finding] = check_case(tmp_path, case)
-    assert (finding["kind"], finding["severity"], finding["model"], finding["module"],
+    assert (finding["cause"], finding["severity"], finding["model"], finding["module"],
             finding["step"]) == ("weights-unchanged", "warning", "model", "", step)
     assert finding["message"] == (
         f"the weights of model 'model' did not change from step {step} to step {through} "

@@ -141,7 +141,7 @@ def _check(log: Path) -> set[tuple[str, str, int]]:
     result = hooktrace_cmd("check", log, "--json")
     assert result.returncode == 1, result.stderr
     report = json.loads(result.stdout)
-    return {(f["kind"], f["module"], f["step"]) for f in report["findings"]
+    return {(f["cause"], f["module"], f["step"]) for f in report["findings"]
             if f["severity"] == "error"}
 
 

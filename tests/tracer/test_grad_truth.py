@@ -102,7 +102,7 @@ def test_chance_drops_are_not_reported(log_path: Path) -> None:
     with hooktrace.trace(log_path, model=model, steps="0:3"):
         _drop_steps(model, 3, batch=2)
     report = run_checks(log_path)
-    assert not [f for f in report.findings if f.kind == "zero-gradient"]
+    assert not [f for f in report.findings if f.cause == "zero-gradient"]
     # the drops happened: the log shows blocks with an exactly-zero gradient
     zero = [e for e in events(log_path, "backward") if e.fqn.startswith("drops.")
             and e.grad_input_stats and e.grad_input_stats[0] and e.grad_input_stats[0][0] == 0]
@@ -114,7 +114,7 @@ def test_a_drop_probability_of_one_is_reported(log_path: Path) -> None:
     model = DropBlocks(1.0, blocks=2)
     with hooktrace.trace(log_path, model=model, steps="0:2"):
         _drop_steps(model, 2, batch=2)
-    found = [f for f in run_checks(log_path).problems if f.kind == "zero-gradient"]
+    found = [f for f in run_checks(log_path).problems if f.cause == "zero-gradient"]
     assert [f.module for f in found] == ["drops.0", "drops.1"]
     assert "its drop probability is 1: it drops every input" in found[0].message
     assert "its drop probability is 1" in found[0].hint
@@ -129,7 +129,7 @@ def test_drops_chance_cannot_explain_are_reported(log_path: Path) -> None:
         _drop_steps(model, 1, batch=8)
         model.drops[0].p = 1.0
         _drop_steps(model, 1, batch=8)
-    [found] = [f for f in run_checks(log_path).problems if f.kind == "zero-gradient"]
+    [found] = [f for f in run_checks(log_path).problems if f.cause == "zero-gradient"]
     assert found.module == "drops.0"
     assert "1 whole drop in 2 calls" in found.message
 

@@ -79,7 +79,7 @@ def check_findings(path: Path) -> list[tuple[str, str, str, str]]:
     """``hooktrace check --json``'s findings: (kind, severity, model, module)."""
     done = hooktrace_cmd("check", "--json", path)
     assert done.returncode in (0, 1), done.stderr
-    return [(f["kind"], f["severity"], f["model"], f["module"])
+    return [(f["cause"], f["severity"], f["model"], f["module"])
             for f in json.loads(done.stdout)["findings"]]
 
 

@@ -111,7 +111,7 @@ def _small(text: str, colour: str = "#505050") -> str:
 
 
 def _kinds(found: Sequence[Finding]) -> str:
-    kinds = sorted({f.kind for f in found})
+    kinds = sorted({f.cause for f in found})
     return f'<FONT COLOR="{PROBLEM_COLOUR}"><B>{_html(" · ".join(kinds))}</B></FONT>'
 
 

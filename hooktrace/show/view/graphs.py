@@ -81,7 +81,7 @@ def node_details(node: Node, view: View, events: dict[tuple[int, str, int], Any]
     if (record := view.log.ops.get(node.key)) is not None:
         found["operations"] = hover(record)
     if inside:
-        found["findings"] = [f"[{f.kind}] {fqn_text(f.module)}: {f.message}" for f in inside]
+        found["findings"] = [f"[{f.cause}] {fqn_text(f.module)}: {f.message}" for f in inside]
     return found
 
 

@@ -215,7 +215,7 @@ function setupFindings() {
   const ul = $("findings");
   DATA.findings.forEach((f, i) => {
     const li = document.createElement("li");
-    li.innerHTML = "<span class='sev-" + f.severity + "'>[" + esc(f.kind) + "]</span> " +
+    li.innerHTML = "<span class='sev-" + f.severity + "'>[" + esc(f.cause) + "]</span> " +
       esc(f.where) + (f.ranks ? " · rank " + f.ranks.join(", ") : "") +
       "<br><span class='muted'>" + esc(f.message) + "</span>" +
       (f.hint ? "<br><span class='hint'>hint: " + esc(f.hint) + "</span>" : "");

@@ -130,10 +130,9 @@ def _finding(f: Finding, heats: list[Heatmap], runs: list[RunData]) -> dict[str,
         model = next((m for m, name in data.models.items() if name == f.model), None)
         if (model, f.module) in heat.rows:
             rows[str(i)] = heat.rows.index((model, f.module))  # type: ignore[arg-type]
-    return {"kind": f.kind, "severity": f.severity, "model": f.model, "module": f.module,
-            "step": f.step, "where": where(f), "message": f.message, "hint": f.hint,
-            "ranks": f.ranks,
-            "rows": rows}
+    return {"kind": f.kind, "cause": f.cause, "severity": f.severity, "model": f.model,
+            "module": f.module, "step": f.step, "where": where(f), "message": f.message,
+            "hint": f.hint, "ranks": f.ranks, "rows": rows}
 
 
 def _legend(heat: Heatmap) -> str:

@@ -195,4 +195,4 @@ def findings(path: Path, step: int | None = None, thresholds: Thresholds | None 
 def summary(path: Path, step: int | None = None, thresholds: Thresholds | None = None
             ) -> list[tuple[str, str, str, int | None]]:
     """(kind, severity, module, step) of each finding, in the report's order."""
-    return [(f.kind, f.severity, f.module, f.step) for f in findings(path, step, thresholds)]
+    return [(f.cause, f.severity, f.module, f.step) for f in findings(path, step, thresholds)]

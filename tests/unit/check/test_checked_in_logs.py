@@ -68,7 +68,7 @@ def test_the_healthy_logs_are_the_clean_runs() -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_findings_exactly(name: str) -> None:
     report = run_checks(log(name))
-    got = [(f.kind, f.severity, f.model, f.module, f.step) for f in report.findings]
+    got = [(f.cause, f.severity, f.model, f.module, f.step) for f in report.findings]
     assert got == EXPECTED[name][2]
 
 
@@ -93,7 +93,7 @@ def test_cli_json_matches_the_library_and_the_exit_status(name: str) -> None:
     assert data["problems"] == problems
     assert result.exit_code == (1 if problems else 0)
     for f in data["findings"]:
-        assert list(f) == ["kind", "severity", "model", "module", "step", "message",
+        assert list(f) == ["kind", "cause", "severity", "model", "module", "step", "message",
                            "evidence", "hint", "ranks", "source"]
         assert f["ranks"] is None  # one log: nothing rank-local
         assert f["message"]
@@ -231,7 +231,7 @@ def test_gan_notes_count_the_calls_per_step() -> None:
 def test_step_restricts_the_findings(name: str, step: int,
                                      want: list[tuple[str, str, int]]) -> None:
     report = run_checks(log(name), step=step)
-    assert [(f.kind, f.module, f.step) for f in report.findings] == want
+    assert [(f.cause, f.module, f.step) for f in report.findings] == want
     assert report.steps == 1
 
 
@@ -251,7 +251,7 @@ def test_step_leaves_out_the_findings_of_other_steps() -> None:
 @pytest.mark.xfail(strict=True, reason="bug: long_run reports its NaN at step 50 (a watched "
                    "step), but --step 50 says 'no step 50 ...; its steps: 0-1'")
 def test_step_of_a_watched_anomaly() -> None:
-    kinds = [f.kind for f in run_checks(log("long_run"), step=50).findings]
+    kinds = [f.cause for f in run_checks(log("long_run"), step=50).findings]
     assert kinds == ["nonfinite-forward", "nonfinite-backward"]
 
 
@@ -266,7 +266,7 @@ def test_step_of_a_watched_anomaly() -> None:
 def test_exploding_thresholds(args: list[str], want: list[str]) -> None:
     result = CliRunner().invoke(cli, ["check", str(log("exploding")), "--json", *args])
     data = json.loads(result.stdout)
-    assert [f["kind"] for f in data["findings"]] == want
+    assert [f["cause"] for f in data["findings"]] == want
     assert result.exit_code == (1 if want else 0)
 
 
@@ -280,5 +280,5 @@ def test_thresholds_move_findings_on_a_healthy_log(args: list[str],
                                                    want: list[tuple[str, str, int]]) -> None:
     result = CliRunner().invoke(cli, ["check", str(log("mnist")), "--json", *args])
     data = json.loads(result.stdout)
-    assert [(f["kind"], f["module"], f["step"]) for f in data["findings"]] == want
+    assert [(f["cause"], f["module"], f["step"]) for f in data["findings"]] == want
     assert result.exit_code == (1 if want else 0)

@@ -112,7 +112,7 @@ def test_a_truncated_last_line_is_a_warning_not_a_crash(tmp_path: Path) -> None:
     assert len(data_out["warnings"]) == 2
     assert "ends with a partial line" in data_out["warnings"][0]
     assert "has no end record" in data_out["warnings"][1]
-    assert [(f["kind"], f["step"]) for f in data_out["findings"]] == [("stopped", 3)]
+    assert [(f["cause"], f["step"]) for f in data_out["findings"]] == [("stopped", 3)]
     assert data_out["findings"][0]["evidence"] == {"status": "killed", "last_step": 2}
     text = check(path).stdout
     assert text.splitlines()[1].startswith("warning: ") and "partial line" in text
@@ -144,7 +144,7 @@ def test_a_log_cut_mid_step_reports_the_run_stopped(tmp_path: Path, where: str) 
     data = json.loads(result.stdout)
     assert result.exit_code == 1
     assert data["warnings"] == [f"{path} has no end record: the run did not finish"]
-    assert [(f["kind"], f["severity"], f["step"]) for f in data["findings"]] == [
+    assert [(f["cause"], f["severity"], f["step"]) for f in data["findings"]] == [
         ("stopped", "error", 1)]
     assert data["findings"][0]["evidence"]["last_step"] == 0
 
@@ -155,7 +155,7 @@ def test_a_log_of_the_header_only(tmp_path: Path) -> None:
     result = check(path, "--json")
     data = json.loads(result.stdout)
     assert result.exit_code == 1
-    assert [(f["kind"], f["model"], f["step"]) for f in data["findings"]] == [
+    assert [(f["cause"], f["model"], f["step"]) for f in data["findings"]] == [
         ("stopped", "", None)]
 
 
@@ -224,7 +224,7 @@ def test_ranks_that_run_different_modules(tmp_path: Path) -> None:
     skip = [C("fc1", g_in=None), C("fc2"), C("")]
     b = rank_log(tmp_path, 1, [chain(), skip, chain()])
     (f,) = run_checks_ranks([b, a]).findings  # in any order: sorted by rank
-    assert (f.kind, f.severity, f.module, f.step, f.ranks) == (
+    assert (f.cause, f.severity, f.module, f.step, f.ranks) == (
         "rank-divergence", "error", "fc2", 1, [0, 1])
     assert f.evidence["position"] == 1
     assert set(f.evidence["ranks"]) == {"0", "1"}
@@ -235,7 +235,7 @@ def test_a_finding_on_one_rank_only_says_so(tmp_path: Path) -> None:
     a = rank_log(tmp_path, 0, healthy())
     b = rank_log(tmp_path, 1, [chain(), chain(), chain(act=C("act", nonfinite=[[0, 1, 0]]))])
     (f,) = run_checks_ranks([a, b]).findings
-    assert (f.kind, f.ranks) == ("nonfinite-forward", [1])
+    assert (f.cause, f.ranks) == ("nonfinite-forward", [1])
     assert "· rank 1 only" in check(a, b).stdout
 
 
@@ -244,7 +244,7 @@ def test_a_finding_on_every_rank_is_not_rank_local(tmp_path: Path) -> None:
     a = rank_log(tmp_path, 0, [chain(), nan])
     b = rank_log(tmp_path, 1, [chain(), nan])
     (f,) = run_checks_ranks([a, b]).findings
-    assert (f.kind, f.ranks) == ("nonfinite-forward", None)
+    assert (f.cause, f.ranks) == ("nonfinite-forward", None)
 
 
 def test_logs_of_different_runs_are_refused(tmp_path: Path) -> None:
@@ -258,7 +258,7 @@ def test_logs_of_different_runs_are_refused(tmp_path: Path) -> None:
 def test_a_rank_that_ran_fewer_steps(tmp_path: Path) -> None:
     a, b = rank_log(tmp_path, 0, healthy()), rank_log(tmp_path, 1, healthy(2))
     (f,) = run_checks_ranks([a, b]).findings
-    assert (f.kind, f.model, f.step) == ("rank-divergence", "", 2)
+    assert (f.cause, f.model, f.step) == ("rank-divergence", "", 2)
     assert f.message == ("the ranks ran different steps at step 2 (rank 0: 8 events; rank 1: "
                          "no events)")
 
@@ -271,5 +271,5 @@ def test_a_finding_on_some_of_three_ranks_lists_them(tmp_path: Path) -> None:
         head.rank, head.world_size = rank, 3
         logs.append(write_log(tmp_path / f"run.rank{rank}.jsonl", [chain(), last], head=head))
     (f,) = run_checks_ranks(logs).findings
-    assert (f.kind, f.step, f.ranks) == ("nonfinite-forward", 1, [0, 1])
+    assert (f.cause, f.step, f.ranks) == ("nonfinite-forward", 1, [0, 1])
     assert "· ranks 0, 1 only" in check(*logs).stdout

@@ -58,7 +58,7 @@ def test_a_copy_validated_in_eval_mode_with_gradients_on_is_one_note(tmp_path: P
     path = write_log(tmp_path / "log.jsonl", steps, signals=held("fc1", not_held=("fc2",)),
                      optimizer=False)
     [f] = findings(path)
-    assert (f.kind, f.severity, f.module) == ("evaluation-copy", "note", "fc2")
+    assert (f.cause, f.severity, f.module) == ("evaluation-copy", "note", "fc2")
     assert "ran only in eval mode, with no backward, and no optimizer holds them" in f.message
 
 

@@ -27,7 +27,7 @@ def test_an_error_in_a_forward_names_its_module(tmp_path: Path) -> None:
         "type": "RuntimeError", "message": "mat1 and mat2 shapes cannot be multiplied",
         "model": 0, "module": "fc2", "file": "train.py", "line": 12})
     (f,) = findings(path)
-    assert (f.kind, f.severity, f.model, f.module, f.step) == (
+    assert (f.cause, f.severity, f.model, f.module, f.step) == (
         "forward-error", "error", "net", "fc2", 2)
     assert f.evidence == {"error": "RuntimeError", "line": "train.py:12"}
     assert f.message == ("the script stopped at step 2: fc2 (Linear) raised RuntimeError in its "
@@ -38,7 +38,7 @@ def test_an_error_in_a_backward_pass_names_the_backward_that_ran(tmp_path: Path)
     path = crashed(tmp_path, end="error", unfinished=True,
                    error={"type": "RuntimeError", "message": INPLACE})
     (f,) = findings(path)
-    assert (f.kind, f.severity, f.module, f.step) == ("backward-error", "error", "fc1", 1)
+    assert (f.cause, f.severity, f.module, f.step) == ("backward-error", "error", "fc1", 1)
     assert "an in-place operation" in f.hint
     assert "--ops fc1" in f.evidence["rerun"]
 
@@ -47,14 +47,14 @@ def test_an_unfinished_backward_is_not_judged_for_lost_gradients(tmp_path: Path)
     """The raising pass starves every module before it; only the error is said."""
     path = crashed(tmp_path, 3, end="error", unfinished=True,
                    error={"type": "RuntimeError", "message": INPLACE})
-    assert [f.kind for f in findings(path)] == ["backward-error"]
+    assert [f.cause for f in findings(path)] == ["backward-error"]
 
 
 def test_a_script_error_after_the_model_ran(tmp_path: Path) -> None:
     path = crashed(tmp_path, end="error",
                    error={"type": "KeyError", "message": "'lr'", "file": "train.py", "line": 30})
     (f,) = findings(path)
-    assert (f.kind, f.severity, f.model, f.module, f.step) == (
+    assert (f.cause, f.severity, f.model, f.module, f.step) == (
         "script-error", "error", "net", "", 2)
     assert f.message == "the script stopped at step 2 with KeyError (train.py:30): 'lr'"
 
@@ -74,7 +74,7 @@ def test_nothing_requires_grad_says_which_model_is_frozen(tmp_path: Path) -> Non
         "message": "element 0 of tensors does not require grad and does not have a grad_fn"},
         end_steps=1)
     (f,) = findings(path)
-    assert f.kind == "script-error"
+    assert f.cause == "script-error"
     assert "every parameter of model 'net' is frozen (requires_grad=False)" in f.message
     assert f.hint.startswith("nothing the loss is computed from requires a gradient")
 
@@ -89,7 +89,7 @@ def test_a_run_that_stopped_without_an_error(tmp_path: Path, end: str | None,
                                              kw: dict[str, Any], how: str) -> None:
     path = crashed(tmp_path, end=end, **kw)
     (f,) = findings(path)
-    assert (f.kind, f.severity, f.model, f.module, f.step) == ("stopped", "error", "net", "", 2)
+    assert (f.cause, f.severity, f.model, f.module, f.step) == ("stopped", "error", "net", "", 2)
     assert f.message == f"the run did not finish: {how}" + (
         " (kill -9, out of memory, a job's time limit) or is still running" if end is None
         else "") + "; the last step it completed is 1"
@@ -99,7 +99,7 @@ def test_a_run_that_stopped_without_an_error(tmp_path: Path, end: str | None,
 def test_killed_before_any_model_ran(tmp_path: Path) -> None:
     path = write_log(tmp_path / "log.jsonl", [], end=None)
     (f,) = findings(path)
-    assert (f.kind, f.model, f.step) == ("stopped", "", None)
+    assert (f.cause, f.model, f.step) == ("stopped", "", None)
     assert f.message.endswith(", before any model ran")
 
 

@@ -47,7 +47,7 @@ def test_a_function_s_backward(tmp_path: Path, verdict: str, detail: dict[str, o
                                severity: str, says: str) -> None:
     path = write_log(tmp_path / "log.jsonl", healthy(), signals=[function(verdict, **detail)])
     (f,) = findings(path)
-    assert (f.kind, f.severity, f.module, f.step) == ("function-backward", severity, "act", 0)
+    assert (f.cause, f.severity, f.module, f.step) == ("function-backward", severity, "act", 0)
     assert f.message.startswith("the autograd.Function Mine (net.py:12), used in act (ReLU): "
                                 "its backward ")
     assert says in f.message

@@ -25,7 +25,7 @@ def test_a_backward_that_never_arrives_is_a_detached_child(tmp_path: Path) -> No
     root's forward, which is named, with fc1 as what it starves."""
     path = write_log(tmp_path / "log.jsonl", [chain(fc1=C("fc1", g_out=None))] * 3)
     (f,) = findings(path)
-    assert (f.kind, f.severity, f.module, f.step) == ("no-grad", "warning", "", 0)
+    assert (f.cause, f.severity, f.module, f.step) == ("no-grad", "warning", "", 0)
     assert f.evidence["starved"] == ["fc1"]
     assert f.evidence["steps"] == [0, 1, 2]
     assert "the output of fc1 gets no gradient back" in f.message
@@ -43,7 +43,7 @@ def test_a_lost_input_names_the_module_that_lost_it(tmp_path: Path) -> None:
     steps = [chain(fc2=C("fc2", g_in=None, lost=[0]), act=C("act", g_out=None),
                    fc1=C("fc1", g_out=None))] * 3
     (f,) = findings(write_log(tmp_path / "log.jsonl", steps))
-    assert (f.kind, f.module, f.step) == ("no-grad", "fc2", 0)
+    assert (f.cause, f.module, f.step) == ("no-grad", "fc2", 0)
     assert f.message.startswith("fc2 (Linear): its input needed a gradient and none came back")
     assert f.evidence["starved"] == ["fc1"]
 
@@ -57,7 +57,7 @@ def test_no_input_gradient_without_lost_is_the_first_layer(tmp_path: Path) -> No
 def test_dead_relu(tmp_path: Path) -> None:
     steps = [chain(act=C("act", g_in=0.0), fc1=C("fc1", g_out=0.0, g_in=None))] * 3
     (f,) = findings(write_log(tmp_path / "log.jsonl", steps))
-    assert (f.kind, f.severity, f.module, f.step) == ("dead-activation", "warning", "act", 0)
+    assert (f.cause, f.severity, f.module, f.step) == ("dead-activation", "warning", "act", 0)
     assert f.evidence == {"starved": ["fc1"], "steps": [0, 1, 2], "grad_output_norm": 0.5,
                           "grad_input_norm": 0.0}
 
@@ -65,7 +65,7 @@ def test_dead_relu(tmp_path: Path) -> None:
 def test_a_relu_dead_in_one_early_step_only_is_a_note(tmp_path: Path) -> None:
     dead = chain(act=C("act", g_in=0.0), fc1=C("fc1", g_out=0.0, g_in=None))
     (f,) = findings(write_log(tmp_path / "log.jsonl", [dead, chain(), chain()]))
-    assert (f.kind, f.severity, f.step) == ("dead-activation", "note", 0)
+    assert (f.cause, f.severity, f.step) == ("dead-activation", "note", 0)
     assert "not in the 2 later steps" in f.message
 
 
@@ -73,7 +73,7 @@ def test_zero_weights_name_the_layer(tmp_path: Path) -> None:
     steps = [chain(fc2=C("fc2", g_in=0.0), act=C("act", g_out=0.0),
                    fc1=C("fc1", g_out=0.0, g_in=None))] * 3
     (f,) = findings(write_log(tmp_path / "log.jsonl", steps))
-    assert (f.kind, f.severity, f.module, f.step) == ("zero-gradient", "warning", "fc2", 0)
+    assert (f.cause, f.severity, f.module, f.step) == ("zero-gradient", "warning", "fc2", 0)
     assert "its weights are zero" in f.message
 
 
@@ -106,7 +106,7 @@ def test_small_gain_of_a_linear_is_vanishing_at_that_layer(tmp_path: Path) -> No
     steps = [chain(fc2=C("fc2", g_in=1e-8), act=C("act", g_out=1e-8),
                    fc1=C("fc1", g_out=1e-8, g_in=None))] * 3
     (f,) = findings(write_log(tmp_path / "log.jsonl", steps))
-    assert (f.kind, f.module) == ("vanishing", "fc2")
+    assert (f.cause, f.module) == ("vanishing", "fc2")
     assert "it passes back only 2.0e-08 of the gradient it receives" in f.message
 
 
@@ -132,7 +132,7 @@ def test_a_lower_gain_threshold_moves_the_boundary_inside_the_root(tmp_path: Pat
 def test_a_child_under_no_grad_in_a_training_model(tmp_path: Path) -> None:
     path = write_log(tmp_path / "log.jsonl", [chain(fc1=C("fc1", no_grad=True))] * 3)
     (f,) = findings(path)
-    assert (f.kind, f.severity, f.module) == ("no-grad-under-no_grad", "warning", "")
+    assert (f.cause, f.severity, f.module) == ("no-grad-under-no_grad", "warning", "")
     assert "torch.no_grad() covers fc1" in f.message
 
 
@@ -147,7 +147,7 @@ def test_a_frozen_teacher_under_no_grad_is_a_note(tmp_path: Path) -> None:
     teacher = [C("enc", model=1, g_in=None, no_grad=True), C("", model=1, no_grad=True)]
     path = write_log(tmp_path / "log.jsonl", [teacher + chain()] * 3,
                      others=[("teacher", TEACHER)])
-    assert [(f.kind, f.severity, f.model, f.module) for f in findings(path)] == [
+    assert [(f.cause, f.severity, f.model, f.module) for f in findings(path)] == [
         ("frozen", "note", "teacher", "enc")]
 
 
@@ -157,7 +157,7 @@ def test_a_model_an_optimizer_steps_that_no_backward_reaches(tmp_path: Path) -> 
     path = write_log(tmp_path / "log.jsonl",
                      [[C("enc", model=1, g_out=None), C("", model=1, g_out=None), *chain()]] * 3,
                      others=[("student", student)], signals=[held])
-    got = [(f.kind, f.severity, f.model, f.module) for f in findings(path)]
+    got = [(f.cause, f.severity, f.model, f.module) for f in findings(path)]
     assert got[0] == ("never-reached", "error", "student", "")
 
 
@@ -165,7 +165,7 @@ def test_shared_module_called_twice_is_a_note_not_a_loss(tmp_path: Path) -> None
     step = [C("fc1", g_in=None), C("act"), C("fc2"), C("act"), C("")]
     path = write_log(tmp_path / "log.jsonl", [step] * 3)
     (f,) = findings(path)
-    assert (f.kind, f.severity, f.module) == ("called-several-times", "note", "act")
+    assert (f.cause, f.severity, f.module) == ("called-several-times", "note", "act")
     assert f.evidence == {"modules": {"act": 2}}
 
 
@@ -213,7 +213,7 @@ def test_a_training_pass_under_no_grad_beside_a_validation_pass_is_found(tmp_pat
     train = [C("model.fc1", no_grad=True), *_wrapped()[1:]]
     steps = [_wrapped(True) + train] * 3
     (f,) = findings(write_log(tmp_path / "log.jsonl", steps, modules=WRAPPED))
-    assert (f.kind, f.severity, f.module) == ("no-grad-under-no_grad", "warning", "model")
+    assert (f.cause, f.severity, f.module) == ("no-grad-under-no_grad", "warning", "model")
     assert f.evidence["starved"] == ["model.fc1"]
 
 
@@ -231,7 +231,7 @@ def test_a_pass_in_train_mode_without_backward_is_still_judged(tmp_path: Path) -
              + _wrapped(), _wrapped()]
     [f] = [f for f in findings(write_log(tmp_path / "log.jsonl", steps, modules=WRAPPED))
            if f.severity != "note"]
-    assert (f.kind, f.severity, f.module, f.step) == ("no-grad", "warning", "", 1)
+    assert (f.cause, f.severity, f.module, f.step) == ("no-grad", "warning", "", 1)
 
 
 def test_an_unused_call_inside_a_forward_trained_in_eval_mode_is_found(tmp_path: Path) -> None:
@@ -242,5 +242,5 @@ def test_an_unused_call_inside_a_forward_trained_in_eval_mode_is_found(tmp_path:
             C("act", eval_mode=True), C("fc2", eval_mode=True), C("", eval_mode=True)]
     [f] = [f for f in findings(write_log(tmp_path / "log.jsonl", [step] * 3))
            if f.severity != "note"]
-    assert (f.kind, f.module, f.evidence["starved"]) == ("no-grad", "", ["fc1"])
+    assert (f.cause, f.module, f.evidence["starved"]) == ("no-grad", "", ["fc1"])
     assert "gets no gradient back while another call of the same module does" in f.message

@@ -23,7 +23,7 @@ def test_backward_in_eval_mode_with_a_batchnorm_that_trains(tmp_path: Path) -> N
     path = write_log(tmp_path / "log.jsonl", bn_steps(), modules=BN,
                      signals=[signal("eval-backward", 1)])
     (f,) = findings(path)
-    assert (f.kind, f.severity, f.module, f.step) == ("eval-backward", "warning", "", 1)
+    assert (f.cause, f.severity, f.module, f.step) == ("eval-backward", "warning", "", 1)
     assert f.evidence == {"layers": ["bn"]}
 
 
@@ -48,7 +48,7 @@ def test_no_optimizer_holds_the_model(tmp_path: Path) -> None:
     path = write_log(tmp_path / "log.jsonl", healthy(), optimizer=False,
                      signals=[signal("optimizers", held=[], not_held=["fc1", "fc2"])])
     (f,) = findings(path)
-    assert (f.kind, f.severity, f.module, f.step) == ("not-optimized", "warning", "", None)
+    assert (f.cause, f.severity, f.module, f.step) == ("not-optimized", "warning", "", None)
     assert f.evidence == {"modules": ["fc1", "fc2"]}
 
 
@@ -56,7 +56,7 @@ def test_an_optimizer_missing_one_module(tmp_path: Path) -> None:
     path = write_log(tmp_path / "log.jsonl", healthy(), optimizer=False,
                      signals=[signal("optimizers", held=["fc1"], not_held=["fc2"])])
     (f,) = findings(path)
-    assert (f.kind, f.severity, f.module, f.step) == ("not-optimized", "warning", "fc2", None)
+    assert (f.cause, f.severity, f.module, f.step) == ("not-optimized", "warning", "fc2", None)
     assert f.hint.startswith("the optimizer holds only fc1's parameters")
 
 
@@ -85,7 +85,7 @@ def test_gradient_signals_name_the_first_module_in_forward_order(tmp_path: Path,
     path = write_log(tmp_path / "log.jsonl", healthy(),
                      signals=[signal(kind, 1, modules=["fc2", "fc1"])])
     (f,) = findings(path)
-    assert (f.kind, f.severity, f.module, f.step) == (kind, "warning", "fc1", 1)
+    assert (f.cause, f.severity, f.module, f.step) == (kind, "warning", "fc1", 1)
     assert f.evidence == {"modules": ["fc1", "fc2"]}
 
 
@@ -93,7 +93,7 @@ def test_grads_zeroed_after_a_backward_that_gave_zero_is_not_a_loop_bug(tmp_path
     """The backward itself gave exactly-zero gradients (a loss of 0): nothing was zeroed."""
     path = write_log(tmp_path / "log.jsonl", healthy(), params={1: {"fc1": 0.0, "fc2": 0.0}},
                      signals=[signal("grads-zeroed", 1, modules=["fc2", "fc1"])])
-    assert [f.kind for f in findings(path)] == ["zero-gradient"]
+    assert [f.cause for f in findings(path)] == ["zero-gradient"]
     assert findings(path)[0].severity == "note"
 
 
@@ -101,7 +101,7 @@ def test_deprecated_backward_hook(tmp_path: Path) -> None:
     path = write_log(tmp_path / "log.jsonl", healthy(),
                      signals=[signal("backward-hook", 0, "fc1", hook="my_hook")])
     (f,) = findings(path)
-    assert (f.kind, f.severity, f.module, f.step) == ("backward-hook", "warning", "fc1", None)
+    assert (f.cause, f.severity, f.module, f.step) == ("backward-hook", "warning", "fc1", None)
     assert f.evidence == {"hook": "my_hook"}
 
 
@@ -122,7 +122,7 @@ def test_unknown_signal_kinds_are_ignored(tmp_path: Path) -> None:
 def test_a_layer_frozen_after_a_trainable_twin_is_a_warning(tmp_path: Path) -> None:
     modules = [*CHAIN[:3], ("fc2", "Linear", 18, 0)]
     (f,) = findings(write_log(tmp_path / "log.jsonl", healthy(), modules=modules))
-    assert (f.kind, f.severity, f.module, f.step) == ("frozen", "warning", "fc2", None)
+    assert (f.cause, f.severity, f.module, f.step) == ("frozen", "warning", "fc2", None)
     assert f.evidence == {"params": 18, "trainable_siblings": ["fc1"]}
 
 
@@ -142,7 +142,7 @@ def test_unfrozen_during_the_run_with_no_optimizer_holding_it(tmp_path: Path) ->
                          signal("trainable-changed", 1, unfrozen=["fc1"]),
                          signal("optimizers", 1, held=["fc2"], not_held=["fc1"])])
     found = findings(path)
-    assert [(f.kind, f.severity, f.module, f.step) for f in found] == [
+    assert [(f.cause, f.severity, f.module, f.step) for f in found] == [
         ("not-optimized", "warning", "fc1", 1), ("frozen", "note", "fc1", None)]
     assert found[0].evidence == {"modules": ["fc1"], "unfrozen_at": 1}
     assert "until step 1, trainable from then on" in found[1].message
@@ -158,7 +158,7 @@ def test_frozen_during_the_run(tmp_path: Path) -> None:
 def test_a_trainable_module_never_called(tmp_path: Path) -> None:
     path = write_log(tmp_path / "log.jsonl", healthy(), modules=[*CHAIN, ("aux", "Linear", 10)])
     (f,) = findings(path)
-    assert (f.kind, f.severity, f.module, f.step) == ("unused", "warning", "aux", None)
+    assert (f.cause, f.severity, f.module, f.step) == ("unused", "warning", "aux", None)
     assert f.evidence == {"submodules": 0, "trainable": 10}
 
 
@@ -167,7 +167,7 @@ def test_an_unused_subtree_is_one_finding(tmp_path: Path) -> None:
                ("spare.1", "ReLU", 0)]
     path = write_log(tmp_path / "log.jsonl", healthy(), modules=modules)
     (f,) = findings(path)
-    assert (f.kind, f.module) == ("unused", "spare")
+    assert (f.cause, f.module) == ("unused", "spare")
     assert f.evidence == {"submodules": 2, "trainable": 5}
 
 

@@ -56,7 +56,7 @@ def test_past_the_threshold_in_one_step_of_three_is_a_note(tmp_path: Path) -> No
     """A zero-initialised head's first step: passing, not lasting."""
     path = write_log(tmp_path / "log.jsonl", healthy(), params={0: {"fc1": 1e5}})
     (f,) = findings(path)
-    assert (f.kind, f.severity, f.module, f.step) == ("exploding", "note", "fc1", 0)
+    assert (f.cause, f.severity, f.module, f.step) == ("exploding", "note", "fc1", 0)
     assert "in a few of the steps only (step 0)" in f.message
     assert f.evidence == {"grad_norm": {"fc1": 1e5}, "steps": [0]}
 
@@ -71,7 +71,7 @@ def test_exactly_zero_parameter_gradients_are_never_excused(tmp_path: Path) -> N
     path = write_log(tmp_path / "log.jsonl", healthy(), params={s: {"fc1": 0.0}
                                                                  for s in range(3)})
     (f,) = findings(path)
-    assert (f.kind, f.severity, f.module, f.step) == ("zero-gradient", "warning", "fc1", 0)
+    assert (f.cause, f.severity, f.module, f.step) == ("zero-gradient", "warning", "fc1", 0)
     assert f.evidence == {"modules": ["fc1"], "steps": [0, 1, 2]}
     # no threshold makes an exact zero healthy
     assert summary(path, thresholds=Thresholds(vanishing=0.0)) == summary(path)
@@ -83,7 +83,7 @@ def test_a_small_norm_after_a_larger_one_nearer_the_input_is_bypassed(tmp_path: 
     path = write_log(tmp_path / "log.jsonl", healthy(),
                      params={s: {"fc1": 0.5, "fc2": 1e-9} for s in range(3)})
     (f,) = findings(path)
-    assert (f.kind, f.severity, f.module) == ("vanishing", "note", "fc2")
+    assert (f.cause, f.severity, f.module) == ("vanishing", "note", "fc2")
     assert "while modules that run before them got larger gradients" in f.message
 
 
@@ -120,7 +120,7 @@ def test_two_trainable_modules_make_no_profile(tmp_path: Path) -> None:
     steps = [[C("fc1", g_out=1e-6, g_in=None), C("act", g_out=1e-3, g_in=1e-6),
               C("fc2", g_out=1.0, g_in=1e-3), C("", g_out=1.0, g_in=None)]] * 3
     path = write_log(tmp_path / "log.jsonl", steps, params=norms(0.5))
-    assert [f.kind for f in findings(path)] == []
+    assert [f.cause for f in findings(path)] == []
 
 
 def test_the_profile_is_judged_within_one_model(tmp_path: Path) -> None:

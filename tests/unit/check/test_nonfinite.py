@@ -27,7 +27,7 @@ def test_nan_in_one_forward_output_names_that_module(tmp_path: Path) -> None:
     path = write_log(tmp_path / "log.jsonl", [chain(), chain(act=C("act", nonfinite=NF)),
                                               chain()])
     (f,) = findings(path)
-    assert (f.kind, f.severity, f.module, f.step) == ("nonfinite-forward", "error", "act", 1)
+    assert (f.cause, f.severity, f.module, f.step) == ("nonfinite-forward", "error", "act", 1)
     assert f.evidence["outputs"] == [{"index": 0, "shape": [4, 8], "dtype": "float32",
                                       "nan": 5, "inf": 0}]
     assert f.message == "first NaN/Inf in a forward output: act (ReLU) at step 1"
@@ -59,7 +59,7 @@ def test_inf_only_is_nonfinite_too(tmp_path: Path) -> None:
 def test_finite_outputs_with_large_gradients_are_not_nonfinite(tmp_path: Path) -> None:
     steps = [chain(fc2=C("fc2", g_out=1e30, g_in=1e30), act=C("act", g_out=1e30),
                    fc1=C("fc1", g_out=1e30, g_in=None), root=C("", g_out=1e30))] * 2
-    kinds = [f.kind for f in findings(write_log(tmp_path / "log.jsonl", steps))]
+    kinds = [f.cause for f in findings(write_log(tmp_path / "log.jsonl", steps))]
     assert not any(k.startswith("nonfinite") for k in kinds)
 
 
@@ -67,7 +67,7 @@ def test_nan_gradient_produced_in_the_last_step_is_an_error(tmp_path: Path) -> N
     path = write_log(tmp_path / "log.jsonl", [chain(), chain(), nan_backward()],
                      params={2: {"fc1": NAN, "fc2": 0.5}})
     (f,) = findings(path)
-    assert (f.kind, f.severity, f.module, f.step) == ("nonfinite-backward", "error", "fc2", 2)
+    assert (f.cause, f.severity, f.module, f.step) == ("nonfinite-backward", "error", "fc2", 2)
     assert f.evidence["produced"] is True
     assert f.evidence["grad_input"] == [{"index": 0, "nan": 32, "inf": 0}]
     assert f.message == "first NaN/Inf gradient produced by fc2 (Linear) at step 2"
@@ -79,7 +79,7 @@ def test_nan_gradients_followed_by_finite_steps_are_a_scalers_skip(tmp_path: Pat
     path = write_log(tmp_path / "log.jsonl", [chain(), nan_backward(), chain()],
                      params={1: {"fc1": NAN, "fc2": 0.5}})
     (f,) = findings(path)
-    assert (f.kind, f.severity, f.module, f.step) == ("nonfinite-backward", "note", "fc2", 1)
+    assert (f.cause, f.severity, f.module, f.step) == ("nonfinite-backward", "note", "fc2", 1)
     assert f.evidence["steps"] == [1]
 
 
@@ -87,8 +87,8 @@ def test_backward_nan_after_a_forward_nan_follows_it(tmp_path: Path) -> None:
     bad = chain(act=C("act", g_out=NAN, nonfinite=NF), fc2=C("fc2", nonfinite=NF, g_out=NAN),
                 fc1=C("fc1", g_out=NAN, g_in=None), root=C("", g_out=NAN, nonfinite=NF))
     forward, backward = findings(write_log(tmp_path / "log.jsonl", [chain(), bad]))
-    assert (forward.kind, forward.module) == ("nonfinite-forward", "act")
-    assert (backward.kind, backward.module, backward.step) == ("nonfinite-backward", "", 1)
+    assert (forward.cause, forward.module) == ("nonfinite-forward", "act")
+    assert (backward.cause, backward.module, backward.step) == ("nonfinite-backward", "", 1)
     assert backward.evidence["follows"] == "nonfinite-forward"
     assert backward.evidence["produced"] is False
     assert backward.message.endswith("(follows from the forward NaN/Inf)")
@@ -97,7 +97,7 @@ def test_backward_nan_after_a_forward_nan_follows_it(tmp_path: Path) -> None:
 def test_a_nan_parameter_norm_alone_is_a_gradient_produced(tmp_path: Path) -> None:
     path = write_log(tmp_path / "log.jsonl", healthy(), params={2: {"fc1": math.inf}})
     (f,) = findings(path)
-    assert (f.kind, f.severity, f.module, f.step) == ("nonfinite-backward", "error", "fc1", 2)
+    assert (f.cause, f.severity, f.module, f.step) == ("nonfinite-backward", "error", "fc1", 2)
     assert f.evidence["produced"] is True
     assert f.evidence["parameter_grad_norm"] == "inf"
     assert "--ops fc1 --ops 'fc1.*' train.py" in f.evidence["rerun"]
@@ -127,7 +127,7 @@ def test_lost_gradient_in_a_watched_step(tmp_path: Path) -> None:
     path = write_log(tmp_path / "log.jsonl", healthy(2), end_steps=50, extra=[
         anomaly(40, "fc1", "no-grad"), anomaly(41, "fc1", "no-grad")])
     (f,) = findings(path)
-    assert (f.kind, f.severity, f.module, f.step) == ("no-grad", "warning", "fc1", 40)
+    assert (f.cause, f.severity, f.module, f.step) == ("no-grad", "warning", "fc1", 40)
     assert f.evidence == {"steps": [40, 41]}
     assert "then none from step 40 on" in f.message
 
@@ -143,7 +143,7 @@ def test_nan_weights_at_the_first_step_say_where_they_came_from(tmp_path: Path,
                      extra=[schema.Anomaly(step=3, model=0, fqn="fc1",
                                            kind="nonfinite-forward", detail=detail)])
     (f,) = findings(path)
-    assert f.kind == "nonfinite-forward"
+    assert f.cause == "nonfinite-forward"
     assert ("its own weights (weight) already held NaN/Inf" in f.message) == bool(weights)
 
 
@@ -169,7 +169,7 @@ def test_a_nan_received_is_the_forward_around_it_that_made_it(tmp_path: Path) ->
     path = write_log(tmp_path / "log.jsonl", [vae_step()], modules=VAE,
                      signals=[inputs_signal()])
     (f, *_) = findings(path)
-    assert (f.kind, f.module) == ("nonfinite-forward", "")
+    assert (f.cause, f.module) == ("nonfinite-forward", "")
     assert f.message == (
         "first NaN/Inf in a forward output: dec.0 (Linear) at step 0, whose input already held "
         "NaN/Inf: made in the forward of (root) (VAE), by its own code after enc returned and "

@@ -28,7 +28,7 @@ CLASSIFIER = signal("loss-ops", 0, "", loss="NllLoss", ops=["LogSoftmax"], out="
 
 def one(tmp_path: Path, *signals: Any) -> list[Any]:
     path = write_log(tmp_path / "log.jsonl", healthy(), signals=signals)
-    return [f for f in findings(path) if f.kind in ("probe", "samples-mixed", "sees-later",
+    return [f for f in findings(path) if f.cause in ("probe", "samples-mixed", "sees-later",
                                                        "sees-padding")]
 
 
@@ -60,7 +60,7 @@ CAUSAL = {"what": "causal", "positions": 6, "is_causal": False, "next_step": Tru
 def test_a_mask_that_lets_a_position_see_the_future(tmp_path: Path) -> None:
     (f,) = one(tmp_path, probe("fc1", **CAUSAL, masks={"attn_mask": "torch.triu(ones, 2)"},
                                verdict="leaks", position=0, sees=[1], count=1))
-    assert (f.kind, f.severity, f.module) == ("sees-later", "warning", "fc1")
+    assert (f.cause, f.severity, f.module) == ("sees-later", "warning", "fc1")
     assert f.message.startswith("fc1 (Linear): its attn_mask hides torch.triu(ones, 2), yet "
                                 "its output at position 0 depends on 1 later position (1) of "
                                 "its input: the mask lets position t see the future")
@@ -77,7 +77,7 @@ def test_no_mask_in_next_step_prediction(tmp_path: Path) -> None:
 def test_a_mask_that_holds(tmp_path: Path) -> None:
     (f,) = one(tmp_path, probe("fc1", **{**CAUSAL, "is_causal": True}, verdict="holds",
                                masks={"mask": "torch.triu(ones, 1)"}))
-    assert (f.kind, f.severity) == ("probe", "note")
+    assert (f.cause, f.severity) == ("probe", "note")
     assert "keeps each position from later ones (its mask hides torch.triu(ones, 1), " \
            "is_causal=True; measured)" in f.message
 
@@ -105,4 +105,4 @@ def test_padding(tmp_path: Path, name: str, detail: dict[str, Any], severity: st
     assert (f.severity, f.module) == (severity, name)
     assert says in f.message
     if severity == "warning":
-        assert f.kind == "sees-padding"
+        assert f.cause == "sees-padding"

@@ -38,7 +38,7 @@ def run(tmp_path: Path, signals: list[schema.Signal], b: str = "b") -> list[tupl
     steps = [chain() for _ in range(STEPS)]
     path = write_log(tmp_path / "log.jsonl", steps, model="a", signals=signals,
                      others=[(b, CHAIN)])
-    return [(f.kind, f.model) for f in findings(path) if f.kind in (
+    return [(f.cause, f.model) for f in findings(path) if f.cause in (
         "weights-replaced", "copied-every-step", "copy-not-updated")]
 
 
@@ -91,5 +91,5 @@ def test_a_frozen_copy_of_another_model_is_named_by_its_model(tmp_path: Path) ->
     steps = [[*chain(), *(C(c.name, no_grad=True, g_out=None, model=1) for c in chain())]
              for _ in range(3)]
     path = write_log(tmp_path / "log.jsonl", steps, model="model", others=[("ema", frozen)])
-    (note,) = [f for f in findings(path) if f.kind == "frozen"]
+    (note,) = [f for f in findings(path) if f.cause == "frozen"]
     assert "(root) (Net), a frozen copy of model 'model':" in note.message

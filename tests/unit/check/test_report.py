@@ -52,7 +52,7 @@ def test_sections_come_errors_warnings_notes_whatever_the_input_order() -> None:
     ([ERROR, ERROR, WARNING, NOTE, NOTE], "3 problems (2 errors, 1 warning), 2 notes"),
 ])
 def test_the_summary_line(severities: list[str], last: str) -> None:
-    rep = report(*(finding("k", s) for s in severities))
+    rep = report(*(finding("unused", s) for s in severities))
     assert to_text(rep, "x").splitlines()[-1] == last
     assert len(rep.problems) == sum(s != NOTE for s in severities)
 
@@ -78,7 +78,7 @@ def test_reader_warnings_and_capture_come_before_the_findings() -> None:
     ("", "", 2, "step 2"),
 ])
 def test_where(model: str, module: str, step: int | None, want: str) -> None:
-    assert where(Finding("k", ERROR, model, module, step, "m")) == want
+    assert where(Finding("stopped", ERROR, model, module, step, "m")) == want
 
 
 def test_a_findings_lines_in_order() -> None:
@@ -132,15 +132,17 @@ def test_rank_local_findings_say_their_ranks(ranks: list[int], kind: str, said: 
 
 
 def test_json_holds_every_finding_and_counts_problems() -> None:
-    found = [finding("a", ERROR, evidence={"x": 1}), finding("b", NOTE, step=None),
-             finding("c", WARNING, ranks=[1])]
+    found = [finding("no-grad", ERROR, evidence={"x": 1}), finding("unused", NOTE, step=None),
+             finding("frozen", WARNING, ranks=[1])]
     data = json.loads(to_json(report(*found, warnings=["w"])))
     assert data["problems"] == 2
     assert (data["steps"], data["events"], data["warnings"]) == (3, 24, ["w"])
-    assert [f["kind"] for f in data["findings"]] == ["a", "b", "c"]  # as given: the checks sort
+    assert [f["cause"] for f in data["findings"]] == ["no-grad", "unused", "frozen"]  # as given
+    assert [f["kind"] for f in data["findings"]] == ["gradient-flow", "calls", "update"]
     assert data["findings"][0] == {
-        "kind": "a", "severity": "error", "model": "net", "module": "fc1", "step": 0,
-        "message": "a happened", "evidence": {"x": 1}, "hint": "", "ranks": None,
+        "kind": "gradient-flow", "cause": "no-grad", "severity": "error", "model": "net",
+        "module": "fc1", "step": 0,
+        "message": "no-grad happened", "evidence": {"x": 1}, "hint": "", "ranks": None,
         "source": None}
     assert data["findings"][1]["step"] is None
     assert data["findings"][2]["ranks"] == [1]

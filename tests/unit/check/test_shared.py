@@ -34,7 +34,7 @@ def held(frozen: bool = True) -> Any:
 def test_a_target_registered_as_the_online_encoder(tmp_path: Path) -> None:
     path = write_log(tmp_path / "log.jsonl", [step()] * 3, modules=modules(aliases=["target"]),
                      optimizer=False, signals=[held()])
-    found = [f for f in findings(path) if f.kind == "shared-target"]
+    found = [f for f in findings(path) if f.cause == "shared-target"]
     assert [(f.severity, f.module, f.step) for f in found] == [("warning", "online", 0)]
     assert found[0].evidence == {"modules": ["online.fc"], "aliases": {"online": "target"},
                                  "steps": [0, 1, 2]}
@@ -55,19 +55,19 @@ def test_no_optimizer_holds_it(tmp_path: Path) -> None:
     """A frozen feature network under two names (a perceptual loss): frozen on purpose."""
     path = write_log(tmp_path / "log.jsonl", [step()] * 3, modules=modules(aliases=["target"]),
                      optimizer=False, signals=[held(frozen=False)])
-    assert "shared-target" not in [f.kind for f in findings(path)]
+    assert "shared-target" not in [f.cause for f in findings(path)]
 
 
 def test_one_name_only(tmp_path: Path) -> None:
     path = write_log(tmp_path / "log.jsonl", [step()] * 3, modules=modules(), optimizer=False,
                      signals=[held()])
-    assert "shared-target" not in [f.kind for f in findings(path)]
+    assert "shared-target" not in [f.cause for f in findings(path)]
 
 
 def test_never_run_under_no_grad(tmp_path: Path) -> None:
     path = write_log(tmp_path / "log.jsonl", [step(target=False)] * 3,
                      modules=modules(aliases=["target"]), optimizer=False, signals=[held()])
-    assert "shared-target" not in [f.kind for f in findings(path)]
+    assert "shared-target" not in [f.cause for f in findings(path)]
 
 
 def test_a_freeze_before_any_backward_is_a_frozen_note(tmp_path: Path) -> None:

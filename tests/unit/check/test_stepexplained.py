@@ -37,7 +37,7 @@ def test_each_expectation_is_one_warning(tmp_path: Path, expectation: str) -> No
     path = write_log(tmp_path / "log.jsonl", healthy(), signals=[
         signal("step-unexplained", 1, module, expectation=expectation, **detail)])
     (f,) = findings(path)
-    assert (f.kind, f.severity, f.model, f.module, f.step) == (
+    assert (f.cause, f.severity, f.model, f.module, f.step) == (
         "step-unexplained", "warning", "net", module, 1)
     assert says in f.message
     assert hint in (f.hint or "")
@@ -70,7 +70,7 @@ def test_each_update_verdict_is_one_warning(tmp_path: Path, verdict: tuple[str, 
                verdict=verdict[0], cause=verdict[1], steps=[2, 3, 4], count=3, judged=4,
                lr=-0.05, cosine=-0.9, ratio=500.0, modules=["fc1"])])
     (f,) = findings(path)
-    assert (f.kind, f.module, f.step, f.evidence["verdict"]) == (
+    assert (f.cause, f.module, f.step, f.evidence["verdict"]) == (
         "step-unexplained", "fc1", 2, verdict[0])
     assert says in f.message
     assert hint in (f.hint or "")

@@ -36,7 +36,7 @@ def empty_log(path: Path, *, models: int = 0, end: str | None = "ok", exit_code:
 
 def only(path: Path) -> Any:
     (f,) = findings(path)
-    assert (f.kind, f.severity, f.model, f.module, f.step) == (
+    assert (f.cause, f.severity, f.model, f.module, f.step) == (
         "nothing-traced", "error", "", "", None)
     return f
 
@@ -77,7 +77,7 @@ def test_compiled_steps_counted_but_only_watched_are_unseen(tmp_path: Path) -> N
     f = only(empty_log(tmp_path / "a.jsonl", models=1, backward=2, compiled=1, end_steps=2))
     assert f.message.startswith("torch.compile'd code ran (1 graph compiled)")
     eager = empty_log(tmp_path / "b.jsonl", models=1, backward=2, end_steps=2)
-    assert "nothing-traced" not in [x.kind for x in findings(eager)]
+    assert "nothing-traced" not in [x.cause for x in findings(eager)]
 
 
 def test_calls_all_left_out_by_include_say_so(tmp_path: Path) -> None:
@@ -95,10 +95,10 @@ def test_healthy_look_alikes_get_no_such_finding(tmp_path: Path) -> None:
     assert "nothing-traced" not in [s[0] for s in summary(write_log(
         tmp_path / "a.jsonl", healthy(2)))]
     # killed (no end record) and an error of the script's own: the crash check says them
-    assert [f.kind for f in findings(empty_log(tmp_path / "b.jsonl", end=None))] == ["stopped"]
+    assert [f.cause for f in findings(empty_log(tmp_path / "b.jsonl", end=None))] == ["stopped"]
     path = empty_log(tmp_path / "c.jsonl", end="error", exit_code=1, error={
         "type": "ValueError", "message": "bad", "file": "train.py", "line": 3})
-    assert [f.kind for f in findings(path)] == ["script-error"]
+    assert [f.cause for f in findings(path)] == ["script-error"]
     # sys.exit(0) before any model: finished, yet nothing was seen
     path = empty_log(tmp_path / "d.jsonl", error={"type": "SystemExit", "message": "0"})
     assert only(path).message.startswith("the script finished without calling any nn.Module")
@@ -106,7 +106,7 @@ def test_healthy_look_alikes_get_no_such_finding(tmp_path: Path) -> None:
 
 def test_compiled_code_run_eagerly_is_one_note(tmp_path: Path) -> None:
     path = write_log(tmp_path / "log.jsonl", healthy(3), signals=[signal("compiled-eager")])
-    notes = [f for f in findings(path) if f.kind == "compiled-eager"]
+    notes = [f for f in findings(path) if f.cause == "compiled-eager"]
     assert [(f.severity, f.model, f.module) for f in notes] == [("note", "net", "")]
     assert "ran torch.compile'd code eagerly" in notes[0].message
     assert not run_checks(path).problems

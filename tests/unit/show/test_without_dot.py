@@ -49,7 +49,7 @@ def test_view_writes_the_page_without_call_graphs(log: Path) -> None:
     assert graphs and all(g["svg"] == "" and "unfold" not in g for g in graphs.values())
     assert data["nodot"].endswith(INSTALL)
     assert "<table class=" in data["ranks"][0]["heat"]["grad_output"]  # the heatmap is there
-    assert any(f["kind"] == "nonfinite-forward" for f in data["findings"])
+    assert any(f["cause"] == "nonfinite-forward" for f in data["findings"])
 
 
 @pytest.mark.parametrize(("args", "fmt"), [
