@@ -1,6 +1,7 @@
 """Backward in eval mode: a warning where it changes what trains (BatchNorm normalising with
 its running statistics, dropout off), silent where it does not (linear probing: a frozen
-backbone kept in eval mode on purpose, a trainable head). Pure: a ``Collected`` in."""
+backbone kept in eval mode on purpose, a trainable head) or where no optimizer steps the model
+(Grad-CAM, saliency: a backward that explains the model). Pure: a ``Collected`` in."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from hooktrace.check.findings import NOTE, WARNING, Finding, FindingKind, names_text
 from hooktrace.check.trainable import trainable_at
+from hooktrace.log.schema import SignalKind
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected
@@ -15,6 +17,9 @@ if TYPE_CHECKING:
 
 
 def eval_backward(c: Collected, s: Signal) -> list[Finding]:
+    if not any(o.kind == SignalKind.OPTIMIZER_STEPS and o.model == s.model
+               and o.detail.get("after") for o in c.signals):
+        return []  # no optimizer step follows: a backward that explains a model (Grad-CAM)
     layers = modal_training(c, s.model, s.step)
     if not layers:
         return []  # what trains acts the same in eval mode (linear probing a frozen backbone)

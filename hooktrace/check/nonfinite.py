@@ -27,11 +27,17 @@ def check_nonfinite(c: Collected) -> list[Finding]:
         why, hint = _forward_cause(c, forward, backward.step if backward else None)
         module, evidence = forward.fqn, forward.evidence
         came = _came_in(c, forward)
+        severity = ERROR
         if came is not None and not (backward is not None and backward.step < forward.step):
             module, why, hint, more = came
             evidence = {**evidence, **more}
+            if backward is None and "received_by" not in more:  # with the data, read by no loss
+                severity, why = NOTE, why + (
+                    "; no gradient of the run was NaN/Inf: no loss that trains read it (a FLOPs "
+                    "probe on torch.empty, a terminal observation masked out with torch.where)")
         out.append(Finding(
-            FindingKind.NONFINITE_FORWARD, ERROR, c.model_name(forward.model), module, forward.step,
+            FindingKind.NONFINITE_FORWARD, severity, c.model_name(forward.model), module,
+            forward.step,
             f"first NaN/Inf in a forward output: {c.label(forward.model, forward.fqn)} at "
             f"step {forward.step}" + (f" (again in {steps_text(later)})" if later else "") + why,
             evidence, hint))

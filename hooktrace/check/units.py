@@ -30,16 +30,18 @@ if TYPE_CHECKING:
     from hooktrace.check.collected import Collected
     from hooktrace.check.keys import ModelFqn, ModelFqns
 
-#: causes of a boundary whose victims got no gradient at all in a step (not a zero one): the
+#: causes of a boundary whose victims got no gradient, or an exactly-zero one, in a step: the
 #: boundaries modules trained in turns are no victims of (``GradientFlow.drop_victims``)
-MISSED = ("detached_inside", "unused_calls")
+MISSED = ("detached_inside", "unused_calls", "zeroed", "zeroed_unit", "zero_backward")
 
 
 def trained_in_turns(c: Collected) -> set[ModelFqn]:
     """The modules that missed the gradient in a recorded pass where their model trained
-    (called with gradients on, no backward), and yet got one in every accumulation window of an
-    optimizer that holds them (the passes after its last step up to its next one; those within
-    the recorded steps, one at least): each of its steps had their gradient."""
+    (called with gradients on, no backward; or every call's gradient exactly zero: a twin
+    critic that ``min(q0, q1)`` leaves out of the actor's pass), and yet got a non-zero one in
+    every accumulation window of an optimizer that holds them (the passes after its last step
+    up to its next one; those within the recorded steps, one at least): each of its steps had
+    their gradient."""
     last = max(c.backward_steps, default=-1)
     windows = [(s.model, set(s.detail.get("held") or ()), spans) for s in c.signals
                if s.kind == SignalKind.OPTIMIZER_STEPS
@@ -47,7 +49,6 @@ def trained_in_turns(c: Collected) -> set[ModelFqn]:
     if not windows:
         return set()  # no optimizer step to judge by
     missed: set[ModelFqn] = set()
-    got: dict[ModelFqn, set[int]] = {}
     found: dict[tuple[ModelFqns, ModelFqns], ModelFqns] = {}  # the sets are shared between steps
     for step in sorted(c.backward_steps):
         grad, backed = c.grad.get(step, frozenset()), c.backward.get(step, frozenset())
@@ -56,9 +57,13 @@ def trained_in_turns(c: Collected) -> set[ModelFqn]:
             reached = {key[0] for key in backed}
             found[pair] = frozenset(key for key in grad - backed if key[0] in reached)
         missed |= found[pair]
-    for step in sorted(c.backward_steps):  # only the gradients of those that missed one
-        for key in missed.intersection(c.backward.get(step, ())):
-            got.setdefault(key, set()).add(step)
+    got: dict[ModelFqn, set[int]] = {}  # the passes that gave each a non-zero gradient
+    zero: dict[ModelFqn, set[int]] = {}  # those that gave one of its calls a zero one
+    for call in c.calls:
+        if call.backed:
+            (zero if call.g_out == 0 else got).setdefault(call.key, set()).add(call.step)
+    # every call's gradient zero in a pass, a non-zero one in another
+    missed |= {key for key, steps in zero.items() if key in got and steps - got[key]}
     return {key for key in missed if key in got and any(
         model == key[0] and key[1] in held
         and all(any(start < step <= end for step in got[key]) for start, end in spans)
@@ -95,7 +100,7 @@ def zero_before_moving(c: Collected, found: GradientFlow, findings: list[Finding
         if moving is None or b.steps[-1] > moving:
             continue
         for i, f in enumerate(findings):
-            if (f.kind == FindingKind.ZERO_GRADIENT and f.severity == WARNING
+            if (f.cause == FindingKind.ZERO_GRADIENT and f.severity == WARNING
                     and f.step == b.steps[0] and f.module == key[1]
                     and f.model == c.model_name(key[0])):
                 findings[i] = replace(

@@ -19,12 +19,22 @@ def bn_steps(n: int = 3) -> list[list[C]]:
 
 # -- eval mode -------------------------------------------------------------------------------
 
+STEPPED = signal("optimizer-steps", 0, optimizer="SGD", count=2, after=[0, 1])
+
+
 def test_backward_in_eval_mode_with_a_batchnorm_that_trains(tmp_path: Path) -> None:
     path = write_log(tmp_path / "log.jsonl", bn_steps(), modules=BN,
-                     signals=[signal("eval-backward", 1)])
+                     signals=[signal("eval-backward", 1), STEPPED])
     (f,) = findings(path)
     assert (f.cause, f.severity, f.module, f.step) == ("eval-backward", "warning", "", 1)
     assert f.evidence == {"layers": ["bn"]}
+
+
+def test_backward_in_eval_mode_that_no_optimizer_step_follows_is_silent(tmp_path: Path) -> None:
+    """Grad-CAM, saliency: a backward that explains the model, which nothing trains."""
+    path = write_log(tmp_path / "log.jsonl", bn_steps(), modules=BN,
+                     signals=[signal("eval-backward", 1)])
+    assert findings(path) == []
 
 
 def test_backward_in_eval_mode_without_modal_layers_is_silent(tmp_path: Path) -> None:
