@@ -27,8 +27,8 @@ from hooktrace.observe.stats import DEFER_ENV
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 PROBLEM = ("error", "warning")
 REPORT_KEYS = {"problems", "steps", "events", "warnings", "findings", "models"}
-FINDING_KEYS = {"kind", "cause", "severity", "model", "module", "step", "message", "evidence", "hint",
-                "ranks", "source"}
+FINDING_KEYS = {"kind", "cause", "severity", "model", "module", "step", "message", "evidence",
+                "hint", "ranks", "source"}
 
 Run = subprocess.CompletedProcess[str]
 
