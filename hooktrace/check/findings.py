@@ -85,10 +85,11 @@ KINDS: Final[dict[str, tuple[str, ...]]] = {
         "step-unexplained", "grads-cleared", "grads-zeroed", "grads-carried-over",
         "params-recreated", "weights-unchanged", "scaled-step", "scaled-twice",
         "clip-before-unscale"),
-    # every loss term reaches a trainable parameter and reads what the loss expects
+    # every loss term reaches a trainable parameter and reads what the loss expects; the loss
+    # does not diverge
     "loss": (
         "loss-input", "loss-broadcast", "loss-term-cut", "loss-target-grad", "loss-share",
-        "loss-reads-nothing", "loss-mask-index"),
+        "loss-reads-nothing", "loss-mask-index", "loss-diverged"),
     # the first NaN/Inf, and where it came from
     "nonfinite": ("nonfinite-forward", "nonfinite-backward"),
     # how the models of a run relate: copies, targets, modes

@@ -5,7 +5,8 @@ probabilities where the loss wants scores (a model ending in ``Softmax`` fed to
 the loss is a module (``nn.MSELoss()``) from its call; where it is a function
 (``F.cross_entropy``), from the ops the tracer found between it and the model's output
 (``loss-ops`` signals): probabilities into a loss that wants scores, and raw scores into
-``nll_loss``, which wants log-probabilities."""
+``nll_loss``, which wants log-probabilities. And a loss that diverges, from the loss ledger
+(``loss-values``): orders of magnitude up without NaN/Inf."""
 
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ _WANTS_SCORES = {
                 "nn.CrossEntropyLoss"),
 }
 LOSSES = _ELEMENTWISE | _WANTS_SCORES.keys()
+# a loss diverges when it peaks this many times its first value and its second half's median
+# stays this many times above it, over this many passes at least
+_PEAK, _LATE, _PASSES = 100.0, 3.0, 8
 
 
 def check_losses(c: Collected) -> list[Finding]:
@@ -170,3 +174,27 @@ def _raw_scores(c: Collected, s: Signal) -> Finding:
         {"loss": s.detail.get("loss"), "ops": s.detail.get("ops"), "out": s.detail.get("out")},
         "apply F.log_softmax(scores, dim=1) before nll_loss, or use F.cross_entropy on the "
         "scores")
+
+
+def diverged(c: Collected, s: Signal) -> list[Finding]:
+    """The loss ledger of a group of models (``loss-values``): a loss that went up by orders of
+    magnitude from the untrained model's value without NaN/Inf, and stayed well above it over
+    the second half of the run (a loss that rises for a few steps and falls again is not)."""
+    values = [v for v in s.detail.get("values") or () if isinstance(v, int | float)]
+    steps = s.detail.get("steps") or []
+    if len(values) < _PASSES or len(steps) != len(values) or min(values) < 0 or values[0] <= 0:
+        return []  # too short to say, a loss that may be negative (a GAN's, an actor's)
+    start, peak = values[0], max(values)
+    late = sorted(values[len(values) // 2:])[len(values[len(values) // 2:]) // 2]
+    if peak < _PEAK * start or late < _LATE * start:
+        return []
+    at = steps[values.index(peak)]
+    return [Finding(
+        "loss-diverged", WARNING, c.model_name(s.model), "", at,
+        f"the loss of model '{c.model_name(s.model)}' went from {start:.3g} (step {steps[0]}) "
+        f"to {peak:.3g} (step {at}), {peak / start:.0f}x up without NaN/Inf, and stayed "
+        f"{late / start:.0f}x above its start over the second half of the run: training "
+        "diverges", {"start": start, "peak": peak, "late": late, "steps": [steps[0], at]},
+        "a learning rate too high for the optimizer (1e-3 is usual for Adam, 0.1 for SGD), a "
+        "loss of the wrong sign or scale, or updates that grow: lower the lr, add warm-up or "
+        "gradient clipping")]

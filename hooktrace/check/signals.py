@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from hooktrace.check import holds, loop, lossterms, scaling, updates
+from hooktrace.check import holds, loop, losses, lossterms, scaling, updates
 from hooktrace.check.custom import function_backward
 from hooktrace.check.findings import Finding
 from hooktrace.check.modes import eval_backward
@@ -45,6 +45,7 @@ FINDINGS_OF_SIGNAL: dict[str, SignalFindings] = {
     SignalKind.LOSS_TARGET_GRAD: lossterms.target_grad,
     SignalKind.SHARED_STORAGE: holds.shared_storage,
     SignalKind.STEPPED_TWICE: holds.stepped_twice,
+    SignalKind.LOSS_VALUES: losses.diverged,
 }
 
 

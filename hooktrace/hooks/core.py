@@ -49,6 +49,7 @@ from hooktrace.hooks.records import (
     step_mode,
     wanting,
 )
+from hooktrace.hooks.stepping import OptimizerSteps
 from hooktrace.hooks.tensors import leaves, summarize
 from hooktrace.log.errors import LogWriteError, NonFiniteError
 from hooktrace.log.options import TraceOptions
@@ -131,6 +132,7 @@ class CallTracker:
         self._naming: Naming | None = None
         self._observers: list[Observer] = []
         self.zoom = OpZoom(self.fail)  # the op-level zoom into chosen calls: zooms none until told
+        self._optimizer_steps = OptimizerSteps()
 
     def start(self, naming: Naming, observers: Sequence[Observer]) -> CallTracker:
         self._naming = naming
@@ -144,6 +146,7 @@ class CallTracker:
             nn_module.register_module_forward_pre_hook(self._pre),
             nn_module.register_module_forward_hook(self._post, with_kwargs=True, always_call=True),
         ]
+        self._optimizer_steps.start(observers)
         self.active = True
         _live.add(self)
         return self
@@ -152,6 +155,7 @@ class CallTracker:
         """Remove every hook, then let the observers finish. Safe to call twice."""
         self.active = self._grads.active = False
         self._remove_hooks()
+        self._optimizer_steps.stop()
         for observer in self._observers:
             try:
                 observer.stop(self.step, self.mode)

@@ -140,6 +140,15 @@ class PassEnd(NamedTuple):
     reached: tuple[ModInfo, ...]
 
 
+class OptimizerStep(NamedTuple):
+    """An optimizer's ``step()`` begins or ended (``hooks/stepping.py``): the optimizer and
+    the arguments the program gave it (``args[0]`` is the optimizer; a closure among them)."""
+
+    optimizer: torch.optim.Optimizer
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
 class Observer:
     """Receives the core's records. Every method is optional: the core calls only the ones a
     subclass overrides. Observers keep their own state, keyed by the records.
@@ -149,7 +158,9 @@ class Observer:
     it needs, set ``follows``, and add it in ``tracer.py``, before the log writer if it emits.
     An observer that writes records of its own is handed the log writer's ``emit``
     (``recorder.py``): what it emits lands after the step's events and before the step record.
-    It registers hooks of its own (an optimizer's) itself and removes them in ``stop``."""
+    The optimizer's steps come through ``optimizer_stepping`` and ``optimizer_stepped`` (one
+    registration, the core's); another hook it needs it registers itself and removes in
+    ``stop``."""
 
     #: the modes whose calls it is handed (forward_start, forward_end, backward_start,
     #: grad_output, grad_input); the other methods are called in every mode
@@ -179,6 +190,13 @@ class Observer:
     def backward_end(self, end: PassEnd) -> None:
         """The pass ended; the step is over. What an observer emits here precedes the step
         record (the log writer comes after the observers that emit)."""
+
+    def optimizer_stepping(self, step: OptimizerStep) -> None:
+        """An optimizer's ``step()`` begins (every step, whatever the mode; an exception here
+        makes the core hand this observer no more of them)."""
+
+    def optimizer_stepped(self, step: OptimizerStep) -> None:
+        """It returned."""
 
     def stop(self, step: int, mode: Mode) -> None:
         """Tracing stops (hooks already removed) in ``step``, which did not end."""

@@ -50,6 +50,7 @@ class SignalKind:
     LOSS_TARGET_GRAD: Final[str] = "loss-target-grad"
     TWINS: Final[str] = "twins"
     NONFINITE_INPUTS: Final[str] = "nonfinite-inputs"
+    LOSS_VALUES: Final[str] = "loss-values"
 
 
 def kinds_of(namespace: type) -> tuple[str, ...]:
@@ -179,6 +180,12 @@ class Signal:
       NaN/Inf, ``fqn``, got them in its inputs too: ``detail.inputs``, [input index, nan, inf]
       each (args then kwargs; an input the call changed in place is not judged); the NaN/Inf was
       made before it, not by it. Found where the outputs are checked at once (on the host);
+    * ``loss-values``: when tracing stops, the loss ledger's values of one group of models
+      (``detail.models``, those the passes reached; ``model``, the first): the value each
+      ``backward()`` started from (a one-element root), in recorded and watched steps,
+      ``detail.steps`` and ``detail.values`` side by side, a sample of one pass in
+      ``detail.every`` (past 256 values the sample thins evenly over the run) with the last
+      pass always kept, ``detail.passes`` counted in all;
     * ``twins``: at the end of recorded step ``step``, models of one structure (their
       parameters' shapes and dtypes; ``model``: the first of them with a model record), by name
       in ``detail.models`` (a model's name, or the variable of a module never called that has

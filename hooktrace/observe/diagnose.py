@@ -45,13 +45,9 @@ from typing import Any, cast
 
 import torch
 from torch import nn
-from torch.optim.optimizer import (
-    register_optimizer_step_post_hook,
-    register_optimizer_step_pre_hook,
-)
 
 from hooktrace.hooks.naming import ModInfo
-from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
+from hooktrace.hooks.records import Emit, Mode, Observer, OptimizerStep, PassEnd
 from hooktrace.hooks.sites import forward_site
 from hooktrace.log import schema
 from hooktrace.log.schema import SignalKind
@@ -109,8 +105,7 @@ class Diagnosis(Observer):
         self._looks = 0  # recorded steps whose end looked at them
         # modules whose parameters changed at a look: that step, the look, ids by trainable name
         self._changed: dict[ModInfo, tuple[int, int, dict[str, int]]] = {}
-        self._handles = [register_optimizer_step_pre_hook(self._optimizer_stepping),
-                         register_optimizer_step_post_hook(self._optimizer_stepped)]
+        self._steps_off = False  # an optimizer step raised here: its signals go quiet
         self._step = 0
 
     # -- first sight -----------------------------------------------------------------------
@@ -251,15 +246,17 @@ class Diagnosis(Observer):
                                  {"params": new}))
         return True
 
-    def _optimizer_stepping(self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...],
-                            kwargs: dict[str, Any]) -> None:
+    def optimizer_stepping(self, step: OptimizerStep) -> None:
         """Before a step: a parameter whose ``.grad`` is still the tensor the previous step
         left, added to since by each pass that reached its model (one version each) and never
         reset (set to None, or zeroed: one version more), carries the previous step's gradient
         into this one. Said once a run."""
+        if self._steps_off:
+            return
+        optimizer = step.optimizer
         try:
             params = optimizer_params(optimizer)
-            self._view.stepping(optimizer, params, args, kwargs, self._step)
+            self._view.stepping(optimizer, params, step.args, step.kwargs, self._step)
             self._steps.stepping(optimizer, params, self._last_pass)
             if not self._reported_cleared:
                 self._cleared_before_step(optimizer, params)
@@ -283,7 +280,7 @@ class Diagnosis(Observer):
                 self._emit(schema.Signal(self._step, model, "", SignalKind.GRADS_CARRIED_OVER,
                                          {"modules": list(names)}))
         except Exception:  # never into the program: these signals go quiet instead
-            self._remove_hooks()
+            self._steps_off = True
 
     def _cleared_before_step(self, optimizer: torch.optim.Optimizer,
                              params: list[torch.Tensor]) -> None:
@@ -326,7 +323,10 @@ class Diagnosis(Observer):
             self._emit(schema.Signal(self._step, model, "", SignalKind.GRADS_ZEROED,
                                      {"modules": names}))
 
-    def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+    def optimizer_stepped(self, step: OptimizerStep) -> None:
+        if self._steps_off:
+            return
+        optimizer = step.optimizer
         try:
             self._stepped_after[optimizer] = self._pass_count
             params = optimizer_params(optimizer)
@@ -339,7 +339,7 @@ class Diagnosis(Observer):
                 self._keep_grads(params, keys)
             self._sort_modules(self._step)
         except Exception:
-            self._remove_hooks()
+            self._steps_off = True
 
     def _keep_grads(self, params: list[torch.Tensor], keys: list[int]) -> None:
         """What the step leaves of each parameter's ``.grad`` that a module owns: the tensor, its
@@ -361,13 +361,7 @@ class Diagnosis(Observer):
                 self._stepped_version[key] = grad._version
                 self._stepped_passes[key] = self._passes.get(info.model, 0)
 
-    def _remove_hooks(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-
     def stop(self, step: int, mode: Mode) -> None:
-        self._remove_hooks()
         self._sort_modules(step, new=True)
         self._view.stop(step)
         self._steps.stop()

@@ -22,14 +22,12 @@ are on the CPU (``stats.on_host``), as ``weights.py``.
 from __future__ import annotations
 
 import weakref
-from typing import Any
 
 import torch
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from hooktrace.hooks.naming import ModInfo
-from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
+from hooktrace.hooks.records import Emit, Mode, Observer, OptimizerStep, PassEnd
 from hooktrace.log import schema
 from hooktrace.log.schema import SignalKind
 from hooktrace.observe.stats import on_host
@@ -83,14 +81,14 @@ class HalfUpdates(Observer):
         self._stepped = 0
         self._lrs: set[float] = set()
         self._off = False
-        self._handle = register_optimizer_step_post_hook(self._optimizer_stepped)
 
     def module_seen(self, module: nn.Module, info: ModInfo) -> None:
         if info.has_params and "Embedding" not in type(module).__name__:
             self._modules.append((weakref.ref(module), info))
 
-    def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+    def optimizer_stepped(self, step: OptimizerStep) -> None:
         self._stepped += 1
+        optimizer = step.optimizer
         if len(self._lrs) < 8:
             self._lrs.update(float(g["lr"]) for g in optimizer.param_groups
                              if isinstance(g.get("lr"), (int, float)))
@@ -105,7 +103,6 @@ class HalfUpdates(Observer):
             self._samples.clear()
 
     def stop(self, step: int, mode: Mode) -> None:
-        self._handle.remove()
         self._samples.clear()
 
     def _compare(self, step: int) -> None:

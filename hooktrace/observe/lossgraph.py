@@ -28,14 +28,14 @@ from typing import Any, NamedTuple
 
 import torch
 from torch.amp.grad_scaler import OptState
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from hooktrace.hooks.gradhooks import output_calls
 from hooktrace.hooks.naming import ModInfo
-from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
+from hooktrace.hooks.records import Emit, Mode, Observer, OptimizerStep, PassEnd
 from hooktrace.log import schema
 from hooktrace.log.schema import SignalKind
 from hooktrace.observe.lossscale import find_scaler
+from hooktrace.observe.lossvalues import LossValues
 
 _BUDGET = 64  # autograd nodes one walk visits at most
 _CHAIN = 12  # nodes followed from a loss's input back to the model's output
@@ -187,21 +187,22 @@ class LossGraph(Observer):
         self._scaled: dict[int, tuple[weakref.ref[torch.Tensor], int, ModInfo, int]] = {}
         self._said_steps: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self._said_clip = False
+        self.values = LossValues(emit)
         self._backward = torch.autograd.backward
         self._clip = torch.nn.utils.clip_grad_norm_
         self._wrapped_backward = self._wrap_backward(self._backward)
         self._wrapped_clip = self._wrap_clip(self._clip)
         torch.autograd.backward = self._wrapped_backward
         torch.nn.utils.clip_grad_norm_ = self._wrapped_clip
-        self._handle = register_optimizer_step_pre_hook(self._stepping)
 
     def module_seen(self, module: torch.nn.Module, info: ModInfo) -> None:
         if info.has_params:
             self._trained.add(info.model)
 
     def stop(self, step: int, mode: Mode) -> None:
+        if self._on:
+            self._guarded(self.values.write)
         self._on = False
-        self._handle.remove()
         # another wrapper around ours (a second session) stays; ours then only passes through
         if torch.autograd.backward is self._wrapped_backward:
             torch.autograd.backward = self._backward
@@ -214,6 +215,8 @@ class LossGraph(Observer):
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> None:
             self.calls += 1
             outermost = self._on and _graph_task() == -1 and not _is_compiling()
+            if outermost:
+                self._guarded(self.values.began, tensors)
             if outermost and self._mode() is Mode.RECORDED:
                 self._look(tensors)
             then = self._returned() if outermost else None
@@ -249,7 +252,15 @@ class LossGraph(Observer):
             self._scaler = weakref.ref(scaler)
         return scaler
 
+    def _guarded(self, call: Callable[..., None], *args: Any) -> None:
+        try:
+            call(*args)
+        except Exception:
+            self._on = False  # said nowhere: the other observers go on
+
     def backward_end(self, end: PassEnd) -> None:
+        if self._on:
+            self._guarded(self.values.ended, end)
         walks, self._pending = self._pending, None
         if end.mode is not Mode.RECORDED:
             if self._scaled:
@@ -317,9 +328,10 @@ class LossGraph(Observer):
             self._emit(schema.Signal(step, model, "", kind, {**detail, "modules": names}))
 
     # -- optimizer steps and clipping ------------------------------------------------------
-    def _stepping(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+    def optimizer_stepping(self, step: OptimizerStep) -> None:
         if not self._scaled or not self._on:
             return
+        optimizer = step.optimizer
         try:
             scaler = self._scaler() if self._scaler is not None else None
             # scaler.step unscales first (an optimizer it wraps, ZeroRedundancyOptimizer's,

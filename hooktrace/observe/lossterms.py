@@ -37,9 +37,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from hooktrace.hooks.records import Emit, ForwardEnd, Mode, Observer, PassEnd
+from hooktrace.hooks.records import Emit, ForwardEnd, Mode, Observer, OptimizerStep, PassEnd
 from hooktrace.log import schema
 from hooktrace.log.schema import SignalKind
 from hooktrace.observe.lossmasks import reads
@@ -100,9 +99,6 @@ class LossTerms(Observer):
         self._said: set[tuple[str, str, int]] = set()
         self._signals: list[schema.Signal] = []
         self._shares: Shares = []
-        # an optimizer steps outside the window: its operations do not pass through it
-        self._handle = register_optimizer_step_pre_hook(lambda *_: self.model_call(None, None,
-                                                                                   0))
         # loss.backward() closes it before torch hands Tensor.backward to it: backward() then
         # runs outside the window's handler, and the stack is the program's again at once
         self._tensor_backward = torch.Tensor.backward
@@ -232,9 +228,11 @@ class LossTerms(Observer):
         except Exception:
             self._broken = True
 
+    def optimizer_stepping(self, step: OptimizerStep) -> None:
+        self.model_call(None, None, 0)  # an optimizer steps outside the window: not its ops
+
     def stop(self, step: int, mode: Mode) -> None:
         self._broken = True
-        self._handle.remove()
         if torch.Tensor.backward is self._wrapped:  # a wrapper around ours stays
             torch.Tensor.backward = self._tensor_backward  # type: ignore[method-assign]
         with contextlib.suppress(Exception):

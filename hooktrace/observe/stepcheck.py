@@ -41,13 +41,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.optim.optimizer import (
-    register_optimizer_step_post_hook,
-    register_optimizer_step_pre_hook,
-)
 
 from hooktrace.hooks.naming import ModInfo
-from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
+from hooktrace.hooks.records import Emit, Mode, Observer, OptimizerStep, PassEnd
 from hooktrace.log import schema
 from hooktrace.log.schema import SignalKind
 from hooktrace.observe.lossscale import find_scaler
@@ -134,8 +130,6 @@ class StepExplained(Observer):
         self._rebuilt_cls = ""
         self._rebuilt_models: set[int] = set()
         self._alternating = False  # an older holder stepped again: optimizers in turns
-        self._handles = [register_optimizer_step_pre_hook(self._stepping),
-                         register_optimizer_step_post_hook(self._stepped_hook)]
 
     def module_seen(self, module: nn.Module, info: ModInfo) -> None:
         if info.has_params:
@@ -209,8 +203,10 @@ class StepExplained(Observer):
         return picked
 
     # -- optimizer steps ---------------------------------------------------------------------
-    def _stepping(self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...],
-                  kwargs: dict[str, Any]) -> None:
+    def optimizer_stepping(self, step: OptimizerStep) -> None:
+        optimizer, args, kwargs = step
+        if self._off:
+            return
         if any(a is not None for a in args[1:]) or kwargs.get("closure") is not None:
             return  # a closure recomputes the gradients (LBFGS): not judged
         try:
@@ -231,7 +227,10 @@ class StepExplained(Observer):
                    and p.grad._version == version for p, ref, version in
                    zip(self._live_sample(), self._grads, self._gradversions, strict=False))
 
-    def _stepped_hook(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+    def optimizer_stepped(self, step: OptimizerStep) -> None:
+        if self._off:
+            return
+        optimizer = step.optimizer
         self._stepped += 1
         try:
             self._moves.after(optimizer, self._step)
@@ -329,15 +328,9 @@ class StepExplained(Observer):
         self._off = True
         self._values = None
         self._moving = []
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
 
     # -- the end -----------------------------------------------------------------------------
     def stop(self, step: int, mode: Mode) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
         names = self._sample_names  # named when picked: the models may be gone by now
         sampled = sorted(names)
         if self._cleared_first is not None:

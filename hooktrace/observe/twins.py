@@ -27,11 +27,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.owners import is_library
-from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
+from hooktrace.hooks.records import Emit, Mode, Observer, OptimizerStep, PassEnd
 from hooktrace.log import schema
 from hooktrace.log.schema import SignalKind
 from hooktrace.observe.stats import on_host
@@ -103,7 +102,6 @@ class Twins(Observer):
         self._groups: list[dict[str, list[torch.Tensor]]] = []
         self._recorded = False
         self._off = False
-        self._handle = register_optimizer_step_post_hook(self._optimizer_stepped)
 
     def module_seen(self, module: nn.Module, info: ModInfo) -> None:
         if info.fqn == "":
@@ -175,9 +173,10 @@ class Twins(Observer):
             detail["replaced"] = replaced
         return detail
 
-    def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+    def optimizer_stepped(self, step: OptimizerStep) -> None:
         if not self._recorded or self._off:
             return
+        optimizer = step.optimizer
         try:
             self._scan()
             held = {id(p) for group in optimizer.param_groups for p in group["params"]}
@@ -213,7 +212,3 @@ class Twins(Observer):
     def _quiet(self) -> None:
         self._off = True
         self._groups = []
-        self._handle.remove()
-
-    def stop(self, step: int, mode: Mode) -> None:
-        self._handle.remove()

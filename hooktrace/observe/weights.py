@@ -39,14 +39,12 @@ it, and a step has one transfer, the statistics' (so a GPU run gets no such sign
 from __future__ import annotations
 
 import weakref
-from typing import Any
 
 import torch
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from hooktrace.hooks.naming import ModInfo
-from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
+from hooktrace.hooks.records import Emit, Mode, Observer, OptimizerStep, PassEnd
 from hooktrace.log import schema
 from hooktrace.log.schema import SignalKind
 from hooktrace.observe.stats import on_host
@@ -139,13 +137,16 @@ class WeightChange(Observer):
         self._schedules: weakref.WeakKeyDictionary[torch.optim.Optimizer, _Schedule] = (
             weakref.WeakKeyDictionary())
         self._all_schedules: list[_Schedule] = []
-        self._handle = register_optimizer_step_post_hook(self._stepped)
+        self._steps_off = False  # a step raised here: the signal goes quiet
 
     def module_seen(self, module: nn.Module, info: ModInfo) -> None:
         if info.has_params:
             self._modules.append((weakref.ref(module), info))
 
-    def _stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+    def optimizer_stepped(self, step: OptimizerStep) -> None:
+        if self._steps_off:
+            return
+        optimizer = step.optimizer
         try:
             self._optimizer_steps += 1
             lrs = {g.get("lr") for g in optimizer.param_groups}
@@ -162,7 +163,7 @@ class WeightChange(Observer):
                 baseline.stepped_in.add(self._step)
                 baseline.lrs.update(lr for lr in lrs if isinstance(lr, (int, float)))
         except Exception:  # never into the program: the signal goes quiet instead
-            self._handle.remove()
+            self._steps_off = True
 
     def backward_end(self, end: PassEnd) -> None:
         self._step = end.step + 1  # an optimizer step after this pass belongs to the next
@@ -219,7 +220,6 @@ class WeightChange(Observer):
         self._emit(schema.Signal(baseline.step, model, "", SignalKind.WEIGHTS_UNCHANGED, detail))
 
     def stop(self, step: int, mode: Mode) -> None:
-        self._handle.remove()
         self._collapsed()
         if self._optimizer_steps == 0:  # no optimizer stepped, though gradients were cleared
             for model, baseline in list(self._baselines.items()):

@@ -1,7 +1,8 @@
 """Healthy field programs that narrow rules took for bugs (issue 48), on real runs of
 ``hooktrace run`` (``tests/scripts/field_lookalikes.py``): judged by the passes that feed an
 optimizer step (twin critics, Grad-CAM) and by whether a loss read a NaN (a FLOPs probe, a
-masked terminal observation), each stays silent; the NaN a loss did read stays an error."""
+masked terminal observation), each stays silent; the NaN a loss did read stays an error, and
+a loss that goes up a thousandfold without NaN is said from the loss ledger."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from helpers import Cases, Shared, run_cases, run_findings
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "field_lookalikes.py"
 HEALTHY = ["twin_critics", "metric_copy", "gradcam", "flops_probe", "nan_next_obs",
-           "frozen_last_layer"]
+           "frozen_last_layer", "rises_then_falls"]
 
 
 @pytest.fixture(scope="module")
 def cases(shared: Shared) -> Cases:
-    return run_cases(shared, "field_lookalikes", [*HEALTHY, "bug_nan_next_obs"],
+    return run_cases(shared, "field_lookalikes", [*HEALTHY, "bug_nan_next_obs", "bug_lr_too_high"],
                      lambda case: SCRIPT)
 
 
@@ -40,3 +41,11 @@ def test_a_nan_from_the_data_that_the_loss_read_is_an_error(cases: Cases) -> Non
     assert status == 1
     assert {(f["cause"], f["severity"], f["model"]) for f in found} >= {
         ("nonfinite-forward", "error", "target_net"), ("nonfinite-backward", "error", "q_net")}
+
+
+def test_a_loss_that_diverges_without_nan_is_said(cases: Cases) -> None:
+    status, found = run_findings(cases["bug_lr_too_high"])
+    assert status == 1
+    [diverged] = [f for f in found if f["severity"] != "note"]
+    assert (diverged["kind"], diverged["cause"], diverged["model"], diverged["step"]) == (
+        "loss", "loss-diverged", "model", 1)

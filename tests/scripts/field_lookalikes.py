@@ -12,6 +12,8 @@
   values there are masked out with ``torch.where`` before the loss reads them.
 - ``bug_nan_next_obs``: the same masked by multiplying by ``1 - done``: NaN * 0 is NaN, and the
   loss reads it.
+- ``rises_then_falls``: a loss that rises for a few steps (a warm-up overshoot), then falls.
+- ``bug_lr_too_high``: Adam at lr 10 for 1e-3: the loss goes up a thousandfold, never NaN.
 - ``frozen_last_layer``: DINO's ``cancel_gradients_last_layer``: the last layer's ``.grad`` set
   to None before each optimizer step of the first epochs, then trained.
 """
@@ -141,6 +143,22 @@ def frozen_last_layer() -> None:
         opt.step()
 
 
+def adam_at(lr: float, steps: int = 30) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    x, y = torch.randn(64, 16), torch.randint(0, 4, (64,))
+    for _ in range(steps):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def rises_then_falls() -> None:
+    adam_at(1.0)  # up 16x in its first steps, then converges
+
+
 CASES = {
     "twin_critics": twin_critics,
     "metric_copy": metric_copy,
@@ -149,6 +167,8 @@ CASES = {
     "nan_next_obs": lambda: nan_next_obs(True),
     "bug_nan_next_obs": lambda: nan_next_obs(False),
     "frozen_last_layer": frozen_last_layer,
+    "rises_then_falls": rises_then_falls,
+    "bug_lr_too_high": lambda: adam_at(10.0),
 }
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Writes the blind sets' logs the unit tests read: each case of the bug scripts written blind
 (``tests/scripts/blind_*.py``: bugs and their healthy look-alikes), traced by ``hooktrace run``
 (blind set 5 also with ``--probe``), one archive per script, the header's machine facts made
-constant; then what ``check --json`` says of each (``test_blind_reports_unchanged.py``).
+constant; then what ``check`` names in each (``test_blind_names_unchanged.py``).
 
     python tests/unit/logs/blind/make.py                 # every script
     python tests/unit/logs/blind/make.py blind_bugs5     # one
@@ -69,5 +69,5 @@ def archive(script: str) -> Path:
 if __name__ == "__main__":
     for script in sys.argv[1:] or list(BLIND):
         archive(script)
-    from tests.unit.check import test_blind_reports_unchanged
-    test_blind_reports_unchanged.write()
+    from tests.unit.check import test_blind_names_unchanged
+    test_blind_names_unchanged.write()

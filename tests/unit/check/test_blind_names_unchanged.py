@@ -1,9 +1,10 @@
-"""What ``check --json`` says of every case of the blind sets, word for word: the bugs written
-blind and their healthy look-alikes (``tests/scripts/blind_*.py``), their logs checked in as one
-archive per script under tests/unit/logs/blind/, the reports beside them as they were written
-when the consolidation (issue 37) began. A refactor of the readers that changes one byte fails
-here; a change meant to alter what ``check`` finds writes the reports anew
-(``python tests/unit/check/test_blind_reports_unchanged.py``) and their diff is reviewed."""
+"""What ``check`` names in every case of the blind sets: the bugs written blind and their
+healthy look-alikes (``tests/scripts/blind_*.py``), their logs checked in as one archive per
+script under tests/unit/logs/blind/, and beside them, per case, each finding's severity, kind,
+cause, model, module and step (not its words: wording may change, detection may not). A change
+of the readers that names another culprit, cause or step, or warns on a healthy case, fails
+here; a change meant to alter what ``check`` finds writes the names anew
+(``python tests/unit/check/test_blind_names_unchanged.py``) and their diff is reviewed."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from hooktrace.check.checklog import run_checks
-from hooktrace.check.report import to_json
 
 BLIND = Path(__file__).resolve().parents[1] / "logs" / "blind"
 ARCHIVES = sorted(BLIND.glob("*.tar.gz"))
@@ -29,8 +29,9 @@ def logs(archive: Path) -> dict[str, bytes]:
 
 
 def said(log: Path) -> str:
-    """``check --json`` of ``log``, the folder it lies in written as ``LOGS``."""
-    return to_json(run_checks(log)).replace(str(log.parent), "LOGS")
+    """What ``check`` names in ``log``: a line per finding, in the report's order."""
+    return "\n".join(f"{f.severity} {f.kind}/{f.cause} {f.model}:{f.module or '(root)'} "
+                     f"step {f.step}" for f in run_checks(log).findings)
 
 
 def reports(archive: Path, folder: Path) -> dict[str, str]:
@@ -69,7 +70,7 @@ def test_the_reports_are_unchanged(archive: Path, tmp_path: Path) -> None:
     now, then = reports(archive, tmp_path), read(golden(archive))
     assert list(now) == list(then)
     changed = [name for name in now if now[name] != then[name]]
-    assert changed == [], f"check --json changed for {changed[:5]}: {now[changed[0]]}"
+    assert changed == [], f"check names another thing in {changed[:5]}: {now[changed[0]]}"
 
 
 def write() -> None:

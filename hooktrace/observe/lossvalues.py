@@ -1,0 +1,93 @@
+"""The loss ledger's values: the value each backward pass starts from, in every step (recorded
+and watched), by the models the pass reached (a GAN's two losses apart), written when tracing
+stops as one ``loss-values`` signal per group of models.
+
+A value is kept on its device as backward begins (a detached copy of a one-element root) and
+read in one transfer per ``_BATCH`` passes, never a device sync per step. A long run keeps a
+bounded sample: past ``_KEEP`` values the ledger keeps every other one and samples half as
+often, so its values stay evenly spread over the run; the last pass's value is always kept.
+Facts only: whether the loss diverges is ``check``'s to say.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hooktrace.hooks.records import Emit, PassEnd
+from hooktrace.log import schema
+from hooktrace.log.schema import SignalKind
+
+_KEEP = 256  # values kept per group of models, at most
+_BATCH = 64  # values held on their devices before one read
+
+
+class _Ledger:
+    """One group's sampled (step, value) pairs, and the last pass's."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.values: list[float] = []
+        self.every = 1  # one pass in ``every`` is kept
+        self.seen = 0
+        self.last: tuple[int, float] | None = None
+
+    def add(self, step: int, value: float) -> None:
+        self.last = (step, value)
+        if self.seen % self.every == 0:
+            self.steps.append(step)
+            self.values.append(value)
+            if len(self.values) > _KEEP:
+                self.steps, self.values = self.steps[::2], self.values[::2]
+                self.every *= 2
+        self.seen += 1
+
+    def detail(self) -> dict[str, Any]:
+        steps, values = list(self.steps), list(self.values)
+        if self.last is not None and steps[-1:] != [self.last[0]]:
+            steps.append(self.last[0])
+            values.append(self.last[1])
+        return {"steps": steps, "values": values, "passes": self.seen, "every": self.every}
+
+
+class LossValues:
+    """Held by the loss graph's ``backward()`` wrapper: ``began`` as an outermost pass starts,
+    ``ended`` at its end (the core's ``PassEnd``), ``write`` when tracing stops."""
+
+    def __init__(self, emit: Emit) -> None:
+        self._emit = emit
+        self._root: torch.Tensor | None = None  # the pass now running's
+        self._held: list[tuple[tuple[int, ...], int, torch.Tensor]] = []
+        self._ledgers: dict[tuple[int, ...], _Ledger] = {}
+
+    def began(self, tensors: Any) -> None:
+        root = tensors[0] if isinstance(tensors, list | tuple) and tensors else tensors
+        self._root = (root.detach().clone() if isinstance(root, torch.Tensor)
+                      and root.numel() == 1 else None)
+
+    def ended(self, end: PassEnd) -> None:
+        root, self._root = self._root, None
+        if root is None or not end.reached:
+            return
+        models = tuple(sorted({info.model for info in end.reached}))
+        self._held.append((models, end.step, root))
+        if len(self._held) >= _BATCH:
+            self._read()
+
+    def write(self) -> None:
+        self._read()
+        for models, ledger in sorted(self._ledgers.items()):
+            self._emit(schema.Signal(ledger.steps[0], models[0], "", SignalKind.LOSS_VALUES,
+                                     {"models": list(models), **ledger.detail()}))
+
+    def _read(self) -> None:
+        held, self._held = self._held, []
+        if not held:
+            return
+        try:  # one transfer where the values share a device and dtype
+            values = torch.stack([t.reshape(()).float() for _, _, t in held]).tolist()
+        except RuntimeError:
+            values = [t.item() for _, _, t in held]
+        for (models, step, _), value in zip(held, values, strict=True):
+            self._ledgers.setdefault(models, _Ledger()).add(step, float(value))

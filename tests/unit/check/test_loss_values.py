@@ -1,0 +1,36 @@
+"""The loss ledger judged (``losses.diverged``): a loss orders of magnitude up without NaN/Inf
+that stays up is said; one that rises for a few steps and falls, one that may be negative and
+a short run are not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hooktrace.log.schema import Signal
+
+from .logbuild import findings, healthy, signal, write_log
+
+
+def ledger(values: list[float]) -> list[Signal]:
+    return [signal("loss-values", 0, models=[0], steps=list(range(len(values))),
+                   values=values, passes=len(values), every=1)]
+
+
+def test_a_loss_up_a_thousandfold_that_stays_up_is_said(tmp_path: Path) -> None:
+    values = [1.4, 2100.0, 1900.0, 700.0, 300.0, 80.0, 40.0, 50.0, 20.0, 30.0]
+    [f] = findings(write_log(tmp_path / "log.jsonl", healthy(), signals=ledger(values)))
+    assert (f.kind, f.cause, f.severity, f.module, f.step) == (
+        "loss", "loss-diverged", "warning", "", 1)
+    assert f.evidence["peak"] == 2100.0
+
+
+@pytest.mark.parametrize("values", [
+    [1.4, 18.6, 23.3, 10.9, 5.0, 1.8, 0.4, 0.2, 0.1, 0.1],  # up 16x, then converges
+    [1.4, 200.0, 150.0, 90.0, 2.0, 1.0, 0.5, 0.3, 0.2, 0.1],  # a spike, then down for good
+    [1.4, -200.0, 300.0, 400.0, 500.0, 600.0, 700.0, 800.0],  # may be negative: not judged
+    [1.4, 2000.0, 3000.0, 4000.0],  # too short to say
+])
+def test_healthy_look_alikes_are_silent(tmp_path: Path, values: list[float]) -> None:
+    assert findings(write_log(tmp_path / "log.jsonl", healthy(), signals=ledger(values))) == []
