@@ -10,7 +10,15 @@ from torch import nn
 
 from hooktrace.hooks.core import CallTracker
 from hooktrace.hooks.naming import ModInfo, Naming
-from hooktrace.hooks.records import BackwardStart, ForwardEnd, Mode, Observer, PassEnd, step_mode
+from hooktrace.hooks.records import (
+    BackwardStart,
+    ForwardEnd,
+    Mode,
+    Observer,
+    OptimizerStep,
+    PassEnd,
+    step_mode,
+)
 from hooktrace.log import schema
 from hooktrace.log.options import Steps, TraceOptions
 from hooktrace.observe.recorder import LogRecorder
@@ -102,3 +110,44 @@ def test_step_mode_is_recorded_then_watched_or_off() -> None:
     no_watch = TraceOptions(steps=Steps.parse("0:2"), watch=False)
     assert step_mode(2, no_watch, False) is Mode.OFF
     assert step_mode(2, TraceOptions(steps=Steps.parse("0:2"), stats=False), False) is Mode.OFF
+
+
+class Stepping(Observer):
+    """Sees each optimizer step begin and end; the first one it is handed may raise."""
+
+    def __init__(self, raises: bool = False) -> None:
+        self.raises = raises
+        self.seen: list[tuple[str, str, int]] = []
+
+    def optimizer_stepping(self, step: OptimizerStep) -> None:
+        self.seen.append(("stepping", type(step.optimizer).__name__, len(step.args)))
+        if self.raises:
+            raise RuntimeError("an observer's bug")
+
+    def optimizer_stepped(self, step: OptimizerStep) -> None:
+        self.seen.append(("stepped", type(step.optimizer).__name__, len(step.args)))
+
+
+def test_the_optimizer_step_is_one_moment_handed_to_each_observer_in_order() -> None:
+    """One registration (the core's); an observer that raises is handed no more of that moment,
+    the program's step runs as it would, the others go on; nothing is left registered."""
+    from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
+    before = (len(_global_optimizer_pre_hooks), len(_global_optimizer_post_hooks))
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    core = CallTracker(TraceOptions())
+    broken, steps = Stepping(raises=True), Stepping()
+    core.start(Naming(ListSink().write, TraceOptions().matches, [model]), [broken, steps])
+    assert (len(_global_optimizer_pre_hooks), len(_global_optimizer_post_hooks)) == (
+        before[0] + 1, before[1] + 1)
+    try:
+        for _ in range(2):
+            model(torch.randn(2, 3)).sum().backward()
+            weight = model.weight.detach().clone()
+            opt.step()
+            assert not torch.equal(weight, model.weight)
+    finally:
+        core.stop()
+    assert broken.seen == [("stepping", "SGD", 1), ("stepped", "SGD", 1), ("stepped", "SGD", 1)]
+    assert steps.seen == [("stepping", "SGD", 1), ("stepped", "SGD", 1)] * 2
+    assert (len(_global_optimizer_pre_hooks), len(_global_optimizer_post_hooks)) == before
