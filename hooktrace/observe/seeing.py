@@ -58,13 +58,38 @@ def probe(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> li
     if not isinstance(x, torch.Tensor) or x.ndim < 1:
         return [{"what": "undecided", "why": "its first input is not a tensor"}]
     try:
-        twin = copy.deepcopy(model)
+        twin = twin_of(model)
     except Exception as e:
         return [{"what": "undecided", "why": f"the model could not be copied ({type(e).__name__})"}]
     devices = sorted({t.device.index or 0 for t in tree_flatten((args, kwargs))[0]
                       if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
     with torch.random.fork_rng(devices=devices), torch.enable_grad():
         return _probe(twin, x, key, args, kwargs)
+
+
+def twin_of(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model``; where one fails (a recurrent state or an attention cache kept
+    on a module with its autograd history, which deepcopy refuses; a lock, a file or a data
+    loader held as an attribute), the copy detaches those tensors and shares the objects that
+    cannot be copied: the weights, buffers and modules are still the copy's own."""
+    try:
+        return copy.deepcopy(model)
+    except Exception:
+        pass
+    memo: dict[int, Any] = {}
+    for m in model.modules():
+        for name, value in vars(m).items():
+            if name in ("_parameters", "_buffers", "_modules") or id(value) in memo:
+                continue
+            if isinstance(value, torch.Tensor):
+                if not value.is_leaf:
+                    memo[id(value)] = value.detach().clone()
+                continue
+            try:
+                copy.deepcopy(value)
+            except Exception:
+                memo[id(value)] = value  # shared with the model: the probe does not change it
+    return copy.deepcopy(model, memo)
 
 
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",

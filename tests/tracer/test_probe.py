@@ -6,7 +6,9 @@ hooks not run by the copy."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -116,6 +118,32 @@ def test_what_the_probe_cannot_decide() -> None:
         {"what": "undecided", "why": "its first input is not a tensor"}]
     scalar = nn.Sequential(nn.Linear(4, 3), nn.Flatten(0))
     assert probe(scalar, (torch.randn(2, 4),), {})[0]["what"] == "undecided"
+
+
+class KeptState(nn.Module):
+    """A recurrent state kept on the module with its autograd history, and a lock: deepcopy
+    refuses both, as it refused 3 of 4 attention and recurrent models of a blind set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.GRU(4, 8, batch_first=True)
+        self.state: torch.Tensor | None = None
+        self.lock = threading.Lock()
+
+    def forward(self, x: torch.Tensor) -> Any:
+        out, self.state = self.rnn(x, None if self.state is None else self.state.detach() * 0)
+        return out
+
+
+def test_a_model_deepcopy_refuses_is_probed_all_the_same() -> None:
+    torch.manual_seed(0)
+    model = KeptState()
+    model(torch.randn(2, 5, 4))  # its state now has a history
+    with pytest.raises(RuntimeError):
+        copy.deepcopy(model)
+    facts = probe(model, (torch.randn(2, 5, 4),), {})
+    assert facts[0]["what"] != "undecided", facts
+    assert model.state is not None and model.state.grad_fn is not None  # left as it was
 
 
 class Counted(nn.Module):
