@@ -38,6 +38,7 @@ class ModelFacts:
     frozen: str | None = None  # "throughout", "in turns", "from", "until", "at" (see text)
     frozen_steps: list[int] = field(default_factory=list)  # the backward passes it was frozen
     called: bool = True  # the run called it (a twin known by its variable only: not)
+    recorded: bool = True  # called in a recorded step (else its calls were only watched)
     backward: bool = True  # a backward pass reached it
     no_grad_only: bool = False  # every call ran under torch.no_grad
     text: str = ""
@@ -129,8 +130,8 @@ def _reached(c: Collected, model: int, facts: ModelFacts) -> None:
     def ran(steps: dict[int, ModelFqns]) -> bool:
         return any(key[0] == model for keys in steps.values() for key in keys)
     facts.backward = ran(c.backward)
-    facts.no_grad_only = not ran(c.grad)
-    facts.called = not facts.no_grad_only or ran(c.no_grad)
+    facts.recorded = ran(c.grad) or ran(c.no_grad)  # a model record: it was called
+    facts.no_grad_only = facts.recorded and not ran(c.grad)
 
 
 def _twin(c: Collected, name: str, looks: dict[str, Looks], facts: ModelFacts) -> None:
@@ -175,6 +176,8 @@ def _text(c: Collected, f: ModelFacts) -> str:
         parts.append(_frozen_text(f))
     if not f.called:
         parts.append("never called")
+    elif not f.recorded:
+        parts.append("called only in steps not recorded (run --steps to record one of them)")
     elif not f.backward:
         parts.append("evaluated only, under torch.no_grad" if f.no_grad_only
                      else "evaluated only (no backward pass reached it)")

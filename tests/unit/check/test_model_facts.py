@@ -91,3 +91,14 @@ def test_many_models_are_capped_in_text_and_all_in_json(n: int) -> None:
     assert more == ([] if n <= MODELS_SHOWN else [said])
     assert [m["model"] for m in json.loads(to_json(report))["models"]] == [
         f"m{i}" for i in range(n)]
+
+
+def test_a_model_called_only_in_watched_steps_is_not_said_never_called(tmp_path: Path) -> None:
+    """Its model record says it was called; the recorded steps hold none of its calls (an
+    evaluation every 100 steps, after the recorded ones): nothing is claimed of those calls."""
+    sgd = signal("optimizer-steps", 0, optimizer="SGD", count=STEPS, after=list(range(STEPS)))
+    path = write_log(tmp_path / "log.jsonl", [chain() for _ in range(STEPS)], signals=[sgd],
+                     others=[("other", CHAIN)])
+    assert [m.text for m in run_checks(path).models] == [
+        TRAINED, "other (Net): stepped by no optimizer; called only in steps not recorded (run "
+        "--steps to record one of them)"]
