@@ -50,6 +50,7 @@ class FindingKind:
     NO_GRAD: Final[str] = "no-grad"
     NONFINITE_BACKWARD: Final[str] = "nonfinite-backward"
     NONFINITE_FORWARD: Final[str] = "nonfinite-forward"
+    NOT_OPTIMIZED: Final[str] = "not-optimized"
     PARAMS_RECREATED: Final[str] = "params-recreated"
     PROBE: Final[str] = "probe"
     SCALED_STEP: Final[str] = "scaled-step"

@@ -57,7 +57,7 @@ def not_held(c: Collected, s: Signal) -> list[Finding]:
     unfrozen = {name: step for name, step in unfrozen_at(c).items() if name[0] == s.model}
     if not s.detail.get("held"):
         return [Finding(
-            "not-optimized", WARNING, c.model_name(s.model), "", None,
+            FindingKind.NOT_OPTIMIZED, WARNING, c.model_name(s.model), "", None,
             f"no optimizer that steps holds any parameter of model '{c.model_name(s.model)}': "
             f"its {plural(len(missing), 'module')} with trainable parameters "
             f"({names_text(missing)}) get gradients and never train{twice_text(c)}",
@@ -70,7 +70,7 @@ def not_held(c: Collected, s: Signal) -> list[Finding]:
     thawed = [unfrozen[(s.model, name)] for name in missing if (s.model, name) in unfrozen]
     if thawed:
         return [Finding(
-            "not-optimized", WARNING, c.model_name(s.model), missing[0], min(thawed),
+            FindingKind.NOT_OPTIMIZED, WARNING, c.model_name(s.model), missing[0], min(thawed),
             f"{names_text(missing)} ({plural(len(missing), 'module')} of model "
             f"'{c.model_name(s.model)}') were unfrozen (requires_grad=True) at step "
             f"{min(thawed)}, but no optimizer that steps holds their parameters: they get "
@@ -81,7 +81,7 @@ def not_held(c: Collected, s: Signal) -> list[Finding]:
             "(optimizer.add_param_group({'params': module.parameters()})), or build it from "
             "all of model.parameters(): frozen ones get no gradient and are not updated")]
     return [Finding(
-        "not-optimized", WARNING, c.model_name(s.model), missing[0], None,
+        FindingKind.NOT_OPTIMIZED, WARNING, c.model_name(s.model), missing[0], None,
         f"no optimizer that steps holds the parameters of {names_text(missing)} "
         f"({plural(len(missing), 'module')} of model '{c.model_name(s.model)}'): they get "
         "gradients and never train" + outside_text(s.detail),

@@ -46,6 +46,7 @@ FINDINGS_OF_SIGNAL: dict[str, SignalFindings] = {
     SignalKind.SHARED_STORAGE: holds.shared_storage,
     SignalKind.STEPPED_TWICE: holds.stepped_twice,
     SignalKind.LOSS_VALUES: losses.diverged,
+    SignalKind.PARAMS_UNMOVED: updates.params_unmoved,
 }
 
 

@@ -126,3 +126,39 @@ def norms_at(c: Collected, model: int, step: int) -> dict[str, float | None]:
     records (empty without statistics)."""
     return {name: norm for m, names, norms in c.param_norms.get(step, []) if m == model
             for name, norm in zip(names, norms, strict=True)}
+
+
+def params_unmoved(c: Collected, s: Signal) -> list[Finding]:
+    """The parameter ledger's parameters that never moved (``params-unmoved``), where the
+    optimizer steps since say why: held by no optimizer that stepped (a bias left out of the
+    groups), or held but with no ``.grad`` at any of its steps (set to None between backward
+    and step). Not said again of a module another finding names (a module no optimizer holds,
+    a model whose weights never change), nor where the steps do not say why (an lr of 0 in a
+    warm-up, a zero gradient: other findings' to tell)."""
+    said = {t.model for t in c.signals if t.kind == SignalKind.WEIGHTS_UNCHANGED}
+    if s.model in said:
+        return []
+    optimizers = [t for t in c.signals if t.model == s.model and t.kind == SignalKind.OPTIMIZERS]
+    not_held = set(optimizers[-1].detail.get("not_held", [])) if optimizers else set()
+    params = [p for p in s.detail.get("params") or () if isinstance(p, dict)
+              and p.get("param", "").rpartition(".")[0] not in not_held]
+    free = [p for p in params if p.get("held") == 0]
+    cleared = [p for p in params if p.get("held", 0) > 0 and p.get("grads") == 0]
+    out = []
+    for found, cause, what, hint in (
+            (free, FindingKind.NOT_OPTIMIZED, "no optimizer that stepped holds them",
+             "add them to the optimizer (a parameter group left out: model.parameters(), not "
+             "a filtered list)"),
+            (cleared, FindingKind.GRADS_CLEARED, "their .grad was None at every optimizer step "
+             "that holds them (cleared between backward and step)",
+             "clear gradients before backward (optimizer.zero_grad()), not between backward "
+             "and step; a layer frozen on purpose for the first epochs trains after them")):
+        if found:
+            names = [p["param"] for p in found]
+            model = c.model_name(s.model)
+            out.append(Finding(
+                cause, WARNING, model, names[0].rpartition(".")[0], found[0].get("since"),
+                f"{names_text(names)} ({plural(len(names), 'parameter')} of model '{model}') "
+                f"never moved through {found[0].get('steps')} optimizer steps: {what}",
+                {"params": names[:20]}, hint))
+    return out

@@ -49,7 +49,7 @@ from hooktrace.hooks.records import (
     step_mode,
     wanting,
 )
-from hooktrace.hooks.stepping import OptimizerSteps
+from hooktrace.hooks.stepping import StepHooks
 from hooktrace.hooks.tensors import leaves, summarize
 from hooktrace.log.errors import LogWriteError, NonFiniteError
 from hooktrace.log.options import TraceOptions
@@ -132,7 +132,7 @@ class CallTracker:
         self._naming: Naming | None = None
         self._observers: list[Observer] = []
         self.zoom = OpZoom(self.fail)  # the op-level zoom into chosen calls: zooms none until told
-        self._optimizer_steps = OptimizerSteps()
+        self._optimizer_steps = StepHooks()
 
     def start(self, naming: Naming, observers: Sequence[Observer]) -> CallTracker:
         self._naming = naming

@@ -22,7 +22,7 @@ from torch.optim.optimizer import (
 from hooktrace.hooks.records import Observer, OptimizerStep, wanting
 
 
-class OptimizerSteps:
+class StepHooks:
     """Registered by ``start``, removed by ``stop``."""
 
     def __init__(self) -> None:

@@ -51,6 +51,7 @@ class SignalKind:
     TWINS: Final[str] = "twins"
     NONFINITE_INPUTS: Final[str] = "nonfinite-inputs"
     LOSS_VALUES: Final[str] = "loss-values"
+    PARAMS_UNMOVED: Final[str] = "params-unmoved"
 
 
 def kinds_of(namespace: type) -> tuple[str, ...]:
@@ -180,6 +181,13 @@ class Signal:
       NaN/Inf, ``fqn``, got them in its inputs too: ``detail.inputs``, [input index, nan, inf]
       each (args then kwargs; an input the call changed in place is not judged); the NaN/Inf was
       made before it, not by it. Found where the outputs are checked at once (on the host);
+    * ``params-unmoved``: when tracing stops, the parameter ledger's trainable parameters of a
+      model that never moved (their bits the same at every look: each recorded step's end and
+      the watched steps numbered by a power of two from 16) through two optimizer steps or
+      more since their first look: ``detail.params``, each ``param`` (its fqn in the model),
+      ``since`` (the step of its first look), ``steps`` (optimizer steps since), ``held`` (of
+      those, the steps of an optimizer that holds it) and ``grads`` (of those, the ones it had
+      a ``.grad`` at), the first 20 by name; ``detail.count`` in all; on the CPU only;
     * ``loss-values``: when tracing stops, the loss ledger's values of one group of models
       (``detail.models``, those the passes reached; ``model``, the first): the value each
       ``backward()`` started from (a one-element root), in recorded and watched steps,

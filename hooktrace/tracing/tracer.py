@@ -38,6 +38,7 @@ from hooktrace.observe.functions import FunctionCheck
 from hooktrace.observe.gradzeros import GradZeros
 from hooktrace.observe.halfupdates import HalfUpdates
 from hooktrace.observe.hookcount import HookCount
+from hooktrace.observe.ledger import ParamLedger
 from hooktrace.observe.lossgraph import LossGraph
 from hooktrace.observe.lossscale import LossScale
 from hooktrace.observe.lossterms import LossTerms
@@ -151,6 +152,7 @@ class Tracer:
         observers.append(self._loss_graph)
         observers.append(eager)
         observers.append(WeightChange(recorder.emit))
+        observers.append(ParamLedger(recorder.emit))
         observers.append(Twins(recorder.emit, naming.known, naming.model_name))
         observers.append(HalfUpdates(recorder.emit))
         observers.append(StepExplained(recorder.emit))
