@@ -35,18 +35,19 @@ class Steps:
         if text.strip() == "all":
             return cls(((0, None),), "all")
         ranges: list[tuple[int, int | None]] = []
-        for part in text.split(","):
+        # an empty item ("5," or "0:3,,9") is a stray comma: left out, never step 0
+        for part in filter(str.strip, text.split(",")):
             start_s, colon, stop_s = part.strip().partition(":")
             try:
                 start = int(start_s) if start_s.strip() else 0
                 stop = (int(stop_s) if stop_s.strip() else None) if colon else start + 1
             except ValueError:
-                raise HooktraceError(
-                    f"--steps {text!r}: expected steps like 0:3, 5 or 10: (comma-separated)"
-                ) from None
+                raise _unreadable_steps(text) from None
             if start < 0 or (stop is not None and stop <= start):
                 raise HooktraceError(f"--steps {text!r}: {part.strip()!r} selects no step")
             ranges.append((start, stop))
+        if not ranges:
+            raise _unreadable_steps(text)
         return cls(tuple(sorted(ranges, key=lambda r: r[0])), text.strip())
 
     @classmethod
@@ -68,6 +69,10 @@ class Steps:
         """The last selected step, None when the selection has no end."""
         stops = [stop for _, stop in self.ranges]
         return None if None in stops else max(s for s in stops if s is not None) - 1
+
+
+def _unreadable_steps(text: str) -> HooktraceError:
+    return HooktraceError(f"--steps {text!r}: expected steps like 0:3, 5 or 10: (comma-separated)")
 
 
 @dataclass(frozen=True, kw_only=True)
