@@ -27,7 +27,7 @@ from hooktrace.log.options import TraceOptions
 from hooktrace.log.reader import LogReader
 from hooktrace.log.words import plural
 from hooktrace.show.calls import depth_of
-from hooktrace.show.output import choose_format
+from hooktrace.show.output import cannot_write, choose_format, whole
 from hooktrace.show.owned import default_output
 from hooktrace.show.render.labels import shape_text
 
@@ -256,13 +256,9 @@ def write_rows(logs: Sequence[str | os.PathLike[str]], fmt: str | None = None,
         n = WRITERS[chosen](stream, rows(readers))
         return Exported(None, chosen, n, [w for r in readers for w in r.warnings])
     chosen, path = _output(paths, fmt, Path(output) if output is not None else None)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with temporary.open("w", encoding="utf-8", newline="") as f:
+        with whole(path) as temporary, temporary.open("w", encoding="utf-8", newline="") as f:
             n = WRITERS[chosen](f, rows(readers))
-        os.replace(temporary, path)
     except OSError as e:
-        raise HooktraceError(f"cannot write {path}: {e.strerror or e}") from None
-    finally:
-        temporary.unlink(missing_ok=True)
+        raise cannot_write(path, e) from None
     return Exported(path, chosen, n, [w for r in readers for w in r.warnings])
