@@ -13,7 +13,6 @@ is not is never touched.
 
 from __future__ import annotations
 
-import fnmatch
 import re
 import shutil
 import sys
@@ -34,6 +33,7 @@ from hooktrace.hooks.records import (
     PassEnd,
 )
 from hooktrace.log.errors import HooktraceError
+from hooktrace.log.options import selects
 from hooktrace.log.writer import capture_dir
 
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
@@ -73,8 +73,8 @@ class Capture:
         self.dir.mkdir(parents=True)
         (self.dir / _MARKER).write_text("tensors captured by hooktrace run --capture\n")
 
-    def matches(self, fqn: str) -> bool:
-        return any(fnmatch.fnmatchcase(fqn, p) for p in self._patterns)
+    def matches(self, fqn: str, cls: str) -> bool:
+        return selects(self._patterns, fqn, cls)
 
     def save(self, step: int, model: str, fqn: str, call: int, phase: str,
              tensors: Mapping[str, Sequence[torch.Tensor | None]]) -> None:
@@ -154,5 +154,5 @@ class CaptureObserver(Observer):
     def _captures(self, info: ModInfo) -> bool:
         match = self._matches.get(info)
         if match is None:
-            match = self._matches[info] = self._capture.matches(info.fqn)
+            match = self._matches[info] = self._capture.matches(info.fqn, info.cls)
         return match

@@ -25,7 +25,7 @@ from hooktrace.log.gradstat import norm
 from hooktrace.log.names import LogNames
 from hooktrace.log.options import TraceOptions
 from hooktrace.log.reader import LogReader
-from hooktrace.log.words import plural
+from hooktrace.log.words import ROOT, fqn_text, plural
 from hooktrace.show.calls import depth_of
 from hooktrace.show.output import cannot_write, choose_format, whole
 from hooktrace.show.owned import default_output
@@ -41,7 +41,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("step", "int", "the backward pass the event belongs to"),
     ("phase", "str", "forward or backward"),
     ("model", "str", "the top-level model's name"),
-    ("fqn", "str", "the module's name in named_modules(); empty for the model's root"),
+    ("fqn", "str", f"the module's name in named_modules(); {ROOT} for the model's root"),
     ("class", "str", "the module's class"),
     ("source", "str", "file:line of the class's forward (a class of yours; empty for torch's)"),
     ("depth", "int", "0 for the root, 1 for layer1, 2 for layer1.0"),
@@ -120,7 +120,8 @@ class _Rows:
         cls = self.classes.get((e.model, e.fqn), "?")
         row: dict[str, Any] = {
             "rank": self.rank, "seq": e.seq, "step": e.step, "phase": e.phase,
-            "model": self.models.get(e.model, str(e.model)), "fqn": e.fqn, "class": cls,
+            "model": self.models.get(e.model, str(e.model)), "fqn": fqn_text(e.fqn),
+            "class": cls,
             "source": self.sources.get(cls, ""), "depth": depth_of(e.fqn),
             "call": e.call, "recompute": e.recompute,
         }

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SAMPLES, hooktrace_cmd, read_log
+from helpers import SAMPLES, events, hooktrace_cmd, read_log
 from torch import nn
 
 import hooktrace
@@ -62,6 +62,24 @@ def test_capture_is_mentioned_by_run_and_check(tmp_path: Path) -> None:
     assert rendered.returncode == 0, rendered.stderr
     assert rendered.stderr.rstrip().endswith(
         f"; captured tensors: {tmp_path / 'log.capture'} (8 files)")
+
+
+def test_include_and_capture_by_class(tmp_path: Path) -> None:
+    """``Conv2d`` names every Conv2d (mnist's conv1 and conv2), ``Dropout`` every dropout;
+    ``conv*`` names fqns, and ``linear`` no class (case counts: a class is CamelCase)."""
+    log = tmp_path / "log.jsonl"
+    result = hooktrace_cmd("run", "-o", log, "--include", "Conv2d", "--include", "fc1",
+                           "--exclude", "Dropout", "--capture", "Conv2d",
+                           SAMPLES / "mnist_net.py", "--steps", "1")
+    assert result.returncode == 0, result.stderr
+    assert [e.fqn for e in events(log, "forward")] == ["conv1", "conv2", "fc1"]
+    assert sorted(p.name for p in (tmp_path / "log.capture" / "step0").iterdir()) == [
+        f"model.conv{i}.call0.{phase}.pt" for i in (1, 2) for phase in ("backward", "forward")]
+    by_fqn = tmp_path / "fqn.jsonl"
+    result = hooktrace_cmd("run", "-o", by_fqn, "--include", "conv*", "--include", "linear",
+                           SAMPLES / "mnist_net.py", "--steps", "1")
+    assert result.returncode == 0, result.stderr
+    assert [e.fqn for e in events(by_fqn, "forward")] == ["conv1", "conv2"]
 
 
 _GAN = """

@@ -156,6 +156,12 @@ def test_trace_options_rejects_max_events_below_one(bad: int, look_alike: int) -
 
 @pytest.mark.parametrize(("include", "exclude", "fqn", "matches"), [
     ((), (), "", True),
+    (("Conv2d",), (), "conv1", True),  # by class: every Conv2d (this module's class)
+    (("Conv*",), (), "features.0", True),
+    (("conv*",), (), "features.0", False),  # a class is CamelCase: conv* names fqns
+    (("Linear",), (), "conv1", False),
+    ((), ("Conv2d",), "conv1", False),
+    (("*",), ("Dropout",), "conv1", True),
     ((), (), "block.0.conv", True),
     (("fc*",), (), "fc1", True),
     (("fc*",), (), "conv1", False),
@@ -169,7 +175,8 @@ def test_trace_options_rejects_max_events_below_one(bad: int, look_alike: int) -
 ])
 def test_trace_options_matches(include: tuple[str, ...], exclude: tuple[str, ...], fqn: str,
                                matches: bool) -> None:
-    assert TraceOptions(include=include, exclude=exclude).matches(fqn) is matches
+    options = TraceOptions(include=include, exclude=exclude)
+    assert options.matches(fqn, "Conv2d") is matches
 
 
 def options_from_header(header: dict[str, Any]) -> dict[str, Any]:

@@ -118,6 +118,9 @@ def test_gradient_counts_run_as_the_shapes_do() -> None:
 @pytest.mark.parametrize(("module", "fqns"), [
     ("conv*", {"conv1", "conv2"}),
     ("fc1", {"fc1"}),
+    ("Conv2d", {"conv1", "conv2"}),  # by class
+    ("Drop*", {"dropout1", "dropout2"}),
+    ("Net", {"(root)"}),
     ("(root)", {"(root)"}),
     ("*", {"(root)", "conv1", "conv2", "dropout1", "dropout2", "fc1", "fc2"}),
 ])
