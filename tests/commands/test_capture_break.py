@@ -49,6 +49,25 @@ def test_capture_saves_forward_and_backward_tensors(log_path: Path) -> None:
     assert isinstance(end, schema.End) and end.captured == 4
 
 
+@pytest.mark.parametrize("inplace", [True, False])
+def test_capture_saves_the_input_an_in_place_module_overwrites(inplace: bool,
+                                                               tmp_path: Path) -> None:
+    """ReLU(inplace=True) writes its output over its input: the input saved is the one it was
+    given, negatives and all (before, the output twice); a ReLU not in place is the
+    look-alike."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(inplace=inplace))
+    x = torch.randn(3, 4)
+    log = tmp_path / "relu.jsonl"
+    with hooktrace.trace(log, model=net, capture=["1"]):
+        net(x).sum().backward()
+    saved = torch.load(tmp_path / "relu.capture" / "step0" / "net.1.call0.forward.pt")
+    given = net[0](x).detach()
+    assert (given < 0).any()
+    assert torch.equal(saved["inputs"][0], given)
+    assert torch.equal(saved["outputs"][0], given.clamp(min=0))
+
+
 def test_capture_is_mentioned_by_run_and_check(tmp_path: Path) -> None:
     log = tmp_path / "log.jsonl"
     result = hooktrace_cmd("run", "-o", log, "--capture", "fc*", SAMPLES / "mnist_net.py",
