@@ -60,7 +60,8 @@ def cli() -> None:
                    "NaN/Inf and modules that lose their gradient.")
 @click.option("--break-on", type=click.Choice(["nan"]),
               help="Stop at the first module whose output or backward is NaN/Inf: pdb opens "
-                   "there (or, without a terminal, an error is raised).")
+                   "at your line that called it (without a terminal, the program stops with "
+                   "one line).")
 @click.option("--capture", multiple=True, metavar="GLOB",
               help="Save inputs, outputs and gradients of modules whose fqn or class matches "
                    "(recorded steps) with torch.save into LOG's .capture folder, e.g. "
