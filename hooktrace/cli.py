@@ -45,9 +45,10 @@ def cli() -> None:
               show_default=True, help="Where to write the log (JSON lines).")
 @click.option("-m", "as_module", is_flag=True, help="Run TARGET as a module, like python -m.")
 @click.option("--include", multiple=True, metavar="GLOB",
-              help="Record only modules whose fqn matches (repeatable), e.g. 'layer4*'.")
+              help="Record only modules whose fqn or class matches (repeatable), e.g. "
+                   "'layer4*' or 'Conv2d'.")
 @click.option("--exclude", multiple=True, metavar="GLOB",
-              help="Do not record modules whose fqn matches (repeatable).")
+              help="Do not record modules whose fqn or class matches (repeatable).")
 @click.option("--steps", metavar="RANGES", default=DEFAULTS.steps.text, show_default=True,
               help="Steps (backward passes) to record in full, e.g. 0:3, 0,100:102, or all.")
 @click.option("--max-events", type=click.IntRange(min=1), default=DEFAULTS.max_events,
@@ -59,10 +60,12 @@ def cli() -> None:
                    "NaN/Inf and modules that lose their gradient.")
 @click.option("--break-on", type=click.Choice(["nan"]),
               help="Stop at the first module whose output or backward is NaN/Inf: pdb opens "
-                   "there (or, without a terminal, an error is raised).")
+                   "at your line that called it (without a terminal, the program stops with "
+                   "one line).")
 @click.option("--capture", multiple=True, metavar="GLOB",
-              help="Save inputs, outputs and gradients of matching modules (recorded steps) "
-                   "with torch.save into LOG's .capture folder, e.g. 'layer4*'.")
+              help="Save inputs, outputs and gradients of modules whose fqn or class matches "
+                   "(recorded steps) with torch.save into LOG's .capture folder, e.g. "
+                   "'layer4*' or 'Conv2d'.")
 @click.option("--capture-max-mb", type=click.IntRange(min=1), default=DEFAULTS.capture_max_mb,
               show_default=True,
               help="Stop capturing once the saved tensors reach this size.")
@@ -170,8 +173,8 @@ def render_command(logs: tuple[Path, ...], rank: int | None, output: Path | None
               show_default=True, help="The events to show.")
 @click.option("--model", metavar="NAME", help="Show this model only (as named in the log).")
 @click.option("--module", metavar="GLOB",
-              help=f"Show the modules whose fqn matches only, e.g. 'layer4*' ('{ROOT}': a model's "
-                   "root).")
+              help=f"Show the modules whose fqn or class matches only, e.g. 'layer4*' or "
+                   f"'Conv2d' ('{ROOT}': a model's root).")
 @click.option("--limit", type=click.IntRange(min=0), default=100, show_default=True,
               help="Print at most this many events; 0 prints them all.")
 @click.option("--edges", is_flag=True,

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
 
@@ -60,11 +61,12 @@ def venv(path: Path, *sees: Path) -> Path:
     return python
 
 
-def dependencies_only(dest: Path) -> Path:
-    """A folder holding hooktrace's dependencies (links into this interpreter's site-packages,
-    their metadata included, so that pip finds them installed), and not torch."""
+def dependencies_only(dest: Path, names: Iterable[str] = DEPENDENCIES) -> Path:
+    """A folder holding the distributions ``names`` (default: hooktrace's dependencies, and
+    not torch): links into this interpreter's site-packages, their metadata included, so that
+    pip finds them installed."""
     dest.mkdir(parents=True)
-    for name in DEPENDENCIES:
+    for name in names:
         dist = metadata.distribution(name)
         tops = {Path(str(f)).parts[0] for f in dist.files or []} - {"..", "bin"}
         for top in tops:
@@ -74,8 +76,9 @@ def dependencies_only(dest: Path) -> Path:
     return dest
 
 
-def pip(python: Path, *args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
+def pip(python: Path, *args: str | os.PathLike[str], cwd: Path | None = None
+        ) -> subprocess.CompletedProcess[str]:
     """``pip ARGS`` into the environment of ``python``, offline (``--no-index``)."""
     return subprocess.run([sys.executable, "-m", "pip", "--python", str(python), *map(str, args),
                            "--no-index", "--disable-pip-version-check", "-q"],
-                          capture_output=True, text=True, timeout=300, env=clean_env())
+                          capture_output=True, text=True, timeout=300, env=clean_env(), cwd=cwd)

@@ -36,7 +36,7 @@ from hooktrace.log.decoder import Rows
 from hooktrace.log.discovery import open_ranks
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.reader import LogReader
-from hooktrace.log.words import fqn_text, plural
+from hooktrace.log.words import fqn_text, plural, ranges
 from hooktrace.log.writer import capture_dir
 
 
@@ -55,13 +55,16 @@ def check_collected(collected: Collected, step: int | None = None,
     path = collected.log if path is None else path
     if step is not None and step not in collected.steps_seen | collected.backward_steps:
         seen = sorted(collected.steps_seen | collected.backward_steps)
-        have = f"{seen[0]}-{seen[-1]}" if seen else "none"
+        have = ranges(seen) if seen else "none"
         raise HooktraceError(f"no step {step} in {path}; its steps: {have}")
     summary = summary_of(collected, thresholds)
     findings = judge(summary)
+    if step is not None:  # signals are kept whole (what holds, as the optimizers of a model):
+        # what they say happened after the step asked for is no finding of it
+        findings = [f for f in findings if f.step is None or f.step <= step]
     c = summary.c  # settled: an unfinished backward's step is not counted
     events = c.end.events if c.end else c.events  # without an end record: what the log holds
-    steps = c.end.steps if c.end and step is None else len(c.backward_steps)
+    steps = 1 if step is not None else c.end.steps if c.end else len(c.backward_steps)
     captured = None
     if c.end is not None and c.end.captured:
         captured = f"{capture_dir(Path(path))} ({plural(c.end.captured, 'file')})"

@@ -116,15 +116,15 @@ class Collector:
                     self._judge_call(step, seq, index, call, True, ins, outs)
 
     def _backwards(self, rows: BackwardRows) -> None:
-        """Backward rows: into the lists of their step."""
-        ids, only, trainable, judged = self._index_of_id, self._only_step, self._trainable, \
-            self._judged
+        """Backward rows: into the lists of their step (--step: and its calls' later backward)."""
+        ids, only, trainable, judged, step_of = self._index_of_id, self._only_step, \
+            self._trainable, self._judged, self._step_of_forward.get
         calls, fwds, modules, norms = self._backward_calls, self._backward_fwds, \
             self._profile_modules, self._profile_norms
         for _, step, module, call, fwd, _, _, in_stats, out_stats, more in rows:
             if step != self._backwards_step:
                 self._start_backward_step(step)
-            if only is None or step == only:
+            if only is None or step == only or step_of(fwd, self._forwards_step) == only:
                 index = ids[module] if module in ids else self._id(module)
                 calls.append(index)
                 fwds.append(fwd)
@@ -158,6 +158,7 @@ class Collector:
             if self._wanted(r.step):
                 self._param_grads(r)
         elif type(r) is schema.Anomaly:
+            self.c.steps_seen.add(r.step)  # a watched step: what went wrong is all it writes
             if self._wanted(r.step) and r.kind == schema.AnomalyKind.NO_GRAD:
                 self.c.lost_gradient.setdefault((r.model, r.fqn), []).append(r.step)
                 self.c.lost_detail.setdefault((r.model, r.fqn), r.detail)

@@ -233,7 +233,8 @@ def diff(a: str | os.PathLike[str], b: str | os.PathLike[str], step: int | None 
         raise HooktraceError(f"{a} and {b} have different log schemas "
                              f"({readers[0].header.schema}, {readers[1].header.schema})")
     report = DiffReport(str(a), str(b), rtol, atol)
-    stats = [TraceOptions.from_header(r.header).stats for r in readers]
+    options = [TraceOptions.from_header(r.header) for r in readers]
+    stats = [o.stats for o in options]
     compare = _Comparison(report, numbers=all(stats))
     walks = (Walk(readers[0]), Walk(readers[1]))
     only: dict[str, list[int]] = {"A": [], "B": []}
@@ -247,8 +248,11 @@ def diff(a: str | os.PathLike[str], b: str | os.PathLike[str], step: int | None 
             elif records is not None:
                 whole[run].append(number)
         if in_a is None or in_b is None:
-            only["A" if in_b is None else "B"].append(number)
-            continue
+            lacking = 0 if in_a is None else 1
+            if not _watched_clean(walks[lacking], options[lacking], in_a or in_b):
+                only["A" if in_b is None else "B"].append(number)
+                continue
+            in_a, in_b = in_a or StepRecords(number), in_b or StepRecords(number)
         if in_a.cut_off or in_b.cut_off:  # an unfinished step: what it lacks is no difference
             continue
         _select(in_a, model)
@@ -260,6 +264,17 @@ def diff(a: str | os.PathLike[str], b: str | os.PathLike[str], step: int | None 
     report.growth = compare.growth.profile()
     report.warnings = [w for r in readers for w in r.warnings]
     return report
+
+
+def _watched_clean(walk: Walk, options: TraceOptions, other: StepRecords | None) -> bool:
+    """Whether the run of ``walk`` watched the step the other run has ``other`` of, a watched
+    step of its own (anomalies only), and found nothing: a healthy watched step leaves no
+    record. It ran that step when it has records of a later one, or its end says so."""
+    assert other is not None
+    step, end = other.step, walk.reader.end
+    return (not other.events and not other.params and options.watch
+            and step not in options.steps
+            and (walk.reached > step or (end is not None and end.steps > step)))
 
 
 def _select(records: StepRecords, model: str | None) -> None:

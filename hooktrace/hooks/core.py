@@ -25,6 +25,7 @@ import os
 import sys
 import threading
 import weakref
+from bdb import BdbQuit
 from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import Any
@@ -181,8 +182,7 @@ class CallTracker:
         if isinstance(error, LogWriteError):
             if first:
                 self.error = str(error)
-                print(f"hooktrace: {error}; tracing stopped (your script goes on)",
-                      file=sys.stderr)
+                print(f"hooktrace: {error}; tracing stopped (your script goes on)", file=sys.stderr)
             if self._options.strict:
                 raise error
             return
@@ -279,8 +279,8 @@ class CallTracker:
                 for t in leaves(output)[0]:
                     if t.requires_grad and t.grad_fn is not None:
                         self._grads.attach(t)
-        except NonFiniteError:
-            raise  # --break-on nan: stopping the program is what the user asked for
+        except (NonFiniteError, BdbQuit):
+            raise  # --break-on nan: stopping the program is what the user asked for (pdb's q)
         except Exception as e:
             self.fail(e)
         return None

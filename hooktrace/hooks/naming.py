@@ -160,7 +160,7 @@ class Naming:
     def __init__(
         self,
         emit: Callable[[schema.Model | schema.Module], None],
-        matches: Callable[[str], bool],
+        matches: Callable[[str, str], bool],  # (fqn, class name): traced
         scope: Sequence[nn.Module] | None = None,
     ) -> None:
         self._emit = emit
@@ -235,7 +235,8 @@ class Naming:
                 info.ref = weakref.ref(module)  # a module built anew in each forward: same name
                 info.trainable = _trainable_count(module)
             else:
-                info = ModInfo(model, fqn, type(module).__name__, self._matches(fqn),
+                cls = type(module).__name__
+                info = ModInfo(model, fqn, cls, self._matches(fqn, cls),
                                weakref.ref(module), params > 0, _trainable_count(module))
                 self._by_fqn[(model, fqn)] = info
                 if info.has_params and info.traced:
@@ -272,7 +273,8 @@ class Naming:
         if alias is None or alias.cls != known.cls:
             # traced when either name is asked for: ``--include 'net*'`` still records the
             # backbone that a wrapper calls as ``online_encoder.net``
-            alias = ModInfo(known.model, fqn, known.cls, known.traced or self._matches(fqn),
+            alias = ModInfo(known.model, fqn, known.cls,
+                            known.traced or self._matches(fqn, known.cls),
                             known.ref, False)
             self._by_fqn[(known.model, fqn)] = alias
         alias.ref = known.ref

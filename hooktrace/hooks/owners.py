@@ -71,6 +71,12 @@ def _user_frames(skip: tuple[str, ...], limit: int = 4) -> Iterator[FrameType]:
         frame = frame.f_back
 
 
+def caller_frame() -> FrameType | None:
+    """The innermost calling frame outside torch and hooktrace: the code that called the module
+    whose hook runs (its parent's ``forward``, a library's, or the script)."""
+    return next(_user_frames(_TRACER_DIRS, 1), None)
+
+
 def variable_name(module: nn.Module) -> str | None:
     """The name the calling code has for ``module`` (``generator``, ``self.teacher``), if any.
 

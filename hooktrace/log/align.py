@@ -94,6 +94,7 @@ class Walk:
         self.modules: dict[str, dict[str, ModuleInfo]] = {}
         self._names: dict[int, tuple[str, str]] = {}  # module id -> (model name, fqn)
         self._closed = -1  # the last step a step record closed
+        self.reached = -1  # the largest step it has read a record of: the run got that far
 
     def steps(self) -> Iterator[StepRecords]:
         """The log's steps in file order: each run of consecutive records of one step (events,
@@ -117,14 +118,14 @@ class Walk:
                     if row[1] != current.step:
                         if current.step >= 0:
                             yield current
-                        current = StepRecords(row[1])
+                        current = self._begin(row[1])
                     current.events.append(event)
                     current.nonfinite = current.nonfinite or (nonfinite and _nonfinite(row))
             elif isinstance(item, (schema.ParamGrads, schema.Anomaly)):
                 if item.step != current.step:
                     if current.step >= 0:
                         yield current
-                    current = StepRecords(item.step)
+                    current = self._begin(item.step)
                 self._add(current, item)
             else:
                 self._declare(item)
@@ -141,6 +142,10 @@ class Walk:
                     flow=self.reader.flow):
                 self._feed(item)
         self._items = iter(())
+
+    def _begin(self, step: int) -> StepRecords:
+        self.reached = max(self.reached, step)
+        return StepRecords(step)
 
     def _add(self, current: StepRecords, item: schema.ParamGrads | schema.Anomaly) -> None:
         if isinstance(item, schema.ParamGrads):

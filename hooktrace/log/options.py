@@ -1,4 +1,5 @@
-"""What to record: fqn filters, the steps to record and a cap on events. Standard library only.
+"""What to record: module filters (by fqn or class), the steps to record and a cap on events.
+Standard library only.
 
 ``TraceOptions`` is the one home of the trace options: their defaults (which ``hooktrace run``'s
 flags and ``hooktrace.trace``'s keywords show), the user's values read in (``from_flags``), and
@@ -35,18 +36,19 @@ class Steps:
         if text.strip() == "all":
             return cls(((0, None),), "all")
         ranges: list[tuple[int, int | None]] = []
-        for part in text.split(","):
+        # an empty item ("5," or "0:3,,9") is a stray comma: left out, never step 0
+        for part in filter(str.strip, text.split(",")):
             start_s, colon, stop_s = part.strip().partition(":")
             try:
                 start = int(start_s) if start_s.strip() else 0
                 stop = (int(stop_s) if stop_s.strip() else None) if colon else start + 1
             except ValueError:
-                raise HooktraceError(
-                    f"--steps {text!r}: expected steps like 0:3, 5 or 10: (comma-separated)"
-                ) from None
+                raise _unreadable_steps(text) from None
             if start < 0 or (stop is not None and stop <= start):
                 raise HooktraceError(f"--steps {text!r}: {part.strip()!r} selects no step")
             ranges.append((start, stop))
+        if not ranges:
+            raise _unreadable_steps(text)
         return cls(tuple(sorted(ranges, key=lambda r: r[0])), text.strip())
 
     @classmethod
@@ -70,16 +72,27 @@ class Steps:
         return None if None in stops else max(s for s in stops if s is not None) - 1
 
 
+def selects(globs: Sequence[str], fqn: str, cls: str) -> bool:
+    """Whether one of ``globs`` (``--include``, ``--exclude``, ``--capture``) names a module:
+    matches its fqn (``layer4*``) or its class name (``Conv2d``: every one). Case counts:
+    fqns are attribute names, classes CamelCase, so ``conv*`` is never ``Conv2d``."""
+    return any(fnmatch.fnmatchcase(fqn, g) or fnmatch.fnmatchcase(cls, g) for g in globs)
+
+
+def _unreadable_steps(text: str) -> HooktraceError:
+    return HooktraceError(f"--steps {text!r}: expected steps like 0:3, 5 or 10: (comma-separated)")
+
+
 @dataclass(frozen=True, kw_only=True)
 class TraceOptions:
-    include: Sequence[str] = ()  # fqn globs; empty = every module
+    include: Sequence[str] = ()  # fqn or class globs (``selects``); empty = every module
     exclude: Sequence[str] = ()
     steps: Steps = field(default_factory=lambda: Steps.parse(DEFAULT_STEPS))
     max_events: int = DEFAULT_MAX_EVENTS
     stats: bool = True  # gradient norms, NaN/Inf checks, parameter-gradient norms
     watch: bool = True  # after the recorded steps, write anomaly records (needs stats)
     break_on_nan: bool = False  # stop at the first module producing NaN/Inf (pdb, or raise)
-    capture: Sequence[str] = ()  # fqn globs whose calls' tensors are saved next to the log
+    capture: Sequence[str] = ()  # fqn or class globs whose calls' tensors are saved beside the log
     capture_max_mb: int = DEFAULT_CAPTURE_MAX_MB  # stop capturing past this size
     strict: bool = False  # a failed log write is raised into the program instead of stopping
     ops: Sequence[str] = ()  # fqn globs whose calls' tensor operations are recorded (--ops)
@@ -97,10 +110,11 @@ class TraceOptions:
         """Module calls may be left out by ``--include``/``--exclude``."""
         return bool(self.include or self.exclude)
 
-    def matches(self, fqn: str) -> bool:
-        if self.include and not any(fnmatch.fnmatchcase(fqn, p) for p in self.include):
+    def matches(self, fqn: str, cls: str) -> bool:
+        """Whether ``--include``/``--exclude`` trace the module ``fqn`` of class ``cls``."""
+        if self.include and not selects(self.include, fqn, cls):
             return False
-        return not any(fnmatch.fnmatchcase(fqn, p) for p in self.exclude)
+        return not selects(self.exclude, fqn, cls)
 
     @classmethod
     def from_flags(cls, *, include: Sequence[str], exclude: Sequence[str], steps: str | None,

@@ -36,12 +36,20 @@ def encode_number(x: float) -> float | str:
     """4 significant digits (enough to compare magnitudes, and lines stay short). JSON has no
     NaN/Inf: they are written as the strings "nan", "inf", "-inf"."""
     if math.isfinite(x):
-        return float(f"{x:.4g}")
+        rounded = float(f"{x:.4g}")
+        return rounded if math.isfinite(rounded) else x  # near float max, rounding gives inf
     return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
 
 
 def _hashable(shapes: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(None if s is None else tuple(s) for s in shapes)
+
+
+def _all_from_the_call_before(inputs: Sequence[Sequence[int]], seq: int) -> bool:
+    """Whether every input came from the call written just before, alone: counted in C, for
+    the tracer's tuples and for the lists a reader gives (a log read and written again)."""
+    n = len(inputs)
+    return inputs.count((seq - 1,)) == n or inputs.count([seq - 1]) == n
 
 
 def sources(e: ForwardEvent, d: dict[str, Any]) -> None:
@@ -51,7 +59,7 @@ def sources(e: ForwardEvent, d: dict[str, Any]) -> None:
     or a list (several)."""
     seq, inputs = e.seq, e.inputs_from
     assert inputs is not None
-    if inputs.count((seq - 1,)) != len(inputs):  # tuples, as the tracer makes them
+    if not _all_from_the_call_before(inputs, seq):
         d["from"] = [seq - calls[0] if len(calls) == 1 else [seq - s for s in calls] if calls
                      else None for calls in inputs]
     if e.made:
@@ -161,7 +169,7 @@ class Encoder:
         if e.output_nonfinite:
             d["output_nonfinite"] = e.output_nonfinite
         if (inputs := e.inputs_from) is not None and (
-                e.made or e.from_out or inputs.count((e.seq - 1,)) != len(inputs)):
+                e.made or e.from_out or not _all_from_the_call_before(inputs, e.seq)):
             sources(e, d)  # not when every input came from the call just before
         out.append(d)
         return out

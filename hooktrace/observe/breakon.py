@@ -1,21 +1,26 @@
 """``--break-on nan``: stop the program at the first module that produces NaN/Inf.
 
-In a forward, pdb opens in ``_break_nonfinite`` with the module and its tensors in reach (without
-a terminal, ``NonFiniteError`` is raised); in a backward, the first call whose input gradient is
-NaN/Inf while every gradient reaching it was finite raises ``NonFiniteError``. It stops once.
+In a forward, pdb opens in the user's code, at the line that called the module (the innermost
+frame outside torch and hooktrace): its commands act as at a breakpoint there, ``q`` ends the
+program with ``BdbQuit`` as pdb's does. Without a terminal, ``NonFiniteError`` is raised: the
+program stops, as it would have at the prompt. In a backward, the first call whose input
+gradient is NaN/Inf while every gradient reaching it was finite raises ``NonFiniteError``. It
+stops once.
 """
 
 from __future__ import annotations
 
 import math
 import sys
+from types import FrameType
 from typing import Any
 
 import torch
-from torch import nn
 
 from hooktrace.hooks.naming import ModInfo
+from hooktrace.hooks.owners import caller_frame
 from hooktrace.hooks.records import BackwardStart, ForwardEnd, Mode, Observer, PassEnd
+from hooktrace.hooks.sites import shown
 from hooktrace.log.errors import NonFiniteError
 from hooktrace.log.words import fqn_text
 from hooktrace.observe.outputs import OutputCheck
@@ -42,8 +47,7 @@ class BreakOnNonfinite(Observer):
         if found:
             self._armed = False
             call = end.call
-            _break_nonfinite(call.step, end.start.module, call.info, end.args, end.kwargs,
-                             end.output, found)
+            _break_nonfinite(call.step, call.info, found)
 
     def grad_output(self, start: BackwardStart, index: int, grad: torch.Tensor) -> None:
         if self._armed and not self._finite(start, grad):
@@ -69,17 +73,37 @@ class BreakOnNonfinite(Observer):
         return numbers[0] is None or math.isfinite(numbers[0][0])
 
 
-def _break_nonfinite(step: int, module: nn.Module, info: ModInfo, inputs: tuple[Any, ...],
-                     kwargs: dict[str, Any], output: Any, found: list[list[int]]) -> None:
-    """--break-on nan: open pdb here, with the module and its tensors in reach; without a
+def _break_nonfinite(step: int, info: ModInfo, found: list[list[int]]) -> None:
+    """--break-on nan: open pdb at the user's line that called the module; without a
     terminal, raise instead."""
-    where = ", ".join(f"output {i}: {nan} NaN, {inf} Inf" for i, nan, inf in found)
+    counts = ", ".join(f"output {i}: {nan} NaN, {inf} Inf" for i, nan, inf in found)
+    frame = caller_frame()
+    line = "" if frame is None else f" called at {shown(frame.f_code.co_filename)}:{frame.f_lineno}"
     message = (f"hooktrace --break-on nan: {info_label(info)} produced NaN/Inf at step {step} "
-               f"({where})")
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        raise NonFiniteError(message)
-    print(f"{message}\nhooktrace: in reach: module, inputs, kwargs, output; 'c' continues",
-          file=sys.stderr)
+               f"({counts}){line}")
+    if frame is None or not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise NonFiniteError(f"{message}; no terminal for pdb: the program stops")
+    print(f"{message}\nhooktrace: pdb at that line, its output not yet assigned: 'n' runs the "
+          "line, 'c' goes on, 'q' quits", file=sys.stderr)
+    _debug_at(frame)
+
+
+def _debug_at(frame: FrameType) -> None:
+    """pdb at ``frame`` now, as at a breakpoint there: ``Bdb.set_trace`` would stop at the next
+    event, in hooktrace's or torch's code still running. Its commands act when the prompt
+    closes: stepping traces from there, ``q`` raises ``BdbQuit`` into the program."""
+    import bdb
     import pdb
 
-    pdb.Pdb().set_trace()
+    debugger = pdb.Pdb(skip=["hooktrace", "hooktrace.*"])
+    debugger.reset()
+    outer: FrameType | None = frame
+    while outer is not None:  # as set_trace does: the frames it may stop in, to the bottom
+        outer.f_trace = debugger.trace_dispatch
+        debugger.botframe = outer
+        outer = outer.f_back
+    debugger.interaction(frame, None)
+    if debugger.quitting:
+        raise bdb.BdbQuit
+    if debugger.stoplineno != -1 or debugger.breaks:  # not 'c' without breakpoints
+        sys.settrace(debugger.trace_dispatch)

@@ -4,16 +4,17 @@ For each recorded call of a matching module:
 ``<log>.capture/step<S>/<model>.<fqn>.call<C>.forward.pt`` (``<model>.call<C>...`` for a model's
 root) holds ``{"inputs": [...], "outputs": [...]}`` and ``...backward.pt`` holds
 ``{"grad_inputs": [...], "grad_outputs": [...]}``: detached CPU copies, in the order of the log's
-shape lists (None where no gradient flowed). The model is in the name: a GAN's ``netG`` and
-``netD`` both have a module ``0``. A name that two calls would share (characters a file name
-cannot hold, made ``_``) gets ``-2``, ``-3``: no file is written over. A size cap bounds the
-folder; past it, capturing stops with a note. The folder is marked as hooktrace's, and one that
-is not is never touched.
+shape lists (None where no gradient flowed), each made when the tensor is seen: the inputs as
+the call begins (an in-place forward, ``ReLU(inplace=True)``, overwrites them; keyword
+arguments are seen only as it ends), the outputs as it returns. The model is in the name: a
+GAN's ``netG`` and ``netD`` both have a module ``0``. A name that two calls would share
+(characters a file name cannot hold, made ``_``) gets ``-2``, ``-3``: no file is written over. A
+size cap bounds the folder; past it, capturing stops with a note. The folder is marked as
+hooktrace's, and one that is not is never touched.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import re
 import shutil
 import sys
@@ -34,6 +35,7 @@ from hooktrace.hooks.records import (
     PassEnd,
 )
 from hooktrace.log.errors import HooktraceError
+from hooktrace.log.options import selects
 from hooktrace.log.writer import capture_dir
 
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
@@ -73,11 +75,12 @@ class Capture:
         self.dir.mkdir(parents=True)
         (self.dir / _MARKER).write_text("tensors captured by hooktrace run --capture\n")
 
-    def matches(self, fqn: str) -> bool:
-        return any(fnmatch.fnmatchcase(fqn, p) for p in self._patterns)
+    def matches(self, fqn: str, cls: str) -> bool:
+        return selects(self._patterns, fqn, cls)
 
     def save(self, step: int, model: str, fqn: str, call: int, phase: str,
              tensors: Mapping[str, Sequence[torch.Tensor | None]]) -> None:
+        """Save ``tensors``, copies of the call's made when they were seen (``_copy``)."""
         if self.full:
             return
         size = sum(t.numel() * t.element_size() for ts in tensors.values() for t in ts
@@ -92,7 +95,7 @@ class Capture:
         folder = self.dir / f"step{step}"
         folder.mkdir(exist_ok=True)
         data: dict[str, Any] = {"model": model, "module": fqn, "step": step, "call": call}
-        data.update({key: _copy(ts) for key, ts in tensors.items()})
+        data.update(tensors)
         name = _safe(model) + (f".{_safe(fqn)}" if fqn else "") + f".call{call}.{phase}"
         path, n = folder / f"{name}.pt", 1
         while path.exists():  # another module whose name is made the same
@@ -110,13 +113,15 @@ class CaptureObserver(Observer):
         self._capture = capture
         self._model_name = model_name  # a model's index -> its name in the log
         self._matches: dict[ModInfo, bool] = {}
-        self._inputs: dict[ForwardStart, list[torch.Tensor]] = {}  # calls running
+        self._inputs: dict[ForwardStart, list[torch.Tensor | None]] = {}  # calls running
         self._grads: dict[ForwardCall, dict[str, list[torch.Tensor | None]]] = {}
         self._in_pass: list[ForwardCall] = []  # calls holding gradients to save at the pass end
 
     def forward_start(self, start: ForwardStart) -> None:
-        if start.mode is Mode.RECORDED and self._captures(start.info):
-            self._inputs[start] = list(start.inputs)
+        if start.mode is Mode.RECORDED and not self._capture.full \
+                and self._captures(start.info):
+            # copied now: an in-place forward (ReLU(inplace=True)) overwrites its input
+            self._inputs[start] = _copy(start.inputs)
 
     def forward_end(self, end: ForwardEnd) -> None:
         inputs = self._inputs.pop(end.start, None)
@@ -125,7 +130,7 @@ class CaptureObserver(Observer):
         call = end.call
         self._capture.save(call.step, self._model_name(call.info.model), call.info.fqn,
                            call.call_index, "forward", {
-            "inputs": [*inputs, *end.kw_inputs], "outputs": list(end.outputs)})
+            "inputs": [*inputs, *_copy(end.kw_inputs)], "outputs": _copy(end.outputs)})
         self._grads[call] = {"grad_inputs": [None] * call.n_in,
                              "grad_outputs": [None] * call.n_out}
 
@@ -154,5 +159,5 @@ class CaptureObserver(Observer):
     def _captures(self, info: ModInfo) -> bool:
         match = self._matches.get(info)
         if match is None:
-            match = self._matches[info] = self._capture.matches(info.fqn)
+            match = self._matches[info] = self._capture.matches(info.fqn, info.cls)
         return match

@@ -25,9 +25,9 @@ from hooktrace.log.gradstat import norm
 from hooktrace.log.names import LogNames
 from hooktrace.log.options import TraceOptions
 from hooktrace.log.reader import LogReader
-from hooktrace.log.words import plural
+from hooktrace.log.words import ROOT, fqn_text, plural
 from hooktrace.show.calls import depth_of
-from hooktrace.show.output import choose_format
+from hooktrace.show.output import cannot_write, choose_format, whole
 from hooktrace.show.owned import default_output
 from hooktrace.show.render.labels import shape_text
 
@@ -41,7 +41,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("step", "int", "the backward pass the event belongs to"),
     ("phase", "str", "forward or backward"),
     ("model", "str", "the top-level model's name"),
-    ("fqn", "str", "the module's name in named_modules(); empty for the model's root"),
+    ("fqn", "str", f"the module's name in named_modules(); {ROOT} for the model's root"),
     ("class", "str", "the module's class"),
     ("source", "str", "file:line of the class's forward (a class of yours; empty for torch's)"),
     ("depth", "int", "0 for the root, 1 for layer1, 2 for layer1.0"),
@@ -120,7 +120,8 @@ class _Rows:
         cls = self.classes.get((e.model, e.fqn), "?")
         row: dict[str, Any] = {
             "rank": self.rank, "seq": e.seq, "step": e.step, "phase": e.phase,
-            "model": self.models.get(e.model, str(e.model)), "fqn": e.fqn, "class": cls,
+            "model": self.models.get(e.model, str(e.model)), "fqn": fqn_text(e.fqn),
+            "class": cls,
             "source": self.sources.get(cls, ""), "depth": depth_of(e.fqn),
             "call": e.call, "recompute": e.recompute,
         }
@@ -256,13 +257,9 @@ def write_rows(logs: Sequence[str | os.PathLike[str]], fmt: str | None = None,
         n = WRITERS[chosen](stream, rows(readers))
         return Exported(None, chosen, n, [w for r in readers for w in r.warnings])
     chosen, path = _output(paths, fmt, Path(output) if output is not None else None)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with temporary.open("w", encoding="utf-8", newline="") as f:
+        with whole(path) as temporary, temporary.open("w", encoding="utf-8", newline="") as f:
             n = WRITERS[chosen](f, rows(readers))
-        os.replace(temporary, path)
     except OSError as e:
-        raise HooktraceError(f"cannot write {path}: {e.strerror or e}") from None
-    finally:
-        temporary.unlink(missing_ok=True)
+        raise cannot_write(path, e) from None
     return Exported(path, chosen, n, [w for r in readers for w in r.warnings])

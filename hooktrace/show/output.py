@@ -1,13 +1,14 @@
 """An output file of ``render``, ``view`` and ``export``: its format (``choose_format``, one
-chooser for the three), and writing it whole, never over the log it was read from
-(``write_file``). Default names that never replace a file hooktrace did not write:
+chooser for the three), and writing it whole (``whole``), never over the log it was read
+from (``write_file``). Default names that never replace a file hooktrace did not write:
 ``show/owned.py``.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from hooktrace.log.errors import HooktraceError
@@ -42,6 +43,25 @@ def refuse_log(path: Path, log: Path) -> None:
                              "give another output path")
 
 
+@contextmanager
+def whole(target: Path) -> Iterator[Path]:
+    """A temporary file beside ``target`` for the block to write: it replaces ``target`` when
+    the block ends, and is removed when the block fails. A failure to remove it (a read-only
+    folder, where it was never made) never hides the error that stopped the block."""
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        yield temporary
+        os.replace(temporary, target)
+    finally:
+        with suppress(OSError):
+            temporary.unlink(missing_ok=True)
+
+
+def cannot_write(path: Path, error: OSError) -> HooktraceError:
+    """The one line of an output that could not be written."""
+    return HooktraceError(f"cannot write {path}: {error.strerror or error}")
+
+
 def write_file(path: Path, data: bytes, log: Path) -> None:
     """Write ``data`` to ``path`` whole or not at all; never over the log. A device or pipe
     (``/dev/stdout``) is written into, never replaced."""
@@ -49,15 +69,14 @@ def write_file(path: Path, data: bytes, log: Path) -> None:
     if path.is_dir():
         raise HooktraceError(f"{path} is a directory; give a file name for the picture")
     target = path.resolve() if path.is_symlink() else path  # replace the file, not the link
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         if path.exists() and not path.is_file():
             with path.open("wb") as f:
                 f.write(data)
             return
-        target.parent.mkdir(parents=True, exist_ok=True)
-        temporary.write_bytes(data)
-        os.replace(temporary, target)
+        if not target.parent.exists():  # a file there is "not a directory", below
+            target.parent.mkdir(parents=True)
+        with whole(target) as temporary:
+            temporary.write_bytes(data)
     except OSError as e:
-        temporary.unlink(missing_ok=True)
-        raise HooktraceError(f"cannot write {path}: {e.strerror or e}") from None
+        raise cannot_write(path, e) from None

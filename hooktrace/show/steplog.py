@@ -1,5 +1,6 @@
 """Loading one step of a log for a picture: ``load_step`` reads the log once and keeps the
-events of one step (by default the first step that has a backward event) of the chosen models.
+events of one step (by default the first step whose calls have a backward event) of the chosen
+models.
 
 The steps it will not draw are *skimmed* (``hooktrace.log.decoder``): ``StepChooser`` tells the
 reader, each time the events' step changes, whether that step may still be drawn. A
@@ -68,8 +69,8 @@ def without_data_models(events: list[StepEvent], names: LogNames) -> list[StepEv
 
 
 class StepChooser:
-    """Chooses the step to draw: the requested one, or the first with a backward event; keeps
-    its events as they are read."""
+    """Chooses the step to draw: the requested one, or the first whose calls have a backward
+    event; keeps its events as they are read."""
 
     def __init__(self, step: int | None) -> None:
         self.step = step
@@ -98,6 +99,17 @@ class StepChooser:
             return self.kept.setdefault(step, [])
         return None
 
+    def backward_of_earlier_call(self, fwd: int) -> None:
+        """A backward event of the chosen models whose forward (seq ``fwd``) ran in an earlier
+        step (a GAN's generator, called in the discriminator's step): when it is the first
+        backward seen, the step drawn is the forward's, where the call is."""
+        if self.step is not None or self.first_backward is not None:
+            return
+        for step, events in self.kept.items():
+            if any(e.seq == fwd for e in events):
+                self.first_backward, self.kept = step, {step: events}
+                return
+
     def chosen(self) -> int:
         if self.step is not None:
             return self.step
@@ -113,6 +125,9 @@ class StepsChooser(StepChooser):
 
     def may_draw(self, step: int) -> bool:
         return step in self.wanted
+
+    def backward_of_earlier_call(self, fwd: int) -> None:
+        pass  # the steps are given
 
     def target(self, step: int, backward: bool) -> list[StepEvent] | None:
         self.steps.add(step)
@@ -130,6 +145,9 @@ class FirstSteps(StepChooser):
 
     def may_draw(self, step: int) -> bool:
         return step in self.kept or len(self.kept) < self.count or step < max(self.kept)
+
+    def backward_of_earlier_call(self, fwd: int) -> None:
+        pass  # the steps are chosen by number
 
     def target(self, step: int, backward: bool) -> list[StepEvent] | None:
         self.steps.add(step)
@@ -239,6 +257,8 @@ class StepKeeper:
                 self.later[fwd] = step
             if model is not None and models.get(modules[module][0]) != model:
                 continue
+            if fwd < self._start:
+                self.chooser.backward_of_earlier_call(fwd)
             if step != run:
                 run, target = step, self.chooser.target(step, True)
             if target is not None:
@@ -247,9 +267,10 @@ class StepKeeper:
 
 def load_step(path: str | os.PathLike[str] | LogReader, step: int | None = None,
               model: str | None = None, feed: Feed | None = None) -> StepLog:
-    """Stream the log at ``path`` and keep step ``step`` (default: the first with a backward
-    event) of the model named ``model`` (default: all). ``feed``: hand every item of the pass
-    on to another reader too (check's ``Collector``). Raises LogError / SelectionError."""
+    """Stream the log at ``path`` and keep step ``step`` (default: the first whose calls have a
+    backward event, the step of their forward) of the model named ``model`` (default: all).
+    ``feed``: hand every item of the pass on to another reader too (check's ``Collector``).
+    Raises LogError / SelectionError."""
     reader = path if isinstance(path, LogReader) else LogReader(path)
     loaded = _load(reader, StepChooser(step), model, feed)
     chosen = loaded.chooser.chosen()

@@ -2,8 +2,9 @@
 
 The script sees what ``python SCRIPT ARGS`` gives it: ``__name__ == "__main__"``, ``sys.argv``,
 its folder first on ``sys.path``. Its output, traceback and exit status pass through unchanged:
-an uncaught exception prints python's traceback (hooktrace's frames trimmed) and exits 1,
-``sys.exit(n)`` exits n, Ctrl-C ends the process by SIGINT and SIGTERM by SIGTERM, as python's do.
+an uncaught exception prints python's traceback (hooktrace's frames trimmed) and exits 1 (one
+line where ``--break-on nan`` stopped it without a terminal), ``sys.exit(n)`` exits n, Ctrl-C
+ends the process by SIGINT and SIGTERM by SIGTERM, as python's do.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from types import FrameType
 
 from hooktrace.log import schema
+from hooktrace.log.errors import NonFiniteError
 from hooktrace.log.options import TraceOptions
 from hooktrace.log.schema import EndStatus
 from hooktrace.log.unseen import nothing_seen
@@ -138,6 +140,9 @@ def run(target: Target, output: Path, options: TraceOptions) -> schema.End:
         _die_by(signal.SIGINT)
         assert session.end is not None
         return session.end  # not reached: the signal ends the process
+    except NonFiniteError as e:  # --break-on nan without pdb: its line says what and where
+        print(e, file=sys.stderr)
+        session.stop(EndStatus.ERROR, e, exit_code=1)
     except BaseException as e:
         _print_exception(e)
         session.stop(EndStatus.ERROR, e, exit_code=1)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SAMPLES, hooktrace_cmd, read_log
+from helpers import SAMPLES, events, hooktrace_cmd, read_log
 from torch import nn
 
 import hooktrace
@@ -49,6 +49,25 @@ def test_capture_saves_forward_and_backward_tensors(log_path: Path) -> None:
     assert isinstance(end, schema.End) and end.captured == 4
 
 
+@pytest.mark.parametrize("inplace", [True, False])
+def test_capture_saves_the_input_an_in_place_module_overwrites(inplace: bool,
+                                                               tmp_path: Path) -> None:
+    """ReLU(inplace=True) writes its output over its input: the input saved is the one it was
+    given, negatives and all (before, the output twice); a ReLU not in place is the
+    look-alike."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(inplace=inplace))
+    x = torch.randn(3, 4)
+    log = tmp_path / "relu.jsonl"
+    with hooktrace.trace(log, model=net, capture=["1"]):
+        net(x).sum().backward()
+    saved = torch.load(tmp_path / "relu.capture" / "step0" / "net.1.call0.forward.pt")
+    given = net[0](x).detach()
+    assert (given < 0).any()
+    assert torch.equal(saved["inputs"][0], given)
+    assert torch.equal(saved["outputs"][0], given.clamp(min=0))
+
+
 def test_capture_is_mentioned_by_run_and_check(tmp_path: Path) -> None:
     log = tmp_path / "log.jsonl"
     result = hooktrace_cmd("run", "-o", log, "--capture", "fc*", SAMPLES / "mnist_net.py",
@@ -62,6 +81,24 @@ def test_capture_is_mentioned_by_run_and_check(tmp_path: Path) -> None:
     assert rendered.returncode == 0, rendered.stderr
     assert rendered.stderr.rstrip().endswith(
         f"; captured tensors: {tmp_path / 'log.capture'} (8 files)")
+
+
+def test_include_and_capture_by_class(tmp_path: Path) -> None:
+    """``Conv2d`` names every Conv2d (mnist's conv1 and conv2), ``Dropout`` every dropout;
+    ``conv*`` names fqns, and ``linear`` no class (case counts: a class is CamelCase)."""
+    log = tmp_path / "log.jsonl"
+    result = hooktrace_cmd("run", "-o", log, "--include", "Conv2d", "--include", "fc1",
+                           "--exclude", "Dropout", "--capture", "Conv2d",
+                           SAMPLES / "mnist_net.py", "--steps", "1")
+    assert result.returncode == 0, result.stderr
+    assert [e.fqn for e in events(log, "forward")] == ["conv1", "conv2", "fc1"]
+    assert sorted(p.name for p in (tmp_path / "log.capture" / "step0").iterdir()) == [
+        f"model.conv{i}.call0.{phase}.pt" for i in (1, 2) for phase in ("backward", "forward")]
+    by_fqn = tmp_path / "fqn.jsonl"
+    result = hooktrace_cmd("run", "-o", by_fqn, "--include", "conv*", "--include", "linear",
+                           SAMPLES / "mnist_net.py", "--steps", "1")
+    assert result.returncode == 0, result.stderr
+    assert [e.fqn for e in events(by_fqn, "forward")] == ["conv1", "conv2"]
 
 
 _GAN = """
@@ -150,46 +187,106 @@ def test_break_on_nan_in_backward(log_path: Path) -> None:
             out.backward()
 
 
-def test_break_on_nan_opens_pdb_on_a_terminal(tmp_path: Path) -> None:
-    """On a terminal (a real pty here) pdb opens at the module, with its tensors in reach."""
+_NAN_SCRIPT = """\
+import torch
+from torch import nn
+
+
+class Sqrt(nn.Module):
+    def forward(self, x):
+        return torch.sqrt(x - 10)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.sqrt = Sqrt()
+
+    def forward(self, x):
+        h = self.fc(x)
+        y = self.sqrt(h)
+        return y.sum()
+
+
+Net()(torch.randn(2, 4)).backward()
+print("script finished")
+"""
+
+
+def _on_a_terminal(tmp_path: Path, dialogue: list[tuple[bytes, bytes]]) -> tuple[int, str]:
+    """``hooktrace run --break-on nan`` of _NAN_SCRIPT on a real pty: each (marker, line) waits
+    for ``marker`` in the output, then types ``line``; the exit status and all it printed."""
     script = tmp_path / "nan_script.py"
-    script.write_text(
-        "import torch\nfrom torch import nn\n"
-        "class Sqrt(nn.Module):\n"
-        "    def forward(self, x):\n        return torch.sqrt(x - 10)\n"
-        "net = nn.Sequential(nn.Linear(4, 4), Sqrt())\n"
-        "net(torch.randn(2, 4)).sum().backward()\nprint('script finished')\n")
+    script.write_text(_NAN_SCRIPT)
     primary, secondary = pty.openpty()
     process = subprocess.Popen(
         [sys.executable, "-m", "hooktrace", "run", "--break-on", "nan", "-o",
-         str(tmp_path / "log.jsonl"), str(script)],
+         str(tmp_path / "log.jsonl"), str(script)], cwd=tmp_path,
         stdin=secondary, stdout=secondary, stderr=secondary, close_fds=True)
     os.close(secondary)
     output = b""
 
-    def read_until(marker: bytes, timeout: float = 120) -> None:
+    def read_until(marker: bytes | None, timeout: float = 120) -> None:
         nonlocal output
         deadline = time.monotonic() + timeout
-        while marker not in output and time.monotonic() < deadline:
+        while (marker is None or marker not in output) and time.monotonic() < deadline:
             ready, _, _ = select.select([primary], [], [], 0.5)
             if ready:
                 try:
                     output += os.read(primary, 4096)
                 except OSError:
-                    break
+                    break  # the process ended
+            elif marker is None and process.poll() is not None:
+                break
 
     try:
-        read_until(b"(Pdb) ")
-        os.write(primary, b"p type(module).__name__, tuple(output.shape)\n")
-        read_until(b"(2, 4))")
-        os.write(primary, b"c\n")
-        read_until(b"script finished")
-        assert process.wait(timeout=60) == 0
+        for marker, line in dialogue:
+            read_until(marker)
+            os.write(primary, line)
+        read_until(None)
+        status = process.wait(timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
         os.close(primary)
-    text = output.decode(errors="replace")
-    assert "hooktrace --break-on nan: 1 (Sqrt) produced NaN/Inf at step 0" in text
-    assert "('Sqrt', (2, 4))" in text
-    assert "script finished" in text
+    return status, output.decode(errors="replace").replace("\r\n", "\n")
+
+
+def test_break_on_nan_opens_pdb_at_the_users_line(tmp_path: Path) -> None:
+    """On a terminal (a real pty) pdb opens in the user's forward, at the line that called the
+    module, not in hooktrace: its input in reach, 'n' runs the line, 'c' goes on."""
+    status, text = _on_a_terminal(tmp_path, [
+        (b"(Pdb) ", b"p tuple(h.shape)\n"), (b"(2, 4)", b"n\n"),
+        (b"(Pdb) ", b"p bool(y.isnan().any())\n"), (b"True", b"c\n")])
+    assert status == 0, text
+    assert ("hooktrace --break-on nan: sqrt (Sqrt) produced NaN/Inf at step 0 (output 0: 8 NaN, "
+            "0 Inf) called at nan_script.py:18\n") in text
+    assert "nan_script.py(18)forward()\n-> y = self.sqrt(h)" in text
+    assert "nan_script.py(19)forward()\n-> return y.sum()" in text
+    assert "hooktrace/" not in text.split("(Pdb)")[0].split("called at")[1]  # no frame of ours
+    assert "script finished" in text and "internal error" not in text
+
+
+def test_break_on_nan_q_quits_as_pdb_does(tmp_path: Path) -> None:
+    """'q' ends the program with BdbQuit, as pdb's q does in plain python (before: an internal
+    error of hooktrace, and the script ran on)."""
+    status, text = _on_a_terminal(tmp_path, [(b"(Pdb) ", b"q\n")])
+    assert status == 1, text
+    assert text.rstrip().splitlines()[-3] == "bdb.BdbQuit"
+    assert "script finished" not in text and "internal error" not in text
+
+
+def test_break_on_nan_without_a_terminal_is_one_line(tmp_path: Path) -> None:
+    """No terminal for pdb (stdin not a tty): the program stops at the NaN, with one line
+    (before: a 30-line traceback through torch's and hooktrace's frames)."""
+    (tmp_path / "nan_script.py").write_text(_NAN_SCRIPT)
+    result = hooktrace_cmd("run", "--break-on", "nan", "-o", "log.jsonl", "nan_script.py",
+                           cwd=tmp_path, stdin=subprocess.DEVNULL)
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[0] == (
+        "hooktrace --break-on nan: sqrt (Sqrt) produced NaN/Inf at step 0 (output 0: 8 NaN, 0 "
+        "Inf) called at nan_script.py:18; no terminal for pdb: the program stops")
+    assert "Traceback" not in result.stderr and "script finished" not in result.stdout
+    end = read_log(tmp_path / "log.jsonl")[-1]
+    assert isinstance(end, schema.End) and (end.status, end.exit_code) == ("error", 1)

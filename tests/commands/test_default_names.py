@@ -1,11 +1,14 @@
 """Default output names with the real ``dot``: ``render`` and ``view`` write pictures of their
-own names (the heatmap is not render's picture), marked, and write over them again."""
+own names (the heatmap is not render's picture), marked, and write over them again; an output
+that cannot be written is one line."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
+import pytest
 from helpers import hooktrace_cmd
 
 LOG = Path(__file__).resolve().parents[1] / "unit" / "logs" / "mnist.jsonl"
@@ -25,3 +28,33 @@ def test_render_and_the_heatmap_keep_apart_and_write_over_their_own(tmp_path: Pa
     assert picture != heatmap
     assert b"tEXtSoftware\x00written by hooktrace" in picture[:100]
     assert (tmp_path / "a.svg").read_text().count("<!-- written by hooktrace -->") == 1
+
+
+def unwritable(tmp_path: Path, how: str) -> Path:
+    """A folder that takes no file: a file in its place (root too cannot write there), or a
+    folder without write permission (which root ignores)."""
+    folder = tmp_path / "out"
+    if how == "a file":
+        folder.write_text("not a folder")
+    else:
+        folder.mkdir(mode=0o555)
+    return folder
+
+
+@pytest.mark.parametrize("how", ["a file", pytest.param("read-only", marks=pytest.mark.skipif(
+    os.geteuid() == 0, reason="root writes into any folder"))])
+@pytest.mark.parametrize(("command", "name"), [("render", "a.svg"), ("view", "a.html"),
+                                               ("export", "a.csv")])
+def test_an_output_that_cannot_be_written_is_one_line(command: str, name: str, how: str,
+                                                      tmp_path: Path) -> None:
+    """The temporary file was never made: removing it must not hide why (two chained
+    tracebacks, exit 1, before); a folder still to make is made (render, view)."""
+    out = unwritable(tmp_path, how) / name
+    result = hooktrace_cmd(command, LOG, "-o", out, cwd=tmp_path)
+    why = "Not a directory" if how == "a file" else "Permission denied"
+    assert (result.returncode, result.stderr) == (
+        2, f"hooktrace: error: cannot write {out}: {why}\n")
+    if command != "export":
+        new = tmp_path / "new" / "folder" / name
+        assert hooktrace_cmd(command, LOG, "-o", new, cwd=tmp_path).returncode == 0
+        assert new.is_file()

@@ -100,9 +100,23 @@ def test_backward_rows_point_at_their_forward(mnist_log: Path, tmp_path: Path) -
     frame = export(mnist_log, tmp_path / "mnist.csv")
     forward = frame[frame.phase == "forward"].set_index("seq")
     for _, row in frame[frame.phase == "backward"].iterrows():
-        assert forward.loc[row.forward_seq, "fqn"] == row.fqn or (
-            pd.isna(row.fqn) and pd.isna(forward.loc[row.forward_seq, "fqn"]))
+        assert forward.loc[row.forward_seq, "fqn"] == row.fqn
         assert forward.loc[row.forward_seq, "call"] == row.call
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_sequential_fqns_read_back_as_names(fmt: str, tmp_path: Path) -> None:
+    """An ``nn.Sequential``'s modules are named 0, 1, 2: pandas' defaults read them as the
+    names they are, and the README's groupby("fqn") keeps each model's root (a GAN's two
+    Sequentials; mnist's named layers are the look-alike)."""
+    logs = Path(__file__).resolve().parents[1] / "unit" / "logs"
+    frame = export(logs / "gan.jsonl", tmp_path / f"gan.{fmt}")
+    assert pd.api.types.is_string_dtype(frame.fqn)
+    norms = frame.groupby(["model", "fqn"]).grad_output_norm.max()
+    assert sorted(norms["generator"].index) == ["(root)", "0", "1", "2", "3"]
+    assert list(frame[frame.depth == 0].fqn.unique()) == ["(root)"]
+    named = export(logs / "mnist.jsonl", tmp_path / f"mnist.{fmt}").groupby("fqn").size()
+    assert set(named.index) == {"(root)", "conv1", "conv2", "dropout1", "dropout2", "fc1", "fc2"}
 
 
 def test_nan_log_counts_and_non_finite_norms(nan_log: Path, tmp_path: Path) -> None:
@@ -125,7 +139,7 @@ def test_two_ranks_one_after_the_other(tmp_path: Path) -> None:
     frame = export(tmp_path / "ddp.rank*.jsonl", tmp_path / "ranks.csv")
     counts = [len(events(tmp_path / f"ddp.rank{r}.jsonl")) for r in (0, 1)]
     assert list(frame["rank"]) == [0] * counts[0] + [1] * counts[1]
-    assert set(frame.fqn.dropna()) == {"fc1", "fc2"}
+    assert set(frame.fqn) == {"(root)", "fc1", "fc2"}
 
 
 def test_log_cut_off_exports_its_whole_lines(mnist_log: Path, tmp_path: Path) -> None:

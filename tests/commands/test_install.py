@@ -6,11 +6,13 @@ and every reader works."""
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import sys
 import tarfile
 import zipfile
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -86,6 +88,74 @@ def test_into_an_environment_with_torch_run_traces_the_users_script(
     assert "-> hooktrace.jsonl" in run.stderr
     header = LogReader(folder / "hooktrace.jsonl").header
     assert header.hooktrace == __version__ and header.argv == ["train.py"]
+
+
+def readme_install() -> tuple[list[str], list[str]]:
+    """The README's install line, and the wheel of its comment, as argv."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("**Into your own environment**", 1)[1].split("```sh\n", 1)[1]
+    install, _, wheel = block.split("\n```", 1)[0].partition("# or a wheel:")
+    return shlex.split(install), shlex.split(wheel)
+
+
+def test_the_readmes_install_line_works_where_it_says(tmp_path: Path) -> None:
+    """In the folder of a clone, where the README runs it, its line installs hooktrace (before:
+    ``./hooktrace``, the package's own folder there, which pip cannot install), and its
+    comment's wheel builds."""
+    clone = copy_checkout(tmp_path / "hooktrace")
+    install, wheel = readme_install()
+    assert install[:4] == ["python", "-m", "pip", "install"] and "wheel" in wheel
+    python = venv(tmp_path / "env", SITE)
+    installed = pip(python, *install[3:], "--no-deps", "--no-build-isolation", cwd=clone)
+    assert installed.returncode == 0, installed.stderr
+    where = subprocess.run([str(python), "-c", "import hooktrace; print(hooktrace.__file__)"],
+                           cwd=tmp_path, capture_output=True, text=True, env=clean_env())
+    assert Path(where.stdout.strip()).is_relative_to(tmp_path / "env"), where
+    built = subprocess.run([sys.executable, "-m", "pip", *wheel[wheel.index("wheel"):],
+                            "--no-build-isolation", "--no-index", "-q"], cwd=clone,
+                           capture_output=True, text=True, timeout=300, env=clean_env())
+    assert built.returncode == 0, built.stderr
+    assert len(list((clone / "dist").glob("hooktrace-*.whl"))) == 1
+
+
+def installed_for(requirements: list[str], extra: str) -> set[str]:
+    """The distributions pip installs for ``requirements`` (a METADATA's Requires-Dist) with
+    ``extra``, as this interpreter has them: each one's own requirements that its markers and
+    the extras asked of it select."""
+    from packaging.requirements import Requirement
+
+    names: set[str] = set()
+    seen: set[tuple[str, frozenset[str]]] = set()
+    todo = [(Requirement(r), {extra}) for r in requirements]
+    while todo:
+        requirement, extras = todo.pop()
+        if requirement.marker is not None and not any(
+                requirement.marker.evaluate({"extra": e}) for e in extras or {""}):
+            continue
+        key = (requirement.name.lower(), frozenset(requirement.extras))
+        if key in seen:
+            continue
+        seen.add(key)
+        names.add(requirement.name)
+        requires = metadata.distribution(requirement.name).requires or []
+        todo += [(Requirement(r), set(requirement.extras)) for r in requires]
+    return names
+
+
+def test_torch_from_the_torch_extra_imports_without_a_warning(
+        built: tuple[Path, Path], tmp_path: Path) -> None:
+    """What ``.[torch]`` installs (the quick start's setup) imports torch without "Failed to
+    initialize NumPy": torch does not require numpy, and warns at import without it."""
+    with zipfile.ZipFile(built[1]) as archive:
+        meta = archive.read(f"hooktrace-{__version__}.dist-info/METADATA").decode()
+    requires = [line.split(":", 1)[1].strip() for line in meta.splitlines()
+                if line.startswith("Requires-Dist:")]
+    names = installed_for(requires, "torch")
+    assert "torch" in names
+    python = venv(tmp_path / "env", dependencies_only(tmp_path / "installed", names))
+    imported = subprocess.run([str(python), "-c", "import torch; torch.ones(1).numpy()"],
+                              capture_output=True, text=True, timeout=300, env=clean_env())
+    assert (imported.returncode, imported.stderr) == (0, "")
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,12 @@ see the rest.
 
 from __future__ import annotations
 
-import fnmatch
 import os
 from dataclasses import dataclass, field
 
 from hooktrace.log import schema
 from hooktrace.log.errors import HooktraceError
+from hooktrace.log.options import selects
 from hooktrace.log.words import ROOT, plural, ranges
 from hooktrace.show.calls import depth_of
 from hooktrace.show.render.labels import module_text, printable, shapes_text
@@ -52,20 +52,20 @@ def _columns(rows: list[list[str]]) -> list[str]:
     return lines
 
 
-def matches(fqn: str, module: str | None) -> bool:
-    """Whether ``fqn`` matches the glob ``module`` (None: every fqn; ``(root)``: a model's
-    root), as ``run --include`` matches."""
-    return module is None or fnmatch.fnmatchcase(fqn, module) or (not fqn and module == ROOT)
+def matches(fqn: str, cls: str, module: str | None) -> bool:
+    """Whether the glob ``module`` names the module ``fqn`` of class ``cls`` (None: every
+    module; ``(root)``: a model's root), as ``run --include`` does."""
+    return module is None or selects((module,), fqn, cls) or (not fqn and module == ROOT)
 
 
 def table(log: StepLog, phase: str | None = None, limit: int = DEFAULT_LIMIT,
           module: str | None = None) -> str:
     """The step's events (of one phase, or both; of the modules matching the glob ``module``, or
     all) in seq order; ``limit`` 0: every row."""
-    mine = [e for e in log.events if matches(e.fqn, module)]
+    mine = [e for e in log.events if matches(e.fqn, log.cls(e.model, e.fqn), module)]
     if module is not None and not mine:
         raise HooktraceError(f"no module matching {module!r} ran in step {log.step}; a glob "
-                             "matches whole fqns, e.g. 'layer4*'")
+                             "matches whole fqns or class names, e.g. 'layer4*' or 'Conv2d'")
     chosen = [e for e in mine if phase is None or e.phase == phase]
     models = sorted({e.model for e in log.events})
     names = ", ".join(f"{printable(log.models.get(m, str(m)))} ({printable(log.cls(m, ''))})"
@@ -104,7 +104,8 @@ def show(log: str | os.PathLike[str], step: int | None = None, phase: str | None
     the glob ``module``, or all)."""
     loaded = load_step(log, step, model)
     text = table(loaded, phase, limit, module)
-    records = sorted((r for (_, fqn, _), r in loaded.ops.items() if matches(fqn, module)),
+    records = sorted((r for (m, fqn, _), r in loaded.ops.items()
+                      if matches(fqn, loaded.cls(m, fqn), module)),
                      key=lambda r: (r.fwd < 0, r.fwd)) if phase != "backward" else []
     if records:
         text += "\n".join(block(records, loaded.classes)) + "\n"

@@ -14,6 +14,7 @@ from hooktrace.check.checklog import run_checks
 from hooktrace.check.findings import NOTE, SEVERITY_ORDER
 from hooktrace.check.report import to_json, to_text
 from hooktrace.cli import cli
+from hooktrace.log.errors import HooktraceError
 from unit.logs import LOGS
 
 Found = tuple[str, str, str, str, int | None]  # kind, severity, model, module, step
@@ -235,24 +236,34 @@ def test_step_restricts_the_findings(name: str, step: int,
     assert report.steps == 1
 
 
-@pytest.mark.xfail(strict=True, reason="bug: --step 0 on the healthy gan log reports "
-                   "never-reached (error) and no-grad for the generator: its forward is in "
-                   "step 0 and its backward in step 1, which --step 0 leaves out")
-def test_step_of_a_gan_reports_no_problems() -> None:
-    assert run_checks(log("gan"), step=0).problems == []
+@pytest.mark.parametrize("step", [0, 1])
+def test_step_of_a_gan_reports_no_problems(step: int) -> None:
+    """The generator's forward runs in step 0, its backward in step 1: both are its step 0's."""
+    assert run_checks(log("gan"), step=step).problems == []
 
 
-@pytest.mark.xfail(strict=True, reason="bug: --step 0 on eval_mode reports the eval-backward "
-                   "finding of step 3: signals are not restricted to the step asked for")
 def test_step_leaves_out_the_findings_of_other_steps() -> None:
     assert [f.step for f in run_checks(log("eval_mode"), step=0).findings] == []
 
 
-@pytest.mark.xfail(strict=True, reason="bug: long_run reports its NaN at step 50 (a watched "
-                   "step), but --step 50 says 'no step 50 ...; its steps: 0-1'")
+@pytest.mark.parametrize("step", [3, 5])
+def test_step_keeps_what_holds_from_an_earlier_step(step: int) -> None:
+    """The model went into eval mode at step 3 and stayed there: steps 3 and 5 both say so."""
+    report = run_checks(log("eval_mode"), step=step)
+    assert [(f.kind, f.step) for f in report.findings] == [("eval-backward", 3)]
+    assert report.steps == 1
+
+
 def test_step_of_a_watched_anomaly() -> None:
     kinds = [f.cause for f in run_checks(log("long_run"), step=50).findings]
     assert kinds == ["nonfinite-forward", "nonfinite-backward"]
+    assert run_checks(log("long_run"), step=1).findings == []
+
+
+def test_step_of_a_watched_step_that_wrote_nothing_names_the_steps_the_log_has() -> None:
+    with pytest.raises(HooktraceError, match=r"no step 30 in .*long_run.jsonl; its steps: "
+                                             r"0-1, 50-59$"):
+        run_checks(log("long_run"), step=30)
 
 
 # -- thresholds ------------------------------------------------------------------------------

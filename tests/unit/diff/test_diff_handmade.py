@@ -262,11 +262,27 @@ def test_a_watched_anomaly_in_one_run_only_where_both_have_the_step(tmp_path: Pa
     assert not diff(watched(tmp_path / "c.jsonl", False), tmp_path / "a.jsonl").differ
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a healthy watched step leaves no records, so "
-                   "diff takes B's NaN anomalies at watched steps 50-59 for steps A did not "
-                   "record ('only in B (A recorded with --steps 0:2)', though both did) and "
-                   "says 'The runs agree.' (exit 0) where B went NaN")
 def test_nan_at_a_watched_step_in_one_run_only(tmp_path: Path) -> None:
     report = diff(without_anomalies(tmp_path / "healthy.jsonl"), LOGS / "long_run.jsonl")
     assert report.differ
     assert report.nonfinite is not None and report.nonfinite.step == 50
+    assert report.nonfinite.message == "nonfinite-backward anomaly in B only (a watched step)"
+    assert report.steps == [0, 1, *range(50, 60)] and report.not_compared == []
+    back = diff(LOGS / "long_run.jsonl", tmp_path / "healthy.jsonl").nonfinite
+    assert back is not None and back.message.endswith("in A only (a watched step)")
+
+
+def test_healthy_watched_steps_agree(tmp_path: Path) -> None:
+    healthy = without_anomalies(tmp_path / "healthy.jsonl")
+    report = diff(healthy, healthy)
+    assert not report.differ and report.steps == [0, 1] and report.not_compared == []
+
+
+def test_nan_at_a_step_the_other_run_never_reached_is_not_compared(tmp_path: Path) -> None:
+    """A healthy run cut off after its recorded steps did not watch step 50: no verdict."""
+    healthy = without_anomalies(tmp_path / "healthy.jsonl")
+    lines = healthy.read_bytes().splitlines(keepends=True)
+    healthy.write_bytes(b"".join(line for line in lines if b'"type":"end"' not in line))
+    report = diff(healthy, LOGS / "long_run.jsonl")
+    assert not report.differ
+    assert report.not_compared == ["steps 50-59: only in B (A recorded with --steps 0:2)"]

@@ -96,14 +96,17 @@ def test_steps_error_on_text_with_a_newline_stays_one_line() -> None:
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: an empty item ('5,' or ',') parses as step 0, so "
-                   "a trailing comma silently records step 0 as well")
-def test_steps_empty_item_does_not_select_step_zero() -> None:
-    try:
-        steps = Steps.parse("5,")
-    except HooktraceError:
-        return  # refusing it is as good as ignoring the empty item
-    assert selected(steps) == [5]
+@pytest.mark.parametrize(("text", "steps"), [("5,", [5]), ("0:2,,7", [0, 1, 7]), (" ,3", [3]),
+                                             ("0,", [0]), (":1,4", [0, 4])])
+def test_steps_empty_item_does_not_select_step_zero(text: str, steps: list[int]) -> None:
+    """A stray comma is left out: it never selects step 0 (which "0" and ":1" still do)."""
+    assert selected(Steps.parse(text)) == steps
+
+
+@pytest.mark.parametrize("bad", [",", " , "])
+def test_steps_of_empty_items_only_are_refused(bad: str) -> None:
+    with pytest.raises(HooktraceError, match="expected steps like"):
+        Steps.parse(bad)
 
 
 ranges = st.lists(st.tuples(st.integers(0, 60), st.one_of(st.none(), st.integers(1, 20))),
@@ -153,6 +156,12 @@ def test_trace_options_rejects_max_events_below_one(bad: int, look_alike: int) -
 
 @pytest.mark.parametrize(("include", "exclude", "fqn", "matches"), [
     ((), (), "", True),
+    (("Conv2d",), (), "conv1", True),  # by class: every Conv2d (this module's class)
+    (("Conv*",), (), "features.0", True),
+    (("conv*",), (), "features.0", False),  # a class is CamelCase: conv* names fqns
+    (("Linear",), (), "conv1", False),
+    ((), ("Conv2d",), "conv1", False),
+    (("*",), ("Dropout",), "conv1", True),
     ((), (), "block.0.conv", True),
     (("fc*",), (), "fc1", True),
     (("fc*",), (), "conv1", False),
@@ -166,7 +175,8 @@ def test_trace_options_rejects_max_events_below_one(bad: int, look_alike: int) -
 ])
 def test_trace_options_matches(include: tuple[str, ...], exclude: tuple[str, ...], fqn: str,
                                matches: bool) -> None:
-    assert TraceOptions(include=include, exclude=exclude).matches(fqn) is matches
+    options = TraceOptions(include=include, exclude=exclude)
+    assert options.matches(fqn, "Conv2d") is matches
 
 
 def options_from_header(header: dict[str, Any]) -> dict[str, Any]:

@@ -70,9 +70,6 @@ def test_encoded_numbers_read_back_within_4_digits(x: float) -> None:
     assert math.isclose(back, x, rel_tol=5e-4, abs_tol=0.0) or abs(x) < 1e-300
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a finite number that rounds past float max at 4 "
-                   "digits becomes float inf, which orjson writes as null, and a gradient "
-                   "statistic of null makes the whole log unreadable")
 def test_a_norm_near_float_max_reads_back(tmp_path: Path) -> None:
     written = encode_number(sys.float_info.max)
     assert isinstance(written, str) or math.isfinite(written)
@@ -270,9 +267,6 @@ def test_without_dataflow_no_flow_is_written() -> None:
     assert "from" not in event and "made" not in event
 
 
-@pytest.mark.xfail(strict=True, reason="bug: wire leaves 'from' out only when inputs_from holds "
-                   "tuples; the lists a reader gives (or a record built by hand) are written with "
-                   "a redundant \"from\":[1], so a log read and written again is not the same")
 def test_data_flow_from_the_call_before_is_left_out_in_lists_too() -> None:
     event = wire(FC, forward(10, inputs_from=[[9]]))[-1]
     assert "from" not in event

@@ -22,6 +22,7 @@ from hooktrace.cli import cli
 from hooktrace.log import schema
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.reader import LogReader
+from hooktrace.log.words import fqn_text
 from hooktrace.show.export import NAMES, write_rows
 from unit.logs import LOGS
 from unit.show.handlog import Builder, chain
@@ -104,7 +105,7 @@ def test_one_row_per_event_in_order(name: str) -> None:
     assert n == len(rows) == len(found)
     assert text.splitlines()[0] == ",".join(NAMES)
     assert [(r["seq"], r["step"], r["phase"], r["fqn"], r["call"]) for r in rows] == \
-        [(e.seq, e.step, e.phase, e.fqn, e.call) for e in found]
+        [(e.seq, e.step, e.phase, fqn_text(e.fqn), e.call) for e in found]
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -156,7 +157,7 @@ def test_mnist_rows_exact() -> None:
                                           "grad_output_shapes", "grad_input_shapes",
                                           "grad_output_norm", "grad_output_absmax",
                                           "grad_input_norm")} == {
-        "seq": 8, "fqn": "", "class": "Net", "source": "mnist_net.py:24", "forward_seq": 7,
+        "seq": 8, "fqn": "(root)", "class": "Net", "source": "mnist_net.py:24", "forward_seq": 7,
         "grad_output_shapes": "8x10", "grad_input_shapes": "-", "grad_output_norm": 0.3536,
         "grad_output_absmax": 0.125, "grad_input_norm": None}
     assert all(r["source"] == "" for r in rows if r["class"] != "Net")  # torch's own classes

@@ -128,10 +128,6 @@ def test_model_draws_that_model_only(model: str, index: int, nodes: int,
     assert dot.attrs["label"].startswith(f"<<B>{model} (")
 
 
-@pytest.mark.xfail(strict=True, reason="bug: with --model generator the default step is the "
-                   "first with a generator backward event (step 1), whose forward calls ran in "
-                   "step 0: the picture is empty ('no forward call in this step', 0 nodes) and "
-                   "the warning says they are drawn in step 0, which the default never draws")
 def test_default_step_of_a_model_draws_its_calls() -> None:
     pic = picture(log("gan"), model="generator")
     assert pic.nodes == 4

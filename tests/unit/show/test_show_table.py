@@ -118,6 +118,9 @@ def test_gradient_counts_run_as_the_shapes_do() -> None:
 @pytest.mark.parametrize(("module", "fqns"), [
     ("conv*", {"conv1", "conv2"}),
     ("fc1", {"fc1"}),
+    ("Conv2d", {"conv1", "conv2"}),  # by class
+    ("Drop*", {"dropout1", "dropout2"}),
+    ("Net", {"(root)"}),
     ("(root)", {"(root)"}),
     ("*", {"(root)", "conv1", "conv2", "dropout1", "dropout2", "fc1", "fc2"}),
 ])
@@ -218,11 +221,19 @@ def test_step_and_model_select() -> None:
 
 
 def test_backward_of_an_earlier_steps_calls_is_a_warning() -> None:
-    shown = show(log("gan"), model="generator")
+    shown = show(log("gan"), model="generator", step=1)
     assert shown.text.startswith("step 1 ")
     assert shown.warnings == ["step 1 also runs the backward of calls made in an earlier step "
                               "(model generator); they are drawn in that step"]
     assert show(log("gan")).warnings == []
+
+
+def test_default_step_of_a_model_is_the_step_of_its_calls() -> None:
+    """The generator's forward runs in step 0, its backward in step 1: the default is step 0,
+    where its calls are, as it is for every model together."""
+    shown = show(log("gan"), model="generator")
+    assert shown.text.startswith("step 0 ") and shown.warnings == []
+    assert "no forward call" not in shown.text
 
 
 # -- operations of zoomed calls --------------------------------------------------------------------
@@ -294,7 +305,8 @@ def test_cli_prints_the_library_text(args: list[str]) -> None:
 
 
 def test_cli_prints_warnings_to_stderr() -> None:
-    result = CliRunner().invoke(cli, ["show", str(log("gan")), "--model", "generator"])
+    result = CliRunner().invoke(cli, ["show", str(log("gan")), "--model", "generator",
+                                      "--step", "1"])
     assert result.exit_code == 0
     assert result.stderr == ("hooktrace: warning: step 1 also runs the backward of calls made in "
                              "an earlier step (model generator); they are drawn in that step\n")
