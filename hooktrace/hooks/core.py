@@ -1,21 +1,19 @@
-"""The hook core: follows every module call, forward and backward, and hands each to observers.
+"""The hook core: follows the three moments of a training step (every module call, forward
+and backward; the end of a backward pass; an optimizer step, ``stepping``) and hands each to
+observers, in order, as an immutable record (``records.Observer``).
 
 Technique (PyTorch's ModuleTracker's, docs/architecture.md): global forward pre/post hooks; for
 the backward, gradient hooks (``gradhooks``) on the nodes that made a call's output tensors (its
 backward starts when one first gets gradient) and input tensors (grad_input; hooked in the
 pre-hook: an in-place module replaces its input's node). Full module backward hooks break
 in-place ops (ReLU(inplace=True)). An engine callback at a backward pass's end ends the step.
-
-The core knows module calls and steps; of logs, ``--max-events`` and write errors (below) only.
-It hands each moment to its observers, in order, as an immutable record (``records.Observer``);
-in recorded steps a forward end names the calls that made its inputs (``dataflow``).
-
-Each record carries the step's ``Mode`` (``step_mode`` decides). A watched step follows the
-backward of model calls only, not of each call (unless ``--break-on nan``): a hook per call's
-tensors is most of what tracing costs. ``seq`` numbers the recorded forward ends and backward
-starts; ``--max-events`` is how many a run may record, then steps are watched (or off). An
-observer may raise ``NonFiniteError`` into the program (``--break-on nan``); another exception
-stops tracing with one line on stderr, the program goes on (``--strict``: write errors raise).
+Of logs the core knows ``--max-events`` and write errors only; in recorded steps a forward end
+names the calls that made its inputs (``dataflow``). Each record carries the step's ``Mode``
+(``step_mode`` decides): a watched step follows the backward of model calls only (unless
+``--break-on nan``): a hook per call's tensors is most of what tracing costs. ``seq`` numbers
+the recorded forward ends and backward starts. An observer may raise ``NonFiniteError`` into
+the program (``--break-on nan``); another exception stops tracing with one line on stderr,
+the program goes on (``--strict``: write errors raise).
 """
 
 from __future__ import annotations
@@ -104,7 +102,8 @@ os.register_at_fork(after_in_child=_stop_in_forked_child)
 
 
 class CallTracker:
-    """Follows the module calls of every model (or of the ones ``naming`` is scoped to)."""
+    """Follows the module calls of every model (or of the ones ``naming`` is scoped to), the
+    ends of backward passes and the optimizers' steps."""
 
     def __init__(self, options: TraceOptions) -> None:
         self._options = options
@@ -124,16 +123,15 @@ class CallTracker:
         self._recomputed: dict[ModInfo, int] = {}
         self._seen: set[ModInfo] = set()
         self._backwards: dict[_Call, BackwardStart] = {}  # the calls whose backward this pass began
-        # the modes whose every call's backward is followed; a watched step follows only its
-        # model calls' (their backward's start, the gradient reaching them, the pass's end),
-        # unless --break-on nan must see each call's gradients
+        # the modes whose every call's backward is followed; a watched step, its model calls'
+        # only (their backward's start and gradient, the pass's end), unless --break-on nan
         every_backward = {RECORDED, WATCHED} if options.break_on_nan else {RECORDED}
         self._every_backward = [mode in every_backward for mode in Mode]  # indexed by mode
         self._max_events = options.max_events
         self._naming: Naming | None = None
         self._observers: list[Observer] = []
         self.zoom = OpZoom(self.fail)  # the op-level zoom into chosen calls: zooms none until told
-        self._optimizer_steps = StepHooks()
+        self._steps = StepHooks()
 
     def start(self, naming: Naming, observers: Sequence[Observer]) -> CallTracker:
         self._naming = naming
@@ -143,11 +141,10 @@ class CallTracker:
         for name in ("forward_start", "forward_end", "backward_start", "grad_output",
                      "grad_input"):
             setattr(self, f"_to_{name}", per_mode(observers, name))
-        self._handles = [
-            nn_module.register_module_forward_pre_hook(self._pre),
-            nn_module.register_module_forward_hook(self._post, with_kwargs=True, always_call=True),
-        ]
-        self._optimizer_steps.start(observers)
+        self._handles = [nn_module.register_module_forward_pre_hook(self._pre),
+                         nn_module.register_module_forward_hook(self._post, with_kwargs=True,
+                                                                always_call=True)]
+        self._steps.start(observers)
         self.active = True
         _live.add(self)
         return self
@@ -156,7 +153,7 @@ class CallTracker:
         """Remove every hook, then let the observers finish. Safe to call twice."""
         self.active = self._grads.active = False
         self._remove_hooks()
-        self._optimizer_steps.stop()
+        self._steps.stop()
         for observer in self._observers:
             try:
                 observer.stop(self.step, self.mode)
@@ -283,7 +280,6 @@ class CallTracker:
             raise  # --break-on nan: stopping the program is what the user asked for (pdb's q)
         except Exception as e:
             self.fail(e)
-        return None
 
     def _end_forward(self, start: ForwardStart, call: _Call, args: tuple[Any, ...],
                      kwargs: dict[str, Any], output: Any, top: bool) -> None:

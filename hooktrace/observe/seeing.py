@@ -24,7 +24,6 @@ The copy's dropout (``Dropout`` layers, ``MultiheadAttention``'s) is off; everyt
 
 from __future__ import annotations
 
-import copy
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +33,8 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 from torch.utils._pytree import tree_flatten, tree_map
+
+from hooktrace.observe.twin import twin_of
 
 ATTENTION = (nn.MultiheadAttention, nn.TransformerEncoder, nn.TransformerEncoderLayer,
              nn.TransformerDecoder, nn.TransformerDecoderLayer, nn.Transformer)
@@ -65,31 +66,6 @@ def probe(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> li
                       if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
     with torch.random.fork_rng(devices=devices), torch.enable_grad():
         return _probe(twin, x, key, args, kwargs)
-
-
-def twin_of(model: nn.Module) -> nn.Module:
-    """A deep copy of ``model``; where one fails (a recurrent state or an attention cache kept
-    on a module with its autograd history, which deepcopy refuses; a lock, a file or a data
-    loader held as an attribute), the copy detaches those tensors and shares the objects that
-    cannot be copied: the weights, buffers and modules are still the copy's own."""
-    try:
-        return copy.deepcopy(model)
-    except Exception:
-        pass
-    memo: dict[int, Any] = {}
-    for m in model.modules():
-        for name, value in vars(m).items():
-            if name in ("_parameters", "_buffers", "_modules") or id(value) in memo:
-                continue
-            if isinstance(value, torch.Tensor):
-                if not value.is_leaf:
-                    memo[id(value)] = value.detach().clone()
-                continue
-            try:
-                copy.deepcopy(value)
-            except Exception:
-                memo[id(value)] = value  # shared with the model: the probe does not change it
-    return copy.deepcopy(model, memo)
 
 
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",

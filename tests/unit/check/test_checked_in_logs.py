@@ -250,7 +250,7 @@ def test_step_leaves_out_the_findings_of_other_steps() -> None:
 def test_step_keeps_what_holds_from_an_earlier_step(step: int) -> None:
     """The model went into eval mode at step 3 and stayed there: steps 3 and 5 both say so."""
     report = run_checks(log("eval_mode"), step=step)
-    assert [(f.kind, f.step) for f in report.findings] == [("eval-backward", 3)]
+    assert [(f.cause, f.step) for f in report.findings] == [("eval-backward", 3)]
     assert report.steps == 1
 
 
