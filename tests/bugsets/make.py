@@ -26,6 +26,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+import orjson  # noqa: E402
 from bugsets.zoo import Case, manifest, trace  # noqa: E402
 
 from tests.unit.logs.make import constant_header  # noqa: E402
@@ -44,14 +45,29 @@ def traced(name: str, folder: Path, jobs: int) -> Path:
     return folder
 
 
+def portable(raw: bytes) -> bytes:
+    """The log with its header made constant and no path of this machine: a source record's
+    absolute file (a library's module, e.g. torchvision's resnet.py) kept from site-packages/ on."""
+    lines = constant_header(raw).split(b"\n")
+    for i, line in enumerate(lines):
+        if line.startswith(b'{"type":"source"'):
+            record = orjson.loads(line)
+            file = record.get("file", "")
+            if file.startswith("/"):
+                _, sep, tail = file.rpartition("site-packages/")
+                record["file"] = sep + tail if sep else Path(file).name
+                lines[i] = orjson.dumps(record)
+    return b"\n".join(lines)
+
+
 def archive(name: str, logs: Path) -> Path:
     """The logs of set ``name`` found in ``logs``, in ``ARCHIVES/NAME.tar.xz`` (members
-    ``ID.jsonl`` in the manifest's order, headers made constant, no time or owner)."""
+    ``ID.jsonl`` in the manifest's order, made portable, no time or owner)."""
     path = ARCHIVES / f"{name}.tar.xz"
     path.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(path, "w:xz", preset=9 | lzma.PRESET_EXTREME) as tar:
         for case in manifest(name):
-            raw = constant_header((logs / f"{case['id']}.jsonl").read_bytes())
+            raw = portable((logs / f"{case['id']}.jsonl").read_bytes())
             info = tarfile.TarInfo(f"{case['id']}.jsonl")
             info.size, info.mtime = len(raw), 0
             tar.addfile(info, io.BytesIO(raw))
