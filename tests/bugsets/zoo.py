@@ -84,6 +84,11 @@ def run(cmd: list[str], cwd: Path, log: Path) -> tuple[int | None, float, str]:
     return code, seconds, out
 
 
+def words(finding: Finding) -> set[Any]:
+    """What a finding is called: its cause (the manifests' word) and its kind."""
+    return {finding.get("cause"), finding.get("kind")} - {None}
+
+
 def matches(finding: Finding, case: Case) -> bool:
     """The finding names the culprit: its module, an acceptable one, or a place that the case's
     "also" list accepts for a given kind only (module "*": any module of the culprit model)."""
@@ -92,7 +97,7 @@ def matches(finding: Finding, case: Case) -> bool:
     module = finding.get("module")
     if module in {case["culprit_module"], *case.get("acceptable_modules", [])}:
         return True
-    return any(finding.get("kind") in also["kinds"] and also["module"] in ("*", module)
+    return any(words(finding) & set(also["kinds"]) and also["module"] in ("*", module)
                for also in case.get("also", []))
 
 
@@ -128,7 +133,7 @@ def score(case: Case, check_code: int | None, report: dict[str, Any] | None) -> 
         return {"verdict": "SYMPTOM-ONLY", "nature": "", "said": one_line(problems[0]),
                 "finding": problems[0]}
     kinds = {case.get("expected_kind"), *case.get("acceptable_kinds", [])}
-    right = [f for f in named if f.get("kind") in kinds]
+    right = [f for f in named if words(f) & kinds]
     best = (right or named)[0]
     nature = "kind ok" if right else f"kind {best.get('kind')}"
     return {"verdict": "DETECTED", "nature": nature, "said": one_line(best), "finding": best,
