@@ -40,10 +40,18 @@ _RUNNER_FILES = (str(Path(__file__).parent.parent), str(Path(runpy.__file__).wit
 
 
 def _print_exception(e: BaseException) -> None:
-    """Print ``e`` as python would: without the leading frames of hooktrace and runpy."""
+    """Print ``e`` as python would: without the leading frames of hooktrace and runpy, nor
+    hooktrace's anywhere below (its wrappers of ``backward()``, which an error inside backward
+    passes through)."""
     tb = e.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_RUNNER_FILES):
         tb = tb.tb_next
+    kept = tb
+    while kept is not None and kept.tb_next is not None:
+        if kept.tb_next.tb_frame.f_code.co_filename.startswith(_RUNNER_FILES[0]):
+            kept.tb_next = kept.tb_next.tb_next
+        else:
+            kept = kept.tb_next
     sys.excepthook(type(e), e.with_traceback(tb), tb)  # the hook prints e's own traceback
 
 

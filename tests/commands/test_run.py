@@ -512,3 +512,13 @@ def test_an_unknown_option_is_said_as_such(tmp_path: Path) -> None:
                            "-o", "x", cwd=SCRIPTS)
     assert passed.returncode == 0, passed.stderr
     assert "argv ['show_argv.py', '--stepz', '-o', 'x']" in passed.stdout.splitlines()
+
+
+def test_an_error_raised_inside_backward_has_python_s_traceback(tmp_path: Path) -> None:
+    """hooktrace wraps backward(): an error inside it shows no frame of hooktrace's."""
+    traced = hooktrace_fresh("run", "-o", tmp_path / "log.jsonl", "backward_raises.py",
+                             cwd=SCRIPTS)
+    plain = python("backward_raises.py", cwd=SCRIPTS)
+    assert traced.returncode == plain.returncode == 1
+    assert plain.stderr.splitlines()[-1] == "ValueError: bad backward"
+    assert script_stderr(traced.stderr) == plain.stderr.splitlines()
