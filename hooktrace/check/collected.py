@@ -150,6 +150,14 @@ class Collected:
         return self.names.data_models({m.model for m in self.modules.values()},
                                       self.backward_models())
 
+    def zero_loss_steps(self) -> set[int]:
+        """The steps whose backward pass started from a loss of exactly 0 (the loss ledger's
+        ``loss-values``): a hinge or a margin already met, every gradient zero by the loss
+        itself: nothing to judge of the modules it passes through."""
+        return {step for s in self.signals if s.kind == SignalKind.LOSS_VALUES
+                for step, value in zip(s.detail.get("steps") or (), s.detail.get("values") or (),
+                                       strict=False) if value == 0}
+
     def label(self, model: int, name: str) -> str:
         """A module as findings name it: ``layer1.0 (BasicBlock)``, ``(root)`` for the root."""
         m = self.modules.get((model, name))

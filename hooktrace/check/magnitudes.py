@@ -111,7 +111,8 @@ def _past_thresholds(c: Collected, t: Thresholds, starts: dict[ModelFqn, int]
     a gate), not lost on its way."""
     flagged: dict[str, dict[ModelFqn, _BeyondThreshold]] = {
         "vanishing": {}, "exploding": {}, "zero": {}, "bypassed": {}}
-    for step in sorted(c.param_norms):
+    zero_loss = c.zero_loss_steps()
+    for step in sorted(c.param_norms.keys() - zero_loss):
         norms = _step_norms(c, step)
         earliest: dict[int, int] | None = None  # per model: the first module above vanishing
         for key, norm in norms.items():

@@ -38,8 +38,9 @@ def summary_of(collected: Collected, thresholds: Thresholds | None = None) -> Lo
     """``collected`` settled and analysed for the detectors (``detectors.DETECTORS``)."""
     thresholds = thresholds or Thresholds()
     c = settled(collected)
-    flowed = flow.analyse([call for call in c.calls if c.unfinished is None
-                           or call.step != c.unfinished[0]], c.modules, thresholds)
+    unjudged = c.zero_loss_steps() | ({c.unfinished[0]} if c.unfinished else set())
+    flowed = flow.analyse([call for call in c.calls if call.step not in unjudged], c.modules,
+                          thresholds)
     drop_frozen(c, flowed)
     turns = units.trained_in_turns(c)
     flowed.drop_victims(turns, units.MISSED)

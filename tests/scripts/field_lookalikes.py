@@ -14,6 +14,11 @@
   loss reads it.
 - ``rises_then_falls``: a loss that rises for a few steps (a warm-up overshoot), then falls.
 - ``bug_lr_too_high``: Adam at lr 10 for 1e-3: the loss goes up a thousandfold, never NaN.
+- ``hinge_met``: a triplet loss whose margin every triplet meets in every other step: the loss
+  is exactly 0 there, and so is every gradient, by the loss itself.
+- ``bug_grad_cleared``: the last layer's ``.grad`` set to None before every optimizer step: it
+  never trains (DINO's freeze left on).
+- ``bug_bias_left_out``: the last Linear's weight in the optimizer, its bias not.
 - ``frozen_last_layer``: DINO's ``cancel_gradients_last_layer``: the last layer's ``.grad`` set
   to None before each optimizer step of the first epochs, then trained.
 """
@@ -155,6 +160,33 @@ def adam_at(lr: float, steps: int = 30) -> None:
         opt.step()
 
 
+def hinge_met() -> None:
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(STEPS):
+        a, p, n = (model(torch.randn(4, 8)) for _ in range(3))
+        far = 0.0 if step % 2 == 0 else 100.0  # easy negatives: every margin met, the loss 0
+        loss = F.triplet_margin_loss(a, p, n + far, margin=1.0)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def last_layer_never_trains(case: str) -> None:
+    model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 4))
+    params = [p for name, p in model.named_parameters()
+              if case != "bias_left_out" or name != "3.bias"]
+    opt = torch.optim.SGD(params, lr=0.1)
+    for _ in range(STEPS):
+        loss = F.mse_loss(model(torch.randn(4, 8)), torch.randn(4, 4))
+        opt.zero_grad()
+        loss.backward()
+        if case == "grad_cleared":
+            for p in model[3].parameters():
+                p.grad = None
+        opt.step()
+
+
 def rises_then_falls() -> None:
     adam_at(1.0)  # up 16x in its first steps, then converges
 
@@ -168,6 +200,9 @@ CASES = {
     "bug_nan_next_obs": lambda: nan_next_obs(False),
     "frozen_last_layer": frozen_last_layer,
     "rises_then_falls": rises_then_falls,
+    "hinge_met": hinge_met,
+    "bug_grad_cleared": lambda: last_layer_never_trains("grad_cleared"),
+    "bug_bias_left_out": lambda: last_layer_never_trains("bias_left_out"),
     "bug_lr_too_high": lambda: adam_at(10.0),
 }
 
