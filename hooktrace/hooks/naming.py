@@ -171,7 +171,9 @@ class Naming:
             weakref.WeakKeyDictionary()
         )
         self._model_names: list[str] = []
-        self._written: set[tuple[int, str]] = set()
+        # the module record last written under each name: a module put in another's place
+        # (``model[1] = nn.Sigmoid()``) writes its own when it differs (its class)
+        self._written: dict[tuple[int, str], schema.Module] = {}
         self._by_fqn: dict[tuple[int, str], ModInfo] = {}  # one identity per (model, fqn)
         # traced modules with parameters of their own that no recorded step has called yet (the
         # tracer drops them as they are called): a parent may use their parameters directly,
@@ -207,6 +209,7 @@ class Naming:
     def _name_tree(self, root: nn.Module, model: int, prefix: str) -> ModInfo | None:
         records: dict[str, schema.Module] = {}
         adopted: set[int] = set()  # former top-level models found in this tree
+        named_before: set[str] = set()  # modules named already, their records written
         for fqn, wrapper, module, beside in _walk(root, prefix, set()):
             if wrapper is not None:
                 self._infos[wrapper] = None
@@ -229,6 +232,8 @@ class Naming:
                     if parent != known.fqn.rpartition(".")[0]:  # one parent: no telling which
                         records.update(self._aliases(module, known, fqn))
                 continue
+            if known is not None:
+                named_before.add(fqn)
             params, trainable = _own_params(module)
             info = self._by_fqn.get((model, fqn))
             if info is not None and info.cls == type(module).__name__:
@@ -245,8 +250,9 @@ class Naming:
                                          loose=_loose(module), wrapper=beside,
                                          **_drop(module))
         for fqn, record in records.items():
-            if (model, fqn) not in self._written:
-                self._written.add((model, fqn))
+            last = self._written.get((model, fqn))
+            if last is None or (last != record and fqn not in named_before):
+                self._written[(model, fqn)] = record
                 self._emit(record)
         return self._infos.get(root)  # None for a wrapper: only what it wraps is traced
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers import Traced, hooktrace_cmd
+import pytest
+from helpers import Traced, hooktrace_cmd, read_log
+
+from hooktrace.log import schema
 
 SCRIPT = Path(__file__).parent.parent / "scripts" / "field_names.py"
 
@@ -38,3 +41,48 @@ def test_a_decorated_forward_is_found_at_its_def(traced: Traced) -> None:
 def test_an_undecorated_forward_keeps_its_line(traced: Traced) -> None:
     line = _line("def forward", after="class Branches")
     assert _sources(traced(SCRIPT, "plain")) == [f"field_names.py:{line} (Branches.forward)"]
+
+
+def _classes(log: Path, fqn: str) -> list[str]:
+    """The classes the log's ``module`` records give ``fqn``, in order."""
+    return [r.cls for r in read_log(log) if isinstance(r, schema.Module) and r.fqn == fqn]
+
+
+def _shown(log: Path, step: int) -> dict[str, str]:
+    """``show --step``'s class of each fqn, from its forward rows."""
+    result = hooktrace_cmd("show", log, "--step", str(step))
+    assert result.returncode == 0, result.stderr
+    return {words[3]: words[4] for line in result.stdout.splitlines()
+            if len(words := line.split()) > 4 and words[0].isdigit() and words[1] == "forward"}
+
+
+@pytest.mark.parametrize(("case", "new"), [("replaced", "Sigmoid"),
+                                           ("replaced_identity", "Identity")])
+def test_a_replaced_module_is_named_by_its_own_class(traced: Traced, case: str, new: str
+                                                     ) -> None:
+    """``model[1] = nn.Sigmoid()`` after two steps: a module record of its own, the class
+    ``show`` gives its calls after it."""
+    log = traced(SCRIPT, case)
+    assert _classes(log, "1") == ["ReLU", new]
+    assert _shown(log, 3) == {"0": "Linear", "1": new, "2": "Linear", "(root)": "Sequential"}
+
+
+@pytest.mark.parametrize("case", ["replaced_relu", "kept"])
+def test_a_module_of_the_same_class_or_none_keeps_its_record(traced: Traced, case: str) -> None:
+    log = traced(SCRIPT, case)
+    assert _classes(log, "1") == ["ReLU"]
+    assert _shown(log, 3)["1"] == "ReLU"
+
+
+def test_diff_sees_another_class_in_the_same_place(traced: Traced) -> None:
+    """Two runs that differ only by the class put in ``model[1]`` at step 2 differ in what ran
+    there; a new ReLU in its place is what ran before."""
+    kept = traced(SCRIPT, "kept")
+    result = hooktrace_cmd("diff", kept, traced(SCRIPT, "replaced_gelu"))
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    assert result.returncode == 1 and "1. what ran: differs" in lines, result.stdout
+    assert lines[lines.index("1. what ran: differs") + 1:][:2] == [
+        "step 2 · model 'model' · 1 · position 1 in the step",
+        "forward of 1 call 0: ReLU in A, GELU in B"]
+    same = hooktrace_cmd("diff", kept, traced(SCRIPT, "replaced_relu"))
+    assert "1. what ran: the same" in same.stdout and same.returncode == 0, same.stdout
