@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import Traced, hooktrace_cmd, read_log
+from helpers import Traced, events, hooktrace_cmd, read_log
 
 from hooktrace.log import schema
 
@@ -86,3 +86,43 @@ def test_diff_sees_another_class_in_the_same_place(traced: Traced) -> None:
         "forward of 1 call 0: ReLU in A, GELU in B"]
     same = hooktrace_cmd("diff", kept, traced(SCRIPT, "replaced_relu"))
     assert "1. what ran: the same" in same.stdout and same.returncode == 0, same.stdout
+
+
+def _edges(log: Path) -> list[str]:
+    """``show --edges``' edges of step 0, numbers and norms left out."""
+    result = hooktrace_cmd("show", log, "--step", "0", "--edges")
+    assert result.returncode == 0, result.stderr
+    return [" ".join(line.split()[1:4]) for line in result.stdout.splitlines()
+            if line.startswith("  ") and "->" in line]
+
+
+def test_a_module_two_models_hold_is_named_by_the_model_that_calls_it(traced: Traced) -> None:
+    """ultralytics' ``Conv.default_act``: one SiLU in the Convs of a probe model run once
+    under ``no_grad`` and of the model trained after it. The trained model's calls are its
+    own: no edge between the models, no backward event for the probe."""
+    log = traced(SCRIPT, "shared_act")
+    acts = [(e.model, e.fqn, e.phase, e.call) for e in events(log, step=0)
+            if e.fqn.endswith(".act")]
+    assert acts == [(0, "layers.0.act", "forward", 0), (0, "layers.1.act", "forward", 0),
+                    (1, "layers.0.act", "forward", 0), (1, "layers.1.act", "forward", 0),
+                    (1, "layers.1.act", "backward", 0), (1, "layers.0.act", "backward", 0)]
+    assert not [e for e in events(log, "backward") if e.model == 0]
+    assert _edges(log) == [
+        "probe:layers.0.conv -> probe:layers.0.act", "probe:layers.0.act -> probe:layers.1.conv",
+        "probe:layers.1.conv -> probe:layers.1.act",
+        "model:layers.0.conv -> model:layers.0.act", "model:layers.0.act -> model:layers.1.conv",
+        "model:layers.1.conv -> model:layers.1.act", "model:layers.1.act -> model:head",
+        "model:head -> model:layers.1.act", "model:layers.1.act -> model:layers.1.conv",
+        "model:layers.1.conv -> model:layers.0.act", "model:layers.0.act -> model:layers.0.conv"]
+
+
+def test_a_module_shared_inside_one_model_keeps_its_names(traced: Traced) -> None:
+    """The same Convs in one model: the activation is ``layers.0.act``, and
+    ``layers.1.act`` (``alias_of`` it) where ``layers.1`` calls it."""
+    log = traced(SCRIPT, "shared_act_one_model")
+    modules = {r.fqn: r for r in read_log(log) if isinstance(r, schema.Module)}
+    assert (modules["layers.0.act"].aliases, modules["layers.1.act"].alias_of) == (
+        ["layers.1.act"], "layers.0.act")
+    assert [(e.fqn, e.phase) for e in events(log, step=0) if e.fqn.endswith(".act")] == [
+        ("layers.0.act", "forward"), ("layers.1.act", "forward"),
+        ("layers.1.act", "backward"), ("layers.0.act", "backward")]
