@@ -126,3 +126,24 @@ def test_a_module_shared_inside_one_model_keeps_its_names(traced: Traced) -> Non
     assert [(e.fqn, e.phase) for e in events(log, step=0) if e.fqn.endswith(".act")] == [
         ("layers.0.act", "forward"), ("layers.1.act", "forward"),
         ("layers.1.act", "backward"), ("layers.0.act", "backward")]
+
+
+def _backward(log: Path, step: int = 0) -> list[tuple[str, int]]:
+    return [(e.fqn, e.call) for e in events(log, "backward", step)]
+
+
+def test_a_view_no_gradient_reached_has_no_backward_event(traced: Traced) -> None:
+    """``nn.Flatten`` of the features, read for a metric: its output is a whole view of the
+    features, whose own node gets a gradient through the head; none came through the view."""
+    assert _backward(traced(SCRIPT, "unused_view")) == [("", 0), ("head", 0), ("body", 0)]
+
+
+def test_views_changed_in_place_keep_the_gradient_of_each_call(traced: Traced) -> None:
+    """swin V2's position bias on a buffer, its first Linear's output changed in place by
+    ``ReLU(inplace=True)``, called twice a step (and once under ``no_grad``): a backward event
+    for each call the loss reads, and check finds nothing wrong."""
+    log = traced(SCRIPT, "position_bias")
+    bias = [(fqn, call) for fqn, call in _backward(log) if fqn.startswith("block.cpb_mlp.")]
+    assert bias == [(f"block.cpb_mlp.{i}", call) for call in (1, 0) for i in (2, 1, 0)]
+    result = hooktrace_cmd("check", log)
+    assert result.returncode == 0, result.stdout

@@ -11,6 +11,12 @@ each training a tiny seeded model on CPU for a few steps.
 - ``shared_act``: ultralytics' ``Conv.default_act``, one ``nn.SiLU`` instance in every Conv of
   every model: a probe model run once, then the trained model. Each model's calls are its own.
 - ``shared_act_one_model``: the trained model alone: its shared activation keeps its names.
+- ``unused_view``: an ``nn.Flatten`` of the features, a whole view of them, read for a metric
+  only: no gradient reaches it (its base, the features, gets one through the head).
+- ``position_bias``: swin V2's continuous position bias (``Linear`` -> ``ReLU(inplace=True)``
+  -> ``Linear`` on a buffer of coordinates) called several times a step: by a block applied
+  twice, and once more for a metric under ``no_grad``: each call the loss reads gets a
+  gradient (the in-place ReLU rebuilt its first Linear's node).
 """
 
 from __future__ import annotations
@@ -81,6 +87,50 @@ class Detector(nn.Module):
         return self.head(self.layers(x).mean((2, 3)))  # type: ignore[no-any-return]
 
 
+class Features(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(8, 16)
+        self.flatten = nn.Flatten(0)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        feats = self.body(x)
+        self.spread = float(self.flatten(feats).std())  # a metric: the loss never reads it
+        return self.head(feats)  # type: ignore[no-any-return]
+
+
+class PositionBias(nn.Module):
+    """swin V2's ``cpb_mlp`` on its ``relative_coords_table``: the first Linear's output is a
+    whole view (its input is 4-d), changed in place by the ReLU."""
+
+    def __init__(self, heads: int = 2) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.randn(1, 5, 5, 2))
+        self.cpb_mlp = nn.Sequential(nn.Linear(2, 16), nn.ReLU(inplace=True),
+                                     nn.Linear(16, heads, bias=False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = 16 * torch.sigmoid(self.cpb_mlp(self.table).view(-1, x.shape[-1]))
+        return x + bias.mean(0)
+
+
+class Recurrent(nn.Module):
+    """One block applied twice a step, its bias computed once more for a metric."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, 2)
+        self.block = PositionBias()
+        self.head = nn.Linear(2, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.block(self.block(self.embed(x)))
+        with torch.no_grad():  # a metric
+            self.bias_max = float(self.block.cpb_mlp(self.block.table).max())
+        return self.head(h)  # type: ignore[no-any-return]
+
+
 REPLACEMENTS = {"replaced": nn.Sigmoid, "replaced_identity": nn.Identity,
                 "replaced_gelu": nn.GELU, "replaced_relu": nn.ReLU}
 
@@ -94,6 +144,10 @@ def main(case: str) -> None:
         model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
         replace = REPLACEMENTS[case]() if case in REPLACEMENTS else None
         fit(model, x, y, after=2, replace=replace)
+    elif case == "unused_view":
+        fit(Features(), x, y, steps=2)
+    elif case == "position_bias":
+        fit(Recurrent(), x, y, steps=2)
     elif case in ("shared_act", "shared_act_one_model"):
         images = torch.randn(4, 3, 8, 8)
         if case == "shared_act":
