@@ -123,6 +123,9 @@ class _Comparison:
             named, what = here_b, _only(here_b, "B", keys_a)
         elif here_a is not None and here_a.key not in keys_b:
             named, what = here_a, _only(here_a, "A", keys_b)
+        elif here_a is not None and here_b is not None and here_a.key == here_b.key:
+            named = here_a  # another module in its place (``model[1] = nn.GELU()``)
+            what = f"{here_a.describe()}: {here_a.cls} in A, {here_b.cls} in B"
         else:
             assert here_a is not None and here_b is not None
             named = here_a

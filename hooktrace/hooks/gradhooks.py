@@ -4,7 +4,9 @@ One prehook per autograd node (kept in ``node.metadata``), shared by every modul
 a tensor made by that node: it calls their callbacks latest-registered first, so a parent's
 backward starts before its last child's (hooks on one node would run in registration order).
 A leaf tensor has no node: it gets one tensor hook with the same dispatch, kept while the tensor
-lives (a graph can be backpropagated twice), its old calls dropped after each pass.
+lives (a graph can be backpropagated twice), its old calls dropped after each pass. A tensor that
+views another whole has a fallback on its base's node, taken only where an in-place op rebuilt
+the view's own node (``_Fallback``): a base's node also runs for the base's other uses.
 
 The first gradient seen in an autograd graph task queues an engine callback; when the outermost
 task ends (nested ones come from reentrant checkpointing), ``on_pass_end`` runs: one call per
@@ -30,8 +32,46 @@ _MAX_LEAVES = 4096  # leaf tensors hooked at once; forward-only code never ends 
 
 
 #: in a dispatch's ``shape`` slot: the entry of a tensor that views another whole, whose base's
-#: node holds a fallback entry (with the view's shape) for when an in-place op rebuilt its node
+#: node holds a fallback entry (a ``_Fallback``) for when an in-place op rebuilt its node
 _VIEW = object()
+
+
+class _Fallback:
+    """A whole view's entry on its base's node, for a pass in which the view's own node never
+    ran. An in-place op that rebuilt the view's node (``ReLU(inplace=True)`` on a ``Linear``'s
+    3-d output) sends the view's gradient through its base's node only: the view changed since
+    (while it lives), or its old node, which the in-place op's backward held, went in a
+    backward pass (or is still there, kept for another). A view that died unchanged took its
+    node with it, before any backward: no gradient came its way (a module's output nobody
+    used), and its base's node runs for others."""
+
+    __slots__ = ("shape", "_view", "_version", "_own", "_end")
+
+    def __init__(self, t: torch.Tensor, own: _NodeDispatch) -> None:
+        self.shape = t.shape
+        self._view = weakref.ref(t)
+        self._version = t._version
+        # held here, the end's callback holds no fallback: no reference cycle
+        self._end = end = _NodeEnd()
+        self._own = weakref.ref(own, end.ended)  # the prehook of the view's own node
+
+    def rebuilt(self) -> bool:
+        t = self._view()
+        if t is not None:
+            return t._version != self._version
+        return self._own() is not None or self._end.in_backward
+
+
+class _NodeEnd:
+    """When an autograd node went: inside a backward pass, or not."""
+
+    __slots__ = ("in_backward",)
+
+    def __init__(self) -> None:
+        self.in_backward = False
+
+    def ended(self, _ref: Any) -> None:
+        self.in_backward = torch._C._current_graph_task_id() != -1
 
 
 class _NodeDispatch(list[Any]):
@@ -41,7 +81,7 @@ class _NodeDispatch(list[Any]):
     fallback on the base's node. These objects live as long as the graph (often into the next
     step): the fewer, the rarer Python's full collections."""
 
-    __slots__ = ("hooks",)
+    __slots__ = ("hooks", "__weakref__")
     hooks: GradHooks  # set right after creation: an __init__ calling list's costs a third more
 
     def __call__(self, grad_outputs: Sequence[torch.Tensor | None]) -> None:
@@ -100,7 +140,8 @@ class GradHooks:
             base = t._base
             if (base is not None and base.grad_fn is not None and base.numel() == t.numel()
                     and base.dtype == t.dtype):
-                self._dispatch(base.grad_fn).extend((base.output_nr, call, index, t.shape))
+                fallback = _Fallback(t, self._dispatch(node))
+                self._dispatch(base.grad_fn).extend((base.output_nr, call, index, fallback))
                 shape = _VIEW
         dispatch = self._dispatch(node)
         if call is not None:
@@ -117,13 +158,14 @@ class GradHooks:
 
     def viewed(self, call: Any, index: int, grad: torch.Tensor, shape: Any) -> None:
         """A whole view's gradient: from its own node (``_VIEW``), or from its base's where
-        its own never ran in this pass (an in-place op rebuilt it), in the view's shape."""
+        its own never ran in this pass because an in-place op rebuilt it (a ``_Fallback``),
+        in the view's shape."""
         key = (call, index)
         if shape is _VIEW:
             self._viewed.add(key)
             self.on_grad(call, index, grad)
-        elif key not in self._viewed:
-            self.on_grad(call, index, grad.reshape(shape))
+        elif key not in self._viewed and shape.rebuilt():
+            self.on_grad(call, index, grad.reshape(shape.shape))
 
     def _attach_leaf(self, t: torch.Tensor, call: Any, index: int) -> None:
         entry = self._leaves.get(id(t))

@@ -20,8 +20,10 @@ predecessor's. A child that a wrapper holds beside the model it wraps (``DataPar
 = ...``) is named ``(DataParallel).fc``: the wrapper's forward never calls it. A module
 registered under two parents (one block shared by an encoder and a decoder) is named by the path
 of the parent that calls it: its calls from the decoder are ``decoder.block``, a name whose
-``module`` record says ``alias_of`` its first name. ``id()`` is never used as identity: ids of
-freed modules are reused.
+``module`` record says ``alias_of`` its first name. A module that several models hold
+(ultralytics' ``Conv.default_act``: one ``nn.SiLU`` in every Conv of every model) is named in
+each, and a call is named by the model of its caller: a probe model run once does not take the
+trained model's calls. ``id()`` is never used as identity: ids of freed modules are reused.
 """
 
 from __future__ import annotations
@@ -61,14 +63,29 @@ class ModInfo:
     # how many of its own parameters required a gradient when it was named, as its module
     # record says (a freeze inside the first forward is then a change the first step's end sees)
     trainable: int = 0
-    #: a module registered under several parents: its other names, by the fqn of the parent
-    #: that holds it there; a call from that parent is recorded under that name
-    aliases: dict[str, ModInfo] | None = None
+    #: a module registered under several parents: its other names, by (model, fqn) of the
+    #: parent that holds it there, and by (model, None) its name in another model that holds it
+    #: too; a call from that parent, or else from that model, is recorded under that name
+    aliases: dict[tuple[int, str | None], ModInfo] | None = None
 
 
 def _no_module() -> None:
     """The ``ref`` of an identity given up: its module is named anew in another model."""
     return None
+
+
+def _in_model(known: ModInfo, model: int) -> ModInfo | None:
+    """The identity in ``model`` of ``known``'s module: ``known``, or the name it has there as
+    a module that several models hold; None where it has none (yet)."""
+    if known.model == model:
+        return known
+    return known.aliases.get((model, None)) if known.aliases is not None else None
+
+
+def _add_alias(named: ModInfo, key: tuple[int, str | None], alias: ModInfo) -> None:
+    if named.aliases is None:
+        named.aliases = {}
+    named.aliases[key] = alias
 
 
 def _wrapped(module: nn.Module) -> nn.Module | None:
@@ -171,7 +188,9 @@ class Naming:
             weakref.WeakKeyDictionary()
         )
         self._model_names: list[str] = []
-        self._written: set[tuple[int, str]] = set()
+        # the module record last written under each name: a module put in another's place
+        # (``model[1] = nn.Sigmoid()``) writes its own when it differs (its class)
+        self._written: dict[tuple[int, str], schema.Module] = {}
         self._by_fqn: dict[tuple[int, str], ModInfo] = {}  # one identity per (model, fqn)
         # traced modules with parameters of their own that no recorded step has called yet (the
         # tracer drops them as they are called): a parent may use their parameters directly,
@@ -207,6 +226,8 @@ class Naming:
     def _name_tree(self, root: nn.Module, model: int, prefix: str) -> ModInfo | None:
         records: dict[str, schema.Module] = {}
         adopted: set[int] = set()  # former top-level models found in this tree
+        named_before: set[str] = set()  # modules named already, their records written
+        shared: ModInfo | None = None  # the identity of a module another model holds too
         for fqn, wrapper, module, beside in _walk(root, prefix, set()):
             if wrapper is not None:
                 self._infos[wrapper] = None
@@ -221,14 +242,21 @@ class Naming:
                 known.ref = _no_module  # observers holding the old identity let it go
             elif known is not None and fqn not in records and (
                     known.fqn != "" or known.model != model):
-                # shared with a model named earlier, or a second path inside this one: one identity
-                first = records.get(known.fqn) if known.model == model else None
-                if first is not None:
-                    first.aliases = [*(first.aliases or []), fqn]
-                    parent = fqn.rpartition(".")[0]
-                    if parent != known.fqn.rpartition(".")[0]:  # one parent: no telling which
-                        records.update(self._aliases(module, known, fqn))
-                continue
+                here = _in_model(known, model)
+                if here is not None or known.fqn == "":
+                    # a second path inside this model (or a model given apart): one identity
+                    first = records.get(here.fqn) if here is not None else None
+                    if first is not None and here is not None:
+                        first.aliases = [*(first.aliases or []), fqn]
+                        parent = fqn.rpartition(".")[0]
+                        if parent != here.fqn.rpartition(".")[0]:  # one parent: no telling
+                            records.update(self._aliases(module, here, fqn))
+                    continue
+                # held by a model named earlier too (ultralytics' ``Conv.default_act``, one SiLU
+                # in every Conv of every model): named here too, its calls from here so
+                shared = known
+            if known is not None:
+                named_before.add(fqn)
             params, trainable = _own_params(module)
             info = self._by_fqn.get((model, fqn))
             if info is not None and info.cls == type(module).__name__:
@@ -241,13 +269,18 @@ class Naming:
                 self._by_fqn[(model, fqn)] = info
                 if info.has_params and info.traced:
                     self.uncalled[info] = None
-            self._infos[module] = info
+            if shared is None:
+                self._infos[module] = info
+            else:
+                _add_alias(shared, (model, None), info)
+                shared = None
             records[fqn] = schema.Module(model, fqn, info.cls, params, trainable,
                                          loose=_loose(module), wrapper=beside,
                                          **_drop(module))
         for fqn, record in records.items():
-            if (model, fqn) not in self._written:
-                self._written.add((model, fqn))
+            last = self._written.get((model, fqn))
+            if last is None or (last != record and fqn not in named_before):
+                self._written[(model, fqn)] = record
                 self._emit(record)
         return self._infos.get(root)  # None for a wrapper: only what it wraps is traced
 
@@ -258,17 +291,18 @@ class Naming:
         there are recorded under; their ``module`` records, by name."""
         records = {}
         for rel, inner in module.named_modules():
-            first = known if not rel else self._infos.get(inner)
-            if first is None:
+            named = self._infos.get(inner)
+            first = known if not rel else named and _in_model(named, known.model)
+            if first is None or named is None:
                 continue
             name = f"{fqn}.{rel}" if rel else fqn
-            records[name] = self._alias(first, name, name.rpartition(".")[0])
+            records[name] = self._alias(first, name, name.rpartition(".")[0], named)
         return records
 
-    def _alias(self, known: ModInfo, fqn: str, parent: str) -> schema.Module:
+    def _alias(self, known: ModInfo, fqn: str, parent: str, named: ModInfo) -> schema.Module:
         """``fqn``, a second path to ``known``'s module under another ``parent``: the name of
-        its calls from that parent, and its ``module`` record (no parameters: ``known`` holds
-        them)."""
+        its calls from that parent (kept on ``named``, the identity its calls are looked up
+        by), and its ``module`` record (no parameters: ``known`` holds them)."""
         alias = self._by_fqn.get((known.model, fqn))
         if alias is None or alias.cls != known.cls:
             # traced when either name is asked for: ``--include 'net*'`` still records the
@@ -278,9 +312,8 @@ class Naming:
                             known.ref, False)
             self._by_fqn[(known.model, fqn)] = alias
         alias.ref = known.ref
-        if known.aliases is None:
-            known.aliases = {}
-        known.aliases.setdefault(parent, alias)
+        if named.aliases is None or (known.model, parent) not in named.aliases:
+            _add_alias(named, (known.model, parent), alias)
         return schema.Module(known.model, fqn, known.cls, alias_of=known.fqn)
 
     def _from_owner(self, module: nn.Module) -> ModInfo | None:
@@ -318,7 +351,10 @@ class Naming:
             pass
         else:
             if info is not None and info.aliases is not None and caller is not None:
-                return info.aliases.get(caller.fqn, info)  # the name under its caller
+                # the name under its caller: its path there, else its name in the caller's model
+                aliases = info.aliases
+                return aliases.get((caller.model, caller.fqn)) or aliases.get(
+                    (caller.model, None), info)
             return info
         if caller is None:
             if self._scoped or compiled_graph(module):

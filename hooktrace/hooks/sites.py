@@ -3,6 +3,7 @@ script (with the module whose call raised it). Paths under the working directory
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import linecache
 import os
@@ -23,13 +24,31 @@ def shown(path: str) -> str:
 
 
 def forward_site(cls: type) -> tuple[str, int] | None:
-    """Where ``cls`` defines ``forward``; None for torch's own classes and compiled code."""
+    """Where ``cls`` defines ``forward`` (its ``def`` line); None for torch's own classes and
+    compiled code. A decorated ``forward`` (``@torch.autocast(...)``, transformers'
+    ``@can_return_tuple``) is the user's function the decorators wrap, not the decorator's."""
     forward = getattr(cls, "forward", None)
-    code = getattr(forward, "__code__", None)
-    if code is None or cls.__module__.startswith("torch."):
+    if forward is None or cls.__module__.startswith("torch."):
         return None
-    path = inspect.getsourcefile(forward) or code.co_filename  # type: ignore[arg-type]
-    return shown(path), code.co_firstlineno
+    with contextlib.suppress(ValueError):  # a cycle of __wrapped__: take it as it is
+        forward = inspect.unwrap(forward)
+    code = getattr(forward, "__code__", None)
+    if code is None:
+        return None
+    path = inspect.getsourcefile(forward) or code.co_filename
+    return shown(path), _def_line(code.co_filename, code.co_firstlineno)
+
+
+def _def_line(path: str, first: int) -> int:
+    """The ``def`` line of a function whose code starts at ``first``: a decorated function's
+    code starts at its first decorator."""
+    for line in range(first, first + 32):  # decorators span a few lines
+        text = linecache.getline(path, line).lstrip()
+        if text.startswith(("def ", "async def ")):
+            return line
+        if not text:  # past the end of the file, or source not readable
+            break
+    return first
 
 
 def error_site(error: BaseException) -> tuple[nn.Module | None, str | None, int | None]:

@@ -47,6 +47,9 @@ class Event(NamedTuple):
     in_stats: Sequence[schema.GradStat | None] | None  # backward with statistics only
     out_stats: Sequence[schema.GradStat | None] | None
     nonfinite: Sequence[Sequence[int]] | None  # forward: [output index, nan, inf]
+    #: the class of the module that ran (its ``module`` record's: a module put in another's
+    #: place, ``model[1] = nn.GELU()``, is named by a record of its own)
+    cls: str = "?"
 
     @property
     def key(self) -> Key:
@@ -92,7 +95,7 @@ class Walk:
         self.names = LogNames()
         self.models = self.names.models  # model index -> name
         self.modules: dict[str, dict[str, ModuleInfo]] = {}
-        self._names: dict[int, tuple[str, str]] = {}  # module id -> (model name, fqn)
+        self._names: dict[int, tuple[str, str, str]] = {}  # id -> (model name, fqn, class)
         self._closed = -1  # the last step a step record closed
         self.reached = -1  # the largest step it has read a record of: the run got that far
 
@@ -166,26 +169,28 @@ class Walk:
             known = self.modules.setdefault(self._model(record.model), {})
             known.setdefault(record.fqn, ModuleInfo(record.cls, record.params, len(known)))
 
-    def _name(self, module: int) -> tuple[str, str]:
-        """(model name, fqn) of a module id, kept from the first event that names it."""
+    def _name(self, module: int) -> tuple[str, str, str]:
+        """(model name, fqn, class) of a module id, kept from the first event that names it
+        (its record came before it)."""
         found = self._names.get(module)
         if found is None:
             model, fqn = self.reader.modules[module]
-            found = self._names[module] = (self._model(model), fqn)
+            found = self._names[module] = (self._model(model), fqn,
+                                           self.names.classes.get((model, fqn), "?"))
         return found
 
     # Most of a log: built with few lookups, as tuples (no keyword parsing)
     def _forward(self, row: ForwardRow) -> Event:
         _, _, module, call, (ins, in_types), (outs, out_types), more = row
-        model, fqn = self._names.get(module) or self._name(module)
+        model, fqn, cls = self._names.get(module) or self._name(module)
         return tuple.__new__(Event, (model, "forward", fqn, call, ins, outs, in_types,
-                                     out_types, None, None, more and more.output_nonfinite))
+                                     out_types, None, None, more and more.output_nonfinite, cls))
 
     def _backward(self, row: BackwardRow) -> Event:
         _, _, module, call, _, grad_ins, grad_outs, in_stats, out_stats, _ = row
-        model, fqn = self._names.get(module) or self._name(module)
+        model, fqn, cls = self._names.get(module) or self._name(module)
         return tuple.__new__(Event, (model, "backward", fqn, call, grad_ins, grad_outs, (), (),
-                                     in_stats, out_stats, None))
+                                     in_stats, out_stats, None, cls))
 
 
 _MORE = itemgetter(-1)  # a row's ``more``: None for most events
@@ -219,9 +224,13 @@ def lockstep(walks: Sequence[Walk], keep: Callable[[StepRecords], bool] = lambda
 
 def signature(e: Event) -> tuple[Any, ...]:
     """What two runs, or two ranks, must agree on for one call: which call it is (model, phase,
-    fqn, call index), its shapes and its dtypes (for a backward: grad_input's and grad_output's
-    shapes)."""
-    return e[:8]
+    fqn, call index) of which class, its shapes and its dtypes (for a backward: grad_input's
+    and grad_output's shapes)."""
+    return _SIGNATURE(e)  # type: ignore[no-any-return]
+
+
+_SIGNATURE = itemgetter(0, 1, 2, 3, 4, 5, 6, 7, 11)  # Event's fields, as ``signature`` says
+_RAN = itemgetter(0, 1, 2, 3, 11)  # what ran: which call it is, of which class
 
 
 @dataclass(frozen=True)
@@ -250,9 +259,9 @@ class Parting:
 def parting(a: Sequence[Event], b: Sequence[Event]) -> Parting | None:
     """Where the events ``a`` and ``b`` of one step first part ways; None when they agree in
     what ran, shapes and dtypes (their numbers are not looked at)."""
-    if [e[:8] for e in a] == [e[:8] for e in b]:
+    if list(map(_SIGNATURE, a)) == list(map(_SIGNATURE, b)):
         return None
-    ran = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x[:4] != y[:4]),
+    ran = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if _RAN(x) != _RAN(y)),
                None if len(a) == len(b) else min(len(a), len(b)))
     if ran is None:  # the same calls in the same order
         pairs: Iterator[tuple[int, Event, Event | None]] = (

@@ -88,7 +88,9 @@ class Encoder:
     near 70 bytes (forward) and 130 (backward, with statistics)."""
 
     def __init__(self) -> None:
-        self._modules: dict[tuple[int, str], int] = {}
+        self._modules: dict[tuple[int, str], int] = {}  # (model, fqn) -> its latest id
+        self._records: dict[tuple[int, str], Module] = {}  # the record of that id
+        self._ids_given = 0
         self._tensors: dict[tuple[Any, Any], int] = {}
         self._last_stat: Any = None  # the last statistics tuple encoded, and its encoding
         self._last_encoded: list[Any] = []
@@ -118,10 +120,15 @@ class Encoder:
                 record: Module | None = None) -> int:
         key = (model, fqn)
         ident = self._modules.get(key)
-        if ident is None:  # an event of a module without a record: a record that says only that
-            ident = self._modules[key] = len(self._modules)
+        if ident is None or (record is not None and record != self._records.get(key)):
+            # new, or another module put in its place (``model[1] = nn.Sigmoid()``): a record
+            # with an id of its own, which the events from here on name. An event of a module
+            # without a record: a record that says only that
+            ident = self._modules[key] = self._ids_given
+            self._ids_given += 1
+            self._records[key] = record = record or Module(model, fqn, "?")
             d: dict[str, Any] = {"type": "module", "id": ident}
-            d.update((record or Module(model, fqn, "?")).to_dict())
+            d.update(record.to_dict())
             out.append(d)
         return ident
 

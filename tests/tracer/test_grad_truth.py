@@ -5,16 +5,22 @@ patterns that once broke it: an in-place op on a module output that views a whol
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from groundtruth import Case, run_case, sgd
 from helpers import events, names
 from torch import nn
+from torch.nn import functional as F
 from torchvision.ops import StochasticDepth
 
 import hooktrace
 from hooktrace.check.checklog import run_checks
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import field_names
 
 
 class BiasTable(nn.Module):
@@ -151,3 +157,18 @@ def test_a_whole_view_used_beside_its_base_keeps_its_own_gradient(log_path: Path
     [stat] = bwd["flat"].grad_output_stats or [None]
     assert stat is not None
     assert stat[0] == pytest.approx(2 * (2 * 2 * 3 * 3) ** 0.5, rel=1e-3)  # 2 everywhere
+
+
+def test_a_position_bias_called_several_times_agrees_with_param_grad(tmp_path: Path) -> None:
+    """swin V2's position bias on a buffer, ``ReLU(inplace=True)`` between its Linears, called
+    several times a step (tests/scripts/field_names.py): each claim of the log and of check
+    against PyTorch's own ``param.grad``, over two steps."""
+    torch.manual_seed(0)
+    model = field_names.Recurrent()
+    x, y = torch.randn(8, 8), torch.randint(0, 3, (8,))
+
+    def backward() -> None:
+        F.cross_entropy(model(x), y).backward()
+
+    result = run_case(tmp_path / "log.jsonl", Case([model], backward, sgd([model])), 2)
+    assert not result.failures(), result.failures()

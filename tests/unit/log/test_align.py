@@ -241,3 +241,13 @@ def test_renames_pair_by_class_and_params_in_order() -> None:
     c = {**a, "fc": ModuleInfo("Linear", 11, 1)}
     assert renames(c, b) == {"dense": "out"}  # another parameter count: not fc
     assert renames(a, a) == {}
+
+
+def test_another_class_in_the_same_place_parts_in_what_ran() -> None:
+    """``model[1] = nn.GELU()`` in one run, a ReLU in the other: the same call, not the same
+    module; a new module of the same class is."""
+    a = [event("fc1"), event("act")._replace(cls="ReLU")]
+    b = [event("fc1"), event("act")._replace(cls="GELU")]
+    split = parting(a, b)
+    assert split is not None and (split.kind, split.position, split.ran) == ("ran", 1, 1)
+    assert parting(a, [event("fc1"), event("act")._replace(cls="ReLU")]) is None

@@ -117,6 +117,16 @@ def test_one_fqn_in_two_models_is_two_modules() -> None:
         (0, "fc"), (1, "fc")]
 
 
+def test_a_module_put_in_another_s_place_has_a_record_and_an_id_of_its_own() -> None:
+    """``model.fc = nn.Identity()`` mid-run: the events after its record name it; the same
+    record again (a module built anew in each forward) writes nothing."""
+    other = schema.Module(model=0, fqn="fc", cls="Identity")
+    lines = wire(FC, forward(1), other, forward(2), other, FC, forward(3))
+    assert [(d["id"], d["class"]) for d in lines if d["type"] == "module"] == [
+        (0, "Linear"), (1, "Identity"), (2, "Linear")]
+    assert [d["module"] for d in lines if d["type"] == "forward"] == [0, 1, 2]
+
+
 def test_tensors_record_once_per_signature() -> None:
     lines = wire(FC, forward(1), forward(2, input_shapes=[[2, 3]], input_dtypes=["float32"]),
                  forward(3, input_dtypes=("float16",)))
