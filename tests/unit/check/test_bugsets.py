@@ -25,12 +25,14 @@ Set 6's named bugs: b02, b08, b10, b11, b17, b23.
 After (issue 48's first slices: kinds and causes, judged by the passes that feed a step, the
 loss ledger, the parameter ledger; set 6 traced again with them):
 
-    set6  26 bugs + 19 healthy    8 / 3 / 15   18 / 1  (h15)
+    set6  26 bugs + 19 healthy    8 / 2 / 16   19 / 0
 
 Newly named: b01 (a layer's ``.grad`` set to None before every step: ``grads-cleared`` from
 the parameter ledger), b03 (lr 1e1: ``loss-diverged`` from the loss ledger). No longer false
 alarms: h03 (Grad-CAM), h04 (a FLOPs probe on ``torch.empty``), h05 (NaN observations masked
-before the loss).
+before the loss), h15 (a triplet loss exactly 0 in some steps: its zero gradients are the
+loss's). b14 went from symptom only to missed: the zero gradients it was named by come from
+steps whose loss is exactly 0.
 """
 
 from __future__ import annotations
@@ -61,8 +63,8 @@ SCORECARDS: dict[str, dict[str, dict[str, int]]] = {
                                        "OK": 14, "FALSE-ALARM": 1, "ERROR": 0}},
     "set6": {"before (main 029349b)": {"DETECTED": 6, "SYMPTOM-ONLY": 3, "MISSED": 17,
                                        "OK": 15, "FALSE-ALARM": 4, "ERROR": 0},
-             "after (issue 48, first slices)": {"DETECTED": 8, "SYMPTOM-ONLY": 3, "MISSED": 15,
-                                                "OK": 18, "FALSE-ALARM": 1, "ERROR": 0}},
+             "after (issue 48, first slices)": {"DETECTED": 8, "SYMPTOM-ONLY": 2, "MISSED": 16,
+                                                "OK": 19, "FALSE-ALARM": 0, "ERROR": 0}},
 }
 
 
