@@ -25,6 +25,7 @@ Set 6's named bugs: b02, b08, b10, b11, b17, b23.
 After (issue 48's first slices: kinds and causes, judged by the passes that feed a step, the
 loss ledger, the parameter ledger; set 6 traced again with them):
 
+    set3  30 bugs + 15 healthy   16 / 3 / 11   14 / 1  (h08)
     set6  26 bugs + 19 healthy    8 / 2 / 16   19 / 0
 
 Newly named: b01 (a layer's ``.grad`` set to None before every step: ``grads-cleared`` from
@@ -60,7 +61,9 @@ SCORECARDS: dict[str, dict[str, dict[str, int]]] = {
     "set2": {"before (main 029349b)": {"DETECTED": 25, "SYMPTOM-ONLY": 2, "MISSED": 3,
                                        "OK": 14, "FALSE-ALARM": 0, "ERROR": 0}},
     "set3": {"before (main 029349b)": {"DETECTED": 16, "SYMPTOM-ONLY": 3, "MISSED": 11,
-                                       "OK": 14, "FALSE-ALARM": 1, "ERROR": 0}},
+                                       "OK": 14, "FALSE-ALARM": 1, "ERROR": 0},
+             "after (issue 48, first slices)": {"DETECTED": 16, "SYMPTOM-ONLY": 3, "MISSED": 11,
+                                                "OK": 14, "FALSE-ALARM": 1, "ERROR": 0}},
     "set6": {"before (main 029349b)": {"DETECTED": 6, "SYMPTOM-ONLY": 3, "MISSED": 17,
                                        "OK": 15, "FALSE-ALARM": 4, "ERROR": 0},
              "after (issue 48, first slices)": {"DETECTED": 8, "SYMPTOM-ONLY": 2, "MISSED": 16,
