@@ -117,8 +117,24 @@ def build(log: StepLog, depth: int | None = None, phase: str = "both",
     else:  # a log from before: calls in call order
         view.edge_list += _call_order(keys, calls, visits, fold, phase)
     if phase != "forward":
-        view.backward_start = next(((k, e) for k, e in visits if k is not None and e), None)
+        view.backward_starts = _starts(visits, view.edge_list if view.dataflow else None)
     return view
+
+
+def _starts(visits: list[tuple[NodeKey | None, schema.BackwardEvent]],
+            edges: list[Edge] | None) -> list[tuple[NodeKey, schema.BackwardEvent]]:
+    """Where the backward pass enters the picture: each node whose gradient came along no drawn
+    edge (every head a loss reaches: a segmentation model's out and aux, an actor-critic's
+    policy and value), at its first backward event, in the order autograd reached them; the
+    first node alone where the edges follow call order (``edges`` None)."""
+    reached = {e.dst for e in edges or () if e.phase == "backward"}
+    starts: dict[NodeKey, schema.BackwardEvent] = {}
+    for key, event in visits:
+        if key is not None and key not in reached and key not in starts:
+            starts[key] = event
+            if edges is None:
+                break
+    return list(starts.items())
 
 
 def _call_order(keys: dict[NodeKey, NodeKey | None], calls: dict[NodeKey, Call],

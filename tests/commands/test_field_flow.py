@@ -1,15 +1,22 @@
 """The data flow of the field programs (tests/scripts/field_flow.py, issue 47 item 4), traced for
-real and read back as ``show --edges``:
+real and read back as ``show --edges`` and ``render``'s picture laid out by the real ``dot``:
 edges through operations under ``no_grad``, where autograd records nothing (a ``cat``, a
-residual add), none from a module that returned its input to a later reader of that input."""
+residual add), none from a module that returned its input to a later reader of that input,
+and the backward's start at every head the loss reaches."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import pytest
 from helpers import Traced, hooktrace_cmd
 
+from tests.commands.test_field_pictures import dot_of, plain
+
 SCRIPT = Path(__file__).parent.parent / "scripts" / "field_flow.py"
+
+needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="needs Graphviz dot")
 
 
 def forward_edges(log: Path, step: int) -> list[str]:
@@ -71,3 +78,21 @@ def test_validation_under_no_grad_has_the_training_call_s_edges(traced: Traced) 
             "h.0.attn (call 1/2) -> h.1.ln_1 (call 1/2)",
             "h.1.mlp (call 1/2) -> ln_f (call 1/2)"} <= set(validation)
     assert len(validation) == 23
+
+
+@needs_dot
+def test_the_backward_starts_at_each_head_the_loss_reaches(traced: Traced,
+                                                         tmp_path: Path) -> None:
+    """A loss of the ``out`` and ``aux`` heads: the backward starts at both (before: at ``aux``
+    only, autograd's first)."""
+    found = plain(dot_of(traced(SCRIPT, "two_heads"), tmp_path))
+    assert [e for e in found if e.startswith("start")] == [
+        "start -> m0/aux_classifier#0", "start -> m0/classifier#0"]
+    assert {"backward 1: m0/aux_classifier#0 -> m0/backbone.1#0",
+            "backward 2: m0/classifier#0 -> m0/backbone.1#0"} <= set(found)
+
+
+@needs_dot
+def test_a_single_head_s_backward_starts_once(traced: Traced, tmp_path: Path) -> None:
+    found = plain(dot_of(traced(SCRIPT, "one_head"), tmp_path))
+    assert [e for e in found if e.startswith("start")] == ["start -> m0/classifier#0"]
