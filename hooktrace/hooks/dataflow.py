@@ -133,9 +133,9 @@ class DataFlow:
         if self.error is not None:
             error, self.error = self.error, None
             raise error
-        follows = not _grad_enabled() and self._ops.live and not self._ops.pushed()
+        follows = not _grad_enabled() and self._ops.live and not self._ops.on_stack()
         if follows:  # a call under no_grad: its operations followed
-            self._ops.push()
+            self._ops.put_on()
         try:
             versions = tuple(map(_version, inputs))
         except RuntimeError:  # an inference tensor has no version
@@ -156,7 +156,7 @@ class DataFlow:
         while self._passes and self._passes[-1][0] > before:  # the calls inside it
             self._passed()
         if follows or top:  # top: also after a call that raised
-            self._ops.pop()
+            self._ops.take_off()
         if kw_inputs:
             found += tuple(map(self._of, kw_inputs))
         made: Producers = ()
@@ -243,7 +243,7 @@ class DataFlow:
         self._objects.clear()
         self._passes.clear()
         self._passing.clear()
-        self._ops.pop()
+        self._ops.take_off()
 
     def _of(self, t: torch.Tensor) -> _Found:
         """The recorded calls whose outputs made ``t``, and which output of each."""
@@ -326,14 +326,14 @@ def _merged(founds: list[_Found]) -> _Found:
     return seqs, tuple(outs[s] for s in seqs)
 
 
-class _Operations(TorchDispatchMode):
+class _Operations(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's is untyped
     """The operations of a recorded call that began under ``no_grad``, below autograd: each
     one's inputs and outputs handed to ``DataFlow.follow`` (not those of hooktrace's own
-    hooks). On this thread's stack from the call's start to its end (``push``, ``pop``); an
+    hooks). On this thread's stack from the call's start to its end (``put_on``, ``take_off``); an
     error stops it for the run, and is raised at the next call's start (tracing stops)."""
 
     def __init__(self, flow: DataFlow) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.flow = flow
         self.live = True
 
@@ -355,16 +355,16 @@ class _Operations(TorchDispatchMode):
                 self.flow.error = e
         return out
 
-    def pushed(self) -> bool:
+    def on_stack(self) -> bool:
         stack = torch._C._get_dispatch_stack_at
         return any(stack(i) is self for i in range(torch._C._len_torch_dispatch_stack()))
 
-    def push(self) -> None:
+    def put_on(self) -> None:
         torch._C._push_on_torch_dispatch_stack(self)
 
-    def pop(self) -> None:
+    def take_off(self) -> None:
         """Off this thread's stack, also from under modes pushed after it."""
-        if not self.pushed():
+        if not self.on_stack():
             return
         above = []
         while (mode := torch._C._pop_torch_dispatch_stack(None)) is not self:
