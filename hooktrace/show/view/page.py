@@ -12,7 +12,7 @@ from hooktrace.log.words import ROOT
 
 #: The call graph's pane in a 1400x1000 browser window (CSS px), and the least scale a drawing
 #: is shown at (its 10-point labels at 5 px): below it the pane scrolls, and a step's first
-#: drawing that would need less is drawn a level shallower (``graphs.first_sight``)
+#: drawing that would need less is drawn a level shallower (``graphs._graph``)
 PANE = (520, 680)
 LEAST_SCALE = 0.4
 
