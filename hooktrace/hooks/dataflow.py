@@ -8,12 +8,26 @@ producer (a parent returning its child's output unchanged: the parent). The walk
 first and bounded: at most ``MAX_NODES`` nodes per tensor, each once, so that an input made by
 a long computation outside any traced call (what the bound cuts short is then "made by no
 call") costs a bounded time; measured in docs/performance.md. An input without autograd
-history (``no_grad``, ``eval``, ``.detach()``, integer tensors) is looked up by its storage's
-address among the outputs of the step's calls that have none, and of its model calls, held
-weakly: the same tensor, a view from its first element (``flatten``), or a ``.detach()`` of
-a model's output (a GAN's fake batch). A functional op that makes a new tensor without
-autograd history (``F.relu`` under ``no_grad``), or a ``.detach()`` of a call's output inside
-a model, hides its producer.
+history (``no_grad``, ``eval``, ``.detach()``, integer tensors) is looked up among the outputs
+of the step's calls that have none, and of its model calls, held weakly: the same tensor, else
+one at its storage's address: a view from its first element (``flatten``), or a ``.detach()`` of
+a model's output (a GAN's fake batch). Under ``no_grad``, where autograd records nothing, the
+operations are followed instead while a recorded call that began under it runs (llm.c's
+validation, its residual adds; an RL target's ``cat`` of next observations and actions): a
+``TorchDispatchMode``, below autograd so that no ``has_torch_function`` check (the fast path of
+``nn.MultiheadAttention``) sees it, keeps each operation's outputs as made by the calls that
+made its inputs. Not followed: operations with gradient recording on whose inputs need no
+gradient (a ``cat`` of observations and actions in a training step: following every operation
+of a recorded step cost W1 1.4x its CPU time), a ``.detach()`` of a call's output inside a
+model, and operations outside model calls (the training loop's).
+
+A call that returns its input unchanged (``nn.Identity``, ``Dropout(p=0)``, ``nn.Flatten`` of a
+2-d batch) passes it on: it stands for the tensor's maker only while the call around it runs
+(its siblings read what it returned), and once that call returned the maker is again the one
+before it: a later call that reads the same tensor elsewhere (an actor's and a critic's feature
+extractors, both flattening the observations) did not read it from the first. One that returns
+a view of its input (a ``Flatten`` that reshapes) made that view, not its input: it is found
+for the view itself, not by the address they share.
 
 A call that others ran inside (a block) also says which calls made its outputs (``made``): those
 inside it, and those before it whose data it passed on (a residual's skip); a picture that
@@ -27,11 +41,16 @@ steps never come here: the core asks only in recorded ones.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Sequence
+from operator import attrgetter
+from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from hooktrace.hooks.gradhooks import GradHooks
 
@@ -46,12 +65,19 @@ _Found = tuple[Producers, Outs]
 #: (``inputs_from``, ``made``, ``from_out``, ``made_out``, ``made_no_history``) of a call
 _Flow = tuple[tuple[Producers, ...], Producers, tuple[Outs, ...], tuple[Producers, ...], bool]
 _NONE: _Found = ((), ())
+_Stored = tuple[weakref.ref[torch.Tensor], _Found]  # an output held weakly, who made it
+_OURS = str(Path(__file__).parent.parent)  # hooktrace's own code: its operations are not followed
+_TORCH = str(Path(torch.__file__).parent)
+_grad_enabled = torch.is_grad_enabled
 
 
 #: What a call knows of its data flow when it begins: who made each positional input (and
-#: which of their outputs), and the last seq of a forward call seen so far (the calls after it
-#: ran inside this one). A plain tuple: one is made per call
-Sources = tuple[tuple[_Found, ...], int]
+#: which of their outputs), the last seq of a forward call seen so far (the calls after it
+#: ran inside this one), the inputs and their versions (() where a tensor has none: an
+#: inference tensor), to tell an input returned unchanged, and whether it began following the
+#: operations. A plain tuple: one is made per call
+Sources = tuple[tuple[_Found, ...], int, list[torch.Tensor], tuple[int, ...], bool]
+_version = attrgetter("_version")
 
 
 def _address(t: torch.Tensor) -> int:
@@ -68,13 +94,19 @@ def _address(t: torch.Tensor) -> int:
     return address
 
 
-def _made_by(dispatch: Sequence[Any], nr: int) -> tuple[int, int] | None:
+def _made_by(dispatch: Sequence[Any], nr: int, passing: set[int]) -> tuple[int, int] | None:
     """The seq of the call that returned output ``nr`` of a node last, and the index of that
     output among the call's, as its dispatch has it (quadruples output_nr, call, index, shape;
-    index >= 0 an output); None: none did."""
+    index >= 0 an output, < 0 an input); None: none did. A call that took it as an input too
+    passed it on: its maker only while it is ``passing`` (the call around it runs)."""
+    passed = [dispatch[k + 1] for k in range(0, len(dispatch), 4)
+              if dispatch[k + 2] < 0 and dispatch[k] == nr]
     for k in range(len(dispatch) - 4, -1, -4):
         if (index := dispatch[k + 2]) >= 0 and dispatch[k] == nr:
-            seq: int = dispatch[k + 1].seq
+            call = dispatch[k + 1]
+            seq: int = call.seq
+            if passed and seq not in passing and any(call is c for c in passed):
+                continue
             return seq, index
     return None
 
@@ -85,13 +117,30 @@ class DataFlow:
     def __init__(self, grads: GradHooks) -> None:
         self._grads = grads
         self._last = -1  # the seq of the last recorded forward call that returned
-        # storage address -> (the output, held weakly, the seq of the call that returned it,
-        # and its index among that call's outputs)
-        self._stored: dict[int, tuple[weakref.ref[torch.Tensor], int, int]] = {}
+        # storage address, and the output's id -> (the output, held weakly, the calls that made
+        # it and which of their outputs)
+        self._stored: dict[int, _Stored] = {}
+        self._objects: dict[int, _Stored] = {}
+        # calls that passed an input on, while the call around them runs: (seq, the id of the
+        # tensor and what it was found as before, for one without autograd history)
+        self._passes: list[tuple[int, int, _Stored | None]] = []
+        self._passing: set[int] = set()
         self._cut = False  # a walk met an edge without autograd history, or stopped at its bound
+        self._ops = _Operations(self)
+        self.error: Exception | None = None  # the operations' follower failed: said at a call
 
     def start(self, inputs: list[torch.Tensor]) -> Sources:
-        return tuple(map(self._of, inputs)), self._last
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        follows = not _grad_enabled() and self._ops.live and not self._ops.on_stack()
+        if follows:  # a call under no_grad: its operations followed
+            self._ops.put_on()
+        try:
+            versions = tuple(map(_version, inputs))
+        except RuntimeError:  # an inference tensor has no version
+            versions = ()
+        return tuple(map(self._of, inputs)), self._last, inputs, versions, follows
 
     def end(self, sources: Sources | None, kw_inputs: list[torch.Tensor],
             outputs: list[torch.Tensor], seq: int, top: bool) -> _Flow | tuple[()]:
@@ -103,7 +152,11 @@ class DataFlow:
         () for a call that began in a step not recorded."""
         if sources is None:
             return ()
-        found, before = sources
+        found, before, inputs, versions, follows = sources
+        while self._passes and self._passes[-1][0] > before:  # the calls inside it
+            self._passed()
+        if follows or top:  # top: also after a call that raised
+            self._ops.take_off()
         if kw_inputs:
             found += tuple(map(self._of, kw_inputs))
         made: Producers = ()
@@ -117,6 +170,8 @@ class DataFlow:
                 made_out = per_output
             cut = _untracked(outputs, self._cut)
         for i, t in enumerate(outputs):
+            if any(t is s for s in inputs) and self._passes_on(t, seq, i, inputs, versions):
+                continue
             # one with autograd history is found by its node, unless detached: a model's output
             # (a GAN's fake batch) is kept for that; not every call's, each an object that
             # lives until the step ends, and costs the garbage collector
@@ -124,31 +179,87 @@ class DataFlow:
                 continue
             address = _address(t)
             if address:
-                if len(self._stored) > _MAX_STORED:
-                    self._stored.clear()
-                self._stored[address] = (weakref.ref(t), seq, i)
+                self._keep(t, address, seq, i, inputs, versions)
         self._last = seq
         return tuple([f[0] for f in found]), made, tuple([f[1] for f in found]), made_out, cut
 
+    def _passes_on(self, t: torch.Tensor, seq: int, i: int, inputs: list[torch.Tensor],
+                   versions: tuple[int, ...]) -> bool:
+        """Output ``i`` of call ``seq`` is one of its inputs: whether it left it unchanged (an
+        in-place change, ``ReLU(inplace=True)``, made it); if so it passes it on, its maker
+        until the call around it returns."""
+        k = next(k for k, s in enumerate(inputs) if s is t)
+        if k >= len(versions) or t._version != versions[k]:
+            return False
+        self._passing.add(seq)
+        before = None
+        if t.grad_fn is None:  # found by its id meanwhile
+            before = self._objects.get(id(t))
+            self._objects[id(t)] = (weakref.ref(t), ((seq,), (i,)))
+        self._passes.append((seq, id(t), before))
+        return True
+
+    def _passed(self) -> None:
+        """The call around the last call that passed a tensor on returned: the tensor's maker
+        is again the one before."""
+        seq, ident, before = self._passes.pop()
+        self._passing.discard(seq)
+        if before is not None:
+            self._objects[ident] = before
+        elif (kept := self._objects.get(ident)) is not None and kept[1][0] == (seq,):
+            del self._objects[ident]
+
+    def _keep(self, t: torch.Tensor, address: int, seq: int, i: int,
+              inputs: list[torch.Tensor], versions: tuple[int, ...]) -> None:
+        """Keep output ``i`` of call ``seq`` to be looked up; for itself only where it shares
+        its address with an input it left unchanged (a view of it)."""
+        own = True  # found at its address too
+        for k, s in enumerate(inputs):
+            if own and _address(s) == address:
+                own = not (k < len(versions) and s._version == versions[k])
+        self._put(t, ((seq,), (i,)), address if own else 0)
+
+    def _put(self, t: torch.Tensor, found: _Found, address: int) -> None:
+        """``t`` made by ``found``: looked up as itself, and at ``address`` (0: not)."""
+        if len(self._objects) > _MAX_STORED:
+            self._stored.clear()
+            self._objects.clear()
+        kept = (weakref.ref(t), found)
+        self._objects[id(t)] = kept
+        if address:
+            self._stored[address] = kept
+
+    def follow(self, ins: list[torch.Tensor], out: Any) -> None:
+        """An operation autograd records nothing of made ``out`` from ``ins``: its outputs are
+        made by the calls that made its inputs."""
+        found = _merged([self._of(t) for t in ins])
+        if found[0]:
+            for t in _tensors((out,), None):
+                self._put(t, found, _address(t))
+
     def clear(self) -> None:
-        """The step ended: its outputs are no longer looked up by storage."""
+        """The step ended: its outputs are no longer looked up."""
         self._stored.clear()
+        self._objects.clear()
+        self._passes.clear()
+        self._passing.clear()
+        self._ops.take_off()
 
     def _of(self, t: torch.Tensor) -> _Found:
         """The recorded calls whose outputs made ``t``, and which output of each."""
         node: Any = t.grad_fn  # its ``metadata`` is a dict at runtime, a method in the stubs
         if node is None:
-            stored = self._stored.get(_address(t))
-            return _NONE if stored is None or stored[0]() is None else (
-                (stored[1],), (stored[2],))
+            stored = self._objects.get(id(t))
+            if stored is None or stored[0]() is not t:
+                stored = self._stored.get(_address(t))
+                if stored is None or stored[0]() is None:
+                    return _NONE
+            return stored[1]
         nr = t.output_nr
         dispatch = node.metadata.get(self._grads)
-        if dispatch:  # the usual case: a call's output itself
-            if (index := dispatch[-2]) >= 0 and dispatch[-4] == nr:  # returned it last
-                seq: int = dispatch[-3].seq
-                return ((seq,), (index,)) if seq >= 0 else _NONE
-            if (made := _made_by(dispatch, nr)) is not None:
-                return ((made[0],), (made[1],)) if made[0] >= 0 else _NONE
+        # the usual case: a call's output itself
+        if dispatch and (made := _made_by(dispatch, nr, self._passing)) is not None:
+            return ((made[0],), (made[1],)) if made[0] >= 0 else _NONE
         return self._walk(node, nr)
 
     def _walk(self, node: Any, nr: int) -> _Found:
@@ -172,7 +283,8 @@ class DataFlow:
             visited += 1
             seen.add(node)
             dispatch = node.metadata.get(grads)
-            if dispatch is not None and (made := _made_by(dispatch, nr)) is not None:
+            made = _made_by(dispatch, nr, self._passing) if dispatch is not None else None
+            if made is not None:
                 seq, index = made
                 if seq >= 0:
                     found[seq] = index if found.get(seq, index) == index else -1
@@ -189,3 +301,83 @@ def _untracked(outputs: list[torch.Tensor], cut: bool) -> bool:
     if not any(t.requires_grad for t in outputs):
         return False  # no gradient can come back into it (no_grad, a model's data)
     return cut or any(not t.requires_grad and t.is_floating_point() for t in outputs)
+
+
+def _tensors(args: Sequence[Any], kwargs: dict[str, Any] | None) -> list[torch.Tensor]:
+    """The tensors among an operation's arguments (or outputs), and in lists of them."""
+    found = []
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(a, torch.Tensor):
+            found.append(a)
+        elif isinstance(a, (list, tuple)):
+            found += [t for t in a if isinstance(t, torch.Tensor)]
+    return found
+
+
+def _merged(founds: list[_Found]) -> _Found:
+    """The calls that made any of several tensors, each with its output used (-1: several)."""
+    if len(founds) == 1:
+        return founds[0]
+    outs: dict[int, int] = {}
+    for seqs, used in founds:
+        for seq, index in zip(seqs, used, strict=True):
+            outs[seq] = index if outs.get(seq, index) == index else -1
+    seqs = tuple(sorted(outs))
+    return seqs, tuple(outs[s] for s in seqs)
+
+
+class _Operations(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's is untyped
+    """The operations of a recorded call that began under ``no_grad``, below autograd: each
+    one's inputs and outputs handed to ``DataFlow.follow`` (not those of hooktrace's own
+    hooks). On this thread's stack from the call's start to its end (``put_on``, ``take_off``); an
+    error stops it for the run, and is raised at the next call's start (tracing stops)."""
+
+    def __init__(self, flow: DataFlow) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.flow = flow
+        self.live = True
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # no wrapper that keeps dynamo out (two frames an operation): it runs eagerly
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        out = func(*args, **kwargs) if kwargs else func(*args)
+        if self.live:
+            try:
+                ins = _tensors(args, kwargs)  # none: made from nothing (arange)
+                if ins and not (_grad_enabled() and any(t.requires_grad for t in ins)) \
+                        and not _ours(sys._getframe(1)):  # else autograd's, or hooktrace's
+                    self.flow.follow(ins, out)
+            except Exception as e:  # never break the user's operation
+                self.live = False
+                self.flow.error = e
+        return out
+
+    def on_stack(self) -> bool:
+        stack = torch._C._get_dispatch_stack_at
+        return any(stack(i) is self for i in range(torch._C._len_torch_dispatch_stack()))
+
+    def put_on(self) -> None:
+        torch._C._push_on_torch_dispatch_stack(self)
+
+    def take_off(self) -> None:
+        """Off this thread's stack, also from under modes pushed after it."""
+        if not self.on_stack():
+            return
+        above = []
+        while (mode := torch._C._pop_torch_dispatch_stack(None)) is not self:
+            above.append(mode)
+        for mode in reversed(above):
+            torch._C._push_on_torch_dispatch_stack(mode)
+
+
+def _ours(frame: FrameType | None) -> bool:
+    """Whether the code that ran an operation is hooktrace's: the first frame that is neither
+    torch's nor a function mode's handler passing the operation on (the op zoom's, the loss
+    window's)."""
+    while frame is not None and (frame.f_code.co_filename.startswith(_TORCH)
+                                 or frame.f_code.co_name == "__torch_function__"):
+        frame = frame.f_back
+    return frame is not None and frame.f_code.co_filename.startswith(_OURS)

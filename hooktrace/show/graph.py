@@ -22,8 +22,11 @@ its calls (``LSTMCell x999``, key call ``-1``) and the edges its calls repeat ar
 with the count: a picture of what the step does, not a wall of 3,000 boxes (``every_call``
 draws each call). Recomputes (activation checkpointing) are drawn on the call they re-ran, not
 as more nodes. The default depth is the deepest whose picture has at most
-``AUTO_MAX_NODES`` nodes: the whole MNIST net, a two-layer transformer encoder to its Linear and
-LayerNorm calls, and resnet50 at depth 2 (stem, 16 Bottleneck nodes in four layer clusters, fc).
+``AUTO_MAX_NODES`` nodes and at most ``AUTO_MAX_DENSITY`` forward edges a node: the whole MNIST
+net, a two-layer transformer encoder to its Linear and LayerNorm calls, and resnet50 at depth 2
+(stem, 16 Bottleneck nodes in four layer clusters, fc), all at 1.2 edges a node or fewer; a
+top-k pooling graph network at depth 1 (its pooling and convolution blocks), where depth 2
+draws the edge index and batch vector into every module: 43 edges between 18 nodes.
 """
 
 from __future__ import annotations
@@ -37,13 +40,14 @@ from hooktrace.log.errors import HooktraceError
 from hooktrace.log.gradstat import norms
 from hooktrace.log.names import ancestors
 from hooktrace.show.calls import Call, calls_of, depth_of
-from hooktrace.show.flow import data_edges, has_flow, largest
+from hooktrace.show.flow import data_edges, has_flow, largest, links
 from hooktrace.show.flow import grad_output_norm as grad_output_norm
 from hooktrace.show.picture import Cluster, Edge, Node, NodeKey, View
 from hooktrace.show.steplog import ModuleKey, StepLog
 
 PHASES = ("forward", "backward", "both")
 AUTO_MAX_NODES = 40  # resnet50: 22 nodes at depth 2, 154 at depth 3
+AUTO_MAX_DENSITY = 1.5  # forward edges a node: more is a hairball (resnets, transformers: <= 1.2)
 # a module called more often in one step is drawn as one node for all its calls (resnet's
 # blocks call their relu 2-3 times; a module shared by a transformer's 12 layers stays 12 nodes)
 FOLD_CALLS = 16
@@ -84,12 +88,22 @@ def node_keys(calls: dict[NodeKey, Call], depth: int, fold: set[ModuleKey]
 
 
 def auto_depth(calls: dict[NodeKey, Call], fold: set[ModuleKey] | None = None) -> int:
-    """The deepest depth whose picture has at most AUTO_MAX_NODES nodes (at least 1)."""
+    """The deepest depth whose picture has at most AUTO_MAX_NODES nodes and AUTO_MAX_DENSITY
+    forward edges a node, where the edges follow the data (at least 1)."""
     deepest = max((c.depth for c in calls.values()), default=0)
     chosen = min(1, deepest)
+    fold = fold or set()
+    flow = has_flow(calls.values())
     for depth in range(2, deepest + 1):
-        if len(set(node_keys(calls, depth, fold or set()).values()) - {None}) > AUTO_MAX_NODES:
+        keys = node_keys(calls, depth, fold)
+        nodes = len(set(keys.values()) - {None})
+        if nodes > AUTO_MAX_NODES:
             break
+        if flow:
+            unfolded = node_keys(calls, depth, set()) if fold else keys
+            edges = len({(k.src, k.dst) for k in links(calls, keys, unfolded)})
+            if edges > AUTO_MAX_DENSITY * nodes:
+                break
         chosen = depth
     return chosen
 
@@ -117,8 +131,24 @@ def build(log: StepLog, depth: int | None = None, phase: str = "both",
     else:  # a log from before: calls in call order
         view.edge_list += _call_order(keys, calls, visits, fold, phase)
     if phase != "forward":
-        view.backward_start = next(((k, e) for k, e in visits if k is not None and e), None)
+        view.backward_starts = _starts(visits, view.edge_list if view.dataflow else None)
     return view
+
+
+def _starts(visits: list[tuple[NodeKey | None, schema.BackwardEvent]],
+            edges: list[Edge] | None) -> list[tuple[NodeKey, schema.BackwardEvent]]:
+    """Where the backward pass enters the picture: each node whose gradient came along no drawn
+    edge (every head a loss reaches: a segmentation model's out and aux, an actor-critic's
+    policy and value), at its first backward event, in the order autograd reached them; the
+    first node alone where the edges follow call order (``edges`` None)."""
+    reached = {e.dst for e in edges or () if e.phase == "backward"}
+    starts: dict[NodeKey, schema.BackwardEvent] = {}
+    for key, event in visits:
+        if key is not None and key not in reached and key not in starts:
+            starts[key] = event
+            if edges is None:
+                break
+    return list(starts.items())
 
 
 def _call_order(keys: dict[NodeKey, NodeKey | None], calls: dict[NodeKey, Call],

@@ -72,7 +72,8 @@ class View:
     phase: str
     checked: bool  # the step had a backward and it is drawn: a node without one is marked
     dataflow: bool = False  # edges follow the data (``hooktrace.show.flow``), not call order
-    backward_start: tuple[NodeKey, schema.BackwardEvent] | None = None
+    # where the backward pass enters the picture: each head the loss reached, in order
+    backward_starts: list[tuple[NodeKey, schema.BackwardEvent]] = field(default_factory=list)
     node_map: dict[NodeKey, Node] = field(default_factory=dict)
     edge_list: list[Edge] = field(default_factory=list)
     clusters: dict[ModuleKey, Cluster] = field(default_factory=dict)

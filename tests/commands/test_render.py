@@ -171,7 +171,7 @@ def test_mnist_forward_chain_and_reversed_backward(mnist_log: Path) -> None:
     ]
     assert all(e.mirrored and (e.grad_input_len, e.grad_output_len) == (1, 1)
                for e in view.edges() if e.phase == "backward")
-    assert view.backward_start is not None and view.backward_start[0][1] == "fc2"
+    assert [key[1] for key, _ in view.backward_starts] == ["fc2"]
 
 
 def test_branching_model_golden_dot(branchy_log: Path) -> None:
@@ -227,7 +227,7 @@ def test_branching_model_nodes_edges_and_states(branchy_log: Path, tmp_path: Pat
 def test_phase_forward_or_backward_only(branchy_log: Path) -> None:
     forward = view_of(branchy_log, phase="forward")
     assert {e.phase for e in forward.edges()} == {"forward"} and not forward.checked
-    assert forward.backward_start is None
+    assert forward.backward_starts == []
     backward = view_of(branchy_log, phase="backward")
     assert {e.phase for e in backward.edges()} == {"backward"} and len(backward.edges()) == 6
 

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,6 @@ from hooktrace.show.view.data import gather
 from hooktrace.show.view.heatmap import MARKS, heatmap
 
 SCRIPTS = ROOT / "tests" / "scripts"
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 ARTIFACTS = ROOT / "artifacts"  # screenshots, ignored by git
 
 
@@ -47,31 +44,6 @@ def resnet18_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
     result = hooktrace_cmd("run", "-o", log, "resnet18_train.py", "3", cwd=SCRIPTS)
     assert result.returncode == 0, result.stderr
     return view(log, tmp / "view.html")
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.skip("chromium and chromium-driver are not installed (bash .ci/setup)")
-    webdriver = pytest.importorskip("selenium.webdriver")
-    import tempfile
-
-    profile = tempfile.mkdtemp(prefix="hooktrace-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--window-size=1400,1000",
-                 f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    driver = webdriver.Chrome(options=options,
-                              service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def requests(driver: Any) -> list[str]:

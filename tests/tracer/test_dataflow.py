@@ -285,7 +285,7 @@ def test_a_box_stands_for_the_calls_that_made_its_output(tmp_path: Path) -> None
 def test_without_autograd_the_storage_says(tmp_path: Path) -> None:
     """Under no_grad (an eval step) a call's output reaching the next call unchanged, as a view
     (flatten) or changed in place (ReLU(inplace=True)) is found by its storage; a functional op
-    that makes a new tensor between two calls (F.relu) hides the link."""
+    that makes a new tensor between two calls (F.relu) is followed (before: it hid the link)."""
 
     class Net(nn.Module):
         def __init__(self) -> None:
@@ -304,7 +304,7 @@ def test_without_autograd_the_storage_says(tmp_path: Path) -> None:
     with hooktrace.trace(log, model=model), torch.no_grad():
         model(torch.randn(3, 1, 4, 4))
     view = view_of(log)
-    assert pairs(view, "forward") == [("conv", "act"), ("act", "fc")]
+    assert pairs(view, "forward") == [("conv", "act"), ("act", "fc"), ("fc", "out")]
     assert not view.checked and pairs(view, "backward") == []
 
 
@@ -393,6 +393,62 @@ def test_tracing_leaves_outputs_and_gradients_alone(tmp_path: Path) -> None:
 
     plain, traced = step(False), step(True)
     assert len(plain) == 13 and all(torch.equal(a, b) for a, b in zip(plain, traced, strict=True))
+
+
+def following() -> bool:
+    """Whether data flow's follower of operations is on this thread's dispatch stack."""
+    return any(isinstance(torch._C._get_dispatch_stack_at(i), dataflow._Operations)
+               for i in range(torch._C._len_torch_dispatch_stack()))
+
+
+def test_operations_are_followed_only_inside_recorded_calls_under_no_grad(
+        tmp_path: Path) -> None:
+    """The follower of operations is on torch's stack while a recorded call that began under
+    ``no_grad`` runs, never in a training call, between calls, in watched steps or after
+    tracing; a call that raised leaves it at the next model call's end."""
+
+    class Probe(nn.Module):
+        def __init__(self, fail: bool = False) -> None:
+            super().__init__()
+            self.fc, self.fail = nn.Linear(3, 3), fail
+            self.seen: list[bool] = []
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.seen.append(following())
+            if self.fail:
+                raise ValueError("a batch skipped")
+            return self.fc(x)
+
+    model, broken = Probe(), Probe(fail=True)
+    between = []
+    with hooktrace.trace(tmp_path / "f.jsonl", steps="0"):
+        for _ in range(3):
+            with torch.no_grad():  # a validation
+                with pytest.raises(ValueError):
+                    broken(torch.randn(2, 3))
+                model(torch.randn(2, 3))
+            between.append(following())
+            model(torch.randn(2, 3)).sum().backward()
+            between.append(following())
+    assert broken.seen == [True, False, False]
+    assert model.seen == [True, False] + [False, False] * 2
+    assert between == [False] * 6 and not following()
+
+
+def test_the_fast_path_of_attention_is_unchanged(tmp_path: Path) -> None:
+    """Under no_grad an eval ``TransformerEncoder`` with a padding mask takes its fast path
+    (nested tensors: zeros at padded positions), traced as not: the follower of operations
+    runs below autograd, where no ``has_torch_function`` check sees it."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
+    model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=True).eval()
+    src, mask = torch.randn(2, 5, 8), torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nested tensors are a prototype
+        plain = model(src, src_key_padding_mask=mask)
+        with hooktrace.trace(tmp_path / "t.jsonl", model=model):
+            traced = model(src, src_key_padding_mask=mask)
+    assert torch.equal(plain, traced) and bool((traced[1, 3:] == 0).all())
 
 
 # -- the log: old logs, damaged keys, readers that do not ask for it ----------------------------

@@ -219,12 +219,12 @@ def _legend(view: View, states: set[str], marked: bool) -> str:
                      "forward: from the call that made a tensor to each call that used it, "
                      "in execution order" if view.dataflow
                      else "forward: calls in execution order"))
-    if view.phase != "forward" and view.backward_start is not None:
+    if view.phase != "forward" and view.backward_starts:
         rows.append((f'<FONT COLOR="{BACKWARD_COLOUR}">- - ▶ 1, 2, …</FONT>',
                      "backward: the gradient back along them, in the order autograd ran"
                      if view.dataflow else "backward: in the order it ran"))
         backward = [(grad_output_norm(e), e.grad_input_len, e.grad_output_len)
-                    for e in (view.backward_start[1],)]
+                    for _, e in view.backward_starts]
         backward += [(e.grad_norm, e.grad_input_len, e.grad_output_len)
                      for e in view.edges() if e.phase == "backward"]
         if any(norm is not None for norm, _, _ in backward):
@@ -280,10 +280,10 @@ def to_dot(view: View, marks: Mapping[Box, Sequence[Finding]] | None = None) -> 
     g.attr("edge", fontname=_FONT, fontsize="8", arrowsize="0.6", penwidth="0.8")
     states: set[str] = set()
     _emit(g, None, view, states, marks or {})
-    if view.backward_start is not None:
-        key, event = view.backward_start
+    if view.backward_starts:  # one point, the loss: an edge to each head it reached
         g.node("backward start", label="", shape="point", width="0.08",
                color=BACKWARD_COLOUR)
+    for key, event in view.backward_starts:
         more = backward_text(grad_output_norm(event), event.grad_input_len,
                              event.grad_output_len)
         g.edge("backward start", node_id(key),

@@ -1,11 +1,19 @@
 """The call graphs of a view page: one SVG per step and model choice, laid out by ``dot`` from
 the ``render`` picture, and what hovering each node shows (its numbers, its findings). Each
-step also carries its drawing one level deeper, gzipped, for a click on a folded block."""
+step also carries its drawing one level deeper, gzipped, for a click on a folded block.
+
+At first sight a step is drawn at ``render``'s depth where that drawing fits the page's pane
+(``page.PANE``) at ``page.LEAST_SCALE`` of its size or more (resnet18's 14 nodes at depth 2);
+else a level shallower, while that still has more than one node (resnet50's 22 nodes at depth
+2 would show at 29%, their labels at 4 px: its stem, four layers and head at depth 1, a click on
+a layer unfolding it), and the summary says so.
+"""
 
 from __future__ import annotations
 
 import base64
 import gzip
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +30,7 @@ from hooktrace.show.render.labels import shapes_text
 from hooktrace.show.render.ops import hover
 from hooktrace.show.steplog import SelectionError, StepLog
 from hooktrace.show.view.data import RunData
+from hooktrace.show.view.page import LEAST_SCALE, PANE
 
 MAX_UNFOLD_NODES = 400  # a deeper drawing with more nodes is left out (resnet50: 154)
 #: ... or more edges: dot's layout time grows with them, not the nodes (an unrolled GRU cell's
@@ -107,19 +116,43 @@ def _packed(drawing: dict[str, Any]) -> str:
     return base64.b64encode(gzip.compress(orjson.dumps(drawing), mtime=0)).decode("ascii")
 
 
+def scale(svg: str) -> float:
+    """The scale at which ``svg`` (dot's, sized in points) fits the page's pane; 1 at most."""
+    size = re.search(r'<svg width="([\d.]+)pt" height="([\d.]+)pt"', svg)
+    if size is None:
+        return 1.0
+    width, height = (float(v) * 4 / 3 for v in size.groups())  # CSS px
+    return min(1.0, PANE[0] / width, PANE[1] / height)
+
+
 def _graph(loaded: StepLog, findings: Sequence[Finding], every_call: bool = False,
            draw: bool = True) -> dict[str, Any]:
-    """The step's drawing at the automatic depth, and under "unfold" the one a level deeper
-    (packed; absent when nothing is folded, it is too big to draw: more than MAX_UNFOLD_NODES
-    nodes or MAX_UNFOLD_EDGES edges, or nothing is drawn)."""
+    """The step's drawing at first sight (the module docstring), and under "unfold" the one a
+    level deeper (packed; absent when nothing is folded, it is too big to draw: more than
+    MAX_UNFOLD_NODES nodes or MAX_UNFOLD_EDGES edges, or nothing is drawn)."""
     view = build(loaded, every_call=every_call)
     events = {(e.model, e.fqn, e.call): e for e in loaded.events
               if isinstance(e, schema.ForwardEvent) and not e.recompute}
     found = _drawing(view, events, findings, draw)
+    deeper: dict[str, Any] | None = None
+    while draw and view.depth > 1 and (fits := scale(found["svg"])) < LEAST_SCALE:
+        shallower = build(loaded, view.depth - 1, every_call=every_call)
+        if len(shallower.node_map) < 2:
+            break  # one box: nothing to see
+        shallower.auto_depth = True
+        said = (f"; depth {view.depth} ({plural(len(view.node_map), 'node')}) would show at "
+                f"{fits:.0%} of its size: click a block to unfold it")
+        deeper, view = found, shallower
+        found = _drawing(view, events, findings)
+        found["summary"] += said
     if draw and any(n.folded for n in view.node_map.values()):
-        deeper = build(loaded, view.depth + 1, every_call=every_call)
-        if len(deeper.node_map) <= MAX_UNFOLD_NODES and len(deeper.edges()) <= MAX_UNFOLD_EDGES:
-            found["unfold"] = _packed(_drawing(deeper, events, findings))
+        if deeper is None:
+            unfolded = build(loaded, view.depth + 1, every_call=every_call)
+            if len(unfolded.node_map) <= MAX_UNFOLD_NODES and \
+                    len(unfolded.edges()) <= MAX_UNFOLD_EDGES:
+                deeper = _drawing(unfolded, events, findings)
+        if deeper is not None:
+            found["unfold"] = _packed(deeper)
     return found
 
 

@@ -10,6 +10,12 @@ import orjson
 
 from hooktrace.log.words import ROOT
 
+#: The call graph's pane in a 1400x1000 browser window (CSS px), and the least scale a drawing
+#: is shown at (its 10-point labels at 5 px): below it the pane scrolls, and a step's first
+#: drawing that would need less is drawn a level shallower (``graphs._graph``)
+PANE = (520, 680)
+LEAST_SCALE = 0.4
+
 CSS = """
 body{font:13px/1.4 Helvetica,Arial,sans-serif;margin:0;color:#202020;background:#fafafa}
 header{padding:8px 14px;background:#20303f;color:#fff}
@@ -61,7 +67,7 @@ SCRIPT = r"""
 const DATA = JSON.parse(document.getElementById("data").textContent);
 const $ = (id) => document.getElementById(id);
 const tip = $("tip");
-const MIN_SCALE = 0.3;
+const MIN_SCALE = __LEAST_SCALE__;
 let rank = DATA.start, values = "grad_output";
 function esc(s) {
   const d = document.createElement("div"); d.textContent = String(s); return d.innerHTML;
@@ -138,7 +144,7 @@ function show(g, unfolded) {
 }
 function fit() {
   // The whole step at first sight: the drawing scaled down (never up) to the pane's width and
-  // to the window's height below the pane's top; its text stays readable at MIN_SCALE.
+  // to the window's height below the pane's top, to MIN_SCALE at most (then it scrolls).
   const box = $("graph"), svg = box.querySelector("svg");
   if (!svg) return;
   const w = svg.width.baseVal.value, h = svg.height.baseVal.value;
@@ -240,7 +246,8 @@ for (const r of document.querySelectorAll("input[name=values]")) {
 }
 setupRank();
 setupFindings();
-""".replace("__ROOT__", orjson.dumps(ROOT).decode())  # the root as every output names it
+""".replace("__ROOT__", orjson.dumps(ROOT).decode()).replace(  # the root as outputs name it
+    "__LEAST_SCALE__", str(LEAST_SCALE))
 
 
 def page(title: str, meta: str, data: dict[str, Any], legend: str) -> str:
