@@ -89,5 +89,5 @@ class LossValues:
             values = torch.stack([t.reshape(()).float() for _, _, t in held]).tolist()
         except RuntimeError:
             values = [t.item() for _, _, t in held]
-        for (models, step, _), value in zip(held, values, strict=True):
-            self._ledgers.setdefault(models, _Ledger()).add(step, float(value))
+        for (models, step, _), value in zip(held, values, strict=True):  # 4 digits, as stats
+            self._ledgers.setdefault(models, _Ledger()).add(step, float(f"{value:.4g}"))

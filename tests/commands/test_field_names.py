@@ -109,7 +109,7 @@ def test_a_module_two_models_hold_is_named_by_the_model_that_calls_it(traced: Tr
     assert not [e for e in events(log, "backward") if e.model == 0]
     assert _edges(log) == [
         "probe:layers.0.conv -> probe:layers.0.act", "probe:layers.0.act -> probe:layers.1.conv",
-        "probe:layers.1.conv -> probe:layers.1.act",
+        "probe:layers.1.conv -> probe:layers.1.act", "probe:layers.1.act -> probe:head",
         "model:layers.0.conv -> model:layers.0.act", "model:layers.0.act -> model:layers.1.conv",
         "model:layers.1.conv -> model:layers.1.act", "model:layers.1.act -> model:head",
         "model:head -> model:layers.1.act", "model:layers.1.act -> model:layers.1.conv",
