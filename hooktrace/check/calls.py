@@ -38,6 +38,7 @@ class JudgedCall:
     # are and some are not (a module with children; None: not known, or none or all of them)
     zeros: float | None = None
     zero_outs: tuple[int, ...] = ()  # its outputs whose gradient is exactly zero
+    unread_outs: tuple[int, ...] = ()  # its outputs no gradient reached, where another's did
     after: int = -1  # the seq of the forward call that returned just before it in the step
     # something without autograd history went into its outputs (``made_no_history``), so a
     # call inside it may have made them without a gradient back; None: the log does not say
@@ -56,6 +57,7 @@ class JudgedCall:
         self.g_out, out_ok = _norm(outs)
         if outs is not None and len(outs) > 1:
             self.zero_outs = tuple(i for i, s in enumerate(outs) if s is not None and s[0] == 0)
+            self.unread_outs = tuple(i for i, s in enumerate(outs) if s is None)
         self.g_in, in_ok = _norm(ins)
         self.finite = out_ok and in_ok
 
@@ -115,3 +117,35 @@ def reach(b: JudgedCall) -> float:
 
 def passes_nothing(b: JudgedCall) -> bool:
     return b.lost or b.g_in == 0
+
+
+def only_looked_at(outer: JudgedCall, branch: JudgedCall) -> bool:
+    """``branch``, a call inside ``outer``'s forward without backward, is the last call to
+    return before ``outer`` did, and nothing without autograd history went into ``outer``'s
+    outputs: no traced call can have read ``branch``'s output, and ``outer``'s outputs, which
+    got a gradient, hold none of it. Its result was only looked at (``float(body(x).norm())``,
+    kept for a log); not a call whose detached output a later call reads (a siamese head) or
+    that is added into ``outer``'s output (``a + enc(x2).detach()``)."""
+    return outer.made_no_history is False and outer.after == branch.seq
+
+
+def passes_zero(outer: JudgedCall, branch: JudgedCall) -> bool:
+    """``outer`` returns ``branch``'s output and the gradient of that output is exactly zero,
+    while another of its outputs got one."""
+    return _returns(outer, branch, outer.zero_outs)
+
+
+def returned_unread(outer: JudgedCall, branch: JudgedCall) -> bool:
+    """``outer`` returns ``branch``'s output and no gradient reached that output, while another
+    of its outputs got one, and nothing without autograd history went into its outputs (not a
+    ``.detach()``ed result returned): the caller let it go (DANN's label logits of the
+    unlabelled target batch), not a result thrown away inside a forward."""
+    return outer.made_no_history is False and _returns(outer, branch, outer.unread_outs)
+
+
+def _returns(outer: JudgedCall, branch: JudgedCall, outs: tuple[int, ...]) -> bool:
+    """One of ``outs`` of ``outer`` is ``branch``'s output: an output of the same shape."""
+    shapes = outer.out_shapes
+    if not outs or not branch.out_shapes or not shapes:
+        return False
+    return any(i < len(shapes) and shapes[i] == branch.out_shapes[0] for i in outs)

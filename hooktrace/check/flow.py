@@ -39,7 +39,15 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from hooktrace.check.boundary import Boundary, GradientFlow
-from hooktrace.check.calls import JudgedCall, passes_nothing, reach, starves
+from hooktrace.check.calls import (
+    JudgedCall,
+    only_looked_at,
+    passes_nothing,
+    passes_zero,
+    reach,
+    returned_unread,
+    starves,
+)
 from hooktrace.check.findings import Thresholds
 from hooktrace.check.flowindex import Enclosing, FirstAtLeast
 
@@ -293,13 +301,14 @@ def _add_inside(flow: GradientFlow, step: int, enclosing: Enclosing, v: JudgedCa
     fed = [outer for outer in enclosing.chain(v) if outer.fed]
     for outer in enclosing.chain(v):
         if outer.fed:
-            if v.backed and outer is not fed[-1] and _passes_zero(outer, branch):
+            if v.backed and outer is not fed[-1] and passes_zero(outer, branch):
                 branch = outer  # the zero arises where outer's output is read
                 continue
             cause = ("zeroed_unit" if branch.unit_last else "zeroed") if v.backed else \
                 ("unused_calls" if enclosing.fed_elsewhere(v) else "detached_inside") \
                 if v.grad else "no_grad"
-            if cause == "unused_calls" and _only_looked_at(outer, branch):
+            if cause == "unused_calls" and (only_looked_at(outer, branch)
+                                            or returned_unread(outer, branch)):
                 return
             reads = _reading_part(enclosing, outer, sparse) if v.backed else {}
             b = _add(flow, step, outer, "selected" if reads else cause, v)
@@ -309,25 +318,6 @@ def _add_inside(flow: GradientFlow, step: int, enclosing: Enclosing, v: JudgedCa
             b.exact = True
             return
         branch = outer
-
-
-def _only_looked_at(outer: JudgedCall, branch: JudgedCall) -> bool:
-    """``branch``, a call inside ``outer``'s forward without backward, is the last call to
-    return before ``outer`` did, and nothing without autograd history went into ``outer``'s
-    outputs: no traced call can have read ``branch``'s output, and ``outer``'s outputs, which
-    got a gradient, hold none of it. Its result was only looked at (``float(body(x).norm())``,
-    kept for a log); not a call whose detached output a later call reads (a siamese head) or
-    that is added into ``outer``'s output (``a + enc(x2).detach()``)."""
-    return outer.made_no_history is False and outer.after == branch.seq
-
-
-def _passes_zero(outer: JudgedCall, branch: JudgedCall) -> bool:
-    """``outer`` returns ``branch``'s output (an output of the same shape) and the gradient of
-    that output is exactly zero, while another of its outputs got one."""
-    shapes = outer.out_shapes
-    if not outer.zero_outs or not branch.out_shapes or not shapes:
-        return False
-    return any(i < len(shapes) and shapes[i] == branch.out_shapes[0] for i in outer.zero_outs)
 
 
 def _reading_part(enclosing: Enclosing, outer: JudgedCall, sparse: list[JudgedCall]
