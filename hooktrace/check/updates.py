@@ -159,6 +159,11 @@ def params_unmoved(c: Collected, s: Signal) -> list[Finding]:
             out.append(Finding(
                 cause, WARNING, model, names[0].rpartition(".")[0], found[0].get("since"),
                 f"{names_text(names)} ({plural(len(names), 'parameter')} of model '{model}') "
-                f"never moved through {found[0].get('steps')} optimizer steps: {what}",
+                f"never moved through {_steps(found[0].get('steps'))}: {what}",
                 {"params": names[:20]}, hint))
     return out
+
+
+def _steps(counted: object) -> str:
+    """The optimizer steps a ledger entry was counted in: the ledger counts 16 at most."""
+    return f"{counted} optimizer steps" + (" or more" if counted == 16 else "")

@@ -185,9 +185,10 @@ class Signal:
       model that never moved (their bits the same at every look: each recorded step's end and
       the watched steps numbered by a power of two from 16) through two optimizer steps or
       more since their first look: ``detail.params``, each ``param`` (its fqn in the model),
-      ``since`` (the step of its first look), ``steps`` (optimizer steps since), ``held`` (of
-      those, the steps of an optimizer that holds it) and ``grads`` (of those, the ones it had
-      a ``.grad`` at), the first 20 by name; ``detail.count`` in all; on the CPU only;
+      ``since`` (the step of its first look), ``steps`` (optimizer steps since, counted to 16
+      at most), ``held`` (of those, the steps of an optimizer that holds it) and ``grads`` (of
+      those, the ones it had a ``.grad`` at), the first 20 by name; ``detail.count`` in all; on
+      the CPU only;
     * ``loss-values``: when tracing stops, the loss ledger's values of one group of models
       (``detail.models``, those the passes reached; ``model``, the first): the value each
       ``backward()`` started from (a one-element root), in recorded and watched steps,

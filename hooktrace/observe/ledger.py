@@ -11,8 +11,10 @@ optimizer steps or more are written, one ``params-unmoved`` signal per model. Fa
 ``check`` says why they did not train.
 
 Cost: one integer sum per parameter not yet moved at each look (none once all moved: the
-second look in a run that trains); at an optimizer step, while some parameter has not moved,
-a ``.grad`` test of each such one and a membership test in the stepping optimizer's groups.
+second look in a run that trains); at an optimizer step, while a parameter not yet moved has
+been counted in fewer than ``_COUNTED`` steps, a ``.grad`` test of each and a membership test
+in the stepping optimizer's groups; then nothing per step (a bias before a BatchNorm, whose
+gradient is zero, never moves: a long run does not pay for it at every step).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from hooktrace.observe.stats import on_host
 from hooktrace.observe.weights import bit_sums
 
 _SHOWN = 20  # parameters listed per model, at most
+_COUNTED = 16  # optimizer steps counted per parameter: enough to say why it does not move
 
 
 class _Entry:
@@ -55,6 +58,7 @@ class ParamLedger(Observer):
         self._modules: list[tuple[weakref.ref[nn.Module], ModInfo]] = []
         self._unmoved: dict[int, _Entry] = {}  # id(parameter) -> its entry
         self._moved: set[int] = set()
+        self._counting = False  # some entry is counted in fewer than _COUNTED steps
         self._off = False
 
     def module_seen(self, module: nn.Module, info: ModInfo) -> None:
@@ -88,24 +92,28 @@ class ParamLedger(Observer):
             entry = self._unmoved.get(key)
             if entry is None or entry.ref() is not p:  # a first look (or a reused id)
                 self._unmoved[key] = _Entry(weakref.ref(p), info, name, bits, step)
+                self._counting = True
             elif bits != entry.bits:
                 self._moved.add(key)
                 del self._unmoved[key]
 
     def optimizer_stepping(self, step: OptimizerStep) -> None:
-        if self._off or not self._unmoved:
+        if self._off or not self._counting:
             return
         held = {id(p) for group in step.optimizer.param_groups for p in group["params"]}
         for key, entry in self._unmoved.items():
             p = entry.ref()
-            if p is None or key not in held:
+            if p is None or key not in held or entry.steps >= _COUNTED:
                 continue
             entry.held += 1
             entry.grads += p.grad is not None
 
     def optimizer_stepped(self, step: OptimizerStep) -> None:
+        if not self._counting:
+            return
         for entry in self._unmoved.values():
-            entry.steps += 1
+            entry.steps = min(entry.steps + 1, _COUNTED)
+        self._counting = any(e.steps < _COUNTED for e in self._unmoved.values())
 
     def stop(self, step: int, mode: Mode) -> None:
         by_model: dict[int, list[_Entry]] = {}
