@@ -201,7 +201,7 @@ class LossGraph(Observer):
 
     def stop(self, step: int, mode: Mode) -> None:
         if self._on:
-            self._guarded(self.values.write)
+            self.values.write()
         self._on = False
         # another wrapper around ours (a second session) stays; ours then only passes through
         if torch.autograd.backward is self._wrapped_backward:
@@ -216,7 +216,7 @@ class LossGraph(Observer):
             self.calls += 1
             outermost = self._on and _graph_task() == -1 and not _is_compiling()
             if outermost:
-                self._guarded(self.values.began, tensors)
+                self.values.began(tensors)
             if outermost and self._mode() is Mode.RECORDED:
                 self._look(tensors)
             then = self._returned() if outermost else None
@@ -252,15 +252,9 @@ class LossGraph(Observer):
             self._scaler = weakref.ref(scaler)
         return scaler
 
-    def _guarded(self, call: Callable[..., None], *args: Any) -> None:
-        try:
-            call(*args)
-        except Exception:
-            self._on = False  # said nowhere: the other observers go on
-
     def backward_end(self, end: PassEnd) -> None:
         if self._on:
-            self._guarded(self.values.ended, end)
+            self.values.ended(end)
         walks, self._pending = self._pending, None
         if end.mode is not Mode.RECORDED:
             if self._scaled:

@@ -11,7 +11,9 @@ Facts only: whether the loss diverges is ``check``'s to say.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
@@ -51,21 +53,43 @@ class _Ledger:
         return {"steps": steps, "values": values, "passes": self.seen, "every": self.every}
 
 
+_Method = TypeVar("_Method", bound=Callable[..., None])
+
+
+def _quiet_on_error(method: _Method) -> _Method:
+    """An exception never reaches the program, nor the loss graph that holds the ledger: the
+    ledger goes quiet, and writes nothing."""
+    @functools.wraps(method)
+    def guarded(self: LossValues, *args: Any) -> None:
+        if self._off:
+            return
+        try:
+            method(self, *args)
+        except Exception:
+            self._off = True
+            self._held.clear()
+            self._ledgers.clear()
+    return guarded  # type: ignore[return-value]
+
+
 class LossValues:
     """Held by the loss graph's ``backward()`` wrapper: ``began`` as an outermost pass starts,
     ``ended`` at its end (the core's ``PassEnd``), ``write`` when tracing stops."""
 
     def __init__(self, emit: Emit) -> None:
         self._emit = emit
+        self._off = False
         self._root: torch.Tensor | None = None  # the pass now running's
         self._held: list[tuple[tuple[int, ...], int, torch.Tensor]] = []
         self._ledgers: dict[tuple[int, ...], _Ledger] = {}
 
+    @_quiet_on_error
     def began(self, tensors: Any) -> None:
         root = tensors[0] if isinstance(tensors, list | tuple) and tensors else tensors
         self._root = (root.detach().clone() if isinstance(root, torch.Tensor)
                       and root.numel() == 1 else None)
 
+    @_quiet_on_error
     def ended(self, end: PassEnd) -> None:
         root, self._root = self._root, None
         if root is None or not end.reached:
@@ -75,6 +99,7 @@ class LossValues:
         if len(self._held) >= _BATCH:
             self._read()
 
+    @_quiet_on_error
     def write(self) -> None:
         self._read()
         for models, ledger in sorted(self._ledgers.items()):
