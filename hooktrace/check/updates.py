@@ -17,6 +17,13 @@ if TYPE_CHECKING:
     from hooktrace.log.schema import Signal
 
 
+def modules_not_held(c: Collected, model: int) -> set[str]:
+    """The modules of ``model`` whose trainable parameters no optimizer that stepped holds, as
+    the model's last ``optimizers`` signal says (``loop.not_held`` says them)."""
+    optimizers = [t for t in c.signals if t.model == model and t.kind == SignalKind.OPTIMIZERS]
+    return set(optimizers[-1].detail.get("not_held", [])) if optimizers else set()
+
+
 def weights_unchanged(c: Collected, s: Signal) -> list[Finding]:
     """A model whose weights got non-zero gradients and never changed: why, from what else
     the loop did (a cause another finding names is left to it)."""
@@ -24,8 +31,7 @@ def weights_unchanged(c: Collected, s: Signal) -> list[Finding]:
     if any(t.model == model and t.kind in (SignalKind.GRADS_CLEARED, SignalKind.GRADS_ZEROED)
            for t in c.signals):
         return []
-    optimizers = [t for t in c.signals if t.model == model and t.kind == SignalKind.OPTIMIZERS]
-    not_held = set(optimizers[-1].detail.get("not_held", [])) if optimizers else set()
+    not_held = modules_not_held(c, model)
     modules = [name for name in s.detail.get("modules", []) if name not in not_held]
     norms = norms_at(c, model, s.step)
     if norms:  # with statistics: only gradients that were not zero count
@@ -138,8 +144,7 @@ def params_unmoved(c: Collected, s: Signal) -> list[Finding]:
     said = {t.model for t in c.signals if t.kind == SignalKind.WEIGHTS_UNCHANGED}
     if s.model in said:
         return []
-    optimizers = [t for t in c.signals if t.model == s.model and t.kind == SignalKind.OPTIMIZERS]
-    not_held = set(optimizers[-1].detail.get("not_held", [])) if optimizers else set()
+    not_held = modules_not_held(c, s.model)
     params = [p for p in s.detail.get("params") or () if isinstance(p, dict)
               and p.get("param", "").rpartition(".")[0] not in not_held]
     free = [p for p in params if p.get("held") == 0]
