@@ -196,16 +196,16 @@ def hooktrace_watched(model: nn.Module, log: Path) -> AbstractContextManager[Any
 OBSERVERS = (
     ("recorder", ("LogRecorder",)),  # the log writer: events, shapes, statistics written
     ("parameter norms", ("ParamNorms",)),
-    ("weights", ("WeightChange",)),
+    ("parameter ledger", ("ParamLedger",)),
     ("diagnosis", ("Diagnosis",)),
     ("watch", ("Watch",)),
     ("loss graph", ("LossGraph",)),
     ("gradient zeros", ("GradZeros",)),
-    ("loss scale and half updates", ("LossScale", "HalfUpdates")),
+    ("loss scale", ("LossScale",)),
     ("op zoom", ("OpsObserver",)),  # what choosing modules to zoom into costs, zooming none
     ("hooks and custom Functions", ("HookCount", "FunctionCheck")),
-    ("every observer", ("LogRecorder", "ParamNorms", "WeightChange", "Diagnosis", "Watch",
-                        "LossGraph", "GradZeros", "LossScale", "HalfUpdates", "OpsObserver",
+    ("every observer", ("LogRecorder", "ParamNorms", "ParamLedger", "Diagnosis", "Watch",
+                        "LossGraph", "GradZeros", "LossScale", "OpsObserver",
                         "HookCount", "FunctionCheck")),
 )
 

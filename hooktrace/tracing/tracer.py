@@ -1,15 +1,15 @@
 """Assembles a tracing session: the hook core and its observers, in the order they must run.
 
-``core.py`` follows the module calls; the observers (``records.Observer``) do the rest, 19 at
-most, 14 in every run, in this order: capture (``--capture``), parameter-gradient norms
+``core.py`` follows the module calls; the observers (``records.Observer``) do the rest, 17 at
+most, 12 in every run, in this order: capture (``--capture``), parameter-gradient norms
 (``paramnorms``), watch (steps after ``--steps``, with statistics and ``--watch``), the training
 loop around the modules (``diagnose``), loss scaling (``lossscale``), hooks that pile up
 (``hookcount``), custom ``autograd.Function`` checks (``functions``), who may see whom
 (``--probe``), loss terms (``lossterms``), the loss graph (``lossgraph``), compiled code run
-eagerly in recorded steps (``eager``), weights that never change (``weights``), models side by
-side (``twins``), updates lost to precision (``halfupdates``), the step explained
-(``stepcheck``), partly-zero gradients (``gradzeros``, with statistics), the op zoom's records
-(``ops``), the log writer (``recorder``: it writes what those before it emit after the step's
+eagerly in recorded steps (``eager``), the parameter ledger (``ledger``: which weights moved,
+the learning rates), models side by side (``twins``), the step explained (``stepcheck``),
+partly-zero gradients (``gradzeros``, with statistics), the op zoom's records (``ops``), the
+log writer (``recorder``: it writes what those before it emit after the step's
 events), and break on NaN/Inf (``--break-on nan``, after the writer: the NaN's own event is
 written first). Statistics (``stats.TensorStats``) are shared by the observers that read
 numbers. Observers hand records to the log writer's ``emit`` (naming's model and module records
@@ -36,7 +36,6 @@ from hooktrace.observe.diagnose import Diagnosis
 from hooktrace.observe.eager import EagerSteps
 from hooktrace.observe.functions import FunctionCheck
 from hooktrace.observe.gradzeros import GradZeros
-from hooktrace.observe.halfupdates import HalfUpdates
 from hooktrace.observe.hookcount import HookCount
 from hooktrace.observe.ledger import ParamLedger
 from hooktrace.observe.lossgraph import LossGraph
@@ -51,7 +50,6 @@ from hooktrace.observe.stats import TensorStats
 from hooktrace.observe.stepcheck import StepExplained
 from hooktrace.observe.twins import Twins
 from hooktrace.observe.watch import Watch
-from hooktrace.observe.weights import WeightChange
 
 __all__ = ["Sink", "Tracer"]
 
@@ -151,10 +149,8 @@ class Tracer:
                                      lambda roots, models: terms.looked(core.step, roots, models))
         observers.append(self._loss_graph)
         observers.append(eager)
-        observers.append(WeightChange(recorder.emit))
         observers.append(ParamLedger(recorder.emit))
         observers.append(Twins(recorder.emit, naming.known, naming.model_name))
-        observers.append(HalfUpdates(recorder.emit))
         observers.append(StepExplained(recorder.emit))
         if stats is not None:
             observers.append(GradZeros(stats, recorder.emit))

@@ -101,11 +101,13 @@ def test_optimizers_hold_the_trainable_modules() -> None:
         "features.0", "features.2", "head"]
 
 
-def test_weights_unchanged_names_what_did_not_move() -> None:
-    [signal] = signals("stale_optimizer", "weights-unchanged")
-    assert signal.detail == {"modules": ["features.0", "features.2", "head"], "through": 2,
-                             "optimizer_steps": 2, "lr": [0.1]}
-    assert signals("mnist", "weights-unchanged") == []
+def test_the_ledger_says_what_never_moved_and_the_learning_rates() -> None:
+    [signal] = signals("stale_optimizer", "params-unmoved")
+    assert signal.detail["modules"] == ["features.0", "features.2", "head"]
+    assert signal.detail["moved"] == 0 and signal.detail["looks"][:3] == [[0, 0], [1, 1], [2, 2]]
+    [lrs] = signals("stale_optimizer", "optimizer-lrs")
+    assert lrs.detail["lr"][0] == 0.1 and lrs.detail["after"][:2] == [0, 1]
+    assert signals("mnist", "params-unmoved") == []
 
 
 def test_eval_backward_is_written_at_its_step() -> None:
