@@ -146,17 +146,17 @@ def optimizer_lrs(c: Collected, s: Signal) -> list[Finding]:
     """An optimizer's learning rates (an ``optimizer-lrs`` signal): a schedule collapsed, a
     weight decay that shrinks every weight; for each model of its parameters."""
     out: list[Finding] = []
-    collapse = _collapse(s.detail)
+    collapsed = collapse(s.detail)
     decay = s.detail.get("decay")
     for model in s.detail.get("models", [s.model]):
-        if collapse is not None:
-            out += lr_collapsed(c, model, *collapse)
+        if collapsed is not None:
+            out += lr_collapsed(c, model, *collapsed)
         if decay and decay["lr"] * decay["weight_decay"] >= DECAY_SHRINK:
             out += weight_decay(c, model, max(decay["step"], 0), decay, s.detail)
     return out
 
 
-def _collapse(d: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+def collapse(d: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
     """Where an optimizer stepped half its steps or more with a learning rate below
     ``LR_FLOOR`` of its peak so far, or got there by one factor of ``GEOMETRIC`` or less at
     each of ``GEOMETRIC_RUN`` steps in a row or more: (the pass it first did after, the

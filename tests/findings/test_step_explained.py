@@ -1,11 +1,12 @@
 """The step, explained (issue 36, item 1): in-process traces of small training loops whose
 optimizer step breaks an expectation (a param group left at lr 0, an optimizer built anew each
 step, ``zero_grad`` per micro-batch, a negative clipping factor, a per-epoch schedule stepped
-per batch) get one ``step-unexplained`` (or ``lr-collapsed``) signal saying which; the healthy
-look-alikes of each (a warmup from lr 0, a staggered warmup, one rebuild at an unfreeze, plain
-SGD rebuilt, two optimizers in turns, SAM's two passes, an analysis pass before the real one,
-PCGrad's per-task passes, micro-batches summed by hand, a gradient reversal layer,
-ExponentialLR(0.9) and a short cosine per batch) write none."""
+per batch) get one ``step-unexplained`` signal saying which (or the ledger's learning rates,
+from which ``check`` says ``lr-collapsed``); the healthy look-alikes of each (a warmup from
+lr 0, a staggered warmup, one rebuild at an unfreeze, plain SGD rebuilt, two optimizers in
+turns, SAM's two passes, an analysis pass before the real one, PCGrad's per-task passes,
+micro-batches summed by hand, a gradient reversal layer, ExponentialLR(0.9) and a short cosine
+per batch) write none."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from torch.nn import functional as F
 
 import hooktrace
 from hooktrace.check.checklog import run_checks
+from hooktrace.check.updates import collapse
 from hooktrace.log import schema
 
 from . import steploop
@@ -292,8 +294,14 @@ def traced(loop: Loop, path: Path) -> list[schema.Signal]:
     with hooktrace.trace(path):
         loop()
         gc.collect()
-    return [r for r in read_log(path) if isinstance(r, schema.Signal)
-            and r.kind in ("step-unexplained", "lr-collapsed")]
+    out = []
+    for r in read_log(path):
+        if isinstance(r, schema.Signal) and r.kind == "step-unexplained":
+            out.append(r)
+        elif isinstance(r, schema.Signal) and r.kind == "optimizer-lrs" and (
+                found := collapse(r.detail)) is not None:  # check's verdict on the ledger's lrs
+            out.append(schema.Signal(found[0], r.model, "", "lr-collapsed", found[1]))
+    return out
 
 
 def expectations(signals: list[schema.Signal]) -> list[str]:
