@@ -35,7 +35,7 @@ class LogSummary:
 
 
 def summary_of(collected: Collected, thresholds: Thresholds | None = None) -> LogSummary:
-    """``collected`` settled and analysed for the detectors (``detectors.DETECTORS``)."""
+    """``collected`` settled and analysed for the detectors (``checks.DETECTORS``)."""
     thresholds = thresholds or Thresholds()
     c = settled(collected)
     unjudged = c.zero_loss_steps() | ({c.unfinished[0]} if c.unfinished else set())
