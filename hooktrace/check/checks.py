@@ -12,29 +12,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hooktrace.check import causes, copies, oplines, units
-from hooktrace.check.callnotes import check_info
-from hooktrace.check.crash import check_crash
+from hooktrace.check import causes, oplines, units
+from hooktrace.check.crash import check_crash, check_unseen
 from hooktrace.check.custom import check_custom
 from hooktrace.check.findings import NOTE, SEVERITY_ORDER, Finding, FindingKind, after_causes
 from hooktrace.check.grouped import copies as copies_of
-from hooktrace.check.grouped import inside, patterns
+from hooktrace.check.grouped import copies_notes, inside, patterns
 from hooktrace.check.loop import check_loop
 from hooktrace.check.losses import check_losses
 from hooktrace.check.lossterms import absorb, check_loss_terms
 from hooktrace.check.magnitudes import check_magnitudes
 from hooktrace.check.nonfinite import check_nonfinite
 from hooktrace.check.probed import check_probed
-from hooktrace.check.reached import check_lost_gradient, check_no_grad
-from hooktrace.check.registered import check_loose
+from hooktrace.check.reached import check_loose, check_lost_gradient, check_no_grad
 from hooktrace.check.relations import check_relations
 from hooktrace.check.scaling import after_scaling, check_scaling
 from hooktrace.check.shared import check_shared_targets
 from hooktrace.check.signals import check_signals
 from hooktrace.check.sources import with_sources
 from hooktrace.check.summary import LogSummary
-from hooktrace.check.unseen import check_unseen
-from hooktrace.check.unused import check_unused
+from hooktrace.check.unused import check_info, check_unused
 from hooktrace.log.words import plural
 
 Detector = Callable[[LogSummary], list[Finding]]
@@ -62,7 +59,7 @@ DETECTORS: tuple[tuple[str, Detector], ...] = (
     ("loss scaling", lambda s: check_scaling(s.c)),
     ("shared targets", lambda s: check_shared_targets(s.c)),
     ("model relations", lambda s: check_relations(s.c)),
-    ("evaluation copies", lambda s: copies.copies_notes(s.c, s.evaluation)),
+    ("evaluation copies", lambda s: copies_notes(s.c, s.evaluation)),
 )
 
 # the notes that come one per module of a cause: a frozen BatchNorm in train mode, a layer
