@@ -47,7 +47,7 @@ DETECTORS: tuple[tuple[str, Detector], ...] = (
     ("training loop", lambda s: check_loop(s.c)),
     ("custom functions and hooks", lambda s: check_custom(s.c)),
     ("probed", lambda s: check_probed(s.c)),
-    ("gradient flow", lambda s: causes.findings(s.flowed, s.c.modules, s.c.models)),
+    ("gradient flow", lambda s: causes.findings(s.flowed, s.c)),
     ("no gradient", lambda s: check_no_grad(s.c, s.explained | s.turns)),
     ("lost gradient", lambda s: check_lost_gradient(s.c)),
     ("magnitudes", lambda s: check_magnitudes(s.c, s.thresholds, s.explained)),

@@ -158,6 +158,11 @@ class Collected:
                 for step, value in zip(s.detail.get("steps") or (), s.detail.get("values") or (),
                                        strict=False) if value == 0}
 
+    def first_seq(self, model: int, name: str) -> int:
+        """Where a module first ran, in forward order (0: never, or unknown)."""
+        m = self.modules.get((model, name))
+        return m.first_seq or 0 if m is not None else 0
+
     def label(self, model: int, name: str) -> str:
         """A module as findings name it: ``layer1.0 (BasicBlock)``, ``(root)`` for the root."""
         m = self.modules.get((model, name))

@@ -48,7 +48,7 @@ def _note(c: Collected, model: int, found: list[tuple[ModuleStats, Finding]],
     # with adapters, the rest is the base model they adapt, frozen; else a frozen prefix is a
     # backbone, and a frozen subtree after a trainable module lies among trainable ones
     start = math.inf if adapters else _first_trained(c, model)
-    other = [top for top in backbone if _first_seq(c, model, top) > start]
+    other = [top for top in backbone if c.first_seq(model, top) > start]
     backbone = [top for top in backbone if top not in other]
     roles: list[str] = []
     for key in copy_tops:
@@ -67,7 +67,7 @@ def _note(c: Collected, model: int, found: list[tuple[ModuleStats, Finding]],
     if other:
         roles.append(f"frozen among trainable modules ({patterns(other)})")
     first = min([key[1] for key in copy_tops] + list(adapters) + backbone + other,
-                key=lambda n: _first_seq(c, model, n))
+                key=lambda n: c.first_seq(model, n))
     return Finding(
         "frozen", NOTE, c.model_name(model), first, None,
         f"{_FROZEN} in {plural(len(found), 'module')} of model '{c.model_name(model)}': "
@@ -80,11 +80,6 @@ def _note(c: Collected, model: int, found: list[tuple[ModuleStats, Finding]],
                         "EMA), not through gradients"),
             (adapters, "only the adapters train, as in LoRA"),
             (backbone or other, "call .requires_grad_(True) on what should train")) if role))
-
-
-def _first_seq(c: Collected, model: int, name: str) -> int:
-    m = c.modules.get((model, name))
-    return m.first_seq or 0 if m is not None else 0
 
 
 def _first_trained(c: Collected, model: int) -> float:
@@ -104,7 +99,7 @@ def _adapters(c: Collected, frozen: list[ModuleStats]) -> dict[str, list[str]]:
     below: dict[tuple[int, str], tuple[list[str], list[str]]] = {}  # parent: frozen, trainable
     for m in c.modules.values():
         if m.params and m.fqn:
-            for parent in _parents(m.fqn):
+            for parent in ancestors(m.fqn)[1:]:  # not the root
                 frozen_below, trained = below.setdefault((m.model, parent), ([], []))
                 (trained if m.trainable else frozen_below).append(m.fqn)
     out: dict[str, list[str]] = {}
@@ -117,7 +112,3 @@ def _adapters(c: Collected, frozen: list[ModuleStats]) -> dict[str, list[str]]:
                 c.modules[(m.model, name)].trainable for name in trained) < m.params:
             out[m.fqn] = trained
     return out
-
-
-def _parents(name: str) -> list[str]:
-    return ancestors(name)[1:]  # not the root

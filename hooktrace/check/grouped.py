@@ -42,12 +42,7 @@ def cover(c: Collected, model: int, names: Iterable[str]) -> list[str]:
             if below.get(top) and below[top] == named[top]:
                 out[top] = None
                 break
-    return sorted(out, key=lambda n: _first_seq(c, model, n))
-
-
-def _first_seq(c: Collected, model: int, name: str) -> int:
-    m = c.modules.get((model, name))
-    return m.first_seq or 0 if m is not None else 0
+    return sorted(out, key=lambda n: c.first_seq(model, n))
 
 
 def patterns(names: Iterable[str], keep: int = 10) -> str:
