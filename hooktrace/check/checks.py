@@ -115,12 +115,12 @@ def _ordered(s: LogSummary, findings: list[Finding]) -> list[Finding]:
 # by the others (explained, taken in, following from), then where to look, then one order.
 SETTLE: tuple[tuple[str, Settler], ...] = (
     # a cut in the loss takes the no-grads it explains; an empty read, the zeros
-    ("loss-term-cut, loss-reads-nothing", lambda s, f: absorb(s.c, f)),
+    ("a cut in the loss, an empty read", lambda s, f: absorb(s.c, f)),
     # zero weights in the passes before their first step with lr > 0: a note
-    ("zero-gradient", lambda s, f: units.zero_before_moving(s.c, s.flowed, f)),
+    ("zero weights not moved yet", lambda s, f: units.zero_before_moving(s.c, s.flowed, f)),
     # what a scaled step makes (NaN, growing gradients) follows from it
-    ("scaled-step, scaled-twice", lambda s, f: after_scaling(f)),
-    ("frozen-bn-training", _copies_bn),
+    ("what a scaled step makes", lambda s, f: after_scaling(f)),
+    ("the BatchNorms of frozen copies", _copies_bn),
     ("where to look: the forward", lambda s, f: with_sources(s.c, f)),
     ("where to look: the op", lambda s, f: oplines.with_op_lines(f, s.c, s.flowed)),
     ("one note per repeating cause", _repeating),
