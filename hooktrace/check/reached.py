@@ -13,8 +13,7 @@ from collections.abc import Iterator, Set
 from typing import TYPE_CHECKING
 
 from hooktrace.check.findings import NOTE, WARNING, Finding, FindingKind, steps_text
-from hooktrace.check.frozen import frozen_notes
-from hooktrace.check.grouped import cover, patterns
+from hooktrace.check.grouped import cover, frozen_notes, patterns
 from hooktrace.check.trainable import unfrozen_at
 from hooktrace.log.names import ancestors
 from hooktrace.log.words import fqn_text, plural
