@@ -15,7 +15,7 @@ from collections.abc import Callable
 from hooktrace.check import causes, oplines, units
 from hooktrace.check.crash import check_crash, check_unseen
 from hooktrace.check.custom import check_custom
-from hooktrace.check.findings import NOTE, SEVERITY_ORDER, Finding, FindingKind, after_causes
+from hooktrace.check.findings import NOTE, SEVERITY_ORDER, Finding, FindingKind
 from hooktrace.check.grouped import copies as copies_of
 from hooktrace.check.grouped import copies_notes, inside, patterns
 from hooktrace.check.loop import check_loop
@@ -102,13 +102,26 @@ def _repeating(s: LogSummary, findings: list[Finding]) -> list[Finding]:
     return out
 
 
-def _ordered(s: LogSummary, findings: list[Finding]) -> list[Finding]:
-    """Most severe first, then in step and forward order; a finding that follows from
-    another's cause just after it."""
-    order = {m.fqn: m.first_seq or 0 for m in s.c.modules.values()}
+def ordered(findings: list[Finding], order: dict[str, int] | None = None) -> list[Finding]:
+    """Most severe first, then in step and forward order (``order``: a module's place), then
+    by cause; a finding that follows from another's cause just after it."""
     return after_causes(sorted(findings, key=lambda f: (
         SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1,
-        order.get(f.module, 0), f.cause)))
+        (order or {}).get(f.module, 0), f.cause)))
+
+
+def after_causes(findings: list[Finding]) -> list[Finding]:
+    """``findings`` with each one that follows from another (its evidence's ``follows``: the
+    cause of that other, in the same model) moved to just after the other: the cause reads
+    first, whatever the sort put between them."""
+    out = list(findings)
+    for f in findings:
+        follows = f.evidence.get("follows")
+        if follows and any(o.cause == follows and o.model == f.model for o in out):
+            out = [o for o in out if o is not f]
+            at = max(i for i, o in enumerate(out) if o.cause == follows and o.model == f.model)
+            out.insert(at + 1, f)
+    return out
 
 
 # One settling pass, in order: each rule takes the findings of some causes and settles them
@@ -124,7 +137,8 @@ SETTLE: tuple[tuple[str, Settler], ...] = (
     ("where to look: the forward", lambda s, f: with_sources(s.c, f)),
     ("where to look: the op", lambda s, f: oplines.with_op_lines(f, s.c, s.flowed)),
     ("one note per repeating cause", _repeating),
-    ("one order", _ordered),
+    ("one order", lambda s, f: ordered(f, {m.fqn: m.first_seq or 0
+                                            for m in s.c.modules.values()})),
 )
 
 
