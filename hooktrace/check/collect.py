@@ -14,10 +14,11 @@ from __future__ import annotations
 import math
 import os
 
-from hooktrace.check import firstnan, flow, ops
+from hooktrace.check import firstnan, flow
 from hooktrace.check.calls import JudgedCall, Judging, take_zero_shares
 from hooktrace.check.collected import Collected
 from hooktrace.check.indexing import ForwardSteps, Modules, Profiles, StepSets, order_break
+from hooktrace.check.oplines import KEEP
 from hooktrace.check.patterns import Patterns
 from hooktrace.log import schema
 from hooktrace.log.decoder import BackwardRows, ForwardMore, ForwardRows, Signature
@@ -145,7 +146,7 @@ class Collector:
                 self.c.signals.append(r)
         elif type(r) is schema.Ops:
             kept = self.c.ops.setdefault((r.model, r.fqn), [])
-            if len(kept) < ops.KEEP and self._wanted(r.step):
+            if len(kept) < KEEP and self._wanted(r.step):
                 kept.append(r)
         elif type(r) is schema.End:
             self.c.end = r
