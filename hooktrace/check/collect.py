@@ -14,12 +14,18 @@ from __future__ import annotations
 import math
 import os
 
-from hooktrace.check import firstnan, flow
+from hooktrace.check import flow, nonfinite
 from hooktrace.check.calls import JudgedCall, Judging, take_zero_shares
 from hooktrace.check.collected import Collected
-from hooktrace.check.indexing import ForwardSteps, Modules, Profiles, StepSets, order_break
+from hooktrace.check.indexing import (
+    ForwardSteps,
+    Modules,
+    Patterns,
+    Profiles,
+    StepSets,
+    order_break,
+)
 from hooktrace.check.oplines import KEEP
-from hooktrace.check.patterns import Patterns
 from hooktrace.log import schema
 from hooktrace.log.decoder import BackwardRows, ForwardMore, ForwardRows, Signature
 from hooktrace.log.options import TraceOptions
@@ -117,7 +123,7 @@ class Collector:
                     modules.append(self._keys[index])
                     norms.append(stat[0])
                 if more is not None:  # NaN/Inf statistics (or a flag)
-                    firstnan.gradients(self.c, step, self._keys[index], call, in_stats,
+                    nonfinite.gradients(self.c, step, self._keys[index], call, in_stats,
                                        out_stats)
 
     def _record(self, r: schema.Record) -> None:
@@ -128,14 +134,14 @@ class Collector:
         elif type(r) is schema.ParamGrads:
             if self._wanted(r.step):
                 self._profiles.params(r)
-                firstnan.parameter_norms(self.c, r)
+                nonfinite.parameter_norms(self.c, r)
         elif type(r) is schema.Anomaly:
             self.c.steps_seen.add(r.step)  # a watched step: what went wrong is all it writes
             if self._wanted(r.step) and r.kind == schema.AnomalyKind.NO_GRAD:
                 self.c.lost_gradient.setdefault((r.model, r.fqn), []).append(r.step)
                 self.c.lost_detail.setdefault((r.model, r.fqn), r.detail)
             elif self._wanted(r.step):
-                firstnan.anomaly(self.c, r)
+                nonfinite.anomaly(self.c, r)
         elif type(r) is schema.Step:
             self._closed.add(r.step)
             self.c.last_step = max(r.step, -1 if self.c.last_step is None else self.c.last_step)
@@ -203,7 +209,7 @@ class Collector:
         elif more.eval_mode:
             self._eval_calls.append(index)
         if more.output_nonfinite:
-            firstnan.forward_outputs(self.c, step, self._keys[index], call, *outs,
+            nonfinite.forward_outputs(self.c, step, self._keys[index], call, *outs,
                                      more.output_nonfinite,
                                      None if before is None else self._keys[before])
 

@@ -103,7 +103,7 @@ class Collected:
     # per module, its first zoomed calls' operations (``ops`` records, ``ops.KEEP`` at most)
     ops: dict[ModelFqn, list[schema.Ops]] = field(default_factory=dict)
     # per step, the module of its first forward output with NaN/Inf, and of its first backward
-    # event with a NaN/Inf gradient, with whether that one produced it (firstnan's rule): a
+    # event with a NaN/Inf gradient, with whether that one produced it (nonfinite's rule): a
     # zoomed call of a later step answers for a NaN/Inf finding only where they are its own
     forward_first: dict[int, ModelFqn] = field(default_factory=dict)
     backward_first: dict[int, tuple[ModelFqn, bool]] = field(default_factory=dict)
