@@ -43,12 +43,13 @@ from hooktrace.observe.lossgraph import LossGraph
 from hooktrace.observe.lossscale import LossScale
 from hooktrace.observe.lossterms import LossTerms
 from hooktrace.observe.ops import OpsObserver
+from hooktrace.observe.optimizers import Optimizers
 from hooktrace.observe.outputs import OutputCheck
 from hooktrace.observe.paramnorms import ParamNorms
 from hooktrace.observe.probe import Probe
 from hooktrace.observe.recorder import LogRecorder, Sink
 from hooktrace.observe.stats import TensorStats
-from hooktrace.observe.stepcheck import StepExplained
+from hooktrace.observe.stepcheck import StepSample
 from hooktrace.observe.twins import Twins
 from hooktrace.observe.watch import Watch
 from hooktrace.observe.weights import WeightChange
@@ -124,7 +125,9 @@ class Tracer:
         eager = self._eager = EagerSteps(self._options.steps, recorder.emit)
         if stats is not None and self._options.watch:
             observers.append(Watch(stats, recorder.emit, eager.look))
-        observers.append(Diagnosis(recorder.emit, naming.uncalled))
+        optimizers = Optimizers(recorder.emit, naming.uncalled)
+        observers.append(Diagnosis(recorder.emit, optimizers))  # tells it of freezes: before
+        observers.append(optimizers)
         observers.append(LossScale(recorder.emit))
         observers.append(HookCount(recorder.emit))
         paused: list[bool] = []
@@ -155,7 +158,7 @@ class Tracer:
         observers.append(ParamLedger(recorder.emit))
         observers.append(Twins(recorder.emit, naming.known, naming.model_name))
         observers.append(HalfUpdates(recorder.emit))
-        observers.append(StepExplained(recorder.emit))
+        observers.append(StepSample(recorder.emit, optimizers))
         if stats is not None:
             observers.append(GradZeros(stats, recorder.emit))
         ops = recorder.facts = OpsObserver(core.zoom, recorder.emit, self._options)
