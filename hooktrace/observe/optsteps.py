@@ -193,12 +193,7 @@ class OptimizerSteps:
         return first
 
     def _names(self, params: list[torch.Tensor]) -> dict[int, list[str]]:
-        """Per model, the modules of ``params``, in their order (models sorted)."""
-        held: dict[int, dict[str, None]] = {}
-        for info in map(self._owner.get, map(id, params)):
-            if info is not None:
-                held.setdefault(info.model, {})[info.fqn] = None
-        return {model: list(names) for model, names in sorted(held.items())}
+        return modules_of(self._owner, params)
 
     def stop(self) -> None:
         """An ``optimizer-steps`` signal per optimizer that stepped and model it holds."""
@@ -208,6 +203,15 @@ class OptimizerSteps:
                                          SignalKind.OPTIMIZER_STEPS, steps.facts(model, names)))
         self._all.clear()
         self._holder_of.clear()
+
+
+def modules_of(owner: dict[int, ModInfo], params: list[torch.Tensor]) -> dict[int, list[str]]:
+    """Per model (sorted), the modules of ``params`` (``owner``: by id), in their order."""
+    held: dict[int, dict[str, None]] = {}
+    for info in map(owner.get, map(id, params)):
+        if info is not None:
+            held.setdefault(info.model, {})[info.fqn] = None
+    return {model: list(names) for model, names in sorted(held.items())}
 
 
 def _lr(optimizer: torch.optim.Optimizer) -> float | None:

@@ -28,6 +28,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ from hooktrace.log import schema
 from hooktrace.log.schema import SignalKind
 from hooktrace.observe.lossscale import find_scaler
 from hooktrace.observe.optimizers import Optimizers
+from hooktrace.observe.optsteps import modules_of
 from hooktrace.observe.stats import on_host
 from hooktrace.observe.stepmove import Moves, Sampled
 
@@ -52,7 +54,6 @@ class StepSample(Observer):
 
     def __init__(self, emit: Emit, optimizers: Optimizers) -> None:
         self._emit = emit
-        self._owner = optimizers.owner  # id(trainable parameter) -> its module
         self._modules = optimizers.modules  # every module with parameters
         self._step = 0  # the last backward pass
         self._stepped = 0  # optimizer steps so far
@@ -67,6 +68,7 @@ class StepSample(Observer):
         self._stepped_then = -1
         self._values: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
         self._moving: Sampled = []  # the same sample's parameters and indices, for the moves
+        self._names = partial(modules_of, optimizers.owner)
         self._moves = Moves(self._names)
         self._scaler: Callable[[], Any] | None = None  # the GradScaler, once looked for
         self._cleared: list[int] = []  # passes of this accumulation whose gradients were dropped
@@ -227,15 +229,6 @@ class StepSample(Observer):
                                          SignalKind.STEP_SAMPLE, detail))
         self._values = None
         self._moving = []
-
-    def _names(self, params: list[torch.Tensor]) -> dict[int, list[str]]:
-        """Per model, the modules of ``params``, in their order."""
-        out: dict[int, dict[str, None]] = {}
-        for p in params:
-            info = self._owner.get(id(p))
-            if info is not None:
-                out.setdefault(info.model, {})[info.fqn] = None
-        return {model: list(names) for model, names in out.items()}
 
 
 def _indices(n: int) -> torch.Tensor:
