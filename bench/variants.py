@@ -197,15 +197,15 @@ OBSERVERS = (
     ("recorder", ("LogRecorder",)),  # the log writer: events, shapes, statistics written
     ("parameter norms", ("ParamNorms",)),
     ("parameter ledger", ("ParamLedger",)),
-    ("diagnosis", ("Diagnosis",)),
+    ("diagnosis", ("Diagnosis", "Optimizers")),
     ("watch", ("Watch",)),
     ("loss graph", ("LossGraph",)),
     ("gradient zeros", ("GradZeros",)),
     ("loss scale", ("LossScale",)),
     ("op zoom", ("OpsObserver",)),  # what choosing modules to zoom into costs, zooming none
     ("hooks and custom Functions", ("HookCount", "FunctionCheck")),
-    ("every observer", ("LogRecorder", "ParamNorms", "ParamLedger", "Diagnosis", "Watch",
-                        "LossGraph", "GradZeros", "LossScale", "OpsObserver",
+    ("every observer", ("LogRecorder", "ParamNorms", "ParamLedger", "Diagnosis", "Optimizers",
+                        "Watch", "LossGraph", "GradZeros", "LossScale", "OpsObserver",
                         "HookCount", "FunctionCheck")),
 )
 

@@ -1,20 +1,20 @@
 """Assembles a tracing session: the hook core and its observers, in the order they must run.
 
-``core.py`` follows the module calls; the observers (``records.Observer``) do the rest, 17 at
-most, 12 in every run, in this order: capture (``--capture``), parameter-gradient norms
+``core.py`` follows the module calls; the observers (``records.Observer``) do the rest, 18 at
+most, 13 in every run, in this order: capture (``--capture``), parameter-gradient norms
 (``paramnorms``), watch (steps after ``--steps``, with statistics and ``--watch``), the training
-loop around the modules (``diagnose``), loss scaling (``lossscale``), hooks that pile up
-(``hookcount``), custom ``autograd.Function`` checks (``functions``), who may see whom
-(``--probe``), loss terms (``lossterms``), the loss graph (``lossgraph``), compiled code run
-eagerly in recorded steps (``eager``), the parameter ledger (``ledger``: which weights moved,
-the learning rates), models side by side (``twins``), the step explained (``stepcheck``),
-partly-zero gradients (``gradzeros``, with statistics), the op zoom's records (``ops``), the
-log writer (``recorder``: it writes what those before it emit after the step's
-events), and break on NaN/Inf (``--break-on nan``, after the writer: the NaN's own event is
-written first). Statistics (``stats.TensorStats``) are shared by the observers that read
-numbers. Observers hand records to the log writer's ``emit`` (naming's model and module records
-to its ``emit_now``); the log writer tells the ops observer what it meets (``recorder.Facts``),
-which asks the zoom for modules (``opzoom.ZoomRequests``).
+loop around the modules (``diagnose``), the optimizers and their steps (``optimizers``), loss
+scaling (``lossscale``), hooks that pile up (``hookcount``), custom ``autograd.Function``
+checks (``functions``), who may see whom (``--probe``), loss terms (``lossterms``), the loss
+graph (``lossgraph``), compiled code run eagerly in recorded steps (``eager``), the parameter
+ledger (``ledger``: which weights moved, the learning rates), models side by side (``twins``),
+the step explained (``stepcheck``), partly-zero gradients (``gradzeros``, with statistics), the
+op zoom's records (``ops``), the log writer (``recorder``: it writes what those before it emit
+after the step's events), and break on NaN/Inf (``--break-on nan``, after the writer: the NaN's
+own event is written first). Statistics (``stats.TensorStats``) are shared by the observers that
+read numbers. Observers hand records to the log writer's ``emit`` (naming's model and module
+records to its ``emit_now``); the log writer tells the ops observer what it meets
+(``recorder.Facts``), which asks the zoom for modules (``opzoom.ZoomRequests``).
 """
 
 from __future__ import annotations
@@ -42,12 +42,13 @@ from hooktrace.observe.lossgraph import LossGraph
 from hooktrace.observe.lossscale import LossScale
 from hooktrace.observe.lossterms import LossTerms
 from hooktrace.observe.ops import OpsObserver
+from hooktrace.observe.optimizers import Optimizers
 from hooktrace.observe.outputs import OutputCheck
 from hooktrace.observe.paramnorms import ParamNorms
 from hooktrace.observe.probe import Probe
 from hooktrace.observe.recorder import LogRecorder, Sink
 from hooktrace.observe.stats import TensorStats
-from hooktrace.observe.stepcheck import StepExplained
+from hooktrace.observe.stepcheck import StepSample
 from hooktrace.observe.twins import Twins
 from hooktrace.observe.watch import Watch
 
@@ -122,7 +123,9 @@ class Tracer:
         eager = self._eager = EagerSteps(self._options.steps, recorder.emit)
         if stats is not None and self._options.watch:
             observers.append(Watch(stats, recorder.emit, eager.look))
-        observers.append(Diagnosis(recorder.emit, naming.uncalled))
+        optimizers = Optimizers(recorder.emit, naming.uncalled)
+        observers.append(Diagnosis(recorder.emit, optimizers))  # tells it of freezes: before
+        observers.append(optimizers)
         observers.append(LossScale(recorder.emit))
         observers.append(HookCount(recorder.emit))
         paused: list[bool] = []
@@ -151,7 +154,7 @@ class Tracer:
         observers.append(eager)
         observers.append(ParamLedger(recorder.emit))
         observers.append(Twins(recorder.emit, naming.known, naming.model_name))
-        observers.append(StepExplained(recorder.emit))
+        observers.append(StepSample(recorder.emit, optimizers))
         if stats is not None:
             observers.append(GradZeros(stats, recorder.emit))
         ops = recorder.facts = OpsObserver(core.zoom, recorder.emit, self._options)
