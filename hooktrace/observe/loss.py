@@ -18,6 +18,7 @@ torch operation in the window (at most ``losswindow.CAP``) and walks of a few do
 docs/performance.md). An exception here never reaches the program: the part it came from goes
 quiet (the window, the graph's reads, the ledger, each alone) and the program runs as it was.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,7 +34,7 @@ from hooktrace.hooks.records import Emit, ForwardEnd, Mode, Observer, OptimizerS
 from hooktrace.log import schema
 from hooktrace.log.schema import SignalKind
 from hooktrace.observe import lossgraph
-from hooktrace.observe.lossgraph import Walk, arithmetic_top, bootstrapped, reads
+from hooktrace.observe.lossgraph import GraphWalk, arithmetic_top, bootstrapped, reads
 from hooktrace.observe.lossscale import Scaling
 from hooktrace.observe.lossvalues import LossValues
 from hooktrace.observe.losswindow import Window
@@ -66,7 +67,7 @@ def _shares_said(step: int, shares: Shares) -> list[schema.Signal]:
             if read < of and not bad]
 
 
-def _ops_said(step: int, walks: list[Walk], said: dict[Any, Any]) -> list[schema.Signal]:
+def _ops_said(step: int, walks: list[GraphWalk], said: dict[Any, Any]) -> list[schema.Signal]:
     """``loss-ops`` of each loss function, ``loss-scaled`` of each model, where changed."""
     out = []
     for loss in sorted({loss for w in walks for loss in w.losses},
@@ -106,7 +107,7 @@ class LossObserver(Observer):
         self._on = True  # the graph's reads: an error turns them off
         self.calls = 0  # backward() calls while tracing ran (with module calls or without)
         self._trained: set[int] = set()  # models with parameters
-        self._pending: list[Walk] | None = None  # the walks of the pass now running
+        self._pending: list[GraphWalk] | None = None  # the walks of the pass now running
         self._said_ops: dict[Any, Any] = {}  # loss-ops by (model, fqn, op); loss-scaled by model
         self._said: set[tuple[str, str, int]] = set()  # terms and targets said
         self._signals: list[schema.Signal] = []  # the window's, at the pass's end

@@ -74,7 +74,7 @@ class Loss(NamedTuple):
     inner: ModInfo  # the innermost
 
 
-class Walk(NamedTuple):
+class GraphWalk(NamedTuple):
     losses: list[Loss]
     models: set[int]  # the models whose outputs the walk reached
     scales: int  # the most scale multiplications on one path; -1: no scaler known
@@ -125,7 +125,7 @@ def _chain(loss: Any, trained: set[int]) -> Loss | None:
     return None
 
 
-def walk(root: Any, trained: set[int], scale_ptr: int | None) -> Walk:
+def walk(root: Any, trained: set[int], scale_ptr: int | None) -> GraphWalk:
     """Breadth first from ``root``, stopping at traced calls' outputs and at leaves. Scale
     multiplications are counted along paths of arithmetic from the root only (a gradient
     penalty's double-backward graph multiplies by the scale too, below the ops it takes)."""
@@ -155,7 +155,7 @@ def walk(root: Any, trained: set[int], scale_ptr: int | None) -> Walk:
             depth[child] = None if d is None else d + int(scaled and is_scale(child,
                                                                                scale_ptr or 0))
             queue.append(child)
-    return Walk(losses, models, max(n or 0 for n in depth.values()) if scaled else -1)
+    return GraphWalk(losses, models, max(n or 0 for n in depth.values()) if scaled else -1)
 
 
 def arithmetic_top(roots: list[Any]) -> set[Any]:

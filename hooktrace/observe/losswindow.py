@@ -11,6 +11,7 @@ begins (the loss is done), at an optimizer step (the step ends) and when tracing
 turned itself off (``CAP`` operations, an error) or was closed inside its own handler leaves at
 the next model call or optimizer step. It is never pushed above a mode of the program's.
 """
+
 from __future__ import annotations
 
 import sys
@@ -144,10 +145,7 @@ class Window(TorchFunctionMode):
         """Off the stack where it is its top; else (inside its own handler, where torch has
         taken it off for the while) at the next ``leave_stale``."""
         self.on = False
-        depth = torch._C._len_torch_function_stack()
-        if depth and torch._C._get_function_stack_at(depth - 1) is self:
-            torch._C._pop_torch_function_stack()
-        else:
+        if not self._pop():
             self._stale = True
 
     def leave_stale(self) -> None:
@@ -156,14 +154,18 @@ class Window(TorchFunctionMode):
         if self._stale and not self.on:
             self._stale = not self._off()
 
-    def _off(self) -> bool:
-        """The window off torch's stack, from its top only; False where it stays (a mode pushed
-        above it)."""
+    def _pop(self) -> bool:
         depth = torch._C._len_torch_function_stack()
         if depth and torch._C._get_function_stack_at(depth - 1) is self:
             torch._C._pop_torch_function_stack()
             return True
-        return not any(torch._C._get_function_stack_at(i) is self for i in range(depth))
+        return False
+
+    def _off(self) -> bool:
+        """The window off torch's stack, from its top only; False where it stays (a mode pushed
+        above it)."""
+        return self._pop() or not any(torch._C._get_function_stack_at(i) is self
+                                      for i in range(torch._C._len_torch_function_stack()))
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
