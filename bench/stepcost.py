@@ -1,4 +1,4 @@
-"""What issue 36's item 1 costs: the step, explained (``observe/stepcheck.py``) at a recorded
+"""What issue 36's item 1 costs: the step's sample (``observe/stepcheck.py``) at a recorded
 step's end and in the optimizer step hooks that follow (called directly: the step itself is
 not timed), on W1 and W2 (CPU), under SGD with momentum and AdamW (with their state); and the
 same in a step that is not recorded (no gradient sample read); and the share of it the move
@@ -20,8 +20,9 @@ import torch
 from bench import workloads
 from bench.measure import least
 from hooktrace.hooks.naming import ModInfo
-from hooktrace.hooks.records import Mode, PassEnd
-from hooktrace.observe.stepcheck import StepExplained
+from hooktrace.hooks.records import Mode, OptimizerStep, PassEnd
+from hooktrace.observe.optimizers import Optimizers
+from hooktrace.observe.stepcheck import StepSample
 from hooktrace.observe.stepmove import Moves
 
 
@@ -33,7 +34,7 @@ class _NoMoves(Moves):
         pass
 
 
-def costs(observer: StepExplained, optimizer: torch.optim.Optimizer) -> dict[Mode, float]:
+def costs(observer: StepSample, optimizer: torch.optim.Optimizer) -> dict[Mode, float]:
     """What tracing adds to a step, recorded and not: the pass's end, the two optimizer hooks
     (called directly: the step itself is not timed)."""
     out = {}
@@ -42,21 +43,22 @@ def costs(observer: StepExplained, optimizer: torch.optim.Optimizer) -> dict[Mod
 
         def step(end: PassEnd = end) -> None:
             observer.backward_end(end)
-            observer._stepping(optimizer, (optimizer,), {})
-            observer._stepped_hook(optimizer)
+            observer.optimizer_stepping(OptimizerStep(optimizer, (optimizer,), {}))
+            observer.optimizer_stepped(OptimizerStep(optimizer, (optimizer,), {}))
         out[mode] = least(step, 50)
     return out
 
 
 def observed(work: workloads.Workload, optimizer: torch.optim.Optimizer,
              moves: bool) -> dict[Mode, float]:
-    observer = StepExplained(lambda _: None)
+    optimizers = Optimizers(lambda _: None)
+    observer = StepSample(lambda _: None, optimizers)
     if not moves:
         observer._moves = _NoMoves(observer._names)
     try:
         for fqn, module in work.model.named_modules():
             params = bool(module._parameters)
-            observer.module_seen(module, ModInfo(0, fqn, type(module).__name__, True,
+            optimizers.module_seen(module, ModInfo(0, fqn, type(module).__name__, True,
                                                  weakref.ref(module), params))
         return costs(observer, optimizer)
     finally:

@@ -197,16 +197,16 @@ OBSERVERS = (
     ("recorder", ("LogRecorder",)),  # the log writer: events, shapes, statistics written
     ("parameter norms", ("ParamNorms",)),
     ("weights", ("WeightChange",)),
-    ("diagnosis", ("Diagnosis",)),
+    ("diagnosis", ("Diagnosis", "Optimizers")),
     ("watch", ("Watch",)),
     ("loss", ("LossObserver",)),
     ("gradient zeros", ("GradZeros",)),
     ("half updates", ("HalfUpdates",)),
     ("op zoom", ("OpsObserver",)),  # what choosing modules to zoom into costs, zooming none
     ("hooks and custom Functions", ("HookCount", "FunctionCheck")),
-    ("every observer", ("LogRecorder", "ParamNorms", "WeightChange", "Diagnosis", "Watch",
-                        "LossObserver", "GradZeros", "HalfUpdates", "OpsObserver",
-                        "HookCount", "FunctionCheck")),
+    ("every observer", ("LogRecorder", "ParamNorms", "WeightChange", "Diagnosis", "Optimizers",
+                        "Watch", "LossObserver", "GradZeros", "HalfUpdates",
+                        "OpsObserver", "HookCount", "FunctionCheck")),
 )
 
 

@@ -97,16 +97,26 @@ def _attr(param: str) -> str:
     return param.rpartition(".")[2]
 
 
+def stepped_again(detail: dict[str, Any]) -> bool:
+    """Whether an optimizer (its ``optimizer-steps`` facts) stepped again with no backward pass
+    since its last step in two steps or more, half of those looked at or more."""
+    again = detail.get("again") or {}
+    count = int(again.get("count", 0))
+    return count >= 2 and 2 * count >= int(again.get("of", 0))
+
+
 def stepped_twice(c: Collected, s: Signal) -> list[Finding]:
-    """An optimizer that stepped again with no backward pass since its last step, at two steps
-    or more (a ``stepped-twice`` signal): each step applies the same gradients again."""
+    """An optimizer that stepped again with no backward pass since its last step (its
+    ``optimizer-steps`` facts): each step applies the same gradients again."""
+    if not stepped_again(s.detail):
+        return []
     optimizer = s.detail.get("optimizer") or "optimizer"
-    steps = [int(x) for x in s.detail.get("steps", [])]
-    most = int(s.detail.get("most", 2))
+    steps = [int(x) for x in s.detail["again"].get("steps", [])]
+    most = int(s.detail["again"].get("most", 2))
     model = c.model_name(s.model)
     times = "twice" if most == 2 else f"{most} times"
     return [Finding(
-        FindingKind.STEPPED_TWICE, WARNING, model, s.fqn, s.step,
+        FindingKind.STEPPED_TWICE, WARNING, model, "", steps[0],
         f"the {optimizer} optimizer of model '{model}' stepped {times} after one backward "
         f"pass, in {steps_text(steps)}: each step applies the same gradients again (about "
         f"{most}x the learning rate)",
@@ -119,7 +129,8 @@ def twice_text(c: Collected) -> str:
     """For a model no optimizer steps, where another model's optimizer stepped twice after one
     backward pass (a second step() where this model's was meant): ', while ... steps twice'."""
     twice = sorted({(c.model_name(s.model), str(s.detail.get("optimizer") or "optimizer"))
-                    for s in c.signals if s.kind == SignalKind.STEPPED_TWICE})
+                    for s in c.signals
+                    if s.kind == SignalKind.OPTIMIZER_STEPS and stepped_again(s.detail)})
     return "".join(f", while the {cls} optimizer of model '{model}' steps twice after one "
                    "backward pass" for model, cls in twice)
 

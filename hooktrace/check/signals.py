@@ -2,7 +2,7 @@
 answers, with the function that turns one such signal into findings (none where it is
 harmless), run in the log's order. The signals that only add up with others (``hooks-growing``,
 ``loss-share``, ``loss-scaled``: ``custom``, ``lossterms``, ``scaling``) and those that only
-shape another finding (``nonfinite-inputs``, ``trainable-changed``, ``optimizer-steps``, ...)
+shape another finding (``nonfinite-inputs``, ``trainable-changed``, ...)
 are read where their findings are made. Pure: a ``Collected`` in, findings out."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hooktrace.check import holds, loop, losses, lossterms, scaling, updates
 from hooktrace.check.custom import function_backward
 from hooktrace.check.findings import Finding
 from hooktrace.check.modes import eval_backward
-from hooktrace.check.stepexplained import step_unexplained
+from hooktrace.check.stepexplained import optimizer_steps, step_sample
 from hooktrace.log.schema import SignalKind
 
 if TYPE_CHECKING:
@@ -37,14 +37,14 @@ FINDINGS_OF_SIGNAL: dict[str, SignalFindings] = {
     SignalKind.UPDATES_ROUNDED: updates.updates_rounded,
     SignalKind.LR_COLLAPSED: updates.lr_collapsed,
     SignalKind.WEIGHT_DECAY: updates.weight_decay,
-    SignalKind.STEP_UNEXPLAINED: step_unexplained,
+    SignalKind.STEP_SAMPLE: step_sample,
+    SignalKind.OPTIMIZER_STEPS: optimizer_steps,
     SignalKind.FUNCTION_BACKWARD: function_backward,
     SignalKind.SCALED_STEP: scaling.scaled_step,
     SignalKind.SCALED_CLIP: scaling.scaled_clip,
     SignalKind.LOSS_TERM_CUT: lossterms.term_cut,
     SignalKind.LOSS_TARGET_GRAD: lossterms.target_grad,
     SignalKind.SHARED_STORAGE: holds.shared_storage,
-    SignalKind.STEPPED_TWICE: holds.stepped_twice,
     SignalKind.LOSS_VALUES: losses.diverged,
     SignalKind.PARAMS_UNMOVED: updates.params_unmoved,
 }

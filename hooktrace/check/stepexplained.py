@@ -1,7 +1,9 @@
-"""The step, explained: optimizer steps that broke an expectation of a training step (the
-``step-unexplained`` signals of ``observe/stepcheck.py``), one finding each, saying which
-expectation and where: a param group's learning rate, the optimizer's state, gradients cleared
-within one accumulation, a gradient's sign. Pure: a ``Collected`` in, findings out.
+"""The step, explained: optimizer steps that broke an expectation of a training step, one
+finding each, saying which expectation and where: a param group's learning rate and the
+optimizer's state (the facts of ``optimizer-steps``), gradients cleared within one
+accumulation, a gradient's sign, the move itself (``step-sample``). The thresholds live here:
+two steps at least, and for the move half of the recorded steps judged or more. Pure: a
+``Collected`` in, findings out.
 """
 
 from __future__ import annotations
@@ -9,22 +11,109 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hooktrace.check.findings import WARNING, Finding, FindingKind, names_text, steps_text
+from hooktrace.check.holds import stepped_twice
+from hooktrace.log.schema import SignalKind
 from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected
     from hooktrace.log.schema import Signal
 
+REBUILT_AFTER = 2  # steps an optimizer took before a new one took over: built anew in the loop
+COSINE = -0.5  # a move this far against the expected one is reversed
+SCALED = 100.0  # a move this many times the expected one is scaled
+LISTED = 20
 
-def step_unexplained(c: Collected, s: Signal) -> list[Finding]:
-    make = _BY_EXPECTATION.get(str(s.detail.get("expectation")))
-    if make is None:
-        return []
-    message, hint = make(c.model_name(s.model), s.detail)
-    evidence = {k: v for k, v in s.detail.items() if k != "modules"}
-    evidence["modules"] = list(s.detail.get("modules", []))
-    return [Finding(FindingKind.STEP_UNEXPLAINED, WARNING, c.model_name(s.model), s.fqn, s.step,
-                    message, evidence, hint)]
+
+def optimizer_steps(c: Collected, s: Signal) -> list[Finding]:
+    """An optimizer's facts: a param group left at lr 0 while another moved, in two steps or
+    more; the state lost to an optimizer built anew in the loop (said at the model's last
+    optimizer that took over); the same gradients applied again."""
+    out = [_finding(c, s.model, int(z["steps"][0]), "group-lr", {
+        "optimizer": s.detail.get("optimizer"), "group": z["group"], "steps": z["steps"],
+        "count": z["count"], "others": z["others"], "modules": z["modules"]})
+        for z in s.detail.get("zero_lr", []) if not z.get("moved") and int(z["count"]) >= 2]
+    if "took_over" in s.detail:
+        out += _rebuilt(c, s)
+    return out + stepped_twice(c, s)
+
+
+def _rebuilt(c: Collected, s: Signal) -> list[Finding]:
+    mine = [o for o in c.signals if o.kind == SignalKind.OPTIMIZER_STEPS and o.model == s.model]
+    taken = [o for o in mine if (t := o.detail.get("took_over")) and t.get("state")
+             and 0 < int(t.get("steps", 0)) <= REBUILT_AFTER]
+    if len(taken) < 2 or taken[-1] is not s or any(
+            o.detail.get("resumed") for o in c.signals if o.kind == SignalKind.OPTIMIZER_STEPS):
+        return []  # optimizers in turns over the same parameters: not built anew
+    steps = [int(o.detail["took_over"]["step"]) for o in taken]
+    return [_finding(c, s.model, steps[0], "state", {
+        "optimizer": s.detail.get("optimizer"), "steps": steps[:LISTED], "count": len(steps)})]
+
+
+def step_sample(c: Collected, s: Signal) -> list[Finding]:
+    """The sampled parameters' facts: gradients cleared twice or more before one step, the
+    sign flipped in two steps or more, moves that contradict the optimizer's kind."""
+    d, out = s.detail, []
+    modules = list(d.get("modules", []))
+    cleared = [row for row in d.get("cleared", []) if int(row[0]) >= 2]
+    if cleared:
+        passes, _, first = min(cleared, key=lambda row: int(row[2]))
+        out.append(_finding(c, s.model, int(first), "cleared", {
+            "windows": sum(int(row[1]) for row in cleared), "passes": passes,
+            "modules": modules}))
+    flips = d.get("flips")
+    if flips and int(flips["count"]) >= 2:
+        out.append(_finding(c, s.model, int(flips["steps"][0]), "sign", {
+            "steps": flips["steps"], "count": flips["count"], "factor": flips["factor"],
+            "modules": modules}))
+    for moves in d.get("moves", []):
+        out += _moves(c, s.model, moves)
+    return out
+
+
+def _moves(c: Collected, model: int, moves: dict[str, Any]) -> list[Finding]:
+    """The verdicts on an optimizer class's moves that held in two recorded steps or more and
+    in half of those judged."""
+    steps = moves.get("steps", [])
+    broken: dict[tuple[str, str], list[list[Any]]] = {}
+    for row in steps:
+        key = _verdict(*row[1:])
+        if key is not None:
+            broken.setdefault(key, []).append(row)
+    out = []
+    for (verdict, cause), rows in broken.items():
+        if len(rows) < 2 or 2 * len(rows) < len(steps):
+            continue
+        _, cosine, ratio, lr, _, _ = rows[0]
+        out.append(_finding(c, model, int(rows[0][0]), "update", {
+            "optimizer": moves.get("optimizer"), "verdict": verdict, "cause": cause,
+            "steps": [int(row[0]) for row in rows[:LISTED]], "count": len(rows),
+            "judged": len(steps), "lr": lr, "cosine": cosine, "ratio": ratio,
+            "modules": moves.get("modules", [])}))
+    return out
+
+
+def _verdict(cosine: float, ratio: float, lr: float, moved: bool,
+             ascent: str) -> tuple[str, str] | None:
+    """What a judged step's move says against its kind's: (verdict, cause), or None."""
+    if ascent == "custom":
+        return ("reversed", "custom") if cosine < COSINE else None
+    if not moved:
+        return "still", ""
+    if cosine < COSINE:
+        return "reversed", ""
+    if ratio >= SCALED:
+        return "scaled", ""
+    return ("reversed", ascent) if ascent and cosine > -COSINE else None
+
+
+def _finding(c: Collected, model: int, step: int, expectation: str,
+             detail: dict[str, Any]) -> Finding:
+    message, hint = _BY_EXPECTATION[expectation](c.model_name(model), detail)
+    modules = [str(m) for m in detail.get("modules", [])]
+    return Finding(FindingKind.STEP_UNEXPLAINED, WARNING, c.model_name(model),
+                   modules[0] if modules else "", step, message,
+                   {"expectation": expectation, **detail}, hint)
 
 
 def _group_lr(model: str, d: dict[str, Any]) -> tuple[str, str]:

@@ -19,7 +19,6 @@ class SignalKind:
     EVAL_BACKWARD: Final[str] = "eval-backward"
     OPTIMIZERS: Final[str] = "optimizers"
     SHARED_STORAGE: Final[str] = "shared-storage"
-    STEPPED_TWICE: Final[str] = "stepped-twice"
     GRADS_CARRIED_OVER: Final[str] = "grads-carried-over"
     BACKWARD_HOOK: Final[str] = "backward-hook"
     FROZEN_BN_TRAINING: Final[str] = "frozen-bn-training"
@@ -43,7 +42,7 @@ class SignalKind:
     OPTIMIZER_STEPS: Final[str] = "optimizer-steps"
     HOOKS_GROWING: Final[str] = "hooks-growing"
     FUNCTION_BACKWARD: Final[str] = "function-backward"
-    STEP_UNEXPLAINED: Final[str] = "step-unexplained"
+    STEP_SAMPLE: Final[str] = "step-sample"
     PROBE: Final[str] = "probe"
     LOSS_TERM_CUT: Final[str] = "loss-term-cut"
     LOSS_SHARE: Final[str] = "loss-share"
@@ -79,10 +78,6 @@ class Signal:
     * ``shared-storage``: at an optimizer's first step, Parameters it holds that share one
       storage (``data_ptr``, device, dtype, shape, stride): ``detail.params`` in its order
       (``lm_head.weight``), ``detail.optimizer`` its class; ``fqn``, the last one's module;
-    * ``stepped-twice``: when tracing stops, an optimizer (``detail.optimizer``) that stepped
-      again with the gradients its last step applied (no backward pass between) in
-      ``detail.steps`` (two at least, half of its steps or more; ``step``, the first),
-      ``detail.most`` steps in a row at most;
     * ``grads-carried-over``: parameters whose ``.grad`` was neither zeroed nor set to None
       after an optimizer step, so the next backward adds to it (``detail.modules``: fqns);
     * ``backward-hook``: ``fqn`` has a deprecated ``register_backward_hook`` hook
@@ -161,7 +156,15 @@ class Signal:
       after (-1: before any), and ``detail.lr``, the largest learning rate of its groups at each
       (null: not a number read on the host), both for its first 64 steps; ``detail.moving``,
       the pass after which it first stepped with lr > 0 (null: never); ``step``, its first
-      step's pass. Steps and accumulation windows, as training counts them (``optsteps.py``);
+      step's pass. Where there are any (``optsteps.py``): ``detail.again``, the steps where it
+      applied the very gradients its last step applied, no backward pass between (``steps``,
+      the first 20, ``count``, ``most`` in a row, ``of`` its steps looked at: without a
+      closure, one per pass); ``detail.zero_lr``, per param group with gradients that stepped
+      at lr 0 while another group of it stepped above 0 (``group``, ``steps``, ``count``,
+      ``others``: the other groups' largest lr, ``moved``: it stepped above 0 itself at some
+      step, ``modules``); ``detail.took_over``, where it took over the parameters another
+      optimizer held (``step``, that one's ``steps`` and whether it kept ``state``);
+      ``detail.resumed``, true where it stepped again after another took them over;
     * ``hooks-growing``: ``fqn``'s hooks of one kind (``detail.hooks``: ``forward``, its
       forward and forward pre hooks; ``backward``, its module backward hooks; ``gradient``, the
       gradient hooks of its own parameters) grew at each of the last recorded steps
@@ -170,13 +173,13 @@ class Signal:
     * ``function-backward``: the first call of the user's custom ``autograd.Function``
       ``detail.function`` (its backward at ``detail.file``:``detail.line``) in a recorded step,
       inside ``fqn``'s call, got a numerical gradient check (``fncheck.py``) its backward did
-      not pass: ``detail.verdict`` is ``ignores-grad`` (the same result for ``grad_output`` and
-      twice it), ``nonlinear`` (not linear in it), ``scaled`` (the finite-difference gradient
-      times ``detail.ratio``), ``reversed`` (times a negative ``detail.ratio``), ``modifier``
-      (the forward returns its input: the backward alters the gradient by design),
-      ``surrogate`` (the forward is flat where they differ: a straight-through estimator) or
-      ``mismatch``; with ``detail.elements`` compared, ``detail.off`` of them different, and the
-      worst one's ``detail.numeric`` and ``detail.backward``; once per class;
+      not pass; what it measured (check decides what it means): ``detail.twice``, what the
+      backward gave for twice the ``grad_output`` (``double``; the ``same``; ``other``); where
+      it doubles, ``detail.elements`` compared with a finite difference, ``detail.off`` of them
+      different, the worst one's ``detail.numeric`` and ``detail.backward``, ``detail.ratio``
+      where the backward is the finite difference times one factor, ``detail.identity`` (the
+      forward returned its input unchanged) and ``detail.flat`` (the forward is flat where they
+      differ); once per class;
     * ``nonfinite-inputs``: the first call of recorded step ``step`` whose outputs held
       NaN/Inf, ``fqn``, got them in its inputs too: ``detail.inputs``, [input index, nan, inf]
       each (args then kwargs; an input the call changed in place is not judged); the NaN/Inf was
@@ -203,24 +206,20 @@ class Signal:
       last look (one missing from both had none); ``detail.trained``, those an optimizer stepped
       so far; ``detail.replaced`` (where any), those whose weights changed after their
       optimizer's step, before this pass's end, into another's (``twins.py``);
-    * ``step-unexplained``: when tracing stops, an optimizer step that broke an expectation of
-      the step (``stepcheck.py``), ``detail.expectation``: ``group-lr``, param group
-      ``detail.group`` of ``detail.optimizer`` stepped at lr 0 in ``detail.steps`` (two at
-      least, ``detail.count`` in all) while another group stepped at ``detail.others``, and
-      never above 0, with gradients (``detail.modules``: its modules; ``fqn``, the first);
-      ``state``, a new ``detail.optimizer`` took over the parameters of one with state after
-      its first steps in ``detail.steps`` (``detail.count``; two at least); ``cleared``, the
-      sampled parameters' ``.grad`` (of ``detail.modules``) was dropped between backward
-      passes with no optimizer step between, twice or more before one step, in
-      ``detail.windows`` accumulations (``detail.passes``: in the first); ``sign``, their
-      sampled gradients were multiplied by a negative factor (``detail.factor``, the first)
-      between the end of backward and the optimizer step in ``detail.steps`` (two at least);
-      ``update`` (``stepmove.py``), the move of their sampled weights in recorded steps
-      contradicted what ``detail.optimizer`` makes of their gradient, lr and state:
-      ``detail.verdict`` ``reversed``, ``still`` or ``scaled``, ``detail.cause`` ``lr`` (lr
-      below 0), ``maximize``, ``custom`` (a user's class, moved along +g) or empty, in
-      ``detail.steps`` (``detail.count`` of ``detail.judged``; two at least), the first's
-      ``detail.lr``, ``detail.cosine`` and ``detail.ratio``.
+    * ``step-sample``: when tracing stops, per model of the sampled parameters (up to 4, their
+      modules ``detail.modules``; ``stepcheck.py``), facts of the optimizer steps about them,
+      where there are any: ``detail.cleared``, per number of passes whose ``.grad`` was dropped
+      (a new tensor, weights unchanged) between backward passes with no optimizer step
+      between, before a step that applied the last pass's: ``[passes, accumulations so, the
+      first one's first pass]``; ``detail.flips``, the recorded steps whose sampled gradients
+      were all multiplied by one negative factor between the end of backward and the step
+      (``steps``, the first 20, ``count``, ``factor``, the first's); ``detail.moves``
+      (``stepmove.py``), per optimizer class whose update is modelled (``optimizer``, its
+      ``modules`` of the model), the recorded steps judged (``judged``; ``steps``, the first 64,
+      each ``[step, cosine, ratio, lr, moved, ascent]``: the cosine of the sampled weights' move
+      with the update the kind makes of their gradient, lr and state, the ratio of their norms,
+      the group's lr, whether they moved at all; ``ascent``: ``lr`` below 0, ``maximize``, or
+      ``custom``, a user's class whose move is set against -g);
     * ``probe``: (``--probe``) what the probe measured of a model (``seeing.py``), at its first
       call in a recorded step with gradients on, one signal per fact; ``detail.what`` is
       ``batch`` (``verdict``: ``apart``, each sample's output depends on its own sample only,

@@ -1,24 +1,15 @@
-"""What an optimizer holds against what the model is, for the diagnosis observer
-(``diagnose.Diagnosis``, whose global optimizer step hooks call it):
-
-* at an optimizer's first step, once: its Parameters that share one storage (same
-  ``data_ptr``, device, dtype, shape and stride: weights tied by assigning ``.data``, each
-  stepped), a ``shared-storage`` signal per group; and its trainable parameters that no module
-  named so far has (not called, not in a model's tree) and that got no gradient, kept per
-  model for the ``optimizers`` signal (``outside``: a parameter a parametrization replaced
-  after the optimizer was built);
-* at every step: whether it steps again with the very ``.grad`` tensor its last step left, not
-  added to since (its version unchanged: no backward pass, no ``zero_grad``), on one parameter
-  (the first that had one at its first step); a step with a closure (LBFGS) recomputes them
-  and is not judged. An
-  optimizer that did so in two steps or more, in half of its steps or more, gets a
-  ``stepped-twice`` signal when tracing stops;
-* whenever they change: which modules of each model the optimizers that stepped hold, which
-  they do not, and which they hold frozen (``sort_held``: the ``optimizers`` signal's detail).
+"""What an optimizer holds against what the model is, looked at once, at its first step, for
+the optimizers observer (``optimizers.Optimizers``, whose global optimizer step hooks call it):
+its Parameters that share one storage (same ``data_ptr``, device, dtype, shape and stride:
+weights tied by assigning ``.data``, each stepped), a ``shared-storage`` signal per group; and
+its trainable parameters that no module named so far has (not called, not in a model's tree)
+and that got no gradient, kept per model for the ``optimizers`` signal (``outside``: a
+parameter a parametrization replaced after the optimizer was built). Whenever they change:
+which modules of each model the optimizers that stepped hold, which they do not, and which they
+hold frozen (``sort_held``: the ``optimizers`` signal's detail).
 
 Cost: the first step, O(parameters) of Python (a ``data_ptr`` per parameter, shapes only where
-two meet; no read of their data; a 400-Linear MLP's 800 parameters: 1 ms, once per optimizer);
-each later step, a look at one ``.grad`` (about 5 us).
+two meet; no read of their data; a 400-Linear MLP's 800 parameters: 1 ms, once per optimizer).
 """
 
 from __future__ import annotations
@@ -38,84 +29,27 @@ from hooktrace.log.schema import SignalKind
 OUTSIDE_LISTED = 8  # shapes kept per model: the signal says how many there are
 
 
-class _Twice:
-    """One optimizer's steps and the steps where it stepped again with the same gradients."""
-
-    __slots__ = ("cls", "models", "stepped", "last", "again", "most", "row", "index", "grad",
-                 "version")
-
-    def __init__(self, cls: str, models: list[int]) -> None:
-        self.cls = cls
-        self.models = models
-        self.stepped = 0  # how many of the run's steps it stepped in
-        self.last = -1  # the last of them
-        self.again: list[int] = []  # those where it stepped again with the same gradients
-        self.most = 1  # steps in a row with the same gradients
-        self.row = 1
-        self.index = -1  # its first parameter with a .grad at its first step: the one looked at
-        self.grad: weakref.ref[torch.Tensor] | None = None  # its .grad as the last step left it
-        self.version = -1
-
-    def count(self, step: int) -> None:
-        if step != self.last:
-            self.stepped += 1
-            self.last = step
-
-
 class OptimizerView:
     def __init__(self, emit: Emit, owner: dict[int, ModInfo],
                  uncalled: dict[ModInfo, None]) -> None:
         self._emit = emit
-        self._owner = owner  # the diagnosis's: id(trainable parameter) -> its called module
+        self._owner = owner  # id(trainable parameter) -> its called module
         self._uncalled = uncalled  # the naming's: modules with parameters never called
-        self._looked: weakref.WeakKeyDictionary[torch.optim.Optimizer, _Twice] = (
-            weakref.WeakKeyDictionary())
-        self._all: list[_Twice] = []  # kept past their optimizers: said when tracing stops
         #: per model, the shapes of the parameters its optimizers hold outside it, and how many
         self.outside: dict[int, tuple[list[list[int]], int]] = {}
 
-    def stepping(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor],
-                 args: tuple[Any, ...], kwargs: dict[str, Any], step: int) -> None:
-        """Before a step: whether it applies the gradients its last step applied."""
-        twice = self._looked.get(optimizer)
-        # the hook's args start with the optimizer itself; a closure (or None) comes after it
-        if (twice is None or any(a is not None for a in args[1:])
-                or kwargs.get("closure") is not None):
-            return
-        twice.count(step)
-        grad = twice.grad() if twice.grad is not None else None
-        if (grad is not None and grad._version == twice.version
-                and twice.index < len(params) and params[twice.index].grad is grad):
-            twice.row += 1
-            twice.most = max(twice.most, twice.row)
-            if not twice.again or twice.again[-1] != step:
-                twice.again.append(step)
-        else:
-            twice.row = 1
+    def first(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor],
+              step: int) -> bool:
+        """After an optimizer's first step, the look at what it holds. True when that look
+        found parameters outside its models (the optimizers signal changes)."""
+        models = sorted({info.model for info in map(self._owner.get, map(id, params))
+                         if info is not None})
+        if not models:
+            return False
+        self._shared(type(optimizer).__name__, params, step)
+        return self._outside(models, params)
 
-    def stepped(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor],
-                step: int) -> bool:
-        """After a step: the gradient it leaves; at its first, the look at what it holds.
-        True when that look found parameters outside its models (the optimizers signal
-        changes)."""
-        twice = self._looked.get(optimizer)
-        found = False
-        if twice is None:
-            models = sorted({info.model for info in map(self._owner.get, map(id, params))
-                             if info is not None})
-            twice = self._looked[optimizer] = _Twice(type(optimizer).__name__, models)
-            twice.count(step)
-            self._all.append(twice)
-            if models:
-                self._shared(twice, params, step)
-                found = self._outside(models, params)
-            twice.index = next((i for i, p in enumerate(params) if p.grad is not None), -1)
-        grad = params[twice.index].grad if 0 <= twice.index < len(params) else None
-        twice.grad = weakref.ref(grad) if grad is not None else None
-        twice.version = grad._version if grad is not None else -1
-        return found
-
-    def _shared(self, twice: _Twice, params: list[torch.Tensor], step: int) -> None:
+    def _shared(self, cls: str, params: list[torch.Tensor], step: int) -> None:
         by_ptr: dict[int, list[torch.Tensor]] = {}
         for p in params:  # a subclass (DTensor) or a sparse one is not compared
             if type(p) is torch.nn.Parameter and p.layout is torch.strided:
@@ -130,16 +64,16 @@ class OptimizerView:
                     group.append(p)
             for group in groups.values():
                 if len(group) >= 2:
-                    self._said_shared(twice, group, step)
+                    self._said_shared(cls, group, step)
 
-    def _said_shared(self, twice: _Twice, group: list[torch.Tensor], step: int) -> None:
+    def _said_shared(self, cls: str, group: list[torch.Tensor], step: int) -> None:
         infos = [self._owner.get(id(p)) for p in group]
         known = [info for info in infos if info is not None]
         if known:
             names = [_param_name(p, info) for p, info in zip(group, infos, strict=True)]
             self._emit(schema.Signal(step, known[-1].model, known[-1].fqn,
                                      SignalKind.SHARED_STORAGE,
-                                     {"optimizer": twice.cls, "params": names}))
+                                     {"optimizer": cls, "params": names}))
 
     def _outside(self, models: list[int], params: list[torch.Tensor]) -> bool:
         owner = self._owner
@@ -156,17 +90,6 @@ class OptimizerView:
             listed, count = self.outside.get(model, ([], 0))
             self.outside[model] = ((listed + shapes)[:OUTSIDE_LISTED], count + len(loose))
         return True
-
-    def stop(self, step: int) -> None:
-        """A ``stepped-twice`` signal for each optimizer that stepped again with the same
-        gradients in two steps or more, half of its steps or more."""
-        for twice in self._all:
-            if len(twice.again) >= 2 and 2 * len(twice.again) >= twice.stepped:
-                for model in twice.models:
-                    self._emit(schema.Signal(twice.again[0], model, "", SignalKind.STEPPED_TWICE, {
-                        "optimizer": twice.cls, "steps": twice.again[:20],
-                        "most": twice.most}))
-        self._all.clear()
 
 
 def _param_name(p: torch.Tensor, info: ModInfo | None) -> str:

@@ -1,101 +1,60 @@
-"""The step, explained: whether each optimizer step does what the gradients of the passes
-before it, its param groups and its state say it should (issue 36). PyTorch's global optimizer
-step hooks and the end of each backward pass look at a few things, and one ``step-unexplained``
-signal per broken expectation (``detail.expectation``) is written when tracing stops:
+"""The step, explained: what the sampled parameters' gradients and weights did around each
+optimizer step, against the gradients of the passes before it (issue 36). The end of each
+backward pass and PyTorch's global optimizer step hooks look at a few things; one
+``step-sample`` signal of facts per model of the sample is written when tracing stops, and
+``check/stepexplained.py`` decides what they mean:
 
-* ``group-lr``: a param group whose parameters got gradients stepped at lr 0 in every one of
-  its steps (two at least) while another group of the same optimizer stepped at lr > 0 (a
-  learning rate set on one group only); a warmup from lr 0 starts every group there, not one;
-* ``state``: a new optimizer took over the parameters an optimizer with state (moments, a step
-  count, a momentum buffer) held after at most two of its steps, twice or more (built anew in
-  the loop: its state starts empty each time; plain SGD has none to lose, and a rebuild at an
-  unfreeze happens once);
 * ``cleared``: between two backward passes with no optimizer step between (one accumulation),
-  the sampled parameters' ``.grad`` was dropped (a new tensor, their weights unchanged: their
-  version the same) twice or more before one step that then applies the last pass's
-  ``.grad`` as it left it: ``zero_grad()`` per micro-batch, so the step applies the last
-  micro-batch's gradient only (an analysis pass then a real one, or SAM's two passes around a
-  weight change, clear once or change the weights; PCGrad's per-task passes set a combined
-  ``.grad`` before the step; under a GradScaler, not judged: a step it skips looks the same);
-* ``sign``: in recorded steps, ``SAMPLE`` elements of the gradients of ``PARAMS`` parameters
-  read at the end of the backward pass and again before the step that applies them: every
-  sampled gradient multiplied by the same negative factor between them (``clip_grad_norm_``
-  with a negative ``max_norm``), in two steps or more, so the step moves the weights up the loss;
-* ``update`` (``stepmove.py``): the same sample's weights read just before and after the step,
+  how many times the sampled parameters' ``.grad`` was dropped (a new tensor, their weights
+  unchanged: their version the same) before a step that then applies the last pass's ``.grad``
+  as it left it (``zero_grad()`` per micro-batch applies the last micro-batch's only; PCGrad's
+  per-task passes set a combined ``.grad`` before the step: not counted; under an enabled
+  GradScaler not counted: a step it skips looks the same);
+* ``flips``: in recorded steps, ``SAMPLE`` elements of the gradients of ``PARAMS`` parameters
+  read at the end of the backward pass and again before the step that applies them: the steps
+  where each sampled gradient was multiplied by the same negative factor between them
+  (``clip_grad_norm_`` with a negative ``max_norm``);
+* ``moves`` (``stepmove.py``): the same sample's weights read just before and after the step,
   their move against the update the optimizer's kind makes of their gradient, lr and state.
 
-Cost: at each optimizer step, a float per group and a look at its parameters' ``.grad`` until
-one has one; at each backward pass's end, ``PARAMS`` identity and version reads; in recorded
-steps on the CPU (``stats.on_host``: a read on a device would wait for it), two gathers of
-``SAMPLE`` elements per sampled parameter. Nothing per module call.
+Cost: at each backward pass's end, ``PARAMS`` identity and version reads; in recorded steps on
+the CPU (``stats.on_host``: a read on a device would wait for it), two gathers of ``SAMPLE``
+elements per sampled parameter. Nothing per module call.
 """
 
 from __future__ import annotations
 
-import math
 import sys
 import threading
 import weakref
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
-from torch import nn
 
-from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.records import Emit, Mode, Observer, OptimizerStep, PassEnd
 from hooktrace.log import schema
 from hooktrace.log.schema import SignalKind
 from hooktrace.observe.lossscale import find_scaler
+from hooktrace.observe.optimizers import Optimizers
+from hooktrace.observe.optsteps import modules_of
 from hooktrace.observe.stats import on_host
 from hooktrace.observe.stepmove import Moves, Sampled
 
 PARAMS = 4  # parameters sampled
 SAMPLE = 16  # elements of each one's gradient
-REBUILT_AFTER = 2  # steps an optimizer took before a new one took over: built anew in the loop
 LISTED = 20  # steps listed in a signal
 
 
-class _Groups:
-    """One optimizer's param groups over its steps: per group, the steps it stepped at lr 0
-    with gradients while another group moved, and whether it ever moved itself."""
+class StepSample(Observer):
+    """Writes a ``step-sample`` signal per model of the sampled parameters."""
 
-    __slots__ = ("cls", "zero", "counts", "moved", "others", "names")
+    follows = ()  # no module call: passes and optimizer steps only
 
-    def __init__(self, cls: str) -> None:
-        self.cls = cls
-        self.zero: dict[int, list[int]] = {}  # group index -> those steps (the first LISTED)
-        self.counts: dict[int, int] = {}  # group index -> how many
-        self.moved: set[int] = set()  # the groups that stepped at lr > 0 with gradients
-        self.others: dict[int, float] = {}  # group index -> the largest lr beside it
-        # group index -> per model, its modules: named when first seen, as the model may be
-        # gone when tracing stops (a script's main() returned, the collector ran)
-        self.names: dict[int, dict[int, list[str]]] = {}
-
-
-class _Holder:
-    """An optimizer, as the holder of its first parameter: its steps, and whether it kept
-    state."""
-
-    __slots__ = ("optimizer", "cls", "steps", "state", "param")
-
-    def __init__(self, optimizer: torch.optim.Optimizer, param: torch.Tensor) -> None:
-        self.optimizer = weakref.ref(optimizer)
-        self.cls = type(optimizer).__name__
-        self.steps = 0
-        self.state = False
-        self.param = weakref.ref(param)
-
-
-class StepExplained(Observer):
-    """Writes a ``step-unexplained`` signal per expectation a training step broke."""
-
-    follows = ()  # no module call: first sights and passes only
-
-    def __init__(self, emit: Emit) -> None:
+    def __init__(self, emit: Emit, optimizers: Optimizers) -> None:
         self._emit = emit
-        self._owner: dict[int, ModInfo] = {}  # id(trainable parameter) -> its module
-        self._modules: list[tuple[weakref.ref[nn.Module], ModInfo]] = []
+        self._modules = optimizers.modules  # every module with parameters
         self._step = 0  # the last backward pass
         self._stepped = 0  # optimizer steps so far
         self._off = False
@@ -109,34 +68,15 @@ class StepExplained(Observer):
         self._stepped_then = -1
         self._values: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
         self._moving: Sampled = []  # the same sample's parameters and indices, for the moves
+        self._names = partial(modules_of, optimizers.owner)
         self._moves = Moves(self._names)
         self._scaler: Callable[[], Any] | None = None  # the GradScaler, once looked for
         self._cleared: list[int] = []  # passes of this accumulation whose gradients were dropped
-        # accumulations whose gradients were cleared twice or more: the first's (first such
-        # pass, how many), and how many; passes whose gradient was negated (the first LISTED,
-        # each with its factor), and how many. Counts, not lists: a run may be long
-        self._cleared_first: tuple[int, int] | None = None
-        self._cleared_windows = 0
+        # passes dropped before one step -> [accumulations so, the first one's first pass]
+        self._drops: dict[int, list[int]] = {}
+        # steps whose gradient was negated (the first LISTED, each with its factor), how many
         self._flipped: list[tuple[int, float]] = []
         self._flipped_count = 0
-        self._groups: weakref.WeakKeyDictionary[torch.optim.Optimizer, _Groups] = (
-            weakref.WeakKeyDictionary())
-        self._all_groups: list[_Groups] = []
-        self._holders: weakref.WeakKeyDictionary[torch.optim.Optimizer, _Holder] = (
-            weakref.WeakKeyDictionary())
-        self._holder_of: dict[int, _Holder] = {}  # id(first parameter) -> its last holder
-        self._rebuilt: list[int] = []  # the first LISTED steps where one was, and how many
-        self._rebuilt_count = 0
-        self._rebuilt_cls = ""
-        self._rebuilt_models: set[int] = set()
-        self._alternating = False  # an older holder stepped again: optimizers in turns
-
-    def module_seen(self, module: nn.Module, info: ModInfo) -> None:
-        if info.has_params:
-            self._modules.append((weakref.ref(module), info))
-            for p in module._parameters.values():
-                if p is not None:
-                    self._owner[id(p)] = info
 
     # -- passes ------------------------------------------------------------------------------
     def backward_end(self, end: PassEnd) -> None:
@@ -210,8 +150,6 @@ class StepExplained(Observer):
         if any(a is not None for a in args[1:]) or kwargs.get("closure") is not None:
             return  # a closure recomputes the gradients (LBFGS): not judged
         try:
-            self._look_groups(optimizer)
-            self._look_holder(optimizer)
             if self._cleared and not self._applies_last_pass():
                 self._cleared = []  # gradients combined by hand (PCGrad): not one pass's
             self._moves.before(optimizer, self._moving, kwargs)
@@ -236,66 +174,9 @@ class StepExplained(Observer):
             self._moves.after(optimizer, self._step)
         except Exception:
             self._stop_looking()
-        if len(self._cleared) >= 2:
-            if self._cleared_first is None:
-                self._cleared_first = (self._cleared[0], len(self._cleared))
-            self._cleared_windows += 1
+        if self._cleared:
+            self._drops.setdefault(len(self._cleared), [0, self._cleared[0]])[0] += 1
         self._cleared = []
-        holder = self._holders.get(optimizer)
-        if holder is not None:
-            holder.steps += 1
-            holder.state = holder.state or bool(optimizer.state)
-
-    def _look_groups(self, optimizer: torch.optim.Optimizer) -> None:
-        groups = self._groups.get(optimizer)
-        if groups is None:
-            groups = self._groups[optimizer] = _Groups(type(optimizer).__name__)
-        lrs: dict[int, float] = {}
-        for index, group in enumerate(optimizer.param_groups):
-            lr = group.get("lr")
-            if isinstance(lr, (int, float)) and not math.isnan(lr) and any(
-                    p.grad is not None for p in group["params"]):
-                lrs[index] = float(lr)
-        top = max(lrs.values(), default=0.0)
-        for index, lr in lrs.items():
-            if lr > 0:
-                groups.moved.add(index)
-            elif top > 0 and index not in groups.moved:
-                if not groups.zero and len(self._all_groups) < LISTED:
-                    self._all_groups.append(groups)  # kept past it, until tracing stops
-                steps = groups.zero.setdefault(index, [])
-                if len(steps) < LISTED:
-                    steps.append(self._step)
-                groups.counts[index] = groups.counts.get(index, 0) + 1
-                groups.others[index] = top
-                if index not in groups.names:
-                    groups.names[index] = self._names(optimizer.param_groups[index]["params"])
-
-    def _look_holder(self, optimizer: torch.optim.Optimizer) -> None:
-        """At an optimizer's first step, whether it took over from one with state that had
-        stepped at most ``REBUILT_AFTER`` times; at a later one, whether an older holder is
-        stepping again (optimizers in turns over the same parameters)."""
-        holder = self._holders.get(optimizer)
-        if holder is not None:
-            if self._holder_of.get(id(holder.param())) is not holder:
-                self._alternating = True
-            return
-        first = next((p for group in optimizer.param_groups for p in group["params"]), None)
-        if first is None:
-            return
-        holder = self._holders[optimizer] = _Holder(optimizer, first)
-        before = self._holder_of.get(id(first))
-        if (before is not None and before.param() is first
-                and before.optimizer() is not optimizer and before.state
-                and 0 < before.steps <= REBUILT_AFTER):
-            self._rebuilt_count += 1
-            if len(self._rebuilt) < LISTED:
-                self._rebuilt.append(self._step)
-            self._rebuilt_cls = holder.cls
-            info = self._owner.get(id(first))
-            if info is not None:
-                self._rebuilt_models.add(info.model)
-        self._holder_of[id(first)] = holder
 
     def _look_sign(self, optimizer: torch.optim.Optimizer) -> None:
         """The sampled gradients now against the same elements at the last pass's end: each
@@ -332,56 +213,22 @@ class StepExplained(Observer):
     # -- the end -----------------------------------------------------------------------------
     def stop(self, step: int, mode: Mode) -> None:
         names = self._sample_names  # named when picked: the models may be gone by now
-        sampled = sorted(names)
-        if self._cleared_first is not None:
-            first, count = self._cleared_first
-            for model in sampled:
-                self._say(first, model, "cleared", {
-                    "windows": self._cleared_windows, "passes": count,
-                    "modules": names.get(model, [])})
-        if self._flipped_count >= 2:
-            for model in sampled:
-                self._say(self._flipped[0][0], model, "sign", {
-                    "steps": [s for s, _ in self._flipped], "count": self._flipped_count,
-                    "factor": self._flipped[0][1], "modules": names.get(model, [])})
-        if self._rebuilt_count >= 2 and not self._alternating:
-            for model in sorted(self._rebuilt_models):
-                self._say(self._rebuilt[0], model, "state", {
-                    "optimizer": self._rebuilt_cls, "steps": self._rebuilt,
-                    "count": self._rebuilt_count})
-        for first, named, detail in self._moves.verdicts():
-            for model, modules in sorted(named.items()):
-                self._say(first, model, "update", {**detail, "modules": modules})
-        for groups in self._all_groups:
-            self._said_groups(groups)
-        self._all_groups.clear()
+        for model in sorted(set(names) | {m for n in self._moves.modules.values() for m in n}):
+            detail: dict[str, Any] = {"modules": names.get(model, [])}
+            if self._drops and model in names:
+                detail["cleared"] = [[drops, *self._drops[drops]] for drops in sorted(self._drops)]
+            if self._flipped and model in names:
+                detail["flips"] = {"steps": [s for s, _ in self._flipped],
+                                   "count": self._flipped_count, "factor": self._flipped[0][1]}
+            if moves := self._moves.facts(model):
+                detail["moves"] = moves
+            if len(detail) > 1:
+                first = min([s for s, _ in self._flipped] + [d[2] for d in detail.get(
+                    "cleared", [])] + [m["steps"][0][0] for m in moves] or [0])
+                self._emit(schema.Signal(first, model, (detail["modules"] or [""])[0],
+                                         SignalKind.STEP_SAMPLE, detail))
         self._values = None
         self._moving = []
-
-    def _said_groups(self, groups: _Groups) -> None:
-        for index, steps in sorted(groups.zero.items()):
-            count = groups.counts.get(index, 0)
-            if index in groups.moved or count < 2:
-                continue
-            for model, names in sorted(groups.names.get(index, {}).items()):
-                self._say(steps[0], model, "group-lr", {
-                    "optimizer": groups.cls, "group": index, "steps": steps,
-                    "count": count, "others": groups.others.get(index, 0.0),
-                    "modules": names})
-
-    def _names(self, params: list[torch.Tensor]) -> dict[int, list[str]]:
-        """Per model, the modules of ``params``, in their order."""
-        out: dict[int, dict[str, None]] = {}
-        for p in params:
-            info = self._owner.get(id(p))
-            if info is not None:
-                out.setdefault(info.model, {})[info.fqn] = None
-        return {model: list(names) for model, names in out.items()}
-
-    def _say(self, step: int, model: int, expectation: str, detail: dict[str, Any]) -> None:
-        modules = detail.get("modules") or [""]
-        self._emit(schema.Signal(step, model, modules[0], SignalKind.STEP_UNEXPLAINED,
-                                 {"expectation": expectation, **detail}))
 
 
 def _indices(n: int) -> torch.Tensor:

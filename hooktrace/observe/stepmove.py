@@ -1,24 +1,21 @@
-"""The step, explained: the move itself (issue 36, item 1, expectation ``update``). In recorded
-steps on the CPU, the sampled elements of the sampled parameters (``stepcheck.py``'s sample)
-are read just before and just after an optimizer's ``step()`` (PyTorch's global step hooks),
-with their gradient, their group's hyperparameters and the optimizer's state before the step,
-and the move is set against what the optimizer's kind does with them:
+"""The step, explained: the move itself. In recorded steps on the CPU, the sampled elements of
+the sampled parameters (``stepcheck.py``'s sample) are read just before and just after an
+optimizer's ``step()`` (PyTorch's global step hooks), with their gradient, their group's
+hyperparameters and the optimizer's state before the step, and the move is set against what
+the optimizer's kind does with them (facts per judged step: ``check/stepexplained.py`` says
+which contradict the kind):
 
 * ``SGD``, ``Adam``, ``AdamW`` (PyTorch's own, no hooks of their own, no ``grad_scale``): the
   update modelled exactly, in double (weight decay, L2 or decoupled, momentum and its buffer,
   dampening, nesterov, Adam's moments, bias corrections and amsgrad, ``maximize``, the group's
-  lr that step); judged on the elements whose expected move the weight's dtype can show. The step
-  contradicts it where the weights did not move at all (``still``), moved against it (cosine
-  below -0.5: ``reversed``) or by a hundred times it or more (``scaled``); and, explained or
-  not, where the expected move itself climbs the loss: an lr below 0 (``cause`` ``lr``) or
-  ``maximize=True`` (``cause`` ``maximize``) on a model's parameters;
+  lr that step), on the elements whose expected move the weight's dtype can show: the cosine of
+  the move with it, the ratio of their norms, whether the weights moved at all, and whether the
+  expected move itself climbs the loss (an lr below 0: ``lr``; ``maximize=True``: ``maximize``);
 * an optimizer class of the user's (not from ``torch.``) that wraps no other optimizer's step:
-  only its direction, a move along +g (cosine with -g below -0.5: ``reversed``, ``cause``
-  ``custom``);
+  the cosine of the move with -g (``custom``);
 * any other kind (RMSprop, LBFGS with its closure, ...) is not judged.
 
-A step is skipped where a sampled gradient or weight is not finite. The verdict is kept where
-it holds in two recorded steps at least and in half of those judged or more.
+A step is not judged where a sampled gradient or weight is not finite.
 """
 
 from __future__ import annotations
@@ -31,10 +28,8 @@ from typing import Any
 import torch
 
 MODELLED = {"SGD", "Adam", "AdamW"}
-COSINE = -0.5  # a move this far against the expected one is reversed
-SCALED = 100.0  # a move this many times the expected one is scaled
 SHOWN = 8  # an expected move under this many of the weight's dtype's eps times |w| may not show
-LISTED = 20
+LISTED = 64  # judged steps listed per optimizer class
 
 # (parameter, the indices sampled): weak, the sample must keep no model alive
 Sampled = list[tuple[weakref.ref[torch.Tensor], torch.Tensor]]
@@ -58,8 +53,9 @@ class _Pending:
 
 
 class Moves:
-    """The moves of the sampled parameters over recorded steps, per optimizer class: how many
-    judged, and those that contradicted what the kind does."""
+    """The moves of the sampled parameters over recorded steps, per optimizer class: per judged
+    step (the first ``LISTED``), [step, cosine, ratio, lr, moved, ascent]; how many judged; per
+    model the modules judged at the first."""
 
     def __init__(self, names: Names) -> None:
         self._names = names  # per model, the modules of some parameters
@@ -68,12 +64,8 @@ class Moves:
             torch.optim.Optimizer, tuple[tuple[int, ...], dict[int, int]]] = (
             weakref.WeakKeyDictionary())
         self.judged: dict[str, int] = {}  # optimizer class -> steps judged
-        # (optimizer class, verdict, cause) -> steps (the first LISTED), and how many, the
-        # first one's cosine and ratio, lr, and the parameters judged
-        self.broken: dict[tuple[str, str, str], list[int]] = {}
-        self.counts: dict[tuple[str, str, str], int] = {}
-        self.first: dict[tuple[str, str, str], dict[str, Any]] = {}
-        self.modules: dict[tuple[str, str, str], dict[int, list[str]]] = {}
+        self.steps: dict[str, list[list[Any]]] = {}
+        self.modules: dict[str, dict[int, list[str]]] = {}
 
     def before(self, optimizer: torch.optim.Optimizer, sampled: Sampled,
                kwargs: dict[str, Any]) -> None:
@@ -134,14 +126,10 @@ class Moves:
     def _custom(self, name: str, pending: list[_Pending], moved: torch.Tensor,
                 step: int) -> None:
         descent = -torch.cat([one.g for one in pending])
-        lr = _float(pending[0].group.get("lr"))
         if not float(descent.abs().sum()) or not float(moved.abs().sum()):
             return
-        self.judged[name] = self.judged.get(name, 0) + 1
-        cosine = _cosine(moved, descent)
-        if cosine < COSINE:
-            self._broke((name, "reversed", "custom"), step, pending,
-                        {"cosine": cosine, "ratio": 0.0, "lr": lr})
+        lr = _float(pending[0].group.get("lr"))
+        self._judged(name, step, pending, [_cosine(moved, descent), 0.0, lr, True, "custom"])
 
     def _modelled(self, kind: str, pending: list[_Pending], moved: torch.Tensor,
                   step: int) -> None:
@@ -160,50 +148,26 @@ class Moves:
         shown = expected.abs() > least
         if not bool(shown.any()):
             return  # lr 0 (a warmup) or too small a move to see: not judged
-        self.judged[kind] = self.judged.get(kind, 0) + 1
         e, m = expected[shown], moved[shown]
-        norm_e, norm_m = float(e.norm()), float(m.norm())
-        cosine = _cosine(m, e)
-        ratio = norm_m / norm_e
-        lr = _float(pending[0].group.get("lr"))
-        maximize = any(bool(one.group.get("maximize")) for one in pending)
+        ratio = float(m.norm()) / float(e.norm())
         ascent = "lr" if any(_float(one.group.get("lr")) < 0 for one in pending) else (
-            "maximize" if maximize else "")
-        detail = {"cosine": cosine, "ratio": ratio, "lr": lr}
-        if not float(moved.abs().sum()):
-            self._broke((kind, "still", ""), step, pending, detail)
-        elif cosine < COSINE:
-            self._broke((kind, "reversed", ""), step, pending, detail)
-        elif ratio >= SCALED:
-            self._broke((kind, "scaled", ""), step, pending, detail)
-        elif ascent and cosine > -COSINE:
-            self._broke((kind, "reversed", ascent), step, pending, detail)
+            "maximize" if any(bool(one.group.get("maximize")) for one in pending) else "")
+        self._judged(kind, step, pending, [_cosine(m, e), ratio, _float(
+            pending[0].group.get("lr")), bool(float(moved.abs().sum())), ascent])
 
-    def _broke(self, key: tuple[str, str, str], step: int, pending: list[_Pending],
-               detail: dict[str, Any]) -> None:
-        steps = self.broken.setdefault(key, [])
+    def _judged(self, name: str, step: int, pending: list[_Pending], fact: list[Any]) -> None:
+        self.judged[name] = self.judged.get(name, 0) + 1
+        steps = self.steps.setdefault(name, [])
         if len(steps) < LISTED:
-            steps.append(step)
-        self.counts[key] = self.counts.get(key, 0) + 1
-        self.first.setdefault(key, detail)
-        if key not in self.modules:  # named now: the model may be gone when tracing stops
-            self.modules[key] = self._names([one.p for one in pending])
+            steps.append([step, round(fact[0], 4), round(fact[1], 4), *fact[2:]])
+        if name not in self.modules:  # named now: the model may be gone when tracing stops
+            self.modules[name] = self._names([one.p for one in pending])
 
-    def verdicts(self) -> list[tuple[int, dict[int, list[str]], dict[str, Any]]]:
-        """The verdicts that held in two recorded steps or more and in half of those judged:
-        (the first step, per model the modules judged, the signal's detail)."""
-        out = []
-        for key, steps in self.broken.items():
-            name, verdict, cause = key
-            count, judged = self.counts[key], self.judged.get(name, 0)
-            if count < 2 or 2 * count < judged:
-                continue
-            first = self.first[key]
-            out.append((steps[0], self.modules[key], {
-                "optimizer": name, "verdict": verdict, "cause": cause, "steps": steps,
-                "count": count, "judged": judged, "lr": first["lr"],
-                "cosine": round(first["cosine"], 4), "ratio": round(first["ratio"], 4)}))
-        return out
+    def facts(self, model: int) -> list[dict[str, Any]]:
+        """The moves judged of the optimizer classes that held modules of ``model``."""
+        return [{"optimizer": name, "judged": self.judged[name], "steps": steps,
+                 "modules": self.modules[name][model]}
+                for name, steps in self.steps.items() if model in self.modules[name]]
 
 
 def _state(state: dict[str, Any], i: torch.Tensor) -> dict[str, Any]:

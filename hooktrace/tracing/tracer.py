@@ -1,11 +1,11 @@
 """Assembles a tracing session: the hook core and its observers, in the order they must run.
 
-``core.py`` follows the module calls; the observers (``records.Observer``) do the rest, 17 at
-most, 12 in every run, in this order: capture (``--capture``), parameter-gradient norms
+``core.py`` follows the module calls; the observers (``records.Observer``) do the rest, 19 at
+most, 14 in every run, in this order: capture (``--capture``), parameter-gradient norms
 (``paramnorms``), watch (steps after ``--steps``, with statistics and ``--watch``), the training
-loop around the modules (``diagnose``), hooks that pile up (``hookcount``), custom
-``autograd.Function`` checks (``functions``), who may see whom (``--probe``), the loss
-(``loss``: its graph, terms, scaling and ledger), compiled code run
+loop around the modules (``diagnose``), the optimizers' steps (``optimizers``), hooks that pile
+up (``hookcount``), custom ``autograd.Function`` checks (``functions``), who may see whom
+(``--probe``), the loss (``loss``: its graph, terms, scaling and ledger), compiled code run
 eagerly in recorded steps (``eager``), weights that never change (``weights``), models side by
 side (``twins``), updates lost to precision (``halfupdates``), the step explained
 (``stepcheck``), partly-zero gradients (``gradzeros``, with statistics), the op zoom's records
@@ -41,12 +41,13 @@ from hooktrace.observe.hookcount import HookCount
 from hooktrace.observe.ledger import ParamLedger
 from hooktrace.observe.loss import LossObserver
 from hooktrace.observe.ops import OpsObserver
+from hooktrace.observe.optimizers import Optimizers
 from hooktrace.observe.outputs import OutputCheck
 from hooktrace.observe.paramnorms import ParamNorms
 from hooktrace.observe.probe import Probe
 from hooktrace.observe.recorder import LogRecorder, Sink
 from hooktrace.observe.stats import TensorStats
-from hooktrace.observe.stepcheck import StepExplained
+from hooktrace.observe.stepcheck import StepSample
 from hooktrace.observe.twins import Twins
 from hooktrace.observe.watch import Watch
 from hooktrace.observe.weights import WeightChange
@@ -122,7 +123,9 @@ class Tracer:
         eager = self._eager = EagerSteps(self._options.steps, recorder.emit)
         if stats is not None and self._options.watch:
             observers.append(Watch(stats, recorder.emit, eager.look))
-        observers.append(Diagnosis(recorder.emit, naming.uncalled))
+        optimizers = Optimizers(recorder.emit, naming.uncalled)
+        observers.append(Diagnosis(recorder.emit, optimizers))  # tells it of freezes: before
+        observers.append(optimizers)
         observers.append(HookCount(recorder.emit))
         paused: list[bool] = []
 
@@ -150,7 +153,7 @@ class Tracer:
         observers.append(ParamLedger(recorder.emit))
         observers.append(Twins(recorder.emit, naming.known, naming.model_name))
         observers.append(HalfUpdates(recorder.emit))
-        observers.append(StepExplained(recorder.emit))
+        observers.append(StepSample(recorder.emit, optimizers))
         if stats is not None:
             observers.append(GradZeros(stats, recorder.emit))
         ops = recorder.facts = OpsObserver(core.zoom, recorder.emit, self._options)

@@ -1,7 +1,7 @@
 """The step, explained (issue 36, item 1): in-process traces of small training loops whose
 optimizer step breaks an expectation (a param group left at lr 0, an optimizer built anew each
 step, ``zero_grad`` per micro-batch, a negative clipping factor, a per-epoch schedule stepped
-per batch) get one ``step-unexplained`` (or ``lr-collapsed``) signal saying which; the healthy
+per batch) get one ``step-unexplained`` (or ``lr-collapsed``) finding saying which; the healthy
 look-alikes of each (a warmup from lr 0, a staggered warmup, one rebuild at an unfreeze, plain
 SGD rebuilt, two optimizers in turns, SAM's two passes, an analysis pass before the real one,
 PCGrad's per-task passes, micro-batches summed by hand, a gradient reversal layer,
@@ -16,13 +16,12 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import read_log
 from torch import nn
 from torch.nn import functional as F
 
 import hooktrace
 from hooktrace.check.checklog import run_checks
-from hooktrace.log import schema
+from hooktrace.check.findings import Finding
 
 from . import steploop
 from .steploop import loss, mlp
@@ -93,7 +92,7 @@ def exponential_per_batch() -> None:
     steps(model, opt, n=7, after=sched.step)
 
 
-# (the loop, the expectation it breaks: a step-unexplained signal's, or "lr-collapsed")
+# (the loop, the expectation it breaks: a step-unexplained finding's, or "lr-collapsed")
 BUGS: dict[str, tuple[Loop, str]] = {
     "group_at_zero": (group_at_zero, "group-lr"),
     "rebuilt_adam": (rebuilt_adam, "state"),
@@ -286,19 +285,20 @@ HEALTHY: dict[str, Loop] = {
 }
 
 
-def traced(loop: Loop, path: Path) -> list[schema.Signal]:
-    """The signals of ``loop`` traced; its model and optimizer are collected before tracing
-    stops, as a script's are when its ``main()`` returns and the collector runs."""
+def traced(loop: Loop, path: Path) -> list[Finding]:
+    """What check says of ``loop`` traced (the expectations of the step, a collapsed lr); its
+    model and optimizer are collected before tracing stops, as a script's are when its
+    ``main()`` returns and the collector runs."""
     with hooktrace.trace(path):
         loop()
         gc.collect()
-    return [r for r in read_log(path) if isinstance(r, schema.Signal)
-            and r.kind in ("step-unexplained", "lr-collapsed")]
+    return [f for f in run_checks(path).findings
+            if f.cause in ("step-unexplained", "lr-collapsed")]
 
 
-def expectations(signals: list[schema.Signal]) -> list[str]:
-    return [s.kind if s.kind != "step-unexplained" else s.detail["expectation"]
-            for s in signals]
+def expectations(found: list[Finding]) -> list[str]:
+    return [f.cause if f.cause != "step-unexplained" else f.evidence["expectation"]
+            for f in found]
 
 
 @pytest.mark.parametrize("case", sorted(BUGS))
@@ -315,20 +315,20 @@ def test_healthy_look_alikes_are_silent(log_path: Path, case: str) -> None:
 def test_where_each_expectation_broke(log_path: Path) -> None:
     """What each signal says: the group and its modules, the steps, the factor."""
     (group,) = traced(group_at_zero, log_path)
-    assert (group.step, group.fqn) == (0, "0")
-    assert {k: group.detail[k] for k in ("optimizer", "group", "steps", "others", "modules")} == {
+    assert (group.step, group.module) == (0, "0")
+    assert {k: group.evidence[k] for k in ("optimizer", "group", "steps", "others", "modules")} == {
         "optimizer": "AdamW", "group": 0, "steps": [0, 1, 2, 3], "others": 0.01,
         "modules": ["0", "2"]}
     (state,) = traced(rebuilt_adam, log_path)
-    assert (state.step, state.detail["optimizer"], state.detail["steps"]) == (1, "Adam",
+    assert (state.step, state.evidence["optimizer"], state.evidence["steps"]) == (1, "Adam",
                                                                               [1, 2, 3])
     (cleared,) = traced(zero_grad_per_microbatch, log_path)
-    assert (cleared.step, cleared.detail["windows"], cleared.detail["passes"]) == (1, 2, 3)
+    assert (cleared.step, cleared.evidence["windows"], cleared.evidence["passes"]) == (1, 2, 3)
     (sign,) = traced(negated_by_hand, log_path)
-    assert sign.detail["steps"] == [0, 1, 2, 3]
-    assert sign.detail["factor"] == pytest.approx(-0.5)
+    assert sign.evidence["steps"] == [0, 1, 2, 3]
+    assert sign.evidence["factor"] == pytest.approx(-0.5)
     (collapsed,) = traced(exponential_per_batch, log_path)
-    assert collapsed.detail["factor"] == pytest.approx(0.1)
+    assert collapsed.evidence["factor"] == pytest.approx(0.1)
 
 
 def test_the_findings_say_which_expectation(log_path: Path) -> None:

@@ -1,7 +1,7 @@
 """The step, explained: the move (issue 36, item 1, expectation ``update``). In-process traces of
 small training loops whose optimizer step moves the weights against what its gradient, its
 group's lr and its kind say (a custom optimizer with a sign error, a linear decay whose lr goes
-below 0, ``maximize=True`` by mistake) get one ``step-unexplained`` signal with
+below 0, ``maximize=True`` by mistake) get one ``step-unexplained`` finding with
 ``expectation`` ``update``; the healthy look-alikes (SGD with momentum, nesterov and weight
 decay, AdamW, Adam with amsgrad, foreach and fused, a GradScaler that skips a step, a warmup
 from lr 0, clipping, LBFGS, SAM, Lookahead, accumulation, groups at different lrs, a scheduler
@@ -16,13 +16,12 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import read_log
 from torch import nn
 from torch.nn import functional as F
 
 import hooktrace
 from hooktrace.check.checklog import run_checks
-from hooktrace.log import schema
+from hooktrace.check.findings import Finding
 
 from . import steploop
 from .steploop import loss, mlp
@@ -259,21 +258,22 @@ HEALTHY: dict[str, Loop] = {
 }
 
 
-def traced(loop: Loop, path: Path) -> list[schema.Signal]:
+def traced(loop: Loop, path: Path) -> list[Finding]:
+    """What check says of the moves of ``loop`` traced."""
     with hooktrace.trace(path):
         loop()
         gc.collect()  # the model and optimizer gone before tracing stops, as after a main()
-    return [r for r in read_log(path) if isinstance(r, schema.Signal)
-            and r.kind == "step-unexplained" and r.detail["expectation"] == "update"]
+    return [f for f in run_checks(path).findings
+            if f.cause == "step-unexplained" and f.evidence["expectation"] == "update"]
 
 
 @pytest.mark.parametrize("case", sorted(BUGS))
 def test_a_move_against_the_step_is_said(log_path: Path, case: str) -> None:
     loop, verdict, cause = BUGS[case]
-    (signal,) = traced(loop, log_path)
-    assert (signal.detail["verdict"], signal.detail["cause"]) == (verdict, cause)
-    assert signal.detail["count"] >= 2
-    assert signal.fqn == "0"
+    (found,) = traced(loop, log_path)
+    assert (found.evidence["verdict"], found.evidence["cause"]) == (verdict, cause)
+    assert found.evidence["count"] >= 2
+    assert found.module == "0"
 
 
 @pytest.mark.parametrize("case", sorted(HEALTHY))
@@ -308,5 +308,4 @@ def test_a_scaler_that_skips_steps_is_not_an_accumulation(log_path: Path) -> Non
             scaler.step(opt)
             scaler.update()
     assert scaler.get_scale() < 2.0 ** 126  # two steps skipped at least
-    assert [r for r in read_log(log_path) if isinstance(r, schema.Signal)
-            and r.kind == "step-unexplained"] == []
+    assert [f for f in run_checks(log_path).findings if f.cause == "step-unexplained"] == []
