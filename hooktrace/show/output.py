@@ -36,11 +36,16 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def refuse_log(path: Path, log: Path) -> None:
+def refuse_log(path: Path, log: Path, what: str = "picture") -> None:
     """A one-line error where ``path`` is the log itself."""
     if _same_file(path, log):
-        raise HooktraceError(f"refusing to write the picture over the log {log}; "
+        raise HooktraceError(f"refusing to write the {what} over the log {log}; "
                              "give another output path")
+
+
+def refuse_dir(path: Path, what: str = "picture") -> None:
+    if path.is_dir():
+        raise HooktraceError(f"{path} is a directory; give a file name for the {what}")
 
 
 @contextmanager
@@ -66,8 +71,7 @@ def write_file(path: Path, data: bytes, log: Path) -> None:
     """Write ``data`` to ``path`` whole or not at all; never over the log. A device or pipe
     (``/dev/stdout``) is written into, never replaced."""
     refuse_log(path, log)
-    if path.is_dir():
-        raise HooktraceError(f"{path} is a directory; give a file name for the picture")
+    refuse_dir(path)
     target = path.resolve() if path.is_symlink() else path  # replace the file, not the link
     try:
         if path.exists() and not path.is_file():

@@ -1,6 +1,6 @@
 """How names and shapes are written in the table, the pictures and the page: control
-characters escaped, a model's root as ``(root)``, shapes as ``8x3x224x224``. Standard library
-only."""
+characters escaped, a model's root as ``(root)``, shapes as ``8x3x224x224``, rows in aligned
+columns. Standard library only."""
 
 from __future__ import annotations
 
@@ -34,3 +34,11 @@ def shapes_text(shapes: Sequence[schema.Shape | None], times: str = "x", most: i
 def module_text(fqn: str) -> str:
     """How a fqn is shown: the root of a model is ``(root)``."""
     return printable(fqn) if fqn else ROOT
+
+
+def columns(rows: list[list[str]], indent: str = "") -> list[str]:
+    """Rows of cells as aligned lines: the first cell right-aligned (a number), the others
+    left-aligned, two spaces apart."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [(indent + "  ".join([r[0].rjust(widths[0]), *(c.ljust(w) for c, w in
+                                 zip(r[1:], widths[1:], strict=True))])).rstrip() for r in rows]
