@@ -26,8 +26,14 @@ from hooktrace.log.options import TraceOptions
 from hooktrace.log.reader import LogReader
 from hooktrace.log.words import ROOT, fqn_text, plural
 from hooktrace.show.calls import depth_of
-from hooktrace.show.output import cannot_write, choose_format, refuse_dir, refuse_log, whole
-from hooktrace.show.owned import default_output
+from hooktrace.show.output import (
+    cannot_write,
+    choose_format,
+    default_output,
+    refuse_dir,
+    refuse_log,
+    whole,
+)
 from hooktrace.show.render.labels import shape_text
 
 FORMATS = ("csv", "jsonl")

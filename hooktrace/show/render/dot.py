@@ -24,7 +24,7 @@ from hooktrace.log.errors import HooktraceError
 from hooktrace.log.words import plural
 from hooktrace.show.graph import grad_output_norm
 from hooktrace.show.marks import Box
-from hooktrace.show.owned import MARK
+from hooktrace.show.output import MARK
 from hooktrace.show.picture import Cluster, Edge, Node, NodeKey, View
 from hooktrace.show.render.labels import printable, shapes_text
 from hooktrace.show.render.ops import inside_box
