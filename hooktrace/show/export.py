@@ -24,7 +24,7 @@ from hooktrace.log.gradstat import norm
 from hooktrace.log.names import LogNames
 from hooktrace.log.options import TraceOptions
 from hooktrace.log.reader import LogReader
-from hooktrace.log.words import ROOT, fqn_text, plural
+from hooktrace.log.words import ROOT, fqn_text, plural, shape_text
 from hooktrace.show.calls import depth_of
 from hooktrace.show.output import (
     cannot_write,
@@ -34,7 +34,6 @@ from hooktrace.show.output import (
     refuse_log,
     whole,
 )
-from hooktrace.show.render.labels import shape_text
 
 FORMATS = ("csv", "jsonl")
 

@@ -26,13 +26,13 @@ from torch import nn
 import hooktrace
 from hooktrace.cli import cli
 from hooktrace.log import schema
+from hooktrace.log.words import printable
 from hooktrace.log.writer import LogWriter
 from hooktrace.show import steplog
 from hooktrace.show.graph import build
 from hooktrace.show.picture import View
 from hooktrace.show.render import picture, render, write_picture
 from hooktrace.show.render.dot import TIMES, node_state, norm_text
-from hooktrace.show.render.labels import printable
 
 ODD_NAMES = ['q"uote', "<lt>", "a&b", "{brace}", "p|ipe", "back\\slash", "new\nline", "end\\"]
 

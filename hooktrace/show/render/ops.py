@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from hooktrace.log import schema
 from hooktrace.log.gradstat import norms, worst
-from hooktrace.show.render.labels import columns, module_text, printable, shapes_text
+from hooktrace.log.words import columns, module_text, printable, shapes_text
 
 MOST = 12  # operations drawn inside a box; the rest are counted
 

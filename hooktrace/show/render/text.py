@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 from hooktrace.log import schema
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.options import selects
-from hooktrace.log.words import ROOT, plural, ranges
+from hooktrace.log.words import ROOT, columns, module_text, plural, printable, ranges, shapes_text
 from hooktrace.show.calls import depth_of
-from hooktrace.show.render.labels import columns, module_text, printable, shapes_text
 from hooktrace.show.render.ops import block
 from hooktrace.show.steplog import StepEvent, StepLog, load_step
 
