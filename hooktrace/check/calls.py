@@ -149,3 +149,40 @@ def _returns(outer: JudgedCall, branch: JudgedCall, outs: tuple[int, ...]) -> bo
     if not outs or not branch.out_shapes or not shapes:
         return False
     return any(i < len(shapes) and shapes[i] == branch.out_shapes[0] for i in outs)
+
+
+class Judging:
+    """The calls of the first ``steps`` steps, judged call by call: by forward seq (``by_seq``,
+    what a backward event names) and by (step, module index, call index), for the backward of
+    a recomputed call. ``says_history``: the log's forward events say what went into their
+    outputs without history, and every module is traced."""
+
+    def __init__(self, steps: int, says_history: bool) -> None:
+        self.by_seq: dict[int, JudgedCall] = {}
+        self.on = False  # the forward calls' step is judged
+        self._by_call: dict[tuple[int, int, int], JudgedCall] = {}
+        self._steps: set[int] = set()
+        self._limit = steps
+        self._says_history = says_history
+
+    def start(self, step: int) -> None:
+        """The forward calls are now of ``step``."""
+        if step not in self._steps and len(self._steps) < self._limit:
+            self._steps.add(step)
+        self.on = step in self._steps
+
+    def recompute(self, step: int, seq: int, index: int, call: int) -> None:
+        """A recompute's backward is the original call's."""
+        original = self._by_call.get((step, index, call))
+        if original is not None:
+            self.by_seq[seq] = original
+
+    def add(self, call: JudgedCall, index: int, drop: tuple[float, str] | None,
+            ins: Sequence[object], no_history: bool) -> None:
+        """``call`` judged; ``drop``: its module's, ``ins``: its inputs' shapes."""
+        call.chance = None if drop is None else whole_drop(*drop, ins)
+        call.made_no_history = no_history if self._says_history else None
+        self.by_seq[call.seq] = self._by_call[(call.step, index, call.call)] = call
+
+    def calls(self) -> list[JudgedCall]:
+        return list(self._by_call.values())

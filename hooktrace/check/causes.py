@@ -15,7 +15,7 @@ from hooktrace.log.words import fqn_text, plural
 
 if TYPE_CHECKING:
     from hooktrace.check.boundary import Boundary, GradientFlow
-    from hooktrace.check.collected import ModuleStats
+    from hooktrace.check.collected import Collected
     from hooktrace.check.keys import ModelFqn
 
 # a zero that one batch can make (a note when rare); never a detach or no_grad: code does those
@@ -132,26 +132,24 @@ CAUSES = {
 }
 
 
-def findings(flow: GradientFlow, modules: dict[ModelFqn, ModuleStats],
-             model_name: dict[int, str]) -> list[Finding]:
+def findings(flow: GradientFlow, c: Collected) -> list[Finding]:
     return [f for b in flow.boundaries.values()
-            if (f := _finding(flow, b, modules, model_name)) is not None]
+            if (f := _finding(flow, b, c)) is not None]
 
 
-def _finding(flow: GradientFlow, b: Boundary, modules: dict[ModelFqn, ModuleStats],
-             model_name: dict[int, str]) -> Finding | None:
+def _finding(flow: GradientFlow, b: Boundary, c: Collected) -> Finding | None:
     model, name = b.key
     chance = flow.by_chance(b)
     if chance is not None and chance >= CHANCE:
         return None  # a drop layer's own probability makes this many whole drops
-    m = modules.get(b.key)
+    m = c.modules.get(b.key)
     cause = "flat_inside" if b.ratio is not None and b.cause == "zeroed" else b.cause
     kind, what, hint = CAUSES[cause]
     branch = names_text(list(b.branches), 3) if b.branches else "a child"
-    victims = sorted(b.victims, key=lambda k: _first_seq(modules, k))
+    victims = sorted(b.victims, key=lambda k: c.first_seq(*k))
     message = (f"{fqn_text(name)} ({m.cls if m else '?'}): "
                f"{what.format(branch=branch, gain=_gain(b), ratio=_ratio(b), reads=_reads(b))}; "
-               f"{_victims(b, victims, modules)} at {steps_text(b.steps)}")
+               f"{_victims(b, victims, c)} at {steps_text(b.steps)}")
     judged = flow.judged.get(model, [])
     later = len(judged) - len(b.steps)
     first = b.steps == judged[:len(b.steps)] and (
@@ -182,7 +180,7 @@ def _finding(flow: GradientFlow, b: Boundary, modules: dict[ModelFqn, ModuleStat
         evidence["grad_output_norm"] = b.g_out
     if b.g_in is not None:
         evidence["grad_input_norm"] = b.g_in
-    return Finding(kind, NOTE if passing else WARNING, model_name.get(model, str(model)),
+    return Finding(kind, NOTE if passing else WARNING, c.model_name(model),
                    name, b.steps[0], message, evidence, hint.format(branch=branch))
 
 
@@ -202,18 +200,13 @@ def _ratio(b: Boundary) -> str:
     return ratio + (" (zero at some steps)" if b.exact else "")
 
 
-def _victims(b: Boundary, victims: list[ModelFqn], modules: dict[ModelFqn, ModuleStats]) -> str:
+def _victims(b: Boundary, victims: list[ModelFqn], c: Collected) -> str:
     """The modules it starves; for calls whose results are thrown away, the modules that learn
     from their other calls only."""
     names = names_text([k[1] for k in victims])
     if b.cause == "unused_calls":
         return f"{plural(len(victims), 'trainable module')} ({names}) learn from other calls only"
     # a gate's value runs after the gate's sigmoid, and starves all the same
-    before = " before it" if all(_first_seq(modules, k) < _first_seq(modules, b.key)
+    before = " before it" if all(c.first_seq(*k) < c.first_seq(*b.key)
                                  for k in victims) else ""
     return f"it starves {plural(len(victims), 'trainable module')}{before} ({names})"
-
-
-def _first_seq(modules: dict[ModelFqn, ModuleStats], key: ModelFqn) -> int:
-    m = modules.get(key)
-    return (m.first_seq or 0) if m is not None else 0

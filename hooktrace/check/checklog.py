@@ -15,17 +15,15 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from hooktrace.check.checks import judge
+from hooktrace.check.checks import judge, ordered
 from hooktrace.check.collect import Collector, collect
 from hooktrace.check.collected import Collected
 from hooktrace.check.findings import (
     ERROR,
-    SEVERITY_ORDER,
     Finding,
     FindingKind,
     Report,
     Thresholds,
-    after_causes,
 )
 from hooktrace.check.models import model_facts
 from hooktrace.check.ranks import first_divergence
@@ -123,8 +121,7 @@ def check_readers(readers: Sequence[LogReader], step: int | None = None,
     for key, f in merged.items():
         if f.ranks == every:
             merged[key] = replace(f, ranks=None)  # on every rank: nothing rank-local about it
-    findings = after_causes(sorted([*diverged, *merged.values()], key=lambda f: (
-        SEVERITY_ORDER[f.severity], f.step if f.step is not None else -1, f.cause)))
+    findings = ordered([*diverged, *merged.values()])
     return Report(findings, [w for r in reports for w in r.warnings],
                   max(r.steps for r in reports), sum(r.events for r in reports),
                   "; ".join(r.captured for r in reports if r.captured) or None,

@@ -103,7 +103,7 @@ class Collected:
     # per module, its first zoomed calls' operations (``ops`` records, ``ops.KEEP`` at most)
     ops: dict[ModelFqn, list[schema.Ops]] = field(default_factory=dict)
     # per step, the module of its first forward output with NaN/Inf, and of its first backward
-    # event with a NaN/Inf gradient, with whether that one produced it (firstnan's rule): a
+    # event with a NaN/Inf gradient, with whether that one produced it (nonfinite's rule): a
     # zoomed call of a later step answers for a NaN/Inf finding only where they are its own
     forward_first: dict[int, ModelFqn] = field(default_factory=dict)
     backward_first: dict[int, tuple[ModelFqn, bool]] = field(default_factory=dict)
@@ -157,6 +157,11 @@ class Collected:
         return {step for s in self.signals if s.kind == SignalKind.LOSS_VALUES
                 for step, value in zip(s.detail.get("steps") or (), s.detail.get("values") or (),
                                        strict=False) if value == 0}
+
+    def first_seq(self, model: int, name: str) -> int:
+        """Where a module first ran, in forward order (0: never, or unknown)."""
+        m = self.modules.get((model, name))
+        return m.first_seq or 0 if m is not None else 0
 
     def label(self, model: int, name: str) -> str:
         """A module as findings name it: ``layer1.0 (BasicBlock)``, ``(root)`` for the root."""

@@ -5,6 +5,7 @@ Pure: a ``Collected`` in, findings out.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hooktrace.check.findings import NOTE, WARNING, Finding, FindingKind, names_text
@@ -73,9 +74,29 @@ _SAYS = {
 _NOTES = {"nonlinear", "modifier", "surrogate"}
 
 
+def verdict(d: Mapping[str, Any]) -> str:
+    """What a ``function-backward`` signal's measurements say of the backward: one that does
+    not double with ``grad_output`` ignores it (the same result) or is not linear in it; a
+    forward that returns its input unchanged exists to alter the gradient (a reversal, a
+    multiplier: a ``modifier``); one flat where they disagree is a surrogate (a
+    straight-through estimator's ``round``); else the backward is wrong, ``scaled`` or
+    ``reversed`` when it is the true gradient times one factor, ``mismatch`` else."""
+    twice = d.get("twice", "double")
+    if twice != "double":
+        return "ignores-grad" if twice == "same" else "nonlinear"
+    if d.get("identity"):
+        return "modifier"
+    if d.get("flat"):
+        return "surrogate"
+    ratio = d.get("ratio")
+    if isinstance(ratio, (int, float)):
+        return "reversed" if ratio < 0 else "scaled"
+    return "mismatch"
+
+
 def function_backward(c: Collected, s: Signal) -> list[Finding]:
     d: dict[str, Any] = dict(s.detail)
-    verdict = d.get("verdict", "mismatch")
+    d["verdict"] = judged = verdict(s.detail)
     ratio = d.get("ratio")
     d.setdefault("ratio", 0.0)
     d.setdefault("off", 0)
@@ -86,9 +107,9 @@ def function_backward(c: Collected, s: Signal) -> list[Finding]:
                    else "not by one factor")
     fn = d.get("function", "?")
     site = f"{d.get('file', '?')}:{d.get('line', '?')}"
-    says = _SAYS.get(verdict, _SAYS["mismatch"]).format(**d)
+    says = _SAYS[judged].format(**d)
     where = f"in {c.label(s.model, s.fqn)}" if s.fqn else f"in model '{c.model_name(s.model)}'"
-    severity = NOTE if verdict in _NOTES else WARNING
+    severity = NOTE if judged in _NOTES else WARNING
     hint = ("nothing to do if that is the intent" if severity is NOTE else
             "backward must return grad_output times the derivative of forward (the chain "
             "rule: a constant forward multiplies by, backward multiplies by too); check it "
@@ -97,4 +118,4 @@ def function_backward(c: Collected, s: Signal) -> list[Finding]:
         FindingKind.FUNCTION_BACKWARD, severity, c.model_name(s.model), s.fqn, s.step,
         f"the autograd.Function {fn} ({site}), used {where}: its backward {says}",
         {k: d[k] for k in ("function", "file", "line", "verdict", "ratio", "elements", "off")
-         if k in s.detail}, hint)]
+         if k in s.detail or k == "verdict"}, hint)]

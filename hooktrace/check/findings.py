@@ -152,20 +152,6 @@ class Report:
         return [f for f in self.findings if f.severity != NOTE]
 
 
-def after_causes(findings: list[Finding]) -> list[Finding]:
-    """``findings`` with each one that follows from another (its evidence's ``follows``: the
-    cause of that other, in the same model) moved to just after the other: the cause reads
-    first, whatever the sort put between them."""
-    out = list(findings)
-    for f in findings:
-        follows = f.evidence.get("follows")
-        if follows and any(o.cause == follows and o.model == f.model for o in out):
-            out = [o for o in out if o is not f]
-            at = max(i for i, o in enumerate(out) if o.cause == follows and o.model == f.model)
-            out.insert(at + 1, f)
-    return out
-
-
 def steps_text(steps: list[int]) -> str:
     """``step 3``, ``steps 0, 1, 2``, ``steps 0, 1, 2, 3, 4 and 7 more``."""
     shown = ", ".join(map(str, steps[:5]))

@@ -1,7 +1,7 @@
 """The operation and its line put into ``check``'s findings, where the log has the zoomed calls
 of a finding's module (``ops`` records); where it has none, the command that records them.
 
-Each kind of finding asks its question of its module's zoomed calls (``check/ops.py``), from
+Each kind of finding asks its question of its module's zoomed calls (below), from
 its step on: a gradient that stops or turns zero inside a forward (flow's boundaries), the
 first NaN/Inf of a forward, a backward that made NaN/Inf, and the in-place change behind a
 backward error. The answer goes into the message ("the gradient stops inside its forward, at
@@ -9,17 +9,30 @@ backward error. The answer goes into the message ("the gradient stops inside its
 A backward error happens before any later step could zoom in: its finding, and a finding whose
 module was not zoomed, get ``rerun``, the command that runs the program again with that
 module's operations recorded.
+
+The questions: the operation inside a finding's module where it happens, from the log's
+``ops`` records (the zoomed calls, ``hooktrace/log/ops.py``). Pure: no files, no torch.
+
+Each question follows the data through one zoomed call's slots, in the order its operations
+ran: where a gradient stops (an operation whose input needs a gradient and whose output has
+none: ``.detach()``, ``.data``, ``.numpy()``, one under ``torch.no_grad()``, then, failing
+those, an integer result such as ``argmax``), where one turns exactly zero (a node that received
+a non-zero gradient and passed back zero), the first NaN/Inf of a forward, the node whose
+backward made NaN/Inf from finite gradients, and the in-place change behind autograd's
+"modified by an inplace operation". A child's call that stops the gradient is looked into when
+the child was zoomed too. What is found only adds to a finding: a zoomed call never makes one.
 """
 
 from __future__ import annotations
 
+import math
+import re
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from hooktrace.check import ops
 from hooktrace.check.causes import CAUSES
 from hooktrace.check.findings import NOTE, Finding, FindingKind
 from hooktrace.log.ops import Op, Ops
@@ -29,6 +42,129 @@ from hooktrace.log.words import fqn_text
 if TYPE_CHECKING:
     from hooktrace.check.boundary import Boundary, GradientFlow
     from hooktrace.check.collected import Collected
+
+#: zoomed calls kept per module: the first ones (a loop's calls say the same)
+KEEP = 8
+
+_INT_DTYPES = ("int", "uint", "bool", "long")
+_INPLACE_ERROR = re.compile(r"\[torch\.\w+ \[([\d, ]*)\]\], which is output (\d+) of (\w+)")
+
+
+def _norm(stat: list[float] | None) -> float | None:
+    return None if stat is None else stat[0]
+
+
+def _integer(op: Op) -> bool:
+    return bool(op.out_dtypes) and all(d.startswith(_INT_DTYPES) for d in op.out_dtypes)
+
+
+def _needs(op: Op, slots: set[int]) -> bool:
+    """One of its inputs among ``slots`` required a gradient."""
+    return any(s in slots and g for s, g in zip(op.ins, op.in_grad, strict=False))
+
+
+def _stops(op: Op) -> bool:
+    """Its output has no gradient though an input needed one: a value stopped (not an integer
+    result, which never has one)."""
+    if op.leaves_torch or op.no_grad:
+        return True
+    return bool(op.outs) and not any(op.out_grad) and not _integer(op)
+
+
+def _flow(record: Ops, sources: Iterable[int]) -> Iterator[tuple[Op, set[int]]]:
+    """Each operation that reads a slot reached from ``sources``, with the slots reached
+    before it; what it makes is reached after it."""
+    reached = set(sources)
+    for op in record.ops:
+        if reached.intersection(op.ins):
+            yield op, set(reached)
+            reached.update(s for s in op.outs if s >= 0)
+
+
+def _needing(record: Ops) -> list[int]:
+    return [i for i, g in enumerate(record.in_grad) if g]
+
+
+def stop_in(record: Ops, sources: Iterable[int] | None = None) -> Op | None:
+    """The first operation on the way from ``sources`` (default: the call's inputs that needed
+    a gradient) where a gradient stops; failing that, the first integer result."""
+    flow = list(_flow(record, _needing(record) if sources is None else sources))
+    stopped = next((op for op, reached in flow if _needs(op, reached) and _stops(op)), None)
+    return stopped or next((op for op, reached in flow if _needs(op, reached) and _integer(op)),
+                           None)
+
+
+def zero_in(record: Ops, sources: Iterable[int] | None = None) -> Op | None:
+    """The first operation on the way from ``sources`` whose node received a non-zero gradient
+    and passed back exactly zero for what it read from there."""
+    for op, reached in _flow(record, _needing(record) if sources is None else sources):
+        received = [n for s in op.grad_out or () if (n := _norm(s)) is not None]
+        back = op.grad_in or []
+        if not received or not any(n > 0 for n in received) or not back:
+            continue
+        # the node's inputs are its tensor inputs, in order, where their counts agree
+        mine = ([back[j] for j, s in enumerate(op.ins) if s in reached]
+                if len(back) == len(op.ins) else [b for b in back if b is not None])
+        if mine and all(b is not None and b[0] == 0 for b in mine):
+            return op
+    return None
+
+
+def first_nonfinite(record: Ops) -> Op | None:
+    """The first operation (or child call) whose output held NaN/Inf."""
+    return next((op for op in record.ops if op.nonfinite), None)
+
+
+def nonfinite_backward(record: Ops) -> Op | None:
+    """The first node, in backward order, that received finite gradients and passed back
+    NaN/Inf."""
+    for op in reversed(record.ops):
+        received = [n for s in op.grad_out or () if (n := _norm(s)) is not None]
+        back = [n for s in op.grad_in or () if (n := _norm(s)) is not None]
+        if received and all(map(math.isfinite, received)) and \
+                any(not math.isfinite(n) for n in back):
+            return op
+    return None
+
+
+def inplace_change(records: Iterable[Ops], message: str) -> tuple[Op, Op] | None:
+    """For autograd's "modified by an inplace operation ... output N of NodeName": the
+    operation whose output that is, and the in-place operation after it that changed it."""
+    found = _INPLACE_ERROR.search(message)
+    if found is None:
+        return None
+    shape = [int(n) for n in found.group(1).replace(" ", "").split(",") if n]
+    index, node = int(found.group(2)), found.group(3)
+    for record in records:
+        for i, op in enumerate(record.ops):
+            if (op.node or "").startswith(node) and op.child is None and index < len(op.outs) \
+                    and op.out_shapes[index:index + 1] == [shape]:
+                slot = op.outs[index]
+                changed = next((later for later in record.ops[i + 1:]
+                                if later.inplace and later.ins[:1] == [slot]), None)
+                if changed is not None:
+                    return op, changed
+    return None
+
+
+def op_where(op: Op, step: int) -> dict[str, Any]:
+    """An operation as a finding's evidence holds it."""
+    out: dict[str, Any] = {"op": op.text, "step": step}
+    if op.site is not None:
+        out["line"] = op.site
+    if op.code:
+        out["code"] = op.code
+    if op.no_grad:
+        out["no_grad"] = True
+    return out
+
+
+def said(op: Op, inside: str = "") -> str:
+    """``.detach() (train.py:16)``, ``.mul() under torch.no_grad() (train.py:40)``;
+    ``inside``: where it is, when not in the finding's module (`` in clip``)."""
+    under = " under torch.no_grad()" if op.no_grad and op.child is None else ""
+    return f"{op.text}{under}{inside}" + (f" ({op.site})" if op.site else "")
+
 
 # the boundaries whose cause an operation inside the module answers
 _ASKED = {"lost_input", "detached_inside", "no_grad", "zeroed", "zeroed_unit", "zero_backward"}
@@ -67,12 +203,12 @@ def _answer(f: Finding, c: Collected, flowed: GradientFlow, model: int,
         # or, where it was made in this module's own code, the child's that received it
         first = (model, str(f.evidence.get("received_by", f.module)))
         return True, _first([r for r in records if c.forward_first.get(r.step) == first],
-                            ops.first_nonfinite)
+                            first_nonfinite)
     if f.cause == FindingKind.NONFINITE_BACKWARD:
         if not f.evidence.get("produced"):
             return False, None  # reached it: made elsewhere
         return True, _first([r for r in records if c.backward_first.get(r.step) == (key, True)],
-                            ops.nonfinite_backward)
+                            nonfinite_backward)
     b = next((b for (k, cause), b in flowed.boundaries.items()
               if k == key and CAUSES[cause][0] == f.cause), None)
     if b is None or b.cause not in _ASKED:
@@ -93,15 +229,15 @@ def _question(b: Boundary) -> Callable[[Ops], Op | None]:
         return [s for op in record.ops if op.child in b.branches for s in op.outs]
 
     if b.cause == "lost_input":
-        return ops.stop_in
+        return stop_in
     if b.cause == "zero_backward":
-        return ops.zero_in
+        return zero_in
     if b.cause == "no_grad":
         return lambda r: next((op for op in r.ops if op.child in b.branches and op.no_grad),
                               None)
     if b.cause in ("zeroed", "zeroed_unit"):
-        return lambda r: ops.zero_in(r, branches(r))
-    return lambda r: ops.stop_in(r, branches(r))
+        return lambda r: zero_in(r, branches(r))
+    return lambda r: stop_in(r, branches(r))
 
 
 def _inside(c: Collected, model: int, found: _Found, depth: int = 0) -> _Found:
@@ -111,7 +247,7 @@ def _inside(c: Collected, model: int, found: _Found, depth: int = 0) -> _Found:
         return found
     for record in c.ops.get((model, op.child), []):
         if record.step >= step:
-            inner = ops.stop_in(record)
+            inner = stop_in(record)
             if inner is not None:
                 return _inside(c, model, (inner, record.step, record.fqn), depth + 1)
     return found
@@ -129,10 +265,10 @@ def _first(records: list[Ops], ask: Callable[[Ops], Op | None]) -> _Found | None
 
 def _say(f: Finding, op: Op, step: int, module: str) -> Finding:
     """The operation into the message, after what happens (flow) or the step (NaN/Inf)."""
-    where = ops.op_where(op, step)
+    where = op_where(op, step)
     if module != f.module:
         where["module"] = module
-    inside = ops.said(op, f" in {fqn_text(module)}" if module != f.module else "")
+    inside = said(op, f" in {fqn_text(module)}" if module != f.module else "")
     if f.cause == FindingKind.NONFINITE_FORWARD:
         message = f"{f.message}; made by {inside}"
     elif f.cause == FindingKind.NONFINITE_BACKWARD:
@@ -149,14 +285,14 @@ def _inplace(f: Finding, c: Collected, step: int) -> Finding:
     any zoomed call of the step; else the command that records them."""
     message = str(c.end.error.get("message", "")) if c.end and c.end.error else ""
     records = [r for rs in c.ops.values() for r in rs if r.step == step]
-    found = ops.inplace_change(records, message)
+    found = inplace_change(records, message)
     if found is None:
         return replace(f, evidence={**f.evidence, "rerun": rerun(c, f.module, step)})
     made, changed = found
-    return replace(f, evidence={**f.evidence, "op": ops.op_where(changed, step),
-                                "changed": ops.op_where(made, step)},
-                   message=f"{f.message}; {ops.said(changed)} changed in place the output of "
-                   f"{ops.said(made)}, which its backward needs")
+    return replace(f, evidence={**f.evidence, "op": op_where(changed, step),
+                                "changed": op_where(made, step)},
+                   message=f"{f.message}; {said(changed)} changed in place the output of "
+                   f"{said(made)}, which its backward needs")
 
 
 def rerun(c: Collected, module: str, step: int) -> str:

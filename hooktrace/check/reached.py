@@ -1,19 +1,22 @@
 """Modules no gradient reached: trainable ones that ran forward and got no backward (detached,
 or off the loss path, grouped by subtree), frozen ones (a note, or a warning beside trainable
-twins), ones the watch saw lose their gradient, and ones run only under no_grad. Pure: a
-``Collected`` in, findings out."""
+twins), ones the watch saw lose their gradient, and ones run only under no_grad (one warning
+per model and run of steps, listed by subtree: a backbone's forward under ``no_grad`` by
+mistake is one cause, not a warning per layer); and tensors a module means to train but does
+not register (``self.scale = torch.ones(1, requires_grad=True)`` is not an ``nn.Parameter``:
+``model.parameters()``, and the optimizer built from it, never hold it; the tracer names them
+once per module, ``schema.Module.loose``). Pure: a ``Collected`` in, findings out."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Set
 from typing import TYPE_CHECKING
 
-from hooktrace.check import nogradonly
 from hooktrace.check.findings import NOTE, WARNING, Finding, FindingKind, steps_text
-from hooktrace.check.frozen import frozen_notes
+from hooktrace.check.grouped import cover, frozen_notes, patterns
 from hooktrace.check.trainable import unfrozen_at
 from hooktrace.log.names import ancestors
-from hooktrace.log.words import fqn_text
+from hooktrace.log.words import fqn_text, plural
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected, ModuleStats
@@ -112,7 +115,7 @@ def check_no_grad(c: Collected, explained: Set[ModelFqn] = frozenset()) -> list[
         if steps:
             under_no_grad.append((m, steps))
     return (_group_subtrees(c, detached) + frozen_notes(c, frozen) + out
-            + nogradonly.no_grad_only(c, under_no_grad))
+            + ran_under_no_grad(c, under_no_grad))
 
 
 def check_lost_gradient(c: Collected) -> list[Finding]:
@@ -175,3 +178,63 @@ def _group_subtrees(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> l
             finding.hint))
     return out
 
+
+_NO_GRAD_HINT = ("move it out of torch.no_grad(), or freeze it explicitly with "
+                 ".requires_grad_(False)")
+
+
+def ran_under_no_grad(c: Collected, found: list[tuple[ModuleStats, list[int]]]) -> list[Finding]:
+    """``found``: each module with the steps it ran only under no_grad."""
+    groups: dict[tuple[int, tuple[int, ...]], list[ModuleStats]] = {}
+    for m, steps in found:
+        groups.setdefault((m.model, tuple(steps)), []).append(m)
+    out = []
+    for (model, run), modules in groups.items():
+        steps = list(run)
+        if len(modules) == 1:
+            out.append(_one(c, modules[0], steps))
+            continue
+        names = [m.fqn for m in modules]
+        tops = cover(c, model, names)
+        trainable = sum(m.trainable for m in modules)
+        out.append(Finding(
+            FindingKind.NO_GRAD_UNDER_NO_GRAD, WARNING, c.model_name(model), tops[0], steps[0],
+            f"{patterns(tops)} ({plural(len(modules), 'module')} with "
+            f"{plural(trainable, 'trainable parameter')}) ran only under torch.no_grad while "
+            f"the rest of model '{c.model_name(model)}' trained: they get no gradient "
+            f"({steps_text(steps)})",
+            {"modules": names, "steps": steps[:20], "trainable": trainable},
+            "move their forward out of torch.no_grad(), or freeze them explicitly with "
+            ".requires_grad_(False) and leave them out of the optimizer"))
+    return out
+
+
+def _one(c: Collected, m: ModuleStats, steps: list[int]) -> Finding:
+    return Finding(
+        FindingKind.NO_GRAD_UNDER_NO_GRAD, WARNING, c.model_name(m.model), m.fqn, steps[0],
+        f"{fqn_text(m.fqn)} ({m.cls}) ran under torch.no_grad while the rest of its "
+        f"model trained: its {m.trainable} trainable parameters get no gradient",
+        {"steps": steps[:20]}, _NO_GRAD_HINT)
+
+
+def check_loose(c: Collected) -> list[Finding]:
+    """A warning per module of a model that trained (a backward pass reached it) holding such
+    tensors; a model only evaluated has nothing to train."""
+    trained = c.backward_models()
+    out = []
+    for m in sorted(c.modules.values(), key=lambda m: (m.model, m.first_seq or 0, m.fqn)):
+        if not m.loose or m.model not in trained:
+            continue
+        one = len(m.loose) == 1
+        it = "it" if one else "them"
+        names = ", ".join(m.loose)
+        out.append(Finding(
+            "not-a-parameter", WARNING, c.model_name(m.model), m.fqn, None,
+            f"{c.label(m.model, m.fqn)} holds {plural(len(m.loose), 'tensor')} with "
+            f"requires_grad=True that {'is' if one else 'are'} not an nn.Parameter ({names}): "
+            f"model.parameters() does not hold {it}, so an optimizer built from it never "
+            f"updates {it}, and state_dict() and .to() leave {it} out",
+            {"tensors": list(m.loose)},
+            f"register {it}: self.{m.loose[0]} = nn.Parameter(...) in __init__ "
+            "(register_buffer(...) for a tensor that should not train)"))
+    return out

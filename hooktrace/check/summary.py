@@ -7,8 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from hooktrace.check import copies, flow, units
+from hooktrace.check import flow, units
 from hooktrace.check.findings import Thresholds
+from hooktrace.check.grouped import evaluation_copies
 from hooktrace.check.magnitudes import start, start_orders
 from hooktrace.check.trainable import drop_frozen, frozen_from_start, frozen_since
 from hooktrace.log.names import ancestors
@@ -30,12 +31,12 @@ class LogSummary:
     thresholds: Thresholds
     flowed: GradientFlow  # the gradient flow's boundaries, without those the run explains
     turns: set[ModelFqn]  # trained in turns (``units.trained_in_turns``)
-    evaluation: set[ModelFqn]  # copies no optimizer that stepped holds (``copies``)
+    evaluation: set[ModelFqn]  # copies no optimizer that stepped holds (``grouped``)
     explained: set[ModelFqn]  # small or missing gradients that a boundary or a freeze explains
 
 
 def summary_of(collected: Collected, thresholds: Thresholds | None = None) -> LogSummary:
-    """``collected`` settled and analysed for the detectors (``detectors.DETECTORS``)."""
+    """``collected`` settled and analysed for the detectors (``checks.DETECTORS``)."""
     thresholds = thresholds or Thresholds()
     c = settled(collected)
     unjudged = c.zero_loss_steps() | ({c.unfinished[0]} if c.unfinished else set())
@@ -44,7 +45,7 @@ def summary_of(collected: Collected, thresholds: Thresholds | None = None) -> Lo
     drop_frozen(c, flowed)
     turns = units.trained_in_turns(c)
     flowed.drop_victims(turns, units.MISSED)
-    evaluation = copies.evaluation_copies(c)
+    evaluation = evaluation_copies(c)
     flowed.drop_victims(evaluation)
     explained = _explained(c, flowed) | set(frozen_since(c)) | evaluation
     return LogSummary(c, thresholds, flowed, turns, evaluation, explained)

@@ -170,13 +170,13 @@ class Signal:
     * ``function-backward``: the first call of the user's custom ``autograd.Function``
       ``detail.function`` (its backward at ``detail.file``:``detail.line``) in a recorded step,
       inside ``fqn``'s call, got a numerical gradient check (``fncheck.py``) its backward did
-      not pass: ``detail.verdict`` is ``ignores-grad`` (the same result for ``grad_output`` and
-      twice it), ``nonlinear`` (not linear in it), ``scaled`` (the finite-difference gradient
-      times ``detail.ratio``), ``reversed`` (times a negative ``detail.ratio``), ``modifier``
-      (the forward returns its input: the backward alters the gradient by design),
-      ``surrogate`` (the forward is flat where they differ: a straight-through estimator) or
-      ``mismatch``; with ``detail.elements`` compared, ``detail.off`` of them different, and the
-      worst one's ``detail.numeric`` and ``detail.backward``; once per class;
+      not pass; what it measured (check decides what it means): ``detail.twice``, what the
+      backward gave for twice the ``grad_output`` (``double``; the ``same``; ``other``); where
+      it doubles, ``detail.elements`` compared with a finite difference, ``detail.off`` of them
+      different, the worst one's ``detail.numeric`` and ``detail.backward``, ``detail.ratio``
+      where the backward is the finite difference times one factor, ``detail.identity`` (the
+      forward returned its input unchanged) and ``detail.flat`` (the forward is flat where they
+      differ); once per class;
     * ``nonfinite-inputs``: the first call of recorded step ``step`` whose outputs held
       NaN/Inf, ``fqn``, got them in its inputs too: ``detail.inputs``, [input index, nan, inf]
       each (args then kwargs; an input the call changed in place is not judged); the NaN/Inf was

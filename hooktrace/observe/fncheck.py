@@ -9,10 +9,11 @@ What it measures, for one random ``grad_output`` v (a private generator's):
   central finite difference of ``<v, forward(x)>``, only where the forward is smooth (its two
   one-sided slopes agree: a kink, such as ReLU's at an exact 0, is skipped).
 
-What a disagreement means depends on the forward: one that returns an input unchanged exists
-to alter the gradient (a gradient reversal or multiplier: a ``modifier``), one flat where they
-disagree is a surrogate (a straight-through estimator's ``round``); otherwise the backward is
-wrong (``scaled`` when it is the true gradient times a constant, ``mismatch`` else). Every
+It records what it measured, never what that means (``check/custom.py`` decides): what
+``backward(2v)`` gave (``twice``: ``double``, the ``same``, or ``other``), the elements
+compared and how many disagree, the worst one's two values, the ratio of the backward to the
+finite difference where one ratio holds at every element, whether the forward returned its
+input unchanged (``identity``) and whether it is flat where they disagree (``flat``). Every
 forward runs with the global generators seeded alike inside ``fork_rng`` (their state comes
 back as it was), under ``no_grad``; the backward on the copies' own small graph.
 """
@@ -32,9 +33,9 @@ ATOL = 1e-6  # ... plus this share of the largest value compared
 
 
 def check_function(cls: Any, args: tuple[Any, ...]) -> dict[str, Any] | None:
-    """The verdict on ``cls``'s backward at ``args`` (``Function.apply``'s), or None when
-    it is not checked (no input needs a gradient, too large or slow, not deterministic, not
-    differentiable in double precision) or agrees."""
+    """What the check of ``cls``'s backward at ``args`` (``Function.apply``'s) measured, or
+    None when it is not checked (no input needs a gradient, too large or slow, not
+    deterministic, not differentiable in double precision) or agrees."""
     wanted = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)
               and a.requires_grad and a.is_floating_point()]
     size = sum(a.numel() for a in args if isinstance(a, torch.Tensor))
@@ -108,13 +109,13 @@ def _check(cls: Any, args: tuple[Any, ...], wanted: list[int]) -> dict[str, Any]
     scale = max([float(b.abs().max()) for b in once if b.numel()] + [0.0])
     if not all(torch.allclose(b2, 2 * b1, rtol=1e-6, atol=1e-9 * scale)
                for b1, b2 in zip(once, twice, strict=True)):
-        ignores = all(torch.allclose(b2, b1, rtol=1e-6, atol=1e-9 * scale)
-                      for b1, b2 in zip(once, twice, strict=True)) and scale > 0
-        return {"verdict": "ignores-grad" if ignores else "nonlinear"}
+        same = all(torch.allclose(b2, b1, rtol=1e-6, atol=1e-9 * scale)
+                   for b1, b2 in zip(once, twice, strict=True)) and scale > 0
+        return {"twice": "same" if same else "other"}
     numeric, backward, identity = _compare(cls, base, wanted, once, v, gen)
     if not numeric:
         return None
-    return _verdict(numeric, backward, identity)
+    return _measured(numeric, backward, identity)
 
 
 def _backward(cls: Any, args: tuple[Any, ...], wanted: list[int], v: list[torch.Tensor]
@@ -177,8 +178,10 @@ def _returns(x: torch.Tensor, y0: list[torch.Tensor]) -> bool:
     return any(x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y) for y in y0)
 
 
-def _verdict(numeric: list[float], backward: list[float], identity: bool
-             ) -> dict[str, Any] | None:
+def _measured(numeric: list[float], backward: list[float], identity: bool
+              ) -> dict[str, Any] | None:
+    """Where the backward's values and the finite differences disagree: how many, the worst,
+    their ratio where one holds at every element, and whether the forward is flat there."""
     largest = max(map(abs, numeric + backward))
     atol = ATOL * largest + 1e-12
     off = [i for i, (n, b) in enumerate(zip(numeric, backward, strict=True))
@@ -189,19 +192,11 @@ def _verdict(numeric: list[float], backward: list[float], identity: bool
     norm = sum(n * n for n in numeric)
     ratio = dot / norm if norm > atol * atol else 0.0
     worst = max(off, key=lambda i: abs(numeric[i] - backward[i]))
-    detail = {"elements": len(numeric), "off": len(off), "numeric": numeric[worst],
-              "backward": backward[worst]}
-    proportional = norm > atol * atol and all(
-        abs(b - ratio * n) <= RTOL * abs(ratio * n) + atol
-        for n, b in zip(numeric, backward, strict=True))
-    if proportional:
-        detail["ratio"] = ratio
-    if identity:
-        verdict = "modifier"
-    elif all(abs(numeric[i]) <= atol for i in off):
-        verdict = "surrogate"  # flat where they differ: a straight-through estimator
-    elif proportional:
-        verdict = "reversed" if ratio < 0 else "scaled"
-    else:
-        verdict = "mismatch"
-    return {"verdict": verdict, **detail}
+    found: dict[str, Any] = {
+        "twice": "double", "elements": len(numeric), "off": len(off),
+        "numeric": numeric[worst], "backward": backward[worst], "identity": identity,
+        "flat": all(abs(numeric[i]) <= atol for i in off)}
+    if norm > atol * atol and all(abs(b - ratio * n) <= RTOL * abs(ratio * n) + atol
+                                  for n, b in zip(numeric, backward, strict=True)):
+        found["ratio"] = ratio
+    return found

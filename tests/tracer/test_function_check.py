@@ -17,6 +17,7 @@ from torch.autograd import Function
 from torch.nn import functional as F
 
 import hooktrace
+from hooktrace.check import custom
 from hooktrace.log import schema
 from hooktrace.observe import fncheck
 
@@ -42,8 +43,10 @@ def _input(nonnegative: bool = False) -> torch.Tensor:
     (cases.RoundSTE, (), "surrogate"),
 ])
 def test_the_verdicts(fn: Any, args: tuple[Any, ...], verdict: str | None) -> None:
+    """The tracer measures; check's ``custom.verdict`` says what the measurements mean."""
     found = fncheck.check_function(fn, (_input(), *args))
-    assert (found or {}).get("verdict") == verdict
+    assert (None if found is None else custom.verdict(found)) == verdict
+    assert found is None or "verdict" not in found
 
 
 def test_a_kink_the_inputs_sit_on_is_skipped() -> None:
@@ -52,8 +55,8 @@ def test_a_kink_the_inputs_sit_on_is_skipped() -> None:
     backward's 0.1. Those elements are left out, the others agree; and a leaky ReLU on inputs
     it leaves unchanged is not an identity (a gradient modifier)."""
     assert fncheck.check_function(cases.LeakyReLU, (_input(nonnegative=True),)) is None
-    assert (fncheck.check_function(cases.SigmoidWrong, (_input(nonnegative=True),)) or {}).get(
-        "verdict") == "mismatch"
+    found = fncheck.check_function(cases.SigmoidWrong, (_input(nonnegative=True),))
+    assert found is not None and custom.verdict(found) == "mismatch"
 
 
 def test_the_check_leaves_the_inputs_and_the_random_numbers_alone() -> None:
@@ -121,7 +124,7 @@ def test_tracing_with_the_check_changes_nothing(tmp_path: Path) -> None:
     signals = [r for r in read_log(log) if isinstance(r, schema.Signal)
                and r.kind == "function-backward"]
     # the noise layer is right (its draws are the same in every run of the check)
-    assert [(s.detail["function"], s.detail["verdict"]) for s in signals] == [
+    assert [(s.detail["function"], custom.verdict(s.detail)) for s in signals] == [
         ("MulConstantWrong", "scaled")]
 
 

@@ -28,24 +28,29 @@ def test_growing_hooks_of_one_kind_and_step_are_one_finding(tmp_path: Path) -> N
     assert "register_forward_hook once, before the loop" in forward.hint
 
 
-def function(verdict: str, **detail: object) -> object:
+def function(**detail: object) -> object:
     return signal("function-backward", 0, "act", function="Mine", file="net.py", line=12,
-                  verdict=verdict, **detail)
+                  **detail)
 
 
+OFF = {"twice": "double", "elements": 4, "off": 4, "identity": False, "flat": False}
+
+
+# the log holds what the tracer measured; check decides what it means
 @pytest.mark.parametrize(("verdict", "detail", "severity", "says"), [
-    ("ignores-grad", {}, "warning", "whatever grad_output it gets"),
-    ("scaled", {"ratio": 100.0, "elements": 4, "off": 4}, "warning", "gives 100 times"),
-    ("mismatch", {"elements": 4, "off": 3, "numeric": 0.25, "backward": 0.5}, "warning",
+    ("ignores-grad", {"twice": "same"}, "warning", "whatever grad_output it gets"),
+    ("scaled", {**OFF, "ratio": 100.0}, "warning", "gives 100 times"),
+    ("mismatch", {**OFF, "off": 3, "numeric": 0.25, "backward": 0.5}, "warning",
      "at 3 of 4 elements compared (worst: 0.5 where the forward's slope is 0.25)"),
-    ("reversed", {"ratio": -2.0, "elements": 4, "off": 4}, "warning", "sign flipped"),
-    ("modifier", {"ratio": -1.0, "elements": 4, "off": 4}, "note", "multiplies it by -1"),
-    ("surrogate", {"elements": 4, "off": 4}, "note", "straight-through estimator"),
-    ("nonlinear", {}, "note", "not linear in grad_output"),
+    ("reversed", {**OFF, "ratio": -2.0}, "warning", "sign flipped"),
+    ("modifier", {**OFF, "ratio": -1.0, "identity": True}, "note", "multiplies it by -1"),
+    ("modifier", {**OFF, "identity": True}, "note", "not by one factor"),
+    ("surrogate", {**OFF, "flat": True}, "note", "straight-through estimator"),
+    ("nonlinear", {"twice": "other"}, "note", "not linear in grad_output"),
 ])
 def test_a_function_s_backward(tmp_path: Path, verdict: str, detail: dict[str, object],
                                severity: str, says: str) -> None:
-    path = write_log(tmp_path / "log.jsonl", healthy(), signals=[function(verdict, **detail)])
+    path = write_log(tmp_path / "log.jsonl", healthy(), signals=[function(**detail)])
     (f,) = findings(path)
     assert (f.cause, f.severity, f.module, f.step) == ("function-backward", severity, "act", 0)
     assert f.message.startswith("the autograd.Function Mine (net.py:12), used in act (ReLU): "

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from hooktrace.check.checklog import check_collected, run_checks
+from hooktrace.check.checks import DETECTORS, SETTLE
 from hooktrace.check.collect import Collector, collect
-from hooktrace.check.detectors import DETECTORS
 from hooktrace.check.findings import WARNING, Finding
 from hooktrace.check.report import to_json
 from hooktrace.check.signals import FINDINGS_OF_SIGNAL
@@ -49,6 +49,7 @@ def test_a_finding_is_not_changed_once_made() -> None:
 
 def test_each_detector_and_each_signal_kind_has_one_entry() -> None:
     names = [name for name, _ in DETECTORS]
+    assert len(SETTLE) == len({name for name, _ in SETTLE})
     assert len(names) == len(set(names))
     assert "optimizers" in FINDINGS_OF_SIGNAL and "loss-share" not in FINDINGS_OF_SIGNAL
 

@@ -3,7 +3,8 @@ cause reads first, in the text report and in ``--json`` alike (one rank's log or
 
 from __future__ import annotations
 
-from hooktrace.check.findings import ERROR, Finding, after_causes
+from hooktrace.check.checks import after_causes
+from hooktrace.check.findings import ERROR, Finding
 
 
 def finding(kind: str, model: str = "model", **evidence: str) -> Finding:
