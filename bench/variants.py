@@ -199,14 +199,13 @@ OBSERVERS = (
     ("parameter ledger", ("ParamLedger",)),
     ("diagnosis", ("Diagnosis", "Optimizers")),
     ("watch", ("Watch",)),
-    ("loss graph", ("LossGraph",)),
+    ("loss", ("LossObserver",)),
     ("gradient zeros", ("GradZeros",)),
-    ("loss scale", ("LossScale",)),
     ("op zoom", ("OpsObserver",)),  # what choosing modules to zoom into costs, zooming none
     ("hooks and custom Functions", ("HookCount", "FunctionCheck")),
     ("every observer", ("LogRecorder", "ParamNorms", "ParamLedger", "Diagnosis", "Optimizers",
-                        "Watch", "LossGraph", "GradZeros", "LossScale", "OpsObserver",
-                        "HookCount", "FunctionCheck")),
+                        "Watch", "LossObserver", "GradZeros", "OpsObserver", "HookCount",
+                        "FunctionCheck")),
 )
 
 

@@ -156,9 +156,7 @@ def render_command(logs: tuple[Path, ...], rank: int | None, output: Path | None
     options = RenderOptions(step=step, model=model, depth=depth, phase=phase,
                             findings=not no_findings, every_call=every_call, ops=ops)
     written = write_picture(pick_rank(logs, rank), output, fmt, options)
-    for warning in written.picture.warnings:
-        click.echo(f"hooktrace: warning: {warning}", err=True)
-    click.echo(f"hooktrace: {written.summary()}", err=True)
+    _say(written.picture.warnings, written.summary())
     if elsewhere := written.picture.elsewhere:
         steps = ", ".join(map(str, elsewhere))
         click.echo(f"hooktrace: check finds problems in other steps ({steps}): "
@@ -199,8 +197,7 @@ def show_command(log: Path, step: int | None, phase: str, model: str | None, mod
         shown = show_edges(log, step, phase, model, depth, limit)
     else:
         shown = show_step(log, step, None if phase == "both" else phase, model, limit, module)
-    for warning in shown.warnings:
-        click.echo(f"hooktrace: warning: {warning}", err=True)
+    _say(shown.warnings)
     click.echo(shown.text, nl=False)
 
 
@@ -274,9 +271,7 @@ def export_command(logs: tuple[Path, ...], fmt: str | None, output: str | None) 
 
     stream = sys.stdout if output == "-" else None
     written = write_rows(logs, fmt, None if stream else output, stream)
-    for warning in written.warnings:
-        click.echo(f"hooktrace: warning: {warning}", err=True)
-    click.echo(f"hooktrace: {written.summary()}", err=True)
+    _say(written.warnings, written.summary())
 
 
 @cli.command("view")
@@ -305,9 +300,15 @@ def view_command(logs: tuple[Path, ...], output: Path | None, fmt: str | None, v
     from hooktrace.show.view import write_view
 
     written = write_view(logs, output, fmt, values, rank, every_call)
-    for warning in written.warnings:
+    _say(written.warnings, written.summary())
+
+
+def _say(warnings: list[str], summary: str | None = None) -> None:
+    """A command's warnings, then what it wrote, on stderr (its output may be stdout)."""
+    for warning in warnings:
         click.echo(f"hooktrace: warning: {warning}", err=True)
-    click.echo(f"hooktrace: {written.summary()}", err=True)
+    if summary is not None:
+        click.echo(f"hooktrace: {summary}", err=True)
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """The hook core: follows the three moments of a training step (every module call, forward
-and backward; the end of a backward pass; an optimizer step, ``stepping``) and hands each to
-observers, in order, as an immutable record (``records.Observer``).
+and backward; the end of a backward pass, ``passes``; an optimizer step, ``stepping``) and
+hands each to observers, in order, as an immutable record (``records.Observer``).
 
 Technique (PyTorch's ModuleTracker's, docs/architecture.md): global forward pre/post hooks; for
 the backward, gradient hooks (``gradhooks``) on the nodes that made a call's output tensors (its
@@ -18,9 +18,7 @@ the program goes on (``--strict``: write errors raise).
 
 from __future__ import annotations
 
-import itertools
 import os
-import sys
 import threading
 import weakref
 from bdb import BdbQuit
@@ -32,20 +30,15 @@ import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
-from hooktrace.hooks.dataflow import DataFlow
-from hooktrace.hooks.gradhooks import GradHooks
 from hooktrace.hooks.naming import ModInfo, Naming
 from hooktrace.hooks.opzoom import OpZoom
+from hooktrace.hooks.passes import OFF, RECORDED, WATCHED, CallHandle, Passes
 from hooktrace.hooks.records import (
-    BackwardStart,
-    ForwardCall,
     ForwardEnd,
     ForwardStart,
     Mode,
     Observer,
-    PassEnd,
     per_mode,
-    step_mode,
     wanting,
 )
 from hooktrace.hooks.stepping import StepHooks
@@ -56,38 +49,15 @@ from hooktrace.log.options import TraceOptions
 _is_compiling = torch.compiler.is_compiling
 _graph_task = torch._C._current_graph_task_id
 _version = attrgetter("_version")
-OFF, WATCHED, RECORDED = Mode.OFF, Mode.WATCHED, Mode.RECORDED
 _NO_LEAVES: tuple[list[torch.Tensor], int] = ([], 0)  # never appended to
 _NO_SUMMARY: tuple[tuple[tuple[int, ...], ...], tuple[str, ...]] = ((), ())
-
-
-class _Call:
-    """The core's own handle on one call, what its gradient hooks carry: its ``ForwardCall``'s
-    fields once it returned. Flat fields, not the record: this lives as long as the autograd
-    graph (often into the next step), and every object that does costs the garbage collector
-    (the record is made again, equal, when the backward begins)."""
-
-    __slots__ = ("step", "seq", "info", "index", "recompute", "n_in", "n_out")
-    seq: int
-    index: int
-    recompute: bool
-    n_in: int
-    n_out: int
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-        self.info: ModInfo | None = None  # the other fields are set when the forward returns
-
-    def record(self) -> ForwardCall:
-        assert self.info is not None
-        return ForwardCall(self.seq, self.step, self.info, self.index, self.recompute,
-                           self.n_in, self.n_out)
 
 
 class _Local(threading.local):
     def __init__(self) -> None:
         # module calls running in this thread: (module, info, start or None, call or None, grad)
-        self.stack: list[tuple[nn.Module, ModInfo, ForwardStart | None, _Call | None, bool]] = []
+        self.stack: list[tuple[nn.Module, ModInfo, ForwardStart | None, CallHandle | None,
+                               bool]] = []
 
 
 _live: weakref.WeakSet[CallTracker] = weakref.WeakSet()
@@ -101,33 +71,19 @@ def _stop_in_forked_child() -> None:
 os.register_at_fork(after_in_child=_stop_in_forked_child)
 
 
-class CallTracker:
+class CallTracker(Passes):
     """Follows the module calls of every model (or of the ones ``naming`` is scoped to), the
-    ends of backward passes and the optimizers' steps."""
+    ends of backward passes (``Passes``) and the optimizers' steps."""
 
     def __init__(self, options: TraceOptions) -> None:
-        self._options = options
+        super().__init__(options)
         self._local = _Local()
         self._handles: list[Any] = []
-        self._grads = GradHooks(self._on_grad, self._end_pass, self.fail)
-        self._flow = DataFlow(self._grads)  # which calls made each input, in recorded steps
-        self.active = False
-        self.step = 0
-        self.mode = step_mode(0, options, False)
-        self.events = 0  # recorded forward ends and backward starts
-        self.dropped = 0  # calls past --max-events
-        self.error: str | None = None
-        self._seq = itertools.count(1)
-        # calls of each module in this step, and of recomputations (activation checkpointing)
-        self._calls: dict[ModInfo, int] = {}
-        self._recomputed: dict[ModInfo, int] = {}
         self._seen: set[ModInfo] = set()
-        self._backwards: dict[_Call, BackwardStart] = {}  # the calls whose backward this pass began
         # the modes whose every call's backward is followed; a watched step, its model calls'
         # only (their backward's start and gradient, the pass's end), unless --break-on nan
         every_backward = {RECORDED, WATCHED} if options.break_on_nan else {RECORDED}
         self._every_backward = [mode in every_backward for mode in Mode]  # indexed by mode
-        self._max_events = options.max_events
         self._naming: Naming | None = None
         self._observers: list[Observer] = []
         self.zoom = OpZoom(self.fail)  # the op-level zoom into chosen calls: zooms none until told
@@ -171,32 +127,6 @@ class CallTracker:
         self._handles.clear()
         self._grads.remove_leaf_hooks()
 
-    def fail(self, error: BaseException) -> None:
-        """Stop tracing, say why once; the program goes on (with --strict, a failed log write
-        is raised into it instead)."""
-        first = self.error is None
-        self.active = self._grads.active = self.zoom.active = False  # (zoom: until its call ends)
-        if isinstance(error, LogWriteError):
-            if first:
-                self.error = str(error)
-                print(f"hooktrace: {error}; tracing stopped (your script goes on)", file=sys.stderr)
-            if self._options.strict:
-                raise error
-            return
-        if first:
-            self.error = f"{type(error).__name__}: {error}"
-            print(f"hooktrace: internal error, tracing stopped (your script goes on): "
-                  f"{self.error}", file=sys.stderr)
-
-    def _refuse_event(self) -> bool:
-        """Past --max-events (called only there): the rest of the run is not recorded."""
-        if self.dropped == 0:
-            print(f"hooktrace: --max-events {self._options.max_events} reached at step "
-                  f"{self.step}; recording stopped, the log stays valid", file=sys.stderr)
-        self.dropped += 1
-        self.mode = step_mode(self.step, self._options, True)
-        return True
-
     # -- forward ---------------------------------------------------------------------------
     def _pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         if _is_compiling() or not self.active:  # inside torch.compile: stay out of the graph
@@ -232,11 +162,11 @@ class CallTracker:
         return None
 
     def _start_forward(self, module: nn.Module, info: ModInfo, mode: Mode, grad: bool,
-                       args: tuple[Any, ...]) -> tuple[ForwardStart, _Call]:
+                       args: tuple[Any, ...]) -> tuple[ForwardStart, CallHandle]:
         # inputs where each call's backward is followed (recorded; watched with --break-on nan)
         each = self._every_backward[mode]
         inputs, seen = leaves(args) if each else _NO_LEAVES
-        call = _Call(self.step)
+        call = CallHandle(self.step)
         if mode is RECORDED:
             start = ForwardStart(module, info, self.step, mode, grad, inputs, seen - len(inputs),
                                  summarize(inputs), tuple(map(_version, inputs)) if grad else (),
@@ -281,7 +211,7 @@ class CallTracker:
         except Exception as e:
             self.fail(e)
 
-    def _end_forward(self, start: ForwardStart, call: _Call, args: tuple[Any, ...],
+    def _end_forward(self, start: ForwardStart, call: CallHandle, args: tuple[Any, ...],
                      kwargs: dict[str, Any], output: Any, top: bool) -> None:
         info = start.info
         kw_inputs, kw_seen = (leaves(kwargs) if kwargs and self._every_backward[start.mode]
@@ -324,77 +254,7 @@ class CallTracker:
                 if t.requires_grad:
                     attach(t, call, i)
 
-    # -- backward --------------------------------------------------------------------------
-    def _on_grad(self, call: _Call, index: int, grad: torch.Tensor) -> None:
-        start = self._backwards.get(call)
-        if index < 0:
-            if start is not None:
-                for grad_input in self._to_grad_input[start.mode]:
-                    grad_input(start, ~index, grad)
-            return
-        if start is None:  # first gradient of this pass
-            start = self._start_backward(call)
-            if start is None:
-                return
-        for grad_output in self._to_grad_output[start.mode]:
-            grad_output(start, index, grad)
-
-    def _start_backward(self, call: _Call) -> BackwardStart | None:
-        if call.info is None:  # its forward has not returned
-            return None
-        mode = self.mode
-        if mode is RECORDED:
-            if self.events < self._max_events:
-                self.events += 1
-            elif self._refuse_event():
-                return None
-            seq = next(self._seq)
-        elif mode is WATCHED:
-            seq = 0  # a watched step writes no event
-            if self.dropped and call.seq >= 0:
-                self.dropped += 1  # the cap came after its forward event: this one is dropped
-        else:
-            return None
-        start = self._backwards[call] = BackwardStart(call.record(), seq, self.step, mode)
-        for backward_start in self._to_backward_start[mode]:
-            backward_start(start)
-        return start
-
-    def backward_returned(self, step: int) -> None:
-        """The outermost ``backward()`` returned with no pass ended since ``step`` began: no
-        module hook saw it (compiled code). A watched step still ends, counted and judged."""
-        if self.step == step and self.mode is WATCHED and self.active and not self._backwards:
-            self._end_pass()  # raises as at a pass's end: --strict, --break-on nan
-
-    def _end_pass(self) -> None:
-        called = tuple({**self._calls, **self._recomputed})  # in the order they first returned
-        reached = tuple({start.call.info: None for start in self._backwards.values()})
-        self._backwards.clear()
-        end = PassEnd(self.step, self.mode, called, reached)
-        for backward_end in self._to_backward_end:
-            try:
-                backward_end(end)
-            except (LogWriteError, NonFiniteError):
-                raise  # a log that cannot be written: the step is not over
-            except Exception as e:  # the other observers still finish the step
-                self.fail(e)
-        self.step += 1
-        # a graph may be backpropagated again (retain_graph, a gradient penalty): keep the
-        # previous step's calls listening on leaf inputs, forget older ones
-        self._grads.prune_leaf_hooks(lambda call: call.step >= self.step - 1)
-        self._calls.clear()
-        self._recomputed.clear()
-        self._flow.clear()
-        self.mode = step_mode(self.step, self._options, self.dropped > 0)
-        last = self._options.steps.last
-        if last is not None and self.step > last and self.mode is OFF:
-            self._remove_hooks()  # nothing more to record: the rest of the run pays nothing
-
     _to_module_seen: list[Callable[[nn.Module, ModInfo], None]]
     _to_model_call: list[Callable[[nn.Module, ModInfo, int], None]]
     _to_forward_start: list[list[Callable[[ForwardStart], None]]]
     _to_forward_end: list[list[Callable[[ForwardEnd], None]]]
-    _to_backward_start: list[list[Callable[[BackwardStart], None]]]
-    _to_grad_output: list[list[Callable[[BackwardStart, int, torch.Tensor], None]]]
-    _to_grad_input: list[list[Callable[[BackwardStart, int, torch.Tensor], None]]]
-    _to_backward_end: list[Callable[[PassEnd], None]]

@@ -45,7 +45,6 @@ import sys
 import weakref
 from collections.abc import Sequence
 from operator import attrgetter
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -53,6 +52,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hooktrace.hooks.gradhooks import GradHooks
+from hooktrace.hooks.sites import OURS, TORCH
 
 #: autograd nodes looked at per tensor. Measured (docs/performance.md): every input of
 #: resnet18's and a TransformerEncoder's calls is found within 3, of a ViT's within 8
@@ -66,8 +66,6 @@ _Found = tuple[Producers, Outs]
 _Flow = tuple[tuple[Producers, ...], Producers, tuple[Outs, ...], tuple[Producers, ...], bool]
 _NONE: _Found = ((), ())
 _Stored = tuple[weakref.ref[torch.Tensor], _Found]  # an output held weakly, who made it
-_OURS = str(Path(__file__).parent.parent)  # hooktrace's own code: its operations are not followed
-_TORCH = str(Path(torch.__file__).parent)
 _grad_enabled = torch.is_grad_enabled
 
 
@@ -377,7 +375,7 @@ def _ours(frame: FrameType | None) -> bool:
     """Whether the code that ran an operation is hooktrace's: the first frame that is neither
     torch's nor a function mode's handler passing the operation on (the op zoom's, the loss
     window's)."""
-    while frame is not None and (frame.f_code.co_filename.startswith(_TORCH)
+    while frame is not None and (frame.f_code.co_filename.startswith(TORCH)
                                  or frame.f_code.co_name == "__torch_function__"):
         frame = frame.f_back
-    return frame is not None and frame.f_code.co_filename.startswith(_OURS)
+    return frame is not None and frame.f_code.co_filename.startswith(OURS)

@@ -22,10 +22,8 @@ from __future__ import annotations
 import functools
 import linecache
 import sys
-import sysconfig
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
@@ -33,7 +31,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from hooktrace.hooks.naming import ModInfo
-from hooktrace.hooks.sites import shown
+from hooktrace.hooks.sites import NOT_USERS, OURS, shown
 from hooktrace.hooks.tensors import dtype_name, leaves, shape_of
 from hooktrace.log.ops import LEAVING, Op
 
@@ -42,9 +40,6 @@ MAX_OPS = 256
 MAX_CALLS = 256
 _CODE_CHARS = 120
 
-_OURS = str(Path(__file__).parent.parent)  # hooktrace's own code: its operations are not the user's
-_SKIP = (str(Path(torch.__file__).parent), "<frozen ", *sorted({
-    sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib")}))
 _INPLACE_DUNDERS = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__",
                               "__ifloordiv__", "__imod__", "__ipow__", "__iand__", "__ior__",
                               "__ixor__", "__ilshift__", "__irshift__", "__imatmul__"})
@@ -259,7 +254,7 @@ class OpZoom(TorchFunctionMode):
         out = func(*args, **kwargs) if kwargs else func(*args)
         zoomed = self._top
         if zoomed is not None and self.active and \
-                not sys._getframe(1).f_code.co_filename.startswith(_OURS):  # the hooks' own
+                not sys._getframe(1).f_code.co_filename.startswith(OURS):  # the hooks' own
             try:
                 self._record(zoomed, func, args, kwargs, out)
             except Exception as e:
@@ -350,10 +345,10 @@ class OpZoom(TorchFunctionMode):
         and its text. ``ours``: None when hooktrace's own code is met first."""
         while frame is not None:
             file = frame.f_code.co_filename
-            if file.startswith(_OURS):
+            if file.startswith(OURS):
                 if ours:
                     return None
-            elif not file.startswith(_SKIP):
+            elif not file.startswith(NOT_USERS):
                 key = (frame.f_code, frame.f_lineno)
                 site = self._sites.get(key)
                 if site is None:

@@ -155,22 +155,11 @@ class TraceOptions:
         """The filters in force, for the log header (absent = everything recorded)."""
         out: dict[str, Any] = {"max_events": self.max_events, "stats": self.stats,
                                "watch": self.watch and self.stats}
-        if self.include:
-            out["include"] = list(self.include)
-        if self.exclude:
-            out["exclude"] = list(self.exclude)
-        if self.break_on_nan:
-            out["break_on"] = "nan"
-        if self.capture:
-            out["capture"] = list(self.capture)
-        if self.ops:
-            out["ops"] = list(self.ops)
-        if self.probe:
-            out["probe"] = True
-        if self.run:
-            out["run"] = self.run
-        if self.steps.text:
-            out["steps"] = self.steps.text
+        more = {"include": list(self.include), "exclude": list(self.exclude),
+                "break_on": "nan" if self.break_on_nan else None, "capture": list(self.capture),
+                "ops": list(self.ops), "probe": self.probe, "run": self.run,
+                "steps": self.steps.text}
+        out.update((key, value) for key, value in more.items() if value)  # none at its default
         return out
 
 

@@ -72,12 +72,7 @@ class Watch(Observer):
         # modules with parameters called with gradients on in this step: their first call
         self._called: dict[ModInfo, ForwardCall] = {}
         self._states: dict[ModInfo, _GradState] = {}  # as the last step that judged them left
-        self._had_grad: set[ModInfo] = set()  # modules that received gradient at some step
-        # the last step each module received gradient in, and the most steps between two (1
-        # where not kept; recorded steps too): a module trained in turns misses it that long
-        # less one; one whose next gradient would come later than that has lost it
-        self._got_at: dict[ModInfo, int] = {}
-        self._gap: dict[ModInfo, int] = {}
+        self._gaps = Gaps()  # the steps each module went without gradient
         # modules with parameters called with gradients on in any step: judged in a compiled one
         self._known: dict[ModInfo, ForwardCall] = {}
         self._held: list[schema.Anomaly] = []  # of a compiled step, until an eager one names it
@@ -111,7 +106,7 @@ class Watch(Observer):
                 self._known[info] = ForwardCall(-1, end.step, info, 0, False, 0, 0)
         if end.mode is not WATCHED:
             if end.mode is Mode.RECORDED:
-                self._learn(end.reached, end.step)
+                self._gaps.learn(end.reached, end.step)
             return
         compiled = not end.called and bool(self._known)
         if compiled:
@@ -152,10 +147,10 @@ class Watch(Observer):
         nonfinite = self._nonfinite_backward(step, changed, norms)
         got = {info for info, _, _ in changed}
         trained = {info.model for info in got}
-        lost = [info for info in self._called if info not in got and info in self._had_grad
+        lost = [info for info in self._called if info not in got and info in self._gaps.had_grad
                 and info.model in trained and info not in self._looked]
         for info in got:
-            self._got(info, step)
+            self._gaps.got(info, step)
         self._model_grads.clear()
         self._called.clear()
         if self._nonfinite_held:
@@ -253,7 +248,7 @@ class Watch(Observer):
         nonfinite = self._nonfinite_backward(step, changed, norms)
         if nonfinite is not None:
             out.append(nonfinite)
-        out += self._lost_gradients(step, changed)
+        out += self._gaps.lost(step, changed, self._called)
         self._model_grads.clear()
         self._called.clear()
         return out
@@ -281,29 +276,41 @@ class Watch(Observer):
                                       {"produced": True, "parameter_grad_norm": str(norm)})
         return None
 
-    def _got(self, info: ModInfo, step: int) -> None:
+
+class Gaps:
+    """Which modules receive gradient, and the most steps each went without it: a module that
+    goes longer than that while the rest of its model trains has lost its gradient."""
+
+    def __init__(self) -> None:
+        self.had_grad: set[ModInfo] = set()  # modules that received gradient at some step
+        # the last step each module received gradient in, and the most steps between two (1
+        # where not kept; recorded steps too): a module trained in turns misses it that long
+        # less one; one whose next gradient would come later than that has lost it
+        self._got_at: dict[ModInfo, int] = {}
+        self._gap: dict[ModInfo, int] = {}
+
+    def got(self, info: ModInfo, step: int) -> None:
         last = self._got_at.get(info)
         if last is not None and step - last > self._gap.get(info, 1):
             self._gap[info] = step - last
         self._got_at[info] = step
-        self._had_grad.add(info)
+        self.had_grad.add(info)
 
-    def _learn(self, reached: tuple[ModInfo, ...], step: int) -> None:
-        """A recorded pass's modules with parameters whose backward began: ``_got`` for each,
+    def learn(self, reached: tuple[ModInfo, ...], step: int) -> None:
+        """A recorded pass's modules with parameters whose backward began: ``got`` for each,
         in C but for those whose last gradient was not in the pass before (a gap of one pass,
         the usual, is ``_gap``'s default)."""
         infos = list(compress(reached, map(_has_params, reached)))
         before = list(map(self._got_at.get, infos))
         self._got_at.update(zip(infos, repeat(step)))
-        self._had_grad.update(infos)
+        self.had_grad.update(infos)
         irregular = map(ne, before, repeat(step - 1))
         for info, last in compress(zip(infos, before, strict=True), irregular):
             if last is not None and step - last > self._gap.get(info, 1):
                 self._gap[info] = step - last
 
-    def _lost_gradients(self, step: int,
-                        changed: list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]]
-                        ) -> list[schema.Anomaly]:
+    def lost(self, step: int, changed: list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]],
+             called: dict[ModInfo, ForwardCall]) -> list[schema.Anomaly]:
         """Modules called with gradients on that got a gradient before and none in this step,
         while other modules of their model did (a model trained in turns, as a GAN's
         generator is, starves as a whole in the other model's steps: not a lost gradient),
@@ -313,13 +320,13 @@ class Watch(Observer):
         got = {info for info, _, _ in changed}
         trained = {info.model for info in got}
         out: list[schema.Anomaly] = []
-        for info, call in self._called.items():
+        for info, call in called.items():
             if info in got:
-                self._got(info, step)
-            elif (info in self._had_grad and info.model in trained
+                self.got(info, step)
+            elif (info in self.had_grad and info.model in trained
                   and step - self._got_at[info] >= self._gap.get(info, 1)
                   and _trainable(info)):
-                self._had_grad.discard(info)  # reported once, until it receives gradient again
+                self.had_grad.discard(info)  # reported once, until it receives gradient again
                 out.append(schema.Anomaly(step, info.model, info.fqn, AnomalyKind.NO_GRAD,
                                           call.call_index, {"had_gradient_before": True,
                                                             "last": self._got_at[info],

@@ -20,16 +20,20 @@ import orjson
 
 from hooktrace.log import schema
 from hooktrace.log.discovery import open_ranks
-from hooktrace.log.errors import HooktraceError
 from hooktrace.log.gradstat import norm
 from hooktrace.log.names import LogNames
 from hooktrace.log.options import TraceOptions
 from hooktrace.log.reader import LogReader
-from hooktrace.log.words import ROOT, fqn_text, plural
+from hooktrace.log.words import ROOT, fqn_text, plural, shape_text
 from hooktrace.show.calls import depth_of
-from hooktrace.show.output import cannot_write, choose_format, whole
-from hooktrace.show.owned import default_output
-from hooktrace.show.render.labels import shape_text
+from hooktrace.show.output import (
+    cannot_write,
+    choose_format,
+    default_output,
+    refuse_dir,
+    refuse_log,
+    whole,
+)
 
 FORMATS = ("csv", "jsonl")
 
@@ -234,12 +238,9 @@ def _output(logs: Sequence[Path], fmt: str | None, output: Path | None) -> tuple
     chosen = choose_format(fmt, output, FORMATS, "csv")
     path = output or logs[0].with_suffix(f".{chosen}")
     for log in logs:
-        if path.exists() and os.path.samefile(path, log):
-            raise HooktraceError(f"refusing to write the export over the log {log}; "
-                                 "give another output path")
+        refuse_log(path, log, "export")
     path = output or default_output(path, _exported)
-    if path.is_dir():
-        raise HooktraceError(f"{path} is a directory; give a file name for the export")
+    refuse_dir(path, "export")
     return chosen, path
 
 

@@ -239,14 +239,10 @@ def _shared_shapes(key: NodeKey, group: list[Call]) -> Sequence[schema.Shape]:
     return shapes[0] if shapes and all(s == shapes[0] for s in shapes) else []
 
 
-def _stats(e: schema.BackwardEvent | None) -> list[list[float] | None]:
-    if e is None:
-        return []
-    return [*(e.grad_output_stats or []), *(e.grad_input_stats or [])]
-
-
 def _nonfinite_grads(e: schema.BackwardEvent | None) -> bool:
-    return any(s is not None and not math.isfinite(s[0]) for s in _stats(e))
+    """A gradient reaching the call or passed back by it is NaN/Inf."""
+    return e is not None and not all(map(math.isfinite, [
+        *norms(e.grad_output_stats), *norms(e.grad_input_stats)]))
 
 
 def _largest_norm(e: schema.BackwardEvent | None) -> float | None:

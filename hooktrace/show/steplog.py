@@ -116,24 +116,6 @@ class StepChooser:
         return self.first_backward if self.first_backward is not None else min(self.steps)
 
 
-class StepsChooser(StepChooser):
-    """Keeps each of several given steps (the view page draws up to 20): one pass for all."""
-
-    def __init__(self, steps: Collection[int]) -> None:
-        super().__init__(None)
-        self.wanted = set(steps)
-
-    def may_draw(self, step: int) -> bool:
-        return step in self.wanted
-
-    def backward_of_earlier_call(self, fwd: int) -> None:
-        pass  # the steps are given
-
-    def target(self, step: int, backward: bool) -> list[StepEvent] | None:
-        self.steps.add(step)
-        return self.kept.setdefault(step, []) if step in self.wanted else None
-
-
 class FirstSteps(StepChooser):
     """Keeps the first ``count`` steps by number (those the view page draws), from every step
     read in full: a step smaller than the last of those kept takes its place, so that memory
@@ -278,13 +260,6 @@ def load_step(path: str | os.PathLike[str] | LogReader, step: int | None = None,
         raise SelectionError(f"no step {chosen} in {loaded.reader.path}; its steps: "
                              f"{ranges(sorted(loaded.chooser.steps))}")
     return _step_log(loaded, chosen, model, loaded.chooser.steps)
-
-
-def load_steps(path: str | os.PathLike[str], steps: Collection[int],
-               model: str | None = None) -> dict[int, StepLog]:
-    """``load_step`` of each of ``steps`` that the model ran, in one pass over the log."""
-    loaded = _load(LogReader(path), StepsChooser(steps), model)
-    return loaded.step_logs(model, loaded.chooser.steps)
 
 
 def _load(reader: LogReader, chooser: StepChooser, model: str | None,

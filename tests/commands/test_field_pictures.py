@@ -19,7 +19,7 @@ from helpers import Traced, hooktrace_cmd, names, read_log, run_findings
 from hooktrace.log import schema
 from hooktrace.log.reader import LogReader
 from hooktrace.show.graph import build
-from hooktrace.show.steplog import load_steps
+from hooktrace.show.steplog import load_step
 from hooktrace.show.view.data import gather
 from hooktrace.show.view.graphs import step_graphs
 
@@ -220,7 +220,7 @@ def test_view_leaves_out_a_deeper_drawing_too_big_to_lay_out(field: dict[str, Pa
     layout of about 20 s each step (the page took 54 s for 3 steps): the page offers none."""
     from hooktrace.show.view import graphs
 
-    loaded = load_steps(str(field["gru"]), [0])[0]
+    loaded = load_step(str(field["gru"]), 0)
     view = build(loaded)
     assert len(build(loaded, view.depth + 1).edges()) > getattr(graphs, "MAX_UNFOLD_EDGES", 500)
     drawn = step_graphs(gather(LogReader(field["gru"])), [])

@@ -26,13 +26,13 @@ from torch import nn
 import hooktrace
 from hooktrace.cli import cli
 from hooktrace.log import schema
+from hooktrace.log.words import printable
 from hooktrace.log.writer import LogWriter
 from hooktrace.show import steplog
 from hooktrace.show.graph import build
 from hooktrace.show.picture import View
 from hooktrace.show.render import picture, render, write_picture
 from hooktrace.show.render.dot import TIMES, node_state, norm_text
-from hooktrace.show.render.labels import printable
 
 ODD_NAMES = ['q"uote', "<lt>", "a&b", "{brace}", "p|ipe", "back\\slash", "new\nline", "end\\"]
 
@@ -691,11 +691,3 @@ def test_every_call_on_the_command_line(unrolled_log: Path, tmp_path: Path) -> N
         assert f"{nodes} modules" in result.stderr
 
 
-def test_load_steps_keeps_each_step_as_load_step_does(tmp_path: Path) -> None:
-    """The view page loads the steps it draws in one pass: the same as one load per step."""
-    events = [record for step in range(5) for record in chain_step(step, 10 * step + 1)]
-    log = write_log(tmp_path / "five.jsonl", events)
-    loaded = steplog.load_steps(log, [1, 3, 7])
-    assert sorted(loaded) == [1, 3]  # no step 7 in the log
-    for step, one in loaded.items():
-        assert one == steplog.load_step(log, step)

@@ -21,12 +21,11 @@ from urllib.parse import quote
 
 from hooktrace.check.findings import Finding, Thresholds
 from hooktrace.log.errors import HooktraceError
-from hooktrace.log.words import plural
+from hooktrace.log.words import plural, printable, shapes_text
 from hooktrace.show.graph import grad_output_norm
 from hooktrace.show.marks import Box
-from hooktrace.show.owned import MARK
+from hooktrace.show.output import MARK
 from hooktrace.show.picture import Cluster, Edge, Node, NodeKey, View
-from hooktrace.show.render.labels import printable, shapes_text
 from hooktrace.show.render.ops import inside_box
 
 FORWARD_COLOUR = "#303030"

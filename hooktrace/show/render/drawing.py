@@ -18,8 +18,7 @@ from hooktrace.log.reader import LogReader
 from hooktrace.log.words import plural
 from hooktrace.show.graph import build
 from hooktrace.show.marks import marks
-from hooktrace.show.output import choose_format, refuse_log, write_file
-from hooktrace.show.owned import default_output, mark
+from hooktrace.show.output import choose_format, default_output, mark, refuse_log, write_file
 from hooktrace.show.render import dot
 from hooktrace.show.steplog import StepLog, load_step
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import os
 
-from hooktrace.log.words import plural, ranges
+from hooktrace.log.words import module_text, plural, printable, ranges
 from hooktrace.show.graph import build
 from hooktrace.show.picture import Edge, NodeKey, View
 from hooktrace.show.render.dot import norm_text
-from hooktrace.show.render.labels import module_text, printable
 from hooktrace.show.render.text import Shown
 from hooktrace.show.steplog import load_step
 

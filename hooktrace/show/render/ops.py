@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from hooktrace.log import schema
 from hooktrace.log.gradstat import norms, worst
-from hooktrace.show.render.labels import module_text, printable, shapes_text
+from hooktrace.log.words import columns, module_text, printable, shapes_text
 
 MOST = 12  # operations drawn inside a box; the rest are counted
 
@@ -61,13 +61,8 @@ def block(records: Sequence[schema.Ops], classes: dict[tuple[int, str], str]) ->
     for record in records:
         rows = [[str(i), *row(op)] for i, op in enumerate(record.ops)]
         lines.append("  " + title(record, classes.get((record.model, record.fqn), "?")))
-        if not rows:
-            continue
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        for r in rows:
-            cells = [r[0].rjust(widths[0]), *(c.ljust(w) for c, w in zip(r[1:], widths[1:],
-                                                                        strict=True))]
-            lines.append(("    " + "  ".join(cells)).rstrip())
+        if rows:
+            lines += columns(rows, "    ")
     return lines
 
 

@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 from hooktrace.log import schema
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.options import selects
-from hooktrace.log.words import ROOT, plural, ranges
+from hooktrace.log.words import ROOT, columns, module_text, plural, printable, ranges, shapes_text
 from hooktrace.show.calls import depth_of
-from hooktrace.show.render.labels import module_text, printable, shapes_text
 from hooktrace.show.render.ops import block
 from hooktrace.show.steplog import StepEvent, StepLog, load_step
 
@@ -40,16 +39,6 @@ def _row(log: StepLog, e: StepEvent, several_models: bool) -> list[str]:
     return [str(e.seq), _phase(e), *model, str(e.call),
             "  " * depth_of(e.fqn) + module_text(e.fqn), printable(log.cls(e.model, e.fqn)),
             grads, shapes]
-
-
-def _columns(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = []
-    for r in rows:
-        cells = [r[0].rjust(widths[0])]
-        cells += [c.ljust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
-        lines.append("  ".join(cells).rstrip())
-    return lines
 
 
 def matches(fqn: str, cls: str, module: str | None) -> bool:
@@ -82,7 +71,7 @@ def table(log: StepLog, phase: str | None = None, limit: int = DEFAULT_LIMIT,
     title = ["seq", "phase", *(["model"] if several else []), "call", "fqn", "class",
              "grads out/in", "shapes"]
     shown = chosen if limit <= 0 else chosen[:limit]
-    lines = [head, "", *_columns([title, *(_row(log, e, several) for e in shown)])]
+    lines = [head, "", *columns([title, *(_row(log, e, several) for e in shown)])]
     if len(shown) < len(chosen):
         lines.append(f"... {plural(len(chosen) - len(shown), 'more event')}: --limit 0 shows all; "
                      "--phase, --model and --step narrow the view")

@@ -21,12 +21,11 @@ import orjson
 
 from hooktrace.check.findings import NOTE, Finding
 from hooktrace.log import schema
-from hooktrace.log.words import fqn_text, plural
+from hooktrace.log.words import fqn_text, plural, shapes_text
 from hooktrace.show.graph import build
 from hooktrace.show.marks import marks
 from hooktrace.show.picture import Node, View
 from hooktrace.show.render.dot import node_id, node_state, run_dot, to_dot
-from hooktrace.show.render.labels import shapes_text
 from hooktrace.show.render.ops import hover
 from hooktrace.show.steplog import SelectionError, StepLog
 from hooktrace.show.view.data import RunData

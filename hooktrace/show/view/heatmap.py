@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from hooktrace.check.findings import NOTE, Finding
 from hooktrace.log.words import ROOT, plural
 from hooktrace.show.calls import depth_of
-from hooktrace.show.owned import MARK
+from hooktrace.show.output import MARK
 from hooktrace.show.render.dot import norm_text
 from hooktrace.show.steplog import ModuleKey
 from hooktrace.show.view.data import Cell, RunData

@@ -21,8 +21,7 @@ from hooktrace.log.discovery import expand, open_ranks
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.reader import LogReader
 from hooktrace.log.words import fqn_text, plural
-from hooktrace.show.output import choose_format, write_file
-from hooktrace.show.owned import default_output, mark
+from hooktrace.show.output import choose_format, default_output, mark, write_file
 from hooktrace.show.render.dot import dot_missing, run_dot
 from hooktrace.show.view.data import MAX_GRAPH_STEPS, Gatherer, RunData, gather
 from hooktrace.show.view.graphs import step_graphs

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from hooktrace.cli import cli
-from hooktrace.show.owned import mark, marked
+from hooktrace.show.output import mark, marked
 from unit.logs import LOGS
 
 MINE = b"mine, by hand\n"

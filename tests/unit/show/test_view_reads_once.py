@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from hooktrace.log.reader import LogReader
-from hooktrace.show.steplog import FirstSteps, load_steps
+from hooktrace.show.steplog import FirstSteps, load_step
 from hooktrace.show.view import view_page
 from hooktrace.show.view.data import gather
 from unit.show.handlog import Builder, chain
@@ -49,12 +49,12 @@ def test_first_steps_keeps_the_smallest_whatever_the_order() -> None:
     assert chooser.may_draw(3) and chooser.may_draw(4) and not chooser.may_draw(6)
 
 
-def test_the_steps_kept_are_those_load_steps_reads(tmp_path: Path) -> None:
+def test_the_steps_kept_are_those_load_step_reads(tmp_path: Path) -> None:
     log = _log(tmp_path / "log.jsonl", [6, 2, 9, 0, 4, 1, 7])
     data = gather(LogReader(log), draw=3)
     kept = data.step_logs(None)
     assert sorted(kept) == [0, 1, 2]
-    assert repr(kept) == repr(load_steps(log, [0, 1, 2]))
+    assert repr(kept) == repr({step: load_step(log, step) for step in [0, 1, 2]})
 
 
 def test_the_page_reads_a_log_once(tmp_path: Path, scans: list[str]) -> None:
