@@ -17,14 +17,11 @@ from typing import Any, NamedTuple
 
 from hooktrace.log.fields import (
     NORM_TYPES,
+    NUMBER_TYPES,
     decode_number,
     decode_stats,
-    from_dict,
     get,
-    inputs_from,
-    plain_stats,
     shapes,
-    stats_ok,
     strs,
 )
 from hooktrace.log.schema import (
@@ -37,7 +34,9 @@ from hooktrace.log.schema import (
     Record,
     SchemaError,
     Shape,
+    from_dict,
 )
+from hooktrace.log.wire import inputs_from
 
 Signature = tuple[list[Any], list[str]]  # a tensors record: shapes of tensor leaves, dtypes
 StepFilter = Callable[[int], bool]  # whether the events of a step are wanted in full
@@ -110,6 +109,31 @@ _NO_FLOW: tuple[None, None, None, None] = (None, None, None, None)  # not read: 
 
 def _every_step(step: int) -> bool:
     return True
+
+
+def stats_ok(value: Any) -> bool:
+    if type(value) is not list:
+        return value is None
+    for stat in value:
+        # 4 numbers (NaN/Inf counts) take the careful path
+        if stat is not None and (type(stat) is not list or len(stat) != 2
+                                 or type(stat[0]) not in NUMBER_TYPES
+                                 or type(stat[1]) not in NUMBER_TYPES):
+            return False
+    return True
+
+
+def plain_stats(ins: Any, outs: Any) -> bool:
+    """``stats_ok`` of both, quick for the usual one statistic each."""
+    if ins is not None and outs is not None:
+        try:  # only a list holding a list of 2 numbers unpacks so: a str or dict holds str
+            ((a, b),), ((c, d),) = ins, outs
+        except (TypeError, ValueError):
+            return stats_ok(ins) and stats_ok(outs)
+        numbers = NUMBER_TYPES
+        return type(a) in numbers and type(b) in numbers and type(c) in numbers \
+            and type(d) in numbers
+    return stats_ok(ins) and stats_ok(outs)
 
 
 class Decoder:

@@ -24,7 +24,6 @@ from hooktrace.log.decoder import (
     StepFilter,
 )
 from hooktrace.log.errors import LogError
-from hooktrace.log.fields import from_dict
 
 MAX_LINE_BYTES = 16 * 1024 * 1024  # no record comes near this; a longer line is not a hooktrace log
 _BUFFER_BYTES = 1 << 20  # read in blocks this size
@@ -116,7 +115,7 @@ class LogReader:
                 "trace the run again"
             )
         try:
-            record = from_dict(d)
+            record = schema.from_dict(d)
         except schema.SchemaError as e:
             raise LogError(f"{self.path} line 1: {e}") from None
         assert isinstance(record, schema.Header)

@@ -11,18 +11,10 @@ from typing import Any
 import pytest
 
 from hooktrace.log import schema
-from hooktrace.log.fields import (
-    decode_number,
-    decode_stats,
-    from_dict,
-    get,
-    inputs_from,
-    plain_stats,
-    shapes,
-    stats_ok,
-    strs,
-)
-from hooktrace.log.schema import SchemaError
+from hooktrace.log.decoder import plain_stats, stats_ok
+from hooktrace.log.fields import decode_number, decode_stats, get, shapes, strs
+from hooktrace.log.schema import SchemaError, from_dict
+from hooktrace.log.wire import inputs_from
 
 RECORDS: list[Any] = [
     schema.Header(schema=schema.SCHEMA_VERSION, hooktrace="0.2.0", torch="2.x", python="3.x",

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from hooktrace.log import schema
 from hooktrace.log.decoder import Decoder
 from hooktrace.log.errors import LogError
-from hooktrace.log.fields import decode_number
+from hooktrace.log.fields import decode_number, encode_number
 from hooktrace.log.reader import LogReader
-from hooktrace.log.wire import Encoder, encode_number
+from hooktrace.log.wire import Encoder
 from hooktrace.log.writer import LogWriter
 
 FC = schema.Module(model=0, fqn="fc", cls="Linear", params=12, trainable=12)
