@@ -111,59 +111,15 @@ def strs(d: dict[str, Any], key: str) -> list[str]:
     return items(d, key, "list[str]")
 
 
-_SCALARS: dict[str, Any] = {"int": int, "str": str, "bool": bool, "float": (int, float),
-                            "dict[str, Any]": dict}
+def _scalar(kind: Any) -> Any:
+    return lambda d, key, default: get(d, key, kind, default)
 
 
-class _Field:
-    """How one field of a record sits on its line (``Fact``'s rules, for that field)."""
-
-    __slots__ = ("name", "key", "kind", "optional", "default", "omit_none", "omit_empty",
-                 "one_of")
-
-    def __init__(self, f: dataclasses.Field[Any], nulls: bool) -> None:
-        kind = str(f.type)
-        self.name, self.key, self.optional = f.name, KEYS.get(f.name, f.name), False
-        if kind.endswith(" | None"):
-            kind, self.optional = kind.removesuffix(" | None"), True
-        self.kind = kind
-        if f.default is not dataclasses.MISSING:
-            self.default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            self.default = f.default_factory()
-        else:
-            self.default = f.metadata.get("missing", ...)
-        self.omit_none = self.default is None and not nulls
-        self.omit_empty = f.metadata.get("omit_empty", False)
-        self.one_of = f.metadata.get("one_of")
-        if kind not in _SCALARS and kind not in _ITEMS and kind not in _NESTED:
-            raise TypeError(f"{f.name}: no reading for {kind}")
-
-    def write(self, value: Any) -> Any:
-        """The value as written; ``self`` where it is left out."""
-        if ((value is False or (self.omit_empty and not value))
-                or (value is None and self.omit_none)):
-            return self
-        if value is None:
-            return None
-        nested = _NESTED.get(self.kind)
-        return nested[0](value) if nested else value
-
-    def read(self, d: dict[str, Any], record: str) -> Any:
-        kind, key = self.kind, self.key
-        default = None if self.optional and self.default is ... else self.default
-        if kind in _SCALARS:
-            value = get(d, key, _SCALARS[kind], default)
-            if self.one_of is not None and value not in self.one_of:
-                raise SchemaError(f"unknown {record} {key} {value!r}")
-            return value
-        if kind in _NESTED:
-            return _NESTED[kind][1](d, key)
-        value = items(d, key, kind)
-        return value or None if self.default is None else value
+def _items(kind: str) -> Any:  # an empty list is the field's default (None where that is None)
+    return lambda d, key, default: items(d, key, kind) or default
 
 
-def _ops(d: dict[str, Any], key: str) -> list[Any]:
+def _ops(d: dict[str, Any], key: str, default: Any) -> list[Any]:
     from hooktrace.log.ops import Op
 
     found = get(d, key, list, [])
@@ -172,11 +128,36 @@ def _ops(d: dict[str, Any], key: str) -> list[Any]:
     return [Op.from_dict(op) for op in found]
 
 
-#: lists of values that are not JSON as they are: how each is written, and read
-_NESTED: dict[str, tuple[Any, Any]] = {
-    "list[GradStat | None]": (encode_stats, decode_stats),
-    "list[Op]": (lambda ops: [op.to_dict() for op in ops], _ops),
+#: how a field is read back, by its annotation (``X | None`` as ``X``): (d, key, default) -> value
+_READ: dict[str, Any] = {
+    "int": _scalar(int), "str": _scalar(str), "bool": _scalar(bool),
+    "float": _scalar((int, float)), "dict[str, Any]": _scalar(dict),
+    **{kind: _items(kind) for kind in _ITEMS},
+    "list[GradStat | None]": lambda d, key, default: decode_stats(d, key),
+    "list[Op]": _ops,
 }
+#: the values not written as they are
+_WRITE: dict[str, Any] = {"list[GradStat | None]": encode_stats,
+                          "list[Op]": lambda ops: [op.to_dict() for op in ops]}
+
+
+class _Field:
+    """How one field of a record sits on its line (``Fact``'s rules, for that field)."""
+
+    __slots__ = ("name", "key", "read", "write", "default", "factory", "omit_none",
+                 "omit_empty", "one_of")
+
+    def __init__(self, f: dataclasses.Field[Any], nulls: bool) -> None:
+        kind = str(f.type).removesuffix(" | None")
+        self.name, self.key = f.name, KEYS.get(f.name, f.name)
+        self.read, self.write = _READ[kind], _WRITE.get(kind)
+        missing = dataclasses.MISSING
+        self.default = f.metadata.get("missing", ...) if f.default is missing else f.default
+        self.factory = None if f.default_factory is missing else f.default_factory
+        self.omit_none = f.default is None and not nulls
+        self.omit_empty = f.metadata.get("omit_empty", False)
+        self.one_of = f.metadata.get("one_of")
+
 
 F = TypeVar("F", bound="Fact")
 _FIELDS: dict[type, tuple[_Field, ...]] = {}
@@ -211,26 +192,18 @@ class Fact:
 def encode(record: Fact) -> dict[str, Any]:
     d: dict[str, Any] = {"type": record.TYPE} if record.TYPE else {}
     for f in _fields(type(record)):
-        value = f.write(getattr(record, f.name))
-        if value is not f:
-            d[f.key] = value
+        value = getattr(record, f.name)
+        if value is False or (value is None and f.omit_none) or (f.omit_empty and not value):
+            continue
+        d[f.key] = f.write(value) if f.write is not None and value is not None else value
     return d
 
 
 def decode(cls: type[F], d: dict[str, Any]) -> F:
-    return cls(**{f.name: f.read(d, cls.TYPE) for f in _fields(cls)})
+    values = {}
+    for f in _fields(cls):
+        value = values[f.name] = f.read(d, f.key, f.default if f.factory is None else f.factory())
+        if f.one_of is not None and value not in f.one_of:
+            raise SchemaError(f"unknown {cls.TYPE} {f.key} {value!r}")
+    return cls(**values)
 
-
-def from_dict(d: Any, records: dict[str, type[Fact]]) -> Fact | None:
-    """The record of one parsed line (``records``: by their ``TYPE``); ``None`` for a record
-    type this version does not know, or a ``kind`` of one that is not among its ``KINDS`` (a
-    newer version's)."""
-    if not isinstance(d, dict):
-        raise SchemaError(f"a record must be a JSON object, not {type(d).__name__}")
-    cls = records.get(get(d, "type", str))
-    if cls is None:
-        return None
-    kinds = getattr(cls, "KINDS", None)
-    if kinds is not None and get(d, "kind", str) not in kinds:
-        return None
-    return cls.from_dict(d)

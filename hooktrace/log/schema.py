@@ -48,7 +48,6 @@ from typing import Any, ClassVar, Final, Union
 
 from hooktrace.log.errors import SchemaError as SchemaError
 from hooktrace.log.fields import OMIT_EMPTY, Fact, decode, encode, get
-from hooktrace.log.fields import from_dict as _from_dict
 from hooktrace.log.gradstat import GradStat as GradStat
 from hooktrace.log.ops import Op as Op
 from hooktrace.log.ops import Ops as Ops
@@ -362,4 +361,9 @@ def from_dict(d: Any) -> Record | None:
     """The record of one parsed line that is not an event; ``None`` for a record type this
     version does not know, or a ``kind`` not among its ``KINDS`` (a newer version's). Raises
     SchemaError when a known record lacks a key or holds a value of the wrong type."""
-    return _from_dict(d, RECORDS)  # type: ignore[return-value]
+    if not isinstance(d, dict):
+        raise SchemaError(f"a record must be a JSON object, not {type(d).__name__}")
+    cls: Any = RECORDS.get(get(d, "type", str))
+    if cls is None or (cls in (Anomaly, Signal) and get(d, "kind", str) not in cls.KINDS):
+        return None
+    return cls.from_dict(d)  # type: ignore[no-any-return]

@@ -4,23 +4,23 @@ Events name their module and their tensor signatures by id: a ``module`` record 
 ``id``) and a ``tensors`` record are written once, before the first line that uses them.
 ``hooktrace.log.decoder`` reads the form back. Standard library only.
 
-Each kind of line, where it is written and where it is read back (``D``: ``decoder.Decoder``,
-``F``: ``fields``); a change to one side is a change to the other, and ``tests/unit/log/
-test_wire.py`` reads back what is written:
+Each kind of line, where it is written and where it is read back (``D``: ``decoder.Decoder``);
+a change to one side is a change to the other, and ``tests/unit/log/test_wire.py`` reads back
+what is written:
 
-============  ===========================================  ===================================
-line          written (here)                               read
-============  ===========================================  ===================================
-``forward``   ``Encoder._forward``; data flow ``sources``  ``D._forward_row``; data flow
-                                                           ``F.inputs_from``
-``backward``  ``Encoder._backward``; ``Encoder._stats``,   ``D._backward_row``;
-              ``encode_number``                            ``F.decode_stats``, ``decode_number``
-``module``    ``Encoder._module`` (its ``id``)             ``D.other`` (``D.modules``)
-``tensors``   ``Encoder._ids`` (its ``id``)                ``D.other`` (``D.tensors``)
-``params``    ``Encoder.wire`` (module ids as keys)        ``D._params``
-``ops``       ``_ops`` (numbers as the events' are)        ``F._ops``
-any other     the record's ``to_dict``                     ``F.from_dict``
-============  ===========================================  ===================================
+============  ==============================================  ================================
+line          written (here)                                  read
+============  ==============================================  ================================
+``forward``   ``Encoder._forward``; data flow ``sources``     ``D._forward_row``; data flow
+                                                              ``inputs_from`` (here)
+``backward``  ``Encoder._backward``; ``Encoder._stats``       ``D._backward_row``
+``module``    ``Encoder._module`` (its ``id``)                ``D.other`` (``D.modules``)
+``tensors``   ``Encoder._ids`` (its ``id``)                   ``D.other`` (``D.tensors``)
+``params``    ``Encoder.wire`` (module ids as keys)           ``D._params``
+any other     its ``Fact.to_dict``                            ``schema.from_dict``
+============  ==============================================  ================================
+
+Numbers are written by ``fields.encode_number`` and read by ``fields.decode_number``.
 """
 
 from __future__ import annotations

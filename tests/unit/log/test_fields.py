@@ -53,6 +53,12 @@ def test_absent_keys_take_their_defaults(line: dict[str, Any], record: Any) -> N
     assert from_dict(line) == record
 
 
+def test_an_absent_list_is_a_list_of_its_own() -> None:
+    a, b = (from_dict({"type": "header", "schema": 2}) for _ in range(2))
+    assert isinstance(a, schema.Header) and isinstance(b, schema.Header)
+    assert a.argv == b.argv == [] and a.argv is not b.argv and a.options is not b.options
+
+
 @pytest.mark.parametrize("line", [
     {"type": "from_the_future", "x": 1},
     {"type": "anomaly", "step": 1, "model": 0, "name": "x", "kind": "new-kind"},
