@@ -21,8 +21,7 @@ from hooktrace.log.fields import (
     decode_number,
     decode_stats,
     get,
-    shapes,
-    strs,
+    items,
 )
 from hooktrace.log.schema import (
     BackwardEvent,
@@ -231,8 +230,8 @@ class Decoder:
         """Any other line (``kind``: its type), a record or None; ``tensors`` and ``module``
         records add to the ids known."""
         if kind == "tensors":
-            leaf_shapes = shapes(d, "shapes", allow_none=True)
-            self.tensors[get(d, "id", int)] = (leaf_shapes, strs(d, "dtypes"))
+            self.tensors[get(d, "id", int)] = (items(d, "shapes", "list[list[int] | None]"),
+                                               items(d, "dtypes", "list[str]"))
             return None
         if kind == "params":
             return self._params(d)
@@ -297,8 +296,8 @@ class Decoder:
             else _NO_FLOW
         more = ForwardMore(get(d, "no_grad", bool, False), get(d, "recompute", bool, False),
                            get(d, "inputs_more", int, None), get(d, "outputs_more", int, None),
-                           shapes(d, "output_nonfinite") or None, found, made, from_out,
-                           made_out, get(d, "eval", bool, False),
+                           items(d, "output_nonfinite", "list[list[int]]") or None, found, made,
+                           from_out, made_out, get(d, "eval", bool, False),
                            get(d, "made_no_history", bool, False))
         return seq, step, module, call, ins, outs, None if more == _PLAIN_FORWARD else more
 

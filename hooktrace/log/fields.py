@@ -86,6 +86,7 @@ _ITEMS: dict[str, tuple[Any, str]] = {
     "list[int]": (lambda i: type(i) is int, "a whole number"),
     "list[bool]": (lambda b: type(b) is bool, "true or false"),
     "list[list[int]]": (_is_shape, "a shape"),
+    "list[list[int] | None]": (lambda s: s is None or _is_shape(s), "a shape"),  # gradients'
 }
 
 
@@ -96,19 +97,6 @@ def items(d: dict[str, Any], key: str, kind: str) -> list[Any]:
     if not all(map(ok, value)):
         raise SchemaError(f"key {key!r} holds something that is not {what}")
     return value  # type: ignore[no-any-return]
-
-
-def shapes(d: dict[str, Any], key: str, allow_none: bool = False) -> list[Any]:
-    if not allow_none:
-        return items(d, key, "list[list[int]]")
-    value = get(d, key, list, [])
-    if not all(s is None or _is_shape(s) for s in value):
-        raise SchemaError(f"key {key!r} holds something that is not a shape")
-    return value  # type: ignore[no-any-return]
-
-
-def strs(d: dict[str, Any], key: str) -> list[str]:
-    return items(d, key, "list[str]")
 
 
 def _scalar(kind: Any) -> Any:

@@ -12,7 +12,7 @@ import pytest
 
 from hooktrace.log import schema
 from hooktrace.log.decoder import plain_stats, stats_ok
-from hooktrace.log.fields import decode_number, decode_stats, get, shapes, strs
+from hooktrace.log.fields import decode_number, decode_stats, get, items
 from hooktrace.log.schema import SchemaError, from_dict
 from hooktrace.log.wire import inputs_from
 
@@ -172,14 +172,14 @@ def test_plain_statistics_are_two_numbers(value: Any, plain: bool) -> None:
 
 
 def test_shapes_and_strings() -> None:
-    assert shapes({"s": [[1, 2], []]}, "s") == [[1, 2], []]
-    assert shapes({"s": [None, [3]]}, "s", allow_none=True) == [None, [3]]
+    assert items({"s": [[1, 2], []]}, "s", "list[list[int]]") == [[1, 2], []]
+    assert items({"s": [None, [3]]}, "s", "list[list[int] | None]") == [None, [3]]
     for bad in ([None], [[1, True]], [[1.0]], ["12"]):
         with pytest.raises(SchemaError, match="not a shape"):
-            shapes({"s": bad}, "s")
-    assert strs({}, "d") == []
+            items({"s": bad}, "s", "list[list[int]]")
+    assert items({}, "d", "list[str]") == []
     with pytest.raises(SchemaError, match="not a string"):
-        strs({"d": ["float32", None]}, "d")
+        items({"d": ["float32", None]}, "d", "list[str]")
 
 
 # -- data flow ------------------------------------------------------------------------------------
