@@ -199,13 +199,13 @@ OBSERVERS = (
     ("weights", ("WeightChange",)),
     ("diagnosis", ("Diagnosis", "Optimizers")),
     ("watch", ("Watch",)),
-    ("loss graph", ("LossGraph",)),
+    ("loss", ("LossObserver",)),
     ("gradient zeros", ("GradZeros",)),
-    ("loss scale and half updates", ("LossScale", "HalfUpdates")),
+    ("half updates", ("HalfUpdates",)),
     ("op zoom", ("OpsObserver",)),  # what choosing modules to zoom into costs, zooming none
     ("hooks and custom Functions", ("HookCount", "FunctionCheck")),
     ("every observer", ("LogRecorder", "ParamNorms", "WeightChange", "Diagnosis", "Optimizers",
-                        "Watch", "LossGraph", "GradZeros", "LossScale", "HalfUpdates",
+                        "Watch", "LossObserver", "GradZeros", "HalfUpdates",
                         "OpsObserver", "HookCount", "FunctionCheck")),
 )
 

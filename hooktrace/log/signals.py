@@ -245,7 +245,7 @@ class Signal(Fact):
       (the user's innermost frame), ``detail.calls`` the traced calls (``[model, fqn]``) whose
       outputs the cut tensor came from, ``detail.added_file``/``detail.added_line`` where it was
       added, ``detail.models`` the models the loss reached (``model``: the first); once per
-      cut's line (``lossterms.py``);
+      cut's line (``loss.py``);
     * ``loss-share``: a loss of recorded step ``step`` read ``detail.read`` of its
       ``detail.of`` targets or elements, each recorded step where it read less; ``detail.by``
       says what kept them: ``ignore_index``, an ``F.cross_entropy``/``F.nll_loss`` (or a module
