@@ -4,9 +4,9 @@
 backward event into a ``ForwardRow`` / ``BackwardRow``: a typed tuple (a long log holds a
 million events; readers unpack it), whose ``module`` is an id of ``Decoder.modules`` and whose
 tensor signatures are resolved; what few events have beyond that is in its last field, ``more``.
-Any other line becomes its record (``from_dict``). Nothing outside this module and
-``hooktrace.log.wire`` reads a key of a line; ``wire``'s table pairs each kind of line with
-what writes it there and what reads it here. Standard library only: no torch.
+Any other line becomes its record (``schema.from_dict``). Nothing outside this module,
+``hooktrace.log.wire`` and ``fields`` reads a key of a line; ``wire``'s table pairs each kind of
+line with what writes it there and what reads it here. Standard library only: no torch.
 """
 
 from __future__ import annotations
