@@ -1,18 +1,21 @@
 """A record's line, derived from its dataclass: ``Fact.to_dict`` and ``from_dict`` side by side.
 
-Every record but the events is a ``Fact``: its line is ``{"type": TYPE}`` then its fields in
-order, each under its name (``fqn`` as ``"name"``, ``cls`` as ``"class"``: ``KEYS``), read back
-with its type checked against its annotation (a ``SchemaError`` names the key). The rules, the
-same for every record, where a field's annotation and default do not say it all:
+Every record but the events and ``params`` is a ``Fact``: its line is ``{"type": TYPE}`` then
+its fields in order, each under its name (``fqn`` as ``"name"``, ``cls`` as ``"class"``:
+``KEYS``), read back with its type checked against its annotation (``_READ``; a ``SchemaError``
+names the key). The rules, the same for every record, where annotation and default do not say
+it all:
 
 * written: a bool only when True; a field whose default is None not at None (``Header``
   writes its nulls: ``NULLS``); a field marked ``OMIT_EMPTY`` not when empty or 0; a list of
   ``GradStat`` with ``encode_number``'s numbers;
-* read: an absent key (or null) takes the field's default, or the ``MISSING`` value its
-  metadata gives; a list whose default is None is None when empty; ``ONE_OF`` limits a word.
+* read: an absent key (or null) takes the field's default, or the one its metadata gives
+  (``"missing"``); a list whose default is None is None when empty; a word outside its
+  metadata's ``"one_of"`` is a SchemaError.
 
 Events (a long log holds a million) are written by ``wire`` and read by ``decoder`` by hand,
-with the helpers here. Standard library only: no torch.
+with the helpers here: flags derived from a table cost a plain forward event 170 ns more to
+write, one with a flag 700 ns. ``params`` names modules by id (``wire``). Standard library only.
 """
 
 from __future__ import annotations
