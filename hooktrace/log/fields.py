@@ -111,7 +111,7 @@ def _items(kind: str) -> Any:  # an empty list is the field's default (None wher
 
 
 def _ops(d: dict[str, Any], key: str, default: Any) -> list[Any]:
-    from hooktrace.log.ops import Op
+    from hooktrace.log.ops import Op  # here: ops.py imports this module for Fact
 
     found = get(d, key, list, [])
     if not all(isinstance(op, dict) for op in found):
