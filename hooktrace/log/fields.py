@@ -1,6 +1,6 @@
-"""A record's line, derived from its dataclass: ``Fact.to_dict`` and ``from_dict`` side by side.
+"""A record's line, derived from its dataclass: ``LogFact.to_dict`` and ``from_dict`` side by side.
 
-Every record but the events and ``params`` is a ``Fact``: its line is ``{"type": TYPE}`` then
+Every record but the events and ``params`` is a ``LogFact``: its line is ``{"type": TYPE}`` then
 its fields in order, each under its name (``fqn`` as ``"name"``, ``cls`` as ``"class"``:
 ``KEYS``), read back with its type checked against its annotation (``_READ``; a ``SchemaError``
 names the key). The rules, the same for every record, where annotation and default do not say
@@ -8,7 +8,8 @@ it all:
 
 * written: a bool only when True; a field whose default is None not at None (``Header``
   writes its nulls: ``NULLS``); a field marked ``OMIT_EMPTY`` not when empty or 0; a list of
-  ``GradStat`` with ``encode_number``'s numbers;
+  ``GradStat`` with ``encode_number``'s numbers, a list of the records its module defines
+  (``Ops.ops``) as their dicts;
 * read: an absent key (or null) takes the field's default, or the one its metadata gives
   (``"missing"``); a list whose default is None is None when empty; a word outside its
   metadata's ``"one_of"`` is a SchemaError.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from typing import Any, ClassVar, TypeVar
 
 from hooktrace.log.errors import SchemaError
@@ -110,13 +112,15 @@ def _items(kind: str) -> Any:  # an empty list is the field's default (None wher
     return lambda d, key, default: items(d, key, kind) or default
 
 
-def _ops(d: dict[str, Any], key: str, default: Any) -> list[Any]:
-    from hooktrace.log.ops import Op  # here: ops.py imports this module for Fact
-
-    found = get(d, key, list, [])
-    if not all(isinstance(op, dict) for op in found):
-        raise SchemaError(f"key {key!r} holds something that is not an operation")
-    return [Op.from_dict(op) for op in found]
+def _records(item: type[LogFact]) -> Any:
+    """Reads a list of records of one kind, each a JSON object (``Ops.ops``)."""
+    def read(d: dict[str, Any], key: str, default: Any) -> list[Any]:
+        found = get(d, key, list, [])
+        for x in found:
+            if not isinstance(x, dict):
+                raise SchemaError(f"key {key!r} holds {x!r}, not a JSON object")
+        return [item.from_dict(x) for x in found]
+    return read
 
 
 #: how a field is read back, by its annotation (``X | None`` as ``X``): (d, key, default) -> value
@@ -125,44 +129,46 @@ _READ: dict[str, Any] = {
     "float": _scalar((int, float)), "dict[str, Any]": _scalar(dict),
     **{kind: _items(kind) for kind in _ITEMS},
     "list[GradStat | None]": lambda d, key, default: decode_stats(d, key),
-    "list[Op]": _ops,
 }
 #: the values not written as they are
-_WRITE: dict[str, Any] = {"list[GradStat | None]": encode_stats,
-                          "list[Op]": lambda ops: [op.to_dict() for op in ops]}
+_WRITE: dict[str, Any] = {"list[GradStat | None]": encode_stats}
 
 
 class _Field:
-    """How one field of a record sits on its line (``Fact``'s rules, for that field)."""
+    """How one field of a record sits on its line (``LogFact``'s rules, for that field)."""
 
     __slots__ = ("name", "key", "read", "write", "default", "factory", "omit_none",
                  "omit_empty", "one_of")
+    read: Any  # (d, key, default) -> value
+    write: Any  # value -> what is written, None: the value as it is
 
-    def __init__(self, f: dataclasses.Field[Any], nulls: bool) -> None:
+    def __init__(self, f: dataclasses.Field[Any], owner: type) -> None:
         kind = str(f.type).removesuffix(" | None")
         self.name, self.key = f.name, KEYS.get(f.name, f.name)
-        self.read, self.write = _READ[kind], _WRITE.get(kind)
+        self.read, self.write = _READ.get(kind), _WRITE.get(kind)
+        if self.read is None:  # ``list[Op]``: records its module defines, each as its dict
+            self.read = _records(vars(sys.modules[owner.__module__])[kind[5:-1]])
+            self.write = lambda values: [v.to_dict() for v in values]
         missing = dataclasses.MISSING
         self.default = f.metadata.get("missing", ...) if f.default is missing else f.default
         self.factory = None if f.default_factory is missing else f.default_factory
-        self.omit_none = f.default is None and not nulls
+        self.omit_none = f.default is None and not getattr(owner, "NULLS", False)
         self.omit_empty = f.metadata.get("omit_empty", False)
         self.one_of = f.metadata.get("one_of")
 
 
-F = TypeVar("F", bound="Fact")
+F = TypeVar("F", bound="LogFact")
 _FIELDS: dict[type, tuple[_Field, ...]] = {}
 
 
 def _fields(cls: type) -> tuple[_Field, ...]:
     found = _FIELDS.get(cls)
     if found is None:
-        nulls = getattr(cls, "NULLS", False)
-        found = _FIELDS[cls] = tuple(_Field(f, nulls) for f in dataclasses.fields(cls))
+        found = _FIELDS[cls] = tuple(_Field(f, cls) for f in dataclasses.fields(cls))
     return found
 
 
-class Fact:
+class LogFact:
     """A record written as its fields (the rules above); ``Op``, a part of an ``ops`` line,
     has no ``TYPE``."""
 
@@ -180,7 +186,7 @@ class Fact:
         return decode(cls, d)
 
 
-def encode(record: Fact) -> dict[str, Any]:
+def encode(record: LogFact) -> dict[str, Any]:
     d: dict[str, Any] = {"type": record.TYPE} if record.TYPE else {}
     for f in _fields(type(record)):
         value = getattr(record, f.name)

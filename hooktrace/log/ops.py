@@ -1,7 +1,7 @@
 """The ``ops`` record: the tensor operations one zoomed module call ran, each with its line.
 
 Part of the log contract (``schema`` re-exports it): standard library only. Written and read
-back as ``Fact``s (``fields``), their statistics' numbers as the events' are.
+back as ``LogFact``s (``fields``), their statistics' numbers as the events' are.
 
 Inside a zoomed call (``hooktrace run --ops GLOB``, or a module the tracer chose after a
 recorded step showed something wrong there) each tensor operation, and each call of a child
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from hooktrace.log.fields import OMIT_EMPTY, Fact
+from hooktrace.log.fields import OMIT_EMPTY, LogFact
 from hooktrace.log.gradstat import GradStat
 
 #: operations through which a value leaves torch (no gradient can follow it)
@@ -27,7 +27,7 @@ ATTRIBUTES = frozenset({"data", "T", "mT", "H", "mH", "real", "imag", "grad"})
 
 
 @dataclass(slots=True)
-class Op(Fact):
+class Op(LogFact):
     """One tensor operation (or child module call: ``child``) of a zoomed call."""
 
     #: ``Tensor.detach``, ``Tensor.data`` (an attribute), ``torch.sigmoid``, ``F.relu``; for a
@@ -77,7 +77,7 @@ class Op(Fact):
 
 
 @dataclass(slots=True)
-class Ops(Fact):
+class Ops(LogFact):
     """The operations of one zoomed call, written after its step's events (``fwd``: its
     forward event's ``seq``; -1 where the call has none, as when the log was full)."""
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Union
 
 from hooktrace.log.errors import SchemaError as SchemaError
-from hooktrace.log.fields import OMIT_EMPTY, Fact, decode, encode, get
+from hooktrace.log.fields import OMIT_EMPTY, LogFact, decode, encode, get
 from hooktrace.log.gradstat import GradStat as GradStat
 from hooktrace.log.ops import Op as Op
 from hooktrace.log.ops import Ops as Ops
@@ -66,7 +66,7 @@ Record = Union[
 
 
 @dataclass(slots=True)
-class Header(Fact):
+class Header(LogFact):
     TYPE: ClassVar[str] = "header"
     NULLS: ClassVar[bool] = True
     schema: int
@@ -93,7 +93,7 @@ class Header(Fact):
 
 
 @dataclass(slots=True)
-class Model(Fact):
+class Model(LogFact):
     """A top-level model: a module first called outside any other traced module. One called on
     its own before a model holding it was first called is a model until then (its modules are
     named anew, ``module`` records of that model, from its first call on)."""
@@ -114,7 +114,7 @@ class DropUnit:
 
 
 @dataclass(slots=True)
-class Module(Fact):
+class Module(LogFact):
     """One named module of a model; ``params``/``trainable`` count its own (direct) parameters."""
 
     TYPE: ClassVar[str] = "module"
@@ -284,7 +284,7 @@ class AnomalyKind:
 
 
 @dataclass(slots=True)
-class Anomaly(Fact):
+class Anomaly(LogFact):
     """In a watched step (outside ``--steps``, where events are not written): the first module
     whose forward output held NaN/Inf (``nonfinite-forward``; ``detail.weights``: its own
     parameters that held NaN/Inf too, where any did, ``detail.weights_dtypes`` their dtypes),
@@ -302,7 +302,7 @@ class Anomaly(Fact):
 
 
 @dataclass(slots=True)
-class Source(Fact):
+class Source(LogFact):
     """Where the ``forward`` of a module class is defined: ``file`` (relative to the working
     directory when under it) and ``line``. Once per class; torch's own classes have none."""
 
@@ -313,7 +313,7 @@ class Source(Fact):
 
 
 @dataclass(slots=True)
-class Step(Fact):
+class Step(LogFact):
     """Written when backward pass ``step`` ends; counts the events recorded in that step."""
 
     TYPE: ClassVar[str] = "step"
@@ -334,7 +334,7 @@ END_STATUSES = kinds_of(EndStatus)
 
 
 @dataclass(slots=True)
-class End(Fact):
+class End(LogFact):
     TYPE: ClassVar[str] = "end"
     status: str = field(metadata={"one_of": END_STATUSES})  # an ``EndStatus``
     events: int = 0
@@ -353,7 +353,7 @@ class End(Fact):
     compiled: int | None = field(default=None, metadata=OMIT_EMPTY)
 
 
-RECORDS: dict[str, type[Fact]] = {r.TYPE: r for r in (Header, Model, Module, Anomaly, Signal,
+RECORDS: dict[str, type[LogFact]] = {r.TYPE: r for r in (Header, Model, Module, Anomaly, Signal,
                                                      Source, Ops, Step, End)}
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
-from hooktrace.log.fields import Fact
+from hooktrace.log.fields import LogFact
 
 
 class SignalKind:
@@ -61,7 +61,7 @@ def kinds_of(namespace: type) -> tuple[str, ...]:
 
 
 @dataclass(slots=True)
-class Signal(Fact):
+class Signal(LogFact):
     """What the training loop did around a model, written when it is first seen or changes
     (recorded and watched steps alike), at the step it happened in:
 

@@ -17,7 +17,7 @@ line          written (here)                                  read
 ``module``    ``Encoder._module`` (its ``id``)                ``D.other`` (``D.modules``)
 ``tensors``   ``Encoder._ids`` (its ``id``)                   ``D.other`` (``D.tensors``)
 ``params``    ``Encoder.wire`` (module ids as keys)           ``D._params``
-any other     its ``Fact.to_dict``                            ``schema.from_dict``
+any other     its ``LogFact.to_dict``                            ``schema.from_dict``
 ============  ==============================================  ================================
 
 Numbers are written by ``fields.encode_number`` and read by ``fields.decode_number``.

@@ -110,7 +110,7 @@ def test_ops_line_is_written_as_the_encoder_writes_it() -> None:
 
 
 @pytest.mark.parametrize(("op", "look_alike", "message"), [
-    ("F.relu", {"op": "F.relu"}, "not an operation"),
+    ("F.relu", {"op": "F.relu"}, "key 'ops' holds 'F.relu', not a JSON object"),
     ({"op": "F.relu", "ins": [True]}, {"op": "F.relu", "ins": [1]}, "'ins' holds something"),
     ({"op": "F.relu", "in_grad": [1]}, {"op": "F.relu", "in_grad": [True]},
      "'in_grad' holds something that is not true or false"),
