@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
+from hooktrace.log.fields import LogFact
+
 
 class SignalKind:
     """Each kind of ``signal`` record, spelled once: the word on the wire, which every writer
@@ -57,7 +59,7 @@ def kinds_of(namespace: type) -> tuple[str, ...]:
 
 
 @dataclass(slots=True)
-class Signal:
+class Signal(LogFact):
     """What the training loop did around a model, written when it is first seen or changes
     (recorded and watched steps alike), at the step it happened in:
 
@@ -266,10 +268,6 @@ class Signal:
     fqn: str
     kind: str
     detail: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "step": self.step, "model": self.model, "name": self.fqn,
-                "kind": self.kind, "detail": self.detail}
 
 
 #: autograd ops (node names without ``Backward<n>``) that only view, reshape, copy or cast a

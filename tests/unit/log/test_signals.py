@@ -12,7 +12,6 @@ import orjson
 import pytest
 
 from hooktrace.log import schema
-from hooktrace.log.fields import from_dict
 from hooktrace.log.reader import LogReader
 from hooktrace.log.signals import VIEW_OPS, Signal
 from hooktrace.log.writer import LogWriter
@@ -50,7 +49,7 @@ def test_each_kind_reads_back_from_its_line(kind: str) -> None:
     signal = Signal(step=2, model=1, fqn="fc", kind=kind, detail={"modules": ["fc"], "x": 1.5})
     line = orjson.loads(orjson.dumps(signal.to_dict()))
     assert line["type"] == "signal"
-    assert from_dict(line) == signal
+    assert schema.from_dict(line) == signal
 
 
 def test_an_unknown_kind_is_skipped_in_a_log(tmp_path: Path) -> None:
