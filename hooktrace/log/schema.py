@@ -56,7 +56,7 @@ from hooktrace.log.signals import Signal as Signal
 from hooktrace.log.signals import SignalKind as SignalKind
 from hooktrace.log.signals import kinds_of
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 Shape = Sequence[int]
 Record = Union[

@@ -253,19 +253,19 @@ The runs agree.
 def test_bad_input_is_one_line_and_exit_2(logs: Path) -> None:
     old = logs / "old.jsonl"
     lines = (logs / "a.jsonl").read_text().splitlines(keepends=True)
-    old.write_text(lines[0].replace('"schema":2', '"schema":1') + "".join(lines[1:]))
-    (logs / "newer.jsonl").write_text(lines[0].replace('"schema":2', '"schema":3')
+    old.write_text(lines[0].replace('"schema":3', '"schema":2') + "".join(lines[1:]))
+    (logs / "newer.jsonl").write_text(lines[0].replace('"schema":3', '"schema":4')
                                       + "".join(lines[1:]))
     (logs / "empty.jsonl").write_text("")
     (logs / "notes.txt").write_text("step 1: loss 0.25\n")
     for args, message in [
-        (("a.jsonl", "newer.jsonl"), "newer.jsonl has log schema 3, newer than this hooktrace "
-                                     "reads (2): upgrade hooktrace"),
+        (("a.jsonl", "newer.jsonl"), "newer.jsonl has log schema 4, newer than this hooktrace "
+                                     "reads (3): upgrade hooktrace"),
         (("empty.jsonl", "a.jsonl"), "empty.jsonl is empty, not a hooktrace log"),
         (("a.jsonl", "notes.txt"), "notes.txt is not a hooktrace log (its first line is not a "
                                    "header)"),
-        (("a.jsonl", "old.jsonl"), "old.jsonl has log schema 1, written by an older hooktrace "
-                                   "(0.2.0); this one reads schema 2: trace the run again"),
+        (("a.jsonl", "old.jsonl"), "old.jsonl has log schema 2, written by an older hooktrace "
+                                   "(0.2.0); this one reads schema 3: trace the run again"),
         (("a.jsonl", "a2.jsonl", "--model", "gen"),
          "no model 'gen' in a.jsonl or a2.jsonl; their models: model"),
         (("a.jsonl", "a2.jsonl", "--step", "7"), "step 7 is not in both logs"),

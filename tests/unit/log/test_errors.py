@@ -37,9 +37,9 @@ def log_of(*lines: bytes) -> Callable[[Path], Path]:
 
 
 CASES: dict[str, tuple[Callable[[Path], Path], str]] = {
-    "future schema": (log_of(b'{"type":"header","schema":3,"hooktrace":"9"}'),
+    "future schema": (log_of(b'{"type":"header","schema":4,"hooktrace":"9"}'),
                       "newer than this hooktrace reads"),
-    "older schema": (log_of(b'{"type":"header","schema":1,"hooktrace":"0.1"}'),
+    "older schema": (log_of(b'{"type":"header","schema":2,"hooktrace":"0.2"}'),
                      "written by an older hooktrace"),
     "first line not JSON": (log_of(b"{not json"), "is not a hooktrace log"),
     "first line no header": (log_of(MODEL), "is not a hooktrace log"),

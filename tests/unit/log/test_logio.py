@@ -75,7 +75,7 @@ def test_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
     write_log(path, RECORDS)
     data = path.read_bytes()
-    assert data.startswith(b'{"type":"header","schema":2,')
+    assert data.startswith(b'{"type":"header","schema":3,')
     # 3 tensor signatures for the forward events (one of them empty), 2 for the backward one
     assert data.count(b'{"type":"tensors",') == 5
     assert data.count(b"\n") == 1 + len(RECORDS) + 5
@@ -175,7 +175,7 @@ def test_directory(tmp_path: Path) -> None:
     (lines(RECORDS[0]), "not a hooktrace log"),
     (b'{"type":"header"}\n', "line 1: missing key 'schema'"),
     (b'{"type":"header","schema":"1"}\n', "line 1: key 'schema' has the wrong type"),
-    (b'{"type":"header","schema":2,"argv":"train.py"}\n', "line 1: key 'argv'"),
+    (b'{"type":"header","schema":3,"argv":"train.py"}\n', "line 1: key 'argv'"),
     (b'{"type":"header","schema":99,"hooktrace":"9.0"}\n', "schema 99, newer than"),
 ])
 def test_not_a_log(tmp_path: Path, content: bytes, message: str) -> None:
@@ -250,7 +250,7 @@ def test_line_over_16_mb(tmp_path: Path) -> None:
 
 def test_first_line_over_16_mb(tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
-    path.write_bytes(b'{"type":"header","schema":2,"x":"' + b"a" * MAX_LINE_BYTES + b'"}\n')
+    path.write_bytes(b'{"type":"header","schema":3,"x":"' + b"a" * MAX_LINE_BYTES + b'"}\n')
     with pytest.raises(LogError, match="not a hooktrace log"):
         read_all(path)
 
