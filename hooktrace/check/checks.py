@@ -31,7 +31,7 @@ from hooktrace.check.shared import check_shared_targets
 from hooktrace.check.signals import check_signals
 from hooktrace.check.sources import with_sources
 from hooktrace.check.summary import LogSummary
-from hooktrace.check.unused import check_info, check_unused
+from hooktrace.check.unused import check_info, check_unused, losses_dropped
 from hooktrace.log.words import plural
 
 Detector = Callable[[LogSummary], list[Finding]]
@@ -55,6 +55,7 @@ DETECTORS: tuple[tuple[str, Detector], ...] = (
     ("loose tensors", lambda s: check_loose(s.c)),
     ("losses", lambda s: check_losses(s.c)),
     ("loss terms", lambda s: check_loss_terms(s.c)),
+    ("losses let go", lambda s: losses_dropped(s.c)),
     ("how modules ran", lambda s: check_info(s.c, s.evaluation)),
     ("loss scaling", lambda s: check_scaling(s.c)),
     ("shared targets", lambda s: check_shared_targets(s.c)),

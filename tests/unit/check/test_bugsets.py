@@ -36,6 +36,13 @@ loss's); set 3's h08 (DANN: the label logits of the unlabelled target batch, ret
 model and let go by the caller, are no result thrown away inside a forward). b14 went from
 symptom only to missed: the zero gradients it was named by come from
 steps whose loss is exactly 0.
+
+After (issue 48, causes: more bugs named by general causes of the invariants, check only):
+
+    set6  26 bugs + 19 healthy    9 / 2 / 15   19 / 0
+
+Newly named: b26 (one backward after a gradient-accumulation loop: ``loss-dropped``, the loss
+module's calls that no backward reached, in every step).
 """
 
 from __future__ import annotations
@@ -69,7 +76,9 @@ SCORECARDS: dict[str, dict[str, dict[str, int]]] = {
     "set6": {"before (main 029349b)": {"DETECTED": 6, "SYMPTOM-ONLY": 3, "MISSED": 17,
                                        "OK": 15, "FALSE-ALARM": 4, "ERROR": 0},
              "after (issue 48, first slices)": {"DETECTED": 8, "SYMPTOM-ONLY": 2, "MISSED": 16,
-                                                "OK": 19, "FALSE-ALARM": 0, "ERROR": 0}},
+                                                "OK": 19, "FALSE-ALARM": 0, "ERROR": 0},
+             "after (issue 48, causes)": {"DETECTED": 9, "SYMPTOM-ONLY": 2, "MISSED": 15,
+                                          "OK": 19, "FALSE-ALARM": 0, "ERROR": 0}},
 }
 
 
