@@ -34,3 +34,21 @@ def test_a_loss_up_a_thousandfold_that_stays_up_is_said(tmp_path: Path) -> None:
 ])
 def test_healthy_look_alikes_are_silent(tmp_path: Path, values: list[float]) -> None:
     assert findings(write_log(tmp_path / "log.jsonl", healthy(), signals=ledger(values))) == []
+
+
+def test_a_loss_nan_or_inf_from_its_first_pass_with_finite_gradients_is_said(
+        tmp_path: Path) -> None:
+    values: list[float | None] = [None] * 10  # the ledger's null: NaN/Inf
+    [f] = findings(write_log(tmp_path / "log.jsonl", healthy(), signals=[
+        signal("loss-values", 0, models=[0], steps=list(range(10)), values=values, passes=10,
+               every=1)]))
+    assert (f.kind, f.cause, f.severity, f.module, f.step) == (
+        "nonfinite", "nonfinite-forward", "warning", "", 0)
+
+
+def test_a_loss_that_grows_into_inf_is_no_loss_made_nonfinite(tmp_path: Path) -> None:
+    # a run that diverges (a loss scaled twice overflowing float32) is told by its gradients
+    values = [5.9e9, 3.2e14, 3.9e24, None]
+    assert [f for f in findings(write_log(tmp_path / "log.jsonl", healthy(), signals=[
+        signal("loss-values", 0, models=[0], steps=[0, 1, 2, 3], values=values, passes=4,
+               every=1)])) if f.kind == "nonfinite"] == []
