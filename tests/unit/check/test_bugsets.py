@@ -39,12 +39,13 @@ steps whose loss is exactly 0.
 
 After (issue 48, causes: more bugs named by general causes of the invariants, check only):
 
-    set6  26 bugs + 19 healthy   10 / 2 / 14   19 / 0
+    set6  26 bugs + 19 healthy   11 / 2 / 13   19 / 0
 
 Newly named: b26 (one backward after a gradient-accumulation loop: ``loss-dropped``, the loss
 module's calls that no backward reached, in every step), b15 (NT-Xent's labels at the masked
 diagonal: ``nonfinite-forward``, a loss NaN/Inf from the ledger's first pass with every module
-output and gradient finite).
+output and gradient finite), b24 (``kl_div`` on raw scores: ``loss-diverged`` widened to a
+loss that falls below zero without slowing, one with no floor).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ SCORECARDS: dict[str, dict[str, dict[str, int]]] = {
                                        "OK": 15, "FALSE-ALARM": 4, "ERROR": 0},
              "after (issue 48, first slices)": {"DETECTED": 8, "SYMPTOM-ONLY": 2, "MISSED": 16,
                                                 "OK": 19, "FALSE-ALARM": 0, "ERROR": 0},
-             "after (issue 48, causes)": {"DETECTED": 10, "SYMPTOM-ONLY": 2, "MISSED": 14,
+             "after (issue 48, causes)": {"DETECTED": 11, "SYMPTOM-ONLY": 2, "MISSED": 13,
                                           "OK": 19, "FALSE-ALARM": 0, "ERROR": 0}},
 }
 

@@ -52,3 +52,19 @@ def test_a_loss_that_grows_into_inf_is_no_loss_made_nonfinite(tmp_path: Path) ->
     assert [f for f in findings(write_log(tmp_path / "log.jsonl", healthy(), signals=[
         signal("loss-values", 0, models=[0], steps=[0, 1, 2, 3], values=values, passes=4,
                every=1)])) if f.kind == "nonfinite"] == []
+
+
+def test_a_loss_that_falls_below_zero_without_slowing_is_said(tmp_path: Path) -> None:
+    values = [-1.6 - 0.003 * i * i for i in range(20)]  # kl_div on raw scores: no floor
+    [f] = findings(write_log(tmp_path / "log.jsonl", healthy(), signals=ledger(values)))
+    assert (f.kind, f.cause, f.severity, f.module, f.step) == (
+        "loss", "loss-diverged", "warning", "", 0)
+
+
+@pytest.mark.parametrize("values", [
+    [0.5 - 2.5 * (1 - 0.7 ** i) for i in range(20)],  # a Gaussian NLL below zero, levelling
+    [-0.1, -0.4, 0.2, -0.8, -0.3, -1.0, -0.2, -0.9, -0.6, -0.7],  # an actor's, noisy
+    [-0.3 * i for i in range(1, 6)],  # too short to say
+])
+def test_negative_losses_with_a_floor_are_silent(tmp_path: Path, values: list[float]) -> None:
+    assert findings(write_log(tmp_path / "log.jsonl", healthy(), signals=ledger(values))) == []
