@@ -10,6 +10,7 @@ the loss is a module (``nn.MSELoss()``) from its call; where it is a function
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from hooktrace.check.findings import WARNING, Finding
@@ -213,7 +214,7 @@ def unbounded(c: Collected) -> list[Finding]:
         if (s.kind != SignalKind.LOSS_VALUES or len(values) < _PASSES
                 or len(steps) != len(values) or None in values or max(values[half:]) >= 0):
             continue
-        falls = sum(b < a for a, b in zip(values, values[1:], strict=False))
+        falls = sum(b < a for a, b in pairwise(values))
         first, second = values[0] - values[half], values[half] - values[-1]
         if falls >= 0.8 * (len(values) - 1) and second >= first > 0:
             name = c.model_name(s.model)
