@@ -91,11 +91,15 @@ def _loss_nonfinite(c: Collected) -> list[Finding]:
     untrained model's (not a loss that grew into Inf: a run that diverges), where every module
     output and every gradient the log holds was finite: functional code between the model's
     outputs and the loss made them (a target whose log-probability is -inf, a log of 0)."""
+    # the steps whose loss read no target (a mean of nothing): loss-reads-nothing tells them
+    empty = {s.step for s in c.signals if s.kind == SignalKind.LOSS_SHARE and not s.detail.get(
+        "read", 1)}
     out = []
     for s in c.signals:
         values, steps = s.detail.get("values") or [], s.detail.get("steps") or []
         bad = [step for step, v in zip(steps, values, strict=False) if v is None]
-        if s.kind == SignalKind.LOSS_VALUES and values[:1] == [None] and len(steps) == len(values):
+        if (s.kind == SignalKind.LOSS_VALUES and values[:1] == [None]
+                and len(steps) == len(values) and not set(bad) <= empty):
             name = c.model_name(s.model)
             out.append(Finding(
                 FindingKind.NONFINITE_FORWARD, WARNING, name, "", bad[0],
