@@ -52,7 +52,8 @@ CAUSES = {
         "to it while the caller's other outputs get one: the code that called the model let "
         "it go",
         "the loss term made from it became a number (.item(), float(), .detach()) or was left "
-        "out of the sum: add the tensor itself into the loss"),
+        "out of the sum, or the loss reads another of the model's outputs (out[1] for out[0]): "
+        "add the tensor itself into the loss"),
     "unused_calls": (
         FindingKind.NO_GRAD,
         "the output of {branch} gets no gradient back while another call of the same module "
