@@ -1,5 +1,5 @@
 """What issue 36's item 2 costs a recorded step on W1 (``mse_loss``) and W2 (``cross_entropy``):
-the loss terms' observer, by its parts, measured on the workload's own model output and loss.
+the loss observer's window, by its parts, measured on the workload's own model output and loss.
 
     python -m bench.losstermcost
 
@@ -27,7 +27,7 @@ from torch.nn import functional as F
 from bench import workloads
 from bench.measure import least
 from hooktrace.hooks.records import Mode, PassEnd
-from hooktrace.observe.lossterms import LossTerms
+from hooktrace.observe.loss import LossObserver
 
 
 def interleaved(plain: Any, other: Any, rounds: int = 10) -> tuple[float, float]:
@@ -40,15 +40,19 @@ def interleaved(plain: Any, other: Any, rounds: int = 10) -> tuple[float, float]
     return least_plain, least_window
 
 
-def windowed(terms: LossTerms, loss: Callable[[], torch.Tensor]) -> tuple[float, float]:
-    """The loss computed plainly, and with the window open, ``looked`` as backward begins and
+def observer(said: list[Any]) -> LossObserver:
+    return LossObserver(said.append, lambda: Mode.RECORDED, lambda: 0)
+
+
+def windowed(terms: LossObserver, loss: Callable[[], torch.Tensor]) -> tuple[float, float]:
+    """The loss computed plainly, and with the window open, read as backward begins and
     ``backward_end``; then tracing stops for ``terms``."""
     end = PassEnd(0, Mode.RECORDED, (), ())
 
     def with_window() -> None:
-        terms._open()
+        terms.window.open()
         root = loss()
-        terms.looked(0, [root.grad_fn], {0})
+        terms._looked([root.grad_fn], {0})
         terms.backward_end(end)
 
     try:
@@ -68,7 +72,7 @@ def measure(name: str) -> str:
         return F.mse_loss(out, target) if name == "W1" else F.cross_entropy(out, target)
 
     said: list[Any] = []
-    terms = LossTerms(said.append)
+    terms = observer(said)
     inner: Any = SimpleNamespace(top=False, in_backward=False)
 
     def ends() -> None:
@@ -92,7 +96,7 @@ def measure_mask() -> str:
     target = torch.randint(1, 1000, (8 * 128,))
     mask = (torch.arange(128) < torch.randint(32, 129, (8, 1))).float().flatten()
     said: list[Any] = []
-    terms = LossTerms(said.append)
+    terms = observer(said)
 
     def loss() -> torch.Tensor:
         return (F.cross_entropy(logits, target, reduction="none") * mask).sum() / mask.sum()

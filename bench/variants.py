@@ -196,17 +196,16 @@ def hooktrace_watched(model: nn.Module, log: Path) -> AbstractContextManager[Any
 OBSERVERS = (
     ("recorder", ("LogRecorder",)),  # the log writer: events, shapes, statistics written
     ("parameter norms", ("ParamNorms",)),
-    ("weights", ("WeightChange",)),
+    ("parameter ledger", ("ParamLedger",)),
     ("diagnosis", ("Diagnosis", "Optimizers")),
     ("watch", ("Watch",)),
-    ("loss graph", ("LossGraph",)),
+    ("loss", ("LossObserver",)),
     ("gradient zeros", ("GradZeros",)),
-    ("loss scale and half updates", ("LossScale", "HalfUpdates")),
     ("op zoom", ("OpsObserver",)),  # what choosing modules to zoom into costs, zooming none
     ("hooks and custom Functions", ("HookCount", "FunctionCheck")),
-    ("every observer", ("LogRecorder", "ParamNorms", "WeightChange", "Diagnosis", "Optimizers",
-                        "Watch", "LossGraph", "GradZeros", "LossScale", "HalfUpdates",
-                        "OpsObserver", "HookCount", "FunctionCheck")),
+    ("every observer", ("LogRecorder", "ParamNorms", "ParamLedger", "Diagnosis", "Optimizers",
+                        "Watch", "LossObserver", "GradZeros", "OpsObserver", "HookCount",
+                        "FunctionCheck")),
 )
 
 

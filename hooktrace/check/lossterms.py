@@ -144,37 +144,6 @@ def target_grad(c: Collected, s: Signal) -> list[Finding]:
         "network): only the prediction should get the gradient")]
 
 
-def _share(c: Collected, signals: list[Signal]) -> Finding:
-    by = signals[0].detail.get("by", "ignore_index")
-    if by == "index":
-        return _index(c, signals)
-    if by == "mask":
-        return _mask(c, signals)
-    first = signals[0]
-    d = first.detail
-    least = min(signals, key=lambda s: s.detail.get("read", 0) / max(s.detail.get("of", 1), 1))
-    read, of = least.detail.get("read", 0), least.detail.get("of", 0)
-    where = f"at {_where(d.get('file'), d.get('line'))}" if d.get("file") else \
-        "inside the model's call (a loss it computes, model(..., labels=...).loss)"
-    recorded = c.backward_steps or {s.step for s in signals}
-    none = all(s.detail.get("read") == 0 for s in signals) and len(signals) >= len(recorded)
-    fact = {"loss": d.get("loss"), "ignore_index": d.get("ignore_index"), "file": d.get("file"),
-            "line": d.get("line"), "read": [s.detail.get("read") for s in signals],
-            "of": [s.detail.get("of") for s in signals], "steps": [s.step for s in signals]}
-    if none:
-        return Finding(
-            "loss-reads-nothing", WARNING, c.model_name(first.model), first.fqn, first.step,
-            f"{d.get('loss')} {where} ignores every target of the batch in every recorded "
-            f"step (all {of} equal ignore_index={d.get('ignore_index')}): the loss is NaN or "
-            "0 and gives the model no gradient", fact,
-            "check the labels and the ignore_index: padding or a wrong label mapping may have "
-            "turned every target into the ignored value")
-    return Finding(
-        FindingKind.LOSS_SHARE, NOTE, c.model_name(first.model), first.fqn, least.step,
-        f"{d.get('loss')} {where} reads part of its batch: {read} of {of} targets at step "
-        f"{least.step} (the others equal ignore_index={d.get('ignore_index')})", fact)
-
-
 #: the op that keeps part of a loss's elements, as the program wrote it
 _MASKS = {"Mul": "loss * mask", "Index": "loss[mask]", "MaskedSelect": "masked_select",
           "Where": "torch.where(mask, loss, ...)"}
@@ -185,25 +154,50 @@ def _fact(signals: list[Signal]) -> dict[str, Any]:
             "of": [s.detail.get("of") for s in signals], "steps": [s.step for s in signals]}
 
 
-def _mask(c: Collected, signals: list[Signal]) -> Finding:
-    """A 0/1 mask over a per-element loss: how much it keeps (a note), none ever (a warning)."""
+def _share(c: Collected, signals: list[Signal]) -> Finding:
+    """Targets left to ``ignore_index`` or a 0/1 mask over a per-element loss: how much of its
+    batch the loss reads (a note), none in every recorded step (a warning)."""
     first = signals[0]
+    d = first.detail
+    by = d.get("by", "ignore_index")
+    if by == "index":
+        return _index(c, signals)
     least = min(signals, key=lambda s: s.detail.get("read", 0) / max(s.detail.get("of", 1), 1))
     read, of = least.detail.get("read", 0), least.detail.get("of", 0)
-    how = _MASKS.get(str(first.detail.get("node")), "a mask")
     recorded = c.backward_steps or {s.step for s in signals}
-    if all(s.detail.get("read") == 0 for s in signals) and len(signals) >= len(recorded):
+    none = all(s.detail.get("read") == 0 for s in signals) and len(signals) >= len(recorded)
+    model = c.model_name(first.model)
+    if by == "mask":
+        how = _MASKS.get(str(d.get("node")), "a mask")
+        if none:
+            return Finding(
+                "loss-reads-nothing", WARNING, model, first.fqn, first.step,
+                f"the loss reads none of its {of} elements in every recorded step: a 0/1 mask "
+                f"({how}) keeps none of them, so the loss is 0 (NaN where divided by "
+                "mask.sum()) and gives the model no gradient", _fact(signals),
+                "check the comparison that builds the mask (ids != pad, lengths > position) "
+                "and its dtype and shape against the loss's")
         return Finding(
-            "loss-reads-nothing", WARNING, c.model_name(first.model), first.fqn, first.step,
-            f"the loss reads none of its {of} elements in every recorded step: a 0/1 mask "
-            f"({how}) keeps none of them, so the loss is 0 (NaN where divided by mask.sum()) "
-            "and gives the model no gradient", _fact(signals),
-            "check the comparison that builds the mask (ids != pad, lengths > position) and "
-            "its dtype and shape against the loss's")
+            FindingKind.LOSS_SHARE, NOTE, model, first.fqn, least.step,
+            f"the loss reads {read} of its {of} elements ({100 * read // max(of, 1)}%) at step "
+            f"{least.step}: a 0/1 mask ({how}) keeps them", _fact(signals))
+    where = f"at {_where(d.get('file'), d.get('line'))}" if d.get("file") else \
+        "inside the model's call (a loss it computes, model(..., labels=...).loss)"
+    fact = {"loss": d.get("loss"), "ignore_index": d.get("ignore_index"), "file": d.get("file"),
+            "line": d.get("line"), "read": [s.detail.get("read") for s in signals],
+            "of": [s.detail.get("of") for s in signals], "steps": [s.step for s in signals]}
+    if none:
+        return Finding(
+            "loss-reads-nothing", WARNING, model, first.fqn, first.step,
+            f"{d.get('loss')} {where} ignores every target of the batch in every recorded "
+            f"step (all {of} equal ignore_index={d.get('ignore_index')}): the loss is NaN or "
+            "0 and gives the model no gradient", fact,
+            "check the labels and the ignore_index: padding or a wrong label mapping may have "
+            "turned every target into the ignored value")
     return Finding(
-        FindingKind.LOSS_SHARE, NOTE, c.model_name(first.model), first.fqn, least.step,
-        f"the loss reads {read} of its {of} elements ({100 * read // max(of, 1)}%) at step "
-        f"{least.step}: a 0/1 mask ({how}) keeps them", _fact(signals))
+        FindingKind.LOSS_SHARE, NOTE, model, first.fqn, least.step,
+        f"{d.get('loss')} {where} reads part of its batch: {read} of {of} targets at step "
+        f"{least.step} (the others equal ignore_index={d.get('ignore_index')})", fact)
 
 
 def _index(c: Collected, signals: list[Signal]) -> Finding:

@@ -4,9 +4,9 @@
 backward event into a ``ForwardRow`` / ``BackwardRow``: a typed tuple (a long log holds a
 million events; readers unpack it), whose ``module`` is an id of ``Decoder.modules`` and whose
 tensor signatures are resolved; what few events have beyond that is in its last field, ``more``.
-Any other line becomes its record (``from_dict``). Nothing outside this module and
-``hooktrace.log.wire`` reads a key of a line; ``wire``'s table pairs each kind of line with
-what writes it there and what reads it here. Standard library only: no torch.
+Any other line becomes its record (``schema.from_dict``). Nothing outside this module,
+``hooktrace.log.wire`` and ``fields`` reads a key of a line; ``wire``'s table pairs each kind of
+line with what writes it there and what reads it here. Standard library only: no torch.
 """
 
 from __future__ import annotations
@@ -17,15 +17,11 @@ from typing import Any, NamedTuple
 
 from hooktrace.log.fields import (
     NORM_TYPES,
+    NUMBER_TYPES,
     decode_number,
     decode_stats,
-    from_dict,
     get,
-    inputs_from,
-    plain_stats,
-    shapes,
-    stats_ok,
-    strs,
+    items,
 )
 from hooktrace.log.schema import (
     BackwardEvent,
@@ -37,7 +33,9 @@ from hooktrace.log.schema import (
     Record,
     SchemaError,
     Shape,
+    from_dict,
 )
+from hooktrace.log.wire import inputs_from
 
 Signature = tuple[list[Any], list[str]]  # a tensors record: shapes of tensor leaves, dtypes
 StepFilter = Callable[[int], bool]  # whether the events of a step are wanted in full
@@ -110,6 +108,31 @@ _NO_FLOW: tuple[None, None, None, None] = (None, None, None, None)  # not read: 
 
 def _every_step(step: int) -> bool:
     return True
+
+
+def stats_ok(value: Any) -> bool:
+    if type(value) is not list:
+        return value is None
+    for stat in value:
+        # 4 numbers (NaN/Inf counts) take the careful path
+        if stat is not None and (type(stat) is not list or len(stat) != 2
+                                 or type(stat[0]) not in NUMBER_TYPES
+                                 or type(stat[1]) not in NUMBER_TYPES):
+            return False
+    return True
+
+
+def plain_stats(ins: Any, outs: Any) -> bool:
+    """``stats_ok`` of both, quick for the usual one statistic each."""
+    if ins is not None and outs is not None:
+        try:  # only a list holding a list of 2 numbers unpacks so: a str or dict holds str
+            ((a, b),), ((c, d),) = ins, outs
+        except (TypeError, ValueError):
+            return stats_ok(ins) and stats_ok(outs)
+        numbers = NUMBER_TYPES
+        return type(a) in numbers and type(b) in numbers and type(c) in numbers \
+            and type(d) in numbers
+    return stats_ok(ins) and stats_ok(outs)
 
 
 class Decoder:
@@ -207,8 +230,8 @@ class Decoder:
         """Any other line (``kind``: its type), a record or None; ``tensors`` and ``module``
         records add to the ids known."""
         if kind == "tensors":
-            leaf_shapes = shapes(d, "shapes", allow_none=True)
-            self.tensors[get(d, "id", int)] = (leaf_shapes, strs(d, "dtypes"))
+            self.tensors[get(d, "id", int)] = (items(d, "shapes", "list[list[int] | None]"),
+                                               items(d, "dtypes", "list[str]"))
             return None
         if kind == "params":
             return self._params(d)
@@ -273,8 +296,8 @@ class Decoder:
             else _NO_FLOW
         more = ForwardMore(get(d, "no_grad", bool, False), get(d, "recompute", bool, False),
                            get(d, "inputs_more", int, None), get(d, "outputs_more", int, None),
-                           shapes(d, "output_nonfinite") or None, found, made, from_out,
-                           made_out, get(d, "eval", bool, False),
+                           items(d, "output_nonfinite", "list[list[int]]") or None, found, made,
+                           from_out, made_out, get(d, "eval", bool, False),
                            get(d, "made_no_history", bool, False))
         return seq, step, module, call, ins, outs, None if more == _PLAIN_FORWARD else more
 

@@ -1,31 +1,47 @@
-"""Checked reads of one parsed line's fields, and the records that are not events.
+"""A record's line, derived from its dataclass: ``LogFact.to_dict`` and ``from_dict`` side by side.
 
-``from_dict`` turns a ``header``, ``model``, ``module``, ``anomaly``, ``signal``, ``source``,
-``ops``, ``step`` or ``end`` line into its record; the helpers read one key with its type checked
-(a ``SchemaError`` names the key). With ``decoder`` and ``wire``, the only code that reads a
-line's keys. Standard library only: no torch.
+Every record but the events and ``params`` is a ``LogFact``: its line is ``{"type": TYPE}`` then
+its fields in order, each under its name (``fqn`` as ``"name"``, ``cls`` as ``"class"``:
+``KEYS``), read back with its type checked against its annotation (``_READ``; a ``SchemaError``
+names the key). The rules, the same for every record, where annotation and default do not say
+it all:
+
+* written: a bool only when True; a field whose default is None not at None (``Header``
+  writes its nulls: ``NULLS``); a field marked ``OMIT_EMPTY`` not when empty or 0; a list of
+  ``GradStat`` with ``encode_number``'s numbers, a list of the records its module defines
+  (``Ops.ops``) as their dicts;
+* read: an absent key (or null) takes the field's default, or the one its metadata gives
+  (``"missing"``); a list whose default is None is None when empty; a word outside its
+  metadata's ``"one_of"`` is a SchemaError.
+
+Events (a long log holds a million) are written by ``wire`` and read by ``decoder`` by hand,
+with the helpers here: flags derived from a table cost a plain forward event 170 ns more to
+write, one with a flag 700 ns. ``params`` names modules by id (``wire``). Standard library only.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import math
+import sys
+from typing import Any, ClassVar, TypeVar
 
-from hooktrace.log.schema import (
-    END_STATUSES,
-    Anomaly,
-    End,
-    GradStat,
-    Header,
-    Model,
-    Module,
-    Op,
-    Ops,
-    Record,
-    SchemaError,
-    Signal,
-    Source,
-    Step,
-)
+from hooktrace.log.errors import SchemaError
+from hooktrace.log.gradstat import GradStat
+
+KEYS = {"fqn": "name", "cls": "class"}  # a field's key where it is not the field's name
+OMIT_EMPTY = {"omit_empty": True}  # field metadata: left out of its line when empty or 0
+NUMBER_TYPES = frozenset((float, int))  # not bool: JSON true is no statistic
+NORM_TYPES = frozenset((float, type(None)))
+
+
+def encode_number(x: float) -> float | str:
+    """4 significant digits (enough to compare magnitudes, and lines stay short). JSON has no
+    NaN/Inf: they are written as the strings "nan", "inf", "-inf"."""
+    if math.isfinite(x):
+        rounded = float(f"{x:.4g}")
+        return rounded if math.isfinite(rounded) else x  # near float max, rounding gives inf
+    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
 
 
 def decode_number(x: Any) -> float:
@@ -35,6 +51,9 @@ def decode_number(x: Any) -> float:
         return float(x)
     raise SchemaError(f"{x!r} is not a number")
 
+
+def encode_stats(stats: Any) -> list[Any]:
+    return [None if s is None else [encode_number(float(v)) for v in s] for s in stats]
 
 
 def decode_stats(d: dict[str, Any], key: str) -> list[GradStat | None] | None:
@@ -62,215 +81,126 @@ def get(d: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any
     return value
 
 
-def shapes(d: dict[str, Any], key: str, allow_none: bool = False) -> list[Any]:
+def _is_shape(shape: Any) -> bool:
+    return isinstance(shape, list) and all(type(n) is int for n in shape)
+
+
+#: each kind of list a record holds: whether an item is one, and what an item is called
+_ITEMS: dict[str, tuple[Any, str]] = {
+    "list[str]": (lambda s: isinstance(s, str), "a string"),
+    "list[int]": (lambda i: type(i) is int, "a whole number"),
+    "list[bool]": (lambda b: type(b) is bool, "true or false"),
+    "list[list[int]]": (_is_shape, "a shape"),
+    "list[list[int] | None]": (lambda s: s is None or _is_shape(s), "a shape"),  # gradients'
+}
+
+
+def items(d: dict[str, Any], key: str, kind: str) -> list[Any]:
+    """The list under ``key`` (``[]`` where absent), each item checked (``_ITEMS[kind]``)."""
     value = get(d, key, list, [])
-    for shape in value:
-        if shape is None and allow_none:
+    ok, what = _ITEMS[kind]
+    if not all(map(ok, value)):
+        raise SchemaError(f"key {key!r} holds something that is not {what}")
+    return value  # type: ignore[no-any-return]
+
+
+def _scalar(kind: Any) -> Any:
+    return lambda d, key, default: get(d, key, kind, default)
+
+
+def _items(kind: str) -> Any:  # an empty list is the field's default (None where that is None)
+    return lambda d, key, default: items(d, key, kind) or default
+
+
+def _records(item: type[LogFact]) -> Any:
+    """Reads a list of records of one kind, each a JSON object (``Ops.ops``)."""
+    def read(d: dict[str, Any], key: str, default: Any) -> list[Any]:
+        found = get(d, key, list, [])
+        for x in found:
+            if not isinstance(x, dict):
+                raise SchemaError(f"key {key!r} holds {x!r}, not a JSON object")
+        return [item.from_dict(x) for x in found]
+    return read
+
+
+#: how a field is read back, by its annotation (``X | None`` as ``X``): (d, key, default) -> value
+_READ: dict[str, Any] = {
+    "int": _scalar(int), "str": _scalar(str), "bool": _scalar(bool),
+    "float": _scalar((int, float)), "dict[str, Any]": _scalar(dict),
+    **{kind: _items(kind) for kind in _ITEMS},
+    "list[GradStat | None]": lambda d, key, default: decode_stats(d, key),
+}
+#: the values not written as they are
+_WRITE: dict[str, Any] = {"list[GradStat | None]": encode_stats}
+
+
+class _Field:
+    """How one field of a record sits on its line (``LogFact``'s rules, for that field)."""
+
+    __slots__ = ("name", "key", "read", "write", "default", "factory", "omit_none",
+                 "omit_empty", "one_of")
+    read: Any  # (d, key, default) -> value
+    write: Any  # value -> what is written, None: the value as it is
+
+    def __init__(self, f: dataclasses.Field[Any], owner: type) -> None:
+        kind = str(f.type).removesuffix(" | None")
+        self.name, self.key = f.name, KEYS.get(f.name, f.name)
+        self.read, self.write = _READ.get(kind), _WRITE.get(kind)
+        if self.read is None:  # ``list[Op]``: records its module defines, each as its dict
+            self.read = _records(vars(sys.modules[owner.__module__])[kind[5:-1]])
+            self.write = lambda values: [v.to_dict() for v in values]
+        missing = dataclasses.MISSING
+        self.default = f.metadata.get("missing", ...) if f.default is missing else f.default
+        self.factory = None if f.default_factory is missing else f.default_factory
+        self.omit_none = f.default is None and not getattr(owner, "NULLS", False)
+        self.omit_empty = f.metadata.get("omit_empty", False)
+        self.one_of = f.metadata.get("one_of")
+
+
+F = TypeVar("F", bound="LogFact")
+_FIELDS: dict[type, tuple[_Field, ...]] = {}
+
+
+def _fields(cls: type) -> tuple[_Field, ...]:
+    found = _FIELDS.get(cls)
+    if found is None:
+        found = _FIELDS[cls] = tuple(_Field(f, cls) for f in dataclasses.fields(cls))
+    return found
+
+
+class LogFact:
+    """A record written as its fields (the rules above); ``Op``, a part of an ``ops`` line,
+    has no ``TYPE``."""
+
+    __slots__ = ()
+    TYPE: ClassVar[str] = ""
+    NULLS: ClassVar[bool] = False  # write the fields at None as null
+
+    def to_dict(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_dict(cls: type[F], d: dict[str, Any]) -> F:
+        """The record of a parsed line of its type; a SchemaError where a key holds a value of
+        the wrong type or one the record requires is missing."""
+        return decode(cls, d)
+
+
+def encode(record: LogFact) -> dict[str, Any]:
+    d: dict[str, Any] = {"type": record.TYPE} if record.TYPE else {}
+    for f in _fields(type(record)):
+        value = getattr(record, f.name)
+        if value is False or (value is None and f.omit_none) or (f.omit_empty and not value):
             continue
-        if not isinstance(shape, list) or not all(
-            isinstance(n, int) and not isinstance(n, bool) for n in shape
-        ):
-            raise SchemaError(f"key {key!r} holds something that is not a shape")
-    return value  # type: ignore[no-any-return]
+        d[f.key] = f.write(value) if f.write is not None and value is not None else value
+    return d
 
 
-def drop_fields(d: dict[str, Any]) -> dict[str, Any]:
-    """A module record's ``drop`` as ``Module``'s fields (none where absent or unknown)."""
-    drop = get(d, "drop", dict, {})
-    p, per = drop.get("p"), drop.get("per")
-    if type(p) not in NUMBER_TYPES or per not in Module.DROP_UNITS:
-        return {}
-    return {"drop": float(p), "drop_unit": per}
+def decode(cls: type[F], d: dict[str, Any]) -> F:
+    values = {}
+    for f in _fields(cls):
+        value = values[f.name] = f.read(d, f.key, f.default if f.factory is None else f.factory())
+        if f.one_of is not None and value not in f.one_of:
+            raise SchemaError(f"unknown {cls.TYPE} {f.key} {value!r}")
+    return cls(**values)
 
-
-def strs(d: dict[str, Any], key: str) -> list[str]:
-    value = get(d, key, list, [])
-    if not all(isinstance(s, str) for s in value):
-        raise SchemaError(f"key {key!r} holds something that is not a string")
-    return value  # type: ignore[no-any-return]
-
-
-NUMBER_TYPES = frozenset((float, int))  # not bool: JSON true is no statistic
-NORM_TYPES = frozenset((float, type(None)))
-
-
-def stats_ok(value: Any) -> bool:
-    if type(value) is not list:
-        return value is None
-    for stat in value:
-        # 4 numbers (NaN/Inf counts) take the careful path
-        if stat is not None and (type(stat) is not list or len(stat) != 2
-                                 or type(stat[0]) not in NUMBER_TYPES
-                                 or type(stat[1]) not in NUMBER_TYPES):
-            return False
-    return True
-
-
-def plain_stats(ins: Any, outs: Any) -> bool:
-    """``stats_ok`` of both, quick for the usual one statistic each."""
-    if ins is not None and outs is not None:
-        try:  # only a list holding a list of 2 numbers unpacks so: a str or dict holds str
-            ((a, b),), ((c, d),) = ins, outs
-        except (TypeError, ValueError):
-            return stats_ok(ins) and stats_ok(outs)
-        numbers = NUMBER_TYPES
-        return type(a) in numbers and type(b) in numbers and type(c) in numbers \
-            and type(d) in numbers
-    return stats_ok(ins) and stats_ok(outs)
-
-
-def from_dict(d: Any) -> Record | None:
-    """Build the record for one parsed line; ``None`` for a record type this version does not know.
-
-    Raises SchemaError when a known record lacks a key or holds a value of the wrong type.
-    """
-    if not isinstance(d, dict):
-        raise SchemaError(f"a record must be a JSON object, not {type(d).__name__}")
-    kind = get(d, "type", str)
-    if kind == "header":
-        return Header(
-            schema=get(d, "schema", int), hooktrace=get(d, "hooktrace", str, "?"),
-            torch=get(d, "torch", str, None), python=get(d, "python", str, None),
-            argv=strs(d, "argv"), pid=get(d, "pid", int, 0), rank=get(d, "rank", int, 0),
-            local_rank=get(d, "local_rank", int, 0), world_size=get(d, "world_size", int, 1),
-            hostname=get(d, "hostname", str, None),
-            started=get(d, "started", (int, float), None), options=get(d, "options", dict, {}),
-            dataflow=get(d, "dataflow", bool, False), eager=get(d, "eager", bool, False),
-            made_no_history=get(d, "made_no_history", bool, False),
-        )
-    if kind == "model":
-        return Model(model=get(d, "model", int), name=get(d, "name", str),
-                     cls=get(d, "class", str, "?"))
-    if kind == "module":
-        aliases = strs(d, "aliases") or None
-        return Module(model=get(d, "model", int), fqn=get(d, "name", str),
-                      cls=get(d, "class", str, "?"), params=get(d, "params", int, 0),
-                      trainable=get(d, "trainable", int, 0), aliases=aliases,
-                      loose=strs(d, "loose") or None, wrapper=get(d, "wrapper", str, None),
-                      alias_of=get(d, "alias_of", str, None), **drop_fields(d))
-    if kind == "anomaly":
-        anomaly = get(d, "kind", str)
-        if anomaly not in Anomaly.KINDS:
-            return None  # a kind from a newer version: skipped like an unknown record
-        return Anomaly(step=get(d, "step", int), model=get(d, "model", int),
-                       fqn=get(d, "name", str), kind=anomaly, call=get(d, "call", int, 0),
-                       detail=get(d, "detail", dict, {}))
-    if kind == "signal":
-        signal = get(d, "kind", str)
-        if signal not in Signal.KINDS:
-            return None  # a kind from a newer version: skipped like an unknown record
-        return Signal(step=get(d, "step", int), model=get(d, "model", int),
-                      fqn=get(d, "name", str), kind=signal, detail=get(d, "detail", dict, {}))
-    if kind == "source":
-        return Source(cls=get(d, "class", str), file=get(d, "file", str),
-                      line=get(d, "line", int))
-    if kind == "ops":
-        return _ops(d)
-    if kind == "step":
-        return Step(step=get(d, "step", int), forward=get(d, "forward", int, 0),
-                    backward=get(d, "backward", int, 0))
-    if kind == "end":
-        status = get(d, "status", str)
-        if status not in END_STATUSES:
-            raise SchemaError(f"unknown end status {status!r}")
-        return End(status=status, events=get(d, "events", int, 0), steps=get(d, "steps", int, 0),
-                   exit_code=get(d, "exit_code", int, None), error=get(d, "error", dict, None),
-                   dropped=get(d, "dropped", int, None),
-                   tracer_error=get(d, "tracer_error", str, None),
-                   captured=get(d, "captured", int, None),
-                   backward=get(d, "backward", int, None),
-                   compiled=get(d, "compiled", int, None))
-    return None
-
-
-def _offsets(value: Any) -> bool:
-    return type(value) is list and all(type(x) is int and x > 0 for x in value)
-
-
-Flow = tuple[list[list[int]], list[int] | None, list[list[int]] | None, list[list[int]] | None]
-
-
-def inputs_from(d: dict[str, Any], seq: int, inputs: int) -> Flow:
-    """A forward event's data flow (``ForwardEvent.inputs_from``, ``made``, ``from_out`` and
-    ``made_out``), its offsets back from ``seq`` resolved; without ``"from"``, each of its
-    ``inputs`` came from the call just before it (``hooktrace.log.wire.sources``)."""
-    value = d.get("from")
-    if value is None:
-        found = [[seq - 1]] if inputs == 1 else [[seq - 1] for _ in range(inputs)]
-    elif type(value) is list and len(value) == inputs:
-        found = []
-        for item in value:
-            if type(item) is int and item > 0:
-                found.append([seq - item])
-            elif item is None or _offsets(item):
-                found.append(sorted(seq - x for x in item or ()))
-            else:
-                raise SchemaError("key 'from' holds something that is not an offset to a call")
-    else:
-        raise SchemaError(f"key 'from' must list one entry per tensor input ({inputs})")
-    made = d.get("made")
-    if made is not None and not _offsets(made):
-        raise SchemaError("key 'made' must list offsets to calls")
-    return (found, sorted(seq - x for x in made) if made else None, _from_out(d, found),
-            _made_out(d, seq))
-
-
-def _from_out(d: dict[str, Any], found: list[list[int]]) -> list[list[int]] | None:
-    """``"from_out"``: per input, the output of each of its producers that it used."""
-    value = d.get("from_out")
-    if value is None:
-        return None
-    if (type(value) is not list or len(value) != len(found)
-            or not all(type(outs) is list and len(outs) == len(calls)
-                       and all(type(x) is int and x >= -1 for x in outs)
-                       for outs, calls in zip(value, found, strict=True))):
-        raise SchemaError("key 'from_out' must list, per input, an output index per producer")
-    return value
-
-
-def _made_out(d: dict[str, Any], seq: int) -> list[list[int]] | None:
-    """``"made_out"``: per output, offsets back to the calls that made it."""
-    value = d.get("made_out")
-    if value is None:
-        return None
-    if type(value) is not list or not all(type(x) is list and (not x or _offsets(x))
-                                          for x in value):
-        raise SchemaError("key 'made_out' must list, per output, offsets to calls")
-    return [sorted(seq - x for x in calls) for calls in value]
-
-
-def _ints(d: dict[str, Any], key: str) -> list[int]:
-    value = get(d, key, list, [])
-    if not all(type(i) is int for i in value):
-        raise SchemaError(f"key {key!r} holds something that is not a whole number")
-    return value  # type: ignore[no-any-return]
-
-
-def _bools(d: dict[str, Any], key: str) -> list[bool]:
-    value = get(d, key, list, [])
-    if not all(type(b) is bool for b in value):
-        raise SchemaError(f"key {key!r} holds something that is not true or false")
-    return value  # type: ignore[no-any-return]
-
-
-def _op(d: Any) -> Op:
-    if not isinstance(d, dict):
-        raise SchemaError("key 'ops' holds something that is not an operation")
-    return Op(op=get(d, "op", str), file=get(d, "file", str, None),
-              line=get(d, "line", int, None), code=get(d, "code", str, None),
-              ins=_ints(d, "ins"), outs=_ints(d, "outs"), in_shapes=shapes(d, "in_shapes"),
-              out_shapes=shapes(d, "out_shapes"), out_dtypes=strs(d, "out_dtypes"),
-              in_grad=_bools(d, "in_grad"), out_grad=_bools(d, "out_grad"),
-              child=get(d, "child", str, None), no_grad=get(d, "no_grad", bool, False),
-              inplace=get(d, "inplace", bool, False), node=get(d, "node", str, None),
-              nonfinite=shapes(d, "nonfinite") or None,
-              grad_out=decode_stats(d, "grad_out"), grad_in=decode_stats(d, "grad_in"))
-
-
-def _ops(d: dict[str, Any]) -> Ops:
-    """An ``ops`` line (``hooktrace.log.ops``)."""
-    return Ops(step=get(d, "step", int), fwd=get(d, "fwd", int, -1), model=get(d, "model", int),
-               fqn=get(d, "name", str), call=get(d, "call", int, 0),
-               inputs=get(d, "inputs", int, 0), in_grad=_bools(d, "in_grad"),
-               outputs=_ints(d, "outputs"), ops=[_op(op) for op in get(d, "ops", list, [])],
-               more=get(d, "more", int, 0))

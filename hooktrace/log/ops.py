@@ -1,7 +1,7 @@
 """The ``ops`` record: the tensor operations one zoomed module call ran, each with its line.
 
-Part of the log contract (``schema`` re-exports it): standard library only. ``wire`` writes it
-(numbers as the events' statistics are), ``fields`` reads it back.
+Part of the log contract (``schema`` re-exports it): standard library only. Written and read
+back as ``LogFact``s (``fields``), their statistics' numbers as the events' are.
 
 Inside a zoomed call (``hooktrace run --ops GLOB``, or a module the tracer chose after a
 recorded step showed something wrong there) each tensor operation, and each call of a child
@@ -15,8 +15,9 @@ of the call's output tensors, so a reader can follow the data from an input to t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
+from hooktrace.log.fields import OMIT_EMPTY, LogFact
 from hooktrace.log.gradstat import GradStat
 
 #: operations through which a value leaves torch (no gradient can follow it)
@@ -26,7 +27,7 @@ ATTRIBUTES = frozenset({"data", "T", "mT", "H", "mH", "real", "imag", "grad"})
 
 
 @dataclass(slots=True)
-class Op:
+class Op(LogFact):
     """One tensor operation (or child module call: ``child``) of a zoomed call."""
 
     #: ``Tensor.detach``, ``Tensor.data`` (an attribute), ``torch.sigmoid``, ``F.relu``; for a
@@ -35,6 +36,15 @@ class Op:
     file: str | None = None  # where it ran: the innermost frame that is not torch's
     line: int | None = None
     code: str | None = None  # that line's text, stripped (at most 120 characters)
+    child: str | None = None  # a child module's call: its fqn
+    node: str | None = None  # the autograd node of its first output (``SigmoidBackward0``)
+    #: in backward, what its node received (per node output) and passed back (per node input,
+    #: None where nothing flowed); absent when the node never ran (or statistics are off)
+    grad_out: list[GradStat | None] | None = None
+    grad_in: list[GradStat | None] | None = None
+    #: outputs with NaN/Inf: [output index, nan, inf] (a list the statistics fill: empty, and
+    #: left out, where every output is finite)
+    nonfinite: list[list[int]] | None = field(default=None, metadata=OMIT_EMPTY)
     ins: list[int] = field(default_factory=list)  # slots of its tensor inputs
     outs: list[int] = field(default_factory=list)  # slots of its tensor outputs
     in_shapes: list[list[int]] = field(default_factory=list)
@@ -42,15 +52,8 @@ class Op:
     out_dtypes: list[str] = field(default_factory=list)
     in_grad: list[bool] = field(default_factory=list)  # each input required a gradient
     out_grad: list[bool] = field(default_factory=list)  # each output requires a gradient
-    child: str | None = None  # a child module's call: its fqn
     no_grad: bool = False  # ran with gradient recording off (inside torch.no_grad())
     inplace: bool = False  # changed its first input in place (``clamp_``, ``+=``, ``x[i] = v``)
-    node: str | None = None  # the autograd node of its first output (``SigmoidBackward0``)
-    nonfinite: list[list[int]] | None = None  # outputs with NaN/Inf: [output index, nan, inf]
-    #: in backward, what its node received (per node output) and passed back (per node input,
-    #: None where nothing flowed); absent when the node never ran (or statistics are off)
-    grad_out: list[GradStat | None] | None = None
-    grad_in: list[GradStat | None] | None = None
 
     @property
     def leaves_torch(self) -> bool:
@@ -74,44 +77,18 @@ class Op:
 
 
 @dataclass(slots=True)
-class Ops:
+class Ops(LogFact):
     """The operations of one zoomed call, written after its step's events (``fwd``: its
     forward event's ``seq``; -1 where the call has none, as when the log was full)."""
 
     TYPE: ClassVar[str] = "ops"
     step: int
-    fwd: int
+    fwd: int = field(metadata={"missing": -1})
     model: int
     fqn: str
-    call: int
+    call: int = field(metadata={"missing": 0})
     inputs: int = 0  # its positional tensor inputs: slots 0 .. inputs-1
     in_grad: list[bool] = field(default_factory=list)  # each of them required a gradient
     outputs: list[int] = field(default_factory=list)  # slots of its output tensors
     ops: list[Op] = field(default_factory=list)
-    more: int = 0  # operations past the cap, not listed
-
-    def to_dict(self) -> dict[str, Any]:
-        """The line, numbers left as they are (``wire`` encodes them)."""
-        return {"type": self.TYPE, "step": self.step, "fwd": self.fwd, "model": self.model,
-                "name": self.fqn, "call": self.call, "inputs": self.inputs,
-                "in_grad": self.in_grad, "outputs": self.outputs,
-                "ops": [op_dict(op) for op in self.ops], **({"more": self.more}
-                                                             if self.more else {})}
-
-
-def op_dict(op: Op) -> dict[str, Any]:
-    """One operation's keys, those at their default left out."""
-    d: dict[str, Any] = {"op": op.op}
-    for key in ("file", "line", "code", "child", "node", "grad_out", "grad_in"):
-        value = getattr(op, key)
-        if value is not None:
-            d[key] = value
-    if op.nonfinite:  # (a list the statistics fill: empty where every output is finite)
-        d["nonfinite"] = op.nonfinite
-    for key in ("ins", "outs", "in_shapes", "out_shapes", "out_dtypes", "in_grad", "out_grad"):
-        d[key] = getattr(op, key)
-    if op.no_grad:
-        d["no_grad"] = True
-    if op.inplace:
-        d["inplace"] = True
-    return d
+    more: int = field(default=0, metadata=OMIT_EMPTY)  # operations past the cap, not listed

@@ -24,41 +24,40 @@ from hooktrace.log.decoder import (
     StepFilter,
 )
 from hooktrace.log.errors import LogError
-from hooktrace.log.fields import from_dict
 
 MAX_LINE_BYTES = 16 * 1024 * 1024  # no record comes near this; a longer line is not a hooktrace log
 _BUFFER_BYTES = 1 << 20  # read in blocks this size
+
+def _first_lines(path: Path, n: int) -> list[Any] | None:
+    """The first ``n`` lines of a file, parsed; None where it cannot be read or one is not JSON."""
+    try:
+        with path.open("rb") as f:
+            return [orjson.loads(f.readline(MAX_LINE_BYTES)) for _ in range(n)]
+    except (OSError, orjson.JSONDecodeError):
+        return None
+
+
+def _is_header(d: Any) -> bool:
+    return isinstance(d, dict) and d.get("type") == "header"
+
 
 def is_hooktrace_log(path: Path) -> bool:
     """True when the file's first line is a hooktrace header, or the file is empty."""
     try:
         if path.stat().st_size == 0:
             return True
-        with path.open("rb") as f:
-            first = f.readline(MAX_LINE_BYTES)
     except OSError:
         return False
-    try:
-        d = orjson.loads(first)
-    except orjson.JSONDecodeError:
-        return False
-    return isinstance(d, dict) and d.get("type") == "header"
+    first = _first_lines(path, 1)
+    return first is not None and _is_header(first[0])
 
 
 def has_records(path: Path) -> bool:
     """True when ``path`` is a hooktrace log with a record besides its header and end record:
     the log of a run that recorded something. Reads two lines."""
-    try:
-        with path.open("rb") as f:
-            first, second = f.readline(MAX_LINE_BYTES), f.readline(MAX_LINE_BYTES)
-    except OSError:
-        return False
-    try:
-        header, d = orjson.loads(first), orjson.loads(second)
-    except orjson.JSONDecodeError:
-        return False
-    return (isinstance(header, dict) and header.get("type") == "header" and isinstance(d, dict)
-            and d.get("type") != "end")
+    found = _first_lines(path, 2)
+    return (found is not None and _is_header(found[0]) and isinstance(found[1], dict)
+            and found[1].get("type") != "end")
 
 
 def _check_readable(path: Path) -> None:
@@ -116,7 +115,7 @@ class LogReader:
                 "trace the run again"
             )
         try:
-            record = from_dict(d)
+            record = schema.from_dict(d)
         except schema.SchemaError as e:
             raise LogError(f"{self.path} line 1: {e}") from None
         assert isinstance(record, schema.Header)

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Union
 
 from hooktrace.log.errors import SchemaError as SchemaError
+from hooktrace.log.fields import OMIT_EMPTY, LogFact, decode, encode, get
 from hooktrace.log.gradstat import GradStat as GradStat
 from hooktrace.log.ops import Op as Op
 from hooktrace.log.ops import Ops as Ops
@@ -64,18 +65,12 @@ Record = Union[
 ]
 
 
-
-
-def _compact(d: dict[str, Any]) -> dict[str, Any]:
-    """Drop optional keys at their default (None / False) so lines stay short."""
-    return {k: v for k, v in d.items() if v is not None and v is not False}
-
-
 @dataclass(slots=True)
-class Header:
+class Header(LogFact):
     TYPE: ClassVar[str] = "header"
+    NULLS: ClassVar[bool] = True
     schema: int
-    hooktrace: str
+    hooktrace: str = "?"
     torch: str | None = None
     python: str | None = None
     argv: list[str] = field(default_factory=list)
@@ -96,20 +91,9 @@ class Header:
     #: forward events say ``made_no_history`` (absent: a log from before it, which does not)
     made_no_history: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "type": self.TYPE, "schema": self.schema, "hooktrace": self.hooktrace,
-            "torch": self.torch, "python": self.python, "argv": self.argv, "pid": self.pid,
-            "rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size,
-            "hostname": self.hostname, "started": self.started, "options": self.options,
-            **({"dataflow": True} if self.dataflow else {}),
-            **({"eager": True} if self.eager else {}),
-            **({"made_no_history": True} if self.made_no_history else {}),
-        }
-
 
 @dataclass(slots=True)
-class Model:
+class Model(LogFact):
     """A top-level model: a module first called outside any other traced module. One called on
     its own before a model holding it was first called is a model until then (its modules are
     named anew, ``module`` records of that model, from its first call on)."""
@@ -117,10 +101,7 @@ class Model:
     TYPE: ClassVar[str] = "model"
     model: int
     name: str  # the variable it was bound to when first called, else its class name
-    cls: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "model": self.model, "name": self.name, "class": self.cls}
+    cls: str = "?"
 
 
 class DropUnit:
@@ -133,13 +114,13 @@ class DropUnit:
 
 
 @dataclass(slots=True)
-class Module:
+class Module(LogFact):
     """One named module of a model; ``params``/``trainable`` count its own (direct) parameters."""
 
     TYPE: ClassVar[str] = "module"
     model: int
     fqn: str  # its named_modules() name, "" for the root, wrapper prefixes stripped
-    cls: str
+    cls: str = "?"  # not known: an event's module the tracer had no record of
     params: int = 0
     trainable: int = 0
     aliases: list[str] | None = None  # further fqns of a module registered in several places
@@ -162,13 +143,18 @@ class Module:
     DROP_UNITS: ClassVar[tuple[str, ...]] = kinds_of(DropUnit)
 
     def to_dict(self) -> dict[str, Any]:
-        return _compact({
-            "type": self.TYPE, "model": self.model, "name": self.fqn, "class": self.cls,
-            "params": self.params, "trainable": self.trainable, "aliases": self.aliases,
-            "loose": self.loose,
-            "drop": None if self.drop is None else {"p": self.drop, "per": self.drop_unit},
-            "wrapper": self.wrapper, "alias_of": self.alias_of,
-        })
+        d = encode(self)
+        if "drop" in d:  # one key on the wire: {"p": drop, "per": drop_unit}
+            d["drop"] = {"p": self.drop, "per": d.pop("drop_unit", None)}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Module:
+        drop = get(d, "drop", dict, {})
+        p, per = drop.get("p"), drop.get("per")
+        known = type(p) in (float, int) and per in cls.DROP_UNITS  # else: none
+        return decode(cls, {**d, "drop": float(p) if known else None,
+                            "drop_unit": per if known else None})
 
 
 @dataclass(slots=True)
@@ -298,7 +284,7 @@ class AnomalyKind:
 
 
 @dataclass(slots=True)
-class Anomaly:
+class Anomaly(LogFact):
     """In a watched step (outside ``--steps``, where events are not written): the first module
     whose forward output held NaN/Inf (``nonfinite-forward``; ``detail.weights``: its own
     parameters that held NaN/Inf too, where any did, ``detail.weights_dtypes`` their dtypes),
@@ -314,13 +300,9 @@ class Anomaly:
     call: int = 0
     detail: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "step": self.step, "model": self.model, "name": self.fqn,
-                "kind": self.kind, "call": self.call, "detail": self.detail}
-
 
 @dataclass(slots=True)
-class Source:
+class Source(LogFact):
     """Where the ``forward`` of a module class is defined: ``file`` (relative to the working
     directory when under it) and ``line``. Once per class; torch's own classes have none."""
 
@@ -329,22 +311,15 @@ class Source:
     file: str
     line: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "class": self.cls, "file": self.file, "line": self.line}
-
 
 @dataclass(slots=True)
-class Step:
+class Step(LogFact):
     """Written when backward pass ``step`` ends; counts the events recorded in that step."""
 
     TYPE: ClassVar[str] = "step"
     step: int
     forward: int = 0
     backward: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "step": self.step, "forward": self.forward,
-                "backward": self.backward}
 
 
 class EndStatus:
@@ -355,10 +330,13 @@ class EndStatus:
     INTERRUPTED: Final[str] = "interrupted"
 
 
+END_STATUSES = kinds_of(EndStatus)
+
+
 @dataclass(slots=True)
-class End:
+class End(LogFact):
     TYPE: ClassVar[str] = "end"
-    status: str  # an ``EndStatus``
+    status: str = field(metadata={"one_of": END_STATUSES})  # an ``EndStatus``
     events: int = 0
     steps: int = 0  # backward passes completed
     exit_code: int | None = None
@@ -369,17 +347,23 @@ class End:
     # hooks stayed on: with --no-watch they are removed after the last selected step)
     tracer_error: str | None = None  # the tracer failed and stopped; the script went on
     captured: int | None = None  # files written by --capture into <log>.capture/
-    backward: int | None = None  # backward() calls while tracing ran (absent: none, or older)
-    compiled: int | None = None  # graphs torch.compile compiled while tracing ran (absent: none)
-
-    def to_dict(self) -> dict[str, Any]:
-        return _compact({
-            "type": self.TYPE, "status": self.status, "events": self.events,
-            "steps": self.steps, "exit_code": self.exit_code, "error": self.error,
-            "dropped": self.dropped, "tracer_error": self.tracer_error,
-            "captured": self.captured, "backward": self.backward or None,
-            "compiled": self.compiled or None,
-        })
+    #: backward() calls while tracing ran (absent: none, or older)
+    backward: int | None = field(default=None, metadata=OMIT_EMPTY)
+    #: graphs torch.compile compiled while tracing ran (absent: none)
+    compiled: int | None = field(default=None, metadata=OMIT_EMPTY)
 
 
-END_STATUSES = kinds_of(EndStatus)
+RECORDS: dict[str, type[LogFact]] = {r.TYPE: r for r in (Header, Model, Module, Anomaly, Signal,
+                                                     Source, Ops, Step, End)}
+
+
+def from_dict(d: Any) -> Record | None:
+    """The record of one parsed line that is not an event; ``None`` for a record type this
+    version does not know, or a ``kind`` not among its ``KINDS`` (a newer version's). Raises
+    SchemaError when a known record lacks a key or holds a value of the wrong type."""
+    if not isinstance(d, dict):
+        raise SchemaError(f"a record must be a JSON object, not {type(d).__name__}")
+    cls: Any = RECORDS.get(get(d, "type", str))
+    if cls is None or (cls in (Anomaly, Signal) and get(d, "kind", str) not in cls.KINDS):
+        return None
+    return cls.from_dict(d)  # type: ignore[no-any-return]

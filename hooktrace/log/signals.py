@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
+from hooktrace.log.fields import LogFact
+
 
 class SignalKind:
     """Each kind of ``signal`` record, spelled once: the word on the wire, which every writer
@@ -26,13 +28,10 @@ class SignalKind:
     PARAMS_WITHOUT_GRAD: Final[str] = "params-without-grad"
     GRADS_ZEROED: Final[str] = "grads-zeroed"
     PARAMS_RECREATED: Final[str] = "params-recreated"
-    WEIGHTS_UNCHANGED: Final[str] = "weights-unchanged"
     TRAINABLE_CHANGED: Final[str] = "trainable-changed"
-    LR_COLLAPSED: Final[str] = "lr-collapsed"
-    WEIGHT_DECAY: Final[str] = "weight-decay"
     LOSS_SCALE: Final[str] = "loss-scale"
     NONFINITE_WEIGHTS: Final[str] = "nonfinite-weights"
-    UPDATES_ROUNDED: Final[str] = "updates-rounded"
+    HALF_UPDATES: Final[str] = "half-updates"
     GRAD_ZEROS: Final[str] = "grad-zeros"
     LOSS_OPS: Final[str] = "loss-ops"
     LOSS_SCALED: Final[str] = "loss-scaled"
@@ -51,6 +50,7 @@ class SignalKind:
     NONFINITE_INPUTS: Final[str] = "nonfinite-inputs"
     LOSS_VALUES: Final[str] = "loss-values"
     PARAMS_UNMOVED: Final[str] = "params-unmoved"
+    OPTIMIZER_LRS: Final[str] = "optimizer-lrs"
 
 
 def kinds_of(namespace: type) -> tuple[str, ...]:
@@ -59,7 +59,7 @@ def kinds_of(namespace: type) -> tuple[str, ...]:
 
 
 @dataclass(slots=True)
-class Signal:
+class Signal(LogFact):
     """What the training loop did around a model, written when it is first seen or changes
     (recorded and watched steps alike), at the step it happened in:
 
@@ -97,12 +97,6 @@ class Signal:
     * ``params-recreated``: ``fqn``'s own trainable parameters ``detail.params`` were new
       objects at the end of two recorded steps in a row (an ``nn.Parameter`` created in its
       forward), ``step`` the first of them; once per module;
-    * ``weights-unchanged``: the trainable parameters of the model that got gradients kept
-      their values from this step's backward to step ``detail.through``'s, although
-      optimizers stepped in ``detail.optimizer_steps`` steps between (0: none stepped in the
-      run), with learning rates ``detail.lr`` (``weights.py``); ``detail.modules``: fqns;
-      ``detail.dtype``, ``float16`` or ``bfloat16`` where such weights are among them. Only
-      for parameters on the CPU, as ``grads-zeroed`` (a device read per step would wait);
     * ``trainable-changed``: at the end of recorded backward pass ``step``, modules of the
       model with fewer trainable own parameters than at the last recorded pass's end
       (``detail.frozen``: fqns; ``requires_grad_(False)`` in between) or more
@@ -110,12 +104,6 @@ class Signal:
       compares with the counts of the module records (a freeze inside the first forward).
       ``detail.aliases``, where a frozen module is held under other names too (a target
       network that is the online network itself): per such fqn, its other fqns;
-    * ``lr-collapsed``: when tracing stops, for the models of an optimizer that stepped
-      ``detail.low_steps`` of its ``detail.optimizer_steps`` steps (half or more) with a learning
-      rate below 1e-4 of its peak ``detail.peak``, from ``step`` on (``detail.lr``: its last);
-    * ``weight-decay``: the models of an optimizer (``detail.optimizer``: its class) whose step
-      multiplies each weight by ``1 - lr * weight_decay`` with that product 0.01 or more
-      (``detail.lr``, ``detail.weight_decay``), at the first such step; once per optimizer;
     * ``loss-scale``: the scale ``detail.scale`` of the loss scaler (``torch.amp.GradScaler``)
       held by the code that ran the recorded backward pass ``step``, which the gradients of
       the pass still carry (they are unscaled in ``scaler.step``); when it changes;
@@ -123,10 +111,6 @@ class Signal:
       children whose output gradients are partly exactly zero: ``detail.share``, by the call's
       forward ``seq`` (a string), the share of exactly-zero elements in those of their output
       gradients that are not all zero (a loss reading part of the output; ``gradzeros.py``);
-    * ``updates-rounded``: the model's float16 or bfloat16 trainable weights (``detail.dtype``)
-      barely moved from this step's backward to step ``detail.through``'s though optimizers
-      stepped: of ``detail.compared`` sampled elements with a non-zero gradient, ``detail.moved``
-      changed (under 25% a step; ``halfupdates.py``), with learning rates ``detail.lr``;
     * ``nonfinite-weights``: the first call of recorded step ``step`` with NaN/Inf in its
       outputs, ``fqn``, ran with NaN/Inf in its own parameters ``detail.params`` (names;
       ``detail.dtypes``: theirs): an optimizer step before made them so. Written after that
@@ -186,12 +170,28 @@ class Signal:
       made before it, not by it. Found where the outputs are checked at once (on the host);
     * ``params-unmoved``: when tracing stops, the parameter ledger's trainable parameters of a
       model that never moved (their bits the same at every look: each recorded step's end and
-      the watched steps numbered by a power of two from 16) through two optimizer steps or
-      more since their first look: ``detail.params``, each ``param`` (its fqn in the model),
-      ``since`` (the step of its first look), ``steps`` (optimizer steps since, counted to 16
-      at most), ``held`` (of those, the steps of an optimizer that holds it) and ``grads`` (of
-      those, the ones it had a ``.grad`` at), the first 20 by name; ``detail.count`` in all; on
-      the CPU only;
+      the watched steps numbered by a power of two from 16) through two looks or more:
+      ``detail.params``, each ``param`` (its fqn in the model), ``since`` and ``through`` (the
+      steps of its first and last look), ``steps`` (optimizer steps since, counted to 16 at
+      most), ``held`` (of those, the steps of an optimizer that holds it) and ``grads`` (of
+      those, the ones it had a ``.grad`` at), the first 20 by name; ``detail.count`` in all;
+      ``detail.modules``, the fqns of all of their modules, ``detail.dtypes`` their dtypes;
+      ``detail.moved``, how many of the model's parameters were seen moving;
+      ``detail.looks``, [step, passes an optimizer stepped after so far] at each look (64 at
+      most) at which some of them had not moved; ``detail.cleared``, whether its gradients were
+      replaced or not added to between two looks; on the CPU only (``ledger.py``);
+    * ``half-updates``: when tracing stops, the model's float16 or bfloat16 trainable weights
+      (``detail.dtype``; not an embedding's) sampled at a look and compared at the next look
+      after an optimizer step: ``detail.compared``, [the sample's step, the step compared,
+      sampled elements with a non-zero gradient that changed, those elements] each, 8 at most;
+    * ``optimizer-lrs``: when tracing stops, per optimizer that stepped (``detail.optimizer``:
+      its class; ``detail.models``, the models of its parameters, ``model`` the first):
+      ``detail.count`` steps, ``detail.after``, the backward pass (step) each came after (-1:
+      before any), and ``detail.lr``, the largest learning rate of its groups at each (null: not
+      a number), side by side, a sample of one step in ``detail.every`` (past 256 the sample
+      thins evenly over the run) with the last step kept; ``detail.decay``, where its step
+      multiplies each weight by ``1 - lr * weight_decay`` (SGD, AdamW, a decoupled decay), the
+      group and step of the largest such product (``step``: the pass, ``lr``, ``weight_decay``);
     * ``loss-values``: when tracing stops, the loss ledger's values of one group of models
       (``detail.models``, those the passes reached; ``model``, the first): the value each
       ``backward()`` started from (a one-element root), in recorded and watched steps,
@@ -243,7 +243,7 @@ class Signal:
       (the user's innermost frame), ``detail.calls`` the traced calls (``[model, fqn]``) whose
       outputs the cut tensor came from, ``detail.added_file``/``detail.added_line`` where it was
       added, ``detail.models`` the models the loss reached (``model``: the first); once per
-      cut's line (``lossterms.py``);
+      cut's line (``loss.py``);
     * ``loss-share``: a loss of recorded step ``step`` read ``detail.read`` of its
       ``detail.of`` targets or elements, each recorded step where it read less; ``detail.by``
       says what kept them: ``ignore_index``, an ``F.cross_entropy``/``F.nll_loss`` (or a module
@@ -268,10 +268,6 @@ class Signal:
     fqn: str
     kind: str
     detail: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "step": self.step, "model": self.model, "name": self.fqn,
-                "kind": self.kind, "detail": self.detail}
 
 
 #: autograd ops (node names without ``Backward<n>``) that only view, reshape, copy or cast a

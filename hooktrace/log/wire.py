@@ -4,41 +4,39 @@ Events name their module and their tensor signatures by id: a ``module`` record 
 ``id``) and a ``tensors`` record are written once, before the first line that uses them.
 ``hooktrace.log.decoder`` reads the form back. Standard library only.
 
-Each kind of line, where it is written and where it is read back (``D``: ``decoder.Decoder``,
-``F``: ``fields``); a change to one side is a change to the other, and ``tests/unit/log/
-test_wire.py`` reads back what is written:
+Each kind of line, where it is written and where it is read back (``D``: ``decoder.Decoder``);
+a change to one side is a change to the other, and ``tests/unit/log/test_wire.py`` reads back
+what is written:
 
-============  ===========================================  ===================================
-line          written (here)                               read
-============  ===========================================  ===================================
-``forward``   ``Encoder._forward``; data flow ``sources``  ``D._forward_row``; data flow
-                                                           ``F.inputs_from``
-``backward``  ``Encoder._backward``; ``Encoder._stats``,   ``D._backward_row``;
-              ``encode_number``                            ``F.decode_stats``, ``decode_number``
-``module``    ``Encoder._module`` (its ``id``)             ``D.other`` (``D.modules``)
-``tensors``   ``Encoder._ids`` (its ``id``)                ``D.other`` (``D.tensors``)
-``params``    ``Encoder.wire`` (module ids as keys)        ``D._params``
-``ops``       ``_ops`` (numbers as the events' are)        ``F._ops``
-any other     the record's ``to_dict``                     ``F.from_dict``
-============  ===========================================  ===================================
+============  ==============================================  ================================
+line          written (here)                                  read
+============  ==============================================  ================================
+``forward``   ``Encoder._forward``; data flow ``sources``     ``D._forward_row``; data flow
+                                                              ``inputs_from`` (here)
+``backward``  ``Encoder._backward``; ``Encoder._stats``       ``D._backward_row``
+``module``    ``Encoder._module`` (its ``id``)                ``D.other`` (``D.modules``)
+``tensors``   ``Encoder._ids`` (its ``id``)                   ``D.other`` (``D.tensors``)
+``params``    ``Encoder.wire`` (module ids as keys)           ``D._params``
+any other     its ``LogFact.to_dict``                            ``schema.from_dict``
+============  ==============================================  ================================
+
+Numbers are written by ``fields.encode_number`` and read by ``fields.decode_number``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
-from hooktrace.log.schema import BackwardEvent, ForwardEvent, GradStat, Module, Ops, ParamGrads
-
-
-def encode_number(x: float) -> float | str:
-    """4 significant digits (enough to compare magnitudes, and lines stay short). JSON has no
-    NaN/Inf: they are written as the strings "nan", "inf", "-inf"."""
-    if math.isfinite(x):
-        rounded = float(f"{x:.4g}")
-        return rounded if math.isfinite(rounded) else x  # near float max, rounding gives inf
-    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+from hooktrace.log.fields import encode_number
+from hooktrace.log.schema import (
+    BackwardEvent,
+    ForwardEvent,
+    GradStat,
+    Module,
+    ParamGrads,
+    SchemaError,
+)
 
 
 def _hashable(shapes: Sequence[Any]) -> tuple[Any, ...]:
@@ -70,15 +68,60 @@ def sources(e: ForwardEvent, d: dict[str, Any]) -> None:
         d["made_out"] = [[seq - s for s in calls] for calls in e.made_out]
 
 
-def _ops(record: Ops) -> dict[str, Any]:
-    """An ``ops`` line: its gradients' statistics written as the events' are."""
-    d = record.to_dict()
-    for op in d["ops"]:
-        for key in ("grad_out", "grad_in"):
-            if key in op:
-                op[key] = [None if s is None else [encode_number(float(v)) for v in s]
-                           for s in op[key]]
-    return d
+def _offsets(value: Any) -> bool:
+    return type(value) is list and all(type(x) is int and x > 0 for x in value)
+
+
+Flow = tuple[list[list[int]], list[int] | None, list[list[int]] | None, list[list[int]] | None]
+
+
+def inputs_from(d: dict[str, Any], seq: int, inputs: int) -> Flow:
+    """A forward event's data flow (``ForwardEvent.inputs_from``, ``made``, ``from_out`` and
+    ``made_out``), its offsets back from ``seq`` resolved; without ``"from"``, each of its
+    ``inputs`` came from the call just before it (``hooktrace.log.wire.sources``)."""
+    value = d.get("from")
+    if value is None:
+        found = [[seq - 1]] if inputs == 1 else [[seq - 1] for _ in range(inputs)]
+    elif type(value) is list and len(value) == inputs:
+        found = []
+        for item in value:
+            if type(item) is int and item > 0:
+                found.append([seq - item])
+            elif item is None or _offsets(item):
+                found.append(sorted(seq - x for x in item or ()))
+            else:
+                raise SchemaError("key 'from' holds something that is not an offset to a call")
+    else:
+        raise SchemaError(f"key 'from' must list one entry per tensor input ({inputs})")
+    made = d.get("made")
+    if made is not None and not _offsets(made):
+        raise SchemaError("key 'made' must list offsets to calls")
+    return (found, sorted(seq - x for x in made) if made else None, _from_out(d, found),
+            _made_out(d, seq))
+
+
+def _from_out(d: dict[str, Any], found: list[list[int]]) -> list[list[int]] | None:
+    """``"from_out"``: per input, the output of each of its producers that it used."""
+    value = d.get("from_out")
+    if value is None:
+        return None
+    if (type(value) is not list or len(value) != len(found)
+            or not all(type(outs) is list and len(outs) == len(calls)
+                       and all(type(x) is int and x >= -1 for x in outs)
+                       for outs, calls in zip(value, found, strict=True))):
+        raise SchemaError("key 'from_out' must list, per input, an output index per producer")
+    return value
+
+
+def _made_out(d: dict[str, Any], seq: int) -> list[list[int]] | None:
+    """``"made_out"``: per output, offsets back to the calls that made it."""
+    value = d.get("made_out")
+    if value is None:
+        return None
+    if type(value) is not list or not all(type(x) is list and (not x or _offsets(x))
+                                          for x in value):
+        raise SchemaError("key 'made_out' must list, per output, offsets to calls")
+    return [sorted(seq - x for x in calls) for calls in value]
 
 
 class Encoder:
@@ -110,8 +153,6 @@ class Encoder:
                      for fqn, v in record.grad_norm.items()}
             out.append({"type": "params", "step": record.step, "model": model,
                         "grad_norm": norms})
-        elif kind is Ops:
-            out.append(_ops(record))
         else:
             out.append(record.to_dict())
         return out

@@ -1,66 +1,39 @@
-"""The loss, seen as the root of a backward pass: what a functional loss (``F.cross_entropy``)
-and a ``GradScaler`` leave in the autograd graph, which no module call shows.
+"""The loss's autograd graph, read as ``backward()`` begins (``loss.py`` holds what is read):
+each loss function's ops back to the model's output, the scaler's scale multiplications, the
+arithmetic top where terms meet, the share of its batch a loss reads, a regression target that
+reaches the model it trains, and the traced calls a tensor was computed from.
 
-In a recorded step, ``loss.backward()`` (``torch.autograd.backward``, wrapped while tracing
-runs) walks the root's graph breadth first, at most ``_BUDGET`` nodes, stopping at the nodes
-that made a traced call's output (the core's gradient hooks mark them). It writes, when they
-change, the ops from each loss function back to the model's output (``loss-ops``) and how many
-times the scaler's scale multiplies the root (``loss-scaled``). A scaled pass leaves gradients
-scaled until ``scaler.unscale_``: the gradients it left, still unchanged when an optimizer
-steps or ``clip_grad_norm_`` runs while the scaler has unscaled no optimizer since its last
-update (``scaled-step``, ``scaled-clip``), are said once. The graph is only read: no hook is
-added to it and no saved tensor is unpacked through a hook (that would re-run a checkpointed
-forward).
-
-Cost: nothing per module call; in a watched or off step one mode test per ``backward()``; in a
-recorded step a walk of a few nodes (see docs/performance.md). An exception here
-never reaches the program: the pass is not described, and the program's call runs as it was.
+Every walk is breadth first and bounded (a few dozen nodes), stops at the nodes that made a
+traced call's output (the core's gradient hooks mark them), and only reads: no hook is added,
+and a saved tensor behind an unpack hook is never read (that would re-run a checkpointed
+forward or the program's own hook). The masks and counts found are computed on the tensors'
+device (a few ops, no read): they are read once as the pass ends.
 """
 
 from __future__ import annotations
 
-import functools
-import sys
-import weakref
+import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import torch
-from torch.amp.grad_scaler import OptState
 
 from hooktrace.hooks.gradhooks import output_calls
 from hooktrace.hooks.naming import ModInfo
-from hooktrace.hooks.records import Emit, Mode, Observer, OptimizerStep, PassEnd
 from hooktrace.log import schema
-from hooktrace.log.schema import SignalKind
-from hooktrace.observe.lossscale import find_scaler
-from hooktrace.observe.lossvalues import LossValues
 
 _BUDGET = 64  # autograd nodes one walk visits at most
 _CHAIN = 12  # nodes followed from a loss's input back to the model's output
-_ROOTS = 4  # roots of one backward() call walked
-_LOOKS = 16  # recorded passes in which to look for a scaler on the stack
+_SIDE_BUDGET = 32  # nodes looked at from each side of a regression loss, or back to the calls
 #: ops a loss goes through on its way to backward (a scale, a mean, a sum of losses)
 _ARITH = frozenset({"Mul", "Div", "Add", "Sub", "Neg", "Sum", "Mean"})
-_graph_task = torch._C._current_graph_task_id
-_is_compiling = torch.compiler.is_compiling
-
-
-class Loss(NamedTuple):
-    """A loss function's node, and the path from its input back to a traced call's output."""
-
-    op: str
-    ops: tuple[str, ...]  # between the loss and the output, the loss's input first
-    out: str  # the op that made the output (below views and casts)
-    outer: ModInfo  # the outermost call that returned it
-    inner: ModInfo  # the innermost
-
-
-class _Walk(NamedTuple):
-    losses: list[Loss]
-    models: set[int]  # the models whose outputs the walk reached
-    scales: int  # the most scale multiplications on one path; -1: no scaler known
+#: the loss's arithmetic top: where its terms meet (sums, scales, means, views)
+_TOP = _ARITH | {"Stack", "Cat", "View", "Squeeze", "Unsqueeze", "Reshape", "Clone", "ToCopy"}
+#: the ops a loss's elements pass through to its root, with those that pick some of them
+_THROUGH = _TOP | {"Index", "MaskedSelect", "Where", "Expand", "Permute", "Transpose"}
+_NLL = frozenset({"NllLoss", "NllLoss2D"})
+_MAXES = frozenset({"Max", "Amax", "Logsumexp"})  # a max over an output (a bootstrapped target)
 
 
 def op_name(node: Any) -> str:
@@ -71,6 +44,40 @@ def op_name(node: Any) -> str:
 
 def is_loss(op: str) -> bool:
     return "Loss" in op or op.startswith("BinaryCrossEntropy")
+
+
+def _children(node: Any) -> Iterable[Any]:
+    return (child for child, _ in node.next_functions if child is not None)
+
+
+def breadth(roots: list[Any], budget: int, below: Callable[[Any], Iterable[Any]]) -> set[Any]:
+    """The nodes met breadth first from ``roots``, at most ``budget``; ``below(node)``: the
+    nodes to go on to (it reads the node on the way)."""
+    seen = set(roots)
+    queue = deque(roots)
+    while queue and len(seen) < budget:
+        for child in below(queue.popleft()):
+            if child not in seen:
+                seen.add(child)
+                queue.append(child)
+    return seen
+
+
+# -- each loss function's ops, and the scale ----------------------------------------------------
+class Loss(NamedTuple):
+    """A loss function's node, and the path from its input back to a traced call's output."""
+
+    op: str
+    ops: tuple[str, ...]  # between the loss and the output, the loss's input first
+    out: str  # the op that made the output (below views and casts)
+    outer: ModInfo  # the outermost call that returned it
+    inner: ModInfo  # the innermost
+
+
+class GraphWalk(NamedTuple):
+    losses: list[Loss]
+    models: set[int]  # the models whose outputs the walk reached
+    scales: int  # the most scale multiplications on one path; -1: no scaler known
 
 
 def is_scale(node: Any, ptr: int) -> bool:
@@ -118,7 +125,7 @@ def _chain(loss: Any, trained: set[int]) -> Loss | None:
     return None
 
 
-def walk(root: Any, trained: set[int], scale_ptr: int | None) -> _Walk:
+def walk(root: Any, trained: set[int], scale_ptr: int | None) -> GraphWalk:
     """Breadth first from ``root``, stopping at traced calls' outputs and at leaves. Scale
     multiplications are counted along paths of arithmetic from the root only (a gradient
     penalty's double-backward graph multiplies by the scale too, below the ops it takes)."""
@@ -142,228 +149,203 @@ def walk(root: Any, trained: set[int], scale_ptr: int | None) -> _Walk:
                 losses.append(found)
         d = depth[node]
         d = d if d is not None and op in _ARITH else None
-        for child, _ in node.next_functions:
-            if child is None or child in depth or type(child).__name__ == "AccumulateGrad":
+        for child in _children(node):
+            if child in depth or type(child).__name__ == "AccumulateGrad":
                 continue
             depth[child] = None if d is None else d + int(scaled and is_scale(child,
                                                                                scale_ptr or 0))
             queue.append(child)
-    return _Walk(losses, models, max(n or 0 for n in depth.values()) if scaled else -1)
+    return GraphWalk(losses, models, max(n or 0 for n in depth.values()) if scaled else -1)
 
 
-def _roots(tensors: Any) -> list[Any]:
-    """The nodes of ``backward()``'s tensors: of a tensor, a list or a tuple only (an iterator
-    read here would reach backward used up)."""
-    many = [tensors] if isinstance(tensors, torch.Tensor) else \
-        tensors[:_ROOTS] if isinstance(tensors, (list, tuple)) else []
-    return [t.grad_fn for t in many if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+def arithmetic_top(roots: list[Any]) -> set[Any]:
+    """The nodes from the roots down through sums, scales, means, views: where terms meet."""
+    return breadth(roots, _BUDGET, lambda node: [
+        child for child in _children(node) if op_name(child) in _TOP])
 
 
-class LossGraph(Observer):
-    """Wraps ``torch.autograd.backward`` and ``torch.nn.utils.clip_grad_norm_`` while tracing
-    runs (the program's call goes through unchanged) and holds a global optimizer step
-    pre-hook; ``stop`` puts them back."""
+# -- the traced calls behind a tensor, and a bootstrapped target ---------------------------------
+def calls(t: torch.Tensor) -> tuple[tuple[int, str], ...]:
+    """The traced calls whose outputs ``t`` was computed from (the first met on each path, and
+    the calls around them that returned the same output)."""
+    if t.grad_fn is None:
+        return ()
+    found: dict[tuple[int, str], None] = {}
 
-    follows = ()  # no module call: first sights and passes only
+    def below(node: Any) -> Iterable[Any]:
+        infos = [c.info for c in output_calls(node) if c.info is not None]
+        found.update(((i.model, i.fqn), None) for i in infos)
+        return () if infos else _children(node)
 
-    def __init__(self, emit: Emit, mode: Callable[[], Mode],
-                 returned: Callable[[], Callable[[], None]] = lambda: lambda: None,
-                 looked: Callable[[list[Any], set[int]], None] | None = None) -> None:
-        self._emit = emit
-        self._mode = mode  # the current step's mode
-        # called as the outermost backward() begins; what it returns, once it returned
-        self._returned = returned
-        self._looked = looked  # the roots and the models they reached, once walked
-        self._on = True
-        self.calls = 0  # backward() calls while tracing ran (with module calls or without)
-        self._trained: set[int] = set()  # models with parameters
-        self._scaler: weakref.ref[Any] | None = None
-        self._looks = 0
-        self._pending: list[_Walk] | None = None  # the walks of the pass now running
-        self._said_ops: dict[tuple[int, str, str], tuple[Any, ...]] = {}
-        self._said_scales: dict[int, int] = {}
-        # id(parameter) -> the .grad a scaled recorded pass left, its version then, the
-        # parameter's module and the step
-        self._scaled: dict[int, tuple[weakref.ref[torch.Tensor], int, ModInfo, int]] = {}
-        self._said_steps: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
-        self._said_clip = False
-        self.values = LossValues(emit)
-        self._backward = torch.autograd.backward
-        self._clip = torch.nn.utils.clip_grad_norm_
-        self._wrapped_backward = self._wrap_backward(self._backward)
-        self._wrapped_clip = self._wrap_clip(self._clip)
-        torch.autograd.backward = self._wrapped_backward
-        torch.nn.utils.clip_grad_norm_ = self._wrapped_clip
+    breadth([t.grad_fn], _SIDE_BUDGET, below)
+    return tuple(found)
 
-    def module_seen(self, module: torch.nn.Module, info: ModInfo) -> None:
-        if info.has_params:
-            self._trained.add(info.model)
 
-    def stop(self, step: int, mode: Mode) -> None:
-        if self._on:
-            self.values.write()
-        self._on = False
-        # another wrapper around ours (a second session) stays; ours then only passes through
-        if torch.autograd.backward is self._wrapped_backward:
-            torch.autograd.backward = self._backward
-        if torch.nn.utils.clip_grad_norm_ is self._wrapped_clip:
-            torch.nn.utils.clip_grad_norm_ = self._clip
+def _side(node: Any) -> tuple[set[int], set[int], str]:
+    """From one input of a loss back to the first traced calls' outputs on each path: the
+    models with parameters reached, those calls' seqs, the max passed before the first."""
+    models: set[int] = set()
+    seqs: set[int] = set()
+    maxed: dict[Any, str] = {node: ""}
+    through: list[str] = []
 
-    # -- backward ----------------------------------------------------------------------------
-    def _wrap_backward(self, original: Callable[..., None]) -> Callable[..., None]:
-        @functools.wraps(original)
-        def backward(tensors: Any, *args: Any, **kwargs: Any) -> None:
-            self.calls += 1
-            outermost = self._on and _graph_task() == -1 and not _is_compiling()
-            if outermost:
-                self.values.began(tensors)
-            if outermost and self._mode() is Mode.RECORDED:
-                self._look(tensors)
-            then = self._returned() if outermost else None
-            try:
-                original(tensors, *args, **kwargs)
-            finally:
-                self._pending = None
-            if then is not None:
-                then()
-        return backward
+    def below(n: Any) -> Iterable[Any]:
+        found = [c for c in output_calls(n) if c.info is not None and c.info.has_params]
+        if found:
+            models.update(c.info.model for c in found if c.info is not None)
+            seqs.update(c.seq for c in found)
+            through.append(maxed[n])
+            return ()
+        op = op_name(n)
+        went = maxed[n] or (op if op in _MAXES else "")
+        out = [c for c in _children(n) if type(c).__name__ != "AccumulateGrad"]
+        for c in out:
+            maxed.setdefault(c, went)
+        return out
 
-    def _look(self, tensors: Any) -> None:
-        roots: list[Any] = []
+    breadth([node], _SIDE_BUDGET, below)
+    return models, seqs, next((t for t in through if t), "")
+
+
+def bootstrapped(loss: Any) -> tuple[int, str] | None:
+    """The model (and the max) where the target side of ``loss`` (its second input) reaches,
+    through a max, another call of a model its input side reaches; None otherwise."""
+    edges = loss.next_functions
+    if len(edges) < 2 or edges[0][0] is None or edges[1][0] is None:
+        return None
+    pred, target = _side(edges[0][0]), _side(edges[1][0])
+    shared = pred[0] & target[0]
+    if not shared or not target[2] or not (target[1] - pred[1]):
+        return None
+    return min(shared), target[2]
+
+
+# -- the share of its batch a loss reads ---------------------------------------------------------
+class Share(NamedTuple):
+    """What one op of a loss reads: ``read`` elements of ``of`` (a 0-dim count on its device),
+    ``bad`` the multiplier's values that are neither 0 nor 1 (a weight where not 0)."""
+
+    detail: dict[str, Any]
+    read: torch.Tensor
+    bad: torch.Tensor
+    of: int
+
+
+class _Hooked(Exception):
+    """A saved tensor behind an unpack hook (activation checkpointing, offloading): reading it
+    would run the program's hook, so the op is not read."""
+
+
+def _saved(raw: Any) -> Any:
+    """A saved tensor read without unpacking it (None where it was not saved)."""
+    if raw.unpack_hook is not None:
+        raise _Hooked
+    return raw.data
+
+
+def _edges(node: Any) -> list[bool]:
+    """Which inputs of ``node`` carry a gradient."""
+    return [child is not None for child, _ in node.next_functions]
+
+
+def _not01(t: torch.Tensor) -> torch.Tensor:
+    return ((t != 0) & (t != 1)).sum()
+
+
+def _none(device: torch.device) -> torch.Tensor:
+    return torch.zeros((), dtype=torch.int64, device=device)
+
+
+def _mul(node: Any) -> Share | None:
+    """``loss * mask``: the operand without gradient is the mask, broadcast to the product."""
+    edges = _edges(node)
+    if edges.count(True) != 1 or len(edges) != 2:
+        return None
+    mask = _saved(node._raw_saved_self if edges[1] else node._raw_saved_other)
+    of = math.prod(node._input_metadata[0].shape)
+    if not isinstance(mask, torch.Tensor) or mask.numel() <= 1 or of <= 1:
+        return None  # a scale
+    read = torch.count_nonzero(mask) * (of // mask.numel())
+    return Share({"by": "mask", "node": "Mul"}, read, _not01(mask), of)
+
+
+def _where(node: Any) -> Share | None:
+    """``torch.where(mask, loss, 0)``: the loss's side of the condition."""
+    edges = _edges(node)
+    cond = _saved(node._raw_saved_condition)
+    if edges.count(True) != 1 or cond.numel() <= 1:
+        return None
+    kept = cond if edges[0] else ~cond
+    return Share({"by": "mask", "node": "Where"}, torch.count_nonzero(kept), _none(cond.device),
+                 cond.numel())
+
+
+def _masked_select(node: Any) -> Share | None:
+    mask, loss = _saved(node._raw_saved_mask), _saved(node._raw_saved_self)
+    shape = torch.broadcast_shapes(mask.shape, loss.shape)  # type: ignore[no-untyped-call]
+    read = torch.count_nonzero(torch.broadcast_to(mask, shape))
+    return Share({"by": "mask", "node": "MaskedSelect"}, read, _none(mask.device),
+                 math.prod(shape))
+
+
+def _index(node: Any) -> Share | None:
+    """``loss[mask]``: one boolean index; an integer index of the dimension's length whose
+    values are all 0 or 1 (``bad`` zero) is a mask of the wrong dtype."""
+    sizes = list(node._saved_self_sym_sizes)
+    found = [(i, _saved(ix)) for i, ix in enumerate(node._raw_saved_indices)
+             if ix is not None]
+    found = [(i, ix) for i, ix in found if ix is not None]
+    if len(found) != 1 or math.prod(sizes) <= 1:
+        return None
+    (dim, ix), of = found[0], math.prod(sizes)
+    if ix.dtype in (torch.bool, torch.uint8):  # uint8 indexes as a mask
+        rest = of // max(math.prod(sizes[dim:dim + ix.dim()]), 1)
+        return Share({"by": "mask", "node": "Index"}, torch.count_nonzero(ix) * rest,
+                     _none(ix.device), of)
+    if ix.is_floating_point() or ix.dim() != 1 or ix.numel() != sizes[dim] or sizes[dim] <= 2:
+        return None
+    rows = (ix == 0).any().long() + (ix == 1).any().long()  # the rows it reads
+    return Share({"by": "index", "node": "Index", "dim": dim, "rows": sizes[dim]},
+                 rows * (of // sizes[dim]), _not01(ix), of)
+
+
+def _nll(node: Any) -> Share | None:
+    """Targets a ``nll_loss`` left to ``ignore_index`` (one the window did not see)."""
+    target, ignore = _saved(node._raw_saved_target), node._saved_ignore_index
+    if target.numel() == 0:
+        return None
+    below = node.next_functions[0][0]
+    loss = "F.cross_entropy" if below is not None and op_name(below) == "LogSoftmax" else \
+        "F.nll_loss"
+    return Share({"by": "ignore_index", "node": op_name(node), "loss": loss,
+                  "ignore_index": int(ignore), "inside": True},
+                 (target != ignore).sum(), _none(target.device), target.numel())
+
+
+_READERS = {"Mul": _mul, "Where": _where, "MaskedSelect": _masked_select, "Index": _index,
+            "NllLoss": _nll, "NllLoss2D": _nll}
+
+
+def reads(roots: list[Any], known: set[Any]) -> list[Share]:
+    """The shares read on the loss's top below ``roots``, down to the traced calls' outputs:
+    a 0/1 mask over a per-element loss, a boolean index, ``masked_select``, ``torch.where``, an
+    integer 0/1 index (it picks rows 0 and 1), the targets a ``cross_entropy`` computed inside a
+    model's call left to ``ignore_index``. ``known``: the nodes of losses the window counted
+    already (not walked below). A multiplier other than 0/1 (a class weight) is not a mask."""
+    out: list[Share] = []
+
+    def below(node: Any) -> Iterable[Any]:
+        if node in known or (node not in roots and output_calls(node)):
+            return ()  # counted by the window, or a model call's output: inside the model
+        op = op_name(node)
+        reader = _READERS.get(op)
         try:
-            scaler = self._find_scaler()
-            scale = getattr(scaler, "_scale", None) if scaler is not None else None
-            ptr = scale.data_ptr() if isinstance(scale, torch.Tensor) else None
-            roots = _roots(tensors)
-            self._pending = [walk(root, self._trained, ptr) for root in roots]
-        except Exception:  # an odd graph: this pass is not described
-            self._pending = None
-        if self._looked is not None:  # the loss terms' window closes, walked or not
-            self._looked(roots if self._pending is not None else [],
-                         {m for w in self._pending or [] for m in w.models})
+            share = reader(node) if reader is not None else None
+        except _Hooked:
+            share = None
+        if share is not None:
+            out.append(share)
+        return () if op in _NLL or op not in _THROUGH else _children(node)
 
-    def _find_scaler(self) -> Any:
-        scaler = self._scaler() if self._scaler is not None else None
-        if scaler is not None or self._looks >= _LOOKS:
-            return scaler
-        self._looks += 1
-        scaler = find_scaler(sys._getframe(2))
-        if scaler is not None:
-            self._scaler = weakref.ref(scaler)
-        return scaler
-
-    def backward_end(self, end: PassEnd) -> None:
-        if self._on:
-            self.values.ended(end)
-        walks, self._pending = self._pending, None
-        if end.mode is not Mode.RECORDED:
-            if self._scaled:
-                self._scaled.clear()  # past the recorded steps: optimizer steps pay nothing
-            return
-        if not walks or not self._on:
-            return
-        try:
-            self._write(end.step, walks)
-            if any(w.scales > 0 for w in walks):
-                self._remember(end)
-        except Exception:
-            self._on = False  # said nowhere: the other observers go on
-
-    def _write(self, step: int, walks: list[_Walk]) -> None:
-        for loss in sorted({loss for w in walks for loss in w.losses},
-                           key=lambda x: (x.outer.model, x.outer.fqn, x.op)):
-            key = (loss.outer.model, loss.outer.fqn, loss.op)
-            said = (loss.ops, loss.out, loss.inner.fqn)
-            if self._said_ops.get(key) != said:
-                self._said_ops[key] = said
-                detail: dict[str, Any] = {"loss": loss.op, "ops": list(loss.ops), "out": loss.out}
-                if loss.inner.fqn != loss.outer.fqn:
-                    detail["last"] = loss.inner.fqn
-                self._emit(schema.Signal(step, loss.outer.model, loss.outer.fqn,
-                                         SignalKind.LOSS_OPS, detail))
-        times: dict[int, int] = {}
-        for w in walks:
-            if w.scales >= 0:
-                for model in w.models:
-                    times[model] = max(times.get(model, 0), w.scales)
-        for model, n in sorted(times.items()):
-            if self._said_scales.get(model) != n:
-                self._said_scales[model] = n
-                self._emit(schema.Signal(step, model, "", SignalKind.LOSS_SCALED, {"times": n}))
-
-    def _remember(self, end: PassEnd) -> None:
-        """The .grad of the parameters of the modules a scaled pass reached, as it left them."""
-        for info in end.reached:
-            module = info.ref() if info.has_params else None
-            if module is None:
-                continue
-            for p in module._parameters.values():
-                grad = p.grad if p is not None else None
-                if grad is not None:
-                    self._scaled[id(p)] = (weakref.ref(grad), grad._version, info, end.step)
-
-    def _still_scaled(self, params: Iterable[Any], keep: bool) -> dict[int, list[ModInfo]]:
-        """Of ``params``, those whose .grad is as a scaled pass left it, by step (and their
-        entries dropped unless ``keep``)."""
-        found: dict[int, list[ModInfo]] = {}
-        for p in params:
-            entry = self._scaled.get(id(p)) if keep else self._scaled.pop(id(p), None)
-            grad: Any = getattr(p, "grad", None)
-            if entry is not None and grad is not None and grad._version == entry[1] \
-                    and entry[0]() is grad:
-                found.setdefault(entry[3], []).append(entry[2])
-        return found
-
-    def _say(self, kind: str, found: dict[int, list[ModInfo]], detail: dict[str, Any]) -> None:
-        step = min(found)
-        infos = [info for infos in found.values() for info in infos]
-        for model in sorted({info.model for info in infos}):
-            names = list(dict.fromkeys(i.fqn for i in infos if i.model == model))
-            self._emit(schema.Signal(step, model, "", kind, {**detail, "modules": names}))
-
-    # -- optimizer steps and clipping ------------------------------------------------------
-    def optimizer_stepping(self, step: OptimizerStep) -> None:
-        if not self._scaled or not self._on:
-            return
-        optimizer = step.optimizer
-        try:
-            scaler = self._scaler() if self._scaler is not None else None
-            # scaler.step unscales first (an optimizer it wraps, ZeroRedundancyOptimizer's,
-            # steps inside it: any optimizer unscaled since the scaler's update counts); an
-            # optimizer that unscales itself (fused Adam) is handed optimizer.grad_scale
-            unscaled = scaler is None or any(
-                state["stage"] is not OptState.READY
-                for state in scaler._per_optimizer_states.values()) or getattr(
-                    optimizer, "grad_scale", None) is not None
-            params = [p for group in optimizer.param_groups for p in group["params"]]
-            found = self._still_scaled(params, keep=False)
-            if found and not unscaled and optimizer not in self._said_steps:
-                self._said_steps.add(optimizer)
-                self._say(SignalKind.SCALED_STEP, found, {"optimizer": type(optimizer).__name__})
-        except Exception:
-            self._on = False
-
-    def _wrap_clip(self, original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-        @functools.wraps(original)
-        def clip_grad_norm_(parameters: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
-            if self._scaled and self._on and not self._said_clip:
-                if not isinstance(parameters, torch.Tensor):
-                    parameters = list(parameters)  # what clip_grad_norm_ does first itself
-                self._clipping(parameters, args, kwargs)
-            return original(parameters, *args, **kwargs)
-        return clip_grad_norm_
-
-    def _clipping(self, parameters: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        try:
-            scaler = self._scaler() if self._scaler is not None else None
-            if scaler is None or any(state["stage"] is not OptState.READY
-                                     for state in scaler._per_optimizer_states.values()):
-                return  # an optimizer was unscaled since the scaler's last update
-            params = [parameters] if isinstance(parameters, torch.Tensor) else parameters
-            found = self._still_scaled(params, keep=True)
-            if found:
-                self._said_clip = True
-                max_norm = args[0] if args else kwargs.get("max_norm")
-                self._say(SignalKind.SCALED_CLIP, found, {"max_norm": float(max_norm or 0)})
-        except Exception:
-            self._on = False
+    breadth(roots, _BUDGET, below)
+    return out

@@ -1,17 +1,21 @@
-"""The window of the loss terms' observer (``lossterms.py``): a ``TorchFunctionMode`` that
-follows a recorded step's operations from a model call's end to ``backward()``. An operation
-whose output has no gradient though an input needed one cut the graph there; what is made from
-its output carries the cut; an escape to numpy or a Python number is remembered; an addition of a
+"""The loss window: one ``TorchFunctionMode`` that follows a recorded step's operations from a
+model call's end to ``backward()``, where a training loop builds its loss. An operation whose
+output has no gradient though an input needed one cut the graph there; what is made from its
+output carries the cut; an escape to numpy or a Python number is remembered; an addition of a
 term with gradient and one that carries a cut is a candidate term; ``F.cross_entropy`` and
 ``F.nll_loss`` count their targets read, and a regression loss whose target has gradient is
 noted. Every operation returns what it returns; an error turns the window off.
+
+The window is on torch's mode stack only while it follows: it leaves it as ``backward()``
+begins (the loss is done), at an optimizer step (the step ends) and when tracing stops; one that
+turned itself off (``CAP`` operations, an error) or was closed inside its own handler leaves at
+the next model call or optimizer step. It is never pushed above a mode of the program's.
 """
 
 from __future__ import annotations
 
 import sys
 import sysconfig
-from collections import deque
 from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple
@@ -20,12 +24,11 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from hooktrace.hooks.gradhooks import output_calls
 from hooktrace.hooks.opzoom import function_name
 from hooktrace.hooks.sites import shown
+from hooktrace.observe.lossgraph import calls
 
 CAP = 4096  # operations one window follows
-_CALLS_BUDGET = 32  # nodes walked from a cut back to the calls it came from
 _OURS = str(Path(__file__).parent.parent)
 _SKIP = (str(Path(torch.__file__).parent), "<frozen ", *sorted({
     sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib")}))
@@ -87,29 +90,6 @@ def _get(table: WeakIdKeyDictionary, t: torch.Tensor) -> Cut | None:
     return found
 
 
-def _calls(t: torch.Tensor) -> tuple[tuple[int, str], ...]:
-    """The traced calls whose outputs ``t`` was computed from (the first met on each path, and
-    the calls around them that returned the same output), by a walk of at most
-    ``_CALLS_BUDGET`` nodes of its graph."""
-    node = t.grad_fn
-    if node is None:
-        return ()
-    found: dict[tuple[int, str], None] = {}
-    seen = {node}
-    queue = deque([node])
-    while queue and len(seen) < _CALLS_BUDGET:
-        n = queue.popleft()
-        infos = [c.info for c in output_calls(n) if c.info is not None]
-        if infos:
-            found.update(((i.model, i.fqn), None) for i in infos)
-            continue
-        for child, _ in n.next_functions:
-            if child is not None and child not in seen:
-                seen.add(child)
-                queue.append(child)
-    return tuple(found)
-
-
 def _tensors(args: tuple[Any, ...]) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
     for a in args:
@@ -121,11 +101,13 @@ def _tensors(args: tuple[Any, ...]) -> list[torch.Tensor]:
 
 
 class Window(TorchFunctionMode):
-    """Follows the operations of one window; ``LossTerms`` opens and closes it."""
+    """Follows the operations of one window; the loss observer opens and closes it."""
 
     def __init__(self) -> None:
         super().__init__()
         self.on = False
+        self.broken = False  # an error, or a mode the program pushed above it: off for the run
+        self._stale = False  # closed, and maybe still on torch's stack
         self.ops = 0
         self.cuts: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.made: WeakIdKeyDictionary = WeakIdKeyDictionary()  # constants made in the window
@@ -145,6 +127,46 @@ class Window(TorchFunctionMode):
         self.targets.clear()
         self.shares.clear()
 
+    # -- on and off torch's stack -------------------------------------------------------------
+    def open(self) -> None:
+        """On the stack, cleared, as a recorded step's model call returns."""
+        if self.on or self.broken or torch.compiler.is_compiling():
+            return
+        self.clear()
+        if not self._off():
+            self.broken = True  # a mode the program pushed above it: left alone
+        elif not torch._C._len_torch_function_stack():
+            # not above a mode of the program's (``with torch.device(...)``) or the op zoom's:
+            # it would take that mode's place when the program pops it
+            torch._C._push_on_torch_function_stack(self)
+            self.on = True
+
+    def close(self) -> None:
+        """Off the stack where it is its top; else (inside its own handler, where torch has
+        taken it off for the while) at the next ``leave_stale``."""
+        self.on = False
+        if not self._pop():
+            self._stale = True
+
+    def leave_stale(self) -> None:
+        """A model call begins or an optimizer steps: a closed window still on the stack
+        leaves it (in between, each op passed through it)."""
+        if self._stale and not self.on:
+            self._stale = not self._off()
+
+    def _pop(self) -> bool:
+        depth = torch._C._len_torch_function_stack()
+        if depth and torch._C._get_function_stack_at(depth - 1) is self:
+            torch._C._pop_torch_function_stack()
+            return True
+        return False
+
+    def _off(self) -> bool:
+        """The window off torch's stack, from its top only; False where it stays (a mode pushed
+        above it)."""
+        return self._pop() or not any(torch._C._get_function_stack_at(i) is self
+                                      for i in range(torch._C._len_torch_function_stack()))
+
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         out = func(*args, **kwargs) if kwargs else func(*args)
@@ -152,14 +174,14 @@ class Window(TorchFunctionMode):
             try:
                 self._see(func, args, kwargs, out, sys._getframe(1))
             except Exception:
-                self.on = False
+                self.on, self._stale = False, True
         return out
 
     def _see(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any,
              frame: FrameType) -> None:
         self.ops += 1
         if self.ops > CAP:
-            self.on = False
+            self.on, self._stale = False, True
             return
         name = self._names.get(func)
         if name is None:
@@ -193,8 +215,8 @@ class Window(TorchFunctionMode):
                 return
             site = _site(frame)
             if site is not None:
-                calls = cut.calls if cut is not None else _calls(t)
-                self.escapes.append((Cut(_ESCAPES[name], name, *site, calls),
+                came = cut.calls if cut is not None else calls(t)
+                self.escapes.append((Cut(_ESCAPES[name], name, *site, came),
                                      None if name == "Tensor.numpy" else out))
 
     def _input_cut(self, name: str, args: tuple[Any, ...], frame: FrameType) -> Cut | None:
@@ -212,7 +234,7 @@ class Window(TorchFunctionMode):
         if site is None:
             return None
         reason = "detach" if name in _DETACH else "op" if _grad_enabled() else "no_grad"
-        return Cut(reason, name, *site, _calls(t))
+        return Cut(reason, name, *site, calls(t))
 
     def _made_back(self, data: Any) -> Cut | None:
         """A tensor made from a number an escape gave, or from numpy after a numpy escape."""

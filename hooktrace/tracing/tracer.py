@@ -1,20 +1,20 @@
 """Assembles a tracing session: the hook core and its observers, in the order they must run.
 
-``core.py`` follows the module calls; the observers (``records.Observer``) do the rest, 19 at
-most, 14 in every run, in this order: capture (``--capture``), parameter-gradient norms
+``core.py`` follows the module calls; the observers (``records.Observer``) do the rest, 17 at
+most, 12 in every run, in this order: capture (``--capture``), parameter-gradient norms
 (``paramnorms``), watch (steps after ``--steps``, with statistics and ``--watch``), the training
-loop around the modules (``diagnose``), loss scaling (``lossscale``), hooks that pile up
-(``hookcount``), custom ``autograd.Function`` checks (``functions``), who may see whom
-(``--probe``), loss terms (``lossterms``), the loss graph (``lossgraph``), compiled code run
-eagerly in recorded steps (``eager``), weights that never change (``weights``), models side by
-side (``twins``), updates lost to precision (``halfupdates``), the step explained
-(``stepcheck``), partly-zero gradients (``gradzeros``, with statistics), the op zoom's records
-(``ops``), the log writer (``recorder``: it writes what those before it emit after the step's
-events), and break on NaN/Inf (``--break-on nan``, after the writer: the NaN's own event is
-written first). Statistics (``stats.TensorStats``) are shared by the observers that read
-numbers. Observers hand records to the log writer's ``emit`` (naming's model and module records
-to its ``emit_now``); the log writer tells the ops observer what it meets (``recorder.Facts``),
-which asks the zoom for modules (``opzoom.ZoomRequests``).
+loop around the modules (``diagnose``), the optimizers' steps (``optimizers``), hooks that pile
+up (``hookcount``), custom ``autograd.Function`` checks (``functions``), who may see whom
+(``--probe``), the loss (``loss``: its graph, terms, scaling and ledger), compiled code run
+eagerly in recorded steps (``eager``), the parameter ledger (``ledger``: which weights moved,
+the learning rates), models side by side (``twins``), the step explained (``stepcheck``),
+partly-zero gradients (``gradzeros``, with statistics), the op zoom's records (``ops``), the log
+writer (``recorder``: it writes what those before it emit after the step's events), and break on
+NaN/Inf (``--break-on nan``, after the writer: the NaN's own event is written first).
+Statistics (``stats.TensorStats``) are shared by the observers that read numbers. Observers hand
+records to the log writer's ``emit`` (naming's model and module records to its ``emit_now``);
+the log writer tells the ops observer what it meets (``recorder.Facts``), which asks the zoom
+for modules (``opzoom.ZoomRequests``).
 """
 
 from __future__ import annotations
@@ -36,12 +36,9 @@ from hooktrace.observe.diagnose import Diagnosis
 from hooktrace.observe.eager import EagerSteps
 from hooktrace.observe.functions import FunctionCheck
 from hooktrace.observe.gradzeros import GradZeros
-from hooktrace.observe.halfupdates import HalfUpdates
 from hooktrace.observe.hookcount import HookCount
 from hooktrace.observe.ledger import ParamLedger
-from hooktrace.observe.lossgraph import LossGraph
-from hooktrace.observe.lossscale import LossScale
-from hooktrace.observe.lossterms import LossTerms
+from hooktrace.observe.loss import LossObserver
 from hooktrace.observe.ops import OpsObserver
 from hooktrace.observe.optimizers import Optimizers
 from hooktrace.observe.outputs import OutputCheck
@@ -52,7 +49,6 @@ from hooktrace.observe.stats import TensorStats
 from hooktrace.observe.stepcheck import StepSample
 from hooktrace.observe.twins import Twins
 from hooktrace.observe.watch import Watch
-from hooktrace.observe.weights import WeightChange
 
 __all__ = ["Sink", "Tracer"]
 
@@ -75,12 +71,12 @@ class Tracer:
         self._core = CallTracker(self._options)
         self._naming: Naming | None = None
         self._eager: EagerSteps | None = None
-        self._loss_graph: LossGraph | None = None
+        self._loss: LossObserver | None = None
 
     @property
     def backward_calls(self) -> int:
         """``backward()`` calls while tracing ran, seen with module calls or without."""
-        return self._loss_graph.calls if self._loss_graph else 0
+        return self._loss.calls if self._loss else 0
 
     @property
     def models(self) -> int:
@@ -128,7 +124,6 @@ class Tracer:
         optimizers = Optimizers(recorder.emit, naming.uncalled)
         observers.append(Diagnosis(recorder.emit, optimizers))  # tells it of freezes: before
         observers.append(optimizers)
-        observers.append(LossScale(recorder.emit))
         observers.append(HookCount(recorder.emit))
         paused: list[bool] = []
 
@@ -148,16 +143,12 @@ class Tracer:
             step = core.step  # a pass compiled code ran, no module hook saw: ended at return
             return lambda: core.backward_returned(step) if eager.compiled else None
 
-        terms = LossTerms(recorder.emit)
-        observers.append(terms)
-        self._loss_graph = LossGraph(recorder.emit, lambda: core.mode, backward_began,
-                                     lambda roots, models: terms.looked(core.step, roots, models))
-        observers.append(self._loss_graph)
+        self._loss = LossObserver(recorder.emit, lambda: core.mode, lambda: core.step,
+                                  backward_began)
+        observers.append(self._loss)
         observers.append(eager)
-        observers.append(WeightChange(recorder.emit))
         observers.append(ParamLedger(recorder.emit))
         observers.append(Twins(recorder.emit, naming.known, naming.model_name))
-        observers.append(HalfUpdates(recorder.emit))
         observers.append(StepSample(recorder.emit, optimizers))
         if stats is not None:
             observers.append(GradZeros(stats, recorder.emit))

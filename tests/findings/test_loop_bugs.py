@@ -85,10 +85,10 @@ def test_healthy_loops_are_silent(tmp_path: Path, case: str) -> None:
     # steps (issue 38: judged in the units training uses), the loss ledger's values, and the
     # parameters that never moved: the biases before a BatchNorm, whose gradient it makes
     # exactly zero (a fact, no finding), the sampled weights' moves against their optimizer's
-    # (a fact: each step explained); nothing else to say
+    # (a fact: each step explained), the ledger's learning rates; nothing else to say
     assert {s.kind for s in signals} - {"grad-zeros"} == {
         "optimizers", "loss-ops", "optimizer-steps", "loss-values", "params-unmoved",
-        "step-sample"}
+        "step-sample", "optimizer-lrs"}
     [steps] = [s for s in signals if s.kind == "optimizer-steps"]
     # accumulation: a step after every second backward pass
     after = [1, 3] if case == "ok_accumulation" else [0, 1, 2, 3]

@@ -1,4 +1,4 @@
-"""How much of its batch a loss reads, with masks (``hooktrace/observe/lossmasks.py``,
+"""How much of its batch a loss reads, with masks (``hooktrace/observe/lossgraph.py``,
 ``check/lossterms.py``): a 0/1 mask over a per-element loss, a boolean index, ``masked_select``,
 ``torch.where``, and a loss computed inside the model's call (``model(ids, labels=...).loss``).
 Traced in this process on a real tiny language model: each bug next to the healthy recipe it

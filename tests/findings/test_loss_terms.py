@@ -1,4 +1,4 @@
-"""Every loss term counts (``hooktrace/observe/lossterms.py``, ``check/lossterms.py``): a term
+"""Every loss term counts (``hooktrace/observe/loss.py``, ``check/lossterms.py``): a term
 added into the loss that carries no gradient is named with what cut it and its line; how much
 of its batch a classification loss reads is a fact. Traced in this process on real models: each
 bug next to the healthy recipe it resembles, which stays silent."""
@@ -344,3 +344,37 @@ def test_a_head_cut_in_the_loss_is_said_to_be_in_the_loss(tmp_path: Path) -> Non
         ("loss-term-cut", "", ["reg"])
     assert "inside its forward" not in problem.message and problem.source is None
     assert "outside every forward" in problem.message and "it starves reg" in problem.message
+
+
+class _StackDepth(nn.Module):
+    """A model call that notes how many modes are on torch's function stack as it runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(torch._C._len_torch_function_stack())
+        return x
+
+
+@pytest.mark.parametrize("between", ["optimizer step", "past the window's cap"])
+def test_the_loss_window_leaves_torchs_stack_before_a_later_model_call(
+        tmp_path: Path, between: str) -> None:
+    """A recorded step's model call that no ``backward()`` follows (an evaluation, a skipped
+    batch) opened the loss window: it leaves torch's mode stack when the step ends (an optimizer
+    step), or once it followed its cap of operations, not in a later model call."""
+    model, probe = mlp(), _StackDepth()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(6, 8)
+    with hooktrace.trace(tmp_path / "log.jsonl"):
+        for _ in range(2):
+            out = model(x)
+            if between == "optimizer step":
+                optimizer.step()
+            else:
+                for _ in range(5000):  # more than the window follows
+                    out = out + 0
+            probe(x)
+    assert probe.seen == [0, 0]
+    assert torch._C._len_torch_function_stack() == 0

@@ -15,7 +15,7 @@ import pytest
 import torch
 from helpers import hooktrace_cmd
 
-from hooktrace.observe.weights import bit_sums
+from hooktrace.observe.ledger import bit_sums
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "weights_loop.py"
 

@@ -138,8 +138,10 @@ def test_resnet18_log_is_small(log_path: Path) -> None:
             optimizer.step()
     per_step = events_count = 0
     # the once-per-log records: the header, names, the end, and the ledgers written when
-    # tracing stops (the loss's values, a few bytes a pass; the parameters that never moved)
-    once = ("header", "model", "module", "tensors", "end", "loss-values", "params-unmoved")
+    # tracing stops (the loss's values, a few bytes a pass; the parameters that never moved,
+    # the optimizers' learning rates)
+    once = ("header", "model", "module", "tensors", "end", "loss-values", "params-unmoved",
+            "optimizer-lrs")
     for line in log_path.read_bytes().splitlines(keepends=True):
         record = orjson.loads(line)
         kind = record["kind"] if record["type"] == "signal" else record["type"]

@@ -1,8 +1,8 @@
 """The step, explained on hand-built logs: the facts of ``optimizer-steps`` and ``step-sample``
 signals, one warning per expectation of the step that they show broken, saying which and where;
 the same facts under the thresholds (one step, a group that moved later, optimizers in turns,
-a move contradicted in fewer than half of the steps judged), none; an ``lr-collapsed`` signal
-with a constant factor says it."""
+a move contradicted in fewer than half of the steps judged), none; an optimizer's learning rates
+that fall by one constant factor (``lr-collapsed``) say it."""
 
 from __future__ import annotations
 
@@ -134,10 +134,11 @@ def test_a_move_contradicted_in_under_half_the_steps_says_nothing(tmp_path: Path
 
 
 def test_a_collapse_by_one_factor_says_it(tmp_path: Path) -> None:
+    lrs = [0.1 * 0.05 ** max(i - 1, 0) for i in range(7)]  # StepLR(step_size=1), per batch
     path = write_log(tmp_path / "log.jsonl", healthy(), signals=[
-        signal("lr-collapsed", 5, peak=0.1, lr=1e-7, low_steps=2, optimizer_steps=7,
-               factor=0.1)])
+        signal("optimizer-lrs", 0, optimizer="SGD", models=[0], count=7, every=1,
+               after=list(range(7)), lr=lrs)])
     (f,) = findings(path)
-    assert ("the learning rate of the optimizer of model 'net', multiplied by 0.1 at every "
+    assert ("the learning rate of the optimizer of model 'net', multiplied by 0.05 at every "
             "optimizer step, fell below 1e-4 of its peak (0.1) at step 5") in f.message
-    assert f.evidence["factor"] == 0.1
+    assert f.evidence["factor"] == pytest.approx(0.05)

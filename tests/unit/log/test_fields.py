@@ -11,18 +11,10 @@ from typing import Any
 import pytest
 
 from hooktrace.log import schema
-from hooktrace.log.fields import (
-    decode_number,
-    decode_stats,
-    from_dict,
-    get,
-    inputs_from,
-    plain_stats,
-    shapes,
-    stats_ok,
-    strs,
-)
-from hooktrace.log.schema import SchemaError
+from hooktrace.log.decoder import plain_stats, stats_ok
+from hooktrace.log.fields import decode_number, decode_stats, get, items
+from hooktrace.log.schema import SchemaError, from_dict
+from hooktrace.log.wire import inputs_from
 
 RECORDS: list[Any] = [
     schema.Header(schema=schema.SCHEMA_VERSION, hooktrace="0.2.0", torch="2.x", python="3.x",
@@ -59,6 +51,12 @@ def test_record_from_its_line(record: Any) -> None:
 ])
 def test_absent_keys_take_their_defaults(line: dict[str, Any], record: Any) -> None:
     assert from_dict(line) == record
+
+
+def test_an_absent_list_is_a_list_of_its_own() -> None:
+    a, b = (from_dict({"type": "header", "schema": 2}) for _ in range(2))
+    assert isinstance(a, schema.Header) and isinstance(b, schema.Header)
+    assert a.argv == b.argv == [] and a.argv is not b.argv and a.options is not b.options
 
 
 @pytest.mark.parametrize("line", [
@@ -174,14 +172,14 @@ def test_plain_statistics_are_two_numbers(value: Any, plain: bool) -> None:
 
 
 def test_shapes_and_strings() -> None:
-    assert shapes({"s": [[1, 2], []]}, "s") == [[1, 2], []]
-    assert shapes({"s": [None, [3]]}, "s", allow_none=True) == [None, [3]]
+    assert items({"s": [[1, 2], []]}, "s", "list[list[int]]") == [[1, 2], []]
+    assert items({"s": [None, [3]]}, "s", "list[list[int] | None]") == [None, [3]]
     for bad in ([None], [[1, True]], [[1.0]], ["12"]):
         with pytest.raises(SchemaError, match="not a shape"):
-            shapes({"s": bad}, "s")
-    assert strs({}, "d") == []
+            items({"s": bad}, "s", "list[list[int]]")
+    assert items({}, "d", "list[str]") == []
     with pytest.raises(SchemaError, match="not a string"):
-        strs({"d": ["float32", None]}, "d")
+        items({"d": ["float32", None]}, "d", "list[str]")
 
 
 # -- data flow ------------------------------------------------------------------------------------

@@ -13,10 +13,9 @@ import orjson
 import pytest
 
 from hooktrace.log import schema
-from hooktrace.log.fields import from_dict
-from hooktrace.log.ops import Op, Ops, op_dict
+from hooktrace.log.ops import Op, Ops
 from hooktrace.log.reader import LogReader
-from hooktrace.log.schema import SchemaError
+from hooktrace.log.schema import SchemaError, from_dict
 from hooktrace.log.wire import Encoder
 from hooktrace.log.writer import LogWriter
 from unit.logs import LOGS
@@ -57,15 +56,15 @@ def test_op_site_and_leaving_torch() -> None:
     assert not Op("Tensor.detach").leaves_torch  # still a tensor, though without a gradient
 
 
-def test_op_dict_leaves_defaults_out() -> None:
-    assert op_dict(Op("F.relu")) == {"op": "F.relu", "ins": [], "outs": [], "in_shapes": [],
-                                     "out_shapes": [], "out_dtypes": [], "in_grad": [],
-                                     "out_grad": []}
-    full = op_dict(Op("Tensor.clamp_", file="a.py", line=2, code="x.clamp_(0)", ins=[0],
-                      outs=[0], no_grad=True, inplace=True, node="ClampBackward1",
-                      nonfinite=[[0, 1, 0]]))
+def test_op_to_dict_leaves_defaults_out() -> None:
+    assert Op("F.relu").to_dict() == {"op": "F.relu", "ins": [], "outs": [], "in_shapes": [],
+                                      "out_shapes": [], "out_dtypes": [], "in_grad": [],
+                                      "out_grad": []}
+    full = Op("Tensor.clamp_", file="a.py", line=2, code="x.clamp_(0)", ins=[0],
+              outs=[0], no_grad=True, inplace=True, node="ClampBackward1",
+              nonfinite=[[0, 1, 0]]).to_dict()
     assert full["no_grad"] is True and full["inplace"] is True and full["nonfinite"] == [[0, 1, 0]]
-    assert "nonfinite" not in op_dict(Op("F.relu", nonfinite=[]))
+    assert "nonfinite" not in Op("F.relu", nonfinite=[]).to_dict()
 
 
 def test_ops_more_only_when_some_were_left_out() -> None:
@@ -107,11 +106,11 @@ def test_ops_line_is_written_as_the_encoder_writes_it() -> None:
     ops = Ops(step=0, fwd=3, model=0, fqn="fc", call=0, ops=[Op("F.relu", line=1)])
     assert Encoder().wire(ops) == [{"type": "ops", "step": 0, "fwd": 3, "model": 0, "name": "fc",
                                     "call": 0, "inputs": 0, "in_grad": [], "outputs": [],
-                                    "ops": [op_dict(Op("F.relu", line=1))]}]
+                                    "ops": [Op("F.relu", line=1).to_dict()]}]
 
 
 @pytest.mark.parametrize(("op", "look_alike", "message"), [
-    ("F.relu", {"op": "F.relu"}, "not an operation"),
+    ("F.relu", {"op": "F.relu"}, "key 'ops' holds 'F.relu', not a JSON object"),
     ({"op": "F.relu", "ins": [True]}, {"op": "F.relu", "ins": [1]}, "'ins' holds something"),
     ({"op": "F.relu", "in_grad": [1]}, {"op": "F.relu", "in_grad": [True]},
      "'in_grad' holds something that is not true or false"),

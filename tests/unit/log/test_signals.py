@@ -12,7 +12,6 @@ import orjson
 import pytest
 
 from hooktrace.log import schema
-from hooktrace.log.fields import from_dict
 from hooktrace.log.reader import LogReader
 from hooktrace.log.signals import VIEW_OPS, Signal
 from hooktrace.log.writer import LogWriter
@@ -50,7 +49,7 @@ def test_each_kind_reads_back_from_its_line(kind: str) -> None:
     signal = Signal(step=2, model=1, fqn="fc", kind=kind, detail={"modules": ["fc"], "x": 1.5})
     line = orjson.loads(orjson.dumps(signal.to_dict()))
     assert line["type"] == "signal"
-    assert from_dict(line) == signal
+    assert schema.from_dict(line) == signal
 
 
 def test_an_unknown_kind_is_skipped_in_a_log(tmp_path: Path) -> None:
@@ -101,11 +100,13 @@ def test_optimizers_hold_the_trainable_modules() -> None:
         "features.0", "features.2", "head"]
 
 
-def test_weights_unchanged_names_what_did_not_move() -> None:
-    [signal] = signals("stale_optimizer", "weights-unchanged")
-    assert signal.detail == {"modules": ["features.0", "features.2", "head"], "through": 2,
-                             "optimizer_steps": 2, "lr": [0.1]}
-    assert signals("mnist", "weights-unchanged") == []
+def test_the_ledger_says_what_never_moved_and_the_learning_rates() -> None:
+    [signal] = signals("stale_optimizer", "params-unmoved")
+    assert signal.detail["modules"] == ["features.0", "features.2", "head"]
+    assert signal.detail["moved"] == 0 and signal.detail["looks"][:3] == [[0, 0], [1, 1], [2, 2]]
+    [lrs] = signals("stale_optimizer", "optimizer-lrs")
+    assert lrs.detail["lr"][0] == 0.1 and lrs.detail["after"][:2] == [0, 1]
+    assert signals("mnist", "params-unmoved") == []
 
 
 def test_eval_backward_is_written_at_its_step() -> None:

@@ -4,6 +4,7 @@ back by the decoder as it was meant."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -15,11 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hooktrace.log import schema
-from hooktrace.log.decoder import Decoder
+from hooktrace.log.decoder import BackwardMore, Decoder, ForwardMore
 from hooktrace.log.errors import LogError
-from hooktrace.log.fields import decode_number
+from hooktrace.log.fields import decode_number, encode_number
 from hooktrace.log.reader import LogReader
-from hooktrace.log.wire import Encoder, encode_number
+from hooktrace.log.wire import Encoder
 from hooktrace.log.writer import LogWriter
 
 FC = schema.Module(model=0, fqn="fc", cls="Linear", params=12, trainable=12)
@@ -298,3 +299,11 @@ def test_any_data_flow_reads_back(seq: int, data: st.DataObject) -> None:
     assert read.inputs_from == [list(calls) for calls in inputs_from]
     assert read.made == made
     assert decode(lines, flow=False)[-1].inputs_from is None
+
+
+def test_a_rows_more_holds_its_events_last_fields() -> None:
+    """``Decoder.forward_event`` makes the record from a row's ``more`` by position."""
+    event = dataclasses.fields(schema.ForwardEvent)
+    assert ForwardMore._fields == tuple(f.name for f in event[-len(ForwardMore._fields):])
+    assert ForwardMore() == tuple(f.default for f in event[-len(ForwardMore._fields):])
+    assert set(BackwardMore._fields) <= {f.name for f in dataclasses.fields(schema.BackwardEvent)}
