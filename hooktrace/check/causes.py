@@ -46,6 +46,14 @@ CAUSES = {
         "look in its forward, where {branch}'s output is used, for .detach(), .data, "
         ".item()/.numpy() round trips, a tensor rebuilt with torch.tensor(...) or "
         f"torch.from_numpy, {_NOT_DIFFERENTIABLE}, or an output the loss does not use"),
+    "let_go": (
+        FindingKind.NO_GRAD,
+        "its output is returned out of the forward of its caller, and no gradient comes back "
+        "to it while the caller's other outputs get one: the code that called the model let "
+        "it go",
+        "the loss term made from it became a number (.item(), float(), .detach()) or was left "
+        "out of the sum, or the loss reads another of the model's outputs (out[1] for out[0]): "
+        "add the tensor itself into the loss"),
     "unused_calls": (
         FindingKind.NO_GRAD,
         "the output of {branch} gets no gradient back while another call of the same module "

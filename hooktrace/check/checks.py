@@ -19,7 +19,7 @@ from hooktrace.check.findings import NOTE, SEVERITY_ORDER, Finding, FindingKind
 from hooktrace.check.grouped import copies as copies_of
 from hooktrace.check.grouped import copies_notes, inside, patterns
 from hooktrace.check.loop import check_loop
-from hooktrace.check.losses import check_losses
+from hooktrace.check.losses import check_losses, unbounded
 from hooktrace.check.lossterms import absorb, check_loss_terms
 from hooktrace.check.magnitudes import check_magnitudes
 from hooktrace.check.nonfinite import check_nonfinite
@@ -31,7 +31,7 @@ from hooktrace.check.shared import check_shared_targets
 from hooktrace.check.signals import check_signals
 from hooktrace.check.sources import with_sources
 from hooktrace.check.summary import LogSummary
-from hooktrace.check.unused import check_info, check_unused
+from hooktrace.check.unused import check_info, check_unused, losses_dropped
 from hooktrace.log.words import plural
 
 Detector = Callable[[LogSummary], list[Finding]]
@@ -54,7 +54,9 @@ DETECTORS: tuple[tuple[str, Detector], ...] = (
     ("unused", lambda s: check_unused(s.c)),
     ("loose tensors", lambda s: check_loose(s.c)),
     ("losses", lambda s: check_losses(s.c)),
+    ("losses without a floor", lambda s: unbounded(s.c)),
     ("loss terms", lambda s: check_loss_terms(s.c)),
+    ("losses let go", lambda s: losses_dropped(s.c)),
     ("how modules ran", lambda s: check_info(s.c, s.evaluation)),
     ("loss scaling", lambda s: check_scaling(s.c)),
     ("shared targets", lambda s: check_shared_targets(s.c)),

@@ -90,7 +90,7 @@ KINDS: Final[dict[str, tuple[str, ...]]] = {
     # does not diverge
     "loss": (
         "loss-input", "loss-broadcast", "loss-term-cut", "loss-target-grad", "loss-share",
-        "loss-reads-nothing", "loss-mask-index", "loss-diverged"),
+        "loss-reads-nothing", "loss-mask-index", "loss-diverged", "loss-dropped"),
     # the first NaN/Inf, and where it came from
     "nonfinite": ("nonfinite-forward", "nonfinite-backward"),
     # how the models of a run relate: copies, targets, modes

@@ -310,6 +310,8 @@ def _add_inside(flow: GradientFlow, step: int, enclosing: Enclosing, v: JudgedCa
             if cause == "unused_calls" and (only_looked_at(outer, branch)
                                             or returned_unread(outer, branch)):
                 return
+            if cause == "detached_inside" and returned_unread(outer, branch):
+                outer, cause = branch, "let_go"  # it stops after outer returned: the caller's
             reads = _reading_part(enclosing, outer, sparse) if v.backed else {}
             b = _add(flow, step, outer, "selected" if reads else cause, v)
             b.branches[_label(branch)] = None

@@ -10,6 +10,7 @@ the loss is a module (``nn.MSELoss()``) from its call; where it is a function
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from hooktrace.check.findings import WARNING, Finding
@@ -198,3 +199,32 @@ def diverged(c: Collected, s: Signal) -> list[Finding]:
         "a learning rate too high for the optimizer (1e-3 is usual for Adam, 0.1 for SGD), a "
         "loss of the wrong sign or scale, or updates that grow: lower the lr, add warm-up or "
         "gradient clipping")]
+
+
+def unbounded(c: Collected) -> list[Finding]:
+    """The loss ledger of a group of models (``loss-values``): a loss below zero over the second
+    half of the run, falling in four passes of five at least, and falling no slower in the
+    second half than in the first: it has no floor, the optimizer runs down it without end (a
+    KL divergence or an NLL fed raw scores where it wants log-probabilities). A loss that may be
+    negative and levels off (a Gaussian NLL, a critic's, an actor's) is not."""
+    out = []
+    for s in c.signals:
+        values = s.detail.get("values") or []
+        steps, half = s.detail.get("steps") or [], len(values) // 2
+        if (s.kind != SignalKind.LOSS_VALUES or len(values) < _PASSES
+                or len(steps) != len(values) or None in values or max(values[half:]) >= 0):
+            continue
+        falls = sum(b < a for a, b in pairwise(values))
+        first, second = values[0] - values[half], values[half] - values[-1]
+        if falls >= 0.8 * (len(values) - 1) and second >= first > 0:
+            name = c.model_name(s.model)
+            out.append(Finding(
+                "loss-diverged", WARNING, name, "", steps[0],
+                f"the loss of model '{name}' fell from {values[0]:.3g} (step {steps[0]}) to "
+                f"{values[-1]:.3g} (step {steps[-1]}), below zero and no slower in the second "
+                "half of the run than in the first: it has no floor, and training runs down it "
+                "without end", {"start": values[0], "end": values[-1],
+                                "fall": [first, second]},
+                "a loss bounded below (a KL divergence, an NLL, a cross-entropy) fed raw scores "
+                "where it wants log-probabilities: apply F.log_softmax first"))
+    return out

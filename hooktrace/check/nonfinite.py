@@ -10,7 +10,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from hooktrace.check.collected import Collected, Nonfinite
-from hooktrace.check.findings import ERROR, NOTE, Finding, FindingKind, names_text, steps_text
+from hooktrace.check.findings import (
+    ERROR,
+    NOTE,
+    WARNING,
+    Finding,
+    FindingKind,
+    names_text,
+    steps_text,
+)
 from hooktrace.check.magnitudes import DIVERGES, growth, growth_text, largest_norms
 from hooktrace.log import schema
 from hooktrace.log.decoder import Stats
@@ -75,6 +83,32 @@ def check_nonfinite(c: Collected) -> list[Finding]:
             "the gradient was NaN/Inf when it reached this module: it comes from the loss or "
             "from functional code after the last module",
         ))
+    return out if forward or backward else _loss_nonfinite(c)
+
+
+def _loss_nonfinite(c: Collected) -> list[Finding]:
+    """The loss ledger's NaN/Inf values (``loss-values``: null) from its first pass on, the
+    untrained model's (not a loss that grew into Inf: a run that diverges), where every module
+    output and every gradient the log holds was finite: functional code between the model's
+    outputs and the loss made them (a target whose log-probability is -inf, a log of 0)."""
+    # the steps whose loss read no target (a mean of nothing): loss-reads-nothing tells them
+    empty = {s.step for s in c.signals if s.kind == SignalKind.LOSS_SHARE and not s.detail.get(
+        "read", 1)}
+    out = []
+    for s in c.signals:
+        values, steps = s.detail.get("values") or [], s.detail.get("steps") or []
+        bad = [step for step, v in zip(steps, values, strict=False) if v is None]
+        if (s.kind == SignalKind.LOSS_VALUES and values[:1] == [None]
+                and len(steps) == len(values) and not set(bad) <= empty):
+            name = c.model_name(s.model)
+            out.append(Finding(
+                FindingKind.NONFINITE_FORWARD, WARNING, name, "", bad[0],
+                f"the loss of model '{name}' was NaN/Inf in {steps_text(bad)} of the "
+                f"{len(steps)} the ledger holds, while every module output and gradient was "
+                "finite: functional code between the model's outputs and the loss made it",
+                {"steps": bad[:20], "passes": len(steps)},
+                "look for a log of 0 or a target whose score is -inf (a masked logit: a label "
+                "that points at a masked-out column) in the loss code"))
     return out
 
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 #: causes of a boundary whose victims got no gradient, or an exactly-zero one, in a step: the
 #: boundaries modules trained in turns are no victims of (``GradientFlow.drop_victims``)
-MISSED = ("detached_inside", "unused_calls", "zeroed", "zeroed_unit", "zero_backward")
+MISSED = ("detached_inside", "let_go", "unused_calls", "zeroed", "zeroed_unit", "zero_backward")
 
 
 def trained_in_turns(c: Collected) -> set[ModelFqn]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Set
 from typing import TYPE_CHECKING
 
-from hooktrace.check.findings import NOTE, WARNING, Finding
+from hooktrace.check.findings import NOTE, WARNING, Finding, steps_text
 from hooktrace.check.grouped import cover
 from hooktrace.check.holds import on_wrapper
 from hooktrace.log.names import ancestors
@@ -131,4 +131,38 @@ def check_info(c: Collected, evaluation: Set[ModelFqn] = frozenset()) -> list[Fi
             "backward-order", NOTE, c.model_name(model), name, step,
             f"backward order does not mirror forward at step {step}, from "
             f"{c.label(model, name)} (normal for residual and parallel branches)"))
+    return out
+
+
+def losses_dropped(c: Collected) -> list[Finding]:
+    """A loss module run several times a step with gradients on, whose step's backward reaches
+    only some of its calls, in every judged step with a backward (two at least): losses were
+    computed to train and let go (``loss = ...`` in a gradient-accumulation loop whose one
+    backward follows it). Told at each model whose forward calls were let go the same way (at
+    the loss module where none was). A result detached on purpose (a pseudo-label, a target)
+    still goes into a loss that is backpropagated: no loss call is let go."""
+    seen: dict[int, list[tuple[int, int, int]]] = {}  # model -> (step, calls let go, calls)
+    steps: dict[tuple[int, int], list[bool]] = {}
+    for call in c.calls:
+        if call.key[1] == "" and call.grad:
+            steps.setdefault((call.key[0], call.step), []).append(call.backed)
+    for (model, step), backed in sorted(steps.items()):
+        if any(backed):
+            seen.setdefault(model, []).append((step, backed.count(False), len(backed)))
+    dropped = {m for m, s in seen.items() if len(s) > 1 and all(n for _, n, _ in s)}
+    losses = dropped & {model for model, _ in c.losses}
+    out = []
+    for model in sorted(dropped - losses if losses else ()) or sorted(losses):
+        step, n, calls = seen[model][0]
+        at = [s for s, _, _ in seen[model]]
+        out.append(Finding(
+            "loss-dropped", WARNING, c.model_name(model), "", step,
+            f"model '{c.model_name(model)}' ran {calls} times in a step with gradients on, and "
+            f"a loss with it, but the step's backward reached only {calls - n} of those calls "
+            f"({steps_text(at)}): the losses of the other {n} were computed to train and let "
+            "go, so their samples never train the model",
+            {"steps": at, "calls": calls, "dropped": n, "losses": [c.model_name(m) for m in
+                                                                   sorted(losses)]},
+            "call backward on each micro-batch's loss (divided by the number of micro-batches), "
+            "or add the losses up (loss = loss + ...) before one backward"))
     return out

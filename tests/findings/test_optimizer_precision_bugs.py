@@ -88,7 +88,8 @@ SCORECARD: dict[str, str] = {
                      "loss-input, 'the output of model 'model' goes through a softmax, then to "
                      "cross_entropy'",
     "aux_loss_item": "named: no-grad (root), 'the output of aux_head gets no gradient back', "
-                     ".item() in the hint",
+                     ".item() in the hint; since: named at aux_head, 'the code that called the "
+                     "model let it go'",
     "vae_sample": "missed: silent (Normal.sample(): the encoder gets the KL gradient only)",
     "lstm_no_batch_first": "missed: silent ((batch, seq, feat) into an LSTM without batch_first)",
     "pg_tensor_logprobs": "named: never-reached model 'policy', torch.tensor(...) in the hint",
@@ -129,7 +130,7 @@ BUGS: dict[str, list[tuple[Any, ...]]] = {
                            ("stepped-twice", "warning", "encoder", "", 0)],
     "step_before_backward": [("grads-cleared", "warning", "model", "0", 1)],
     "no_zero_grad": [("grads-carried-over", "warning", "model", "0", 1)],
-    "aux_loss_item": [("no-grad", "warning", "model", "", 0)],
+    "aux_loss_item": [("no-grad", "warning", "model", "aux_head", 0)],
     "pg_tensor_logprobs": [("never-reached", "error", "policy", "", None)],
     # named since lossgraph
     "optimizer_step_not_scaler": [("scaled-step", "error", "model", "", 0),

@@ -27,7 +27,8 @@ BUGS: dict[str, list[tuple[Any, ...]]] = {
                           ("nonfinite-forward", "error", "model", "0", 2)],
     # not "the gradient stops inside Classifier.forward": the encoder was frozen, not cut off
     "eval_helper_freezes_encoder": [("frozen-during-run", "warning", "model", "encoder.0", 2)],
-    "loss_on_aux_only": [("no-grad", "warning", "model", "", 0)],
+    # the head the model returns and the caller lets go, not the model that returns it
+    "loss_on_aux_only": [("no-grad", "warning", "model", "main", 0)],
     # StepLR(step_size=1, gamma=0.5) per batch: 0.1 * 0.5**14 is the first below 1e-4 of 0.1
     "scheduler_per_batch": [("lr-collapsed", "warning", "model", "", 14)],
     "huge_weight_decay": [("weight-decay", "warning", "model", "", 0)],
@@ -73,8 +74,8 @@ CAUSES = {
                                     "encoder.0, encoder.2 (2 modules of model 'model') got "
                                     "gradients, then were frozen (requires_grad=False) from "
                                     "step 2 on", "called requires_grad_(False) on them"),
-    "loss_on_aux_only": ("no-grad", "the output of main gets no gradient back",
-                         "an output the loss does not use"),
+    "loss_on_aux_only": ("no-grad", "no gradient comes back to it while the caller's other "
+                         "outputs get one", "the loss reads another of the model's outputs"),
     "scheduler_per_batch": ("lr-collapsed", "fell below 1e-4 of its peak (0.1) at step 14 and "
                             "stepped 16 of its 30 steps there",
                             "stepped once per batch: call scheduler.step() after each epoch"),

@@ -36,6 +36,19 @@ loss's); set 3's h08 (DANN: the label logits of the unlabelled target batch, ret
 model and let go by the caller, are no result thrown away inside a forward). b14 went from
 symptom only to missed: the zero gradients it was named by come from
 steps whose loss is exactly 0.
+
+After (issue 48, causes: more bugs named by general causes of the invariants, check only):
+
+    set2  30 bugs + 14 healthy   27 / 1 / 2    14 / 0   (b21 named since its logs were traced again)
+    set6  26 bugs + 19 healthy   11 / 2 / 13   19 / 0
+
+Newly named: b26 (one backward after a gradient-accumulation loop: ``loss-dropped``, the loss
+module's calls that no backward reached, in every step), b15 (NT-Xent's labels at the masked
+diagonal: ``nonfinite-forward``, a loss NaN/Inf from the ledger's first pass with every module
+output and gradient finite), b24 (``kl_div`` on raw scores: ``loss-diverged`` widened to a
+loss that falls below zero without slowing, one with no floor); set 2's b22 (an auxiliary
+head's loss added as ``aux_loss.item()``: the ``no-grad`` is said at the head whose output the
+model returned and the caller let go, not at the model), as blind_bugs4's aux_loss_item.
 """
 
 from __future__ import annotations
@@ -63,7 +76,9 @@ SCORECARDS: dict[str, dict[str, dict[str, int]]] = {
     "set2": {"before (main 029349b)": {"DETECTED": 25, "SYMPTOM-ONLY": 2, "MISSED": 3,
                                        "OK": 14, "FALSE-ALARM": 0, "ERROR": 0},
              "re-traced (schema 3)": {"DETECTED": 26, "SYMPTOM-ONLY": 2, "MISSED": 2,
-                                      "OK": 14, "FALSE-ALARM": 0, "ERROR": 0}},
+                                      "OK": 14, "FALSE-ALARM": 0, "ERROR": 0},
+             "after (issue 48, causes)": {"DETECTED": 27, "SYMPTOM-ONLY": 1, "MISSED": 2,
+                                          "OK": 14, "FALSE-ALARM": 0, "ERROR": 0}},
     "set3": {"before (main 029349b)": {"DETECTED": 16, "SYMPTOM-ONLY": 3, "MISSED": 11,
                                        "OK": 14, "FALSE-ALARM": 1, "ERROR": 0},
              "after (issue 48, first slices)": {"DETECTED": 16, "SYMPTOM-ONLY": 3, "MISSED": 11,
@@ -71,7 +86,9 @@ SCORECARDS: dict[str, dict[str, dict[str, int]]] = {
     "set6": {"before (main 029349b)": {"DETECTED": 6, "SYMPTOM-ONLY": 3, "MISSED": 17,
                                        "OK": 15, "FALSE-ALARM": 4, "ERROR": 0},
              "after (issue 48, first slices)": {"DETECTED": 8, "SYMPTOM-ONLY": 2, "MISSED": 16,
-                                                "OK": 19, "FALSE-ALARM": 0, "ERROR": 0}},
+                                                "OK": 19, "FALSE-ALARM": 0, "ERROR": 0},
+             "after (issue 48, causes)": {"DETECTED": 11, "SYMPTOM-ONLY": 2, "MISSED": 13,
+                                          "OK": 19, "FALSE-ALARM": 0, "ERROR": 0}},
 }
 
 

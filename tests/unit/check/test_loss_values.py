@@ -34,3 +34,37 @@ def test_a_loss_up_a_thousandfold_that_stays_up_is_said(tmp_path: Path) -> None:
 ])
 def test_healthy_look_alikes_are_silent(tmp_path: Path, values: list[float]) -> None:
     assert findings(write_log(tmp_path / "log.jsonl", healthy(), signals=ledger(values))) == []
+
+
+def test_a_loss_nan_or_inf_from_its_first_pass_with_finite_gradients_is_said(
+        tmp_path: Path) -> None:
+    values: list[float | None] = [None] * 10  # the ledger's null: NaN/Inf
+    [f] = findings(write_log(tmp_path / "log.jsonl", healthy(), signals=[
+        signal("loss-values", 0, models=[0], steps=list(range(10)), values=values, passes=10,
+               every=1)]))
+    assert (f.kind, f.cause, f.severity, f.module, f.step) == (
+        "nonfinite", "nonfinite-forward", "warning", "", 0)
+
+
+def test_a_loss_that_grows_into_inf_is_no_loss_made_nonfinite(tmp_path: Path) -> None:
+    # a run that diverges (a loss scaled twice overflowing float32) is told by its gradients
+    values = [5.9e9, 3.2e14, 3.9e24, None]
+    assert [f for f in findings(write_log(tmp_path / "log.jsonl", healthy(), signals=[
+        signal("loss-values", 0, models=[0], steps=[0, 1, 2, 3], values=values, passes=4,
+               every=1)])) if f.kind == "nonfinite"] == []
+
+
+def test_a_loss_that_falls_below_zero_without_slowing_is_said(tmp_path: Path) -> None:
+    values = [-1.6 - 0.003 * i * i for i in range(20)]  # kl_div on raw scores: no floor
+    [f] = findings(write_log(tmp_path / "log.jsonl", healthy(), signals=ledger(values)))
+    assert (f.kind, f.cause, f.severity, f.module, f.step) == (
+        "loss", "loss-diverged", "warning", "", 0)
+
+
+@pytest.mark.parametrize("values", [
+    [0.5 - 2.5 * (1 - 0.7 ** i) for i in range(20)],  # a Gaussian NLL below zero, levelling
+    [-0.1, -0.4, 0.2, -0.8, -0.3, -1.0, -0.2, -0.9, -0.6, -0.7],  # an actor's, noisy
+    [-0.3 * i for i in range(1, 6)],  # too short to say
+])
+def test_negative_losses_with_a_floor_are_silent(tmp_path: Path, values: list[float]) -> None:
+    assert findings(write_log(tmp_path / "log.jsonl", healthy(), signals=ledger(values))) == []
