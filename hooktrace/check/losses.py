@@ -224,7 +224,7 @@ def unbounded(c: Collected) -> list[Finding]:
                 f"{values[-1]:.3g} (step {steps[-1]}), below zero and no slower in the second "
                 "half of the run than in the first: it has no floor, and training runs down it "
                 "without end", {"start": values[0], "end": values[-1],
-                                "fall": [first, second]},
+                                "fall": [round(first, 4), round(second, 4)]},
                 "a loss bounded below (a KL divergence, an NLL, a cross-entropy) fed raw scores "
                 "where it wants log-probabilities: apply F.log_softmax first"))
     return out
