@@ -96,7 +96,7 @@ def test_run_log_header_first(train_run: tuple[Run, Path]) -> None:
     assert first.startswith(b'{"type":"header"')
     header = read_log(log)[0]
     assert isinstance(header, schema.Header)
-    assert header.schema == schema.SCHEMA_VERSION == 2
+    assert header.schema == schema.SCHEMA_VERSION == 3
     assert header.argv == [str(TRAIN), "3"]
     assert header.options["max_events"] == 1_000_000
     assert not {"include", "exclude"} & header.options.keys()

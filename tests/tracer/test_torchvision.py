@@ -139,9 +139,9 @@ def test_resnet18_log_is_small(log_path: Path) -> None:
     per_step = events_count = 0
     # the once-per-log records: the header, names, the end, and the ledgers written when
     # tracing stops (the loss's values, a few bytes a pass; the parameters that never moved,
-    # the optimizers' learning rates)
+    # the optimizers' learning rates and steps, the sampled parameters' step facts)
     once = ("header", "model", "module", "tensors", "end", "loss-values", "params-unmoved",
-            "optimizer-lrs")
+            "optimizer-lrs", "optimizer-steps", "step-sample")
     for line in log_path.read_bytes().splitlines(keepends=True):
         record = orjson.loads(line)
         kind = record["kind"] if record["type"] == "signal" else record["type"]
