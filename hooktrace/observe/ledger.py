@@ -297,7 +297,7 @@ class ParamLedger(Observer):
                 self._emit(schema.Signal(model.compared[0][0], index, "", SignalKind.HALF_UPDATES,
                                          {"dtype": model.dtype, "compared": model.compared}))
         for lrs in self._all_lrs:  # also one holding no model's parameters: it stepped
-            self._emit(schema.Signal(max(lrs.after[0], 0), (lrs.models or [0])[0], "",
+            self._emit(schema.Signal(max(lrs.lrs.keys[0], 0), (lrs.models or [0])[0], "",
                                      SignalKind.OPTIMIZER_LRS, lrs.detail()))
         self._unmoved.clear()
         self._models.clear()

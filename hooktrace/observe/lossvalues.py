@@ -25,32 +25,43 @@ _KEEP = 256  # values kept per group of models, at most
 _BATCH = 64  # values held on their devices before one read
 
 
-class _Ledger:
-    """One group's sampled (step, value) pairs, and the last pass's."""
+class Thinned:
+    """A bounded sample of (key, value) pairs in arrival order: past ``_KEEP`` pairs every other
+    one is dropped and one pair in ``every`` is taken, so the sample stays evenly spread over
+    the run; the last pair is always among ``pairs()``. The loss ledger's values and the
+    optimizers' learning rates (``lrs.py``) are sampled so."""
 
     def __init__(self) -> None:
-        self.steps: list[int] = []
-        self.values: list[float] = []
-        self.every = 1  # one pass in ``every`` is kept
-        self.seen = 0
-        self.last: tuple[int, float] | None = None
+        self.keys: list[int] = []
+        self.values: list[Any] = []
+        self.every = 1
+        self.count = 0
+        self.last: tuple[int, Any] | None = None
 
-    def add(self, step: int, value: float) -> None:
-        self.last = (step, value)
-        if self.seen % self.every == 0:
-            self.steps.append(step)
+    def add(self, key: int, value: Any) -> None:
+        self.last = (key, value)
+        if self.count % self.every == 0:
+            self.keys.append(key)
             self.values.append(value)
             if len(self.values) > _KEEP:
-                self.steps, self.values = self.steps[::2], self.values[::2]
+                self.keys, self.values = self.keys[::2], self.values[::2]
                 self.every *= 2
-        self.seen += 1
+        self.count += 1
+
+    def pairs(self) -> tuple[list[int], list[Any]]:
+        keys, values = list(self.keys), list(self.values)
+        if self.last is not None and (self.count - 1) % self.every:  # the last, not sampled
+            keys.append(self.last[0])
+            values.append(self.last[1])
+        return keys, values
+
+
+class _Ledger(Thinned):
+    """One group's sampled (step, value) pairs, and the last pass's."""
 
     def detail(self) -> dict[str, Any]:
-        steps, values = list(self.steps), list(self.values)
-        if self.last is not None and steps[-1:] != [self.last[0]]:
-            steps.append(self.last[0])
-            values.append(self.last[1])
-        return {"steps": steps, "values": values, "passes": self.seen, "every": self.every}
+        steps, values = self.pairs()
+        return {"steps": steps, "values": values, "passes": self.count, "every": self.every}
 
 
 _Method = TypeVar("_Method", bound=Callable[..., None])
@@ -103,7 +114,7 @@ class LossValues:
     def write(self) -> None:
         self._read()
         for models, ledger in sorted(self._ledgers.items()):
-            self._emit(schema.Signal(ledger.steps[0], models[0], "", SignalKind.LOSS_VALUES,
+            self._emit(schema.Signal(ledger.keys[0], models[0], "", SignalKind.LOSS_VALUES,
                                      {"models": list(models), **ledger.detail()}))
 
     def _read(self) -> None:

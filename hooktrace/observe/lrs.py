@@ -4,9 +4,8 @@ step multiplies each weight by ``1 - lr * weight_decay``; written when tracing s
 ``optimizer-lrs`` signal per optimizer. Facts only: whether a schedule collapsed or a decay
 shrinks every weight is ``check``'s to say (``check/updates.py``).
 
-A long run keeps a bounded sample, as the loss ledger does (``lossvalues.py``): past ``_KEEP``
-steps every other one is kept and the sample is taken half as often, evenly spread over the run;
-the last step is always kept. Cost: a few floats per optimizer step, read from its
+A long run keeps a bounded sample, as the loss ledger does (``lossvalues.Thinned``), evenly
+spread over the run, the last step always kept. Cost: a few floats per optimizer step, read from its
 ``param_groups`` (a tensor learning rate, capturable and maybe on a device, is not read).
 """
 
@@ -16,7 +15,8 @@ from typing import Any
 
 import torch
 
-_KEEP = 256  # steps kept per optimizer, at most
+from hooktrace.observe.lossvalues import Thinned
+
 #: optimizers whose weight decay multiplies each weight by 1 - lr * weight_decay (and any group
 #: with ``decoupled_weight_decay``); Adam's coupled decay is scaled by its normalisation
 _SHRINKING = {"SGD", "AdamW"}
@@ -29,25 +29,16 @@ class Lrs:
     def __init__(self, optimizer: torch.optim.Optimizer, models: list[int]) -> None:
         self.cls = type(optimizer).__name__
         self.models = models  # those its parameters belong to, at its first step
-        self.after: list[int] = []  # the backward pass each kept step came after
-        self.lr: list[float | None] = []  # the largest numeric lr of its groups (None: none)
-        self.every = 1  # one step in ``every`` is kept
-        self.count = 0
-        self.last: tuple[int, float | None] = (0, None)
+        #: the backward pass each step came after, and the largest numeric lr of its groups
+        #: (None: none)
+        self.lrs = Thinned()
         self.decay: dict[str, Any] | None = None  # the largest lr x weight_decay, where first
 
     def stepped(self, optimizer: torch.optim.Optimizer, after: int) -> None:
         groups = optimizer.param_groups
         numbers = [float(g["lr"]) for g in groups if isinstance(g.get("lr"), (int, float))]
         lr = max(numbers) if numbers else None
-        self.last = (after, lr)
-        if self.count % self.every == 0:
-            self.after.append(after)
-            self.lr.append(lr)
-            if len(self.lr) > _KEEP:
-                self.after, self.lr = self.after[::2], self.lr[::2]
-                self.every *= 2
-        self.count += 1
+        self.lrs.add(after, lr)
         shrinking = self.cls in _SHRINKING
         for g in groups:
             lr_g, wd = g.get("lr"), g.get("weight_decay")
@@ -57,13 +48,10 @@ class Lrs:
                 self.decay = {"step": after, "lr": float(lr_g), "weight_decay": float(wd)}
 
     def detail(self) -> dict[str, Any]:
-        after, lr = list(self.after), list(self.lr)
-        if (self.count - 1) % self.every:  # the last step was not sampled: kept as well
-            after.append(self.last[0])
-            lr.append(self.last[1])
+        after, lr = self.lrs.pairs()
         detail: dict[str, Any] = {"optimizer": self.cls, "models": self.models,
-                                  "count": self.count, "every": self.every, "after": after,
-                                  "lr": lr}
+                                  "count": self.lrs.count, "every": self.lrs.every,
+                                  "after": after, "lr": lr}
         if self.decay is not None:
             detail["decay"] = self.decay
         return detail

@@ -151,3 +151,20 @@ def test_the_optimizer_step_is_one_moment_handed_to_each_observer_in_order() -> 
     assert broken.seen == [("stepping", "SGD", 1), ("stepped", "SGD", 1), ("stepped", "SGD", 1)]
     assert steps.seen == [("stepping", "SGD", 1), ("stepped", "SGD", 1)] * 2
     assert (len(_global_optimizer_pre_hooks), len(_global_optimizer_post_hooks)) == before
+
+
+def test_a_long_run_is_sampled_evenly_with_its_last_value() -> None:
+    """The loss ledger's values and the optimizers' learning rates keep a bounded sample: the
+    first, an even spread, and the last value, whichever of them the sampling took."""
+    from itertools import pairwise
+
+    from hooktrace.observe.lossvalues import Thinned
+    for n in (1, 256, 257, 1000, 1025):
+        sample = Thinned()
+        for i in range(n):
+            sample.add(i, float(i))
+        keys, values = sample.pairs()
+        assert keys[0] == 0 and keys[-1] == n - 1 and values == [float(k) for k in keys]
+        assert len(keys) <= 258 and keys == sorted(set(keys))
+        spaced = keys[:-1] if (n - 1) % sample.every else keys
+        assert {b - a for a, b in pairwise(spaced)} <= {sample.every}
