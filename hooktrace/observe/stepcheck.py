@@ -36,6 +36,7 @@ import torch
 from hooktrace.hooks.records import Emit, Mode, Observer, OptimizerStep, PassEnd
 from hooktrace.log import schema
 from hooktrace.log.schema import SignalKind
+from hooktrace.observe.ledger import spread
 from hooktrace.observe.lossscale import find_scaler
 from hooktrace.observe.optimizers import Optimizers
 from hooktrace.observe.optsteps import modules_of
@@ -113,7 +114,7 @@ class StepSample(Observer):
         if end.mode is Mode.RECORDED and params and on_host(params):
             self._values = [(p, i, g.reshape(-1)[i].clone()) for p in params
                             if (g := p.grad) is not None and g.layout is torch.strided
-                            and (i := _indices(g.numel())).numel()]
+                            and (i := spread(g.numel(), SAMPLE)).numel()]
             self._moving = [(weakref.ref(p), i) for p, i, _ in self._values]
 
     def _scaled(self) -> bool:
@@ -229,9 +230,3 @@ class StepSample(Observer):
                                          SignalKind.STEP_SAMPLE, detail))
         self._values = None
         self._moving = []
-
-
-def _indices(n: int) -> torch.Tensor:
-    """Up to ``SAMPLE`` positions spread evenly over a tensor of ``n`` elements."""
-    k = min(n, SAMPLE)
-    return torch.arange(k) * (n - 1) // max(k - 1, 1)

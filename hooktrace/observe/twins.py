@@ -33,6 +33,7 @@ from hooktrace.hooks.owners import is_library
 from hooktrace.hooks.records import Emit, Mode, Observer, OptimizerStep, PassEnd
 from hooktrace.log import schema
 from hooktrace.log.schema import SignalKind
+from hooktrace.observe.ledger import BITS
 from hooktrace.observe.stats import on_host
 
 Structure = tuple[tuple[tuple[int, ...], torch.dtype], ...]
@@ -46,7 +47,6 @@ def _params(module: nn.Module) -> list[torch.Tensor]:
 #: elements of a model read for its fingerprint: evenly spaced in each parameter, at most this
 #: many in all (at least 16 a parameter)
 SAMPLE = 65536
-_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def fingerprint(params: list[torch.Tensor]) -> list[int]:
@@ -64,7 +64,7 @@ def fingerprint(params: list[torch.Tensor]) -> list[int]:
             if flat.numel() > each:
                 flat = flat[::flat.numel() // each]
             by_width.setdefault(flat.element_size(), []).append(flat)
-        sums = [torch.cat(flats).view(_BITS[width]).sum(dtype=_BITS[width]).to(torch.int64)
+        sums = [torch.cat(flats).view(BITS[width]).sum(dtype=BITS[width]).to(torch.int64)
                 for width, flats in sorted(by_width.items())]
     return torch.stack(sums).tolist() if sums else []
 
