@@ -1,24 +1,16 @@
 """The parameter ledger: per trainable parameter, whether it moved between looks and what the
-optimizer steps between held of it; per model with float16 or bfloat16 weights, how many of
-their sampled elements an update moved; per optimizer, its learning rates (``Lrs``). Facts
-only: ``check`` says whether the weights train, and why not (``check/updates.py``).
+optimizer steps between held of it (``params-unmoved``); per model with float16 or bfloat16
+weights, how many of their sampled elements an update moved (``half-updates``); per optimizer,
+its learning rates (``optimizer-lrs``, ``Lrs``). Their fields: ``log/signals.py``. Facts only:
+``check`` says whether the weights train, and why not (``check/updates.py``).
 
 Looks: at the end of each recorded step's backward pass and of the watched steps numbered by a
 power of two (16, 32, 64, ...: a layer frozen for the first epochs, as DINO freezes its last
 layer, moves before the run's last look). At each, every trainable parameter with a gradient
 not yet seen moving is fingerprinted (``bit_sums``: exact, one read); once it changed it is no
-longer looked at. Per model, the looks at which some of its parameters had not moved are kept
-with the passes after which an optimizer stepped so far, and whether its gradients were cleared
-between looks (a new ``.grad``, or one not added to once a pass: a loop meant to train, not an
-analysis that sums gradients). The half-precision weights of a model (not an embedding's: a
-sparse update moves only the rows looked up) are sampled, ``SAMPLE`` elements a parameter, at a
-look and compared at the next look after an optimizer step: of the elements whose gradient was
-not zero, how many changed; ``_COMPARED`` times a model at most.
-
-When tracing stops: per model with parameters that never moved through two looks or more, a
-``params-unmoved`` signal; per model whose half-precision weights were compared, a
-``half-updates`` signal; per optimizer that stepped, an ``optimizer-lrs`` signal (``Lrs``). Only
-where the parameters are on the CPU (``stats.on_host``): on a device each read would wait for it.
+longer looked at. Gradients count as cleared between looks at a new ``.grad``, or one not added
+to once a pass (a loop meant to train, not an analysis that sums gradients). Only where the
+parameters are on the CPU (``stats.on_host``): on a device each read would wait for it.
 
 Cost: one integer sum per parameter not yet moved at each look (none once all moved: the
 second look in a run that trains); a gather of ``SAMPLE`` elements per half-precision parameter
@@ -185,12 +177,11 @@ class ParamLedger(Observer):
     """Writes the parameter ledger's facts when tracing stops (``params-unmoved``,
     ``half-updates``, ``optimizer-lrs``)."""
 
-    follows = ()  # no module call: first sights, passes and optimizer steps only
+    follows = ()  # no module call: passes and optimizer steps only
 
-    def __init__(self, emit: Emit) -> None:
+    def __init__(self, emit: Emit, modules: list[tuple[weakref.ref[nn.Module], ModInfo]]) -> None:
         self._emit = emit
-        # with parameters: (module, its identity, whether its half-precision weights are sampled)
-        self._modules: list[tuple[weakref.ref[nn.Module], ModInfo, bool]] = []
+        self._modules = modules  # the optimizers observer's: every module with parameters
         self._unmoved: dict[int, _Entry] = {}  # id(parameter) -> its entry
         self._moved: set[int] = set()
         self._models: dict[int, _Model] = {}
@@ -203,11 +194,6 @@ class ParamLedger(Observer):
         self._stepped_after: int | None = None
         self._counting = False  # some entry is counted in fewer than _COUNTED steps
         self._off = self._lrs_off = False
-
-    def module_seen(self, module: nn.Module, info: ModInfo) -> None:
-        if info.has_params:
-            self._modules.append((weakref.ref(module), info,
-                                  "Embedding" not in type(module).__name__))
 
     def backward_end(self, end: PassEnd) -> None:
         self._after = end.step
@@ -230,10 +216,13 @@ class ParamLedger(Observer):
     def _look(self, step: int) -> None:
         found: list[tuple[int, torch.Tensor, ModInfo, str]] = []
         half: dict[int, list[torch.Tensor]] = {}
-        for ref, info, sampled in self._modules:
+        for ref, info in self._modules:
             module = ref() if info.ref() is not None else None  # None: adopted by a later model
-            if module is None:
+            if module is None or not info.has_params:
                 continue
+            # an embedding's half-precision weights are not sampled: a sparse update moves only
+            # the rows looked up
+            sampled = "Embedding" not in type(module).__name__
             for name, p in module._parameters.items():
                 if p is None or not p.requires_grad or p.grad is None:
                     continue
@@ -312,8 +301,8 @@ class ParamLedger(Observer):
 
     def _models_of(self, optimizer: torch.optim.Optimizer) -> list[int]:
         """The models whose parameters ``optimizer`` holds (once per optimizer)."""
-        owner = {id(p): info.model for ref, info, _ in self._modules
-                 if (m := ref()) is not None for p in m._parameters.values() if p is not None}
+        owner = {id(p): info.model for ref, info in self._modules if info.has_params
+                 and (m := ref()) is not None for p in m._parameters.values() if p is not None}
         return sorted({owner[id(p)] for group in optimizer.param_groups
                        for p in group["params"] if id(p) in owner})
 

@@ -1,20 +1,16 @@
-"""Models of one structure side by side (``twins`` signals): at each recorded step's end,
-which of them hold the same weights, which changed since the last look, which an optimizer
-steps, and which were changed between their optimizer's step and the pass into another's
-weights: what ``check`` needs to say how an EMA copy, a target network or a teacher relates to
-the model it copies.
-
-The models are the top-level models the tracer named and, found in the calling code's
-variables at a recorded step's optimizer step, modules never called that have one's structure
-(an EMA copy kept only to be copied back, ``ema`` beside ``model``). A structure is the
-parameters' shapes and dtypes, in order; a model with no twin costs nothing more.
+"""Models of one structure side by side (``twins`` signals, their fields in ``log/signals.py``):
+what ``check`` needs to say how an EMA copy, a target network or a teacher relates to the model
+it copies. The models are the top-level models the tracer named and, found in the calling
+code's variables at a recorded step's optimizer step, modules never called that have one's
+structure (an EMA copy kept only to be copied back, ``ema`` beside ``model``). A structure is
+the parameters' shapes and dtypes, in order; a model with no twin costs nothing more.
 
 Cost, where there are twins: per recorded step, an integer sum over up to ``SAMPLE`` elements
-of each of each twin's parameters at the pass's end, and the versions of the parameters of those
-an optimizer steps, after its step; a look at the calling frames' variables at each recorded
+of each twin's parameters at the pass's end, and the versions of the parameters of those an
+optimizer steps, after its step; a look at the calling frames' variables at each recorded
 optimizer step. A write through ``.data`` after the step (``p.data.copy_(q)``) leaves no version
-behind: a copy made so is seen as the same weights, not as weights replaced. Only
-where the parameters are on the CPU (``stats.on_host``), as the weights observer.
+behind: a copy made so is seen as the same weights, not as weights replaced. Only where the
+parameters are on the CPU (``stats.on_host``).
 """
 
 from __future__ import annotations
