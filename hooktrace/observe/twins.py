@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any
 
@@ -34,10 +34,6 @@ from hooktrace.observe.stats import on_host
 
 Structure = tuple[tuple[tuple[int, ...], torch.dtype], ...]
 _FRAMES = 4  # the user's calling frames looked at for modules never called
-
-
-def _params(module: nn.Module) -> list[torch.Tensor]:
-    return list(module.parameters())
 
 
 #: elements of a model read for its fingerprint: evenly spaced in each parameter, at most this
@@ -70,9 +66,8 @@ def _versions(params: list[torch.Tensor]) -> int:
     return sum(p._version for p in params)
 
 
-def structure(module: nn.Module, params: list[torch.Tensor] | None = None) -> Structure:
-    return tuple((tuple(p.shape), p.dtype) for p in (
-        module.parameters() if params is None else params))
+def structure(params: Iterable[torch.Tensor]) -> Structure:
+    return tuple((tuple(p.shape), p.dtype) for p in params)
 
 
 class Twins(Observer):
@@ -133,10 +128,11 @@ class Twins(Observer):
             self._groups = []
             self._stepped.clear()
             return
-        every = {name: _params(module) for name, (_, module) in models.items()}
+        every: dict[str, list[torch.Tensor]] = {
+            name: list(module.parameters()) for name, (_, module) in models.items()}
         by_structure: dict[Structure, list[str]] = {}
-        for name, (_, module) in models.items():
-            by_structure.setdefault(structure(module, every[name]), []).append(name)
+        for name, of_model in every.items():
+            by_structure.setdefault(structure(of_model), []).append(name)
         self._groups = []
         for names in by_structure.values():
             params = {name: every[name] for name in names}
@@ -199,9 +195,9 @@ class Twins(Observer):
                         self._scanned.add(value)
                         if self._known(value) is None and key not in self._loose:
                             if roots is None:
-                                roots = {structure(m) for info in self._roots
+                                roots = {structure(m.parameters()) for info in self._roots
                                          if (m := info.ref()) is not None}
-                            if structure(value) in roots and structure(value):
+                            if (shape := structure(value.parameters())) in roots and shape:
                                 self._loose[key] = weakref.ref(value)
             frame = frame.f_back
 
