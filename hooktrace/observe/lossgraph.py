@@ -95,8 +95,7 @@ def is_scale(node: Any, ptr: int) -> bool:
 def _outputs(node: Any, trained: set[int]) -> list[ModInfo]:
     """The traced calls of models with parameters whose output ``node`` made (a loss module's
     output is walked through), innermost first."""
-    infos = [call.info for call in output_calls(node) if call.info is not None]
-    return [info for info in infos if info.model in trained]
+    return [c.info for c in output_calls(node) if c.info is not None and c.info.model in trained]
 
 
 def _first_input(node: Any) -> Any:
