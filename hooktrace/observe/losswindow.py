@@ -86,16 +86,6 @@ def _get(table: WeakIdKeyDictionary, t: torch.Tensor) -> Cut | None:
     return found
 
 
-def _tensors(args: tuple[Any, ...]) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            out.append(a)
-        elif isinstance(a, (list, tuple)):
-            out.extend(t for t in a if isinstance(t, torch.Tensor))
-    return out
-
-
 class Window(TorchFunctionMode):
     """Follows the operations of one window; the loss observer opens and closes it."""
 
@@ -207,8 +197,10 @@ class Window(TorchFunctionMode):
                                      None if name == "Tensor.numpy" else out))
 
     def _input_cut(self, name: str, args: tuple[Any, ...], frame: FrameType) -> Cut | None:
-        """The cut an input carries, or the one this op makes (an input needed a gradient)."""
-        for t in _tensors(args):
+        """The cut an input (or a tensor in a list of inputs) carries, or the one this op makes
+        (an input needed a gradient)."""
+        for t in [t for a in args for t in (a if isinstance(a, (list, tuple)) else (a,))
+                  if isinstance(t, torch.Tensor)]:
             cut = _get(self.cuts, t)
             if cut is None and t.requires_grad:
                 cut = self._cut(name, frame, t)
