@@ -37,8 +37,14 @@ import torch
 from torch import nn
 from torch.nn.utils.parametrize import ParametrizationList
 
-from hooktrace.hooks.compiled import compiled_graph
-from hooktrace.hooks.owners import holder_of, owner_of, place, registered, variable_name
+from hooktrace.hooks.owners import (
+    compiled_graph,
+    holder_of,
+    owner_of,
+    place,
+    registered,
+    variable_name,
+)
 from hooktrace.log import schema
 
 # wrapper class name -> attribute holding the wrapped module; the wrapper itself is not traced
