@@ -109,6 +109,7 @@ class CallTracker(Passes):
         """Remove every hook, then let the observers finish. Safe to call twice."""
         self.active = self._grads.active = False
         self._remove_hooks()
+        self._flow.clear()
         self._steps.stop()
         for observer in self._observers:
             try:

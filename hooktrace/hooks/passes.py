@@ -77,6 +77,7 @@ class Passes:
         is raised into it instead)."""
         first = self.error is None
         self.active = self._grads.active = self.zoom.active = False  # (zoom: until its call ends)
+        self._flow.clear()  # its follower of operations off the program's stack
         if isinstance(error, LogWriteError):
             if first:
                 self.error = str(error)
