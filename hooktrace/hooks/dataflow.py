@@ -16,15 +16,13 @@ operations are followed instead while a recorded call that began under it runs (
 validation, its residual adds; an RL target's ``cat`` of next observations and actions): a
 ``TorchDispatchMode``, below autograd so that no ``has_torch_function`` check (the fast path of
 ``nn.MultiheadAttention``) sees it, keeps each operation's outputs as made by the calls that
-made its inputs (a new view of an input is found as itself, not at the input's address). A
-call under ``no_grad`` inside another leaves the follower on for the code around it, until a
-call with gradient recording on begins: SB3's critic reads ``cat([features, actions])`` of a
-features extractor it runs under ``set_grad_enabled(False)``. Not followed: operations with
-gradient recording on whose inputs need no gradient elsewhere (a ``cat`` of observations and
-actions in a training step: following every operation of a recorded step cost W1 1.4x its CPU
-time), a ``.detach()`` of a call's output inside a model, and operations outside model calls
-(the training loop's: the follower would sit above the program's own modes, and run in its
-backward).
+made its inputs (a new view of an input is found as itself, not at the input's address);
+after a call under ``no_grad`` inside another, in the code around it until a call with
+gradient recording on begins (SB3's critic: a ``cat`` of the features it made under
+``set_grad_enabled(False)`` and the actions). Not followed: other operations with gradient
+recording on whose inputs need no gradient (following every operation of a recorded step cost
+W1 1.4x its CPU time), a ``.detach()`` of a call's output inside a model, and operations
+outside model calls (the training loop's: the follower would sit above the program's modes).
 
 A call that returns its input unchanged (``nn.Identity``, ``Dropout(p=0)``, ``nn.Flatten`` of a
 2-d batch) passes it on: it stands for the tensor's maker only while the call around it runs
@@ -130,8 +128,7 @@ class DataFlow:
         self._passing: set[int] = set()
         self._cut = False  # a walk met an edge without autograd history, or stopped at its bound
         self._ops = _Operations(self)
-        # a call under no_grad inside another returned, its follower left on for the code
-        # around it: off when a call with gradients on begins (it read what was followed)
+        # the follower left on by a call under no_grad inside another, for the code around it
         self._lingering = False
         self.error: Exception | None = None  # the operations' follower failed: said at a call
 
