@@ -130,18 +130,13 @@ def _walk(module: nn.Module, prefix: str, seen: set[int], beside: str | None = N
             yield from _walk(child, f"{prefix}.{child_name}" if prefix else child_name, seen)
 
 
-def _own_params(module: nn.Module) -> tuple[int, int]:
-    total = trainable = 0
-    for p in module.parameters(recurse=False):
-        total += p.numel()
-        if p.requires_grad:
-            trainable += p.numel()
-    return total, trainable
-
-
-def _trainable_count(module: nn.Module) -> int:
-    """How many of its own parameters require a gradient (tensors, not elements)."""
-    return sum(1 for p in module._parameters.values() if p is not None and p.requires_grad)
+def _own_params(module: nn.Module) -> tuple[int, int, int]:
+    """Elements of its own parameters and of those that require a gradient (a tensor once),
+    and how many of its parameter tensors require one (as registered)."""
+    listed = [p for p in module._parameters.values() if p is not None]
+    once = {id(p): p for p in listed}.values()
+    return (sum(p.numel() for p in once), sum(p.numel() for p in once if p.requires_grad),
+            sum(1 for p in listed if p.requires_grad))
 
 
 def _loose(module: nn.Module) -> list[str] | None:
@@ -160,13 +155,13 @@ def _drop(module: nn.Module) -> dict[str, Any]:
     torch's ``Dropout*`` (``p``), torchvision's ``StochasticDepth`` (``p``, ``mode``) and the
     ``DropPath`` of timm and others (``drop_prob``, one draw a sample)."""
     cls = type(module).__name__
-    p = getattr(module, "drop_prob", None) if "DropPath" in cls else getattr(module, "p", None)
+    path = "DropPath" in cls
+    p = getattr(module, "drop_prob" if path else "p", None)
     if not isinstance(p, (float, int)) or isinstance(p, bool):
         return {}
-    if cls == "StochasticDepth":
-        batch = getattr(module, "mode", "row") == "batch"
-        unit = schema.DropUnit.BATCH if batch else schema.DropUnit.SAMPLE
-    elif "DropPath" in cls:
+    if cls == "StochasticDepth" and getattr(module, "mode", "row") == "batch":
+        unit = schema.DropUnit.BATCH
+    elif cls == "StochasticDepth" or path:
         unit = schema.DropUnit.SAMPLE
     elif isinstance(module, (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.FeatureAlphaDropout)):
         unit = schema.DropUnit.CHANNEL
@@ -263,15 +258,15 @@ class Naming:
                 shared = known
             if known is not None:
                 named_before.add(fqn)
-            params, trainable = _own_params(module)
+            params, trainable, tensors = _own_params(module)
             info = self._by_fqn.get((model, fqn))
             if info is not None and info.cls == type(module).__name__:
                 info.ref = weakref.ref(module)  # a module built anew in each forward: same name
-                info.trainable = _trainable_count(module)
+                info.trainable = tensors
             else:
                 cls = type(module).__name__
                 info = ModInfo(model, fqn, cls, self._matches(fqn, cls),
-                               weakref.ref(module), params > 0, _trainable_count(module))
+                               weakref.ref(module), params > 0, tensors)
                 self._by_fqn[(model, fqn)] = info
                 if info.has_params and info.traced:
                     self.uncalled[info] = None
