@@ -55,7 +55,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hooktrace.hooks.gradhooks import GradHooks
-from hooktrace.hooks.owners import OURS, TORCH
+from hooktrace.hooks.sites import OURS, TORCH
 
 #: autograd nodes looked at per tensor. Measured (docs/performance.md): every input of
 #: resnet18's and a TransformerEncoder's calls is found within 3, of a ViT's within 8

@@ -31,8 +31,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from hooktrace.hooks.naming import ModInfo
-from hooktrace.hooks.owners import NOT_USERS, OURS
-from hooktrace.hooks.sites import shown
+from hooktrace.hooks.sites import NOT_USERS, OURS, shown
 from hooktrace.hooks.tensors import dtype_name, leaves, shape_of
 from hooktrace.log.ops import LEAVING, Op
 

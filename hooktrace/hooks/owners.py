@@ -16,17 +16,12 @@ from types import FrameType
 import torch
 from torch import nn
 
-TORCH = str(Path(torch.__file__).parent)
-OURS = str(Path(__file__).parent.parent)  # hooktrace's own code: its operations are not the user's
-_TRACER_DIRS = (TORCH, OURS)
-_STDLIB = ("<frozen ", *sorted({sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib")}))
-#: where no user code is: torch and the standard library (runpy, and "<frozen runpy>")
-NOT_USERS = (TORCH, *_STDLIB)
-# installed packages and the standard library
-_LIBRARY_DIRS = (*_TRACER_DIRS, *_STDLIB, *sorted({
-    sysconfig.get_paths()[key] for key in ("purelib", "platlib")}))
+_TRACER_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).parent.parent))  # and ours
+# installed packages and the standard library (runpy, and "<frozen runpy>" when frozen)
+_LIBRARY_DIRS = (*_TRACER_DIRS, "<frozen ", *sorted({
+    sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}))
 # where torch.compile's runtime calls the graphs it compiled
-_COMPILE_DIRS = tuple(str(Path(TORCH) / d) for d in ("_dynamo", "_functorch"))
+_COMPILE_DIRS = tuple(str(Path(_TRACER_DIRS[0]) / d) for d in ("_dynamo", "_functorch"))
 _COMPILE_FRAMES = 64
 
 

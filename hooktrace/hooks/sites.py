@@ -7,14 +7,22 @@ import contextlib
 import inspect
 import linecache
 import os
+import sysconfig
+from pathlib import Path
 from types import TracebackType
 
+import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
 from hooktrace.hooks.owners import is_library
 
 _CALL_FILE = nn_module.__file__
+OURS = str(Path(__file__).parent.parent)  # hooktrace's own code: its operations are not the user's
+TORCH = str(Path(torch.__file__).parent)
+#: where no user code is: torch and the standard library
+NOT_USERS = (TORCH, "<frozen ", *sorted({
+    sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib")}))
 
 
 def shown(path: str) -> str:
