@@ -52,6 +52,7 @@ def producers(features: nn.Module, n_features: int, tmp_path: Path) -> dict[str,
     with hooktrace.trace(log):
         q0, q1, _kept = critic(obs, act)
         (q0 + q1 - actor(obs).sum(1, keepdim=True)).sum().backward()
+    assert torch._C._len_torch_dispatch_stack() == 0  # the follower went with the critic's call
     forward = [e for e in LogReader(log, flow=True)
                if isinstance(e, schema.ForwardEvent) and e.phase == "forward"]
     fqn = {e.seq: f"{e.model}:{e.fqn}" for e in forward}
