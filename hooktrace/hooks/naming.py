@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -72,7 +72,7 @@ class ModInfo:
     #: a module registered under several parents: its other names, by (model, fqn) of the
     #: parent that holds it there, and by (model, None) its name in another model that holds it
     #: too; a call from that parent, or else from that model, is recorded under that name
-    aliases: dict[tuple[int, str | None], ModInfo] | None = None
+    aliases: dict[tuple[int, str | None], ModInfo] = field(default_factory=dict)
 
 
 def _no_module() -> None:
@@ -83,15 +83,7 @@ def _no_module() -> None:
 def _in_model(known: ModInfo, model: int) -> ModInfo | None:
     """The identity in ``model`` of ``known``'s module: ``known``, or the name it has there as
     a module that several models hold; None where it has none (yet)."""
-    if known.model == model:
-        return known
-    return known.aliases.get((model, None)) if known.aliases is not None else None
-
-
-def _add_alias(named: ModInfo, key: tuple[int, str | None], alias: ModInfo) -> None:
-    if named.aliases is None:
-        named.aliases = {}
-    named.aliases[key] = alias
+    return known if known.model == model else known.aliases.get((model, None))
 
 
 def _wrapped(module: nn.Module) -> nn.Module | None:
@@ -273,7 +265,7 @@ class Naming:
             if shared is None:
                 self._infos[module] = info
             else:
-                _add_alias(shared, (model, None), info)
+                shared.aliases[(model, None)] = info
                 shared = None
             records[fqn] = schema.Module(model, fqn, info.cls, params, trainable,
                                          loose=_loose(module), wrapper=beside,
@@ -313,8 +305,7 @@ class Naming:
                             known.ref, False)
             self._by_fqn[(known.model, fqn)] = alias
         alias.ref = known.ref
-        if named.aliases is None or (known.model, parent) not in named.aliases:
-            _add_alias(named, (known.model, parent), alias)
+        named.aliases.setdefault((known.model, parent), alias)
         return schema.Module(known.model, fqn, known.cls, alias_of=known.fqn)
 
     def _from_owner(self, module: nn.Module) -> ModInfo | None:
@@ -351,7 +342,7 @@ class Naming:
         except KeyError:
             pass
         else:
-            if info is not None and info.aliases is not None and caller is not None:
+            if info is not None and info.aliases and caller is not None:
                 # the name under its caller: its path there, else its name in the caller's model
                 aliases = info.aliases
                 return aliases.get((caller.model, caller.fqn)) or aliases.get(

@@ -51,11 +51,8 @@ def place(holder: nn.Module | None, module: nn.Module) -> str | None:
 def registered(holder: nn.Module | None, module: nn.Module) -> str | None:
     """The attribute ``holder`` registers ``module`` under (``self.fc = nn.Linear(...)`` in its
     forward), None when it does not."""
-    if holder is not None:
-        for key, child in holder._modules.items():
-            if child is module:
-                return key
-    return None
+    children = holder._modules.items() if holder is not None else ()
+    return next((key for key, child in children if child is module), None)
 
 
 def is_library(filename: str) -> bool:
