@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hooktrace.diff.numbers import Growth, Numbers, Tolerance, param_differences
+from hooktrace.diff.numbers import Found, Growth, Tolerance, largest, param_differences
 from hooktrace.log.align import Event, Key, StepRecords, Walk, lockstep, parting, renames
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.options import TraceOptions
@@ -88,14 +88,14 @@ class _Comparison:
 
     def __init__(self, report: DiffReport, numbers: bool) -> None:
         self.report = report
-        self.numbers = Numbers(Tolerance(report.rtol, report.atol)) if numbers else None
+        self.numbers = numbers
         self.growth = Growth()
         self.tolerance = Tolerance(report.rtol, report.atol)
 
     def step(self, step: int, a: StepRecords, b: StepRecords) -> None:
         self.report.steps.append(step)
         if a.events == b.events and a.params == b.params and a.anomalies == b.anomalies:
-            self.growth.agree(step)
+            self.growth.step(step, [])
             return
         if self.report.ran is None or self.report.shapes is None:
             found = parting(a.events, b.events)
@@ -103,18 +103,20 @@ class _Comparison:
                 self._what_ran(step, a.events, b.events, found.ran)
             if found is not None and found.shapes is not None and self.report.shapes is None:
                 self.report.shapes = _shapes(step, *found.shapes)
-        if self.numbers is None:
+        if not self.numbers:
             return
         self._anomalies(step, a, b)
         self._params(step, a.params, b.params)
+        pairs = _pairs(a.events, b.events)
         if self.growth.wants(step) or (self.report.nonfinite is None
                                        and (a.nonfinite or b.nonfinite)):
-            for event, other in _pairs(a.events, b.events):
-                self._pair(step, event, other)
-            self.growth.step_done(step)
+            differing = self.tolerance.differing(pairs)
+            for event, difference in differing:
+                self._divergence(step, event, difference)
+            self.growth.step(step, differing)
         else:  # the report's sections are decided: only the growth profile may want this step
-            numbers, pairs = self.numbers, (a.events, b.events)
-            self.growth.defer(step, lambda: numbers.largest(_pairs(*pairs)))
+            tolerance = self.tolerance
+            self.growth.defer(step, lambda: largest(tolerance.differing(pairs)))
 
     def _what_ran(self, step: int, a: list[Event], b: list[Event], i: int) -> None:
         here_a, here_b = (a[i] if i < len(a) else None), (b[i] if i < len(b) else None)
@@ -134,11 +136,8 @@ class _Comparison:
         self.report.ran = Difference("ran", step, named.model, named.fqn, named.phase,
                                      named.call, what, _context(a, i), _context(b, i), i)
 
-    def _pair(self, step: int, a: Event, b: Event) -> None:
-        assert self.numbers is not None
-        found = self.numbers.compare(a, b)
-        if found is None:
-            return
+    def _divergence(self, step: int, a: Event, found: Found) -> None:
+        """The first number past the tolerance, and the first NaN/Inf in one run only."""
         if self.report.divergence is None or (found.kind == "nonfinite"
                                               and self.report.nonfinite is None):
             what, value_a, value_b = found.words()
@@ -148,7 +147,6 @@ class _Comparison:
                 self.report.nonfinite = difference
             if self.report.divergence is None:
                 self.report.divergence = difference
-        self.growth.add(step, a, found.relative)
 
     def _anomalies(self, step: int, a: StepRecords, b: StepRecords) -> None:
         """Watched steps: a NaN/Inf anomaly in one run only."""
