@@ -24,12 +24,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
 
 from hooktrace.log.errors import SchemaError
 from hooktrace.log.gradstat import GradStat
 
-KEYS = {"fqn": "name", "cls": "class"}  # a field's key where it is not the field's name
+#: a field's key where it is not the field's name
+KEYS = {"fqn": "name", "cls": "class", "eval_mode": "eval"}
 OMIT_EMPTY = {"omit_empty": True}  # field metadata: left out of its line when empty or 0
 NUMBER_TYPES = frozenset((float, int))  # not bool: JSON true is no statistic
 NORM_TYPES = frozenset((float, type(None)))
@@ -134,7 +136,7 @@ _READ: dict[str, Any] = {
 _WRITE: dict[str, Any] = {"list[GradStat | None]": encode_stats}
 
 
-class _Field:
+class Field:
     """How one field of a record sits on its line (``LogFact``'s rules, for that field)."""
 
     __slots__ = ("name", "key", "read", "write", "default", "factory", "omit_none",
@@ -158,14 +160,19 @@ class _Field:
 
 
 F = TypeVar("F", bound="LogFact")
-_FIELDS: dict[type, tuple[_Field, ...]] = {}
+_FIELDS: dict[type, tuple[Field, ...]] = {}
 
 
-def _fields(cls: type) -> tuple[_Field, ...]:
+def _fields(cls: type) -> tuple[Field, ...]:
     found = _FIELDS.get(cls)
     if found is None:
-        found = _FIELDS[cls] = tuple(_Field(f, cls) for f in dataclasses.fields(cls))
+        found = _FIELDS[cls] = fields_of(cls)
     return found
+
+
+def fields_of(cls: type, names: Sequence[str] | None = None) -> tuple[Field, ...]:
+    """How the fields ``names`` of ``cls`` (default: all) sit on its line."""
+    return tuple(Field(f, cls) for f in dataclasses.fields(cls) if names is None or f.name in names)
 
 
 class LogFact:
