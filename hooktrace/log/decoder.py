@@ -106,7 +106,7 @@ _NONFINITE = BackwardMore()
 _PLAIN_FORWARD = ForwardMore()
 _FLOW = ("inputs_from", "made", "from_out", "made_out")  # ForwardMore's, read by ``inputs_from``
 #: the rest of a row's ``more``, read as its event's fields (``fields.LogFact``'s rules)
-_FORWARD_FLAGS = fields_of(ForwardEvent, [f for f in ForwardMore._fields if f not in _FLOW])
+_FORWARD_FLAGS = fields_of(ForwardEvent, tuple(f for f in ForwardMore._fields if f not in _FLOW))
 _BACKWARD_FLAGS = fields_of(BackwardEvent, BackwardMore._fields)
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
 
 from hooktrace.log.errors import SchemaError
@@ -160,19 +159,18 @@ class Field:
 
 
 F = TypeVar("F", bound="LogFact")
-_FIELDS: dict[type, tuple[Field, ...]] = {}
 
 
-def _fields(cls: type) -> tuple[Field, ...]:
-    found = _FIELDS.get(cls)
-    if found is None:
-        found = _FIELDS[cls] = fields_of(cls)
-    return found
+_FIELDS: dict[tuple[type, Any], tuple[Field, ...]] = {}
 
 
-def fields_of(cls: type, names: Sequence[str] | None = None) -> tuple[Field, ...]:
+def fields_of(cls: type, names: tuple[str, ...] | None = None) -> tuple[Field, ...]:
     """How the fields ``names`` of ``cls`` (default: all) sit on its line."""
-    return tuple(Field(f, cls) for f in dataclasses.fields(cls) if names is None or f.name in names)
+    found = _FIELDS.get((cls, names))
+    if found is None:
+        found = _FIELDS[cls, names] = tuple(Field(f, cls) for f in dataclasses.fields(cls)
+                                            if names is None or f.name in names)
+    return found
 
 
 class LogFact:
@@ -195,7 +193,7 @@ class LogFact:
 
 def encode(record: LogFact) -> dict[str, Any]:
     d: dict[str, Any] = {"type": record.TYPE} if record.TYPE else {}
-    for f in _fields(type(record)):
+    for f in fields_of(type(record)):
         value = getattr(record, f.name)
         if value is False or (value is None and f.omit_none) or (f.omit_empty and not value):
             continue
@@ -205,7 +203,7 @@ def encode(record: LogFact) -> dict[str, Any]:
 
 def decode(cls: type[F], d: dict[str, Any]) -> F:
     values = {}
-    for f in _fields(cls):
+    for f in fields_of(cls):
         value = values[f.name] = f.read(d, f.key, f.default if f.factory is None else f.factory())
         if f.one_of is not None and value not in f.one_of:
             raise SchemaError(f"unknown {cls.TYPE} {f.key} {value!r}")
