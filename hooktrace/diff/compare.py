@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hooktrace.diff.numbers import Found, Growth, Tolerance, largest, param_differences
+from hooktrace.diff.numbers import Found, Growth, Tolerance, most_differing, param_differences
 from hooktrace.log.align import Event, Key, StepRecords, Walk, lockstep, parting, renames
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.options import TraceOptions
@@ -116,7 +116,7 @@ class _Comparison:
             self.growth.step(step, differing)
         else:  # the report's sections are decided: only the growth profile may want this step
             tolerance = self.tolerance
-            self.growth.defer(step, lambda: largest(tolerance.differing(pairs)))
+            self.growth.defer(step, lambda: most_differing(tolerance.differing(pairs)))
 
     def _what_ran(self, step: int, a: list[Event], b: list[Event], i: int) -> None:
         here_a, here_b = (a[i] if i < len(a) else None), (b[i] if i < len(b) else None)

@@ -143,7 +143,7 @@ def _entry(step: int, event: Event | None, rel: float | None) -> dict[str, Any]:
     return {"step": step, "module": event.fqn, "phase": event.phase, "relative": rel}
 
 
-def largest(found: Iterable[tuple[Event, Found]]) -> tuple[Event, float | None] | None:
+def most_differing(found: Iterable[tuple[Event, Found]]) -> tuple[Event, float | None] | None:
     """The call whose numbers differ most, and by how much; the first one of NaN/Inf in one run
     only outranks all."""
     worst: tuple[Event, float | None] | None = None
@@ -179,7 +179,7 @@ class Growth:
         if step == self._start:
             self.first += [_entry(step, a, f.relative) for a, f in found]
         elif self._start is not None:
-            self.defer(step, lambda: largest(found))
+            self.defer(step, lambda: most_differing(found))
 
     def defer(self, step: int, worst: Worst) -> None:
         """A later step, with the function that finds its largest difference."""

@@ -52,9 +52,9 @@ from hooktrace.log.gradstat import GradStat as GradStat
 from hooktrace.log.ops import Op as Op
 from hooktrace.log.ops import Ops as Ops
 from hooktrace.log.signals import VIEW_OPS as VIEW_OPS
+from hooktrace.log.signals import Note, kinds_of
 from hooktrace.log.signals import Signal as Signal
 from hooktrace.log.signals import SignalKind as SignalKind
-from hooktrace.log.signals import kinds_of
 
 SCHEMA_VERSION = 3
 
@@ -284,7 +284,7 @@ class AnomalyKind:
 
 
 @dataclass(slots=True)
-class Anomaly(LogFact):
+class Anomaly(Note):
     """In a watched step (outside ``--steps``, where events are not written): the first module
     whose forward output held NaN/Inf (``nonfinite-forward``; ``detail.weights``: its own
     parameters that held NaN/Inf too, where any did, ``detail.weights_dtypes`` their dtypes),
@@ -293,10 +293,6 @@ class Anomaly(LogFact):
 
     TYPE: ClassVar[str] = "anomaly"
     KINDS: ClassVar[tuple[str, ...]] = kinds_of(AnomalyKind)
-    step: int
-    model: int
-    fqn: str
-    kind: str
     call: int = 0
     detail: dict[str, Any] = field(default_factory=dict)
 
@@ -364,6 +360,6 @@ def from_dict(d: Any) -> Record | None:
     if not isinstance(d, dict):
         raise SchemaError(f"a record must be a JSON object, not {type(d).__name__}")
     cls: Any = RECORDS.get(get(d, "type", str))
-    if cls is None or (cls in (Anomaly, Signal) and get(d, "kind", str) not in cls.KINDS):
+    if cls is None or (issubclass(cls, Note) and get(d, "kind", str) not in cls.KINDS):
         return None
     return cls.from_dict(d)  # type: ignore[no-any-return]

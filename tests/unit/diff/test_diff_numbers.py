@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 
 from hooktrace.diff.compare import Difference, DiffReport, ParamDifference
-from hooktrace.diff.numbers import Found, Growth, Tolerance, largest, param_differences, relative
+from hooktrace.diff.numbers import (
+    Found,
+    Growth,
+    Tolerance,
+    most_differing,
+    param_differences,
+    relative,
+)
 from hooktrace.diff.report import diff_text
 from hooktrace.log.align import Event
 from hooktrace.log.words import ranges
@@ -119,9 +126,9 @@ def test_largest_of_several_calls() -> None:
     pairs = [(backward("a", out=[(1.0, 0.5)]), backward("a", out=[(1.1, 0.5)])),
              (backward("b", out=[(1.0, 0.5)]), backward("b", out=[(2.0, 0.5)])),
              (backward("c"), backward("c"))]
-    worst = largest(DEFAULT.differing(pairs))
+    worst = most_differing(DEFAULT.differing(pairs))
     assert worst is not None and (worst[0].fqn, worst[1]) == ("b", 0.5)
-    assert largest(DEFAULT.differing([])) is None
+    assert most_differing(DEFAULT.differing([])) is None
 
 
 def differs(name: str, rel: float) -> tuple[Event, Found]:
