@@ -235,8 +235,7 @@ def diff(a: str | os.PathLike[str], b: str | os.PathLike[str], step: int | None 
                              f"({readers[0].header.schema}, {readers[1].header.schema})")
     report = DiffReport(str(a), str(b), rtol, atol)
     options = [TraceOptions.from_header(r.header) for r in readers]
-    stats = [o.stats for o in options]
-    compare = _Comparison(report, numbers=all(stats))
+    compare = _Comparison(report, numbers=all(o.stats for o in options))
     walks = (Walk(readers[0]), Walk(readers[1]))
     only: dict[str, list[int]] = {"A": [], "B": []}
     whole: dict[str, list[int]] = {"A": [], "B": []}  # run -> the steps it finished
@@ -261,7 +260,7 @@ def diff(a: str | os.PathLike[str], b: str | os.PathLike[str], step: int | None 
         _rename(in_b, walks, report, known)
         compare.step(number, in_a, in_b)
     _check_found(report, walks, step, model, whole, cut)
-    _not_compared(report, only, cut, stats, readers)
+    _not_compared(report, only, cut, options)
     report.growth = compare.growth.profile()
     report.warnings = [w for r in readers for w in r.warnings]
     return report
@@ -339,7 +338,7 @@ def _steps_of(whole: list[int], cut: int | None) -> str:
 
 
 def _not_compared(report: DiffReport, only: dict[str, list[int]], cut: dict[str, int],
-                  stats: list[bool], readers: tuple[LogReader, LogReader]) -> None:
+                  options: list[TraceOptions]) -> None:
     for at in sorted(set(cut.values())):
         runs = " and ".join(run for run in "AB" if cut.get(run) == at)
         report.not_compared.append(f"step {at}: cut off in {runs} (the run did not finish it)")
@@ -350,10 +349,9 @@ def _not_compared(report: DiffReport, only: dict[str, list[int]], cut: dict[str,
         if other in cut and cut[other] < steps[0]:
             why = f"{other} was cut off in step {cut[other]}"
         else:
-            recorded = TraceOptions.from_header(readers[0 if other == "A" else 1].header)
-            why = f"{other} recorded with --steps {recorded.steps.text or '?'}"
+            why = f"{other} recorded with --steps {options['AB'.index(other)].steps.text or '?'}"
         report.not_compared.append(f"steps {ranges(steps)}: only in {run} ({why})")
-    missing = [run for run, has in zip("AB", stats, strict=True) if not has]
+    missing = [run for run, o in zip("AB", options, strict=True) if not o.stats]
     if missing:
         report.not_compared.append(
             f"numbers and parameter gradients: {' and '.join(missing)} recorded with "
