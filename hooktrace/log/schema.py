@@ -158,16 +158,28 @@ class Module(LogFact):
 
 
 @dataclass(slots=True)
-class ForwardEvent:
-    """One module call, written when it returns. On the wire: ``{"type":"forward", "seq",
-    "step", "module": id, "call", "in": id, "out": id}``, ids of module and tensors records."""
+class CallEvent:
+    """What forward and backward events both say: which call of which module, in which step."""
 
-    TYPE: ClassVar[str] = "forward"
+    TYPE: ClassVar[str] = ""
     seq: int
     step: int
     model: int
     fqn: str
     call: int
+
+    @property
+    def phase(self) -> str:
+        """``forward`` or ``backward``: the record's type."""
+        return self.TYPE
+
+
+@dataclass(slots=True)
+class ForwardEvent(CallEvent):
+    """One module call, written when it returns. On the wire: ``{"type":"forward", "seq",
+    "step", "module": id, "call", "in": id, "out": id}``, ids of module and tensors records."""
+
+    TYPE: ClassVar[str] = "forward"
     # tensor leaves of args then kwargs (tuples as the tracer makes them, lists when read)
     input_shapes: Sequence[Shape] = field(default_factory=list)
     input_dtypes: Sequence[str] = field(default_factory=list)
@@ -216,14 +228,9 @@ class ForwardEvent:
     #: ``made_no_history``; a log from before it does not say)
     made_no_history: bool = False
 
-    @property
-    def phase(self) -> str:
-        """``forward``: the record's type, as ``BackwardEvent.phase`` is ``backward``."""
-        return self.TYPE
-
 
 @dataclass(slots=True)
-class BackwardEvent:
+class BackwardEvent(CallEvent):
     """Backward of one forward call (``fwd`` is that call's ``seq``). On the wire:
     ``{"type":"backward", "seq", "step", "module", "call", "fwd", "in": id, "out": id}`` plus
     ``in_stats``/``out_stats`` when statistics are on.
@@ -237,11 +244,6 @@ class BackwardEvent:
     """
 
     TYPE: ClassVar[str] = "backward"
-    seq: int
-    step: int
-    model: int
-    fqn: str
-    call: int
     fwd: int
     grad_input_len: int = 0
     grad_output_len: int = 0
@@ -254,10 +256,6 @@ class BackwardEvent:
     #: inputs that needed a gradient (required grad when the call ran) and got none by the end
     #: of the backward pass: the gradient stopped inside the call; absent when none
     lost: list[int] | None = None
-
-    @property
-    def phase(self) -> str:
-        return self.TYPE
 
 
 @dataclass(slots=True)
