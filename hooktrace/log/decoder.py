@@ -5,8 +5,8 @@ backward event into a ``ForwardRow`` / ``BackwardRow``: a typed tuple (a long lo
 million events; readers unpack it), whose ``module`` is an id of ``Decoder.modules`` and whose
 tensor signatures are resolved; what few events have beyond that is in its last field, ``more``.
 Any other line becomes its record (``schema.from_dict``). Nothing outside this module,
-``hooktrace.log.wire`` and ``fields`` reads a key of a line; ``wire``'s table pairs each kind of
-line with what writes it there and what reads it here. Standard library only: no torch.
+``hooktrace.log.wire`` (which says what writes each kind of line) and ``fields`` reads a key of
+a line. Standard library only: no torch.
 """
 
 from __future__ import annotations
