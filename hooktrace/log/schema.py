@@ -52,7 +52,7 @@ from hooktrace.log.gradstat import GradStat as GradStat
 from hooktrace.log.ops import Op as Op
 from hooktrace.log.ops import Ops as Ops
 from hooktrace.log.signals import VIEW_OPS as VIEW_OPS
-from hooktrace.log.signals import Note, kinds_of
+from hooktrace.log.signals import Observed, kinds_of
 from hooktrace.log.signals import Signal as Signal
 from hooktrace.log.signals import SignalKind as SignalKind
 
@@ -282,7 +282,7 @@ class AnomalyKind:
 
 
 @dataclass(slots=True)
-class Anomaly(Note):
+class Anomaly(Observed):
     """In a watched step (outside ``--steps``, where events are not written): the first module
     whose forward output held NaN/Inf (``nonfinite-forward``; ``detail.weights``: its own
     parameters that held NaN/Inf too, where any did, ``detail.weights_dtypes`` their dtypes),
@@ -358,6 +358,6 @@ def from_dict(d: Any) -> Record | None:
     if not isinstance(d, dict):
         raise SchemaError(f"a record must be a JSON object, not {type(d).__name__}")
     cls: Any = RECORDS.get(get(d, "type", str))
-    if cls is None or (issubclass(cls, Note) and get(d, "kind", str) not in cls.KINDS):
+    if cls is None or (issubclass(cls, Observed) and get(d, "kind", str) not in cls.KINDS):
         return None
     return cls.from_dict(d)  # type: ignore[no-any-return]

@@ -59,7 +59,7 @@ def kinds_of(namespace: type) -> tuple[str, ...]:
 
 
 @dataclass(slots=True)
-class Note(LogFact):
+class Observed(LogFact):
     """What ``signal`` and ``anomaly`` records both say: what (``kind``), of which module, when."""
 
     step: int
@@ -69,7 +69,7 @@ class Note(LogFact):
 
 
 @dataclass(slots=True)
-class Signal(Note):
+class Signal(Observed):
     """What the training loop did around a model, written when it is first seen or changes
     (recorded and watched steps alike), at the step it happened in:
 
