@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING
 
 from hooktrace.check.boundary import Boundary, GradientFlow
 from hooktrace.check.calls import (
+    Enclosing,
+    FirstAtLeast,
     JudgedCall,
     only_looked_at,
     passes_nothing,
@@ -49,7 +51,6 @@ from hooktrace.check.calls import (
     starves,
 )
 from hooktrace.check.findings import Thresholds
-from hooktrace.check.flowindex import Enclosing, FirstAtLeast
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import ModuleStats
