@@ -35,12 +35,18 @@ from hooktrace.check.magnitudes import check_magnitudes, start, start_orders
 from hooktrace.check.modes import eval_backward
 from hooktrace.check.nonfinite import check_nonfinite
 from hooktrace.check.probed import check_probed
-from hooktrace.check.reached import check_loose, check_lost_gradient, check_no_grad
+from hooktrace.check.reached import (
+    check_info,
+    check_loose,
+    check_lost_gradient,
+    check_no_grad,
+    check_unused,
+    losses_dropped,
+)
 from hooktrace.check.relations import check_relations
 from hooktrace.check.shared import check_shared_targets
 from hooktrace.check.stepexplained import optimizer_steps, step_sample
 from hooktrace.check.trainable import drop_frozen, frozen_from_start, frozen_since
-from hooktrace.check.unused import check_info, check_unused, losses_dropped
 from hooktrace.log.names import ancestors
 from hooktrace.log.schema import SignalKind
 from hooktrace.log.words import plural

@@ -51,6 +51,7 @@ from hooktrace.check.calls import (
     starves,
 )
 from hooktrace.check.findings import Thresholds
+from hooktrace.check.grouped import inside
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import ModuleStats
@@ -97,9 +98,8 @@ def analyse(calls: Iterable[JudgedCall], modules: dict[ModelFqn, ModuleStats],
 
 
 def _trainable(modules: dict[ModelFqn, ModuleStats], key: ModelFqn) -> bool:
-    """``key`` has trainable parameters: its own, or, for a second path to a module under
-    another parent (BYOL's backbone, ``net`` on the learner and ``online_encoder.net`` in the
-    wrapper that calls it: its calls are named by that caller), its first name's."""
+    """``key`` has trainable parameters: its own, or, for a second path to a module under another
+    parent (BYOL's ``online_encoder.net``), its first name's."""
     m = modules.get(key)
     if m is not None and m.alias_of is not None:
         m = modules.get((key[0], m.alias_of))
@@ -162,8 +162,7 @@ def _evaluation(enclosing: Enclosing, v: JudgedCall) -> bool:
 
 
 def _passive(c: JudgedCall) -> bool:
-    """``c`` trained nothing, as an evaluation pass does: it ran under no_grad (or
-    inference_mode), or in eval mode and no backward reached it."""
+    """``c`` trained nothing: it ran under no_grad, or in eval mode and no backward reached it."""
     return not c.grad or (c.eval_mode and not c.backed)
 
 
@@ -210,25 +209,23 @@ def _gain(c: JudgedCall) -> float | None:
 
 
 def _bypassed(b: JudgedCall, enclosing: Enclosing) -> bool:
-    """A module before ``b`` got a gradient that ``b``'s small gain cannot explain: it came
-    round ``b`` (a residual shortcut), and what ``b`` starves is its own branch. Asked of the
-    largest gradient of a fed call with parameters before ``b``: if ``b`` does not starve that
-    one, some module got round it."""
+    """A module before ``b`` got a gradient ``b``'s small gain cannot explain: a shortcut round
+    ``b``."""
     top = enclosing.largest_before(b)
     return top is not None and not starves(b, replace(b, g_out=top))
 
 
 def _saturated(b: JudgedCall, modules: dict[ModelFqn, ModuleStats], t: Thresholds) -> bool:
-    """A saturating activation whose gain is far below a layer scale's: it starves its branch
-    whatever goes round it (a gate whose bias closes it)."""
+    """A saturating activation far below a layer scale's gain: it starves its branch whatever goes
+    round it."""
     m = modules.get(b.key)
     gain = _gain(b)
     return m is not None and m.cls in _SATURATING and gain is not None and gain <= t.saturated
 
 
 class _Candidates:
-    """The candidates of a step (in forward order), indexed for what is asked of them per
-    call: a max tree of each question's necessary number finds the first that may answer."""
+    """A step's candidates in forward order, with max trees that find the first that may answer a
+    call."""
 
     def __init__(self, found: list[JudgedCall], enclosing: Enclosing,
                  modules: dict[ModelFqn, ModuleStats], t: Thresholds) -> None:
@@ -239,14 +236,14 @@ class _Candidates:
         self._gates: dict[int, tuple[list[JudgedCall], FirstAtLeast]] | None = None
 
     def zero_after(self, v: JudgedCall) -> JudgedCall | None:
-        """The nearest one after ``v`` (see ``_after``) that passes back nothing."""
+        """The nearest one after ``v`` (``_after``) that passes back nothing."""
         if not self._found:
             return None
         return self._after(v, self._found, self._zero, bisect_right(self._seqs, v.seq), 1.0,
                            passes_nothing)
 
     def starving_after(self, v: JudgedCall) -> JudgedCall | None:
-        """The nearest one after ``v`` (see ``_after``) that starves it."""
+        """The nearest one after ``v`` (``_after``) that starves it."""
         if v.g_out is None or not self._found:
             return None
         return self._after(v, self._found, self._starving, bisect_right(self._seqs, v.seq),
@@ -261,7 +258,7 @@ class _Candidates:
         before ``v``."""
         while (at := tree.find(i, x)) is not None:
             b = found[at]
-            if not _contains(b.key, v.key) and ok(b):
+            if not inside(v.key, [b.key]) and ok(b):
                 return b
             i = at + 1
         return None
@@ -283,11 +280,6 @@ class _Candidates:
         if gates is None or v.g_out is None:
             return None
         return self._after(v, *gates, 0, v.g_out, lambda b: starves(b, v))
-
-
-def _contains(outer: ModelFqn, inner: ModelFqn) -> bool:
-    return outer[0] == inner[0] and (outer[1] == "" or inner[1] == outer[1]
-                                     or inner[1].startswith(outer[1] + "."))
 
 
 def _add_inside(flow: GradientFlow, step: int, enclosing: Enclosing, v: JudgedCall,
@@ -325,8 +317,8 @@ def _add_inside(flow: GradientFlow, step: int, enclosing: Enclosing, v: JudgedCa
 
 def _reading_part(enclosing: Enclosing, outer: JudgedCall, sparse: list[JudgedCall]
                   ) -> dict[str, float]:
-    """``outer`` or the outermost calls inside its forward whose outputs the loss reads only in
-    part: their labels and the share of exactly-zero gradient at their outputs."""
+    """``outer`` or the outermost calls inside it whose outputs the loss reads in part, with their
+    zero share."""
     if outer in sparse:
         return {_label(outer): outer.zeros or 0.0}
     inside = [c for c in sparse if outer in enclosing.chain(c)]

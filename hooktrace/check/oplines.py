@@ -1,17 +1,6 @@
-"""The operation and its line put into ``check``'s findings, where the log has the zoomed calls
-of a finding's module (``ops`` records); where it has none, the command that records them.
-
-Each kind of finding asks its question of its module's zoomed calls (below), from
-its step on: a gradient that stops or turns zero inside a forward (flow's boundaries), the
-first NaN/Inf of a forward, a backward that made NaN/Inf, and the in-place change behind a
-backward error. The answer goes into the message ("the gradient stops inside its forward, at
-.detach() (train.py:16)") and the evidence (``op``: the operation, its ``line`` and ``code``).
-A backward error happens before any later step could zoom in: its finding, and a finding whose
-module was not zoomed, get ``rerun``, the command that runs the program again with that
-module's operations recorded.
-
-The questions: the operation inside a finding's module where it happens, from the log's
-``ops`` records (the zoomed calls, ``hooktrace/log/ops.py``). Pure: no files, no torch.
+"""The operation and its line put into ``check``'s findings, from the log's zoomed calls of a
+finding's module (``ops`` records, ``hooktrace/log/ops.py``); where it has none, the command that
+records them (``rerun``). Pure: no files, no torch.
 
 Each question follows the data through one zoomed call's slots, in the order its operations
 ran: where a gradient stops (an operation whose input needs a gradient and whose output has
@@ -19,8 +8,9 @@ none: ``.detach()``, ``.data``, ``.numpy()``, one under ``torch.no_grad()``, the
 those, an integer result such as ``argmax``), where one turns exactly zero (a node that received
 a non-zero gradient and passed back zero), the first NaN/Inf of a forward, the node whose
 backward made NaN/Inf from finite gradients, and the in-place change behind autograd's
-"modified by an inplace operation". A child's call that stops the gradient is looked into when
-the child was zoomed too. What is found only adds to a finding: a zoomed call never makes one.
+"modified by an inplace operation" (a backward error happens before any later step could zoom
+in: it gets ``rerun``). A child's call that stops the gradient is looked into when the child
+was zoomed too. What is found only adds to a finding: a zoomed call never makes one.
 """
 
 from __future__ import annotations
