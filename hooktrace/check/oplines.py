@@ -192,13 +192,11 @@ def _answer(f: Finding, c: Collected, flowed: GradientFlow, model: int,
     if f.cause == FindingKind.NONFINITE_FORWARD:
         # or, where it was made in this module's own code, the child's that received it
         first = (model, str(f.evidence.get("received_by", f.module)))
-        return True, _first([r for r in records if c.forward_first.get(r.step) == first],
-                            first_nonfinite)
+        return True, _first(records, c.forward_nan.of_step, first, first_nonfinite)
     if f.cause == FindingKind.NONFINITE_BACKWARD:
         if not f.evidence.get("produced"):
             return False, None  # reached it: made elsewhere
-        return True, _first([r for r in records if c.backward_first.get(r.step) == (key, True)],
-                            nonfinite_backward)
+        return True, _first(records, c.backward_nan.of_step, (key, True), nonfinite_backward)
     b = next((b for (k, cause), b in flowed.boundaries.items()
               if k == key and CAUSES[cause][0] == f.cause), None)
     if b is None or b.cause not in _ASKED:
@@ -243,9 +241,11 @@ def _inside(c: Collected, model: int, found: _Found, depth: int = 0) -> _Found:
     return found
 
 
-def _first(records: list[Ops], ask: Callable[[Ops], Op | None]) -> _Found | None:
+def _first(records: list[Ops], firsts: dict[int, Any], first: object,
+           ask: Callable[[Ops], Op | None]) -> _Found | None:
+    """The answer of the first record of a step whose first NaN/Inf is ``first``."""
     for record in records:
-        if len(record.ops) < 2:
+        if firsts.get(record.step) != first or len(record.ops) < 2:
             continue  # a layer's one function (F.linear of a Linear) says nothing new
         op = ask(record)
         if op is not None:
