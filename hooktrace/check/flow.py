@@ -3,30 +3,16 @@
 Along each recorded step, a module call is *starved* when it has trainable parameters and its
 backward got no gradient, or an exactly-zero one (*dead*), or one orders of magnitude below what
 a later module received (*weak*). The finding names the **boundary**, the module where the
-gradient is lost, with the starved calls as its evidence:
-
-* a call that receives a usable gradient and passes back exactly zero (zero weights, a dead
-  ReLU, a custom ``autograd.Function`` returning zeros) or at most ``Thresholds.gain`` of it
-  (a saturated sigmoid), or whose input needed a gradient and got none (``lost``: a
-  ``.detach()``, ``.data`` or numpy round trip inside its forward);
-* a ``LayerNorm``-like module over a last dim of size 1 with a gain of at most 1e-3: its output
-  is a constant, its gain rounding noise;
-* failing that, the innermost call enclosing the starved one that did get a gradient: the
-  gradient stops inside *its* forward (a ``.detach()`` or ``torch.no_grad()`` around a child's
-  output, a branch multiplied by 0, a softmax over a child's size-1 last dim, a call whose
-  result a loop overwrites while another call of the module is used); or, for a weak one, the
-  forward where it gets at most ``_FLAT_INSIDE`` of a sibling's gradient (a saturated softmax).
-
-What each cause says is ``causes.py``'s.
+gradient is lost, with the starved calls as its evidence: a call that receives a usable gradient
+and passes back exactly zero or at most ``Thresholds.gain`` of it, or whose input needed a
+gradient and got none (``lost``); a normalisation over a last dim of size 1; failing that, the
+innermost call enclosing the starved one that did get a gradient (``_add_inside``,
+``_add_flat_inside``). What each cause says is ``causes.py``'s.
 
 Only calls inside a top-level call that got a gradient are judged: a whole model call without
-backward (a validation pass, a teacher) is not a lost gradient. Nor is a call under ``no_grad``
-(or ``inference_mode``), or in eval mode with no backward, of a module that another call of the
-step trained: an evaluation pass between optimizer steps (timm validates the model inside its
-wrapper when an epoch ends, with or without ``no_grad``), which the log cannot nest apart from
-the wrapper's training call of the same step. A tiny gradient whose module is bypassed (a
-module before it gets a large one: a layer scale on a residual branch) is not reported; an
-exactly-zero one always is.
+backward (a validation pass, a teacher) is not a lost gradient; nor is an evaluation pass
+between optimizer steps (``_evaluation``). A tiny gradient whose module is bypassed (a layer
+scale on a residual branch) is not reported; an exactly-zero one always is.
 """
 
 from __future__ import annotations
@@ -66,6 +52,9 @@ _DROPPING = {"StochasticDepth", "DropPath", "Dropout", "Dropout1d", "Dropout2d",
              "AlphaDropout", "FeatureAlphaDropout"}
 _SATURATING = {"Sigmoid", "Tanh", "Softmax", "LogSigmoid", "Hardsigmoid", "Softsign",
                "Tanhshrink", "GELU", "SiLU", "Mish", "Hardswish", "Softplus", "LogSoftmax"}
+# what an exactly-zero gain says, by class (else zero weights, or a backward that returns zeros)
+_ZERO_GAIN = {**dict.fromkeys(_RELU_LIKE, "dead_activation"),
+              **dict.fromkeys(_SATURATING, "saturated"), **dict.fromkeys(_DROPPING, "dropped")}
 # layers that normalise over the last dim: over a dim of size 1 their output is a constant, and
 # the gain they pass back is rounding noise (1e-5 for a LayerNorm), not an exact zero
 _NORMALISING_LAST = {"LayerNorm", "RMSNorm", "Softmax", "Softmin", "LogSoftmax"}
@@ -361,13 +350,8 @@ def _cause(b: JudgedCall, modules: dict[ModelFqn, ModuleStats]) -> str:
     if _unit_norm(b, modules):
         return "unit_norm"
     if b.g_in == 0:
-        if cls in _RELU_LIKE:
-            return "dead_activation"
-        if cls in _SATURATING:
-            return "saturated"
-        if cls in _DROPPING:
-            return "dropped"
-        return "zero_weights" if m is not None and m.params else "zero_backward"
+        return _ZERO_GAIN.get(cls) or ("zero_weights" if m is not None and m.params
+                                       else "zero_backward")
     return "saturated" if cls in _SATURATING or cls in _RELU_LIKE else "small_gain"
 
 
