@@ -71,6 +71,7 @@ class LogSummary:
     turns: set[ModelFqn]  # trained in turns (``units.trained_in_turns``)
     evaluation: set[ModelFqn]  # copies no optimizer that stepped holds (``grouped``)
     explained: set[ModelFqn]  # small or missing gradients that a boundary or a freeze explains
+    starts: dict[ModelFqn, int]  # where each module starts in forward order (``start_orders``)
 
 
 def summary_of(collected: Collected, thresholds: Thresholds | None = None) -> LogSummary:
@@ -85,8 +86,9 @@ def summary_of(collected: Collected, thresholds: Thresholds | None = None) -> Lo
     flowed.drop_victims(turns, units.MISSED)
     evaluation = evaluation_copies(c)
     flowed.drop_victims(evaluation)
-    explained = _explained(c, flowed) | set(frozen_since(c)) | evaluation
-    return LogSummary(c, thresholds, flowed, turns, evaluation, explained)
+    starts = start_orders(c)
+    explained = _explained(c, flowed, starts) | set(frozen_since(c)) | evaluation
+    return LogSummary(c, thresholds, flowed, turns, evaluation, explained, starts)
 
 
 def settled(c: Collected) -> Collected:
@@ -102,13 +104,13 @@ def settled(c: Collected) -> Collected:
     return replace(c, backward_steps=steps, modules=modules)
 
 
-def _explained(c: Collected, found: GradientFlow) -> set[ModelFqn]:
+def _explained(c: Collected, found: GradientFlow, starts: dict[ModelFqn, int]
+               ) -> set[ModelFqn]:
     """The modules whose small or missing gradients a boundary explains: those it starves, the
     never-called ones inside them (MultiheadAttention's out_proj, whose parameters its parent
     uses), and the modules whose own parameters are used before it in forward (a ViT's class
     token, on its root)."""
     starved = found.victims
-    starts = start_orders(c)
     before = set()
     for b in found.boundaries.values():
         limit = start(starts, b.key)
@@ -171,7 +173,7 @@ DETECTORS: tuple[tuple[str, Detector], ...] = (
     ("gradient flow", lambda s: causes.findings(s.flowed, s.c)),
     ("no gradient", lambda s: check_no_grad(s.c, s.explained | s.turns)),
     ("lost gradient", lambda s: check_lost_gradient(s.c)),
-    ("magnitudes", lambda s: check_magnitudes(s.c, s.thresholds, s.explained)),
+    ("magnitudes", lambda s: check_magnitudes(s.c, s.thresholds, s.starts, s.explained)),
     ("unused", lambda s: check_unused(s.c)),
     ("loose tensors", lambda s: check_loose(s.c)),
     ("losses", lambda s: losses.check_losses(s.c)),

@@ -173,12 +173,11 @@ def _earliest_above(starts: dict[ModelFqn, int], norms: dict[ModelFqn, float | N
     return earliest
 
 
-def check_magnitudes(c: Collected, t: Thresholds, explained: Set[ModelFqn] = frozenset()
-                     ) -> list[Finding]:
+def check_magnitudes(c: Collected, t: Thresholds, starts: dict[ModelFqn, int],
+                     explained: Set[ModelFqn] = frozenset()) -> list[Finding]:
     """Parameter-gradient norms past the thresholds, and the profile across the network: one
     finding per kind (vanishing, exploding), a warning where they last; a note where they
     passed in a few steps only, or where the gradient got past them to the input side."""
-    starts = start_orders(c)
     flagged = _past_thresholds(c, t, starts)
     for modules in flagged.values():  # starved modules whose boundary ``flow`` names
         for key in explained & modules.keys():
