@@ -1,7 +1,5 @@
 """What the checks need from a log: the per-module and per-step aggregates ``collect`` fills.
-
-Standard library only: ``hooktrace check`` runs without torch.
-"""
+Standard library only: ``hooktrace check`` runs without torch."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Many modules, one cause: the modules of a finding listed in a line (the outermost subtrees
 that hold them, numbered layers folded into one pattern), and the roles modules play beside
-what trains (a frozen copy of a trained module: a target or EMA copy; an evaluation copy no
-optimizer holds); and the frozen modules of a model that run, frozen on purpose, in one note
-per model: the subtrees that hold them, each with its role beside what trains (a frozen copy
-of a trained module, the base layers of adapters, a frozen backbone). Pure: a ``Collected``
-in, names and notes out."""
+what trains, each model's in one note: a frozen copy of a trained module (a target or EMA
+copy), the base layers of adapters, a frozen backbone, an evaluation copy no optimizer holds.
+Pure: a ``Collected`` in, names and notes out."""
 
 from __future__ import annotations
 

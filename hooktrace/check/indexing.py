@@ -1,10 +1,6 @@
 """The indices a ``collect.Collector`` keeps while it reads: modules as small integers, the step
-of each recent forward call, and per-step sets of modules (one object per distinct set).
-``collect`` reads the log; this module only files what it read.
-
-A training loop repeats one step: ``collect`` hands each step's calls (module indices) to
-``Patterns``, which counts a sequence the first time it sees it and only adds a run after that;
-``flush`` adds the counted calls to their modules."""
+of each recent forward call, per-step sets of modules (one object per distinct set), and the
+distinct sequences of calls a loop repeats (``Patterns``)."""
 
 from __future__ import annotations
 
@@ -187,8 +183,6 @@ class Profiles:
         names = tuple(r.grad_norm)
         self._c.param_norms.setdefault(r.step, []).append(
             (r.model, self._interned.setdefault(names, names), tuple(r.grad_norm.values())))
-
-
 
 
 @dataclass(slots=True)
