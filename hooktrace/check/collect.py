@@ -48,7 +48,6 @@ class Collector:
         self._forward_calls: list[int | None] = []  # wanted: module index; None: a recompute
         self._no_grad_calls: list[int] = []
         self._eval_calls: list[int] = []  # in eval mode with gradient recording on
-        self._recomputed = False  # a None in _forward_calls
         self._backwards_step: int | None = None  # of the backward events in these lists:
         self._backward_calls: list[int] = []
         self._backward_fwds: list[int] = []
@@ -176,7 +175,6 @@ class Collector:
             self._no_grad_calls.clear()
             self._eval_calls.clear()
             self._fwd_steps.indexed = 0
-            self._recomputed = False
         if step is not None:
             self._forwards_step = step
             self.c.steps_seen.add(step)
@@ -196,7 +194,6 @@ class Collector:
         """A forward call with a flag or NaN/Inf outputs (``outs``: their shapes, dtypes)."""
         if more.recompute:
             self._forward_calls.append(None)
-            self._recomputed = True
             self._judging.recompute(step, seq, index, call)
             return
         before = next((i for i in reversed(self._forward_calls) if i is not None), None)
@@ -229,8 +226,7 @@ class Collector:
         """Does the step's backward run its calls in the reverse of their forward order?"""
         if self.c.order_mismatch is None and self._backward_order \
                 and self._forwards_step is not None:
-            index = order_break(self._forward_seqs, self._forward_calls, self._backward_order,
-                                self._recomputed)
+            index = order_break(self._forward_seqs, self._forward_calls, self._backward_order)
             if index is not None:  # of the last such call
                 self.c.order_mismatch = (self._forwards_step, *self._keys[index])
         self._backward_order.clear()

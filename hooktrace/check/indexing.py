@@ -138,12 +138,12 @@ class ForwardSteps:
         self._recent[:] = kept
 
 
-def order_break(seqs: Sequence[int], calls: Sequence[int | None], backward: Sequence[int],
-                recomputed: bool) -> int | None:
+def order_break(seqs: Sequence[int], calls: Sequence[int | None], backward: Sequence[int]
+                ) -> int | None:
     """The index of the last module whose backward comes out of the reverse of the step's
     forward order (``seqs`` and ``calls``: the forward's; ``backward``: its backward events'
     forward seqs), or None when the backward mirrors the forward."""
-    if len(calls) == len(seqs) and not recomputed:
+    if len(calls) == len(seqs) and None not in calls:
         called = set(seqs)  # the usual: every forward was a call
     else:
         called = {s for s, i in zip(seqs, calls, strict=False) if i is not None}
