@@ -110,7 +110,7 @@ def _past_thresholds(c: Collected, t: Thresholds, starts: dict[ModelFqn, int]
     larger gradient in that step: the gradient is small in its branch (ConvNeXt's layer scale,
     a gate), not lost on its way."""
     flagged: dict[str, dict[ModelFqn, _BeyondThreshold]] = {
-        "vanishing": {}, "exploding": {}, "zero": {}, "bypassed": {}}
+        "vanishing": {}, "exploding": {}, FindingKind.ZERO_GRADIENT: {}, "bypassed": {}}
     zero_loss = c.zero_loss_steps()
     for step in sorted(c.param_norms.keys() - zero_loss):
         norms = _step_norms(c, step)
@@ -119,8 +119,9 @@ def _past_thresholds(c: Collected, t: Thresholds, starts: dict[ModelFqn, int]
             if norm is None:
                 continue
             # NaN compares False: a NaN/Inf norm is another check's
-            kind = ("zero" if norm == 0 else "vanishing" if norm < t.vanishing else "exploding"
-                    if t.exploding < norm < math.inf else "")
+            kind = (FindingKind.ZERO_GRADIENT if norm == 0 else "vanishing"
+                    if norm < t.vanishing else "exploding" if t.exploding < norm < math.inf
+                    else "")
             if not kind:
                 continue
             if kind == "vanishing":
@@ -183,7 +184,6 @@ def check_magnitudes(c: Collected, t: Thresholds, starts: dict[ModelFqn, int],
         for key in explained & modules.keys():
             del modules[key]
     bypassed = flagged.pop("bypassed")
-    zero = flagged.pop("zero")
     profile = _profile_finding(c, t, explained)
     out: list[Finding] = []
     grown = growth(c)
@@ -193,7 +193,9 @@ def check_magnitudes(c: Collected, t: Thresholds, starts: dict[ModelFqn, int],
         # training diverges, even when that is the last step recorded
         lasting = {k: p for k, p in past.items() if p.lasting or (
             kind == "exploding" and grown is not None and grown[2] in p.steps)}
-        if lasting or finding is not None:
+        if kind == FindingKind.ZERO_GRADIENT and lasting:
+            out.append(_zero_finding(c, starts, lasting))
+        elif lasting or finding is not None:
             made = _magnitude_finding(c, t, starts, kind, lasting, finding)
             if kind == "exploding" and any(p.broke for p in lasting.values()):
                 made = replace(made, hint=DIVERGES, message=made.message
@@ -208,13 +210,6 @@ def check_magnitudes(c: Collected, t: Thresholds, starts: dict[ModelFqn, int],
     if bypassed:
         out.append(_magnitude_finding(c, t, starts, "vanishing", bypassed, None,
                                       note="bypassed"))
-    lasting = {k: p for k, p in zero.items() if p.lasting}
-    if lasting:
-        out.append(_zero_finding(c, starts, lasting))
-    passing = {k: p for k, p in zero.items() if not p.lasting}
-    if passing:
-        out.append(_magnitude_finding(c, t, starts, FindingKind.ZERO_GRADIENT, passing, None,
-                                      note="passing"))
     return out
 
 
