@@ -156,8 +156,21 @@ def said(op: Op, inside: str = "") -> str:
     return f"{op.text}{under}{inside}" + (f" ({op.site})" if op.site else "")
 
 
-# the boundaries whose cause an operation inside the module answers
-_ASKED = {"lost_input", "detached_inside", "no_grad", "zeroed", "zeroed_unit", "zero_backward"}
+def _branches(b: Boundary, record: Ops) -> list[int]:
+    return [s for op in record.ops if op.child in b.branches for s in op.outs]
+
+
+# the boundaries whose cause an operation inside the module answers, and what each asks of one
+# of its zoomed calls
+_ASK: dict[str, Callable[[Boundary, Ops], Op | None]] = {
+    "lost_input": lambda b, r: stop_in(r),
+    "zero_backward": lambda b, r: zero_in(r),
+    "no_grad": lambda b, r: next((op for op in r.ops if op.child in b.branches and op.no_grad),
+                                 None),
+    "zeroed": lambda b, r: zero_in(r, _branches(b, r)),
+    "zeroed_unit": lambda b, r: zero_in(r, _branches(b, r)),
+    "detached_inside": lambda b, r: stop_in(r, _branches(b, r)),
+}
 _DEPTH = 4  # child calls looked into, one inside the other
 
 
@@ -199,33 +212,15 @@ def _answer(f: Finding, c: Collected, flowed: GradientFlow, model: int,
         return True, _first(records, c.backward_nan.of_step, (key, True), nonfinite_backward)
     b = next((b for (k, cause), b in flowed.boundaries.items()
               if k == key and CAUSES[cause][0] == f.cause), None)
-    if b is None or b.cause not in _ASKED:
+    if b is None or b.cause not in _ASK:
         return False, None
-    ask = _question(b)
     for record in records:
         if record.step not in b.steps:
             continue  # a step where this boundary was not found (or not judged)
-        op = ask(record)
+        op = _ASK[b.cause](b, record)
         if op is not None:
             return True, _inside(c, model, (op, record.step, record.fqn))
     return True, None
-
-
-def _question(b: Boundary) -> Callable[[Ops], Op | None]:
-    """What a boundary's cause asks of one of its zoomed calls."""
-    def branches(record: Ops) -> list[int]:
-        return [s for op in record.ops if op.child in b.branches for s in op.outs]
-
-    if b.cause == "lost_input":
-        return stop_in
-    if b.cause == "zero_backward":
-        return zero_in
-    if b.cause == "no_grad":
-        return lambda r: next((op for op in r.ops if op.child in b.branches and op.no_grad),
-                              None)
-    if b.cause in ("zeroed", "zeroed_unit"):
-        return lambda r: zero_in(r, branches(r))
-    return lambda r: stop_in(r, branches(r))
 
 
 def _inside(c: Collected, model: int, found: _Found, depth: int = 0) -> _Found:
