@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Set
 from typing import TYPE_CHECKING
 
-from hooktrace.check.findings import NOTE, WARNING, Finding, FindingKind, steps_text
+from hooktrace.check.findings import NOTE, WARNING, Finding, FindingKind, names_text, steps_text
 from hooktrace.check.grouped import cover, frozen_notes, patterns
 from hooktrace.check.holds import on_wrapper
 from hooktrace.check.trainable import unfrozen_at
@@ -34,7 +34,7 @@ def _detached(c: Collected) -> dict[ModelFqn, list[int]]:
     with .detach() for the discriminator's step) are not detached."""
     out: dict[ModelFqn, list[int]] = {}
     found: dict[tuple[ModelFqns, ModelFqns], ModelFqns] = {}  # the sets are shared between steps
-    trained = {key[0] for keys in c.backward.values() for key in keys}
+    trained = c.backward_models()
     for step in sorted(c.grad):
         if step in c.backward_steps:
             pair = (c.grad[step], c.backward.get(step, frozenset()))
@@ -250,7 +250,7 @@ def check_unused(c: Collected) -> list[Finding]:
         return []  # filtered-out modules would look unused
     # a model that never ran backward (evaluation only, a reloaded checkpoint, a teacher) has
     # no gradient flow to judge
-    trained = {key[0] for keys in c.backward.values() for key in keys}
+    trained = c.backward_models()
     # a module under two parents is called under the path of the parent that calls it: one
     # name called is the module called (and a second path never taken is no module of its own)
     through = {(m.model, m.alias_of) for m in c.modules.values() if m.alias_of and m.calls}
@@ -318,13 +318,10 @@ def check_info(c: Collected, evaluation: Set[ModelFqn] = frozenset()) -> list[Fi
                               (model, name) for name in [*ancestors(m.fqn), m.fqn])),
                          key=lambda m: m.first_seq or 0)
         if several:
-            listed = ", ".join(f"{fqn_text(m.fqn)} x{m.max_calls_per_step}"
-                               for m in several[:8])
-            more = f" and {len(several) - 8} more" if len(several) > 8 else ""
+            listed = names_text([f"{fqn_text(m.fqn)} x{m.max_calls_per_step}" for m in several], 8)
             out.append(Finding(
                 "called-several-times", NOTE, c.model_name(model), several[0].fqn, None,
-                f"{plural(len(several), 'module')} called several times per step: "
-                f"{listed}{more}",
+                f"{plural(len(several), 'module')} called several times per step: {listed}",
                 {"modules": {m.fqn: m.max_calls_per_step for m in several}},
                 "expected for shared modules and reused activations; their gradients add up"))
     if c.order_mismatch is not None:
