@@ -34,22 +34,14 @@ def _profile_finding(c: Collected, t: Thresholds, explained: Set[ModelFqn]) -> F
     within each model (a generator's gradients against its discriminator's say nothing of
     either's depth); not where they fall to a module starved at a boundary ``flow`` names."""
     for step in sorted(c.profiles):
-        for modules, norms in _per_model(*c.profiles[step]):  # backward order: output first
-            found = _profile(c, t, explained, step, modules, norms)
+        modules, norms = c.profiles[step]  # backward order: output first
+        for model in dict.fromkeys(key[0] for key in modules):
+            at = [i for i, key in enumerate(modules) if key[0] == model]
+            found = _profile(c, t, explained, step, tuple(modules[i] for i in at),
+                             tuple(norms[i] for i in at))
             if found is not None:
                 return found
     return None
-
-
-def _per_model(modules: tuple[ModelFqn, ...], norms: tuple[float, ...]
-               ) -> list[tuple[tuple[ModelFqn, ...], tuple[float, ...]]]:
-    """A step's profile split by model, each in its backward order (one model: as it is)."""
-    models = dict.fromkeys(key[0] for key in modules)
-    if len(models) == 1:
-        return [(modules, norms)]
-    return [(tuple(k for k in modules if k[0] == model),
-             tuple(v for k, v in zip(modules, norms, strict=True) if k[0] == model))
-            for model in models]
 
 
 def _profile(c: Collected, t: Thresholds, explained: Set[ModelFqn], step: int,
