@@ -27,41 +27,33 @@ if TYPE_CHECKING:
     from hooktrace.check.keys import ModelFqn, ModelFqns
 
 
-def _detached(c: Collected) -> dict[ModelFqn, list[int]]:
-    """Per module, the steps it ran forward with gradient recording on, in a step with a
-    backward, and none of its calls got a backward; not the steps where no backward reached its
-    model at all while one does in other steps: models trained in turns (a GAN's generator run
-    with .detach() for the discriminator's step) are not detached."""
-    out: dict[ModelFqn, list[int]] = {}
+def _unreached(c: Collected) -> tuple[dict[ModelFqn, list[int]], dict[ModelFqn, list[int]]]:
+    """Per module, in one walk of the steps with a backward: the steps it ran forward with
+    gradient recording on and none of its calls got a backward, but for the steps where no
+    backward reached its model at all while one does in other steps (models trained in turns,
+    a GAN's generator run with .detach() for the discriminator's step, are not detached); and
+    the steps it ran only under no_grad while its model trained (another of its modules ran
+    with gradient recording on and got a backward) and got no backward: a forward under no_grad
+    recomputed inside the backward (reversible layers, hand-made checkpointing) gives its
+    weights their gradients there."""
+    detached: dict[ModelFqn, list[int]] = {}
+    no_grad: dict[ModelFqn, list[int]] = {}
     found: dict[tuple[ModelFqns, ModelFqns], ModelFqns] = {}  # the sets are shared between steps
     trained = c.backward_models()
-    for step in sorted(c.grad):
-        if step in c.backward_steps:
-            pair = (c.grad[step], c.backward.get(step, frozenset()))
-            if pair not in found:
-                reached = {key[0] for key in pair[1]}
-                found[pair] = frozenset(key for key in pair[0] - pair[1]
-                                        if key[0] in reached or key[0] not in trained)
-            for key in found[pair]:
-                out.setdefault(key, []).append(step)
-    return out
-
-
-def _no_grad_only(c: Collected) -> dict[ModelFqn, list[int]]:
-    """Per module, the steps it ran only under no_grad while its model trained (another of its
-    modules ran with gradient recording on and got a backward), and got no backward: a
-    forward under no_grad recomputed inside the backward (reversible layers, hand-made
-    checkpointing) gives its weights their gradients there."""
-    out: dict[ModelFqn, list[int]] = {}
-    for step in sorted(c.no_grad):
-        if step in c.backward_steps:
-            grad = c.grad.get(step, frozenset())
-            backed = c.backward.get(step, frozenset())
-            trained = {key[0] for key in grad & backed}
+    for step in sorted(c.backward_steps & (c.grad.keys() | c.no_grad.keys())):
+        pair = grad, backed = c.grad.get(step, frozenset()), c.backward.get(step, frozenset())
+        if pair not in found:
+            reached = {key[0] for key in backed}
+            found[pair] = frozenset(key for key in grad - backed
+                                    if key[0] in reached or key[0] not in trained)
+        for key in found[pair]:
+            detached.setdefault(key, []).append(step)
+        if step in c.no_grad:
+            models = {key[0] for key in grad & backed}
             for key in c.no_grad[step]:
-                if key not in grad and key not in backed and key[0] in trained:
-                    out.setdefault(key, []).append(step)
-    return out
+                if key not in grad and key not in backed and key[0] in models:
+                    no_grad.setdefault(key, []).append(step)
+    return detached, no_grad
 
 
 def check_no_grad(c: Collected, explained: Set[ModelFqn] = frozenset()) -> list[Finding]:
@@ -69,7 +61,7 @@ def check_no_grad(c: Collected, explained: Set[ModelFqn] = frozenset()) -> list[
     detached: list[tuple[ModuleStats, Finding]] = []
     frozen: list[tuple[ModuleStats, Finding]] = []  # frozen on purpose, all run: notes
     under_no_grad: list[tuple[ModuleStats, list[int]]] = []
-    no_backward, no_grad_only = _detached(c), _no_grad_only(c)
+    no_backward, no_grad_only = _unreached(c)
     unfrozen = unfrozen_at(c)
     for key in explained:  # starved modules whose boundary ``flow`` names
         no_backward.pop(key, None)
