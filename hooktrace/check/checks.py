@@ -284,8 +284,7 @@ SETTLE: tuple[tuple[str, Settler], ...] = (
 
 
 def judge(s: LogSummary) -> list[Finding]:
-    """Every finding of a log's summary, settled, most severe first, then in step and forward
-    order."""
+    """Every finding of a log's summary, settled and in order."""
     findings = [f for _, detector in DETECTORS for f in detector(s)]
     for _, rule in SETTLE:
         findings = rule(s, findings)

@@ -33,8 +33,7 @@ from hooktrace.log.reader import LogReader
 
 
 class Collector:
-    """Takes the items of one ``LogReader.scan`` (``take``), in order; ``finish`` gives what
-    they add up to. ``step``: that step only."""
+    """Takes the items of one ``LogReader.scan`` in order; ``finish`` gives what they add up to."""
 
     def __init__(self, reader: LogReader, step: int | None = None) -> None:
         self.c = Collected(header=reader.header, log=str(reader.path))

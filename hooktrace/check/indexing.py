@@ -158,10 +158,9 @@ def order_break(seqs: Sequence[int], calls: Sequence[int | None], backward: Sequ
 
 
 class Profiles:
-    """Per backward step, the trainable modules' parameter-gradient norms in backward order
-    (the step's profile, filled by the reader through ``modules`` and ``norms``), kept as
-    tuples (lists would be scanned by every garbage collection), one object per distinct
-    tuple of names; and the parameter-gradient records the same way."""
+    """Per backward step, the trainable modules' parameter-gradient norms in backward order, and the
+    parameter-gradient records, as tuples (lists would be scanned by every garbage collection), one
+    object per distinct tuple of names."""
 
     def __init__(self, c: Collected) -> None:
         self.modules: list[ModelFqn] = []  # the profile of the step being read, so far
@@ -201,8 +200,7 @@ class Pattern:
 
 
 class Patterns:
-    """The distinct sequences of calls seen since the last ``flush``. ``module``: the stats of
-    the module of an index."""
+    """The distinct sequences of calls seen since the last ``flush``."""
 
     def __init__(self, module: Callable[[int], ModuleStats]) -> None:
         self._module = module

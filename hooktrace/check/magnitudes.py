@@ -155,8 +155,7 @@ def _step_norms(c: Collected, step: int) -> dict[ModelFqn, float | None]:
 
 def _earliest_above(starts: dict[ModelFqn, int], norms: dict[ModelFqn, float | None],
                     limit: float) -> dict[int, int]:
-    """Per model, where its first module (in forward order) with a norm of at least ``limit``
-    starts."""
+    """Per model, where its first module with a norm of at least ``limit`` starts."""
     earliest: dict[int, int] = {}
     for key, norm in norms.items():
         if norm is not None and limit <= norm < math.inf:
