@@ -226,14 +226,12 @@ class _Candidates:
 
     def zero_after(self, v: JudgedCall) -> JudgedCall | None:
         """The nearest one after ``v`` (``_after``) that passes back nothing."""
-        if not self._found:
-            return None
         return self._after(v, self._found, self._zero, bisect_right(self._seqs, v.seq), 1.0,
                            passes_nothing)
 
     def starving_after(self, v: JudgedCall) -> JudgedCall | None:
         """The nearest one after ``v`` (``_after``) that starves it."""
-        if v.g_out is None or not self._found:
+        if v.g_out is None:
             return None
         return self._after(v, self._found, self._starving, bisect_right(self._seqs, v.seq),
                            v.g_out, lambda b: starves(b, v))
