@@ -71,10 +71,17 @@ class Collector:
             self._record(item)
 
     def finish(self) -> Collected:
+        """What the items add up to: the per-step sets as module keys, the judged calls, the
+        true gradient norms, a backward pass that never ended."""
         self._start_forward_step(None)
         self._start_backward_step(None)
         self._patterns.flush()
-        self._finish()
+        self.c.calls = self._judging.calls()
+        self.c.unscale()
+        if self._last_backward is not None and self._last_backward[0] not in self._closed:
+            step, index = self._last_backward
+            self.c.unfinished = (step, self._keys[index])
+        self._sets.into(self.c, self._keys)
         self.c.warnings.extend(self._reader.warnings)
         return self.c
 
@@ -258,17 +265,6 @@ class Collector:
             self._backward_order += fwds
         calls.clear()
         fwds.clear()
-
-    # -- other records -------------------------------------------------------------------------
-
-    def _finish(self) -> None:
-        """The per-step sets as module keys; the judged calls; the true gradient norms."""
-        self.c.calls = self._judging.calls()
-        self.c.unscale()
-        if self._last_backward is not None and self._last_backward[0] not in self._closed:
-            step, index = self._last_backward
-            self.c.unfinished = (step, self._keys[index])
-        self._sets.into(self.c, self._keys)
 
 
 def collect(path: str | os.PathLike[str], step: int | None = None) -> Collected:

@@ -40,8 +40,8 @@ _INT_DTYPES = ("int", "uint", "bool", "long")
 _INPLACE_ERROR = re.compile(r"\[torch\.\w+ \[([\d, ]*)\]\], which is output (\d+) of (\w+)")
 
 
-def _norm(stat: list[float] | None) -> float | None:
-    return None if stat is None else stat[0]
+def _norms(stats: Iterable[list[float] | None] | None) -> list[float]:
+    return [s[0] for s in stats or () if s is not None]
 
 
 def _integer(op: Op) -> bool:
@@ -61,24 +61,21 @@ def _stops(op: Op) -> bool:
     return bool(op.outs) and not any(op.out_grad) and not _integer(op)
 
 
-def _flow(record: Ops, sources: Iterable[int]) -> Iterator[tuple[Op, set[int]]]:
-    """Each operation that reads a slot reached from ``sources``, with the slots reached
-    before it; what it makes is reached after it."""
-    reached = set(sources)
+def _flow(record: Ops, sources: Iterable[int] | None) -> Iterator[tuple[Op, set[int]]]:
+    """Each operation that reads a slot reached from ``sources`` (None: the call's inputs that
+    needed a gradient), with the slots reached before it; what it makes is reached after it."""
+    reached = set(sources) if sources is not None else {
+        i for i, g in enumerate(record.in_grad) if g}
     for op in record.ops:
         if reached.intersection(op.ins):
             yield op, set(reached)
             reached.update(s for s in op.outs if s >= 0)
 
 
-def _needing(record: Ops) -> list[int]:
-    return [i for i, g in enumerate(record.in_grad) if g]
-
-
 def stop_in(record: Ops, sources: Iterable[int] | None = None) -> Op | None:
     """The first operation on the way from ``sources`` (default: the call's inputs that needed
     a gradient) where a gradient stops; failing that, the first integer result."""
-    flow = list(_flow(record, _needing(record) if sources is None else sources))
+    flow = list(_flow(record, sources))
     stopped = next((op for op, reached in flow if _needs(op, reached) and _stops(op)), None)
     return stopped or next((op for op, reached in flow if _needs(op, reached) and _integer(op)),
                            None)
@@ -87,8 +84,8 @@ def stop_in(record: Ops, sources: Iterable[int] | None = None) -> Op | None:
 def zero_in(record: Ops, sources: Iterable[int] | None = None) -> Op | None:
     """The first operation on the way from ``sources`` whose node received a non-zero gradient
     and passed back exactly zero for what it read from there."""
-    for op, reached in _flow(record, _needing(record) if sources is None else sources):
-        received = [n for s in op.grad_out or () if (n := _norm(s)) is not None]
+    for op, reached in _flow(record, sources):
+        received = _norms(op.grad_out)
         back = op.grad_in or []
         if not received or not any(n > 0 for n in received) or not back:
             continue
@@ -109,8 +106,7 @@ def nonfinite_backward(record: Ops) -> Op | None:
     """The first node, in backward order, that received finite gradients and passed back
     NaN/Inf."""
     for op in reversed(record.ops):
-        received = [n for s in op.grad_out or () if (n := _norm(s)) is not None]
-        back = [n for s in op.grad_in or () if (n := _norm(s)) is not None]
+        received, back = _norms(op.grad_out), _norms(op.grad_in)
         if received and all(map(math.isfinite, received)) and \
                 any(not math.isfinite(n) for n in back):
             return op
