@@ -59,12 +59,11 @@ class JudgedCall:
         if self.fed:
             return
         self.backed = True
-        self.g_out, out_ok = _norm(outs)
+        self.g_out, self.g_in = norm(outs), norm(ins)
         if outs is not None and len(outs) > 1:
             self.zero_outs = tuple(i for i, s in enumerate(outs) if s is not None and s[0] == 0)
             self.unread_outs = tuple(i for i, s in enumerate(outs) if s is None)
-        self.g_in, in_ok = _norm(ins)
-        self.finite = out_ok and in_ok
+        self.finite = all(n is None or math.isfinite(n) for n in (self.g_out, self.g_in))
 
     @property
     def fed(self) -> bool:
@@ -85,11 +84,6 @@ def take_zero_shares(judged: dict[int, JudgedCall], share: object) -> None:
         call = judged.get(int(seq)) if isinstance(seq, str) and seq.isdigit() else None
         if call is not None and isinstance(value, (int, float)):
             call.zeros = float(value)
-
-
-def _norm(stats: Sequence[Sequence[float] | None] | None) -> tuple[float | None, bool]:
-    total = norm(stats)
-    return (None, True) if total is None else (total, math.isfinite(total))
 
 
 def whole_drop(p: float, unit: str, inputs: Sequence[object]) -> float | None:
