@@ -1,13 +1,15 @@
 """A run that did not finish, a run hooktrace did not see, and compiled code it ran eagerly.
 
-A backward pass that raised is named by the module whose backward was running; any other error by
-the module whose call raised it and the line of the user's code, as the end record keeps them. A
-run that stopped without an error of its own (killed: no end record; interrupted by a signal) is
-said with the last step it completed; ``sys.exit(n)`` is the script's own choice of status, a run
-that finished. A log with no event is never "no problems found": the one line ``log/unseen.py``
-says why is an error; not where the tracer followed backward passes outside the steps it records
-(watched: their anomalies are the findings), unless the model ran compiled code in them. Pure: a
-``Collected`` in, findings out."""
+A backward pass that raised (autograd's "modified by an inplace operation") is named by the module
+whose backward was running; any other error by the module whose call raised it and the line of the
+user's code, as the end record keeps them. A run that stopped without an error of its own (killed:
+no end record; interrupted by a signal) is said with the last step it completed; ``sys.exit(n)``
+is the script's own choice of status, a run that finished (a framework's runner exits so after
+training). A log with no event is never "no problems found": the one line ``log/unseen.py`` says
+why (the exit status and line, no ``nn.Module``, compiled code unseen, every call filtered out)
+is an error; not where the tracer followed backward passes outside the steps it records (watched:
+their anomalies are the findings), unless the model ran compiled code in them. Recorded steps
+that ran ``torch.compile``'d code eagerly get one note. Pure: a ``Collected`` in, findings out."""
 
 from __future__ import annotations
 

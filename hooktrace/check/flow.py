@@ -133,8 +133,9 @@ def _judge_step(flow: GradientFlow, step: int, calls: list[JudgedCall],
 def _evaluation(enclosing: Enclosing, v: JudgedCall) -> bool:
     """``v`` ran in an evaluation pass (its outermost call around it that is one, or itself:
     under no_grad, or in eval mode with no backward) of a module that another call of the step
-    trained: a validation pass between optimizer steps, whose calls the log nests in the
-    training call of the step after it. Not a call in eval mode with no backward inside a
+    trained: a validation pass between optimizer steps (timm validates the model inside its
+    wrapper when an epoch ends), whose calls the log nests in the training call of the step
+    after it. Not a call in eval mode with no backward inside a
     forward that ran in eval mode and trained (a model trained in eval mode on purpose, its
     frozen BatchNorms): there it is a result the loss does not use, as in train mode."""
     if not _passive(v):
