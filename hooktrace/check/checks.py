@@ -72,6 +72,7 @@ class LogSummary:
     evaluation: set[ModelFqn]  # copies no optimizer that stepped holds (``grouped``)
     explained: set[ModelFqn]  # small or missing gradients that a boundary or a freeze explains
     starts: dict[ModelFqn, int]  # where each module starts in forward order (``start_orders``)
+    copies: dict[ModelFqn, ModelFqn]  # frozen copies of trained modules (``grouped.copies``)
 
 
 def summary_of(collected: Collected, thresholds: Thresholds | None = None) -> LogSummary:
@@ -88,7 +89,7 @@ def summary_of(collected: Collected, thresholds: Thresholds | None = None) -> Lo
     flowed.drop_victims(evaluation)
     starts = start_orders(c)
     explained = _explained(c, flowed, starts) | set(frozen_since(c)) | evaluation
-    return LogSummary(c, thresholds, flowed, turns, evaluation, explained, starts)
+    return LogSummary(c, thresholds, flowed, turns, evaluation, explained, starts, copies_of(c))
 
 
 def settled(c: Collected) -> Collected:
@@ -171,7 +172,7 @@ DETECTORS: tuple[tuple[str, Detector], ...] = (
     ("custom functions and hooks", lambda s: check_custom(s.c)),
     ("probed", lambda s: check_probed(s.c)),
     ("gradient flow", lambda s: causes.findings(s.flowed, s.c)),
-    ("no gradient", lambda s: check_no_grad(s.c, s.explained | s.turns)),
+    ("no gradient", lambda s: check_no_grad(s.c, s.copies, s.explained | s.turns)),
     ("lost gradient", lambda s: check_lost_gradient(s.c)),
     ("magnitudes", lambda s: check_magnitudes(s.c, s.thresholds, s.starts, s.explained)),
     ("unused", lambda s: check_unused(s.c)),
@@ -200,7 +201,7 @@ def _copies_bn(s: LogSummary, findings: list[Finding]) -> list[Finding]:
     if not any(f.cause == FindingKind.FROZEN_BN_TRAINING for f in findings):
         return findings
     models = {s.c.model_name(i): i for i in s.c.models}
-    tops = list(copies_of(s.c))
+    tops = list(s.copies)
     return [f for f in findings if f.cause != FindingKind.FROZEN_BN_TRAINING
             or not inside((models.get(f.model, -1), f.module), tops)]
 

@@ -167,13 +167,13 @@ def _how(c: Collected, keys: set[ModelFqn]) -> str:
 _FROZEN = "parameters frozen (requires_grad=False)"
 
 
-def frozen_notes(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> list[Finding]:
+def frozen_notes(c: Collected, found: list[tuple[ModuleStats, Finding]],
+                 copied: dict[ModelFqn, ModelFqn]) -> list[Finding]:
     """One note per model for its frozen modules that run (``found``: each with its own note,
     kept where it is the model's only one)."""
     by_model: dict[int, list[tuple[ModuleStats, Finding]]] = {}
     for m, f in found:
         by_model.setdefault(m.model, []).append((m, f))
-    copied = copies(c)
     return [_note(c, model, by_model[model], copied) for model in sorted(by_model)]
 
 

@@ -56,7 +56,8 @@ def _unreached(c: Collected) -> tuple[dict[ModelFqn, list[int]], dict[ModelFqn, 
     return detached, no_grad
 
 
-def check_no_grad(c: Collected, explained: Set[ModelFqn] = frozenset()) -> list[Finding]:
+def check_no_grad(c: Collected, copies: dict[ModelFqn, ModelFqn],
+                  explained: Set[ModelFqn] = frozenset()) -> list[Finding]:
     out: list[Finding] = []
     detached: list[tuple[ModuleStats, Finding]] = []
     frozen: list[tuple[ModuleStats, Finding]] = []  # frozen on purpose, all run: notes
@@ -106,7 +107,7 @@ def check_no_grad(c: Collected, explained: Set[ModelFqn] = frozenset()) -> list[
         steps = no_grad_only.get((m.model, m.fqn))
         if steps:
             under_no_grad.append((m, steps))
-    return (_group_subtrees(c, detached) + frozen_notes(c, frozen) + out
+    return (_group_subtrees(c, detached) + frozen_notes(c, frozen, copies) + out
             + ran_under_no_grad(c, under_no_grad))
 
 
