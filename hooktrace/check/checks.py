@@ -73,6 +73,7 @@ class LogSummary:
     explained: set[ModelFqn]  # small or missing gradients that a boundary or a freeze explains
     starts: dict[ModelFqn, int]  # where each module starts in forward order (``start_orders``)
     copies: dict[ModelFqn, ModelFqn]  # frozen copies of trained modules (``grouped.copies``)
+    model_of: dict[str, int]  # each model's index by the name findings give it
 
 
 def summary_of(collected: Collected, thresholds: Thresholds | None = None) -> LogSummary:
@@ -89,7 +90,8 @@ def summary_of(collected: Collected, thresholds: Thresholds | None = None) -> Lo
     flowed.drop_victims(evaluation)
     starts = start_orders(c)
     explained = _explained(c, flowed, starts) | set(frozen_since(c)) | evaluation
-    return LogSummary(c, thresholds, flowed, turns, evaluation, explained, starts, copies_of(c))
+    return LogSummary(c, thresholds, flowed, turns, evaluation, explained, starts, copies_of(c),
+                      {c.model_name(i): i for i in c.models})
 
 
 def settled(c: Collected) -> Collected:
@@ -200,10 +202,8 @@ def _copies_bn(s: LogSummary, findings: list[Finding]) -> list[Finding]:
     advice for its BatchNorms."""
     if not any(f.cause == FindingKind.FROZEN_BN_TRAINING for f in findings):
         return findings
-    models = {s.c.model_name(i): i for i in s.c.models}
-    tops = list(s.copies)
     return [f for f in findings if f.cause != FindingKind.FROZEN_BN_TRAINING
-            or not inside((models.get(f.model, -1), f.module), tops)]
+            or not inside((s.model_of.get(f.model, -1), f.module), s.copies)]
 
 
 def _repeating(s: LogSummary, findings: list[Finding]) -> list[Finding]:
@@ -232,11 +232,10 @@ def _with_sources(s: LogSummary, findings: list[Finding]) -> list[Finding]:
     c = s.c
     if not c.sources:
         return findings
-    models = {c.model_name(i): i for i in c.models}
     out = []
     for f in findings:
         if f.cause not in (FindingKind.LOSS_TERM_CUT, FindingKind.LOSS_TARGET_GRAD):
-            found = (c.modules.get((models.get(f.model, -1), name))
+            found = (c.modules.get((s.model_of.get(f.model, -1), name))
                      for name in [f.module, *reversed(ancestors(f.module))])
             m = next((m for m in found if m is not None and m.cls in c.sources), None)
             if m is not None:
@@ -277,7 +276,7 @@ SETTLE: tuple[tuple[str, Settler], ...] = (
     ("what a scaled step makes", lambda s, f: scaling.after_scaling(f)),
     ("the BatchNorms of frozen copies", _copies_bn),
     ("where to look: the forward", _with_sources),
-    ("where to look: the op", lambda s, f: oplines.with_op_lines(f, s.c, s.flowed)),
+    ("where to look: the op", lambda s, f: oplines.with_op_lines(f, s.c, s.flowed, s.model_of)),
     ("one note per repeating cause", _repeating),
     ("one order", lambda s, f: ordered(f, {m.fqn: m.first_seq or 0
                                             for m in s.c.modules.values()})),

@@ -170,9 +170,9 @@ _ASK: dict[str, Callable[[Boundary, Ops], Op | None]] = {
 _DEPTH = 4  # child calls looked into, one inside the other
 
 
-def with_op_lines(findings: list[Finding], c: Collected, flowed: GradientFlow) -> list[Finding]:
+def with_op_lines(findings: list[Finding], c: Collected, flowed: GradientFlow,
+                  models: dict[str, int]) -> list[Finding]:
     """Each finding with the operation and line that the log's zoomed calls give it."""
-    models = {c.model_name(i): i for i in c.models}
     return [_with_op_line(f, c, flowed, models.get(f.model)) for f in findings]
 
 
