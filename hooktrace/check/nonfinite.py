@@ -51,24 +51,25 @@ def check_nonfinite(c: Collected) -> list[Finding]:
             f"first NaN/Inf in a forward output: {c.label(forward.model, forward.fqn)} at "
             f"step {forward.step}" + (f" (again in {steps_text(later)})" if later else "") + why,
             evidence, hint))
-    if backward is not None and forward is None and _recovered(c):
+    if backward is None:
+        return out if forward else _loss_nonfinite(c)
+    produced = backward.evidence.get("produced")
+    label = c.label(backward.model, backward.fqn)
+    if forward is None and _recovered(c):
         bad = sorted(c.backward_nan.steps)
-        label = c.label(backward.model, backward.fqn)
         out.append(Finding(
             FindingKind.NONFINITE_BACKWARD, NOTE, c.model_name(backward.model), backward.fqn,
             backward.step,
             f"NaN/Inf gradients in {steps_text(bad)}, first "
-            f"{'produced by' if backward.evidence.get('produced') else 'reaching'} {label}; "
+            f"{'produced by' if produced else 'reaching'} {label}; "
             "every forward output finite, and finite gradients in the steps after: those "
             "steps' updates were skipped, as a loss scaler (torch.amp.GradScaler) skips a step "
             "whose scaled gradients overflowed", {**backward.evidence, "steps": bad[:20]},
             "expected with fp16 loss scaling, in its first steps and now and then after; "
             "without a scaler, find where the NaN/Inf starts in those steps",
         ))
-    elif backward is not None:
-        produced = backward.evidence.get("produced")
+    else:
         follows = forward is not None and forward.step <= backward.step
-        label = c.label(backward.model, backward.fqn)
         out.append(Finding(
             FindingKind.NONFINITE_BACKWARD, ERROR, c.model_name(backward.model), backward.fqn,
             backward.step,
@@ -83,7 +84,7 @@ def check_nonfinite(c: Collected) -> list[Finding]:
             "the gradient was NaN/Inf when it reached this module: it comes from the loss or "
             "from functional code after the last module",
         ))
-    return out if forward or backward else _loss_nonfinite(c)
+    return out
 
 
 def _loss_nonfinite(c: Collected) -> list[Finding]:
