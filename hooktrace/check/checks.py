@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hooktrace.check import causes, oplines, units
+from hooktrace.check import causes, oplines, trainable
 from hooktrace.check.crash import check_crash, check_unseen
 from hooktrace.check.custom import check_custom
 from hooktrace.check.findings import NOTE, SEVERITY_ORDER, Finding, FindingKind
@@ -132,7 +132,7 @@ SETTLE: tuple[tuple[str, Settler], ...] = (
     # a cut in the loss takes the no-grads it explains; an empty read, the zeros
     ("a cut in the loss, an empty read", lambda s, f: absorb(s.c, f)),
     # zero weights in the passes before their first step with lr > 0: a note
-    ("zero weights not moved yet", lambda s, f: units.zero_before_moving(s.c, s.flowed, f)),
+    ("zero weights not moved yet", lambda s, f: trainable.zero_before_moving(s.c, s.flowed, f)),
     # what a scaled step makes (NaN, growing gradients) follows from it
     ("what a scaled step makes", lambda s, f: after_scaling(f)),
     ("the BatchNorms of frozen copies", _copies_bn),

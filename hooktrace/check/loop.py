@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 from hooktrace.check.findings import (
     ERROR,
-    NOTE,
     WARNING,
     Finding,
     FindingKind,
@@ -252,15 +251,6 @@ def backward_hook_only(c: Collected, s: Signal) -> list[Finding]:
         "hook sees the gradients of the last one only, not the module's",
         {"hook": hook},
         "use module.register_full_backward_hook(...) instead")]
-
-
-def frozen_bn_training(c: Collected, s: Signal) -> list[Finding]:
-    return [Finding(
-        FindingKind.FROZEN_BN_TRAINING, NOTE, c.model_name(s.model), s.fqn, s.step,
-        f"{c.label(s.model, s.fqn)} is frozen (no trainable parameters) but in train mode: "
-        "its running statistics still change with every batch",
-        {}, "call .eval() on frozen BatchNorm layers after model.train() if they should "
-        "stay as loaded")]
 
 
 def _never_reached(c: Collected) -> list[Finding]:

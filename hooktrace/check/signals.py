@@ -10,10 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from hooktrace.check import holds, loop, losses, lossterms, scaling, updates
+from hooktrace.check import holds, loop, losses, lossterms, scaling, trainable, updates
 from hooktrace.check.custom import function_backward
 from hooktrace.check.findings import Finding
-from hooktrace.check.modes import eval_backward
 from hooktrace.check.stepexplained import optimizer_steps, step_sample
 from hooktrace.log.schema import SignalKind
 
@@ -25,14 +24,14 @@ SignalFindings = Callable[["Collected", "Signal"], list[Finding]]
 
 # signal kind -> its findings; "optimizers": the last such signal of each model only
 FINDINGS_OF_SIGNAL: dict[str, SignalFindings] = {
-    SignalKind.EVAL_BACKWARD: eval_backward,
+    SignalKind.EVAL_BACKWARD: trainable.eval_backward,
     SignalKind.OPTIMIZERS: loop.not_held,
     SignalKind.GRADS_CARRIED_OVER: loop.carried_over,
     SignalKind.GRADS_CLEARED: loop.grads_cleared,
     SignalKind.GRADS_ZEROED: loop.grads_zeroed,
     SignalKind.PARAMS_RECREATED: loop.params_recreated,
     SignalKind.BACKWARD_HOOK: loop.backward_hook_only,
-    SignalKind.FROZEN_BN_TRAINING: loop.frozen_bn_training,
+    SignalKind.FROZEN_BN_TRAINING: trainable.frozen_bn_training,
     SignalKind.HALF_UPDATES: updates.updates_rounded,
     SignalKind.OPTIMIZER_LRS: updates.optimizer_lrs,
     SignalKind.STEP_SAMPLE: step_sample,

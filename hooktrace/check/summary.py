@@ -7,11 +7,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from hooktrace.check import flow, units
+from hooktrace.check import flow
 from hooktrace.check.findings import Thresholds
 from hooktrace.check.grouped import evaluation_copies
 from hooktrace.check.magnitudes import start, start_orders
-from hooktrace.check.trainable import drop_frozen, frozen_from_start, frozen_since
+from hooktrace.check.trainable import (
+    MISSED,
+    drop_frozen,
+    frozen_from_start,
+    frozen_since,
+    trained_in_turns,
+)
 from hooktrace.log.names import ancestors
 
 if TYPE_CHECKING:
@@ -30,7 +36,7 @@ class LogSummary:
     c: Collected
     thresholds: Thresholds
     flowed: GradientFlow  # the gradient flow's boundaries, without those the run explains
-    turns: set[ModelFqn]  # trained in turns (``units.trained_in_turns``)
+    turns: set[ModelFqn]  # trained in turns (``trainable.trained_in_turns``)
     evaluation: set[ModelFqn]  # copies no optimizer that stepped holds (``grouped``)
     explained: set[ModelFqn]  # small or missing gradients that a boundary or a freeze explains
 
@@ -43,8 +49,8 @@ def summary_of(collected: Collected, thresholds: Thresholds | None = None) -> Lo
     flowed = flow.analyse([call for call in c.calls if call.step not in unjudged], c.modules,
                           thresholds)
     drop_frozen(c, flowed)
-    turns = units.trained_in_turns(c)
-    flowed.drop_victims(turns, units.MISSED)
+    turns = trained_in_turns(c)
+    flowed.drop_victims(turns, MISSED)
     evaluation = evaluation_copies(c)
     flowed.drop_victims(evaluation)
     explained = _explained(c, flowed) | set(frozen_since(c)) | evaluation
