@@ -14,11 +14,10 @@ from collections.abc import Callable
 
 from hooktrace.check import causes, oplines, trainable
 from hooktrace.check.crash import check_crash, check_unseen
-from hooktrace.check.custom import check_custom
 from hooktrace.check.findings import NOTE, SEVERITY_ORDER, Finding, FindingKind
 from hooktrace.check.grouped import copies as copies_of
 from hooktrace.check.grouped import copies_notes, inside, patterns
-from hooktrace.check.loop import check_loop
+from hooktrace.check.loop import check_custom, check_loop
 from hooktrace.check.losses import check_losses, unbounded
 from hooktrace.check.lossterms import absorb, check_loss_terms
 from hooktrace.check.magnitudes import check_magnitudes

@@ -1,7 +1,7 @@
 """Signals into findings, in one table: each ``signal`` record kind that a finding of its own
 answers, with the function that turns one such signal into findings (none where it is
 harmless), run in the log's order. The signals that only add up with others (``hooks-growing``,
-``loss-share``, ``loss-scaled``: ``custom``, ``lossterms``, ``scaling``) and those that only
+``loss-share``, ``loss-scaled``: ``loop``, ``lossterms``, ``scaling``) and those that only
 shape another finding (``nonfinite-inputs``, ``trainable-changed``, ...)
 are read where their findings are made. Pure: a ``Collected`` in, findings out."""
 
@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from hooktrace.check import holds, loop, losses, lossterms, scaling, trainable, updates
-from hooktrace.check.custom import function_backward
 from hooktrace.check.findings import Finding
 from hooktrace.check.stepexplained import optimizer_steps, step_sample
 from hooktrace.log.schema import SignalKind
@@ -25,18 +24,18 @@ SignalFindings = Callable[["Collected", "Signal"], list[Finding]]
 # signal kind -> its findings; "optimizers": the last such signal of each model only
 FINDINGS_OF_SIGNAL: dict[str, SignalFindings] = {
     SignalKind.EVAL_BACKWARD: trainable.eval_backward,
-    SignalKind.OPTIMIZERS: loop.not_held,
-    SignalKind.GRADS_CARRIED_OVER: loop.carried_over,
-    SignalKind.GRADS_CLEARED: loop.grads_cleared,
-    SignalKind.GRADS_ZEROED: loop.grads_zeroed,
-    SignalKind.PARAMS_RECREATED: loop.params_recreated,
+    SignalKind.OPTIMIZERS: holds.not_held,
+    SignalKind.GRADS_CARRIED_OVER: holds.at_step,
+    SignalKind.GRADS_CLEARED: holds.at_step,
+    SignalKind.GRADS_ZEROED: holds.at_step,
+    SignalKind.PARAMS_RECREATED: holds.params_recreated,
     SignalKind.BACKWARD_HOOK: loop.backward_hook_only,
     SignalKind.FROZEN_BN_TRAINING: trainable.frozen_bn_training,
     SignalKind.HALF_UPDATES: updates.updates_rounded,
     SignalKind.OPTIMIZER_LRS: updates.optimizer_lrs,
     SignalKind.STEP_SAMPLE: step_sample,
     SignalKind.OPTIMIZER_STEPS: optimizer_steps,
-    SignalKind.FUNCTION_BACKWARD: function_backward,
+    SignalKind.FUNCTION_BACKWARD: loop.function_backward,
     SignalKind.SCALED_STEP: scaling.scaled_step,
     SignalKind.SCALED_CLIP: scaling.scaled_clip,
     SignalKind.LOSS_TERM_CUT: lossterms.term_cut,

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hooktrace.check.findings import WARNING, Finding, FindingKind, names_text, steps_text
-from hooktrace.check.holds import stepped_twice
 from hooktrace.log.schema import SignalKind
 from hooktrace.log.words import plural
 
@@ -48,6 +47,34 @@ def _rebuilt(c: Collected, s: Signal) -> list[Finding]:
     steps = [int(o.detail["took_over"]["step"]) for o in taken]
     return [_finding(c, s.model, steps[0], "state", {
         "optimizer": s.detail.get("optimizer"), "steps": steps[:LISTED], "count": len(steps)})]
+
+
+def stepped_again(detail: dict[str, Any]) -> bool:
+    """Whether an optimizer (its ``optimizer-steps`` facts) stepped again with no backward pass
+    since its last step in two steps or more, half of those looked at or more."""
+    again = detail.get("again") or {}
+    count = int(again.get("count", 0))
+    return count >= 2 and 2 * count >= int(again.get("of", 0))
+
+
+def stepped_twice(c: Collected, s: Signal) -> list[Finding]:
+    """An optimizer that stepped again with no backward pass since its last step (its
+    ``optimizer-steps`` facts): each step applies the same gradients again."""
+    if not stepped_again(s.detail):
+        return []
+    optimizer = s.detail.get("optimizer") or "optimizer"
+    steps = [int(x) for x in s.detail["again"].get("steps", [])]
+    most = int(s.detail["again"].get("most", 2))
+    model = c.model_name(s.model)
+    times = "twice" if most == 2 else f"{most} times"
+    return [Finding(
+        FindingKind.STEPPED_TWICE, WARNING, model, "", steps[0],
+        f"the {optimizer} optimizer of model '{model}' stepped {times} after one backward "
+        f"pass, in {steps_text(steps)}: each step applies the same gradients again (about "
+        f"{most}x the learning rate)",
+        {"optimizer": optimizer, "steps": steps, "most": most},
+        "call optimizer.step() once per backward (once per accumulation cycle); a second "
+        "step() where another optimizer's should be is a copy-paste slip")]
 
 
 def step_sample(c: Collected, s: Signal) -> list[Finding]:
