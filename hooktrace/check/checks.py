@@ -25,12 +25,12 @@ from hooktrace.check.nonfinite import check_nonfinite
 from hooktrace.check.probed import check_probed
 from hooktrace.check.reached import check_loose, check_lost_gradient, check_no_grad
 from hooktrace.check.relations import check_relations
-from hooktrace.check.scaling import after_scaling, check_scaling
 from hooktrace.check.shared import check_shared_targets
 from hooktrace.check.signals import check_signals
 from hooktrace.check.sources import with_sources
 from hooktrace.check.summary import LogSummary
 from hooktrace.check.unused import check_info, check_unused, losses_dropped
+from hooktrace.check.updates import after_scaling, check_scaling
 from hooktrace.log.words import plural
 
 Detector = Callable[[LogSummary], list[Finding]]

@@ -1,7 +1,7 @@
 """Signals into findings, in one table: each ``signal`` record kind that a finding of its own
 answers, with the function that turns one such signal into findings (none where it is
 harmless), run in the log's order. The signals that only add up with others (``hooks-growing``,
-``loss-share``, ``loss-scaled``: ``loop``, ``lossterms``, ``scaling``) and those that only
+``loss-share``, ``loss-scaled``: ``loop``, ``lossterms``, ``updates``) and those that only
 shape another finding (``nonfinite-inputs``, ``trainable-changed``, ...)
 are read where their findings are made. Pure: a ``Collected`` in, findings out."""
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from hooktrace.check import holds, loop, losses, lossterms, scaling, trainable, updates
+from hooktrace.check import holds, loop, losses, lossterms, trainable, updates
 from hooktrace.check.findings import Finding
 from hooktrace.check.stepexplained import optimizer_steps, step_sample
 from hooktrace.log.schema import SignalKind
@@ -36,8 +36,8 @@ FINDINGS_OF_SIGNAL: dict[str, SignalFindings] = {
     SignalKind.STEP_SAMPLE: step_sample,
     SignalKind.OPTIMIZER_STEPS: optimizer_steps,
     SignalKind.FUNCTION_BACKWARD: loop.function_backward,
-    SignalKind.SCALED_STEP: scaling.scaled_step,
-    SignalKind.SCALED_CLIP: scaling.scaled_clip,
+    SignalKind.SCALED_STEP: updates.scaled_step,
+    SignalKind.SCALED_CLIP: updates.scaled_clip,
     SignalKind.LOSS_TERM_CUT: lossterms.term_cut,
     SignalKind.LOSS_TARGET_GRAD: lossterms.target_grad,
     SignalKind.SHARED_STORAGE: holds.shared_storage,
