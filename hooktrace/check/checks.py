@@ -24,8 +24,7 @@ from hooktrace.check.magnitudes import check_magnitudes
 from hooktrace.check.nonfinite import check_nonfinite
 from hooktrace.check.probed import check_probed
 from hooktrace.check.reached import check_loose, check_lost_gradient, check_no_grad
-from hooktrace.check.relations import check_relations
-from hooktrace.check.shared import check_shared_targets
+from hooktrace.check.relations import check_relations, check_shared_targets
 from hooktrace.check.signals import check_signals
 from hooktrace.check.sources import with_sources
 from hooktrace.check.summary import LogSummary
