@@ -1,12 +1,10 @@
-"""Loss modules given the wrong inputs: a target of another shape that broadcasts (an
-``MSELoss`` of ``[16, 1]`` against ``[16]`` compares every prediction with every target), and
-probabilities where the loss wants scores (a model ending in ``Softmax`` fed to
-``CrossEntropyLoss``, which applies log_softmax itself). Pure: a ``Collected`` in. Seen where
-the loss is a module (``nn.MSELoss()``) from its call; where it is a function
-(``F.cross_entropy``), from the ops the tracer found between it and the model's output
-(``loss-ops`` signals): probabilities into a loss that wants scores, and raw scores into
-``nll_loss``, which wants log-probabilities. And a loss that diverges, from the loss ledger
-(``loss-values``): orders of magnitude up without NaN/Inf."""
+"""A loss given the wrong inputs, or that diverges. Wrong inputs: a target of another shape that
+broadcasts (an ``MSELoss`` of ``[16, 1]`` against ``[16]``), probabilities where the loss wants
+scores (a model ending in ``Softmax`` fed to ``CrossEntropyLoss``), raw scores into
+``nll_loss``: seen from a loss module's call, or for a function (``F.cross_entropy``) from the
+ops between it and the model's output (``loss-ops``). Diverging, from the loss ledger
+(``loss-values``): orders of magnitude up without NaN/Inf, or down below zero without a floor.
+Pure: a ``Collected`` in."""
 
 from __future__ import annotations
 
@@ -122,8 +120,7 @@ _SQUASHED = {
 
 
 def check_loss_ops(c: Collected, module_found: set[str]) -> list[Finding]:
-    """The losses written as functions given the wrong inputs, as the ``loss-ops`` signals show
-    them; not for a model ``check_losses`` already named (``module_found``: model names)."""
+    """Functional losses given the wrong inputs; not for a model named in ``module_found``."""
     out: list[Finding] = []
     said: set[tuple[int, str]] = set()
     for s in c.signals:
