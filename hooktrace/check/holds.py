@@ -23,50 +23,51 @@ if TYPE_CHECKING:
     from hooktrace.log.schema import Signal
 
 def not_held(c: Collected, s: Signal) -> list[Finding]:
-    """The modules with trainable parameters that got a gradient and no optimizer holds."""
+    """The modules with trainable parameters that got a gradient and no optimizer holds, and
+    why: no optimizer of the model at all, unfrozen after it was built, or left out of it."""
     got = _got_gradient(c, s.model)
     missing = [name for name in s.detail.get("not_held", []) if name in got]
     if not missing:
         return []
+    model, these = c.model_name(s.model), f"{plural(len(missing), 'module')} of model"
     unfrozen = {name: step for name, step in unfrozen_at(c).items() if name[0] == s.model}
-    if not s.detail.get("held"):
-        return [Finding(
-            FindingKind.NOT_OPTIMIZED, WARNING, c.model_name(s.model), "", None,
-            f"no optimizer that steps holds any parameter of model '{c.model_name(s.model)}': "
-            f"its {plural(len(missing), 'module')} with trainable parameters "
-            f"({names_text(missing)}) get gradients and never train{twice_text(c)}",
-            {"modules": missing},
-            ("the loop steps another model's optimizer where this model's should step "
-             "(opt_g.step() after d_loss.backward()), or " if _others_held(c, s.model) else "")
-            + "the optimizer was built from another copy of the model (the model created again "
-            "after the optimizer, a deepcopy, a reloaded checkpoint): build it from the "
-            "parameters() of the model you train")]
     thawed = [unfrozen[(s.model, name)] for name in missing if (s.model, name) in unfrozen]
-    if thawed:
-        return [Finding(
-            FindingKind.NOT_OPTIMIZED, WARNING, c.model_name(s.model), missing[0], min(thawed),
-            f"{names_text(missing)} ({plural(len(missing), 'module')} of model "
-            f"'{c.model_name(s.model)}') were unfrozen (requires_grad=True) at step "
-            f"{min(thawed)}, but no optimizer that steps holds their parameters: they get "
-            "gradients and never train",
-            {"modules": missing, "unfrozen_at": min(thawed)},
-            "the optimizer was built while they were frozen (from the parameters that "
-            "required a gradient then): add them when unfreezing "
-            "(optimizer.add_param_group({'params': module.parameters()})), or build it from "
-            "all of model.parameters(): frozen ones get no gradient and are not updated")]
-    return [Finding(
-        FindingKind.NOT_OPTIMIZED, WARNING, c.model_name(s.model), missing[0], None,
-        f"no optimizer that steps holds the parameters of {names_text(missing)} "
-        f"({plural(len(missing), 'module')} of model '{c.model_name(s.model)}'): they get "
-        "gradients and never train" + outside_text(s.detail),
-        {"modules": missing},
+    evidence: dict[str, Any] = {"modules": missing}
+    if not s.detail.get("held"):
+        module, step = "", None
+        message = (f"no optimizer that steps holds any parameter of model '{model}': its "
+                   f"{plural(len(missing), 'module')} with trainable parameters "
+                   f"({names_text(missing)}) get gradients and never train{twice_text(c)}")
+        hint = (("the loop steps another model's optimizer where this model's should step "
+                 "(opt_g.step() after d_loss.backward()), or " if _others_held(c, s.model)
+                 else "") + "the optimizer was built from another copy of the model (the "
+                "model created again after the optimizer, a deepcopy, a reloaded checkpoint): "
+                "build it from the parameters() of the model you train")
+    elif thawed:
+        module, step = missing[0], min(thawed)
+        evidence["unfrozen_at"] = step
+        message = (f"{names_text(missing)} ({these} '{model}') were unfrozen "
+                   f"(requires_grad=True) at step {step}, but no optimizer that steps holds "
+                   "their parameters: they get gradients and never train")
+        hint = ("the optimizer was built while they were frozen (from the parameters that "
+                "required a gradient then): add them when unfreezing "
+                "(optimizer.add_param_group({'params': module.parameters()})), or build it "
+                "from all of model.parameters(): frozen ones get no gradient and are not "
+                "updated")
+    else:
+        module, step = missing[0], None
+        message = (f"no optimizer that steps holds the parameters of {names_text(missing)} "
+                   f"({these} '{model}'): they get gradients and never train"
+                   + outside_text(s.detail))
         # "block.(Linear)": called inside a forward, not in the model's tree
-        "they are not registered submodules (kept in a plain list or dict, or built inside "
-        "forward), so model.parameters() misses them: use nn.ModuleList / nn.ModuleDict, or "
-        "assign them in __init__" if any("(" in name for name in missing) else
-        parametrized_hint(missing, bool(s.detail.get("outside_count"))) or _only_held_hint(s) or
-        "build the optimizer after adding layers (or add_param_group), from this model's "
-        "parameters(), not from another copy's")]
+        hint = ("they are not registered submodules (kept in a plain list or dict, or built "
+                "inside forward), so model.parameters() misses them: use nn.ModuleList / "
+                "nn.ModuleDict, or assign them in __init__" if any("(" in n for n in missing)
+                else parametrized_hint(missing, bool(s.detail.get("outside_count")))
+                or _only_held_hint(s) or "build the optimizer after adding layers (or "
+                "add_param_group), from this model's parameters(), not from another copy's")
+    return [Finding(FindingKind.NOT_OPTIMIZED, WARNING, model, module, step, message, evidence,
+                    hint)]
 
 
 def _others_held(c: Collected, model: int) -> bool:

@@ -23,21 +23,13 @@ _SIMILARITY = frozenset({"Mm", "Bmm", "Matmul", "Einsum"})
 
 
 def check_probed(c: Collected) -> list[Finding]:
-    out: list[Finding] = []
-    for s in c.signals:
-        if s.kind != SignalKind.PROBE:
-            continue
-        what = s.detail.get("what")
-        if what == "batch":
-            out.append(_batch(c, s))
-        elif what == "causal":
-            out.append(_causal(c, s))
-        elif what == "padding":
-            out.append(_padding(c, s))
-        else:
-            out.append(_note(c, s, f"the probe could not tell who sees whom in model "
-                                   f"'{c.model_name(s.model)}': {s.detail.get('why', '?')}"))
-    return out
+    return [_BY_WHAT.get(str(s.detail.get("what")), _unknown)(c, s) for s in c.signals
+            if s.kind == SignalKind.PROBE]
+
+
+def _unknown(c: Collected, s: Signal) -> Finding:
+    return _note(c, s, f"the probe could not tell who sees whom in model "
+                       f"'{c.model_name(s.model)}': {s.detail.get('why', '?')}")
 
 
 def _note(c: Collected, s: Signal, message: str, kind: str = FindingKind.PROBE) -> Finding:
@@ -150,3 +142,6 @@ def _padding(c: Collected, s: Signal) -> Finding:
         f"in model '{c.model_name(s.model)}' the output at real positions depends on {seen} "
         f"({where}): a mean or sum over the sequence counts the padding", dict(d),
         "weight the pooling by the mask: (h * mask).sum(1) / mask.sum(1)")
+
+
+_BY_WHAT = {"batch": _batch, "causal": _causal, "padding": _padding}
