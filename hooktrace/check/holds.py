@@ -152,7 +152,7 @@ def shared_storage(c: Collected, s: Signal) -> list[Finding]:
     if len(params) < 2:
         return []
     optimizer = s.detail.get("optimizer") or "optimizer"
-    first, second = params[-1], params[0]
+    (owner, _, attr), (tied, _, to) = params[-1].rpartition("."), params[0].rpartition(".")
     return [Finding(
         FindingKind.SHARED_STORAGE, WARNING, c.model_name(s.model), s.fqn, s.step,
         f"the {optimizer} optimizer of model '{c.model_name(s.model)}' holds "
@@ -161,17 +161,8 @@ def shared_storage(c: Collected, s: Signal) -> list[Finding]:
         "each has its own gradient, and each step updates the shared tensor "
         + ("twice" if len(params) == 2 else f"{len(params)} times") + ", once with each",
         {"params": params, "optimizer": optimizer},
-        f"tie the Parameter itself ({_owner(first)}.{_attr(first)} = "
-        f"{_owner(second)}.{_attr(second)}): one Parameter in both modules, which "
-        "model.parameters() and the optimizer hold once")]
-
-
-def _owner(param: str) -> str:
-    return param.rpartition(".")[0] or "model"
-
-
-def _attr(param: str) -> str:
-    return param.rpartition(".")[2]
+        f"tie the Parameter itself ({owner or 'model'}.{attr} = {tied or 'model'}.{to}): one "
+        "Parameter in both modules, which model.parameters() and the optimizer hold once")]
 
 
 def twice_text(c: Collected) -> str:

@@ -138,25 +138,22 @@ def _never_reached(c: Collected) -> list[Finding]:
     return out
 
 
+_ON_GRADIENT = "each runs in every backward pass, so the gradient is changed once more every step"
 _HOOKS = {
     "forward": ("forward hooks", "register_forward_hook", "each runs at every call, so what "
                 "they compute or collect is counted once more every step"),
-    "backward": ("module backward hooks", "register_full_backward_hook", "each runs in every "
-                 "backward pass, so the gradient is changed once more every step"),
-    "gradient": ("gradient hooks on their parameters", "register_hook", "each runs in every "
-                 "backward pass, so the gradient is changed once more every step"),
+    "backward": ("module backward hooks", "register_full_backward_hook", _ON_GRADIENT),
+    "gradient": ("gradient hooks on their parameters", "register_hook", _ON_GRADIENT),
 }
 
 
 def check_custom(c: Collected) -> list[Finding]:
-    out: list[Finding] = []
+    """Hooks that grew at every recorded step (``hooks-growing``), one finding a kind a step."""
     growing: dict[tuple[int, str, int], list[Signal]] = {}
     for s in c.signals:
         if s.kind == SignalKind.HOOKS_GROWING:
             growing.setdefault((s.model, s.detail.get("hooks", "?"), s.step), []).append(s)
-    for (model, kind, step), signals in sorted(growing.items()):
-        out.append(_growing(c, model, kind, step, signals))
-    return out
+    return [_growing(c, *key, signals) for key, signals in sorted(growing.items())]
 
 
 def _growing(c: Collected, model: int, kind: str, step: int, signals: list[Signal]) -> Finding:

@@ -41,7 +41,7 @@ _CUTS = {
 
 
 def check_loss_terms(c: Collected) -> list[Finding]:
-    out: list[Finding] = []
+    """How much of its batch each loss reads (``loss-share``), one finding a loss."""
     shares: dict[tuple[int, str, int], list[Signal]] = {}
     for s in c.signals:
         if s.kind == SignalKind.LOSS_SHARE:
@@ -49,9 +49,7 @@ def check_loss_terms(c: Collected) -> list[Finding]:
             key = (s.model, f"{d.get('by')} {d.get('node')} {d.get('loss')} {d.get('file')}",
                    int(d.get("line", 0)))
             shares.setdefault(key, []).append(s)
-    for signals in shares.values():
-        out.append(_share(c, signals))
-    return out
+    return [_share(c, signals) for signals in shares.values()]
 
 
 def absorb(c: Collected, findings: list[Finding]) -> list[Finding]:

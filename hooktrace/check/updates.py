@@ -252,17 +252,14 @@ def params_unmoved(c: Collected, s: Signal) -> list[Finding]:
         if found:
             names = [p["param"] for p in found]
             model = c.model_name(s.model)
+            counted = found[0].get("steps")
+            more = " or more" if counted == 16 else ""  # the ledger counts 16 steps at most
             out.append(Finding(
                 cause, WARNING, model, names[0].rpartition(".")[0], found[0].get("since"),
                 f"{names_text(names)} ({plural(len(names), 'parameter')} of model '{model}') "
-                f"never moved through {_steps(found[0].get('steps'))}: {what}",
+                f"never moved through {counted} optimizer steps{more}: {what}",
                 {"params": names[:20]}, hint))
     return out
-
-
-def _steps(counted: object) -> str:
-    """The optimizer steps a ledger entry was counted in: the ledger counts 16 at most."""
-    return f"{counted} optimizer steps" + (" or more" if counted == 16 else "")
 
 
 # findings that gradients too large by the scale explain, in the same model from its step on
