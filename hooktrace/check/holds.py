@@ -38,8 +38,9 @@ def not_held(c: Collected, s: Signal) -> list[Finding]:
         message = (f"no optimizer that steps holds any parameter of model '{model}': its "
                    f"{plural(len(missing), 'module')} with trainable parameters "
                    f"({names_text(missing)}) get gradients and never train{twice_text(c)}")
+        others = {m for m, _ in held(c)} - {s.model}  # models trained side by side
         hint = (("the loop steps another model's optimizer where this model's should step "
-                 "(opt_g.step() after d_loss.backward()), or " if _others_held(c, s.model)
+                 "(opt_g.step() after d_loss.backward()), or " if others
                  else "") + "the optimizer was built from another copy of the model (the "
                 "model created again after the optimizer, a deepcopy, a reloaded checkpoint): "
                 "build it from the parameters() of the model you train")
@@ -70,11 +71,10 @@ def not_held(c: Collected, s: Signal) -> list[Finding]:
                     hint)]
 
 
-def _others_held(c: Collected, model: int) -> bool:
-    """Whether an optimizer that steps holds parameters of another model (several models
-    trained side by side, each with its own optimizer)."""
-    return any(t.kind == SignalKind.OPTIMIZERS and t.model != model and t.detail.get("held")
-               for t in c.signals)
+def held(c: Collected) -> set[ModelFqn]:
+    """The modules an optimizer that stepped held at some point (``optimizers`` signals)."""
+    return {(s.model, name) for s in c.signals if s.kind == SignalKind.OPTIMIZERS
+            for name in s.detail.get("held", [])}
 
 
 def _only_held_hint(s: Signal) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from hooktrace.check import holds
 from hooktrace.check.findings import (
     ERROR,
     NOTE,
@@ -18,7 +19,6 @@ from hooktrace.check.findings import (
     names_text,
     steps_text,
 )
-from hooktrace.check.holds import check_on_wrapper
 from hooktrace.check.trainable import frozen_during_run
 from hooktrace.log.schema import SignalKind
 
@@ -31,15 +31,14 @@ if TYPE_CHECKING:
 def check_loop(c: Collected) -> list[Finding]:
     """What the loop did around the modules, beyond what one signal says (``signals``)."""
     return (_never_reached(c) + _outside_autograd(c) + frozen_during_run(c)
-            + check_on_wrapper(c))
+            + holds.check_on_wrapper(c))
 
 
 def _outside_autograd(c: Collected) -> list[Finding]:
     """Modules an optimizer steps whose backward ran in every recorded step while their own
     parameters never got a gradient (others of their model did): forward uses the parameters
     through ``.item()``, ``float()``, ``.data`` or ``.detach()``."""
-    held = {(s.model, name) for s in c.signals if s.kind == SignalKind.OPTIMIZERS
-            for name in s.detail.get("held", [])}
+    held = holds.held(c)
     got: set[ModelFqn] = set()
     none: dict[ModelFqn, list[int]] = {}
     for step in sorted(c.param_norms):
@@ -113,7 +112,7 @@ def _never_reached(c: Collected) -> list[Finding]:
     """A model whose parameters an optimizer steps, run with gradients on, that no backward
     pass ever reached: the loss was computed from a detached output."""
     out = []
-    held = {s.model for s in c.signals if s.kind == SignalKind.OPTIMIZERS and s.detail.get("held")}
+    held = {model for model, _ in holds.held(c)}
     # (held by an optimizer at some point: a GAN's generator is, once its optimizer steps)
     backed = c.backward_models()
     ran = {key[0] for keys in c.grad.values() for key in keys}
