@@ -1,19 +1,11 @@
 """What trains when: parameters frozen or unfrozen while the run goes on (``trainable-changed``
 signals), the modes that change what trains (backward in eval mode, frozen BatchNorms in train
-mode), and judging in the units training uses: optimizer steps and turns, not backward passes.
-
-* **Optimizer steps** (``optimizer-steps``): a layer whose weights start at zero (LoRA's
-  ``lora_B``, a zero-initialised head) passes back an exactly-zero gradient until an optimizer
-  step with lr > 0 moved it; with gradient accumulation and a warm-up from lr 0 every recorded
-  pass may come before that step. Zero gradients there are a note; after it, a warning. A
-  layer no optimizer holding it stepped with lr > 0 while tracing is not known to move.
-* **Turns**: heads trained by different losses in turns (a GAN's generator, discriminator and
-  info losses; five critic passes per generator pass) miss the gradient in some passes. A
-  module that got a gradient in every accumulation window of an optimizer holding it trains,
-  whatever it missed in the other passes; one that missed a whole window is judged pass by
-  pass.
-
-Pure: a ``Collected`` in; findings out, the flow's boundaries and findings adjusted.
+mode), and judging in the units training uses, optimizer steps and turns, not backward passes:
+a layer whose weights start at zero (LoRA's ``lora_B``) passes back a zero gradient until an
+optimizer step with lr > 0 moved it, and heads trained by different losses in turns (a GAN's
+generator and discriminator, five critic passes per generator pass) miss the gradient in some
+passes by design. Pure: a ``Collected`` in; findings out, the flow's boundaries and findings
+adjusted.
 """
 
 from __future__ import annotations
@@ -229,8 +221,7 @@ def zero_before_moving(c: Collected, found: GradientFlow, findings: list[Finding
         moved = [p for s in c.signals if s.kind == SignalKind.OPTIMIZER_STEPS
                  and s.model == key[0] and key[1] in (s.detail.get("held") or ())
                  and isinstance(p := s.detail.get("moving"), int)]
-        moving = min(moved) if moved else None
-        if moving is None or b.steps[-1] > moving:
+        if not moved or b.steps[-1] > (moving := min(moved)):
             continue
         for i, f in enumerate(findings):
             if (f.cause == FindingKind.ZERO_GRADIENT and f.severity == WARNING
