@@ -36,6 +36,7 @@ LOSSES = _ELEMENTWISE | _WANTS_SCORES.keys()
 # a loss diverges when it peaks this many times its first value and its second half's median
 # stays this many times above it, over this many passes at least
 _PEAK, _LATE, _PASSES = 100.0, 3.0, 8
+_SQUASHES = "probabilities where it wants scores; the loss can hardly move and the gradient shrinks"
 
 
 def check_losses(c: Collected) -> list[Finding]:
@@ -77,8 +78,7 @@ def _probabilities(c: Collected, cls: str, call: LossCall) -> list[Finding]:
     return [Finding(
         "loss-input", WARNING, c.model_name(model), last, call.step,
         f"model '{c.model_name(model)}' ends with {c.label(model, last)}, and its output goes "
-        f"to {cls}, which {does}: probabilities where it wants scores; the loss can hardly move "
-        "and the gradient shrinks", {"loss": cls, "last": last_cls}, hint)]
+        f"to {cls}, which {does}: {_SQUASHES}", {"loss": cls, "last": last_cls}, hint)]
 
 
 def _broadcast_shape(a: list[Any], b: list[Any]) -> list[int] | None:
@@ -155,8 +155,7 @@ def _squashed(c: Collected, s: Signal, op: str, in_model: bool) -> Finding:
              f"goes" if in_model else f"the output of {_output_of(c, s)} goes through {what}, then")
     return Finding(
         "loss-input", WARNING, c.model_name(s.model), name, s.step,
-        f"{where} to {loss}, which {does}: probabilities where it wants scores; the loss can "
-        "hardly move and the gradient shrinks",
+        f"{where} to {loss}, which {does}: {_SQUASHES}",
         {"loss": s.detail.get("loss"), "ops": s.detail.get("ops"), "out": s.detail.get("out")},
         hint_in_model if in_model else hint)
 
