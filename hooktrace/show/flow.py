@@ -56,17 +56,22 @@ class Link:
         return any(i < len(grads) and grads[i] is not None for i in self.inputs)
 
 
-def grad_output_norm(e: schema.BackwardEvent) -> float | None:
-    """The L2 norm of all of ``e``'s grad_output tensors together (NaN/Inf when one is not
-    finite); None when the log has no statistics for them."""
-    return norm(e.grad_output_stats)
-
-
 def largest(events: Iterable[schema.BackwardEvent | None]) -> float | None:
     """The grad_output norm an edge run several times shows: the largest, or the first that
     is not finite (as a node's)."""
     return worst(n for e in events
                  if e is not None and (n := norm(e.grad_output_stats)) is not None)
+
+
+def make_edge(src: NodeKey, dst: NodeKey, phase: str, numbers: Sequence[int],
+              events: Sequence[schema.BackwardEvent] = (), mirrored: bool = True) -> Edge:
+    """The edge run as ``numbers`` (its first and last, how often); backward, the label's
+    tensor counts are those of its first event, its norm the largest of ``events``."""
+    if phase == "forward":
+        return Edge(src, dst, phase, numbers[0], runs=len(numbers), last=numbers[-1])
+    first = min(events, key=lambda e: e.seq)
+    return Edge(src, dst, phase, numbers[0], first.grad_input_len, first.grad_output_len,
+                mirrored, largest(events), len(numbers), numbers[-1])
 
 
 def has_flow(calls: Iterable[Call]) -> bool:
@@ -171,19 +176,13 @@ def data_edges(calls: dict[NodeKey, Call], keys: CallNodes, unfolded: CallNodes,
     found = links(calls, keys, unfolded)
     edges: list[Edge] = []
     if phase != "backward":
-        for (src, dst), runs in _numbered(found, fold).items():
-            numbers = sorted({n for n, _ in runs})
-            edges.append(Edge(src, dst, "forward", numbers[0], runs=len(numbers),
-                              last=numbers[-1]))
+        edges += [make_edge(src, dst, "forward", sorted({n for n, _ in runs}))
+                  for (src, dst), runs in _numbered(found, fold).items()]
     if phase != "forward":
         back = sorted((k for k in found if k.gradient()), key=_backward_order)
         for (src, dst), runs in _numbered(back, fold).items():
-            numbers = sorted({n for n, _ in runs})
             events = [k.producer.backward for _, k in runs if k.producer.backward is not None]
-            first = min(events, key=lambda e: e.seq)  # the label's tensor counts: the first
-            edges.append(Edge(dst, src, "backward", numbers[0], first.grad_input_len,
-                              first.grad_output_len, True, largest(events), len(numbers),
-                              numbers[-1]))
+            edges.append(make_edge(dst, src, "backward", sorted({n for n, _ in runs}), events))
     return edges
 
 

@@ -32,6 +32,7 @@ draws the edge index and batch vector into every module: 43 edges between 18 nod
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,8 +41,7 @@ from hooktrace.log.errors import HooktraceError
 from hooktrace.log.gradstat import norms
 from hooktrace.log.names import ancestors
 from hooktrace.show.calls import Call, calls_of, depth_of
-from hooktrace.show.flow import data_edges, has_flow, largest, links
-from hooktrace.show.flow import grad_output_norm as grad_output_norm
+from hooktrace.show.flow import data_edges, has_flow, links, make_edge
 from hooktrace.show.picture import Cluster, Edge, Node, NodeKey, View
 from hooktrace.show.steplog import ModuleKey, StepLog
 
@@ -68,12 +68,14 @@ def node_key(c: Call, calls: dict[NodeKey, Call], depth: int) -> NodeKey | None:
     return (c.model, top, -1)
 
 
+def per_module(calls: dict[NodeKey, Call]) -> Counter[ModuleKey]:
+    """Each module's calls in the step."""
+    return Counter((c.model, c.fqn) for c in calls.values())
+
+
 def repeated(calls: dict[NodeKey, Call]) -> set[ModuleKey]:
     """The modules called more than FOLD_CALLS times in the step: one node each."""
-    count: dict[ModuleKey, int] = {}
-    for c in calls.values():
-        count[(c.model, c.fqn)] = count.get((c.model, c.fqn), 0) + 1
-    return {key for key, n in count.items() if n > FOLD_CALLS}
+    return {key for key, n in per_module(calls).items() if n > FOLD_CALLS}
 
 
 def node_keys(calls: dict[NodeKey, Call], depth: int, fold: set[ModuleKey]
@@ -159,17 +161,14 @@ def _call_order(keys: dict[NodeKey, NodeKey | None], calls: dict[NodeKey, Call],
     edges: list[Edge] = []
     forward = _chain([(keys[c.key], None) for c in calls.values()])
     if phase != "backward":
-        for (src, dst, *_), runs in _runs(forward, fold).items():
-            edges.append(Edge(src, dst, "forward", runs[0][0], runs=len(runs),
-                              last=runs[-1][0]))
+        edges += [make_edge(src, dst, "forward", [n for n, _ in runs])
+                  for (src, dst, *_), runs in _runs(forward, fold).items()]
     if phase != "forward":
         mirrors = {(dst, src) for src, dst, _ in forward}
         for (src, dst, *_), runs in _runs(_chain(visits), fold).items():
-            e = runs[0][1]
-            assert e is not None
-            edges.append(Edge(src, dst, "backward", runs[0][0], e.grad_input_len,
-                              e.grad_output_len, (src, dst) in mirrors,
-                              largest(r[1] for r in runs), len(runs), runs[-1][0]))
+            events = [e for _, e in runs if e is not None]
+            edges.append(make_edge(src, dst, "backward", [n for n, _ in runs], events,
+                                   (src, dst) in mirrors))
     return edges
 
 
@@ -205,9 +204,8 @@ def _runs(links: list[_Link], fold: set[ModuleKey]
 def _add_nodes(view: View, calls: dict[NodeKey, Call], keys: dict[NodeKey, NodeKey | None]
                ) -> None:
     members: dict[NodeKey, list[Call]] = {}
-    per_module: dict[ModuleKey, int] = {}
+    counts = per_module(calls)
     for c in calls.values():
-        per_module[(c.model, c.fqn)] = per_module.get((c.model, c.fqn), 0) + 1
         key = keys[c.key]
         if key is not None:
             members.setdefault(key, []).append(c)
@@ -218,7 +216,7 @@ def _add_nodes(view: View, calls: dict[NodeKey, Call], keys: dict[NodeKey, NodeK
         node = Node(
             key, own.cls if own else view.log.cls(key[0], key[1]), min(c.seq for c in group),
             own.output_shapes if own else _shared_shapes(key, group),
-            per_module.get((key[0], key[1]), 0),
+            counts[key[0], key[1]],
             folded=sum((c.model, c.fqn) != key[:2] for c in group),
             grad_calls=sum(not c.no_grad for c in group),
             missing=sum(not c.no_grad and c.backward is None and c.later is None for c in group),

@@ -11,9 +11,10 @@ which keeps its ``FirstSteps``). Standard library only: no torch.
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hooktrace.log import schema
 from hooktrace.log.align import Feed
@@ -177,9 +178,9 @@ class StepKeeper:
         """One item of the scan: rows of one type, or a record (of a scan that reads the data
         flow, ``flow=True``, for pictures that draw it)."""
         if isinstance(item, ForwardRows):
-            self.forwards(item)
+            self._rows(item, self.reader.forward_event, False)
         elif isinstance(item, BackwardRows):
-            self.backwards(item)
+            self._rows(item, self.reader.backward_event, True)
         else:
             if self._fills_names:
                 self.names.take(item)
@@ -208,43 +209,29 @@ class StepKeeper:
         if not steps:
             raise SelectionError(f"model {model!r} has no events in {path}")
 
-    # Rows in loops that do little for the steps not kept: nearly all of them (skimmed: read
-    # for their seq, step, module and fwd only)
-    def forwards(self, rows: ForwardRows) -> None:
+    def _rows(self, rows: Sequence[Any], event: Callable[[Any], StepEvent], backward: bool
+              ) -> None:
+        """Rows of one type, in a loop that does little for the steps not kept: nearly all of
+        them (skimmed: read for their seq, step, module and, backward, fwd only)."""
         self.any_events = True
         model, models, modules = self.model, self.models, self.reader.modules
         run: int | None = None  # the step of the events kept in target
         target: list[StepEvent] | None = None
         for row in rows:
-            seq, step, module, _, _, _, _ = row
+            seq, step, module = row[0], row[1], row[2]
             if step != self._step:
                 self._step, self._start = step, self.step_starts.setdefault(step, seq)
+            earlier = backward and row[4] < self._start  # the backward of an earlier call
+            if earlier:
+                self.later[row[4]] = step
             if model is not None and models.get(modules[module][0]) != model:
                 continue
+            if earlier:
+                self.chooser.backward_of_earlier_call(row[4])
             if step != run:
-                run, target = step, self.chooser.target(step, False)
+                run, target = step, self.chooser.target(step, backward)
             if target is not None:
-                target.append(self.reader.forward_event(row))
-
-    def backwards(self, rows: BackwardRows) -> None:
-        self.any_events = True
-        model, models, modules = self.model, self.models, self.reader.modules
-        run: int | None = None
-        target: list[StepEvent] | None = None
-        for row in rows:
-            seq, step, module, _, fwd, _, _, _, _, _ = row
-            if step != self._step:
-                self._step, self._start = step, self.step_starts.setdefault(step, seq)
-            if fwd < self._start:
-                self.later[fwd] = step
-            if model is not None and models.get(modules[module][0]) != model:
-                continue
-            if fwd < self._start:
-                self.chooser.backward_of_earlier_call(fwd)
-            if step != run:
-                run, target = step, self.chooser.target(step, True)
-            if target is not None:
-                target.append(self.reader.backward_event(row))
+                target.append(event(row))
 
 
 def load_step(path: str | os.PathLike[str] | LogReader, step: int | None = None,
@@ -254,20 +241,14 @@ def load_step(path: str | os.PathLike[str] | LogReader, step: int | None = None,
     ``feed``: hand every item of the pass on to another reader too (check's ``Collector``).
     Raises LogError / SelectionError."""
     reader = path if isinstance(path, LogReader) else LogReader(path)
-    loaded = _load(reader, StepChooser(step), model, feed)
+    loaded = StepKeeper(reader, StepChooser(step), model, feed)
+    loaded.read()
+    loaded._check(model, loaded.chooser.steps)
     chosen = loaded.chooser.chosen()
     if chosen not in loaded.chooser.steps:
         raise SelectionError(f"no step {chosen} in {loaded.reader.path}; its steps: "
                              f"{ranges(sorted(loaded.chooser.steps))}")
     return _step_log(loaded, chosen, model, loaded.chooser.steps)
-
-
-def _load(reader: LogReader, chooser: StepChooser, model: str | None,
-          feed: Feed | None = None) -> StepKeeper:
-    loaded = StepKeeper(reader, chooser, model, feed)
-    loaded.read()
-    loaded._check(model, chooser.steps)
-    return loaded
 
 
 def _step_log(loaded: StepKeeper, chosen: int, model: str | None,

@@ -21,8 +21,8 @@ from urllib.parse import quote
 
 from hooktrace.check.findings import Finding, Thresholds
 from hooktrace.log.errors import HooktraceError
+from hooktrace.log.gradstat import norm
 from hooktrace.log.words import plural, printable, shapes_text
-from hooktrace.show.graph import grad_output_norm
 from hooktrace.show.marks import Box
 from hooktrace.show.output import MARK
 from hooktrace.show.picture import Cluster, Edge, Node, NodeKey, View
@@ -222,11 +222,11 @@ def _legend(view: View, states: set[str], marked: bool) -> str:
         rows.append((f'<FONT COLOR="{BACKWARD_COLOUR}">- - ▶ 1, 2, …</FONT>',
                      "backward: the gradient back along them, in the order autograd ran"
                      if view.dataflow else "backward: in the order it ran"))
-        backward = [(grad_output_norm(e), e.grad_input_len, e.grad_output_len)
+        backward = [(norm(e.grad_output_stats), e.grad_input_len, e.grad_output_len)
                     for _, e in view.backward_starts]
         backward += [(e.grad_norm, e.grad_input_len, e.grad_output_len)
                      for e in view.edges() if e.phase == "backward"]
-        if any(norm is not None for norm, _, _ in backward):
+        if any(n is not None for n, _, _ in backward):
             rows.append((f'<FONT COLOR="{BACKWARD_COLOUR}">|g| 3.2e-2</FONT>',
                          "norm of the gradient reaching the call (grad_output)"))
         if any((gi, go) != (1, 1) for _, gi, go in backward):
@@ -283,7 +283,7 @@ def to_dot(view: View, marks: Mapping[Box, Sequence[Finding]] | None = None) -> 
         g.node("backward start", label="", shape="point", width="0.08",
                color=BACKWARD_COLOUR)
     for key, event in view.backward_starts:
-        more = backward_text(grad_output_norm(event), event.grad_input_len,
+        more = backward_text(norm(event.grad_output_stats), event.grad_input_len,
                              event.grad_output_len)
         g.edge("backward start", node_id(key),
                label=f"backward starts · {more}" if more else "backward starts",

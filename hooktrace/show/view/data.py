@@ -13,11 +13,11 @@ from typing import Any
 from hooktrace.log import schema
 from hooktrace.log.align import Feed
 from hooktrace.log.decoder import BackwardRows, ForwardRows
+from hooktrace.log.gradstat import norm
 from hooktrace.log.names import LogNames, ancestors
 from hooktrace.log.options import TraceOptions
 from hooktrace.log.reader import LogReader
 from hooktrace.show.calls import depth_of
-from hooktrace.show.graph import grad_output_norm
 from hooktrace.show.steplog import FirstSteps, ModuleKey, StepKeeper, StepLog
 
 MAX_STEPS = 200  # heatmap columns: a longer run shows every n-th recorded step
@@ -149,15 +149,15 @@ def _record(data: RunData, r: Any) -> None:
         cell = data.cell(r.model, r.fqn, r.step)
         data.reached.add(r.model)
         cell.backward += 1
-        cell.add_norm(grad_output_norm(r))
+        cell.add_norm(norm(r.grad_output_stats))
         for stats in (r.grad_output_stats, r.grad_input_stats):
             nan, inf = _counts(stats)
             cell.grad_nan += nan
             cell.grad_inf += inf
     elif isinstance(r, schema.ParamGrads):
-        for fqn, norm in r.grad_norm.items():
+        for fqn, value in r.grad_norm.items():
             cell = data.cell(r.model, fqn, r.step)
-            cell.param_norm, cell.params_seen = norm, True
+            cell.param_norm, cell.params_seen = value, True
     elif isinstance(r, schema.Anomaly):
         data.anomalies.append(r)
     else:
