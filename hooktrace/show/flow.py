@@ -1,25 +1,10 @@
-"""The edges of a drawn step that follow the data: from the call that made a tensor to each call
-that used it, and backward the same edges reversed, where the gradient went back along them.
-
-A log whose forward events name the calls that made their inputs (``ForwardEvent.inputs_from``)
-is drawn so; ``graph.build`` keeps the call order of older logs. At a depth, a producer drawn as
-a box of its calls (a cluster) stands for the calls that made its outputs
-(``ForwardEvent.made``: those inside it, and, one box back, those before it whose data it passed
-on: ``_Ends``; of a call with several outputs made by different calls, only the makers of the
-output the consumer used, ``ForwardEvent.from_out`` and ``made_out``, where the log says); a
-consumer drawn as a cluster is left to the calls inside it, which take in the same data. A call
-used by several later calls branches; a residual ``+`` of two calls' outputs is two edges into
-the call that uses the sum. An edge between two calls drawn in one node (folded by ``--depth``)
-is not drawn; one between two calls of a module drawn as one node for all its calls (an unrolled
-loop's cell feeding its next call) is a loop on that node.
-
-Forward edges are numbered in execution order: by the call that used the data, then the one
-that made it. A backward edge goes back along a forward one where the consumer's gradient of
-that input is in the log and the producer got a backward in the step; they are numbered in the
-order autograd ran them: by when the gradient reached the producer (its backward event), then
-when it left the consumer. An edge is numbered once however many calls it stands for; an edge
-to or from the node of a module's many calls counts its runs (``Edge.runs``). Standard library
-only: no torch.
+"""The edges of a drawn step that follow the data (``ForwardEvent.inputs_from``): from the call
+that made a tensor to each call that used it, and backward the same edges reversed where the
+gradient went back along them (docs/reading.md says what is drawn, and how boxes of calls stand
+for their makers: ``_Ends``). Forward edges are numbered by the call that used the data, then
+the one that made it; backward ones by when the gradient reached the producer, then when it left
+the consumer. An edge to or from the node of a module's many calls counts its runs
+(``Edge.runs``). Standard library only: no torch.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from hooktrace.log.decoder import BackwardRows, ForwardRows
 from hooktrace.log.errors import HooktraceError, LogError
 from hooktrace.log.names import LogNames
 from hooktrace.log.reader import LogReader
-from hooktrace.log.words import plural, ranges
+from hooktrace.log.words import plural, printable, ranges
 from hooktrace.log.writer import capture_dir
 
 StepEvent = schema.ForwardEvent | schema.BackwardEvent
@@ -58,6 +58,15 @@ class StepLog:
 
     def cls(self, model: int, fqn: str) -> str:
         return self.classes.get((model, fqn), "?")
+
+    def names(self, models: Collection[int]) -> str:
+        """``mnist (Net), critic (Critic)``: the models, with their root's class."""
+        return ", ".join(f"{printable(self.models.get(m, str(m)))} ({printable(self.cls(m, ''))})"
+                         for m in sorted(models))
+
+    def heading(self) -> str:
+        """The start of the first line of ``show``'s tables."""
+        return f"step {self.step} (steps in the log: {ranges(self.steps)}): "
 
 
 def without_data_models(events: list[StepEvent], names: LogNames) -> list[StepEvent]:

@@ -174,21 +174,22 @@ def norm_text(norm: float) -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
-def backward_text(grad_norm: float | None, grad_input_len: int, grad_output_len: int) -> str:
+def backward_text(grad_norm: float | None, grad_input_len: int, grad_output_len: int,
+                  sep: str = " · ") -> str:
     """What a backward edge says besides its number: the size of the gradient that reached the
     call (``|g| 3.2e-2``, from the statistics) and its tensor counts where they are not 1/1."""
     parts = [] if grad_norm is None else [f"|g| {norm_text(grad_norm)}"]
     if (grad_input_len, grad_output_len) != (1, 1):
         parts.append(f"gi {grad_input_len} go {grad_output_len}")
-    return " · ".join(parts)
+    return sep.join(parts)
 
 
-def order_text(edge: Edge) -> str:
+def order_text(edge: Edge, dots: str = "\N{HORIZONTAL ELLIPSIS}", times: str = TIMES) -> str:
     """An edge's number in its phase: ``3``; for an edge run several times (between folded
-    calls), its first and last and how often: ``3…2996 x999`` (with a multiplication sign)."""
+    calls), its first and last and how often: ``3…2996 x999`` (with TIMES)."""
     if edge.runs == 1:
         return str(edge.order)
-    return f"{edge.order}\N{HORIZONTAL ELLIPSIS}{edge.last} {TIMES}{edge.runs}"
+    return f"{edge.order}{dots}{edge.last} {times}{edge.runs}"
 
 
 def _edge(edge: Edge, view: View) -> tuple[str, str, dict[str, str]]:

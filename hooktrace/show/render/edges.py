@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 
-from hooktrace.log.words import module_text, plural, printable, ranges
+from hooktrace.log.words import module_text, plural, printable
 from hooktrace.show.graph import build
 from hooktrace.show.picture import Edge, NodeKey, View
-from hooktrace.show.render.dot import norm_text
+from hooktrace.show.render.dot import backward_text, order_text
 from hooktrace.show.render.text import Shown
 from hooktrace.show.steplog import load_step
 
@@ -43,38 +43,31 @@ def node_text(view: View, key: NodeKey) -> str:
     return name
 
 
-def _order(edge: Edge) -> str:
-    return str(edge.order) if edge.runs == 1 else f"{edge.order}..{edge.last} x{edge.runs}"
-
-
 def _more(edge: Edge) -> str:
-    parts = [] if edge.grad_norm is None else [f"|g| {norm_text(edge.grad_norm)}"]
-    if edge.phase == "backward" and (edge.grad_input_len, edge.grad_output_len) != (1, 1):
-        parts.append(f"gi {edge.grad_input_len} go {edge.grad_output_len}")
-    return ", ".join(parts)
+    if edge.phase == "forward":
+        return ""
+    return backward_text(edge.grad_norm, edge.grad_input_len, edge.grad_output_len, ", ")
 
 
 def edges_table(view: View, limit: int = 0) -> str:
     """The edges of ``view``, forward then backward; ``limit`` 0: every edge."""
-    models = sorted({key[0] for key in view.node_map})
-    names = ", ".join(f"{printable(view.log.models.get(m, str(m)))} "
-                      f"({printable(view.log.cls(m, ''))})" for m in models)
+    names = view.log.names({key[0] for key in view.node_map})
     edges = view.edges()
     forward = sum(e.phase == "forward" for e in edges)
     depth = f"depth {view.depth} of {view.deepest}{' (auto)' if view.auto_depth else ''}"
-    lines = [f"step {view.log.step} (steps in the log: {ranges(view.log.steps)}): "
-             f"{names or 'no forward call'}: {depth}: {plural(forward, 'forward edge')}, "
+    lines = [f"{view.log.heading()}{names or 'no forward call'}: {depth}: "
+             f"{plural(forward, 'forward edge')}, "
              f"{plural(len(edges) - forward, 'backward edge')}"]
     shown = edges if limit <= 0 else edges[:limit]
     for phase in ("forward", "backward"):
         rows = [e for e in shown if e.phase == phase]
         if not rows:
             continue
-        width = max(len(_order(e)) for e in rows)
+        width = max(len(order_text(e, "..", "x")) for e in rows)
         lines += ["", _HEADINGS[view.dataflow, phase]]
         for e in rows:
             more = _more(e)
-            lines.append(f"  {_order(e).rjust(width)}  {node_text(view, e.src)} -> "
+            lines.append(f"  {order_text(e, '..', 'x').rjust(width)}  {node_text(view, e.src)} -> "
                          f"{node_text(view, e.dst)}{'  ' + more if more else ''}")
     if len(shown) < len(edges):
         lines += ["", f"... {plural(len(edges) - len(shown), 'more edge')}: --limit 0 shows "

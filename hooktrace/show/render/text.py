@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from hooktrace.log import schema
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.options import selects
-from hooktrace.log.words import ROOT, columns, module_text, plural, printable, ranges, shapes_text
+from hooktrace.log.words import ROOT, columns, module_text, plural, printable, shapes_text
 from hooktrace.show.calls import depth_of
 from hooktrace.show.render.ops import block
 from hooktrace.show.steplog import StepEvent, StepLog, load_step
@@ -56,12 +56,9 @@ def table(log: StepLog, phase: str | None = None, limit: int = DEFAULT_LIMIT,
         raise HooktraceError(f"no module matching {module!r} ran in step {log.step}; a glob "
                              "matches whole fqns or class names, e.g. 'layer4*' or 'Conv2d'")
     chosen = [e for e in mine if phase is None or e.phase == phase]
-    models = sorted({e.model for e in log.events})
-    names = ", ".join(f"{printable(log.models.get(m, str(m)))} ({printable(log.cls(m, ''))})"
-                      for m in models)
+    models = {e.model for e in log.events}
     forward = sum(e.phase == "forward" for e in log.events)
-    head = (f"step {log.step} (steps in the log: {ranges(log.steps)}): {names}: "
-            f"{plural(forward, 'forward event')}, "
+    head = (f"{log.heading()}{log.names(models)}: {plural(forward, 'forward event')}, "
             f"{plural(len(log.events) - forward, 'backward event')}")
     if module is not None:
         head += f"; {plural(len(mine), 'event')} of modules matching {printable(module)!r}"

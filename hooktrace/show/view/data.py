@@ -13,7 +13,7 @@ from typing import Any
 from hooktrace.log import schema
 from hooktrace.log.align import Feed
 from hooktrace.log.decoder import BackwardRows, ForwardRows
-from hooktrace.log.gradstat import norm
+from hooktrace.log.gradstat import norm, worst
 from hooktrace.log.names import LogNames, ancestors
 from hooktrace.log.options import TraceOptions
 from hooktrace.log.reader import LogReader
@@ -38,13 +38,6 @@ class Cell:
     output_inf: int = 0
     param_norm: float | None = None  # its own parameters' gradient norm (params record)
     params_seen: bool = False  # the params record named it (a None norm: no gradient)
-
-    def add_norm(self, norm: float | None) -> None:
-        """Keep the largest norm; a NaN/Inf one, once seen, stays."""
-        current = self.grad_norm
-        if norm is not None and (current is None or (
-                math.isfinite(current) and (not math.isfinite(norm) or norm > current))):
-            self.grad_norm = norm
 
 
 @dataclass(slots=True)
@@ -125,17 +118,22 @@ class RunData:
         return sorted({*recorded, *(a.step for a in self.anomalies)})
 
 
-def _counts(stats: list[schema.GradStat | None] | None) -> tuple[int, int]:
-    found = [s for s in stats or [] if s is not None and len(s) == 4]
-    return sum(int(s[2]) for s in found), sum(int(s[3]) for s in found)
-
-
 def _record(data: RunData, r: Any) -> None:
-    if isinstance(r, schema.ForwardEvent):
+    if isinstance(r, (schema.ForwardEvent, schema.BackwardEvent)):
         data.steps.add(r.step)
         data.model_steps.setdefault(r.model, set()).add(r.step)
-        data.first_seq.setdefault((r.model, r.fqn), r.seq)
         cell = data.cell(r.model, r.fqn, r.step)
+        if isinstance(r, schema.BackwardEvent):
+            data.reached.add(r.model)
+            cell.backward += 1
+            if (grad := norm(r.grad_output_stats)) is not None:  # the largest; NaN/Inf stays
+                cell.grad_norm = worst([grad] if cell.grad_norm is None else [cell.grad_norm, grad])
+            for stat in [*(r.grad_output_stats or ()), *(r.grad_input_stats or ())]:
+                if stat is not None and len(stat) == 4:  # NaN/Inf counts: the norm is not finite
+                    cell.grad_nan += int(stat[2])
+                    cell.grad_inf += int(stat[3])
+            return
+        data.first_seq.setdefault((r.model, r.fqn), r.seq)
         if r.no_grad:
             cell.no_grad += 1
         elif not r.recompute:
@@ -143,17 +141,6 @@ def _record(data: RunData, r: Any) -> None:
         for _, nan, inf in r.output_nonfinite or []:
             cell.output_nan += nan
             cell.output_inf += inf
-    elif isinstance(r, schema.BackwardEvent):
-        data.steps.add(r.step)
-        data.model_steps.setdefault(r.model, set()).add(r.step)
-        cell = data.cell(r.model, r.fqn, r.step)
-        data.reached.add(r.model)
-        cell.backward += 1
-        cell.add_norm(norm(r.grad_output_stats))
-        for stats in (r.grad_output_stats, r.grad_input_stats):
-            nan, inf = _counts(stats)
-            cell.grad_nan += nan
-            cell.grad_inf += inf
     elif isinstance(r, schema.ParamGrads):
         for fqn, value in r.grad_norm.items():
             cell = data.cell(r.model, fqn, r.step)
