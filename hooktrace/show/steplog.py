@@ -153,35 +153,22 @@ class FirstSteps(StepChooser):
 
 class StepKeeper:
     """What a pass over the log keeps of the steps its ``chooser`` may draw: ``take`` is given
-    each item of a scan, in order (``load_step``'s own pass, or another reader's, like check's
-    ``Collector``); ``step_logs`` then gives them. ``model``: that model's events only.
-    ``names``: the names table of a reader that takes the same items (the view page's
-    ``Gatherer``), which fills it; by default the keeper fills its own."""
+    each item of a scan, in order (``load_step``'s pass, or the view page's ``Gatherer``'s);
+    ``step_logs`` then gives them. ``model``: that model's events only. ``names``: the table of
+    a reader that takes the same items, which fills it; by default the keeper fills its own."""
 
     def __init__(self, reader: LogReader, chooser: StepChooser, model: str | None = None,
-                 feed: Feed | None = None, names: LogNames | None = None) -> None:
-        self.reader = reader
-        self.feed = feed
-        self.chooser = chooser
-        self.model = model
+                 names: LogNames | None = None) -> None:
+        self.reader, self.chooser, self.model = reader, chooser, model
         self._fills_names = names is None
         self.names = LogNames() if names is None else names
-        self.models, self.classes, self.sources = (self.names.models, self.names.classes,
-                                                   self.names.sources)
+        self.models = self.names.models
         self.any_events = False
         self.step_starts: dict[int, int] = {}  # step -> its first seq
         self.later: dict[int, int] = {}
         self.ops: dict[int, dict[tuple[int, str, int], schema.Ops]] = {}  # by step
         self._step: int | None = None  # of the last event, and its step's first seq:
         self._start = 0
-
-    def read(self) -> None:
-        """Its own pass over the log."""
-        feed = self.feed  # it reads every step in full: none is skimmed
-        for item in self.reader.scan(steps=None if feed else self.chooser.may_draw, flow=True):
-            if feed is not None:
-                feed(item)
-            self.take(item)
 
     def take(self, item: ForwardRows | BackwardRows | schema.Record) -> None:
         """One item of the scan: rows of one type, or a record (of a scan that reads the data
@@ -250,8 +237,11 @@ def load_step(path: str | os.PathLike[str] | LogReader, step: int | None = None,
     ``feed``: hand every item of the pass on to another reader too (check's ``Collector``).
     Raises LogError / SelectionError."""
     reader = path if isinstance(path, LogReader) else LogReader(path)
-    loaded = StepKeeper(reader, StepChooser(step), model, feed)
-    loaded.read()
+    loaded = StepKeeper(reader, StepChooser(step), model)
+    for item in reader.scan(steps=None if feed else loaded.chooser.may_draw, flow=True):
+        if feed is not None:  # it reads every step in full: none is skimmed
+            feed(item)
+        loaded.take(item)
     loaded._check(model, loaded.chooser.steps)
     chosen = loaded.chooser.chosen()
     if chosen not in loaded.chooser.steps:
@@ -277,6 +267,6 @@ def _step_log(loaded: StepKeeper, chosen: int, model: str | None,
                         f"(model {', '.join(sorted(earlier))}); they are drawn in that step")
     captured = (f"{capture_dir(reader.path)} ({plural(reader.end.captured, 'file')})"
                 if reader.end is not None and reader.end.captured else None)
-    return StepLog(reader.path, chosen, sorted(steps), models, loaded.classes, events,
+    return StepLog(reader.path, chosen, sorted(steps), models, loaded.names.classes, events,
                    warnings, {f: s for f, s in loaded.later.items() if f in forward}, captured,
-                   loaded.sources, loaded.ops.get(chosen, {}))
+                   loaded.names.sources, loaded.ops.get(chosen, {}))

@@ -143,8 +143,7 @@ def picture(log: LogLike, *, step: int | None = None, model: str | None = None,
             every_call: bool = False, ops: bool = False) -> Picture:
     """The call graph of one step of ``log``; see ``hooktrace render --help`` for the options
     and ``RenderOptions`` for what they mean."""
-    return draw(log, RenderOptions(step=step, model=model, depth=depth, phase=phase,
-                                   findings=findings, every_call=every_call, ops=ops))
+    return draw(log, RenderOptions(step, model, depth, phase, findings, every_call, ops))
 
 
 def render(log: LogLike, *, step: int | None = None, model: str | None = None,
@@ -152,9 +151,7 @@ def render(log: LogLike, *, step: int | None = None, model: str | None = None,
            every_call: bool = False, ops: bool = False) -> Picture:
     """For notebooks: ``picture()``, with the log's warnings (a missing end record) raised as
     Python warnings. Displaying the result needs the Graphviz ``dot`` program."""
-    options = RenderOptions(step=step, model=model, depth=depth, phase=phase,
-                            findings=findings, every_call=every_call, ops=ops)
-    result = draw(log, options)
+    result = draw(log, RenderOptions(step, model, depth, phase, findings, every_call, ops))
     for message in result.warnings:
         warnings.warn(message, stacklevel=2)
     return result
