@@ -334,6 +334,23 @@ def _emit(graph: Any, cluster: Cluster | None, view: View, states: set[str],
             _emit(sub, item, view, states, marks)
 
 
+class Laid:
+    """A picture's DOT ``source``, laid out by ``dot`` on demand; a notebook shows it as SVG."""
+
+    __slots__ = ()
+    source: str
+
+    def pipe(self, format: str = "svg") -> bytes:
+        """The picture laid out by Graphviz ``dot`` as svg, png or pdf."""
+        return run_dot(self.source, format)
+
+    def svg(self) -> str:
+        return self.pipe("svg").decode("utf-8")
+
+    def _repr_svg_(self) -> str:
+        return self.svg()
+
+
 def run_dot(source: str, fmt: str) -> bytes:
     """Lay out ``source`` with the ``dot`` program into ``fmt`` (svg, png, pdf)."""
     graphviz = _graphviz()

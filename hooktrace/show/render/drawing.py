@@ -50,7 +50,7 @@ class RenderOptions:
 
 
 @dataclass(slots=True)
-class Picture:
+class Picture(dot.Laid):
     """The DOT source of one step's call graph; a notebook shows it as SVG."""
 
     source: str
@@ -64,16 +64,6 @@ class Picture:
     captured: str | None = None  # the run's --capture folder, "<folder> (N files)"
     problems: int = 0  # check's problems outlined in the picture
     elsewhere: list[int] = field(default_factory=list)  # the steps of those not in it
-
-    def pipe(self, format: str = "svg") -> bytes:
-        """The picture laid out by Graphviz ``dot`` as svg, png or pdf."""
-        return dot.run_dot(self.source, format)
-
-    def svg(self) -> str:
-        return self.pipe("svg").decode("utf-8")
-
-    def _repr_svg_(self) -> str:
-        return self.svg()
 
     def summary(self) -> str:
         depth = f"depth {self.depth}{' (auto)' if self.auto_depth else ''}"
