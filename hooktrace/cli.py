@@ -185,14 +185,13 @@ def show_command(log: Path, step: int | None, phase: str, model: str | None, mod
     """Print the events of one step of LOG in order, as an indented table (--edges: the
     edges of its picture)."""
     from hooktrace.show.render.text import show as show_step
+    from hooktrace.show.render.text import show_edges
 
     if depth is not None and not edges:
         raise click.UsageError("--depth folds the edges of --edges; the table has every event")
     if module is not None and edges:
         raise click.UsageError("--module picks rows of the table; --edges shows a whole picture")
     if edges:
-        from hooktrace.show.render.edges import show_edges
-
         shown = show_edges(log, step, phase, model, depth, limit)
     else:
         shown = show_step(log, step, None if phase == "both" else phase, model, limit, module)
