@@ -194,8 +194,7 @@ class StepKeeper:
                 if step in steps}
 
     def _check(self, model: str | None, steps: Collection[int]) -> None:
-        """Raise LogError when the log has no events, SelectionError when ``model`` names no
-        model of the log or ``steps`` (its steps with events) is empty."""
+        """LogError for a log without events; SelectionError for no ``model`` or no ``steps``."""
         models, path = self.models, self.reader.path
         if not self.any_events:
             raise LogError(f"{path} has no events: no module call was recorded")

@@ -268,8 +268,8 @@ def _title(view: View) -> str:
 
 
 def to_dot(view: View, marks: Mapping[Box, Sequence[Finding]] | None = None) -> str:
-    """The DOT text of ``view``: the same view gives the same text, byte for byte. ``marks``
-    (``hooktrace.show.marks.marks``): the boxes outlined as where check finds a problem."""
+    """The DOT text of ``view``, byte for byte the same for the same view; ``marks``: the boxes
+    outlined as where check finds a problem (``hooktrace.show.marks.marks``)."""
     graphviz = _graphviz()
     g = graphviz.Digraph("hooktrace", graph_attr={
         "rankdir": "TB", "newrank": "true", "fontname": _FONT, "fontsize": "11",
@@ -313,8 +313,7 @@ _OUTLINE = {"color": PROBLEM_COLOUR, "penwidth": "2.5"}
 
 def _emit(graph: Any, cluster: Cluster | None, view: View, states: set[str],
           marks: Mapping[Box, Sequence[Finding]]) -> None:
-    """Write the clusters and nodes inside ``cluster`` into ``graph`` (a graphviz.Digraph or a
-    subgraph of one), nested, in forward order."""
+    """Write what is inside ``cluster`` into ``graph`` (a Digraph or subgraph), forward order."""
     for item in view.inside(cluster.key if cluster else None):
         found = marks.get(item.key, ())
         if isinstance(item, Node):

@@ -131,8 +131,7 @@ def _problems(path: Path) -> tuple[list[Finding], list[str]]:
 def picture(log: LogLike, *, step: int | None = None, model: str | None = None,
             depth: int | None = None, phase: str = "both", findings: bool = True,
             every_call: bool = False, ops: bool = False) -> Picture:
-    """The call graph of one step of ``log``; see ``hooktrace render --help`` for the options
-    and ``RenderOptions`` for what they mean."""
+    """The call graph of one step of ``log``; the options are ``RenderOptions``'s."""
     return draw(log, RenderOptions(step, model, depth, phase, findings, every_call, ops))
 
 

@@ -68,13 +68,11 @@ class RunData:
         return self.names.classes
 
     def data_models(self) -> set[int]:
-        """The models that prepare data (``LogNames.data_models``), of the whole log: of the
-        models with forward events, those without parameters that no backward event names."""
+        """The models that prepare data in the whole log (``LogNames.data_models``)."""
         return self.names.data_models({model for model, _ in self.first_seq}, self.reached)
 
     def model_names(self) -> list[str]:
-        """The names of the models the page offers to choose, sorted: not those that prepare
-        data (``data_models``)."""
+        """The names of the models the page offers to choose (not ``data_models``), sorted."""
         data = self.data_models()
         return sorted(name for model, name in self.models.items() if model not in data)
 

@@ -90,8 +90,7 @@ def node_details(node: Node, view: View, events: dict[tuple[int, str, int], Any]
 
 def _drawing(view: View, events: dict[tuple[int, str, int], Any],
              findings: Sequence[Finding], draw: bool = True) -> dict[str, Any]:
-    """The step's picture as SVG (``draw`` False: none, there is no ``dot``) and each node's
-    details."""
+    """The step's picture as SVG (none without ``draw``: no ``dot``) and each node's details."""
     found = marks(view, findings)
     nodes = {node_id(n.key): node_details(n, view, events, found.get(n.key, []))
              for n in view.nodes()}

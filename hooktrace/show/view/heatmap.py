@@ -115,8 +115,7 @@ def _range(data: RunData, values: str) -> tuple[float | None, float | None]:
 
 def heatmap(data: RunData, findings: Sequence[Finding] = (), values: str = "grad_output"
             ) -> Heatmap:
-    """The cells of ``data``'s heatmap of ``values`` (grad_output or params), with
-    ``findings`` (of this rank) marked on their cells."""
+    """``data``'s heatmap of ``values``, with ``findings`` (of this rank) marked on their cells."""
     rows, steps = data.rows(), data.columns()
     low, high = _range(data, values)
     names = {name: index for index, name in data.models.items()}
