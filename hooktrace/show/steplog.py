@@ -1,11 +1,7 @@
 """Loading one step of a log for a picture: ``load_step`` reads the log once and keeps the
-events of one step (by default the first step whose calls have a backward event) of the chosen
-models.
-
-The steps it will not draw are *skimmed* (``hooktrace.log.decoder``): ``StepChooser`` tells the
-reader, each time the events' step changes, whether that step may still be drawn. A
-``StepKeeper`` takes the items of a pass another reader makes (the view page's ``gather``,
-which keeps its ``FirstSteps``). Standard library only: no torch.
+events of one step (by default the first whose calls have a backward event) of the chosen
+models; the steps it will not draw are *skimmed* (``hooktrace.log.decoder``), as
+``StepChooser.may_draw`` says. Standard library only: no torch.
 """
 
 from __future__ import annotations
@@ -59,10 +55,10 @@ class StepLog:
     def cls(self, model: int, fqn: str) -> str:
         return self.classes.get((model, fqn), "?")
 
-    def names(self, models: Collection[int]) -> str:
+    def names(self, models: Collection[int], unnamed: str = "") -> str:
         """``mnist (Net), critic (Critic)``: the models, with their root's class."""
-        return ", ".join(f"{printable(self.models.get(m, str(m)))} ({printable(self.cls(m, ''))})"
-                         for m in sorted(models))
+        return ", ".join(f"{printable(self.models.get(m, f'{unnamed}{m}'))} "
+                         f"({printable(self.cls(m, ''))})" for m in sorted(models))
 
     def heading(self) -> str:
         """The start of the first line of ``show``'s tables."""

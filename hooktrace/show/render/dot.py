@@ -258,9 +258,7 @@ def _legend(view: View, states: set[str], marked: bool) -> str:
 
 def _title(view: View) -> str:
     log = view.log
-    models = sorted({key[0] for key in view.node_map})
-    names = ", ".join(_html(f"{log.models.get(m, f'model {m}')} ({log.cls(m, '')})")
-                      for m in models)
+    names = _html(log.names({key[0] for key in view.node_map}, "model "))
     names = names or "no forward call in this step"  # only the backward of earlier calls
     phase = "forward and backward" if view.phase == "both" else f"{view.phase} only"
     depth = f"depth {view.depth} of {view.deepest}{' (auto)' if view.auto_depth else ''}"
