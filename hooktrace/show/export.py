@@ -125,17 +125,15 @@ class _Rows:
         self.rank = reader.header.rank
         self.stats = TraceOptions.from_header(reader.header).stats
         self.names = LogNames()
-        self.models, self.classes, self.sources = (self.names.models, self.names.classes,
-                                                   self.names.sources)
         self.shapes = _Shapes()
 
     def row(self, e: schema.ForwardEvent | schema.BackwardEvent) -> dict[str, Any]:
-        cls = self.classes.get((e.model, e.fqn), "?")
+        names = self.names
+        cls = names.classes.get((e.model, e.fqn), "?")
         row: dict[str, Any] = {
             "rank": self.rank, "seq": e.seq, "step": e.step, "phase": e.phase,
-            "model": self.models.get(e.model, str(e.model)), "fqn": fqn_text(e.fqn),
-            "class": cls,
-            "source": self.sources.get(cls, ""), "depth": depth_of(e.fqn),
+            "model": names.models.get(e.model, str(e.model)), "fqn": fqn_text(e.fqn),
+            "class": cls, "source": names.sources.get(cls, ""), "depth": depth_of(e.fqn),
             "call": e.call, "recompute": e.recompute,
         }
         if isinstance(e, schema.ForwardEvent):
