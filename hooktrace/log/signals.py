@@ -59,7 +59,17 @@ def kinds_of(namespace: type) -> tuple[str, ...]:
 
 
 @dataclass(slots=True)
-class Signal(LogFact):
+class Observed(LogFact):
+    """What ``signal`` and ``anomaly`` records both say: what (``kind``), of which module, when."""
+
+    step: int
+    model: int
+    fqn: str
+    kind: str
+
+
+@dataclass(slots=True)
+class Signal(Observed):
     """What the training loop did around a model, written when it is first seen or changes
     (recorded and watched steps alike), at the step it happened in:
 
@@ -263,10 +273,6 @@ class Signal(LogFact):
 
     TYPE: ClassVar[str] = "signal"
     KINDS: ClassVar[tuple[str, ...]] = kinds_of(SignalKind)
-    step: int
-    model: int
-    fqn: str
-    kind: str
     detail: dict[str, Any] = field(default_factory=dict)
 
 
