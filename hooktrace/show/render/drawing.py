@@ -108,7 +108,7 @@ def _read_and_check(path: Path, step: int | None, model: str | None
     """The step to draw and check's problems in the whole log, in one pass over it (which then
     reads every step in full). Where that pass fails (a damaged line in a step not drawn, or
     one check cannot read), the log is read as before: the step alone, then check, whose
-    error (if any) is the picture's warning."""
+    error (if any) is the picture's warning: the picture is still drawn."""
     try:
         reader = LogReader(path)
         collector = Collector(reader)
@@ -116,16 +116,10 @@ def _read_and_check(path: Path, step: int | None, model: str | None
         return loaded, check_collected(collector.finish(), path=path).problems, []
     except HooktraceError:
         loaded = load_step(path, step, model)
-        return loaded, *_problems(path)
-
-
-def _problems(path: Path) -> tuple[list[Finding], list[str]]:
-    """check's problems in the log at ``path``; none, and why, where the steps the picture does
-    not draw cannot be checked (a damaged line): the picture is still drawn."""
     try:
-        return run_checks(path).problems, []
+        return loaded, run_checks(path).problems, []
     except HooktraceError as e:
-        return [], [f"problems of check not outlined: {e}"]
+        return loaded, [], [f"problems of check not outlined: {e}"]
 
 
 def picture(log: LogLike, *, step: int | None = None, model: str | None = None,
