@@ -27,23 +27,23 @@ Targets = list[Any]
 FINITE: tuple[float, ...] = (0.0, 0.0)
 # the kinds of deferred numbers, and what each fills (``who``): a gradient's norm and absmax
 # (targets), a watched gradient's one sum (targets), an output's one sum (its call's NaN/Inf
-# outputs), a count of non-zero elements (a list, at ``index``)
-_GRAD, _CHECK, _OUTPUT, _NONZERO = range(4)
+# outputs), a count of non-zero elements (a list, at ``index``), ``index`` parameter norms (a
+# function of their values)
+_GRAD, _CHECK, _OUTPUT, _NONZERO, _PARAMS = range(5)
 
 
 class _Values:
     """Where a device's reductions of one step land: slots of one float32 buffer, written with
     ``out=`` (no tensor object per number, nothing for Python's garbage collector to follow),
-    read with one transfer when the step ends; plus the stacked parameter norms read with them.
-    The buffer and its slots are kept from step to step."""
+    read with one transfer when the step ends. The buffer and its slots are kept from step to
+    step."""
 
-    __slots__ = ("buffer", "slots", "used", "params", "read")
+    __slots__ = ("buffer", "slots", "used", "read")
 
     def __init__(self, device: torch.device) -> None:
         self.buffer = torch.empty(0, dtype=torch.float32, device=device)
         self.slots: list[torch.Tensor] = []  # 0-d views of the buffer, made once
         self.used = 0
-        self.params: list[tuple[torch.Tensor, Callable[[list[float]], None]]] = []
         self.read: list[float] = []  # the values, once resolve has read them
 
     def take(self, n: int) -> int:
@@ -67,14 +67,13 @@ class DeviceStats:
         # the step's deferred numbers: (kind, _Values, first slot, who, index, the tensor kept
         # for a second transfer or None: its NaN/Inf counts follow the first slots), flat
         self._queue: list[Any] = []
-        self._params = False  # parameter norms wait in some _Values
         self._held_bytes = 0
         self._follow_ups: list[tuple[torch.Tensor, _Fill]] = []
         self.transfers = 0  # device-to-host transfers made by resolve (for the tests)
 
     @property
     def deferred(self) -> bool:
-        return bool(self._queue) or self._params
+        return bool(self._queue)
 
     def _slots_of(self, t: torch.Tensor) -> _Values:
         values = self._values.get(t.device)
@@ -135,9 +134,12 @@ class DeviceStats:
     def param_norms(self, norms: list[torch.Tensor], grads: list[torch.Tensor],
                     fill: Callable[[list[int], list[float]], None], owners: list[int]) -> None:
         """Defer a batch of parameter norms (one device and dtype), read with the step's."""
-        self._slots_of(norms[0]).params.append((torch.stack(norms), functools.partial(
-            self._refill, grads, fill, owners)))
-        self._params = True
+        values = self._slots_of(norms[0])
+        pos = values.take(len(norms))
+        with torch.no_grad():  # a double backward's norms require grad: out= takes none
+            torch.stack(norms, out=values.buffer[pos: pos + len(norms)])
+        refill = functools.partial(self._refill, grads, fill, owners)
+        self._queue += (_PARAMS, values, pos, refill, len(norms), None)
 
     def _refill(self, grads: list[torch.Tensor], fill: Callable[[list[int], list[float]], None],
                 owners: list[int], values: list[float]) -> None:
@@ -163,28 +165,16 @@ class DeviceStats:
         if not self.deferred:
             return
         # the step's state is taken first: a transfer that fails leaves none behind
-        queue, self._queue = self._queue, []
-        self._params, self._held_bytes = False, 0
-        taken = [(values, values.used, values.params) for values in self._values.values()]
-        for values, _, _ in taken:
-            values.used, values.params = 0, []
-        params = []
-        for values, used, waiting in taken:
-            parts = [t for t, _ in waiting]
-            if used:
-                parts.insert(0, values.buffer[:used])
-            if parts:
-                values.read = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()
-                self.transfers += 1
-            offset = used
-            for t, then in waiting:
-                params.append((then, values.read[offset: offset + len(t)]))
-                offset += len(t)
+        queue, self._queue, self._held_bytes = self._queue, [], 0
+        taken = [(values, values.used) for values in self._values.values() if values.used]
+        for values, _ in taken:
+            values.used = 0
+        for values, used in taken:
+            values.read = values.buffer[:used].tolist()
+            self.transfers += 1
         entries = iter(queue)
         for kind, values, pos, who, index, held in zip(*[entries] * 6, strict=True):
             self._fill(kind, values.read, pos, who, index, held)
-        for then, read in params:
-            then(read)
         for values in self._values.values():
             values.read = []
         follow_ups, self._follow_ups = self._follow_ups, []
@@ -194,7 +184,9 @@ class DeviceStats:
     def _fill(self, kind: int, read: list[float], pos: int, who: Any, index: int,
               held: torch.Tensor | None) -> None:
         first = read[pos]
-        if kind == _NONZERO:
+        if kind == _PARAMS:
+            who(read[pos: pos + index])
+        elif kind == _NONZERO:
             who[index] = int(first)
         elif math.isfinite(first):
             if kind != _OUTPUT:

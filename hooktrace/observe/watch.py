@@ -3,15 +3,14 @@
 A 10,000-step run must not write gigabytes, yet a NaN that first appears at step 9,000 must still
 be found with its module. A watched step is cheap: the core follows each call's forward but only
 the model calls' backward (no hook per call's tensors). This observer checks each forward output
-for NaN/Inf (``outputs.HeldOutputs``: one check per model call, the held outputs checked one by
-one only when the model's are not finite) and, when the step ends, the gradient that reached
-each model call and the parameter gradients of the modules called with gradients on (one fused
-norm per device and dtype), and emits ``anomaly`` records: the first module whose output held
-NaN/Inf; the first NaN/Inf
-gradient (at a model's output, else the first module in backward order whose parameter
-gradient is NaN/Inf); modules with trainable parameters that got a gradient before and no
-longer do while the rest of their model does, for longer than they ever went without one
-(learnt from the recorded steps too: heads trained by losses in turns are periodic).
+for NaN/Inf (``outputs.HeldOutputs``: one check per model call) and, when the step ends, the
+gradient that reached each model call and the parameter gradients of the modules called with
+gradients on (one fused norm per device and dtype), and emits ``anomaly`` records: the first
+module whose output held NaN/Inf; the first NaN/Inf gradient (at a model's output, else the
+first module in backward order whose parameter gradient is NaN/Inf); modules with trainable
+parameters that got a gradient before and no longer do while the rest of their model does, for
+longer than they ever went without one (learnt from the recorded steps too: heads trained by
+losses in turns are periodic).
 
 A step whose model ran compiled code (``torch.compile``: no module hook fires inside it) ends at
 ``backward()``'s return (``core.CallTracker.backward_returned``) with no call seen: its
@@ -172,12 +171,10 @@ class Watch(Observer):
         """The first of ``infos`` (in the order they were first called) whose own parameters
         hold NaN/Inf, as the anomaly of a forward that ran with them (a rare path: once)."""
         for info in infos:
-            weights = nonfinite_params(info.ref())
+            weights = _weights(info)
             if weights:
-                return schema.Anomaly(
-                    step, info.model, info.fqn, AnomalyKind.NONFINITE_FORWARD, 0, {
-                    "weights": list(weights), "weights_dtypes": sorted(set(weights.values())),
-                    "compiled": True})
+                return schema.Anomaly(step, info.model, info.fqn, AnomalyKind.NONFINITE_FORWARD,
+                                      0, {**weights, "compiled": True})
         return None
 
     def _named(self, anomalies: list[schema.Anomaly]) -> list[schema.Anomaly]:
@@ -234,10 +231,7 @@ class Watch(Observer):
         detail: dict[str, Any] = {
             "outputs": [{"index": i, "nan": nan, "inf": inf} for i, nan, inf in found],
             "modules_with_nonfinite_outputs": len(bad)}
-        weights = nonfinite_params(info.ref())  # as they are now: no optimizer step since
-        if weights:
-            detail["weights"] = list(weights)
-            detail["weights_dtypes"] = sorted(set(weights.values()))
+        detail.update(_weights(info))  # as they are now: no optimizer step since
         return [schema.Anomaly(step, info.model, info.fqn, AnomalyKind.NONFINITE_FORWARD,
                                call.call_index, detail)]
 
@@ -290,11 +284,13 @@ class Gaps:
         self._gap: dict[ModInfo, int] = {}
 
     def got(self, info: ModInfo, step: int) -> None:
-        last = self._got_at.get(info)
-        if last is not None and step - last > self._gap.get(info, 1):
-            self._gap[info] = step - last
+        self._widen(info, self._got_at.get(info), step)
         self._got_at[info] = step
         self.had_grad.add(info)
+
+    def _widen(self, info: ModInfo, last: int | None, step: int) -> None:
+        if last is not None and step - last > self._gap.get(info, 1):
+            self._gap[info] = step - last
 
     def learn(self, reached: tuple[ModInfo, ...], step: int) -> None:
         """A recorded pass's modules with parameters whose backward began: ``got`` for each,
@@ -306,8 +302,7 @@ class Gaps:
         self.had_grad.update(infos)
         irregular = map(ne, before, repeat(step - 1))
         for info, last in compress(zip(infos, before, strict=True), irregular):
-            if last is not None and step - last > self._gap.get(info, 1):
-                self._gap[info] = step - last
+            self._widen(info, last, step)
 
     def lost(self, step: int, changed: list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]],
              called: dict[ModInfo, ForwardCall]) -> list[schema.Anomaly]:
@@ -335,6 +330,14 @@ class Gaps:
 
 
 _has_params = attrgetter("has_params")
+
+
+def _weights(info: ModInfo) -> dict[str, list[str]]:
+    """The module's own parameters that hold NaN/Inf, and their dtypes, as an anomaly says."""
+    weights = nonfinite_params(info.ref())
+    if not weights:
+        return {}
+    return {"weights": list(weights), "weights_dtypes": sorted(set(weights.values()))}
 
 
 def _trainable(info: ModInfo) -> bool:
