@@ -139,14 +139,15 @@ class CaptureObserver(Observer):
             self._in_pass.append(start.call)
 
     def grad_output(self, start: BackwardStart, index: int, grad: torch.Tensor) -> None:
-        saved = self._grads.get(start.call)
-        if saved is not None:
-            saved["grad_outputs"][index] = grad.detach().to("cpu", copy=True)
+        self._keep(start, "grad_outputs", index, grad)
 
     def grad_input(self, start: BackwardStart, index: int, grad: torch.Tensor) -> None:
+        self._keep(start, "grad_inputs", index, grad)
+
+    def _keep(self, start: BackwardStart, key: str, index: int, grad: torch.Tensor) -> None:
         saved = self._grads.get(start.call)
         if saved is not None:
-            saved["grad_inputs"][index] = grad.detach().to("cpu", copy=True)
+            saved[key][index] = grad.detach().to("cpu", copy=True)
 
     def backward_end(self, end: PassEnd) -> None:
         in_pass, self._in_pass = self._in_pass, []
@@ -157,7 +158,6 @@ class CaptureObserver(Observer):
                                    call.info.fqn, call.call_index, "backward", saved)
 
     def _captures(self, info: ModInfo) -> bool:
-        match = self._matches.get(info)
-        if match is None:
-            match = self._matches[info] = self._capture.matches(info.fqn, info.cls)
-        return match
+        if info not in self._matches:
+            self._matches[info] = self._capture.matches(info.fqn, info.cls)
+        return self._matches[info]

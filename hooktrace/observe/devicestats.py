@@ -81,16 +81,11 @@ class DeviceStats:
             values = self._values[t.device] = _Values(t.device)
         return values
 
-    def reduce(self, grad: torch.Tensor) -> Targets:
-        """Defer a gradient's norm and absmax; return the targets they will fill."""
+    def reduce(self, grad: torch.Tensor, full: bool) -> Targets:
+        """Defer a gradient's norm and absmax (else one sum that says whether it is finite);
+        return the targets they will fill."""
         targets: Targets = []
-        self._defer(_GRAD, grad, targets, 0)
-        return targets
-
-    def check_finite(self, grad: torch.Tensor) -> Targets:
-        """Defer one sum that says whether a gradient is finite; return its targets."""
-        targets: Targets = []
-        self._defer(_CHECK, grad, targets, 0)
+        self._defer(_GRAD if full else _CHECK, grad, targets, 0)
         return targets
 
     def nonfinite(self, t: torch.Tensor, target: list[list[int]], index: int) -> None:

@@ -70,9 +70,8 @@ class HookCount(Observer):
     def _look(self, step: int, info: ModInfo, now: tuple[int, int, int]) -> None:
         history = self._history.setdefault(info, [])
         if history and history[-1][0] == step:
-            history[-1] = (step, now)  # several passes in one step: its last
-        else:
-            history.append((step, now))
+            history.pop()  # several passes in one step: its last
+        history.append((step, now))
         del history[:-(GROWTHS + 1)]
         if len(history) <= GROWTHS:
             return

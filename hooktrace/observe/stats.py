@@ -43,13 +43,10 @@ class HostStats:
     """Reductions read at once: NaN/Inf are counted only when a cheap reduction is not finite
     (they propagate into it)."""
 
-    def reduce(self, grad: torch.Tensor) -> _Numbers:
-        return _host(grad)  # a tuple of numbers: not tracked by the garbage collector
-
-    def check_finite(self, grad: torch.Tensor) -> _Numbers:
-        """FINITE, or the full numbers where the float32 sum is not finite (NaN, Inf, or an
-        overflow)."""
-        return FINITE if math.isfinite(grad.sum().item()) else self.reduce(grad)
+    def reduce(self, grad: torch.Tensor, full: bool) -> _Numbers:
+        """(norm, absmax(, nan, inf)), a tuple the garbage collector does not track; not
+        ``full``: FINITE, or those where the float32 sum is not finite (NaN, Inf, overflow)."""
+        return FINITE if not full and math.isfinite(grad.sum().item()) else _host(grad)
 
     def nonfinite(self, t: torch.Tensor, target: list[list[int]], index: int) -> None:
         if not math.isfinite(torch.sum(t, dtype=torch.float32).item()):
@@ -127,10 +124,8 @@ class TensorStats:
         else:
             if not grad.numel():
                 numbers = (0.0, 0.0) if full or grad.is_complex() else FINITE
-            elif full or grad.is_complex():
-                numbers = self._for(grad).reduce(grad)
             else:
-                numbers = self._for(grad).check_finite(grad)
+                numbers = self._for(grad).reduce(grad, full or grad.is_complex())
             self._last_grad, self._last_numbers = grad, numbers
         if isinstance(numbers, list):  # the targets of deferred numbers: [target, index, ...]
             numbers.append(target)
