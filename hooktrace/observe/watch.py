@@ -55,6 +55,8 @@ _SPELL = 10  # watched steps in a row that write the same NaN/Inf
 _Numbers = list[tuple[float, ...] | None]
 # a module's parameter gradients as a step left them: each tensor, and its version then
 _GradState = tuple[list[weakref.ref[torch.Tensor]], list[int]]
+# the step's modules whose parameter gradients changed, with their first call and gradients
+_Changed = list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]]
 
 
 class Watch(Observer):
@@ -115,14 +117,20 @@ class Watch(Observer):
         self._stats.norms([g for _, _, grads in changed for g in grads], norms)
         self._stats.end_pass()
         self._stats.resolve()
+        nonfinite = self._nonfinite_backward(end.step, changed, norms)
         if compiled:
-            self._judge_compiled(end.step, changed, norms)
-            return
-        anomalies = self._end_step(end.step, changed, norms)
-        if self._held:
-            anomalies = self._named(anomalies)
-        for anomaly in self._new_spells(anomalies):
-            self._emit(anomaly)
+            self._judge_compiled(end.step, changed, nonfinite)
+        else:
+            anomalies = self._forward_anomalies(end.step)
+            if nonfinite is not None:
+                anomalies.append(nonfinite)
+            anomalies += self._gaps.lost(end.step, changed, self._called)
+            if self._held:
+                anomalies = self._named(anomalies)
+            for anomaly in self._new_spells(anomalies):
+                self._emit(anomaly)
+        self._model_grads.clear()
+        self._called.clear()
 
     def _new_spells(self, anomalies: list[schema.Anomaly]) -> list[schema.Anomaly]:
         """``anomalies`` less the NaN/Inf of a model and kind that the last ``_SPELL`` watched
@@ -136,22 +144,18 @@ class Watch(Observer):
         return [a for a in anomalies
                 if a.kind not in _NONFINITE or spells[(a.kind, a.model)] <= _SPELL]
 
-    def _judge_compiled(self, step: int,
-                        changed: list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]],
-                        norms: list[float | None]) -> None:
+    def _judge_compiled(self, step: int, changed: _Changed,
+                        nonfinite: schema.Anomaly | None) -> None:
         """A step compiled code ran: a NaN/Inf gradient is held until the next step, run
         eagerly, names its module; a module that got no gradient while the rest of its model
         did makes the next step eager too (once per module: which modules a compiled step
         called is not known, and the eager step judges it as any watched step)."""
-        nonfinite = self._nonfinite_backward(step, changed, norms)
         got = {info for info, _, _ in changed}
         trained = {info.model for info in got}
         lost = [info for info in self._called if info not in got and info in self._gaps.had_grad
                 and info.model in trained and info not in self._looked]
         for info in got:
             self._gaps.got(info, step)
-        self._model_grads.clear()
-        self._called.clear()
         if self._nonfinite_held:
             nonfinite = None  # the first one only
         if nonfinite is not None:
@@ -202,7 +206,7 @@ class Watch(Observer):
             self._emit(anomaly)
         self._held = []
 
-    def _changed_params(self) -> list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]]:
+    def _changed_params(self) -> _Changed:
         """The step's modules whose parameter gradients changed since a step last judged them
         (a new tensor, or one added to): a backward reached them."""
         changed = []
@@ -235,20 +239,7 @@ class Watch(Observer):
         return [schema.Anomaly(step, info.model, info.fqn, AnomalyKind.NONFINITE_FORWARD,
                                call.call_index, detail)]
 
-    def _end_step(self, step: int, changed: list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]],
-                  norms: list[float | None]) -> list[schema.Anomaly]:
-        """Anomalies of ``step``; call after the step's statistics are resolved."""
-        out = self._forward_anomalies(step)
-        nonfinite = self._nonfinite_backward(step, changed, norms)
-        if nonfinite is not None:
-            out.append(nonfinite)
-        out += self._gaps.lost(step, changed, self._called)
-        self._model_grads.clear()
-        self._called.clear()
-        return out
-
-    def _nonfinite_backward(self, step: int,
-                            changed: list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]],
+    def _nonfinite_backward(self, step: int, changed: _Changed,
                             norms: list[float | None]) -> schema.Anomaly | None:
         """A NaN/Inf gradient reaching a model call, else the first module in backward order (the
         last called first) whose parameter gradient is NaN/Inf."""
@@ -304,7 +295,7 @@ class Gaps:
         for info, last in compress(zip(infos, before, strict=True), irregular):
             self._widen(info, last, step)
 
-    def lost(self, step: int, changed: list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]],
+    def lost(self, step: int, changed: _Changed,
              called: dict[ModInfo, ForwardCall]) -> list[schema.Anomaly]:
         """Modules called with gradients on that got a gradient before and none in this step,
         while other modules of their model did (a model trained in turns, as a GAN's
