@@ -54,7 +54,7 @@ class Capture:
     def __init__(self, log: Path, patterns: Sequence[str],
                  max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.dir = capture_dir(log)
-        self._patterns = tuple(patterns)
+        self.patterns = tuple(patterns)
         self._max_bytes = max_bytes
         self._bytes = 0
         self.files = 0
@@ -74,9 +74,6 @@ class Capture:
             shutil.rmtree(self.dir)
         self.dir.mkdir(parents=True)
         (self.dir / _MARKER).write_text("tensors captured by hooktrace run --capture\n")
-
-    def matches(self, fqn: str, cls: str) -> bool:
-        return selects(self._patterns, fqn, cls)
 
     def save(self, step: int, model: str, fqn: str, call: int, phase: str,
              tensors: Mapping[str, Sequence[torch.Tensor | None]]) -> None:
@@ -159,5 +156,5 @@ class CaptureObserver(Observer):
 
     def _captures(self, info: ModInfo) -> bool:
         if info not in self._matches:
-            self._matches[info] = self._capture.matches(info.fqn, info.cls)
+            self._matches[info] = selects(self._capture.patterns, info.fqn, info.cls)
         return self._matches[info]

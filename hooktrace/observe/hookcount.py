@@ -27,8 +27,7 @@ KINDS = ("forward", "backward", "gradient")
 
 
 def hook_counts(module: nn.Module) -> tuple[int, int, int]:
-    """The module's forward hooks (pre and post), its module backward hooks, and the gradient
-    hooks of its own parameters."""
+    """The module's forward, module backward and own parameters' gradient hooks."""
     forward = len(module._forward_hooks) + len(module._forward_pre_hooks)
     backward = len(module._backward_hooks) + len(module._backward_pre_hooks)
     gradient = 0

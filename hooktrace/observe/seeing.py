@@ -54,7 +54,10 @@ class _Seen:
 
 def probe(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Fact]:
     """The facts about ``model`` called with ``args``, ``kwargs`` (measured on copies)."""
-    key = _input_key(args, kwargs)
+    # the input: the first positional argument (key None), else the first keyword argument
+    # that is a tensor (``input_ids=``)
+    key = None if args else next((k for k, v in kwargs.items() if isinstance(v, torch.Tensor)),
+                                 None)
     x = args[0] if key is None else kwargs.get(key)
     if not isinstance(x, torch.Tensor) or x.ndim < 1:
         return [{"what": "undecided", "why": "its first input is not a tensor"}]
@@ -84,14 +87,6 @@ def _drop_user_hooks(m: nn.Module) -> None:
             owner = getattr(hook, "__module__", None) or type(hook).__module__
             if not owner.startswith("torch"):
                 del hooks[key]
-
-
-def _input_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    """Where the input is: the first positional argument (None), else the first keyword
-    argument that is a tensor (``input_ids=``)."""
-    if args:
-        return None
-    return next((k for k, v in kwargs.items() if isinstance(v, torch.Tensor)), None)
 
 
 def _probe(twin: nn.Module, x: torch.Tensor, key: str | None, args: tuple[Any, ...],

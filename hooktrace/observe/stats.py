@@ -138,8 +138,7 @@ class TensorStats:
         self._last_grad = self._last_numbers = None
 
     def nonfinite(self, t: torch.Tensor, target: list[list[int]], index: int) -> None:
-        """Append [index, nan, inf] to ``target`` when ``t`` holds NaN or Inf (on a device, when
-        the step's numbers are resolved)."""
+        """Append [index, nan, inf] to ``target`` when ``t`` holds NaN or Inf."""
         if type(t) is not torch.Tensor:
             local = _local(t)
             if local is None:
@@ -150,8 +149,7 @@ class TensorStats:
         self._for(t).nonfinite(t, target, index)
 
     def nonzero(self, t: torch.Tensor, target: list[Any], index: int) -> None:
-        """Set ``target[index]`` to the number of ``t``'s non-zero elements (on a device, when
-        the step's numbers are resolved); left as it is for a meta tensor."""
+        """Set ``target[index]`` to the number of ``t``'s non-zero elements."""
         if not t.is_meta:
             self._for(t).nonzero(t, target, index)
 
@@ -213,7 +211,7 @@ def _batches(tensors: list[torch.Tensor]) -> Iterable[tuple[list[torch.Tensor], 
         return [(tensors, list(range(len(tensors))))]
     batches: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[int]]] = {}
     for i, g in enumerate(tensors):
-        local = g if type(g) is torch.Tensor else _local(g)
+        local = _local(g)
         if local is None or local.is_meta:
             continue
         batch = batches.setdefault((local.device, local.dtype), ([], []))
