@@ -68,7 +68,7 @@ class DeviceStats:
         # for a second transfer or None: its NaN/Inf counts follow the first slots), flat
         self._queue: list[Any] = []
         self._held_bytes = 0
-        self._follow_ups: list[tuple[torch.Tensor, _Fill]] = []
+        self._follow_ups: list[tuple[list[torch.Tensor], _Fill]] = []  # the second transfer
         self.transfers = 0  # device-to-host transfers made by resolve (for the tests)
 
     @property
@@ -141,18 +141,16 @@ class DeviceStats:
         """Fill in parameter norms from the device; those that came back inf (maybe only their
         float32 sum of squares overflowed) are taken again in double, in the second transfer."""
         again = [j for j, value in enumerate(values) if value == math.inf]
-        left = [len(again)]
-
-        def redo(j: int, numbers: list[float]) -> None:
-            values[j] = numbers[0]
-            left[0] -= 1
-            if not left[0]:
-                fill(owners, values)
-
-        for j in again:
-            self._follow_ups.append((grads[j], functools.partial(redo, j)))
         if not again:
             fill(owners, values)
+            return
+
+        def redo(numbers: list[float]) -> None:
+            for j, norm in zip(again, numbers, strict=True):
+                values[j] = norm
+            fill(owners, values)
+
+        self._follow_ups.append(([_wide_norm(grads[j]) for j in again], redo))
 
     def resolve(self) -> None:
         """Fill in every deferred number: one device-to-host transfer per device, and a second
@@ -174,7 +172,7 @@ class DeviceStats:
             values.read = []
         follow_ups, self._follow_ups = self._follow_ups, []
         if follow_ups:
-            self._transfer([_follow_up(t, then) for t, then in follow_ups])
+            self._transfer(follow_ups)
 
     def _fill(self, kind: int, read: list[float], pos: int, who: Any, index: int,
               held: torch.Tensor | None) -> None:
@@ -190,7 +188,8 @@ class DeviceStats:
             absmax = read[pos + 1] if kind == _GRAD else math.nan
             counted = functools.partial(_counted, kind, who, index, absmax)
             if held is not None:  # the second transfer, that only a step with NaN/Inf pays
-                self._follow_ups.append((held, lambda v: counted(v[0], v[1], v[2])))
+                self._follow_ups.append(([_wide_norm(held), *_nan_inf(held, torch.float64)],
+                                         lambda v: counted(v[0], v[1], v[2])))
             else:
                 at = pos + (2 if kind == _GRAD else 1)
                 counted(first, read[at], read[at + 1])
@@ -241,8 +240,9 @@ def _nan_inf(t: torch.Tensor, dtype: torch.dtype = torch.float32) -> list[torch.
     return [torch.isnan(t).sum(dtype=dtype), torch.isinf(t).sum(dtype=dtype)]
 
 
-def _follow_up(t: torch.Tensor, then: _Fill) -> tuple[list[torch.Tensor], _Fill]:
-    """The second transfer, for a kept tensor whose reduction was not finite: its norm in
-    double (a float32 sum of squares overflows past 1.8e19) and its NaN and Inf counts."""
+def _wide_norm(t: torch.Tensor) -> torch.Tensor:
+    """The norm in double, for the second transfer: a float32 sum of squares overflows past
+    1.8e19."""
     wide = torch.complex128 if t.is_complex() else torch.float64  # the norm of a complex is real
-    return [torch.linalg.vector_norm(t, dtype=wide), *_nan_inf(t, torch.float64)], then
+    norm: torch.Tensor = torch.linalg.vector_norm(t, dtype=wide)
+    return norm
