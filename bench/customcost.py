@@ -18,8 +18,7 @@ from torch.nn import functional as F
 from bench import workloads
 from bench.measure import least
 from hooktrace.hooks.records import Mode
-from hooktrace.observe import fncheck
-from hooktrace.observe.functions import _APPLY, FunctionCheck
+from hooktrace.observe.functions import _APPLY, FunctionCheck, check_function
 from hooktrace.observe.hookcount import hook_counts
 
 
@@ -62,7 +61,7 @@ def main() -> None:
           f"(+{(through - plain) * 1e6:.1f} us)")
     for shape in ((8, 16), (64, 1024), (256, 4096)):
         x = torch.randn(*shape, requires_grad=True)
-        checked = least(lambda x=x: fncheck.check_function(Gelu, (x,)), 5)  # type: ignore[misc]
+        checked = least(lambda x=x: check_function(Gelu, (x,)), 5)  # type: ignore[misc]
         print(f"one check of a GELU Function on {tuple(shape)}: {checked * 1e3:.1f} ms "
               f"(once per class and run)")
 

@@ -156,7 +156,7 @@ class Signal(LogFact):
       registered in the loop and never removed; once per module and kind;
     * ``function-backward``: the first call of the user's custom ``autograd.Function``
       ``detail.function`` (its backward at ``detail.file``:``detail.line``) in a recorded step,
-      inside ``fqn``'s call, got a numerical gradient check (``fncheck.py``) its backward did
+      inside ``fqn``'s call, got a numerical gradient check (``functions.py``) its backward did
       not pass; what it measured (check decides what it means): ``detail.twice``, what the
       backward gave for twice the ``grad_output`` (``double``; the ``same``; ``other``); where
       it doubles, ``detail.elements`` compared with a finite difference, ``detail.off`` of them

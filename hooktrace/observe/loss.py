@@ -34,7 +34,7 @@ from hooktrace.hooks.records import Emit, ForwardEnd, Mode, Observer, OptimizerS
 from hooktrace.log import schema
 from hooktrace.log.schema import SignalKind
 from hooktrace.observe import lossgraph
-from hooktrace.observe.lossgraph import GraphWalk, arithmetic_top, bootstrapped, reads
+from hooktrace.observe.lossgraph import GraphWalk, Share, arithmetic_top, bootstrapped, reads
 from hooktrace.observe.lossscale import Scaling
 from hooktrace.observe.lossvalues import LossValues
 from hooktrace.observe.losswindow import Window
@@ -42,8 +42,6 @@ from hooktrace.observe.losswindow import Window
 _ROOTS = 4  # roots of one backward() call walked
 _graph_task = torch._C._current_graph_task_id
 _is_compiling = torch.compiler.is_compiling
-#: a loss's shares: (detail, read, values not 0/1, of, model), counted on the device
-Shares = list[tuple[dict[str, Any], torch.Tensor, torch.Tensor, int, int]]
 
 
 def _roots(tensors: Any) -> list[Any]:
@@ -54,17 +52,17 @@ def _roots(tensors: Any) -> list[Any]:
     return [t.grad_fn for t in many if isinstance(t, torch.Tensor) and t.grad_fn is not None]
 
 
-def _shares_said(step: int, shares: Shares) -> list[schema.Signal]:
-    """The ``loss-share`` signals of a pass's shares: their counts read at once, the parts
-    read below the whole, multipliers that are 0/1 masks only."""
-    device = shares[0][1].device
-    counts = torch.stack([torch.stack([s[1].to(device, torch.int64),
-                                       s[2].to(device, torch.int64)])
-                          for s in shares]).tolist()  # one read
+def _shares_said(step: int, shares: list[tuple[Share, int]]) -> list[schema.Signal]:
+    """The ``loss-share`` signals of a pass's shares (and their models): their counts read at
+    once, the parts read below the whole, multipliers that are 0/1 masks only."""
+    device = shares[0][0].read.device
+    counts = torch.stack([torch.stack([s.read.to(device, torch.int64),
+                                       s.bad.to(device, torch.int64)])
+                          for s, _ in shares]).tolist()  # one read
     return [schema.Signal(step, model, "", SignalKind.LOSS_SHARE,
-                          {**detail, "read": int(read), "of": of})
-            for (detail, _, _, of, model), (read, bad) in zip(shares, counts, strict=True)
-            if read < of and not bad]
+                          {**s.detail, "read": int(read), "of": s.of})
+            for (s, model), (read, bad) in zip(shares, counts, strict=True)
+            if read < s.of and not bad]
 
 
 def _ops_said(step: int, walks: list[GraphWalk], said: dict[Any, Any]) -> list[schema.Signal]:
@@ -111,18 +109,18 @@ class LossObserver(Observer):
         self._said_ops: dict[Any, Any] = {}  # loss-ops by (model, fqn, op); loss-scaled by model
         self._said: set[tuple[str, str, int]] = set()  # terms and targets said
         self._signals: list[schema.Signal] = []  # the window's, at the pass's end
-        self._shares: Shares = []
+        self._shares: list[tuple[Share, int]] = []  # and their models
         self.window = Window()
         self.scaling = Scaling(emit)
         self.values = LossValues(emit)
-        self._originals = (torch.autograd.backward, torch.Tensor.backward,
-                           torch.nn.utils.clip_grad_norm_)
-        self._wrapped = (self._wrap_backward(self._originals[0]),
-                         self._wrap_tensor_backward(self._originals[1]),
-                         self._wrap_clip(self._originals[2]))
-        torch.autograd.backward = self._wrapped[0]
-        torch.Tensor.backward = self._wrapped[1]  # type: ignore[method-assign]
-        torch.nn.utils.clip_grad_norm_ = self._wrapped[2]
+        # (owner, name, PyTorch's, ours): the program's call goes through ours unchanged
+        self._patched = [(owner, name, getattr(owner, name), wrap(getattr(owner, name)))
+                         for owner, name, wrap in (
+                             (torch.autograd, "backward", self._wrap_backward),
+                             (torch.Tensor, "backward", self._wrap_tensor_backward),
+                             (torch.nn.utils, "clip_grad_norm_", self._wrap_clip))]
+        for owner, name, _, ours in self._patched:
+            setattr(owner, name, ours)
 
     def module_seen(self, module: torch.nn.Module, info: ModInfo) -> None:
         if info.has_params:
@@ -144,12 +142,9 @@ class LossObserver(Observer):
         self._on = False
         self.window.broken = True
         # another wrapper around ours (a second session) stays; ours then only passes through
-        if torch.autograd.backward is self._wrapped[0]:
-            torch.autograd.backward = self._originals[0]
-        if torch.Tensor.backward is self._wrapped[1]:
-            torch.Tensor.backward = self._originals[1]  # type: ignore[method-assign]
-        if torch.nn.utils.clip_grad_norm_ is self._wrapped[2]:
-            torch.nn.utils.clip_grad_norm_ = self._originals[2]
+        for owner, name, original, ours in self._patched:
+            if getattr(owner, name) is ours:
+                setattr(owner, name, original)
         with contextlib.suppress(Exception):
             self.window.close()
 
@@ -188,8 +183,7 @@ class LossObserver(Observer):
     def _look(self, tensors: Any) -> None:
         roots: list[Any] = []
         try:
-            scaler = self.scaling.find(sys._getframe())
-            scale = getattr(scaler, "_scale", None) if scaler is not None else None
+            scale = getattr(self.scaling.find(sys._getframe()), "_scale", None)
             ptr = scale.data_ptr() if isinstance(scale, torch.Tensor) else None
             roots = _roots(tensors)
             self._pending = [lossgraph.walk(root, self._trained, ptr) for root in roots]
@@ -204,29 +198,31 @@ class LossObserver(Observer):
         w = self.window
         try:
             w.close()
-            step, model = self._step(), min(models) if models else None
-            top = arithmetic_top(roots) if model is not None and (w.terms or w.targets) \
-                else set()
-            for term in w.terms:
-                key = (term.cut.reason, term.cut.file, term.cut.line)
-                if term.node in top and key not in self._said:
-                    self._said.add(key)
-                    self._signals.append(schema.Signal(step, model or 0, "",
-                                                       SignalKind.LOSS_TERM_CUT, {
-                        **term.cut._asdict(), "calls": [list(call) for call in term.cut.calls],
-                        "added_file": term.file, "added_line": term.line,
-                        "models": sorted(models)}))
-            if w.targets:
-                self._targets(step, top)
-            if model is not None:
-                self._read(roots, model)
+            if models:
+                self._terms(roots, min(models), sorted(models))
+                # the shares the window counted (targets left to ``ignore_index``), then those
+                # the graph shows (masks, and losses computed where the window was not)
+                known = {node for _, node in w.shares if node is not None}
+                self._shares.extend((s, min(models)) for s, _ in w.shares)
+                self._shares.extend((s, min(models)) for s in reads(roots, known)[:16])
             w.clear()
         except Exception:
             w.broken = True
 
-    def _targets(self, step: int, top: set[Any]) -> None:
+    def _terms(self, roots: list[Any], model: int, models: list[int]) -> None:
+        """The window's terms and regression targets found on the roots' arithmetic top (or
+        just below it, for a target), each line said once."""
+        w, step = self.window, self._step()
+        top = arithmetic_top(roots) if w.terms or w.targets else set()
+        for term in w.terms:
+            key = (term.cut.reason, term.cut.file, term.cut.line)
+            if term.node in top and key not in self._said:
+                self._said.add(key)
+                self._signals.append(schema.Signal(step, model, "", SignalKind.LOSS_TERM_CUT, {
+                    **term.cut._asdict(), "calls": [list(call) for call in term.cut.calls],
+                    "added_file": term.file, "added_line": term.line, "models": models}))
         under = top | {child for node in top for child, _ in node.next_functions}
-        for node, cut in self.window.targets:
+        for node, cut in w.targets:
             key = (cut.reason, cut.file, cut.line)
             found = bootstrapped(node) if node in under and key not in self._said else None
             if found is not None:
@@ -235,17 +231,6 @@ class LossObserver(Observer):
                     step, found[0], "", SignalKind.LOSS_TARGET_GRAD, {
                         "loss": cut.op, "through": found[1], "file": cut.file,
                         "line": cut.line, "code": cut.code}))
-
-    def _read(self, roots: list[Any], model: int) -> None:
-        """The shares the window counted (targets left to ``ignore_index``), then those the
-        loss's graph shows (masks, and losses computed where the window was not)."""
-        zero = torch.zeros((), dtype=torch.int64)
-        for cut, read, of, ignore, _ in self.window.shares:
-            self._shares.append(({"by": "ignore_index", "loss": cut.op, "ignore_index": ignore,
-                                  "file": cut.file, "line": cut.line}, read, zero, of, model))
-        known = {s[4] for s in self.window.shares if s[4] is not None}
-        self._shares.extend((s.detail, s.read, s.bad, s.of, model)
-                            for s in reads(roots, known)[:16])
 
     # -- the pass ends -----------------------------------------------------------------------
     def backward_end(self, end: PassEnd) -> None:

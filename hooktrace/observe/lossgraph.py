@@ -95,8 +95,7 @@ def is_scale(node: Any, ptr: int) -> bool:
 def _outputs(node: Any, trained: set[int]) -> list[ModInfo]:
     """The traced calls of models with parameters whose output ``node`` made (a loss module's
     output is walked through), innermost first."""
-    infos = [call.info for call in output_calls(node) if call.info is not None]
-    return [info for info in infos if info.model in trained]
+    return [c.info for c in output_calls(node) if c.info is not None and c.info.model in trained]
 
 
 def _first_input(node: Any) -> Any:
@@ -252,7 +251,7 @@ def _not01(t: torch.Tensor) -> torch.Tensor:
     return ((t != 0) & (t != 1)).sum()
 
 
-def _none(device: torch.device) -> torch.Tensor:
+def zero(device: torch.device) -> torch.Tensor:
     return torch.zeros((), dtype=torch.int64, device=device)
 
 
@@ -276,7 +275,7 @@ def _where(node: Any) -> Share | None:
     if edges.count(True) != 1 or cond.numel() <= 1:
         return None
     kept = cond if edges[0] else ~cond
-    return Share({"by": "mask", "node": "Where"}, torch.count_nonzero(kept), _none(cond.device),
+    return Share({"by": "mask", "node": "Where"}, torch.count_nonzero(kept), zero(cond.device),
                  cond.numel())
 
 
@@ -284,7 +283,7 @@ def _masked_select(node: Any) -> Share | None:
     mask, loss = _saved(node._raw_saved_mask), _saved(node._raw_saved_self)
     shape = torch.broadcast_shapes(mask.shape, loss.shape)  # type: ignore[no-untyped-call]
     read = torch.count_nonzero(torch.broadcast_to(mask, shape))
-    return Share({"by": "mask", "node": "MaskedSelect"}, read, _none(mask.device),
+    return Share({"by": "mask", "node": "MaskedSelect"}, read, zero(mask.device),
                  math.prod(shape))
 
 
@@ -301,7 +300,7 @@ def _index(node: Any) -> Share | None:
     if ix.dtype in (torch.bool, torch.uint8):  # uint8 indexes as a mask
         rest = of // max(math.prod(sizes[dim:dim + ix.dim()]), 1)
         return Share({"by": "mask", "node": "Index"}, torch.count_nonzero(ix) * rest,
-                     _none(ix.device), of)
+                     zero(ix.device), of)
     if ix.is_floating_point() or ix.dim() != 1 or ix.numel() != sizes[dim] or sizes[dim] <= 2:
         return None
     rows = (ix == 0).any().long() + (ix == 1).any().long()  # the rows it reads
@@ -319,7 +318,7 @@ def _nll(node: Any) -> Share | None:
         "F.nll_loss"
     return Share({"by": "ignore_index", "node": op_name(node), "loss": loss,
                   "ignore_index": int(ignore), "inside": True},
-                 (target != ignore).sum(), _none(target.device), target.numel())
+                 (target != ignore).sum(), zero(target.device), target.numel())
 
 
 _READERS = {"Mul": _mul, "Where": _where, "MaskedSelect": _masked_select, "Index": _index,

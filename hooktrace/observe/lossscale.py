@@ -28,29 +28,15 @@ _LOOKS = 16  # recorded passes in which to look for a scaler before giving up
 _SCALERS = ("GradScaler", "ShardedGradScaler")  # torch.amp's, torch.cuda.amp's, FSDP's
 
 
-def _is_scaler(value: object) -> bool:
-    return type(value).__name__ in _SCALERS and hasattr(value, "_scale")
-
-
-def _in_frame(frame: FrameType) -> Any:
-    """A scaler among the frame's variables, or the attributes of its ``self``."""
-    for value in frame.f_locals.values():
-        if _is_scaler(value):
-            return value
-    owner = frame.f_locals.get("self")
-    for value in getattr(owner, "__dict__", {}).values():
-        if _is_scaler(value):
-            return value
-    return None
-
-
 def find_scaler(frame: FrameType | None) -> Any:
-    """The first scaler held by the user's code on ``frame``'s stack (not the libraries')."""
+    """The first scaler held by the user's code on ``frame``'s stack (not the libraries'):
+    among a frame's variables, or the attributes of its ``self``."""
     while frame is not None:
         if not is_library(frame.f_code.co_filename):
-            found = _in_frame(frame)
-            if found is not None:
-                return found
+            held = frame.f_locals
+            for value in (*held.values(), *getattr(held.get("self"), "__dict__", {}).values()):
+                if type(value).__name__ in _SCALERS and hasattr(value, "_scale"):
+                    return value
         frame = frame.f_back
     return None
 

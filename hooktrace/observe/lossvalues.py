@@ -56,14 +56,6 @@ class Thinned:
         return keys, values
 
 
-class _Ledger(Thinned):
-    """One group's sampled (step, value) pairs, and the last pass's."""
-
-    def detail(self) -> dict[str, Any]:
-        steps, values = self.pairs()
-        return {"steps": steps, "values": values, "passes": self.count, "every": self.every}
-
-
 _Method = TypeVar("_Method", bound=Callable[..., None])
 
 
@@ -92,7 +84,7 @@ class LossValues:
         self._off = False
         self._root: torch.Tensor | None = None  # the pass now running's
         self._held: list[tuple[tuple[int, ...], int, torch.Tensor]] = []
-        self._ledgers: dict[tuple[int, ...], _Ledger] = {}
+        self._ledgers: dict[tuple[int, ...], Thinned] = {}
 
     @_quiet_on_error
     def began(self, tensors: Any) -> None:
@@ -114,8 +106,10 @@ class LossValues:
     def write(self) -> None:
         self._read()
         for models, ledger in sorted(self._ledgers.items()):
-            self._emit(schema.Signal(ledger.keys[0], models[0], "", SignalKind.LOSS_VALUES,
-                                     {"models": list(models), **ledger.detail()}))
+            steps, values = ledger.pairs()
+            self._emit(schema.Signal(steps[0], models[0], "", SignalKind.LOSS_VALUES, {
+                "models": list(models), "steps": steps, "values": values,
+                "passes": ledger.count, "every": ledger.every}))
 
     def _read(self) -> None:
         held, self._held = self._held, []
@@ -126,4 +120,4 @@ class LossValues:
         except RuntimeError:
             values = [t.item() for _, _, t in held]
         for (models, step, _), value in zip(held, values, strict=True):  # 4 digits, as stats
-            self._ledgers.setdefault(models, _Ledger()).add(step, float(f"{value:.4g}"))
+            self._ledgers.setdefault(models, Thinned()).add(step, float(f"{value:.4g}"))

@@ -14,9 +14,8 @@ the next model call or optimizer step. It is never pushed above a mode of the pr
 
 from __future__ import annotations
 
+import linecache
 import sys
-import sysconfig
-from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple
 
@@ -25,13 +24,10 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from hooktrace.hooks.opzoom import function_name
-from hooktrace.hooks.sites import shown
-from hooktrace.observe.lossgraph import calls
+from hooktrace.hooks.sites import NOT_USERS, OURS, shown
+from hooktrace.observe.lossgraph import Share, calls, zero
 
 CAP = 4096  # operations one window follows
-_OURS = str(Path(__file__).parent.parent)
-_SKIP = (str(Path(torch.__file__).parent), "<frozen ", *sorted({
-    sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib")}))
 _DETACH = frozenset({"Tensor.detach", "Tensor.detach_", "Tensor.data"})
 _ESCAPES = {"Tensor.numpy": "numpy", "Tensor.item": "item", "Tensor.__float__": "item",
             "Tensor.tolist": "item"}
@@ -41,9 +37,10 @@ _ADDS = frozenset({"Tensor.add", "Tensor.__add__", "Tensor.__radd__", "Tensor.__
                    "torch.stack", "torch.cat"})
 #: tensors made from data: from numpy (or a number an escape gave)
 _FROM_DATA = frozenset({"torch.tensor", "torch.as_tensor", "torch.asarray"})
-_SHARES = frozenset({"F.cross_entropy", "F.nll_loss"})
 #: losses comparing a prediction with a target: a target with gradient is looked at
 _REGRESSION = frozenset({"F.mse_loss", "F.l1_loss", "F.smooth_l1_loss", "F.huber_loss"})
+#: those, and the losses whose targets read are counted
+_LOSSES = _REGRESSION | {"F.cross_entropy", "F.nll_loss"}
 #: tensors made from nothing: constants (a loss accumulator's start)
 _MADE = frozenset({"torch.zeros", "torch.ones", "torch.full", "torch.empty", "torch.tensor",
                    "torch.scalar_tensor", "torch.zeros_like", "torch.ones_like"})
@@ -73,12 +70,11 @@ class _Term(NamedTuple):
 def _site(frame: FrameType | None) -> tuple[str, int, str] | None:
     """The innermost frame that is neither torch's nor the standard library's; None where
     hooktrace's own code is met first (its hooks' operations)."""
-    import linecache
     while frame is not None:
         file = frame.f_code.co_filename
-        if file.startswith(_OURS):
+        if file.startswith(OURS):
             return None
-        if not file.startswith(_SKIP):
+        if not file.startswith(NOT_USERS):
             code = linecache.getline(file, frame.f_lineno).strip()[:120]
             return shown(file), frame.f_lineno, code
         frame = frame.f_back
@@ -90,16 +86,6 @@ def _get(table: WeakIdKeyDictionary, t: torch.Tensor) -> Cut | None:
     return found
 
 
-def _tensors(args: tuple[Any, ...]) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            out.append(a)
-        elif isinstance(a, (list, tuple)):
-            out.extend(t for t in a if isinstance(t, torch.Tensor))
-    return out
-
-
 class Window(TorchFunctionMode):
     """Follows the operations of one window; the loss observer opens and closes it."""
 
@@ -108,24 +94,17 @@ class Window(TorchFunctionMode):
         self.on = False
         self.broken = False  # an error, or a mode the program pushed above it: off for the run
         self._stale = False  # closed, and maybe still on torch's stack
-        self.ops = 0
-        self.cuts: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self.made: WeakIdKeyDictionary = WeakIdKeyDictionary()  # constants made in the window
-        self.escapes: list[tuple[Cut, Any]] = []  # (where, the number; None for numpy)
-        self.terms: list[_Term] = []
-        self.targets: list[tuple[Any, Cut]] = []  # regression losses whose target has gradient
-        # (cut site of the loss call, targets read (a tensor), targets, ignore_index, its node)
-        self.shares: list[tuple[Cut, torch.Tensor, int, int, Any]] = []
         self._names: dict[Any, str] = {}
+        self.clear()
 
     def clear(self) -> None:
         self.ops = 0
         self.cuts = WeakIdKeyDictionary()
-        self.made = WeakIdKeyDictionary()
-        self.escapes.clear()
-        self.terms.clear()
-        self.targets.clear()
-        self.shares.clear()
+        self.made = WeakIdKeyDictionary()  # constants made in the window
+        self.escapes: list[tuple[Cut, Any]] = []  # (where, the number; None for numpy)
+        self.terms: list[_Term] = []
+        self.targets: list[tuple[Any, Cut]] = []  # regression losses whose target has gradient
+        self.shares: list[tuple[Share, Any]] = []  # targets read of a loss call, its node
 
     # -- on and off torch's stack -------------------------------------------------------------
     def open(self) -> None:
@@ -187,13 +166,11 @@ class Window(TorchFunctionMode):
         if name is None:
             name = self._names[func] = function_name(func)
         if isinstance(out, torch.Tensor):
-            if name in _SHARES:
-                self._share(name, args, kwargs, out, frame)
+            if name in _LOSSES:
+                self._loss(name, args, kwargs or {}, out, frame)
             if out.requires_grad:
                 if name in _ADDS:
                     self._added(args, out, frame)
-                elif name in _REGRESSION:
-                    self._target(name, args, kwargs, out, frame)
                 return
             cut = self._input_cut(name, args, frame)
             if cut is None and name in _FROM_DATA and args:
@@ -220,8 +197,10 @@ class Window(TorchFunctionMode):
                                      None if name == "Tensor.numpy" else out))
 
     def _input_cut(self, name: str, args: tuple[Any, ...], frame: FrameType) -> Cut | None:
-        """The cut an input carries, or the one this op makes (an input needed a gradient)."""
-        for t in _tensors(args):
+        """The cut an input (or a tensor in a list of inputs) carries, or the one this op makes
+        (an input needed a gradient)."""
+        for t in [t for a in args for t in (a if isinstance(a, (list, tuple)) else (a,))
+                  if isinstance(t, torch.Tensor)]:
             cut = _get(self.cuts, t)
             if cut is None and t.requires_grad:
                 cut = self._cut(name, frame, t)
@@ -239,10 +218,12 @@ class Window(TorchFunctionMode):
     def _made_back(self, data: Any) -> Cut | None:
         """A tensor made from a number an escape gave, or from numpy after a numpy escape."""
         if isinstance(data, (int, float)):
-            return next((c for c, v in self.escapes if v is not None and v == data), None)
-        if type(data).__module__ == "numpy":
-            return next((c for c, v in self.escapes if v is None), None)
-        return None
+            return self._escaped(data)
+        return self._escaped(None) if type(data).__module__ == "numpy" else None
+
+    def _escaped(self, number: Any) -> Cut | None:
+        """The escape that gave ``number``; to numpy where it is None."""
+        return next((c for c, v in self.escapes if v == number), None)
 
     def _added(self, args: tuple[Any, ...], out: torch.Tensor, frame: FrameType) -> None:
         for a in (args[0] if args and isinstance(args[0], (list, tuple)) else args[:2]):
@@ -252,36 +233,38 @@ class Window(TorchFunctionMode):
                 if cut is None and a.dim() == 0 and a not in self.made:
                     # made outside every op followed here (torch.from_numpy): after .numpy(),
                     # unless it is 0 (an accumulator made before the window; read only here)
-                    cut = next((c for c, v in self.escapes if v is None), None)
+                    cut = self._escaped(None)
                     if cut is not None and float(a) == 0.0:
                         cut = None
             elif isinstance(a, float) and a != 0.0:
-                cut = next((c for c, v in self.escapes if v is not None and v == a), None)
+                cut = self._escaped(a)
             if cut is not None:
                 site = _site(frame)
                 if site is not None and out.grad_fn is not None:
                     self.terms.append(_Term(out.grad_fn, cut, site[0], site[1]))
                 return
 
-    def _target(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
-                out: torch.Tensor, frame: FrameType) -> None:
-        target = args[1] if len(args) > 1 else (kwargs or {}).get("target")
-        if isinstance(target, torch.Tensor) and target.requires_grad and len(self.targets) < 16:
-            site = _site(frame)
-            if site is not None and out.grad_fn is not None:
-                self.targets.append((out.grad_fn, Cut("target", name, *site)))
-
-    def _share(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
-               out: torch.Tensor, frame: FrameType) -> None:
-        kwargs = kwargs or {}
+    def _loss(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+              out: torch.Tensor, frame: FrameType) -> None:
+        """A regression loss whose target has gradient; the targets ``F.cross_entropy`` and
+        ``F.nll_loss`` read (not left to ``ignore_index``), counted on their device."""
         target = args[1] if len(args) > 1 else kwargs.get("target")
+        if not isinstance(target, torch.Tensor):
+            return
+        if name in _REGRESSION:
+            if out.requires_grad and target.requires_grad and len(self.targets) < 16:
+                site = _site(frame)
+                if site is not None and out.grad_fn is not None:
+                    self.targets.append((out.grad_fn, Cut("target", name, *site)))
+            return
         ignore = args[4] if len(args) > 4 else kwargs.get("ignore_index", -100)
-        if not isinstance(target, torch.Tensor) or target.is_floating_point() or \
-                not isinstance(ignore, int) or len(self.shares) >= 16:
+        if target.is_floating_point() or not isinstance(ignore, int) or len(self.shares) >= 16:
             return
         site = _site(frame)
         if site is not None:
             with torch.no_grad():
                 read = (target != ignore).sum()
-            self.shares.append((Cut("share", name, *site), read, target.numel(), ignore,
+            detail = {"by": "ignore_index", "loss": name, "ignore_index": ignore,
+                      "file": site[0], "line": site[1]}
+            self.shares.append((Share(detail, read, zero(target.device), target.numel()),
                                 out.grad_fn))

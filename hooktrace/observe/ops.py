@@ -118,7 +118,7 @@ class OpsObserver(Observer):
             module = info.ref()
             if module is None or not any(p.requires_grad for p in module.parameters(False)):
                 continue
-            for name in enclosing(info.fqn):
+            for name in ancestors(info.fqn)[::-1]:
                 if (info.model, name) in reached:
                     self.fact(info.model, name)
                     break
@@ -138,11 +138,6 @@ class OpsObserver(Observer):
                 if op.child is not None and any(op.in_grad) and op.outs and not any(op.out_grad) \
                         and not op.no_grad and self.open:
                     self.fact(z.info.model, op.child)
-
-
-def enclosing(name: str) -> list[str]:
-    """The fqns around ``name``, innermost first: "a.b.c" -> ["a.b", "a", ""]."""
-    return ancestors(name)[::-1]
 
 
 def _norm(stat: Any) -> float | None:
@@ -174,7 +169,7 @@ def gradient_facts(events: Iterable[Any], most: int = AUTO) -> list[tuple[int, s
             if (e.model, e.fqn) in fed:
                 continue  # another call of it got a gradient: a loop's call given zero (a
                 # GRU cell's reset gate at a hidden state of zero), not a module cut off
-            around = next((n for n in enclosing(e.fqn) if (e.model, n) in fed), None)
+            around = next((n for n in ancestors(e.fqn)[::-1] if (e.model, n) in fed), None)
             if around is not None:
                 found[(e.model, around)] = None
     return list(found)[:most]

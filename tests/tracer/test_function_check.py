@@ -1,4 +1,4 @@
-"""The numerical check of custom ``autograd.Function``s (``observe/fncheck.py``) on real
+"""The numerical check of custom ``autograd.Function``s (``observe/functions.py``) on real
 Functions, and that tracing with it changes nothing: same losses and gradients bit for bit,
 the same random numbers after, ``Function.apply`` PyTorch's own again at the end."""
 
@@ -19,7 +19,7 @@ from torch.nn import functional as F
 import hooktrace
 from hooktrace.check import custom
 from hooktrace.log import schema
-from hooktrace.observe import fncheck
+from hooktrace.observe import functions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import blind_bugs5 as blind
@@ -44,7 +44,7 @@ def _input(nonnegative: bool = False) -> torch.Tensor:
 ])
 def test_the_verdicts(fn: Any, args: tuple[Any, ...], verdict: str | None) -> None:
     """The tracer measures; check's ``custom.verdict`` says what the measurements mean."""
-    found = fncheck.check_function(fn, (_input(), *args))
+    found = functions.check_function(fn, (_input(), *args))
     assert (None if found is None else custom.verdict(found)) == verdict
     assert found is None or "verdict" not in found
 
@@ -54,8 +54,8 @@ def test_a_kink_the_inputs_sit_on_is_skipped() -> None:
     (1 and 0.1); compared there, the central difference (0.55) would disagree with the
     backward's 0.1. Those elements are left out, the others agree; and a leaky ReLU on inputs
     it leaves unchanged is not an identity (a gradient modifier)."""
-    assert fncheck.check_function(cases.LeakyReLU, (_input(nonnegative=True),)) is None
-    found = fncheck.check_function(cases.SigmoidWrong, (_input(nonnegative=True),))
+    assert functions.check_function(cases.LeakyReLU, (_input(nonnegative=True),)) is None
+    found = functions.check_function(cases.SigmoidWrong, (_input(nonnegative=True),))
     assert found is not None and custom.verdict(found) == "mismatch"
 
 
@@ -64,7 +64,7 @@ def test_the_check_leaves_the_inputs_and_the_random_numbers_alone() -> None:
     torch.manual_seed(5)
     torch.rand(3)
     before = x.detach().clone(), x._version, torch.get_rng_state()
-    assert fncheck.check_function(blind.MulConstantWrong, (x, 0.01)) is not None
+    assert functions.check_function(blind.MulConstantWrong, (x, 0.01)) is not None
     assert torch.equal(x, before[0]) and x._version == before[1] and x.grad is None
     assert torch.equal(torch.get_rng_state(), before[2])
 
