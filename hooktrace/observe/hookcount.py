@@ -45,29 +45,26 @@ class HookCount(Observer):
 
     def __init__(self, emit: Emit) -> None:
         self._emit = emit
-        self._seen: list[ModInfo] = []
-        # per module: the steps looked at and the counts then, while each kind grows
+        # per module seen, in the order first seen: the steps looked at and the counts then,
+        # while each kind grows
         self._history: dict[ModInfo, list[tuple[int, tuple[int, int, int]]]] = {}
         self._said: set[tuple[ModInfo, str]] = set()
 
     def module_seen(self, module: nn.Module, info: ModInfo) -> None:
-        self._seen.append(info)
+        self._history.setdefault(info, [])
 
     def backward_end(self, end: PassEnd) -> None:
         if end.mode is not Mode.RECORDED:
             return
-        alive = []
-        for info in self._seen:
+        for info, history in list(self._history.items()):
             module = info.ref()
             if module is None:
-                self._history.pop(info, None)
-                continue
-            alive.append(info)
-            self._look(end.step, info, hook_counts(module))
-        self._seen = alive
+                del self._history[info]
+            else:
+                self._look(end.step, info, history, hook_counts(module))
 
-    def _look(self, step: int, info: ModInfo, now: tuple[int, int, int]) -> None:
-        history = self._history.setdefault(info, [])
+    def _look(self, step: int, info: ModInfo, history: list[tuple[int, tuple[int, int, int]]],
+              now: tuple[int, int, int]) -> None:
         if history and history[-1][0] == step:
             history.pop()  # several passes in one step: its last
         history.append((step, now))
