@@ -11,18 +11,11 @@ call") costs a bounded time; measured in docs/performance.md. An input without a
 history (``no_grad``, ``eval``, ``.detach()``, integer tensors) is looked up among the outputs
 of the step's calls that have none, and of its model calls, held weakly: the same tensor, else
 one at its storage's address: a view from its first element (``flatten``), or a ``.detach()`` of
-a model's output (a GAN's fake batch). Under ``no_grad``, where autograd records nothing, the
-operations are followed instead while a recorded call that began under it runs (llm.c's
-validation, its residual adds; an RL target's ``cat`` of next observations and actions): a
-``TorchDispatchMode``, below autograd so that no ``has_torch_function`` check (the fast path of
-``nn.MultiheadAttention``) sees it, keeps each operation's outputs as made by the calls that
-made its inputs (a new view of an input is found as itself, not at the input's address);
-after a call under ``no_grad`` inside another, in the code around it until a call with
-gradient recording on begins (SB3's critic: a ``cat`` of the features it made under
-``set_grad_enabled(False)`` and the actions). Not followed: other operations with gradient
-recording on whose inputs need no gradient (following every operation of a recorded step cost
-W1 1.4x its CPU time), a ``.detach()`` of a call's output inside a model, and operations
-outside model calls (the training loop's: the follower would sit above the program's modes).
+a model's output (a GAN's fake batch). Where autograd records nothing (under ``no_grad``; a
+``cat`` of tensors none of which needs a gradient), the operations are followed instead inside
+model calls (``follower.py`` says when): each one's outputs are made by the calls that made its
+inputs (a new view of an input is found as itself, not at the input's address). Not followed: a
+``.detach()`` of a call's output inside a model, operations outside model calls.
 
 A call that returns its input unchanged (``nn.Identity``, ``Dropout(p=0)``, ``nn.Flatten`` of a
 2-d batch) passes it on: it stands for the tensor's maker only while the call around it runs
@@ -44,18 +37,15 @@ steps never come here: the core asks only in recorded ones.
 
 from __future__ import annotations
 
-import sys
 import weakref
 from collections.abc import Sequence
 from operator import attrgetter
-from types import FrameType
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from hooktrace.hooks.follower import Follower, tensors
 from hooktrace.hooks.gradhooks import GradHooks
-from hooktrace.hooks.sites import OURS, TORCH
 
 #: autograd nodes looked at per tensor. Measured (docs/performance.md): every input of
 #: resnet18's and a TransformerEncoder's calls is found within 3, of a ViT's within 8
@@ -69,15 +59,14 @@ _Found = tuple[Producers, Outs]
 _Flow = tuple[tuple[Producers, ...], Producers, tuple[Outs, ...], tuple[Producers, ...], bool]
 _NONE: _Found = ((), ())
 _Stored = tuple[weakref.ref[torch.Tensor], _Found]  # an output held weakly, who made it
-_grad_enabled = torch.is_grad_enabled
 
 
 #: What a call knows of its data flow when it begins: who made each positional input (and
 #: which of their outputs), the last seq of a forward call seen so far (the calls after it
 #: ran inside this one), the inputs and their versions (() where a tensor has none: an
-#: inference tensor), to tell an input returned unchanged, and whether it began following the
-#: operations. A plain tuple: one is made per call
-Sources = tuple[tuple[_Found, ...], int, list[torch.Tensor], tuple[int, ...], bool]
+#: inference tensor), to tell an input returned unchanged, and what it did to the follower of
+#: operations (0, FOLLOWS, PAUSED). A plain tuple: one is made per call
+Sources = tuple[tuple[_Found, ...], int, list[torch.Tensor], tuple[int, ...], int]
 _version = attrgetter("_version")
 
 
@@ -127,28 +116,16 @@ class DataFlow:
         self._passes: list[tuple[int, int, _Stored | None]] = []
         self._passing: set[int] = set()
         self._cut = False  # a walk met an edge without autograd history, or stopped at its bound
-        self._ops = _Operations(self)
-        # the follower left on by a call under no_grad inside another, for the code around it
-        self._lingering = False
-        self.error: Exception | None = None  # the operations' follower failed: said at a call
+        self._ops = Follower(self.follow)  # where autograd records nothing
 
     def start(self, inputs: list[torch.Tensor]) -> Sources:
-        if self.error is not None:
-            error, self.error = self.error, None
-            raise error
-        grad = _grad_enabled()
-        follows = not grad and self._ops.live and not self._ops.on_stack()
-        if follows:  # a call under no_grad: its operations followed
-            self._ops.put_on()
+        mark = self._ops.begin()
         try:
             versions = tuple(map(_version, inputs))
         except RuntimeError:  # an inference tensor has no version
             versions = ()
         found = tuple(map(self._of, inputs))
-        if grad and self._lingering:
-            self._lingering = False
-            self._ops.take_off()
-        return found, self._last, inputs, versions, follows
+        return found, self._last, inputs, versions, mark
 
     def end(self, sources: Sources | None, kw_inputs: list[torch.Tensor],
             outputs: list[torch.Tensor], seq: int, top: bool) -> _Flow | tuple[()]:
@@ -160,14 +137,10 @@ class DataFlow:
         () for a call that began in a step not recorded."""
         if sources is None:
             return ()
-        found, before, inputs, versions, follows = sources
+        found, before, inputs, versions, mark = sources
         while self._passes and self._passes[-1][0] > before:  # the calls inside it
             self._passed()
-        if top or (follows and torch._C._len_torch_dispatch_stack() > 1):
-            self._lingering = False  # top: also after a call that raised
-            self._ops.take_off()
-        elif follows:  # the code around it reads what it made (SB3's critic: a cat of the
-            self._lingering = True  # features and the actions); never over a mode of the program
+        self._ops.after(before, mark, outputs, top)
         if kw_inputs:
             found += tuple(map(self._of, kw_inputs))
         made: Producers = ()
@@ -245,7 +218,7 @@ class DataFlow:
         made by the calls that made its inputs."""
         found = _merged([self._of(t) for t in ins])
         if found[0]:
-            for t in _tensors((out,), None):
+            for t in tensors((out,), None):
                 # a new view of an input: found as itself, never at its input's address (where
                 # a tensor passed on would stay the maker for every later reader)
                 address = _address(t)
@@ -259,8 +232,7 @@ class DataFlow:
         self._objects.clear()
         self._passes.clear()
         self._passing.clear()
-        self._lingering = False
-        self._ops.take_off()
+        self._ops.stop()
 
     def _of(self, t: torch.Tensor) -> _Found:
         """The recorded calls whose outputs made ``t``, and which output of each."""
@@ -320,17 +292,6 @@ def _untracked(outputs: list[torch.Tensor], cut: bool) -> bool:
     return cut or any(not t.requires_grad and t.is_floating_point() for t in outputs)
 
 
-def _tensors(args: Sequence[Any], kwargs: dict[str, Any] | None) -> list[torch.Tensor]:
-    """The tensors among an operation's arguments (or outputs), and in lists of them."""
-    found = []
-    for a in (*args, *kwargs.values()) if kwargs else args:
-        if isinstance(a, torch.Tensor):
-            found.append(a)
-        elif isinstance(a, (list, tuple)):
-            found += [t for t in a if isinstance(t, torch.Tensor)]
-    return found
-
-
 def _merged(founds: list[_Found]) -> _Found:
     """The calls that made any of several tensors, each with its output used (-1: several)."""
     if len(founds) == 1:
@@ -341,60 +302,3 @@ def _merged(founds: list[_Found]) -> _Found:
             outs[seq] = index if outs.get(seq, index) == index else -1
     seqs = tuple(sorted(outs))
     return seqs, tuple(outs[s] for s in seqs)
-
-
-class _Operations(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's is untyped
-    """The operations of a recorded call that began under ``no_grad``, below autograd: each
-    one's inputs and outputs handed to ``DataFlow.follow`` (not those of hooktrace's own
-    hooks). On this thread's stack from the call's start to its end (``put_on``, ``take_off``); an
-    error stops it for the run, and is raised at the next call's start (tracing stops)."""
-
-    def __init__(self, flow: DataFlow) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.flow = flow
-        self.live = True
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        return False  # no wrapper that keeps dynamo out (two frames an operation): it runs eagerly
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
-        out = func(*args, **kwargs) if kwargs else func(*args)
-        if self.live:
-            try:
-                ins = _tensors(args, kwargs)  # none: made from nothing (arange)
-                if ins and not (_grad_enabled() and any(t.requires_grad for t in ins)) \
-                        and not _ours(sys._getframe(1)):  # else autograd's, or hooktrace's
-                    self.flow.follow(ins, out)
-            except Exception as e:  # never break the user's operation
-                self.live = False
-                self.flow.error = e
-        return out
-
-    def on_stack(self) -> bool:
-        stack = torch._C._get_dispatch_stack_at
-        return any(stack(i) is self for i in range(torch._C._len_torch_dispatch_stack()))
-
-    def put_on(self) -> None:
-        torch._C._push_on_torch_dispatch_stack(self)
-
-    def take_off(self) -> None:
-        """Off this thread's stack, also from under modes pushed after it."""
-        if not self.on_stack():
-            return
-        above = []
-        while (mode := torch._C._pop_torch_dispatch_stack(None)) is not self:
-            above.append(mode)
-        for mode in reversed(above):
-            torch._C._push_on_torch_dispatch_stack(mode)
-
-
-def _ours(frame: FrameType | None) -> bool:
-    """Whether the code that ran an operation is hooktrace's: the first frame that is neither
-    torch's nor a function mode's handler passing the operation on (the op zoom's, the loss
-    window's)."""
-    while frame is not None and (frame.f_code.co_filename.startswith(TORCH)
-                                 or frame.f_code.co_name == "__torch_function__"):
-        frame = frame.f_back
-    return frame is not None and frame.f_code.co_filename.startswith(OURS)

@@ -29,13 +29,13 @@ def forward_edges(log: Path, step: int) -> list[str]:
 
 def test_sac_critics_are_fed_through_cat_under_no_grad(traced: Traced) -> None:
     """The target's ``cat`` of its extractor's features and the actor's next actions, under
-    ``no_grad`` (before: no edge into either Q network); the actor's extractor returned the
+    ``no_grad``, and the trained critic's ``cat`` of its features and the replay actions, none
+    needing a gradient, with gradient recording on (before: no edge into either Q network;
+    then the second one only, under ``no_grad``); the actor's extractor returned the
     observations unchanged, and the critics read their own (before:
     ``actor:features -> critic_target:features``, and in the actor's pass
-    ``actor:features -> critic:features``). Not drawn, as before: the trained critic's ``cat``
-    of features and replay actions, none needing a gradient, with gradient recording on
-    (operations are followed under ``no_grad`` only), and its ``cat`` with actions that need
-    one (autograd's, which sees no tensor without history)."""
+    ``actor:features -> critic:features``). Not drawn, as before: the critic's ``cat`` with
+    actions that need a gradient (autograd's, which sees no tensor without history)."""
     log = traced(SCRIPT, "critics")
     assert forward_edges(log, 0) == [
         "actor:features -> actor:mu",
@@ -45,7 +45,9 @@ def test_sac_critics_are_fed_through_cat_under_no_grad(traced: Traced) -> None:
         "actor:mu -> critic_target:qf1.0", "critic_target:features -> critic_target:qf1.0",
         "critic_target:qf1.0 -> critic_target:qf1.1",
         "critic_target:qf1.1 -> critic_target:qf1.2",
+        "critic:features -> critic:qf0.0",
         "critic:qf0.0 -> critic:qf0.1", "critic:qf0.1 -> critic:qf0.2",
+        "critic:features -> critic:qf1.0",
         "critic:qf1.0 -> critic:qf1.1", "critic:qf1.1 -> critic:qf1.2",
     ]
     assert forward_edges(log, 1) == [  # the actor's actions need a gradient: autograd's cat

@@ -4,7 +4,8 @@ seeded model on CPU for a few steps and is healthy.
 
 - ``critics``: SAC (SB3): an actor and two critics, each with its own ``nn.Flatten`` feature
   extractor, which returns a 2-d batch of observations as it is; the critics ``cat`` the
-  features and the actions (none of them needs a gradient); the target is computed under
+  features and the actions (none of them needs a gradient; SB3's default,
+  ``share_features_extractor=False``, with gradients on); the target is computed under
   ``no_grad`` from the actor's next actions. ``critics_image``: the same on 1x2x4 observations,
   which the extractors really flatten (the healthy look-alike: each one made what its critic
   reads).

@@ -26,7 +26,7 @@ from torch import nn
 
 import hooktrace
 from hooktrace.cli import cli
-from hooktrace.hooks import dataflow
+from hooktrace.hooks import dataflow, follower
 from hooktrace.log import schema
 from hooktrace.log.reader import LogReader
 from hooktrace.show import steplog
@@ -397,15 +397,17 @@ def test_tracing_leaves_outputs_and_gradients_alone(tmp_path: Path) -> None:
 
 def following() -> bool:
     """Whether data flow's follower of operations is on this thread's dispatch stack."""
-    return any(isinstance(torch._C._get_dispatch_stack_at(i), dataflow._Operations)
+    return any(isinstance(torch._C._get_dispatch_stack_at(i), follower.Follower)
                for i in range(torch._C._len_torch_dispatch_stack()))
 
 
 def test_operations_are_followed_only_inside_recorded_calls_under_no_grad(
         tmp_path: Path) -> None:
     """The follower of operations is on torch's stack while a recorded call that began under
-    ``no_grad`` runs, never in a training call, between calls, in watched steps or after
-    tracing; a call that raised leaves it at the next model call's end."""
+    ``no_grad`` runs, never in a training call whose calls all return data with autograd
+    history (tests/tracer/test_dataflow_no_history.py: one that does not), between calls, in
+    watched steps or after tracing; a call that raised leaves it at the next model call's
+    end."""
 
     class Probe(nn.Module):
         def __init__(self, fail: bool = False) -> None:
