@@ -51,6 +51,7 @@ class SignalKind:
     LOSS_VALUES: Final[str] = "loss-values"
     PARAMS_UNMOVED: Final[str] = "params-unmoved"
     OPTIMIZER_LRS: Final[str] = "optimizer-lrs"
+    CALL_TIMES: Final[str] = "call-times"
 
 
 def kinds_of(namespace: type) -> tuple[str, ...]:
@@ -257,6 +258,13 @@ class Signal(LogFact):
       carries a gradient into another call of model ``model``, whose output its prediction
       comes from too, through a max over that output (``detail.through``: ``Max``, ``Amax``,
       ``Logsumexp``): a bootstrapped target computed with gradient; once per line.
+    * ``call-times``: at the end of recorded step ``step`` (or when tracing stops in it), how
+      long the model's calls took, on the host's monotonic clock in microseconds
+      (``timing.py``): side by side per call, its forward event's ``detail.seq``, its forward's
+      ``detail.start`` (from ``detail.origin``, the clock at the step's first call),
+      ``detail.forward`` and ``detail.own`` (without its children's), its backward's
+      ``detail.backward_start`` and ``detail.backward`` (null: none in this step);
+      ``detail.end``, the pass's end. Read through ``log/timing.py``.
 
     ``fqn`` is the module a signal is about (``""``: the model's root); on the wire ``"name"``.
     """

@@ -34,8 +34,9 @@ from hooktrace.show.output import (
     refuse_log,
     whole,
 )
+from hooktrace.show.timeline import MARK, write_trace
 
-FORMATS = ("csv", "jsonl")
+FORMATS = ("csv", "jsonl", "trace")
 
 #: (column, type, what it holds). Empty (CSV) / null (JSON) only where a column says so (pandas
 #: reads an int column with empty fields as float).
@@ -209,22 +210,30 @@ WRITERS: dict[str, Callable[[IO[str], Iterator[dict[str, Any]]], int]] = {
     "csv": _write_csv, "jsonl": _write_jsonl}
 
 
+def _write(out: IO[str], fmt: str, readers: Sequence[LogReader]) -> int:
+    """Rows (csv, jsonl) or the timeline (trace: ``timeline.py``)."""
+    return write_trace(out, readers) if fmt == "trace" else WRITERS[fmt](out, rows(readers))
+
+
 @dataclass(slots=True)
 class Exported:
     path: Path | None  # None: written to the stream given
     format: str
-    rows: int
+    rows: int  # rows, or a trace's spans and instants
     warnings: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         where = f"wrote {self.path}" if self.path else "wrote"
-        return f"{where}: {plural(self.rows, 'row')} ({self.format})"
+        what = "event" if self.format == "trace" else "row"
+        return f"{where}: {plural(self.rows, what)} ({self.format})"
 
 
 def _exported(head: bytes) -> bool:
     """Whether a file starts as an export does: its header row (csv), or a first row with its
     columns in their order (jsonl)."""
     first = head.split(b"\n", 1)[0]
+    if first.startswith(MARK):
+        return True
     if first.decode("utf-8", "replace").startswith(",".join(NAMES[:5]) + ","):
         return True
     try:
@@ -235,8 +244,10 @@ def _exported(head: bytes) -> bool:
 
 
 def _output(logs: Sequence[Path], fmt: str | None, output: Path | None) -> tuple[str, Path]:
+    if fmt is None and output is not None and output.name.endswith(".trace.json"):
+        fmt = "trace"
     chosen = choose_format(fmt, output, FORMATS, "csv")
-    path = output or logs[0].with_suffix(f".{chosen}")
+    path = output or logs[0].with_suffix(".trace.json" if chosen == "trace" else f".{chosen}")
     for log in logs:
         refuse_log(path, log, "export")
     path = output or default_output(path, _exported)
@@ -255,12 +266,12 @@ def write_rows(logs: Sequence[str | os.PathLike[str]], fmt: str | None = None,
     paths = [r.path for r in readers]
     if stream is not None:
         chosen = choose_format(fmt, None, FORMATS, "csv")
-        n = WRITERS[chosen](stream, rows(readers))
+        n = _write(stream, chosen, readers)
         return Exported(None, chosen, n, [w for r in readers for w in r.warnings])
     chosen, path = _output(paths, fmt, Path(output) if output is not None else None)
     try:
         with whole(path) as temporary, temporary.open("w", encoding="utf-8", newline="") as f:
-            n = WRITERS[chosen](f, rows(readers))
+            n = _write(f, chosen, readers)
     except OSError as e:
         raise cannot_write(path, e) from None
     return Exported(path, chosen, n, [w for r in readers for w in r.warnings])
