@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import torch
 
@@ -30,13 +31,19 @@ from hooktrace.hooks.records import (
 from hooktrace.log import schema
 from hooktrace.log.schema import SignalKind
 
-_US = 1000.0  # the clock's nanoseconds per microsecond, the unit the signal is written in
+_clock = time.perf_counter_ns
 
 
 class _Running(threading.local):
     def __init__(self) -> None:
-        # calls running in this thread: [their start, their start's clock, children's time]
-        self.stack: list[tuple[ForwardStart, int, list[int]]] = []
+        # calls running in this thread: [their start, the clock then, their children's time]
+        self.stack: list[list[Any]] = []
+
+
+def _us(ns: int) -> float:
+    """Microseconds to 0.1: a float, whose shortest repr has one decimal (floats are what the
+    log's comparisons mask as numbers that follow the machine)."""
+    return ns // 100 / 10
 
 
 class CallTimes(Observer):
@@ -45,22 +52,15 @@ class CallTimes(Observer):
     def __init__(self, emit: Emit) -> None:
         self._emit = emit
         self._running = _Running()
-        self._origin = -1  # the clock at this step's first reading
         # this step's calls: (model, forward seq, start, total, own), clock nanoseconds
         self._calls: list[tuple[int, int, int, int, int]] = []
         self._backward: dict[int, list[int]] = {}  # forward seq -> [start, end or -1]
 
-    def _now(self) -> int:
-        now = time.perf_counter_ns()
-        if self._origin < 0:
-            self._origin = now
-        return now
-
     def forward_start(self, start: ForwardStart) -> None:
-        self._running.stack.append((start, self._now(), [0]))
+        self._running.stack.append([start, _clock(), 0])
 
     def forward_end(self, end: ForwardEnd) -> None:
-        now = time.perf_counter_ns()
+        now = _clock()
         stack = self._running.stack
         while stack and stack[-1][0] is not end.start:  # calls that raised
             stack.pop()
@@ -69,57 +69,49 @@ class CallTimes(Observer):
         _, began, children = stack.pop()
         total = now - began
         if stack:
-            stack[-1][2][0] += total
+            stack[-1][2] += total
         call = end.call
-        self._calls.append((call.info.model, call.seq, began, total, total - children[0]))
+        self._calls.append((call.info.model, call.seq, began, total, total - children))
 
     def backward_start(self, start: BackwardStart) -> None:
-        self._backward[start.call.seq] = [self._now(), -1]
+        self._backward[start.call.seq] = [_clock(), -1]
 
     def grad_input(self, start: BackwardStart, index: int, grad: torch.Tensor) -> None:
         span = self._backward.get(start.call.seq)
         if span is not None:
-            span[1] = time.perf_counter_ns()
+            span[1] = _clock()
 
     def backward_end(self, end: PassEnd) -> None:
         if end.mode is Mode.RECORDED:
-            self._write(end.step, time.perf_counter_ns())
+            self._write(end.step, _clock())
         self._forget()
 
     def stop(self, step: int, mode: Mode) -> None:
         if mode is Mode.RECORDED:  # a step with no backward pass (inference) is timed too
-            self._write(step, time.perf_counter_ns())
+            self._write(step, _clock())
         self._forget()
 
     def _forget(self) -> None:
-        self._origin = -1
         self._calls = []
         self._backward = {}
         self._running.stack.clear()
 
     def _write(self, step: int, ended: int) -> None:
-        origin = self._origin
-        if origin < 0:
+        if not self._calls:
             return
-        models: dict[int, dict[str, list[float | None]]] = {}
-        for model, seq, began, total, own in self._calls:
-            columns = models.get(model)
-            if columns is None:
-                columns = models[model] = {k: [] for k in ("seq", "start", "forward", "own",
-                                                           "backward_start", "backward")}
-            span = self._backward.get(seq)
-            columns["seq"].append(seq)
-            columns["start"].append(round((began - origin) / _US, 1))
-            columns["forward"].append(round(total / _US, 1))
-            columns["own"].append(round(own / _US, 1))
-            if span is None:
-                columns["backward_start"].append(None)
-                columns["backward"].append(None)
-            else:
-                stop = span[1] if span[1] >= 0 else ended
-                columns["backward_start"].append(round((span[0] - origin) / _US, 1))
-                columns["backward"].append(round((stop - span[0]) / _US, 1))
-        for model, columns in sorted(models.items()):
-            detail = {"origin": round(origin / _US, 1), "end": round((ended - origin) / _US, 1),
-                      **columns}
+        origin = min(call[2] for call in self._calls)
+        models: dict[int, list[tuple[int, int, int, int, int]]] = {}
+        for call in self._calls:
+            models.setdefault(call[0], []).append(call)
+        for model, calls in sorted(models.items()):
+            spans = [self._backward.get(call[1]) for call in calls]
+            detail = {
+                "origin": _us(origin), "end": _us(ended - origin),
+                "seq": [call[1] for call in calls],
+                "start": [_us(call[2] - origin) for call in calls],
+                "forward": [_us(call[3]) for call in calls],
+                "own": [_us(call[4]) for call in calls],
+                "backward_start": [None if s is None else _us(s[0] - origin) for s in spans],
+                "backward": [None if s is None else _us((s[1] if s[1] >= 0 else ended) - s[0])
+                             for s in spans]}
             self._emit(schema.Signal(step, model, "", SignalKind.CALL_TIMES, detail))

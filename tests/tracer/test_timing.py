@@ -44,7 +44,8 @@ def test_own_times_add_up_to_the_measured_forward(shared: Shared) -> None:
         inside = [t for t in times.values() if t.step == step
                   and times[root.seq].start <= t.start and t.seq <= root.seq]
         assert len(inside) == calls
-        assert sum(t.own for t in inside) == pytest.approx(times[root.seq].forward, abs=1.0)
+        assert sum(t.own for t in inside) == pytest.approx(times[root.seq].forward,
+                                                           abs=0.1 * len(inside))  # 0.1 us each
         assert sum(t.own for t in inside) == pytest.approx(wanted, rel=0.10)
         assert all(t.backward is not None and t.backward > 0 for t in inside)
 
@@ -58,7 +59,7 @@ def test_a_module_made_slow_tops_show_sort_time(shared: Shared) -> None:
         rows = shown.stdout.splitlines()
         assert rows[2].split()[:2] == ["own", "ms"]
         assert rows[3].split()[-2:] == ["layer2.1.conv1", "Slow"], shown.stdout
-        assert float(rows[3].split()[0]) > 5 * float(rows[4].split()[0])
+        assert float(rows[3].split()[0]) > 2 * float(rows[4].split()[0])
 
 
 def spans(trace: dict[str, Any], tid: int) -> list[dict[str, Any]]:
