@@ -155,8 +155,14 @@ def _finding(flow: GradientFlow, b: Boundary, c: Collected) -> Finding | None:
     kind, what, hint = CAUSES[cause]
     branch = names_text(list(b.branches), 3) if b.branches else "a child"
     victims = sorted(b.victims, key=lambda k: c.first_seq(*k))
+    gain = f"{b.g_in / b.g_out:.1e}" if b.g_in is not None and b.g_out else "?"
+    ratio = (f"{b.ratio:.1e}" if b.ratio is not None else "?") + (
+        " (zero at some steps)" if b.exact else "")
+    # the calls whose outputs the loss reads in part, with the share of exactly-zero gradient
+    reads = names_text([f"{name} ({share:.1%} of its gradient exactly zero)"
+                        for name, share in b.reads.items()], 2)
     message = (f"{fqn_text(name)} ({m.cls if m else '?'}): "
-               f"{what.format(branch=branch, gain=_gain(b), ratio=_ratio(b), reads=_reads(b))}; "
+               f"{what.format(branch=branch, gain=gain, ratio=ratio, reads=reads)}; "
                f"{_victims(b, victims, c)} at {steps_text(b.steps)}")
     judged = flow.judged.get(model, [])
     later = len(judged) - len(b.steps)
@@ -175,37 +181,16 @@ def _finding(flow: GradientFlow, b: Boundary, c: Collected) -> Finding | None:
     elif chance is not None:
         message += (f" ({plural(len(b.drops), 'whole drop')} in {flow.draws[b.key][0]} "
                     f"calls: a chance of at most {chance:.0e} at its drop probability)")
-    if b.cause == "selected":
-        pass
-    elif now_and_then:
-        message += f", not in the other {plural(later, 'step')} judged"
-    elif passing and later:
-        message += f", not in the {plural(later, 'later step')}"
-    elif passing:  # only the first step is in the log
-        message += ": usual at the first step after a zero-initialised layer (a ViT head)"
+    if passing and b.cause != "selected":  # (without later steps: only the first is in the log)
+        message += (f", not in the other {plural(later, 'step')} judged" if now_and_then else
+                    f", not in the {plural(later, 'later step')}" if later else
+                    ": usual at the first step after a zero-initialised layer (a ViT head)")
     evidence: dict[str, Any] = {"starved": [k[1] for k in victims], "steps": b.steps[:20]}
-    if b.g_out is not None:
-        evidence["grad_output_norm"] = b.g_out
-    if b.g_in is not None:
-        evidence["grad_input_norm"] = b.g_in
+    for key, norm in (("grad_output_norm", b.g_out), ("grad_input_norm", b.g_in)):
+        if norm is not None:
+            evidence[key] = norm
     return Finding(kind, NOTE if passing else WARNING, c.model_name(model),
                    name, b.steps[0], message, evidence, hint.format(branch=branch))
-
-
-def _gain(b: Boundary) -> str:
-    return f"{b.g_in / b.g_out:.1e}" if b.g_in is not None and b.g_out else "?"
-
-
-def _reads(b: Boundary) -> str:
-    """The calls whose outputs the loss reads in part, with the share of exactly-zero
-    gradient at each."""
-    return names_text([f"{name} ({share:.1%} of its gradient exactly zero)"
-                       for name, share in b.reads.items()], 2)
-
-
-def _ratio(b: Boundary) -> str:
-    ratio = f"{b.ratio:.1e}" if b.ratio is not None else "?"
-    return ratio + (" (zero at some steps)" if b.exact else "")
 
 
 def _victims(b: Boundary, victims: list[ModelFqn], c: Collected) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from hooktrace.check.checks import judge, ordered
+from hooktrace.check.checks import judge, ordered, summary_of
 from hooktrace.check.collect import Collector, collect
 from hooktrace.check.collected import Collected
 from hooktrace.check.findings import (
@@ -27,7 +27,6 @@ from hooktrace.check.findings import (
 )
 from hooktrace.check.models import model_facts
 from hooktrace.check.ranks import first_divergence
-from hooktrace.check.summary import summary_of
 from hooktrace.log import schema
 from hooktrace.log.align import Feed
 from hooktrace.log.decoder import Rows

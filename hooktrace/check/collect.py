@@ -33,8 +33,7 @@ from hooktrace.log.reader import LogReader
 
 
 class Collector:
-    """Takes the items of one ``LogReader.scan`` (``take``), in order; ``finish`` gives what
-    they add up to. ``step``: that step only."""
+    """Takes the items of one ``LogReader.scan`` in order; ``finish`` gives what they add up to."""
 
     def __init__(self, reader: LogReader, step: int | None = None) -> None:
         self.c = Collected(header=reader.header, log=str(reader.path))
@@ -48,7 +47,6 @@ class Collector:
         self._forward_calls: list[int | None] = []  # wanted: module index; None: a recompute
         self._no_grad_calls: list[int] = []
         self._eval_calls: list[int] = []  # in eval mode with gradient recording on
-        self._recomputed = False  # a None in _forward_calls
         self._backwards_step: int | None = None  # of the backward events in these lists:
         self._backward_calls: list[int] = []
         self._backward_fwds: list[int] = []
@@ -73,10 +71,17 @@ class Collector:
             self._record(item)
 
     def finish(self) -> Collected:
+        """What the items add up to: the per-step sets as module keys, the judged calls, the
+        true gradient norms, a backward pass that never ended."""
         self._start_forward_step(None)
         self._start_backward_step(None)
         self._patterns.flush()
-        self._finish()
+        self.c.calls = self._judging.calls()
+        self.c.unscale()
+        if self._last_backward is not None and self._last_backward[0] not in self._closed:
+            step, index = self._last_backward
+            self.c.unfinished = (step, self._keys[index])
+        self._sets.into(self.c, self._keys)
         self.c.warnings.extend(self._reader.warnings)
         return self.c
 
@@ -176,7 +181,6 @@ class Collector:
             self._no_grad_calls.clear()
             self._eval_calls.clear()
             self._fwd_steps.indexed = 0
-            self._recomputed = False
         if step is not None:
             self._forwards_step = step
             self.c.steps_seen.add(step)
@@ -196,7 +200,6 @@ class Collector:
         """A forward call with a flag or NaN/Inf outputs (``outs``: their shapes, dtypes)."""
         if more.recompute:
             self._forward_calls.append(None)
-            self._recomputed = True
             self._judging.recompute(step, seq, index, call)
             return
         before = next((i for i in reversed(self._forward_calls) if i is not None), None)
@@ -229,8 +232,7 @@ class Collector:
         """Does the step's backward run its calls in the reverse of their forward order?"""
         if self.c.order_mismatch is None and self._backward_order \
                 and self._forwards_step is not None:
-            index = order_break(self._forward_seqs, self._forward_calls, self._backward_order,
-                                self._recomputed)
+            index = order_break(self._forward_seqs, self._forward_calls, self._backward_order)
             if index is not None:  # of the last such call
                 self.c.order_mismatch = (self._forwards_step, *self._keys[index])
         self._backward_order.clear()
@@ -263,17 +265,6 @@ class Collector:
             self._backward_order += fwds
         calls.clear()
         fwds.clear()
-
-    # -- other records -------------------------------------------------------------------------
-
-    def _finish(self) -> None:
-        """The per-step sets as module keys; the judged calls; the true gradient norms."""
-        self.c.calls = self._judging.calls()
-        self.c.unscale()
-        if self._last_backward is not None and self._last_backward[0] not in self._closed:
-            step, index = self._last_backward
-            self.c.unfinished = (step, self._keys[index])
-        self._sets.into(self.c, self._keys)
 
 
 def collect(path: str | os.PathLike[str], step: int | None = None) -> Collected:

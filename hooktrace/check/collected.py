@@ -1,7 +1,5 @@
 """What the checks need from a log: the per-module and per-step aggregates ``collect`` fills.
-
-Standard library only: ``hooktrace check`` runs without torch.
-"""
+Standard library only: ``hooktrace check`` runs without torch."""
 
 from __future__ import annotations
 
@@ -53,6 +51,18 @@ class Nonfinite:
 
 
 @dataclass
+class NonfiniteSeen:
+    """Where NaN/Inf appeared in forward outputs, or in gradients: the run's first (nonfinite's
+    one rule), the steps with any, and per step the module of its first (backward: with whether
+    it produced it): a zoomed call of a later step answers for a NaN/Inf finding only where they
+    are its own."""
+
+    first: Nonfinite | None = None
+    steps: set[int] = field(default_factory=set)
+    of_step: dict[int, Any] = field(default_factory=dict)
+
+
+@dataclass
 class Collected:
     """What the checks need from a log, gathered in one streaming pass."""
 
@@ -69,10 +79,8 @@ class Collected:
     # per step: the modules whose calls with gradient recording on all ran in eval mode (a
     # validation pass after model.eval(), or training in eval mode: the backward tells)
     eval_mode: dict[int, ModelFqns] = field(default_factory=dict)
-    first_forward_nonfinite: Nonfinite | None = None
-    forward_nonfinite_steps: set[int] = field(default_factory=set)
-    first_backward_nonfinite: Nonfinite | None = None
-    backward_nonfinite_steps: set[int] = field(default_factory=set)
+    forward_nan: NonfiniteSeen = field(default_factory=NonfiniteSeen)
+    backward_nan: NonfiniteSeen = field(default_factory=NonfiniteSeen)
     # per step: (model, fqns, parameter-gradient norms) of each params record, in file order; the
     # fqns are a tuple shared by the records of the same modules
     param_norms: dict[int, list[tuple[int, tuple[str, ...], tuple[float | None, ...]]]] = field(
@@ -102,11 +110,6 @@ class Collected:
     losses: dict[ModelFqn, LossCall] = field(default_factory=dict)
     # per module, its first zoomed calls' operations (``ops`` records, ``ops.KEEP`` at most)
     ops: dict[ModelFqn, list[schema.Ops]] = field(default_factory=dict)
-    # per step, the module of its first forward output with NaN/Inf, and of its first backward
-    # event with a NaN/Inf gradient, with whether that one produced it (nonfinite's rule): a
-    # zoomed call of a later step answers for a NaN/Inf finding only where they are its own
-    forward_first: dict[int, ModelFqn] = field(default_factory=dict)
-    backward_first: dict[int, tuple[ModelFqn, bool]] = field(default_factory=dict)
     # the call that returned just before the run's first NaN/Inf forward output, in its step
     # (None: none did): where a NaN/Inf that came in through its inputs was made after
     forward_first_before: ModelFqn | None = None

@@ -1,24 +1,15 @@
 """A run that did not finish, a run hooktrace did not see, and compiled code it ran eagerly.
 
-A backward pass that raised (autograd's "modified by an inplace operation") is named by the
-module whose backward was running; any other error by the module whose call raised it and the
-line of the user's code, as the end record keeps them. A run that stopped without an error of
-its own (killed: no end record; interrupted by a signal) is said with the last step it
-completed. ``sys.exit(n)`` is the script's own choice of status, a run that finished (a
-framework's runner exits so after training). A run that did not finish is never "no problems found".
-
-Not seen:
-
-A log with no event is never "no problems found": the one line ``log/unseen.py`` says why
-(the script's exit status and line, no ``nn.Module``, compiled code unseen, every call
-filtered out) is an error. Not where the tracer followed backward passes of a model (the
-end record's steps) outside the steps it records: those steps were watched, and their
-anomalies are the findings; unless the model ran compiled code in them, which no step recorded
-eagerly first. A run whose recorded steps ran ``torch.compile``'d code eagerly
-(the ``compiled-eager`` signal) gets one note saying so.
-
-Pure: a ``Collected`` in, findings out.
-"""
+A backward pass that raised (autograd's "modified by an inplace operation") is named by the module
+whose backward was running; any other error by the module whose call raised it and the line of the
+user's code, as the end record keeps them. A run that stopped without an error of its own (killed:
+no end record; interrupted by a signal) is said with the last step it completed; ``sys.exit(n)``
+is the script's own choice of status, a run that finished (a framework's runner exits so after
+training). A log with no event is never "no problems found": the one line ``log/unseen.py`` says
+why (the exit status and line, no ``nn.Module``, compiled code unseen, every call filtered out)
+is an error; not where the tracer followed backward passes outside the steps it records (watched:
+their anomalies are the findings), unless the model ran compiled code in them. Recorded steps
+that ran ``torch.compile``'d code eagerly get one note. Pure: a ``Collected`` in, findings out."""
 
 from __future__ import annotations
 
@@ -119,17 +110,17 @@ def check_crash(c: Collected) -> list[Finding]:
             f"the script stopped at step {step}: {c.label(raised_in, fqn)} raised {kind} in its "
             f"forward{where}: {text}", evidence,
             _hint(text, "the modules after it in forward never ran: fix this error first"))]
-    frozen = [c.model_name(m) for m in sorted(c.models) if _all_frozen(c, m)]
-    about = (f"; every parameter of model '{frozen[0]}' is frozen (requires_grad=False)"
-             if frozen else "")
+    stopped_at: int | None = step
     if not _ran(c):  # no model to point at, and no step begun
-        return [Finding(
-            "script-error", ERROR, "", "", None,
-            f"the script stopped before any model ran, with {kind}{where}: {text}", evidence,
-            _hint(text, "the run did not finish: fix this error first"))]
+        at, who, about, stopped_at = "before any model ran,", "", "", None
+    else:
+        frozen = [c.model_name(m) for m in sorted(c.models) if _all_frozen(c, m)]
+        at, who = f"at step {step}", frozen[0] if frozen else _last_model(c)
+        about = (f"; every parameter of model '{frozen[0]}' is frozen (requires_grad=False)"
+                 if frozen else "")
     return [Finding(
-        "script-error", ERROR, frozen[0] if frozen else _last_model(c), "", step,
-        f"the script stopped at step {step} with {kind}{where}: {text}{about}", evidence,
+        "script-error", ERROR, who, "", stopped_at,
+        f"the script stopped {at} with {kind}{where}: {text}{about}", evidence,
         _hint(text, "the run did not finish: fix this error first"))]
 
 
@@ -211,18 +202,15 @@ def _last_model(c: Collected) -> str:
     return c.model_name(max(called, key=lambda m: m.first_seq or 0).model)
 
 
-_CRASHED = {EndStatus.INTERRUPTED}  # said by the crash check, as is an error other than SystemExit
-
-
 def check_unseen(c: Collected) -> list[Finding]:
     end = c.end
     options = TraceOptions.from_header(c.header)
     # watched steps judged the modules they saw; compiled code run in none but watched steps
     # was never seen (its steps are counted at backward()'s return, judged by nothing)
     followed = end is not None and end.steps and not end.compiled and not options.filtered
-    if end is None or c.events or followed or end.status in _CRASHED or (
+    if end is None or c.events or followed or end.status == EndStatus.INTERRUPTED or (
             end.status == EndStatus.ERROR and (end.error or {}).get("type", "SystemExit")
-            != "SystemExit"):
+            != "SystemExit"):  # a crash: check_crash says it
         return _eager(c)
     why = nothing_seen(options, end, len(c.models))
     if why is None:

@@ -3,30 +3,16 @@
 Along each recorded step, a module call is *starved* when it has trainable parameters and its
 backward got no gradient, or an exactly-zero one (*dead*), or one orders of magnitude below what
 a later module received (*weak*). The finding names the **boundary**, the module where the
-gradient is lost, with the starved calls as its evidence:
-
-* a call that receives a usable gradient and passes back exactly zero (zero weights, a dead
-  ReLU, a custom ``autograd.Function`` returning zeros) or at most ``Thresholds.gain`` of it
-  (a saturated sigmoid), or whose input needed a gradient and got none (``lost``: a
-  ``.detach()``, ``.data`` or numpy round trip inside its forward);
-* a ``LayerNorm``-like module over a last dim of size 1 with a gain of at most 1e-3: its output
-  is a constant, its gain rounding noise;
-* failing that, the innermost call enclosing the starved one that did get a gradient: the
-  gradient stops inside *its* forward (a ``.detach()`` or ``torch.no_grad()`` around a child's
-  output, a branch multiplied by 0, a softmax over a child's size-1 last dim, a call whose
-  result a loop overwrites while another call of the module is used); or, for a weak one, the
-  forward where it gets at most ``_FLAT_INSIDE`` of a sibling's gradient (a saturated softmax).
-
-What each cause says is ``causes.py``'s.
+gradient is lost, with the starved calls as its evidence: a call that receives a usable gradient
+and passes back exactly zero or at most ``Thresholds.gain`` of it, or whose input needed a
+gradient and got none (``lost``); a normalisation over a last dim of size 1; failing that, the
+innermost call enclosing the starved one that did get a gradient (``_add_inside``,
+``_add_flat_inside``). What each cause says is ``causes.py``'s.
 
 Only calls inside a top-level call that got a gradient are judged: a whole model call without
-backward (a validation pass, a teacher) is not a lost gradient. Nor is a call under ``no_grad``
-(or ``inference_mode``), or in eval mode with no backward, of a module that another call of the
-step trained: an evaluation pass between optimizer steps (timm validates the model inside its
-wrapper when an epoch ends, with or without ``no_grad``), which the log cannot nest apart from
-the wrapper's training call of the same step. A tiny gradient whose module is bypassed (a
-module before it gets a large one: a layer scale on a residual branch) is not reported; an
-exactly-zero one always is.
+backward (a validation pass, a teacher) is not a lost gradient; nor is an evaluation pass
+between optimizer steps (``_evaluation``). A tiny gradient whose module is bypassed (a layer
+scale on a residual branch) is not reported; an exactly-zero one always is.
 """
 
 from __future__ import annotations
@@ -40,6 +26,8 @@ from typing import TYPE_CHECKING
 
 from hooktrace.check.boundary import Boundary, GradientFlow
 from hooktrace.check.calls import (
+    Enclosing,
+    FirstAtLeast,
     JudgedCall,
     only_looked_at,
     passes_nothing,
@@ -49,7 +37,7 @@ from hooktrace.check.calls import (
     starves,
 )
 from hooktrace.check.findings import Thresholds
-from hooktrace.check.flowindex import Enclosing, FirstAtLeast
+from hooktrace.check.grouped import inside
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import ModuleStats
@@ -64,6 +52,9 @@ _DROPPING = {"StochasticDepth", "DropPath", "Dropout", "Dropout1d", "Dropout2d",
              "AlphaDropout", "FeatureAlphaDropout"}
 _SATURATING = {"Sigmoid", "Tanh", "Softmax", "LogSigmoid", "Hardsigmoid", "Softsign",
                "Tanhshrink", "GELU", "SiLU", "Mish", "Hardswish", "Softplus", "LogSoftmax"}
+# what an exactly-zero gain says, by class (else zero weights, or a backward that returns zeros)
+_ZERO_GAIN = {**dict.fromkeys(_RELU_LIKE, "dead_activation"),
+              **dict.fromkeys(_SATURATING, "saturated"), **dict.fromkeys(_DROPPING, "dropped")}
 # layers that normalise over the last dim: over a dim of size 1 their output is a constant, and
 # the gain they pass back is rounding noise (1e-5 for a LayerNorm), not an exact zero
 _NORMALISING_LAST = {"LayerNorm", "RMSNorm", "Softmax", "Softmin", "LogSoftmax"}
@@ -96,9 +87,8 @@ def analyse(calls: Iterable[JudgedCall], modules: dict[ModelFqn, ModuleStats],
 
 
 def _trainable(modules: dict[ModelFqn, ModuleStats], key: ModelFqn) -> bool:
-    """``key`` has trainable parameters: its own, or, for a second path to a module under
-    another parent (BYOL's backbone, ``net`` on the learner and ``online_encoder.net`` in the
-    wrapper that calls it: its calls are named by that caller), its first name's."""
+    """``key`` has trainable parameters: its own, or, for a second path to a module under another
+    parent (BYOL's ``online_encoder.net``), its first name's."""
     m = modules.get(key)
     if m is not None and m.alias_of is not None:
         m = modules.get((key[0], m.alias_of))
@@ -143,8 +133,9 @@ def _judge_step(flow: GradientFlow, step: int, calls: list[JudgedCall],
 def _evaluation(enclosing: Enclosing, v: JudgedCall) -> bool:
     """``v`` ran in an evaluation pass (its outermost call around it that is one, or itself:
     under no_grad, or in eval mode with no backward) of a module that another call of the step
-    trained: a validation pass between optimizer steps, whose calls the log nests in the
-    training call of the step after it. Not a call in eval mode with no backward inside a
+    trained: a validation pass between optimizer steps (timm validates the model inside its
+    wrapper when an epoch ends), whose calls the log nests in the training call of the step
+    after it. Not a call in eval mode with no backward inside a
     forward that ran in eval mode and trained (a model trained in eval mode on purpose, its
     frozen BatchNorms): there it is a result the loss does not use, as in train mode."""
     if not _passive(v):
@@ -161,8 +152,7 @@ def _evaluation(enclosing: Enclosing, v: JudgedCall) -> bool:
 
 
 def _passive(c: JudgedCall) -> bool:
-    """``c`` trained nothing, as an evaluation pass does: it ran under no_grad (or
-    inference_mode), or in eval mode and no backward reached it."""
+    """``c`` trained nothing: it ran under no_grad, or in eval mode and no backward reached it."""
     return not c.grad or (c.eval_mode and not c.backed)
 
 
@@ -209,25 +199,23 @@ def _gain(c: JudgedCall) -> float | None:
 
 
 def _bypassed(b: JudgedCall, enclosing: Enclosing) -> bool:
-    """A module before ``b`` got a gradient that ``b``'s small gain cannot explain: it came
-    round ``b`` (a residual shortcut), and what ``b`` starves is its own branch. Asked of the
-    largest gradient of a fed call with parameters before ``b``: if ``b`` does not starve that
-    one, some module got round it."""
+    """A module before ``b`` got a gradient ``b``'s small gain cannot explain: a shortcut round
+    ``b``."""
     top = enclosing.largest_before(b)
     return top is not None and not starves(b, replace(b, g_out=top))
 
 
 def _saturated(b: JudgedCall, modules: dict[ModelFqn, ModuleStats], t: Thresholds) -> bool:
-    """A saturating activation whose gain is far below a layer scale's: it starves its branch
-    whatever goes round it (a gate whose bias closes it)."""
+    """A saturating activation far below a layer scale's gain: it starves its branch whatever goes
+    round it."""
     m = modules.get(b.key)
     gain = _gain(b)
     return m is not None and m.cls in _SATURATING and gain is not None and gain <= t.saturated
 
 
 class _Candidates:
-    """The candidates of a step (in forward order), indexed for what is asked of them per
-    call: a max tree of each question's necessary number finds the first that may answer."""
+    """A step's candidates in forward order, with max trees that find the first that may answer a
+    call."""
 
     def __init__(self, found: list[JudgedCall], enclosing: Enclosing,
                  modules: dict[ModelFqn, ModuleStats], t: Thresholds) -> None:
@@ -238,15 +226,13 @@ class _Candidates:
         self._gates: dict[int, tuple[list[JudgedCall], FirstAtLeast]] | None = None
 
     def zero_after(self, v: JudgedCall) -> JudgedCall | None:
-        """The nearest one after ``v`` (see ``_after``) that passes back nothing."""
-        if not self._found:
-            return None
+        """The nearest one after ``v`` (``_after``) that passes back nothing."""
         return self._after(v, self._found, self._zero, bisect_right(self._seqs, v.seq), 1.0,
                            passes_nothing)
 
     def starving_after(self, v: JudgedCall) -> JudgedCall | None:
-        """The nearest one after ``v`` (see ``_after``) that starves it."""
-        if v.g_out is None or not self._found:
+        """The nearest one after ``v`` (``_after``) that starves it."""
+        if v.g_out is None:
             return None
         return self._after(v, self._found, self._starving, bisect_right(self._seqs, v.seq),
                            v.g_out, lambda b: starves(b, v))
@@ -260,7 +246,7 @@ class _Candidates:
         before ``v``."""
         while (at := tree.find(i, x)) is not None:
             b = found[at]
-            if not _contains(b.key, v.key) and ok(b):
+            if not inside(v.key, [b.key]) and ok(b):
                 return b
             i = at + 1
         return None
@@ -282,11 +268,6 @@ class _Candidates:
         if gates is None or v.g_out is None:
             return None
         return self._after(v, *gates, 0, v.g_out, lambda b: starves(b, v))
-
-
-def _contains(outer: ModelFqn, inner: ModelFqn) -> bool:
-    return outer[0] == inner[0] and (outer[1] == "" or inner[1] == outer[1]
-                                     or inner[1].startswith(outer[1] + "."))
 
 
 def _add_inside(flow: GradientFlow, step: int, enclosing: Enclosing, v: JudgedCall,
@@ -324,8 +305,8 @@ def _add_inside(flow: GradientFlow, step: int, enclosing: Enclosing, v: JudgedCa
 
 def _reading_part(enclosing: Enclosing, outer: JudgedCall, sparse: list[JudgedCall]
                   ) -> dict[str, float]:
-    """``outer`` or the outermost calls inside its forward whose outputs the loss reads only in
-    part: their labels and the share of exactly-zero gradient at their outputs."""
+    """``outer`` or the outermost calls inside it whose outputs the loss reads in part, with their
+    zero share."""
     if outer in sparse:
         return {_label(outer): outer.zeros or 0.0}
     inside = [c for c in sparse if outer in enclosing.chain(c)]
@@ -368,13 +349,8 @@ def _cause(b: JudgedCall, modules: dict[ModelFqn, ModuleStats]) -> str:
     if _unit_norm(b, modules):
         return "unit_norm"
     if b.g_in == 0:
-        if cls in _RELU_LIKE:
-            return "dead_activation"
-        if cls in _SATURATING:
-            return "saturated"
-        if cls in _DROPPING:
-            return "dropped"
-        return "zero_weights" if m is not None and m.params else "zero_backward"
+        return _ZERO_GAIN.get(cls) or ("zero_weights" if m is not None and m.params
+                                       else "zero_backward")
     return "saturated" if cls in _SATURATING or cls in _RELU_LIKE else "small_gain"
 
 

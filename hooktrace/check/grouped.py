@@ -1,18 +1,14 @@
 """Many modules, one cause: the modules of a finding listed in a line (the outermost subtrees
 that hold them, numbered layers folded into one pattern), and the roles modules play beside
-what trains (a frozen copy of a trained module: a target or EMA copy; an evaluation copy no
-optimizer holds); and the frozen modules of a model that run, frozen on purpose, in one note
-per model: the subtrees that hold them, each with its role beside what trains (a frozen copy
-of a trained module, the base layers of adapters, a frozen backbone). Pure: a ``Collected``
-in, names and notes out."""
+what trains, each model's in one note: a frozen copy of a trained module (a target or EMA
+copy), the base layers of adapters, a frozen backbone, an evaluation copy no optimizer holds.
+Pure: a ``Collected`` in, names and notes out."""
 
 from __future__ import annotations
 
 import math
 import re
 from collections.abc import Iterable
-from dataclasses import replace
-from functools import partial
 from typing import TYPE_CHECKING
 
 from hooktrace.check.findings import NOTE, Finding, names_text
@@ -66,34 +62,26 @@ def patterns(names: Iterable[str], keep: int = 10) -> str:
 _Makeup = tuple[tuple[str, str, int], ...]
 
 
-def _signatures(c: Collected) -> dict[ModelFqn, _Makeup]:
-    """What each subtree is made of: each module with parameters below it (and itself), by its
-    name relative to it, its class and its parameter count. One pass over the modules, times
-    their depth."""
+def _makeups(c: Collected) -> tuple[dict[ModelFqn, _Makeup], set[ModelFqn]]:
+    """What each subtree is made of (each module with parameters below it and itself, by its
+    name relative to it, its class and its parameter count), and the subtrees some module of
+    which trains; one pass over the modules, times their depth. A second path to a module under
+    another parent (``alias_of``: BYOL's ``online_encoder.net``, whose first name ``net`` holds
+    the parameters) counts with the first name's parameters: a copy of the wrapper that calls
+    it is a copy of it all."""
     parts: dict[ModelFqn, list[tuple[str, str, int]]] = {}
-    for m in map(partial(_holder, c), c.modules.values()):
-        if m.params:
-            for top in [*ancestors(m.fqn), m.fqn]:
+    trains: set[ModelFqn] = set()
+    for m in c.modules.values():
+        first = c.modules.get((m.model, m.alias_of)) if m.alias_of else None
+        params, trainable = (m.params, m.trainable) if first is None else (first.params,
+                                                                           first.trainable)
+        for top in [*ancestors(m.fqn), m.fqn]:
+            if params:
                 rel = "" if m.fqn == top else m.fqn[len(top) + 1:] if top else m.fqn
-                parts.setdefault((m.model, top), []).append((rel, m.cls, m.params))
-    return {key: tuple(sorted(found)) for key, found in parts.items()}
-
-
-def _trains(c: Collected) -> set[ModelFqn]:
-    """The subtrees some module of which has trainable parameters."""
-    out: set[ModelFqn] = set()
-    for m in map(partial(_holder, c), c.modules.values()):
-        if m.trainable:
-            out.update((m.model, top) for top in [*ancestors(m.fqn), m.fqn])
-    return out
-
-
-def _holder(c: Collected, m: ModuleStats) -> ModuleStats:
-    """``m``, or for a second path to a module under another parent (``alias_of``: BYOL's
-    ``online_encoder.net``, whose first name ``net`` holds the parameters), ``m`` with the
-    first name's parameters: a copy of the wrapper that calls it is a copy of it all."""
-    first = c.modules.get((m.model, m.alias_of)) if m.alias_of else None
-    return m if first is None else replace(m, params=first.params, trainable=first.trainable)
+                parts.setdefault((m.model, top), []).append((rel, m.cls, params))
+            if trainable:
+                trains.add((m.model, top))
+    return {key: tuple(sorted(found)) for key, found in parts.items()}, trains
 
 
 def copies(c: Collected) -> dict[ModelFqn, ModelFqn]:
@@ -108,9 +96,8 @@ def copies(c: Collected) -> dict[ModelFqn, ModelFqn]:
             if (model, top) in c.modules and c.modules[(model, top)].calls]
     if not tops:
         return {}
-    signatures = _signatures(c)
+    signatures, trains = _makeups(c)
     wanted = {signatures[key]: key for key in tops if len(signatures.get(key, ())) >= 2}
-    trains = _trains(c)
     out: dict[ModelFqn, ModelFqn] = {}
     for key, m in c.modules.items():
         found = wanted.get(signatures.get(key, ())) if m.calls and key in trains else None
@@ -180,13 +167,13 @@ def _how(c: Collected, keys: set[ModelFqn]) -> str:
 _FROZEN = "parameters frozen (requires_grad=False)"
 
 
-def frozen_notes(c: Collected, found: list[tuple[ModuleStats, Finding]]) -> list[Finding]:
+def frozen_notes(c: Collected, found: list[tuple[ModuleStats, Finding]],
+                 copied: dict[ModelFqn, ModelFqn]) -> list[Finding]:
     """One note per model for its frozen modules that run (``found``: each with its own note,
     kept where it is the model's only one)."""
     by_model: dict[int, list[tuple[ModuleStats, Finding]]] = {}
     for m, f in found:
         by_model.setdefault(m.model, []).append((m, f))
-    copied = copies(c)
     return [_note(c, model, by_model[model], copied) for model in sorted(by_model)]
 
 

@@ -1,10 +1,6 @@
 """The indices a ``collect.Collector`` keeps while it reads: modules as small integers, the step
-of each recent forward call, and per-step sets of modules (one object per distinct set).
-``collect`` reads the log; this module only files what it read.
-
-A training loop repeats one step: ``collect`` hands each step's calls (module indices) to
-``Patterns``, which counts a sequence the first time it sees it and only adds a run after that;
-``flush`` adds the counted calls to their modules."""
+of each recent forward call, per-step sets of modules (one object per distinct set), and the
+distinct sequences of calls a loop repeats (``Patterns``)."""
 
 from __future__ import annotations
 
@@ -142,12 +138,12 @@ class ForwardSteps:
         self._recent[:] = kept
 
 
-def order_break(seqs: Sequence[int], calls: Sequence[int | None], backward: Sequence[int],
-                recomputed: bool) -> int | None:
+def order_break(seqs: Sequence[int], calls: Sequence[int | None], backward: Sequence[int]
+                ) -> int | None:
     """The index of the last module whose backward comes out of the reverse of the step's
     forward order (``seqs`` and ``calls``: the forward's; ``backward``: its backward events'
     forward seqs), or None when the backward mirrors the forward."""
-    if len(calls) == len(seqs) and not recomputed:
+    if len(calls) == len(seqs) and None not in calls:
         called = set(seqs)  # the usual: every forward was a call
     else:
         called = {s for s, i in zip(seqs, calls, strict=False) if i is not None}
@@ -162,10 +158,9 @@ def order_break(seqs: Sequence[int], calls: Sequence[int | None], backward: Sequ
 
 
 class Profiles:
-    """Per backward step, the trainable modules' parameter-gradient norms in backward order
-    (the step's profile, filled by the reader through ``modules`` and ``norms``), kept as
-    tuples (lists would be scanned by every garbage collection), one object per distinct
-    tuple of names; and the parameter-gradient records the same way."""
+    """Per backward step, the trainable modules' parameter-gradient norms in backward order, and the
+    parameter-gradient records, as tuples (lists would be scanned by every garbage collection), one
+    object per distinct tuple of names."""
 
     def __init__(self, c: Collected) -> None:
         self.modules: list[ModelFqn] = []  # the profile of the step being read, so far
@@ -189,8 +184,6 @@ class Profiles:
             (r.model, self._interned.setdefault(names, names), tuple(r.grad_norm.values())))
 
 
-
-
 @dataclass(slots=True)
 class Pattern:
     """One step's forward calls, counted; ``runs``: the steps that made exactly these calls."""
@@ -207,8 +200,7 @@ class Pattern:
 
 
 class Patterns:
-    """The distinct sequences of calls seen since the last ``flush``. ``module``: the stats of
-    the module of an index."""
+    """The distinct sequences of calls seen since the last ``flush``."""
 
     def __init__(self, module: Callable[[int], ModuleStats]) -> None:
         self._module = module

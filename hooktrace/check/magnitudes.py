@@ -34,22 +34,14 @@ def _profile_finding(c: Collected, t: Thresholds, explained: Set[ModelFqn]) -> F
     within each model (a generator's gradients against its discriminator's say nothing of
     either's depth); not where they fall to a module starved at a boundary ``flow`` names."""
     for step in sorted(c.profiles):
-        for modules, norms in _per_model(*c.profiles[step]):  # backward order: output first
-            found = _profile(c, t, explained, step, modules, norms)
+        modules, norms = c.profiles[step]  # backward order: output first
+        for model in dict.fromkeys(key[0] for key in modules):
+            at = [i for i, key in enumerate(modules) if key[0] == model]
+            found = _profile(c, t, explained, step, tuple(modules[i] for i in at),
+                             tuple(norms[i] for i in at))
             if found is not None:
                 return found
     return None
-
-
-def _per_model(modules: tuple[ModelFqn, ...], norms: tuple[float, ...]
-               ) -> list[tuple[tuple[ModelFqn, ...], tuple[float, ...]]]:
-    """A step's profile split by model, each in its backward order (one model: as it is)."""
-    models = dict.fromkeys(key[0] for key in modules)
-    if len(models) == 1:
-        return [(modules, norms)]
-    return [(tuple(k for k in modules if k[0] == model),
-             tuple(v for k, v in zip(modules, norms, strict=True) if k[0] == model))
-            for model in models]
 
 
 def _profile(c: Collected, t: Thresholds, explained: Set[ModelFqn], step: int,
@@ -110,7 +102,7 @@ def _past_thresholds(c: Collected, t: Thresholds, starts: dict[ModelFqn, int]
     larger gradient in that step: the gradient is small in its branch (ConvNeXt's layer scale,
     a gate), not lost on its way."""
     flagged: dict[str, dict[ModelFqn, _BeyondThreshold]] = {
-        "vanishing": {}, "exploding": {}, "zero": {}, "bypassed": {}}
+        "vanishing": {}, "exploding": {}, FindingKind.ZERO_GRADIENT: {}, "bypassed": {}}
     zero_loss = c.zero_loss_steps()
     for step in sorted(c.param_norms.keys() - zero_loss):
         norms = _step_norms(c, step)
@@ -119,8 +111,9 @@ def _past_thresholds(c: Collected, t: Thresholds, starts: dict[ModelFqn, int]
             if norm is None:
                 continue
             # NaN compares False: a NaN/Inf norm is another check's
-            kind = ("zero" if norm == 0 else "vanishing" if norm < t.vanishing else "exploding"
-                    if t.exploding < norm < math.inf else "")
+            kind = (FindingKind.ZERO_GRADIENT if norm == 0 else "vanishing"
+                    if norm < t.vanishing else "exploding" if t.exploding < norm < math.inf
+                    else "")
             if not kind:
                 continue
             if kind == "vanishing":
@@ -162,8 +155,7 @@ def _step_norms(c: Collected, step: int) -> dict[ModelFqn, float | None]:
 
 def _earliest_above(starts: dict[ModelFqn, int], norms: dict[ModelFqn, float | None],
                     limit: float) -> dict[int, int]:
-    """Per model, where its first module (in forward order) with a norm of at least ``limit``
-    starts."""
+    """Per model, where its first module with a norm of at least ``limit`` starts."""
     earliest: dict[int, int] = {}
     for key, norm in norms.items():
         if norm is not None and limit <= norm < math.inf:
@@ -173,18 +165,16 @@ def _earliest_above(starts: dict[ModelFqn, int], norms: dict[ModelFqn, float | N
     return earliest
 
 
-def check_magnitudes(c: Collected, t: Thresholds, explained: Set[ModelFqn] = frozenset()
-                     ) -> list[Finding]:
+def check_magnitudes(c: Collected, t: Thresholds, starts: dict[ModelFqn, int],
+                     explained: Set[ModelFqn] = frozenset()) -> list[Finding]:
     """Parameter-gradient norms past the thresholds, and the profile across the network: one
     finding per kind (vanishing, exploding), a warning where they last; a note where they
     passed in a few steps only, or where the gradient got past them to the input side."""
-    starts = start_orders(c)
     flagged = _past_thresholds(c, t, starts)
     for modules in flagged.values():  # starved modules whose boundary ``flow`` names
         for key in explained & modules.keys():
             del modules[key]
     bypassed = flagged.pop("bypassed")
-    zero = flagged.pop("zero")
     profile = _profile_finding(c, t, explained)
     out: list[Finding] = []
     grown = growth(c)
@@ -194,7 +184,9 @@ def check_magnitudes(c: Collected, t: Thresholds, explained: Set[ModelFqn] = fro
         # training diverges, even when that is the last step recorded
         lasting = {k: p for k, p in past.items() if p.lasting or (
             kind == "exploding" and grown is not None and grown[2] in p.steps)}
-        if lasting or finding is not None:
+        if kind == FindingKind.ZERO_GRADIENT and lasting:
+            out.append(_zero_finding(c, starts, lasting))
+        elif lasting or finding is not None:
             made = _magnitude_finding(c, t, starts, kind, lasting, finding)
             if kind == "exploding" and any(p.broke for p in lasting.values()):
                 made = replace(made, hint=DIVERGES, message=made.message
@@ -209,13 +201,6 @@ def check_magnitudes(c: Collected, t: Thresholds, explained: Set[ModelFqn] = fro
     if bypassed:
         out.append(_magnitude_finding(c, t, starts, "vanishing", bypassed, None,
                                       note="bypassed"))
-    lasting = {k: p for k, p in zero.items() if p.lasting}
-    if lasting:
-        out.append(_zero_finding(c, starts, lasting))
-    passing = {k: p for k, p in zero.items() if not p.lasting}
-    if passing:
-        out.append(_magnitude_finding(c, t, starts, FindingKind.ZERO_GRADIENT, passing, None,
-                                      note="passing"))
     return out
 
 

@@ -30,10 +30,10 @@ from hooktrace.log.words import fqn_text
 
 def check_nonfinite(c: Collected) -> list[Finding]:
     out = []
-    forward = c.first_forward_nonfinite
-    backward = c.first_backward_nonfinite
+    forward = c.forward_nan.first
+    backward = c.backward_nan.first
     if forward is not None:
-        later = sorted(c.forward_nonfinite_steps - {forward.step})
+        later = sorted(c.forward_nan.steps - {forward.step})
         why, hint = _forward_cause(c, forward, backward.step if backward else None)
         module, evidence = forward.fqn, forward.evidence
         came = _came_in(c, forward)
@@ -51,24 +51,25 @@ def check_nonfinite(c: Collected) -> list[Finding]:
             f"first NaN/Inf in a forward output: {c.label(forward.model, forward.fqn)} at "
             f"step {forward.step}" + (f" (again in {steps_text(later)})" if later else "") + why,
             evidence, hint))
-    if backward is not None and forward is None and _recovered(c):
-        bad = sorted(c.backward_nonfinite_steps)
-        label = c.label(backward.model, backward.fqn)
+    if backward is None:
+        return out if forward else _loss_nonfinite(c)
+    produced = backward.evidence.get("produced")
+    label = c.label(backward.model, backward.fqn)
+    if forward is None and _recovered(c):
+        bad = sorted(c.backward_nan.steps)
         out.append(Finding(
             FindingKind.NONFINITE_BACKWARD, NOTE, c.model_name(backward.model), backward.fqn,
             backward.step,
             f"NaN/Inf gradients in {steps_text(bad)}, first "
-            f"{'produced by' if backward.evidence.get('produced') else 'reaching'} {label}; "
+            f"{'produced by' if produced else 'reaching'} {label}; "
             "every forward output finite, and finite gradients in the steps after: those "
             "steps' updates were skipped, as a loss scaler (torch.amp.GradScaler) skips a step "
             "whose scaled gradients overflowed", {**backward.evidence, "steps": bad[:20]},
             "expected with fp16 loss scaling, in its first steps and now and then after; "
             "without a scaler, find where the NaN/Inf starts in those steps",
         ))
-    elif backward is not None:
-        produced = backward.evidence.get("produced")
+    else:
         follows = forward is not None and forward.step <= backward.step
-        label = c.label(backward.model, backward.fqn)
         out.append(Finding(
             FindingKind.NONFINITE_BACKWARD, ERROR, c.model_name(backward.model), backward.fqn,
             backward.step,
@@ -83,7 +84,7 @@ def check_nonfinite(c: Collected) -> list[Finding]:
             "the gradient was NaN/Inf when it reached this module: it comes from the loss or "
             "from functional code after the last module",
         ))
-    return out if forward or backward else _loss_nonfinite(c)
+    return out
 
 
 def _loss_nonfinite(c: Collected) -> list[Finding]:
@@ -234,7 +235,7 @@ def _overflowed(c: Collected, forward: Nonfinite) -> bool:
 def _recovered(c: Collected) -> bool:
     """A step after the last one with NaN/Inf gradients had finite ones: a recorded step, or
     a watched one (a watched step with NaN/Inf would have written an anomaly)."""
-    last = max(c.backward_nonfinite_steps)
+    last = max(c.backward_nan.steps)
     if any(step > last for step in c.backward_steps):
         return True
     watched = TraceOptions.from_header(c.header).watch
@@ -265,11 +266,12 @@ def forward_outputs(c: Collected, step: int, module: tuple[int, str], call: int,
     """A forward call whose outputs held NaN/Inf: ``[output index, nan, inf]`` each; the
     outputs' dtypes where the log has them (an overflow depends on it); ``before``, the call
     that returned just before it in the step (None: the step's first)."""
-    c.forward_nonfinite_steps.add(step)
-    c.forward_first.setdefault(step, module)
-    if c.first_forward_nonfinite is None:
+    seen = c.forward_nan
+    seen.steps.add(step)
+    seen.of_step.setdefault(step, module)
+    if seen.first is None:
         c.forward_first_before = before
-        c.first_forward_nonfinite = Nonfinite(step, *module, {
+        seen.first = Nonfinite(step, *module, {
             "call": call, "outputs": [
                 {"index": i, "shape": shapes[i] if i < len(shapes) else None,
                  **({"dtype": dtypes[i]} if i < len(dtypes) else {}),
@@ -284,10 +286,11 @@ def gradients(c: Collected, step: int, module: tuple[int, str], call: int,
     received = not all(_finite(s) for s in outs)
     produced = not received and not all(_finite(s) for s in ins)
     if received or produced:
-        c.backward_nonfinite_steps.add(step)
-        c.backward_first.setdefault(step, (module, produced))
-        if c.first_backward_nonfinite is None:
-            c.first_backward_nonfinite = Nonfinite(step, *module, {
+        seen = c.backward_nan
+        seen.steps.add(step)
+        seen.of_step.setdefault(step, (module, produced))
+        if seen.first is None:
+            seen.first = Nonfinite(step, *module, {
                 "call": call, "produced": produced, "grad_output": _counts(outs),
                 "grad_input": _counts(ins)})
 
@@ -297,24 +300,19 @@ def parameter_norms(c: Collected, r: schema.ParamGrads) -> None:
     # the sum is finite when every norm is: the exact test only runs when it is not
     if not math.isfinite(sum(filter(None, r.grad_norm.values()))) and any(
             v is not None and not math.isfinite(v) for v in r.grad_norm.values()):
-        c.backward_nonfinite_steps.add(r.step)
-        if c.first_backward_nonfinite is None:
+        c.backward_nan.steps.add(r.step)
+        if c.backward_nan.first is None:
             name = next(k for k, v in r.grad_norm.items()
                         if v is not None and not math.isfinite(v))
-            c.first_backward_nonfinite = Nonfinite(r.step, r.model, name, {
+            c.backward_nan.first = Nonfinite(r.step, r.model, name, {
                 "produced": True, "parameter_grad_norm": str(r.grad_norm[name])})
 
 
 def anomaly(c: Collected, r: schema.Anomaly) -> None:
     """A watched step's record: the same findings as from events, without the events."""
-    found = Nonfinite(r.step, r.model, r.fqn, {"call": r.call, **r.detail})
-    if r.kind == AnomalyKind.NONFINITE_FORWARD:
-        c.forward_nonfinite_steps.add(r.step)
-        first = c.first_forward_nonfinite
-        if first is None or r.step < first.step:
-            c.first_forward_nonfinite = found
-    elif r.kind == AnomalyKind.NONFINITE_BACKWARD:
-        c.backward_nonfinite_steps.add(r.step)
-        first = c.first_backward_nonfinite
-        if first is None or r.step < first.step:
-            c.first_backward_nonfinite = found
+    seen = {AnomalyKind.NONFINITE_FORWARD: c.forward_nan,
+            AnomalyKind.NONFINITE_BACKWARD: c.backward_nan}.get(r.kind)
+    if seen is not None:
+        seen.steps.add(r.step)
+        if seen.first is None or r.step < seen.first.step:
+            seen.first = Nonfinite(r.step, r.model, r.fqn, {"call": r.call, **r.detail})

@@ -1,17 +1,6 @@
-"""The operation and its line put into ``check``'s findings, where the log has the zoomed calls
-of a finding's module (``ops`` records); where it has none, the command that records them.
-
-Each kind of finding asks its question of its module's zoomed calls (below), from
-its step on: a gradient that stops or turns zero inside a forward (flow's boundaries), the
-first NaN/Inf of a forward, a backward that made NaN/Inf, and the in-place change behind a
-backward error. The answer goes into the message ("the gradient stops inside its forward, at
-.detach() (train.py:16)") and the evidence (``op``: the operation, its ``line`` and ``code``).
-A backward error happens before any later step could zoom in: its finding, and a finding whose
-module was not zoomed, get ``rerun``, the command that runs the program again with that
-module's operations recorded.
-
-The questions: the operation inside a finding's module where it happens, from the log's
-``ops`` records (the zoomed calls, ``hooktrace/log/ops.py``). Pure: no files, no torch.
+"""The operation and its line put into ``check``'s findings, from the log's zoomed calls of a
+finding's module (``ops`` records, ``hooktrace/log/ops.py``); where it has none, the command that
+records them (``rerun``). Pure: no files, no torch.
 
 Each question follows the data through one zoomed call's slots, in the order its operations
 ran: where a gradient stops (an operation whose input needs a gradient and whose output has
@@ -19,8 +8,9 @@ none: ``.detach()``, ``.data``, ``.numpy()``, one under ``torch.no_grad()``, the
 those, an integer result such as ``argmax``), where one turns exactly zero (a node that received
 a non-zero gradient and passed back zero), the first NaN/Inf of a forward, the node whose
 backward made NaN/Inf from finite gradients, and the in-place change behind autograd's
-"modified by an inplace operation". A child's call that stops the gradient is looked into when
-the child was zoomed too. What is found only adds to a finding: a zoomed call never makes one.
+"modified by an inplace operation" (a backward error happens before any later step could zoom
+in: it gets ``rerun``). A child's call that stops the gradient is looked into when the child
+was zoomed too. What is found only adds to a finding: a zoomed call never makes one.
 """
 
 from __future__ import annotations
@@ -50,8 +40,8 @@ _INT_DTYPES = ("int", "uint", "bool", "long")
 _INPLACE_ERROR = re.compile(r"\[torch\.\w+ \[([\d, ]*)\]\], which is output (\d+) of (\w+)")
 
 
-def _norm(stat: list[float] | None) -> float | None:
-    return None if stat is None else stat[0]
+def _norms(stats: Iterable[list[float] | None] | None) -> list[float]:
+    return [s[0] for s in stats or () if s is not None]
 
 
 def _integer(op: Op) -> bool:
@@ -71,24 +61,21 @@ def _stops(op: Op) -> bool:
     return bool(op.outs) and not any(op.out_grad) and not _integer(op)
 
 
-def _flow(record: Ops, sources: Iterable[int]) -> Iterator[tuple[Op, set[int]]]:
-    """Each operation that reads a slot reached from ``sources``, with the slots reached
-    before it; what it makes is reached after it."""
-    reached = set(sources)
+def _flow(record: Ops, sources: Iterable[int] | None) -> Iterator[tuple[Op, set[int]]]:
+    """Each operation that reads a slot reached from ``sources`` (None: the call's inputs that
+    needed a gradient), with the slots reached before it; what it makes is reached after it."""
+    reached = set(sources) if sources is not None else {
+        i for i, g in enumerate(record.in_grad) if g}
     for op in record.ops:
         if reached.intersection(op.ins):
             yield op, set(reached)
             reached.update(s for s in op.outs if s >= 0)
 
 
-def _needing(record: Ops) -> list[int]:
-    return [i for i, g in enumerate(record.in_grad) if g]
-
-
 def stop_in(record: Ops, sources: Iterable[int] | None = None) -> Op | None:
     """The first operation on the way from ``sources`` (default: the call's inputs that needed
     a gradient) where a gradient stops; failing that, the first integer result."""
-    flow = list(_flow(record, _needing(record) if sources is None else sources))
+    flow = list(_flow(record, sources))
     stopped = next((op for op, reached in flow if _needs(op, reached) and _stops(op)), None)
     return stopped or next((op for op, reached in flow if _needs(op, reached) and _integer(op)),
                            None)
@@ -97,8 +84,8 @@ def stop_in(record: Ops, sources: Iterable[int] | None = None) -> Op | None:
 def zero_in(record: Ops, sources: Iterable[int] | None = None) -> Op | None:
     """The first operation on the way from ``sources`` whose node received a non-zero gradient
     and passed back exactly zero for what it read from there."""
-    for op, reached in _flow(record, _needing(record) if sources is None else sources):
-        received = [n for s in op.grad_out or () if (n := _norm(s)) is not None]
+    for op, reached in _flow(record, sources):
+        received = _norms(op.grad_out)
         back = op.grad_in or []
         if not received or not any(n > 0 for n in received) or not back:
             continue
@@ -119,8 +106,7 @@ def nonfinite_backward(record: Ops) -> Op | None:
     """The first node, in backward order, that received finite gradients and passed back
     NaN/Inf."""
     for op in reversed(record.ops):
-        received = [n for s in op.grad_out or () if (n := _norm(s)) is not None]
-        back = [n for s in op.grad_in or () if (n := _norm(s)) is not None]
+        received, back = _norms(op.grad_out), _norms(op.grad_in)
         if received and all(map(math.isfinite, received)) and \
                 any(not math.isfinite(n) for n in back):
             return op
@@ -166,14 +152,27 @@ def said(op: Op, inside: str = "") -> str:
     return f"{op.text}{under}{inside}" + (f" ({op.site})" if op.site else "")
 
 
-# the boundaries whose cause an operation inside the module answers
-_ASKED = {"lost_input", "detached_inside", "no_grad", "zeroed", "zeroed_unit", "zero_backward"}
+def _branches(b: Boundary, record: Ops) -> list[int]:
+    return [s for op in record.ops if op.child in b.branches for s in op.outs]
+
+
+# the boundaries whose cause an operation inside the module answers, and what each asks of one
+# of its zoomed calls
+_ASK: dict[str, Callable[[Boundary, Ops], Op | None]] = {
+    "lost_input": lambda b, r: stop_in(r),
+    "zero_backward": lambda b, r: zero_in(r),
+    "no_grad": lambda b, r: next((op for op in r.ops if op.child in b.branches and op.no_grad),
+                                 None),
+    "zeroed": lambda b, r: zero_in(r, _branches(b, r)),
+    "zeroed_unit": lambda b, r: zero_in(r, _branches(b, r)),
+    "detached_inside": lambda b, r: stop_in(r, _branches(b, r)),
+}
 _DEPTH = 4  # child calls looked into, one inside the other
 
 
-def with_op_lines(findings: list[Finding], c: Collected, flowed: GradientFlow) -> list[Finding]:
+def with_op_lines(findings: list[Finding], c: Collected, flowed: GradientFlow,
+                  models: dict[str, int]) -> list[Finding]:
     """Each finding with the operation and line that the log's zoomed calls give it."""
-    models = {c.model_name(i): i for i in c.models}
     return [_with_op_line(f, c, flowed, models.get(f.model)) for f in findings]
 
 
@@ -202,42 +201,22 @@ def _answer(f: Finding, c: Collected, flowed: GradientFlow, model: int,
     if f.cause == FindingKind.NONFINITE_FORWARD:
         # or, where it was made in this module's own code, the child's that received it
         first = (model, str(f.evidence.get("received_by", f.module)))
-        return True, _first([r for r in records if c.forward_first.get(r.step) == first],
-                            first_nonfinite)
+        return True, _first(records, c.forward_nan.of_step, first, first_nonfinite)
     if f.cause == FindingKind.NONFINITE_BACKWARD:
         if not f.evidence.get("produced"):
             return False, None  # reached it: made elsewhere
-        return True, _first([r for r in records if c.backward_first.get(r.step) == (key, True)],
-                            nonfinite_backward)
+        return True, _first(records, c.backward_nan.of_step, (key, True), nonfinite_backward)
     b = next((b for (k, cause), b in flowed.boundaries.items()
               if k == key and CAUSES[cause][0] == f.cause), None)
-    if b is None or b.cause not in _ASKED:
+    if b is None or b.cause not in _ASK:
         return False, None
-    ask = _question(b)
     for record in records:
         if record.step not in b.steps:
             continue  # a step where this boundary was not found (or not judged)
-        op = ask(record)
+        op = _ASK[b.cause](b, record)
         if op is not None:
             return True, _inside(c, model, (op, record.step, record.fqn))
     return True, None
-
-
-def _question(b: Boundary) -> Callable[[Ops], Op | None]:
-    """What a boundary's cause asks of one of its zoomed calls."""
-    def branches(record: Ops) -> list[int]:
-        return [s for op in record.ops if op.child in b.branches for s in op.outs]
-
-    if b.cause == "lost_input":
-        return stop_in
-    if b.cause == "zero_backward":
-        return zero_in
-    if b.cause == "no_grad":
-        return lambda r: next((op for op in r.ops if op.child in b.branches and op.no_grad),
-                              None)
-    if b.cause in ("zeroed", "zeroed_unit"):
-        return lambda r: zero_in(r, branches(r))
-    return lambda r: stop_in(r, branches(r))
 
 
 def _inside(c: Collected, model: int, found: _Found, depth: int = 0) -> _Found:
@@ -253,9 +232,11 @@ def _inside(c: Collected, model: int, found: _Found, depth: int = 0) -> _Found:
     return found
 
 
-def _first(records: list[Ops], ask: Callable[[Ops], Op | None]) -> _Found | None:
+def _first(records: list[Ops], firsts: dict[int, Any], first: object,
+           ask: Callable[[Ops], Op | None]) -> _Found | None:
+    """The answer of the first record of a step whose first NaN/Inf is ``first``."""
     for record in records:
-        if len(record.ops) < 2:
+        if firsts.get(record.step) != first or len(record.ops) < 2:
             continue  # a layer's one function (F.linear of a Linear) says nothing new
         op = ask(record)
         if op is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import orjson
@@ -21,24 +22,18 @@ def _evidence(evidence: dict[str, Any]) -> str:
                 or key in ("produced", "follows", "op", "changed", "rerun"):
             continue  # listed in the message, or nothing to say
         if key in ("grad_output", "grad_input"):
-            value = ", ".join(f"{key} {g['index']}: {g['nan']} NaN, {g['inf']} Inf"
-                              for g in value)
-            parts.append(value)
+            parts.append(", ".join(f"{key} {g['index']}: {g['nan']} NaN, {g['inf']} Inf"
+                                   for g in value))
             continue
-        if key == "outputs":
+        if key == "outputs":  # a dtype where it is not the usual float32: a half overflows
             value = ", ".join(f"output {o['index']}" + (f" {o['shape']}" if o.get("shape") else "")
-                              + _dtype(o) + f": {o['nan']} NaN, {o['inf']} Inf" for o in value)
+                              + (f" {o['dtype']}" if o.get("dtype") not in (None, "", "float32")
+                                 else "") + f": {o['nan']} NaN, {o['inf']} Inf" for o in value)
         elif key == "profile":
             value = " -> ".join(f"{fqn_text(p['module'])} {p['grad_output_norm']:.2g}"
                                 for p in _thin(value))
         parts.append(f"{key}: {value}")
     return "; ".join(parts)
-
-
-def _dtype(output: dict[str, Any]) -> str:
-    """An output's dtype where it is not the usual float32 (a half precision overflows)."""
-    dtype = output.get("dtype")
-    return f" {dtype}" if dtype and dtype != "float32" else ""
 
 
 def _thin(profile: list[dict[str, Any]], keep: int = 8) -> list[dict[str, Any]]:
@@ -111,16 +106,12 @@ def to_text(report: Report, path: str) -> str:
             if len(shown) < len(found):
                 lines.append(f"  ... and {len(found) - len(shown)} more notes "
                              "(--json lists them all)")
-    errors = sum(f.severity == ERROR for f in report.findings)
-    warnings = sum(f.severity == WARNING for f in report.findings)
-    notes = sum(f.severity == NOTE for f in report.findings)
+    n = Counter(f.severity for f in report.findings)
+    noted = plural(n[NOTE], "note")
     lines.append("")
-    noted = plural(notes, "note")
-    if errors or warnings:
-        lines.append(f"{plural(errors + warnings, 'problem')} ({plural(errors, 'error')}, "
-                     f"{plural(warnings, 'warning')}), {noted}")
-    else:
-        lines.append(f"No problems found ({noted}).")
+    lines.append(f"{plural(n[ERROR] + n[WARNING], 'problem')} ({plural(n[ERROR], 'error')}, "
+                 f"{plural(n[WARNING], 'warning')}), {noted}" if n[ERROR] or n[WARNING] else
+                 f"No problems found ({noted}).")
     return "\n".join(lines)
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hooktrace.diff.numbers import Growth, Numbers, Tolerance, param_differences
+from hooktrace.diff.numbers import Found, Growth, Tolerance, most_differing, param_differences
 from hooktrace.log.align import Event, Key, StepRecords, Walk, lockstep, parting, renames
 from hooktrace.log.errors import HooktraceError
 from hooktrace.log.options import TraceOptions
@@ -88,14 +88,14 @@ class _Comparison:
 
     def __init__(self, report: DiffReport, numbers: bool) -> None:
         self.report = report
-        self.numbers = Numbers(Tolerance(report.rtol, report.atol)) if numbers else None
+        self.numbers = numbers
         self.growth = Growth()
         self.tolerance = Tolerance(report.rtol, report.atol)
 
     def step(self, step: int, a: StepRecords, b: StepRecords) -> None:
         self.report.steps.append(step)
         if a.events == b.events and a.params == b.params and a.anomalies == b.anomalies:
-            self.growth.agree(step)
+            self.growth.step(step, [])
             return
         if self.report.ran is None or self.report.shapes is None:
             found = parting(a.events, b.events)
@@ -103,18 +103,20 @@ class _Comparison:
                 self._what_ran(step, a.events, b.events, found.ran)
             if found is not None and found.shapes is not None and self.report.shapes is None:
                 self.report.shapes = _shapes(step, *found.shapes)
-        if self.numbers is None:
+        if not self.numbers:
             return
         self._anomalies(step, a, b)
         self._params(step, a.params, b.params)
+        pairs = _pairs(a.events, b.events)
         if self.growth.wants(step) or (self.report.nonfinite is None
                                        and (a.nonfinite or b.nonfinite)):
-            for event, other in _pairs(a.events, b.events):
-                self._pair(step, event, other)
-            self.growth.step_done(step)
+            differing = self.tolerance.differing(pairs)
+            for event, difference in differing:
+                self._divergence(step, event, difference)
+            self.growth.step(step, differing)
         else:  # the report's sections are decided: only the growth profile may want this step
-            numbers, pairs = self.numbers, (a.events, b.events)
-            self.growth.defer(step, lambda: numbers.largest(_pairs(*pairs)))
+            tolerance = self.tolerance
+            self.growth.defer(step, lambda: most_differing(tolerance.differing(pairs)))
 
     def _what_ran(self, step: int, a: list[Event], b: list[Event], i: int) -> None:
         here_a, here_b = (a[i] if i < len(a) else None), (b[i] if i < len(b) else None)
@@ -134,11 +136,8 @@ class _Comparison:
         self.report.ran = Difference("ran", step, named.model, named.fqn, named.phase,
                                      named.call, what, _context(a, i), _context(b, i), i)
 
-    def _pair(self, step: int, a: Event, b: Event) -> None:
-        assert self.numbers is not None
-        found = self.numbers.compare(a, b)
-        if found is None:
-            return
+    def _divergence(self, step: int, a: Event, found: Found) -> None:
+        """The first number past the tolerance, and the first NaN/Inf in one run only."""
         if self.report.divergence is None or (found.kind == "nonfinite"
                                               and self.report.nonfinite is None):
             what, value_a, value_b = found.words()
@@ -148,7 +147,6 @@ class _Comparison:
                 self.report.nonfinite = difference
             if self.report.divergence is None:
                 self.report.divergence = difference
-        self.growth.add(step, a, found.relative)
 
     def _anomalies(self, step: int, a: StepRecords, b: StepRecords) -> None:
         """Watched steps: a NaN/Inf anomaly in one run only."""
@@ -237,8 +235,7 @@ def diff(a: str | os.PathLike[str], b: str | os.PathLike[str], step: int | None 
                              f"({readers[0].header.schema}, {readers[1].header.schema})")
     report = DiffReport(str(a), str(b), rtol, atol)
     options = [TraceOptions.from_header(r.header) for r in readers]
-    stats = [o.stats for o in options]
-    compare = _Comparison(report, numbers=all(stats))
+    compare = _Comparison(report, numbers=all(o.stats for o in options))
     walks = (Walk(readers[0]), Walk(readers[1]))
     only: dict[str, list[int]] = {"A": [], "B": []}
     whole: dict[str, list[int]] = {"A": [], "B": []}  # run -> the steps it finished
@@ -263,7 +260,7 @@ def diff(a: str | os.PathLike[str], b: str | os.PathLike[str], step: int | None 
         _rename(in_b, walks, report, known)
         compare.step(number, in_a, in_b)
     _check_found(report, walks, step, model, whole, cut)
-    _not_compared(report, only, cut, stats, readers)
+    _not_compared(report, only, cut, options)
     report.growth = compare.growth.profile()
     report.warnings = [w for r in readers for w in r.warnings]
     return report
@@ -341,7 +338,7 @@ def _steps_of(whole: list[int], cut: int | None) -> str:
 
 
 def _not_compared(report: DiffReport, only: dict[str, list[int]], cut: dict[str, int],
-                  stats: list[bool], readers: tuple[LogReader, LogReader]) -> None:
+                  options: list[TraceOptions]) -> None:
     for at in sorted(set(cut.values())):
         runs = " and ".join(run for run in "AB" if cut.get(run) == at)
         report.not_compared.append(f"step {at}: cut off in {runs} (the run did not finish it)")
@@ -352,10 +349,9 @@ def _not_compared(report: DiffReport, only: dict[str, list[int]], cut: dict[str,
         if other in cut and cut[other] < steps[0]:
             why = f"{other} was cut off in step {cut[other]}"
         else:
-            recorded = TraceOptions.from_header(readers[0 if other == "A" else 1].header)
-            why = f"{other} recorded with --steps {recorded.steps.text or '?'}"
+            why = f"{other} recorded with --steps {options['AB'.index(other)].steps.text or '?'}"
         report.not_compared.append(f"steps {ranges(steps)}: only in {run} ({why})")
-    missing = [run for run, has in zip("AB", stats, strict=True) if not has]
+    missing = [run for run, o in zip("AB", options, strict=True) if not o.stats]
     if missing:
         report.not_compared.append(
             f"numbers and parameter gradients: {' and '.join(missing)} recorded with "

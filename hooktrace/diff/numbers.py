@@ -41,6 +41,8 @@ class Found(NamedTuple):
 
 @dataclass(frozen=True)
 class Tolerance:
+    """When the numbers of two matched calls agree, and the worst difference where they do not."""
+
     rtol: float
     atol: float
 
@@ -50,32 +52,6 @@ class Tolerance:
         if d < _INF:  # both finite (a NaN or an infinity makes d NaN or inf)
             return d <= self.atol + self.rtol * max(abs(x), abs(y))
         return (math.isnan(x) and math.isnan(y)) or x == y
-
-
-def relative(x: float, y: float) -> float:
-    scale = max(abs(x), abs(y))
-    return abs(x - y) / scale if scale else 0.0
-
-
-def _finite(stat: Sequence[float] | None) -> bool:
-    """A gradient statistic of finite numbers; None stands for a finite forward output."""
-    return stat is None or (len(stat) == 2 and math.isfinite(stat[0]))
-
-
-def _stat_text(stat: Sequence[float] | None) -> str:
-    if stat is None:
-        return "finite"
-    if not _finite(stat):
-        nan, inf = (int(stat[2]), int(stat[3])) if len(stat) == 4 else (0, 0)
-        return f"{nan} NaN, {inf} Inf"
-    return f"norm {stat[0]:.4g}, absmax {stat[1]:.4g}"
-
-
-class Numbers:
-    """Compares the statistics of two matched calls."""
-
-    def __init__(self, tolerance: Tolerance) -> None:
-        self.tolerance = tolerance
 
     def compare(self, a: Event, b: Event) -> Found | None:
         """The worst difference between the calls' numbers: NaN/Inf in one run only first,
@@ -98,20 +74,14 @@ class Numbers:
                     worst = found
         return worst
 
-    def largest(self, pairs: Iterable[tuple[Event, Event]]) -> tuple[Event, float | None] | None:
-        """The call (A's event) whose numbers differ most among ``pairs``, and by how much;
-        the first one of NaN/Inf in one run only outranks all."""
-        worst: tuple[Event, float | None] | None = None
-        for a, b in pairs:
-            found = self.compare(a, b)
-            if found is not None and (worst is None or _size(found.relative) > _size(worst[1])):
-                worst = (a, found.relative)
-        return worst
+    def differing(self, pairs: Iterable[tuple[Event, Event]]) -> list[tuple[Event, Found]]:
+        """The calls (A's events) among ``pairs`` whose numbers differ, and how."""
+        return [(a, found) for a, b in pairs if (found := self.compare(a, b)) is not None]
 
     def _gradient(self, label: str, x: Sequence[float], y: Sequence[float]) -> Found | None:
-        if len(x) == 2 and len(y) == 2:  # finite norms: the rule of Tolerance.close, inlined
+        if len(x) == 2 and len(y) == 2:  # finite norms: the rule of ``close``, inlined
             # (this runs for every gradient that differs at all)
-            rtol, atol = self.tolerance.rtol, self.tolerance.atol
+            rtol, atol = self.rtol, self.atol
             worst = None
             for j in (0, 1):
                 v, w = x[j], y[j]
@@ -123,6 +93,26 @@ class Numbers:
         if _finite(x) != _finite(y):
             return Found("nonfinite", label, "", x, y, None)
         return None  # NaN/Inf in both runs
+
+
+def relative(x: float, y: float) -> float:
+    scale = max(abs(x), abs(y))
+    return abs(x - y) / scale if scale else 0.0
+
+
+def _finite(stat: Sequence[float] | None) -> bool:
+    """A gradient statistic of finite numbers; None stands for a finite forward output."""
+    return stat is None or (len(stat) == 2 and math.isfinite(stat[0]))
+
+
+def _stat_text(stat: Sequence[float] | None) -> str:
+    if stat is None:
+        return "finite"
+    if not _finite(stat):
+        nan, inf = (int(stat[2]), int(stat[3])) if len(stat) == 4 else (0, 0)
+        return f"{nan} NaN, {inf} Inf"
+    return f"norm {stat[0]:.4g}, absmax {stat[1]:.4g}"
+
 
 def _outputs(a: Sequence[Sequence[int]] | None, b: Sequence[Sequence[int]] | None
              ) -> Found | None:
@@ -153,6 +143,16 @@ def _entry(step: int, event: Event | None, rel: float | None) -> dict[str, Any]:
     return {"step": step, "module": event.fqn, "phase": event.phase, "relative": rel}
 
 
+def most_differing(found: Iterable[tuple[Event, Found]]) -> tuple[Event, float | None] | None:
+    """The call whose numbers differ most, and by how much; the first one of NaN/Inf in one run
+    only outranks all."""
+    worst: tuple[Event, float | None] | None = None
+    for a, f in found:
+        if worst is None or _size(f.relative) > _size(worst[1]):
+            worst = (a, f.relative)
+    return worst
+
+
 Worst = Callable[[], tuple[Event, float | None] | None]  # a step's largest difference, if any
 
 
@@ -164,7 +164,6 @@ class Growth:
     first: list[dict[str, Any]] = field(default_factory=list)
     later: list[dict[str, Any]] = field(default_factory=list)
     _start: int | None = None
-    _worst: tuple[Event, float | None] | None = None  # the current later step's largest
     _last: tuple[int, Worst] | None = None  # the latest step past those shown in ``later``
 
     def wants(self, step: int) -> bool:
@@ -173,23 +172,14 @@ class Growth:
         difference is worked out only for the last of them (``defer``)."""
         return self._start is None or step == self._start or len(self.later) < _PROFILE_STEPS
 
-    def add(self, step: int, event: Event, rel: float | None) -> None:
-        """A call whose numbers differ (``rel`` None: NaN/Inf in one run only)."""
-        if self._start is None:
+    def step(self, step: int, found: list[tuple[Event, Found]]) -> None:
+        """A step's calls whose numbers differ (none: every call agrees)."""
+        if self._start is None and found:
             self._start = step
         if step == self._start:
-            self.first.append(_entry(step, event, rel))
-        elif self._worst is None or _size(rel) > _size(self._worst[1]):
-            self._worst = (event, rel)
-
-    def agree(self, step: int) -> None:
-        self.step_done(step)
-
-    def step_done(self, step: int) -> None:
-        if self._start is None or step == self._start:
-            return
-        worst, self._worst = self._worst, None
-        self.defer(step, lambda: worst)
+            self.first += [_entry(step, a, f.relative) for a, f in found]
+        elif self._start is not None:
+            self.defer(step, lambda: most_differing(found))
 
     def defer(self, step: int, worst: Worst) -> None:
         """A later step, with the function that finds its largest difference."""

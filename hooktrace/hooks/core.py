@@ -109,6 +109,7 @@ class CallTracker(Passes):
         """Remove every hook, then let the observers finish. Safe to call twice."""
         self.active = self._grads.active = False
         self._remove_hooks()
+        self._flow.clear()
         self._steps.stop()
         for observer in self._observers:
             try:
@@ -167,13 +168,12 @@ class CallTracker(Passes):
         each = self._every_backward[mode]
         inputs, seen = leaves(args) if each else _NO_LEAVES
         call = CallHandle(self.step)
-        if mode is RECORDED:
-            start = ForwardStart(module, info, self.step, mode, grad, inputs, seen - len(inputs),
-                                 summarize(inputs), tuple(map(_version, inputs)) if grad else (),
-                                 self._flow.start(inputs), module.training)
-        else:
-            start = ForwardStart(module, info, self.step, mode, grad, inputs, seen - len(inputs),
-                                 _NO_SUMMARY, ())
+        recorded = mode is RECORDED
+        start = ForwardStart(module, info, self.step, mode, grad, inputs, seen - len(inputs),
+                             summarize(inputs) if recorded else _NO_SUMMARY,
+                             tuple(map(_version, inputs)) if grad and recorded else (),
+                             self._flow.start(inputs) if recorded else None,
+                             module.training if recorded else True)
         for forward_start in self._to_forward_start[mode]:
             forward_start(start)
         if grad and each:
@@ -225,9 +225,7 @@ class CallTracker(Passes):
         seq = -1
         if mode is RECORDED:
             seq = next(self._seq)  # atomic under the GIL: backward may run in another thread
-            if self.events < self._max_events:
-                self.events += 1
-            elif self._refuse_event():
+            if not self._take_event():
                 return
         elif mode is OFF:
             return

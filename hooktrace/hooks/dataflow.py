@@ -16,10 +16,13 @@ operations are followed instead while a recorded call that began under it runs (
 validation, its residual adds; an RL target's ``cat`` of next observations and actions): a
 ``TorchDispatchMode``, below autograd so that no ``has_torch_function`` check (the fast path of
 ``nn.MultiheadAttention``) sees it, keeps each operation's outputs as made by the calls that
-made its inputs. Not followed: operations with gradient recording on whose inputs need no
-gradient (a ``cat`` of observations and actions in a training step: following every operation
-of a recorded step cost W1 1.4x its CPU time), a ``.detach()`` of a call's output inside a
-model, and operations outside model calls (the training loop's).
+made its inputs (a new view of an input is found as itself, not at the input's address);
+after a call under ``no_grad`` inside another, in the code around it until a call with
+gradient recording on begins (SB3's critic: a ``cat`` of the features it made under
+``set_grad_enabled(False)`` and the actions). Not followed: other operations with gradient
+recording on whose inputs need no gradient (following every operation of a recorded step cost
+W1 1.4x its CPU time), a ``.detach()`` of a call's output inside a model, and operations
+outside model calls (the training loop's: the follower would sit above the program's modes).
 
 A call that returns its input unchanged (``nn.Identity``, ``Dropout(p=0)``, ``nn.Flatten`` of a
 2-d batch) passes it on: it stands for the tensor's maker only while the call around it runs
@@ -125,20 +128,27 @@ class DataFlow:
         self._passing: set[int] = set()
         self._cut = False  # a walk met an edge without autograd history, or stopped at its bound
         self._ops = _Operations(self)
+        # the follower left on by a call under no_grad inside another, for the code around it
+        self._lingering = False
         self.error: Exception | None = None  # the operations' follower failed: said at a call
 
     def start(self, inputs: list[torch.Tensor]) -> Sources:
         if self.error is not None:
             error, self.error = self.error, None
             raise error
-        follows = not _grad_enabled() and self._ops.live and not self._ops.on_stack()
+        grad = _grad_enabled()
+        follows = not grad and self._ops.live and not self._ops.on_stack()
         if follows:  # a call under no_grad: its operations followed
             self._ops.put_on()
         try:
             versions = tuple(map(_version, inputs))
         except RuntimeError:  # an inference tensor has no version
             versions = ()
-        return tuple(map(self._of, inputs)), self._last, inputs, versions, follows
+        found = tuple(map(self._of, inputs))
+        if grad and self._lingering:
+            self._lingering = False
+            self._ops.take_off()
+        return found, self._last, inputs, versions, follows
 
     def end(self, sources: Sources | None, kw_inputs: list[torch.Tensor],
             outputs: list[torch.Tensor], seq: int, top: bool) -> _Flow | tuple[()]:
@@ -153,8 +163,11 @@ class DataFlow:
         found, before, inputs, versions, follows = sources
         while self._passes and self._passes[-1][0] > before:  # the calls inside it
             self._passed()
-        if follows or top:  # top: also after a call that raised
+        if top or (follows and torch._C._len_torch_dispatch_stack() > 1):
+            self._lingering = False  # top: also after a call that raised
             self._ops.take_off()
+        elif follows:  # the code around it reads what it made (SB3's critic: a cat of the
+            self._lingering = True  # features and the actions); never over a mode of the program
         if kw_inputs:
             found += tuple(map(self._of, kw_inputs))
         made: Producers = ()
@@ -233,7 +246,12 @@ class DataFlow:
         found = _merged([self._of(t) for t in ins])
         if found[0]:
             for t in _tensors((out,), None):
-                self._put(t, found, _address(t))
+                # a new view of an input: found as itself, never at its input's address (where
+                # a tensor passed on would stay the maker for every later reader)
+                address = _address(t)
+                if all(t is not s for s in ins) and any(_address(s) == address for s in ins):
+                    address = 0
+                self._put(t, found, address)
 
     def clear(self) -> None:
         """The step ended: its outputs are no longer looked up."""
@@ -241,6 +259,7 @@ class DataFlow:
         self._objects.clear()
         self._passes.clear()
         self._passing.clear()
+        self._lingering = False
         self._ops.take_off()
 
     def _of(self, t: torch.Tensor) -> _Found:

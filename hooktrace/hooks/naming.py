@@ -30,15 +30,21 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.utils.parametrize import ParametrizationList
 
-from hooktrace.hooks.compiled import compiled_graph
-from hooktrace.hooks.owners import holder_of, owner_of, place, registered, variable_name
+from hooktrace.hooks.owners import (
+    compiled_graph,
+    holder_of,
+    owner_of,
+    place,
+    registered,
+    variable_name,
+)
 from hooktrace.log import schema
 
 # wrapper class name -> attribute holding the wrapped module; the wrapper itself is not traced
@@ -66,7 +72,7 @@ class ModInfo:
     #: a module registered under several parents: its other names, by (model, fqn) of the
     #: parent that holds it there, and by (model, None) its name in another model that holds it
     #: too; a call from that parent, or else from that model, is recorded under that name
-    aliases: dict[tuple[int, str | None], ModInfo] | None = None
+    aliases: dict[tuple[int, str | None], ModInfo] = field(default_factory=dict)
 
 
 def _no_module() -> None:
@@ -77,15 +83,7 @@ def _no_module() -> None:
 def _in_model(known: ModInfo, model: int) -> ModInfo | None:
     """The identity in ``model`` of ``known``'s module: ``known``, or the name it has there as
     a module that several models hold; None where it has none (yet)."""
-    if known.model == model:
-        return known
-    return known.aliases.get((model, None)) if known.aliases is not None else None
-
-
-def _add_alias(named: ModInfo, key: tuple[int, str | None], alias: ModInfo) -> None:
-    if named.aliases is None:
-        named.aliases = {}
-    named.aliases[key] = alias
+    return known if known.model == model else known.aliases.get((model, None))
 
 
 def _wrapped(module: nn.Module) -> nn.Module | None:
@@ -124,18 +122,13 @@ def _walk(module: nn.Module, prefix: str, seen: set[int], beside: str | None = N
             yield from _walk(child, f"{prefix}.{child_name}" if prefix else child_name, seen)
 
 
-def _own_params(module: nn.Module) -> tuple[int, int]:
-    total = trainable = 0
-    for p in module.parameters(recurse=False):
-        total += p.numel()
-        if p.requires_grad:
-            trainable += p.numel()
-    return total, trainable
-
-
-def _trainable_count(module: nn.Module) -> int:
-    """How many of its own parameters require a gradient (tensors, not elements)."""
-    return sum(1 for p in module._parameters.values() if p is not None and p.requires_grad)
+def _own_params(module: nn.Module) -> tuple[int, int, int]:
+    """Elements of its own parameters and of those that require a gradient (a tensor once),
+    and how many of its parameter tensors require one (as registered)."""
+    listed = [p for p in module._parameters.values() if p is not None]
+    once = {id(p): p for p in listed}.values()
+    return (sum(p.numel() for p in once), sum(p.numel() for p in once if p.requires_grad),
+            sum(1 for p in listed if p.requires_grad))
 
 
 def _loose(module: nn.Module) -> list[str] | None:
@@ -154,13 +147,13 @@ def _drop(module: nn.Module) -> dict[str, Any]:
     torch's ``Dropout*`` (``p``), torchvision's ``StochasticDepth`` (``p``, ``mode``) and the
     ``DropPath`` of timm and others (``drop_prob``, one draw a sample)."""
     cls = type(module).__name__
-    p = getattr(module, "drop_prob", None) if "DropPath" in cls else getattr(module, "p", None)
+    path = "DropPath" in cls
+    p = getattr(module, "drop_prob" if path else "p", None)
     if not isinstance(p, (float, int)) or isinstance(p, bool):
         return {}
-    if cls == "StochasticDepth":
-        batch = getattr(module, "mode", "row") == "batch"
-        unit = schema.DropUnit.BATCH if batch else schema.DropUnit.SAMPLE
-    elif "DropPath" in cls:
+    if cls == "StochasticDepth" and getattr(module, "mode", "row") == "batch":
+        unit = schema.DropUnit.BATCH
+    elif cls == "StochasticDepth" or path:
         unit = schema.DropUnit.SAMPLE
     elif isinstance(module, (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.FeatureAlphaDropout)):
         unit = schema.DropUnit.CHANNEL
@@ -257,22 +250,22 @@ class Naming:
                 shared = known
             if known is not None:
                 named_before.add(fqn)
-            params, trainable = _own_params(module)
+            params, trainable, tensors = _own_params(module)
             info = self._by_fqn.get((model, fqn))
             if info is not None and info.cls == type(module).__name__:
                 info.ref = weakref.ref(module)  # a module built anew in each forward: same name
-                info.trainable = _trainable_count(module)
+                info.trainable = tensors
             else:
                 cls = type(module).__name__
                 info = ModInfo(model, fqn, cls, self._matches(fqn, cls),
-                               weakref.ref(module), params > 0, _trainable_count(module))
+                               weakref.ref(module), params > 0, tensors)
                 self._by_fqn[(model, fqn)] = info
                 if info.has_params and info.traced:
                     self.uncalled[info] = None
             if shared is None:
                 self._infos[module] = info
             else:
-                _add_alias(shared, (model, None), info)
+                shared.aliases[(model, None)] = info
                 shared = None
             records[fqn] = schema.Module(model, fqn, info.cls, params, trainable,
                                          loose=_loose(module), wrapper=beside,
@@ -312,8 +305,7 @@ class Naming:
                             known.ref, False)
             self._by_fqn[(known.model, fqn)] = alias
         alias.ref = known.ref
-        if named.aliases is None or (known.model, parent) not in named.aliases:
-            _add_alias(named, (known.model, parent), alias)
+        named.aliases.setdefault((known.model, parent), alias)
         return schema.Module(known.model, fqn, known.cls, alias_of=known.fqn)
 
     def _from_owner(self, module: nn.Module) -> ModInfo | None:
@@ -350,7 +342,7 @@ class Naming:
         except KeyError:
             pass
         else:
-            if info is not None and info.aliases is not None and caller is not None:
+            if info is not None and info.aliases and caller is not None:
                 # the name under its caller: its path there, else its name in the caller's model
                 aliases = info.aliases
                 return aliases.get((caller.model, caller.fqn)) or aliases.get(

@@ -25,7 +25,7 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -97,18 +97,14 @@ class Zoomed:
         return slot
 
 
-class _Frame:
+class _Frame(NamedTuple):
     """A call followed while a zoom runs: its ``Zoomed`` where it is zoomed itself, and its
     entry in the zoomed call around it, where there is one."""
 
-    __slots__ = ("module", "zoomed", "entry", "parent")
-
-    def __init__(self, module: Any, zoomed: Zoomed | None, entry: Op | None,
-                 parent: Zoomed | None) -> None:
-        self.module = module
-        self.zoomed = zoomed
-        self.entry = entry
-        self.parent = parent
+    module: Any
+    zoomed: Zoomed | None
+    entry: Op | None
+    parent: Zoomed | None
 
 
 def _dropped(zoomed: Zoomed) -> None:

@@ -2,7 +2,8 @@
 it (the outermost ``self`` that does), the holder whose variables reach it, the variable the
 calling code has for it, and the place an unregistered one is kept in (a plain list or dict
 attribute) or the attribute a forward registered it under. ``naming`` names modules by them.
-Which code is the user's (``is_library``) is said here too."""
+Which code is the user's (``is_library``), and which module is a graph ``torch.compile`` made
+(``compiled_graph``), are said here too."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ _TRACER_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).parent.pare
 # installed packages and the standard library (runpy, and "<frozen runpy>" when frozen)
 _LIBRARY_DIRS = (*_TRACER_DIRS, "<frozen ", *sorted({
     sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}))
+# where torch.compile's runtime calls the graphs it compiled
+_COMPILE_DIRS = tuple(str(Path(_TRACER_DIRS[0]) / d) for d in ("_dynamo", "_functorch"))
+_COMPILE_FRAMES = 64
 
 
 _MODULE_ATTRS = frozenset(vars(nn.Module()))  # nn.Module's own: _modules, _parameters, ...
@@ -47,11 +51,8 @@ def place(holder: nn.Module | None, module: nn.Module) -> str | None:
 def registered(holder: nn.Module | None, module: nn.Module) -> str | None:
     """The attribute ``holder`` registers ``module`` under (``self.fc = nn.Linear(...)`` in its
     forward), None when it does not."""
-    if holder is not None:
-        for key, child in holder._modules.items():
-            if child is module:
-                return key
-    return None
+    children = holder._modules.items() if holder is not None else ()
+    return next((key for key, child in children if child is module), None)
 
 
 def is_library(filename: str) -> bool:
@@ -138,3 +139,19 @@ def holder_of(module: nn.Module) -> nn.Module | None:
                     if n > size:
                         best, size = value, n
     return best
+
+
+def compiled_graph(module: nn.Module) -> bool:
+    """Whether ``module`` is a graph ``torch.compile`` made and its runtime calls (aot_eager's
+    ``GraphModule``, which global module hooks see as a new top-level module in every step that
+    runs compiled): part of the compiled code, not a model of the program's."""
+    if not isinstance(module, torch.fx.GraphModule) or "torch._dynamo" not in sys.modules:
+        return False
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_COMPILE_FRAMES):
+        if frame is None:
+            return False
+        if frame.f_code.co_filename.startswith(_COMPILE_DIRS):
+            return True
+        frame = frame.f_back
+    return False

@@ -77,6 +77,7 @@ class Passes:
         is raised into it instead)."""
         first = self.error is None
         self.active = self._grads.active = self.zoom.active = False  # (zoom: until its call ends)
+        self._flow.clear()  # its follower of operations off the program's stack
         if isinstance(error, LogWriteError):
             if first:
                 self.error = str(error)
@@ -89,14 +90,18 @@ class Passes:
             print(f"hooktrace: internal error, tracing stopped (your script goes on): "
                   f"{self.error}", file=sys.stderr)
 
-    def _refuse_event(self) -> bool:
-        """Past --max-events (called only there): the rest of the run is not recorded."""
+    def _take_event(self) -> bool:
+        """Count one more recorded event; past --max-events refuse it (False): the rest of the
+        run is not recorded."""
+        if self.events < self._max_events:
+            self.events += 1
+            return True
         if self.dropped == 0:
             print(f"hooktrace: --max-events {self._options.max_events} reached at step "
                   f"{self.step}; recording stopped, the log stays valid", file=sys.stderr)
         self.dropped += 1
         self.mode = step_mode(self.step, self._options, True)
-        return True
+        return False
 
     def _on_grad(self, call: CallHandle, index: int, grad: torch.Tensor) -> None:
         start = self._backwards.get(call)
@@ -117,9 +122,7 @@ class Passes:
             return None
         mode = self.mode
         if mode is RECORDED:
-            if self.events < self._max_events:
-                self.events += 1
-            elif self._refuse_event():
+            if not self._take_event():
                 return None
             seq = next(self._seq)
         elif mode is WATCHED:

@@ -59,12 +59,15 @@ def _def_line(path: str, first: int) -> int:
     return first
 
 
-def error_site(error: BaseException) -> tuple[nn.Module | None, str | None, int | None]:
+def error_site(error: BaseException
+               ) -> tuple[nn.Module | None, str | None, int | None, str]:
     """The innermost module whose call the error came out of (None: raised outside any module
-    call, ``loss.backward()`` for one), and the innermost line of the user's code it passed."""
+    call, ``loss.backward()`` for one), and the innermost line of the user's code it passed:
+    its file, number and text (stripped; "" if unread)."""
     module: nn.Module | None = None
     path: str | None = None
     line: int | None = None
+    text = ""
     tb: TracebackType | None = error.__traceback__
     while tb is not None:  # outermost frame first
         code = tb.tb_frame.f_code
@@ -74,17 +77,6 @@ def error_site(error: BaseException) -> tuple[nn.Module | None, str | None, int 
                 module = called
         elif not is_library(code.co_filename):
             path, line = shown(code.co_filename), tb.tb_lineno
+            text = linecache.getline(code.co_filename, line).strip()[:200]
         tb = tb.tb_next
-    return module, path, line
-
-
-def source_line(error: BaseException, line: int | None) -> str:
-    """The text of the user's line ``error_site`` found (``line``), stripped; "" if unread."""
-    tb: TracebackType | None = error.__traceback__
-    found = ""
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        if tb.tb_lineno == line and not is_library(code.co_filename):
-            found = linecache.getline(code.co_filename, tb.tb_lineno).strip()
-        tb = tb.tb_next
-    return found[:200]
+    return module, path, line, text

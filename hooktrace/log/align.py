@@ -129,7 +129,11 @@ class Walk:
                     if current.step >= 0:
                         yield current
                     current = self._begin(item.step)
-                self._add(current, item)
+                if isinstance(item, schema.ParamGrads):
+                    current.params[self._model(item.model)] = item.grad_norm
+                else:
+                    current.anomalies.append((item.kind, self._model(item.model), item.fqn,
+                                              item.call))
             else:
                 self._declare(item)
         if current.step >= 0:
@@ -149,12 +153,6 @@ class Walk:
     def _begin(self, step: int) -> StepRecords:
         self.reached = max(self.reached, step)
         return StepRecords(step)
-
-    def _add(self, current: StepRecords, item: schema.ParamGrads | schema.Anomaly) -> None:
-        if isinstance(item, schema.ParamGrads):
-            current.params[self._model(item.model)] = item.grad_norm
-        else:
-            current.anomalies.append((item.kind, self._model(item.model), item.fqn, item.call))
 
     def _model(self, index: int) -> str:
         return self.models.get(index, str(index))
@@ -222,14 +220,9 @@ def lockstep(walks: Sequence[Walk], keep: Callable[[StepRecords], bool] = lambda
                  for stream, mine, head in zip(streams, here, heads, strict=True)]
 
 
-def signature(e: Event) -> tuple[Any, ...]:
-    """What two runs, or two ranks, must agree on for one call: which call it is (model, phase,
-    fqn, call index) of which class, its shapes and its dtypes (for a backward: grad_input's
-    and grad_output's shapes)."""
-    return _SIGNATURE(e)  # type: ignore[no-any-return]
-
-
-_SIGNATURE = itemgetter(0, 1, 2, 3, 4, 5, 6, 7, 11)  # Event's fields, as ``signature`` says
+#: What two runs, or two ranks, must agree on for one call (an ``Event``'s fields): which call
+#: it is (model, phase, fqn, call index) of which class, its shapes and its dtypes
+signature = itemgetter(0, 1, 2, 3, 4, 5, 6, 7, 11)
 _RAN = itemgetter(0, 1, 2, 3, 11)  # what ran: which call it is, of which class
 
 
@@ -259,7 +252,7 @@ class Parting:
 def parting(a: Sequence[Event], b: Sequence[Event]) -> Parting | None:
     """Where the events ``a`` and ``b`` of one step first part ways; None when they agree in
     what ran, shapes and dtypes (their numbers are not looked at)."""
-    if list(map(_SIGNATURE, a)) == list(map(_SIGNATURE, b)):
+    if list(map(signature, a)) == list(map(signature, b)):
         return None
     ran = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if _RAN(x) != _RAN(y)),
                None if len(a) == len(b) else min(len(a), len(b)))

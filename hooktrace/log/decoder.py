@@ -5,21 +5,23 @@ backward event into a ``ForwardRow`` / ``BackwardRow``: a typed tuple (a long lo
 million events; readers unpack it), whose ``module`` is an id of ``Decoder.modules`` and whose
 tensor signatures are resolved; what few events have beyond that is in its last field, ``more``.
 Any other line becomes its record (``schema.from_dict``). Nothing outside this module,
-``hooktrace.log.wire`` and ``fields`` reads a key of a line; ``wire``'s table pairs each kind of
-line with what writes it there and what reads it here. Standard library only: no torch.
+``hooktrace.log.wire`` (which says what writes each kind of line) and ``fields`` reads a key of
+a line. Standard library only: no torch.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from hooktrace.log.fields import (
     NORM_TYPES,
     NUMBER_TYPES,
+    Field,
     decode_number,
     decode_stats,
+    fields_of,
     get,
     items,
 )
@@ -42,28 +44,28 @@ StepFilter = Callable[[int], bool]  # whether the events of a step are wanted in
 
 
 class ForwardMore(NamedTuple):
-    """What a forward event has beyond the usual: a flag, more leaves, NaN/Inf outputs; and,
-    for a decoder asked for it, its data flow (``ForwardEvent.inputs_from``, ``made``)."""
+    """What a forward event has beyond the usual: ``ForwardEvent``'s last fields, in its order
+    (a flag, more leaves, NaN/Inf outputs; the data flow for a decoder asked for it)."""
 
-    no_grad: bool = False  # ran with gradient recording off
-    recompute: bool = False  # re-run inside backward by activation checkpointing
-    inputs_more: int | None = None  # tensor leaves beyond the ones listed
+    no_grad: bool = False
+    recompute: bool = False
+    inputs_more: int | None = None
     outputs_more: int | None = None
-    output_nonfinite: list[list[int]] | None = None  # [output index, nan, inf]
-    inputs_from: list[list[int]] | None = None  # per input, the seqs of the calls that made it
-    made: list[int] | None = None  # a call with calls inside: those that made its outputs
-    from_out: list[list[int]] | None = None  # per input, the output of each producer it used
-    made_out: list[list[int]] | None = None  # per output, the calls inside that made it
-    eval_mode: bool = False  # its module was in eval mode (``"eval"``)
-    made_no_history: bool = False  # ``made`` may miss a call (``"made_no_history"``)
+    output_nonfinite: list[list[int]] | None = None
+    inputs_from: list[list[int]] | None = None
+    made: list[int] | None = None
+    from_out: list[list[int]] | None = None
+    made_out: list[list[int]] | None = None
+    eval_mode: bool = False
+    made_no_history: bool = False
 
 
 class BackwardMore(NamedTuple):
-    """What a backward event has beyond the usual: a flag, lost gradients, or NaN/Inf in its
+    """What a backward event has beyond the usual: ``BackwardEvent``'s flags, or NaN/Inf in its
     statistics (then with both fields at their defaults)."""
 
     recompute: bool = False
-    lost: list[int] | None = None  # inputs that needed a gradient and got none
+    lost: list[int] | None = None
 
 
 Stats = list[GradStat | None]  # per gradient: [norm, absmax(, nan, inf)], None: no gradient
@@ -81,7 +83,6 @@ ForwardRow = tuple[int, int, int, int, Signature, Signature, ForwardMore | None]
 #: off); ``more`` None for most (no flag, every statistic two finite numbers).
 BackwardRow = tuple[int, int, int, int, int, list[Shape | None], list[Shape | None],
                     Stats | None, Stats | None, BackwardMore | None]
-
 
 
 class ForwardRows(list[ForwardRow]):
@@ -103,7 +104,14 @@ NOT_READ: Any = ([], [])
 _FORWARD_KEYS = 7  # type seq step module call in out: no optional key
 _NONFINITE = BackwardMore()
 _PLAIN_FORWARD = ForwardMore()
-_NO_FLOW: tuple[None, None, None, None] = (None, None, None, None)  # not read: inputs_from's
+_FLOW = ("inputs_from", "made", "from_out", "made_out")  # ForwardMore's, read by ``inputs_from``
+#: the rest of a row's ``more``, read as its event's fields (``fields.LogFact``'s rules)
+_FORWARD_FLAGS = fields_of(ForwardEvent, tuple(f for f in ForwardMore._fields if f not in _FLOW))
+_BACKWARD_FLAGS = fields_of(BackwardEvent, BackwardMore._fields)
+
+
+def _read(d: dict[str, Any], flags: Sequence[Field]) -> dict[str, Any]:
+    return {f.name: f.read(d, f.key, f.default) for f in flags}
 
 
 def _every_step(step: int) -> bool:
@@ -292,13 +300,9 @@ class Decoder:
         ins, outs = self._ids(d, "in"), self._ids(d, "out")
         if len(d) <= _FORWARD_KEYS and not self._flow:
             return seq, step, module, call, ins, outs, None
-        found, made, from_out, made_out = inputs_from(d, seq, len(ins[0])) if self._flow \
-            else _NO_FLOW
-        more = ForwardMore(get(d, "no_grad", bool, False), get(d, "recompute", bool, False),
-                           get(d, "inputs_more", int, None), get(d, "outputs_more", int, None),
-                           items(d, "output_nonfinite", "list[list[int]]") or None, found, made,
-                           from_out, made_out, get(d, "eval", bool, False),
-                           get(d, "made_no_history", bool, False))
+        flow: Any = dict(zip(_FLOW, inputs_from(d, seq, len(ins[0])), strict=True)) \
+            if self._flow else {}
+        more = ForwardMore(**flow, **_read(d, _FORWARD_FLAGS))
         return seq, step, module, call, ins, outs, None if more == _PLAIN_FORWARD else more
 
     def _backward_row(self, d: dict[str, Any]) -> BackwardRow:
@@ -314,9 +318,6 @@ class Decoder:
             in_stats, plain = decode_stats(d, "in_stats"), False
         if not stats_ok(out_stats):
             out_stats, plain = decode_stats(d, "out_stats"), False
-        lost = get(d, "lost", list, None)
-        if lost is not None and not all(type(i) is int for i in lost):
-            raise SchemaError(f"backward event: 'lost' must list input indices, got {lost!r}")
-        more = BackwardMore(get(d, "recompute", bool, False), lost or None)
+        more = BackwardMore(**_read(d, _BACKWARD_FLAGS))
         return seq, step, module, call, fwd, grad_ins, grad_outs, in_stats, out_stats, \
             None if plain and more == _NONFINITE else more

@@ -29,7 +29,8 @@ from typing import Any, ClassVar, TypeVar
 from hooktrace.log.errors import SchemaError
 from hooktrace.log.gradstat import GradStat
 
-KEYS = {"fqn": "name", "cls": "class"}  # a field's key where it is not the field's name
+#: a field's key where it is not the field's name
+KEYS = {"fqn": "name", "cls": "class", "eval_mode": "eval"}
 OMIT_EMPTY = {"omit_empty": True}  # field metadata: left out of its line when empty or 0
 NUMBER_TYPES = frozenset((float, int))  # not bool: JSON true is no statistic
 NORM_TYPES = frozenset((float, type(None)))
@@ -134,7 +135,7 @@ _READ: dict[str, Any] = {
 _WRITE: dict[str, Any] = {"list[GradStat | None]": encode_stats}
 
 
-class _Field:
+class Field:
     """How one field of a record sits on its line (``LogFact``'s rules, for that field)."""
 
     __slots__ = ("name", "key", "read", "write", "default", "factory", "omit_none",
@@ -158,13 +159,17 @@ class _Field:
 
 
 F = TypeVar("F", bound="LogFact")
-_FIELDS: dict[type, tuple[_Field, ...]] = {}
 
 
-def _fields(cls: type) -> tuple[_Field, ...]:
-    found = _FIELDS.get(cls)
+_FIELDS: dict[tuple[type, Any], tuple[Field, ...]] = {}
+
+
+def fields_of(cls: type, names: tuple[str, ...] | None = None) -> tuple[Field, ...]:
+    """How the fields ``names`` of ``cls`` (default: all) sit on its line."""
+    found = _FIELDS.get((cls, names))
     if found is None:
-        found = _FIELDS[cls] = tuple(_Field(f, cls) for f in dataclasses.fields(cls))
+        found = _FIELDS[cls, names] = tuple(Field(f, cls) for f in dataclasses.fields(cls)
+                                            if names is None or f.name in names)
     return found
 
 
@@ -188,7 +193,7 @@ class LogFact:
 
 def encode(record: LogFact) -> dict[str, Any]:
     d: dict[str, Any] = {"type": record.TYPE} if record.TYPE else {}
-    for f in _fields(type(record)):
+    for f in fields_of(type(record)):
         value = getattr(record, f.name)
         if value is False or (value is None and f.omit_none) or (f.omit_empty and not value):
             continue
@@ -198,7 +203,7 @@ def encode(record: LogFact) -> dict[str, Any]:
 
 def decode(cls: type[F], d: dict[str, Any]) -> F:
     values = {}
-    for f in _fields(cls):
+    for f in fields_of(cls):
         value = values[f.name] = f.read(d, f.key, f.default if f.factory is None else f.factory())
         if f.one_of is not None and value not in f.one_of:
             raise SchemaError(f"unknown {cls.TYPE} {f.key} {value!r}")

@@ -134,13 +134,10 @@ class LogReader:
 
     def scan(self, steps: StepFilter | None = None, flow: bool = False
              ) -> Iterator[Rows | schema.Record]:
-        """Every record after the header in file order, but each event as its row
-        (``hooktrace.log.decoder``), in lists of consecutive rows of one type (``ForwardRows``,
-        ``BackwardRows``): a long log is read
-        without a record per event, a reader loops over a list. ``steps``: whether a step's
-        events are wanted in full (``Decoder``); ``flow``: with their data flow (in a log that
-        has it: ``Header.dataflow``). Use a list before taking the next item:
-        ``modules``, which names a row's module, may have learnt new ids by then."""
+        """Every record after the header in file order, but each event as its row, in lists of
+        consecutive rows of one type (``ForwardRows``, ``BackwardRows``); ``steps`` and ``flow``
+        (in a log that has it: ``Header.dataflow``) as ``Decoder`` takes them. Use a list before
+        taking the next item: ``modules`` may have learnt new ids by then."""
         self._decoder = Decoder(steps, flow and self.header.dataflow)
         return self._scan(self._decoder)
 

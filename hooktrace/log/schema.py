@@ -52,9 +52,9 @@ from hooktrace.log.gradstat import GradStat as GradStat
 from hooktrace.log.ops import Op as Op
 from hooktrace.log.ops import Ops as Ops
 from hooktrace.log.signals import VIEW_OPS as VIEW_OPS
+from hooktrace.log.signals import Observed, kinds_of
 from hooktrace.log.signals import Signal as Signal
 from hooktrace.log.signals import SignalKind as SignalKind
-from hooktrace.log.signals import kinds_of
 
 SCHEMA_VERSION = 3
 
@@ -158,16 +158,28 @@ class Module(LogFact):
 
 
 @dataclass(slots=True)
-class ForwardEvent:
-    """One module call, written when it returns. On the wire: ``{"type":"forward", "seq",
-    "step", "module": id, "call", "in": id, "out": id}``, ids of module and tensors records."""
+class CallEvent:
+    """What forward and backward events both say: which call of which module, in which step."""
 
-    TYPE: ClassVar[str] = "forward"
+    TYPE: ClassVar[str] = ""
     seq: int
     step: int
     model: int
     fqn: str
     call: int
+
+    @property
+    def phase(self) -> str:
+        """``forward`` or ``backward``: the record's type."""
+        return self.TYPE
+
+
+@dataclass(slots=True)
+class ForwardEvent(CallEvent):
+    """One module call, written when it returns. On the wire: ``{"type":"forward", "seq",
+    "step", "module": id, "call", "in": id, "out": id}``, ids of module and tensors records."""
+
+    TYPE: ClassVar[str] = "forward"
     # tensor leaves of args then kwargs (tuples as the tracer makes them, lists when read)
     input_shapes: Sequence[Shape] = field(default_factory=list)
     input_dtypes: Sequence[str] = field(default_factory=list)
@@ -216,14 +228,9 @@ class ForwardEvent:
     #: ``made_no_history``; a log from before it does not say)
     made_no_history: bool = False
 
-    @property
-    def phase(self) -> str:
-        """``forward``: the record's type, as ``BackwardEvent.phase`` is ``backward``."""
-        return self.TYPE
-
 
 @dataclass(slots=True)
-class BackwardEvent:
+class BackwardEvent(CallEvent):
     """Backward of one forward call (``fwd`` is that call's ``seq``). On the wire:
     ``{"type":"backward", "seq", "step", "module", "call", "fwd", "in": id, "out": id}`` plus
     ``in_stats``/``out_stats`` when statistics are on.
@@ -237,11 +244,6 @@ class BackwardEvent:
     """
 
     TYPE: ClassVar[str] = "backward"
-    seq: int
-    step: int
-    model: int
-    fqn: str
-    call: int
     fwd: int
     grad_input_len: int = 0
     grad_output_len: int = 0
@@ -254,10 +256,6 @@ class BackwardEvent:
     #: inputs that needed a gradient (required grad when the call ran) and got none by the end
     #: of the backward pass: the gradient stopped inside the call; absent when none
     lost: list[int] | None = None
-
-    @property
-    def phase(self) -> str:
-        return self.TYPE
 
 
 @dataclass(slots=True)
@@ -284,7 +282,7 @@ class AnomalyKind:
 
 
 @dataclass(slots=True)
-class Anomaly(LogFact):
+class Anomaly(Observed):
     """In a watched step (outside ``--steps``, where events are not written): the first module
     whose forward output held NaN/Inf (``nonfinite-forward``; ``detail.weights``: its own
     parameters that held NaN/Inf too, where any did, ``detail.weights_dtypes`` their dtypes),
@@ -293,10 +291,6 @@ class Anomaly(LogFact):
 
     TYPE: ClassVar[str] = "anomaly"
     KINDS: ClassVar[tuple[str, ...]] = kinds_of(AnomalyKind)
-    step: int
-    model: int
-    fqn: str
-    kind: str
     call: int = 0
     detail: dict[str, Any] = field(default_factory=dict)
 
@@ -364,6 +358,6 @@ def from_dict(d: Any) -> Record | None:
     if not isinstance(d, dict):
         raise SchemaError(f"a record must be a JSON object, not {type(d).__name__}")
     cls: Any = RECORDS.get(get(d, "type", str))
-    if cls is None or (cls in (Anomaly, Signal) and get(d, "kind", str) not in cls.KINDS):
+    if cls is None or (issubclass(cls, Observed) and get(d, "kind", str) not in cls.KINDS):
         return None
     return cls.from_dict(d)  # type: ignore[no-any-return]

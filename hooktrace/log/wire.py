@@ -1,26 +1,12 @@
 """The id-compressed wire form, written: records to the dicts that are a log's lines.
 
 Events name their module and their tensor signatures by id: a ``module`` record (with its
-``id``) and a ``tensors`` record are written once, before the first line that uses them.
-``hooktrace.log.decoder`` reads the form back. Standard library only.
-
-Each kind of line, where it is written and where it is read back (``D``: ``decoder.Decoder``);
-a change to one side is a change to the other, and ``tests/unit/log/test_wire.py`` reads back
-what is written:
-
-============  ==============================================  ================================
-line          written (here)                                  read
-============  ==============================================  ================================
-``forward``   ``Encoder._forward``; data flow ``sources``     ``D._forward_row``; data flow
-                                                              ``inputs_from`` (here)
-``backward``  ``Encoder._backward``; ``Encoder._stats``       ``D._backward_row``
-``module``    ``Encoder._module`` (its ``id``)                ``D.other`` (``D.modules``)
-``tensors``   ``Encoder._ids`` (its ``id``)                   ``D.other`` (``D.tensors``)
-``params``    ``Encoder.wire`` (module ids as keys)           ``D._params``
-any other     its ``LogFact.to_dict``                            ``schema.from_dict``
-============  ==============================================  ================================
-
-Numbers are written by ``fields.encode_number`` and read by ``fields.decode_number``.
+``id``) and a ``tensors`` record are written once, before the first line that uses them. Each
+kind of line is written here (``Encoder``: events, ``module``, ``tensors``, ``params`` with
+module ids as keys; any other by its ``LogFact.to_dict``) and read back by
+``hooktrace.log.decoder.Decoder`` (the data flow by ``inputs_from`` here): a change to one side
+is a change to the other, and ``tests/unit/log/test_wire.py`` reads back what is written.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -37,10 +23,6 @@ from hooktrace.log.schema import (
     ParamGrads,
     SchemaError,
 )
-
-
-def _hashable(shapes: Sequence[Any]) -> tuple[Any, ...]:
-    return tuple(None if s is None else tuple(s) for s in shapes)
 
 
 def _all_from_the_call_before(inputs: Sequence[Sequence[int]], seq: int) -> bool:
@@ -77,8 +59,7 @@ Flow = tuple[list[list[int]], list[int] | None, list[list[int]] | None, list[lis
 
 def inputs_from(d: dict[str, Any], seq: int, inputs: int) -> Flow:
     """A forward event's data flow (``ForwardEvent.inputs_from``, ``made``, ``from_out`` and
-    ``made_out``), its offsets back from ``seq`` resolved; without ``"from"``, each of its
-    ``inputs`` came from the call just before it (``hooktrace.log.wire.sources``)."""
+    ``made_out``), its offsets back from ``seq`` resolved (``sources`` written)."""
     value = d.get("from")
     if value is None:
         found = [[seq - 1]] if inputs == 1 else [[seq - 1] for _ in range(inputs)]
@@ -101,7 +82,6 @@ def inputs_from(d: dict[str, Any], seq: int, inputs: int) -> Flow:
 
 
 def _from_out(d: dict[str, Any], found: list[list[int]]) -> list[list[int]] | None:
-    """``"from_out"``: per input, the output of each of its producers that it used."""
     value = d.get("from_out")
     if value is None:
         return None
@@ -114,7 +94,6 @@ def _from_out(d: dict[str, Any], found: list[list[int]]) -> list[list[int]] | No
 
 
 def _made_out(d: dict[str, Any], seq: int) -> list[list[int]] | None:
-    """``"made_out"``: per output, offsets back to the calls that made it."""
     value = d.get("made_out")
     if value is None:
         return None
@@ -125,10 +104,8 @@ def _made_out(d: dict[str, Any], seq: int) -> list[list[int]] | None:
 
 
 class Encoder:
-    """Records -> the dicts written as lines. Events name their module and their tensors by
-    id: a ``module`` record (with its ``id``) and a ``tensors`` record (shapes, and dtypes for
-    forward ones) are written once, before the first line that uses them. This keeps an event
-    near 70 bytes (forward) and 130 (backward, with statistics)."""
+    """Records -> the dicts written as lines; ids keep an event near 70 bytes (forward) and
+    130 (backward, with statistics)."""
 
     def __init__(self) -> None:
         self._modules: dict[tuple[int, str], int] = {}  # (model, fqn) -> its latest id
@@ -179,7 +156,8 @@ class Encoder:
             key = (shapes if type(shapes) is tuple else tuple(shapes), dtypes)
             ident = self._tensors.get(key)
         except TypeError:  # lists (the tracer gives tuples: no conversion on its path)
-            key = (_hashable(shapes), None if dtypes is None else tuple(dtypes))
+            key = (tuple(None if s is None else tuple(s) for s in shapes),
+                   None if dtypes is None else tuple(dtypes))
             ident = self._tensors.get(key)
         if ident is None:
             ident = self._tensors[key] = len(self._tensors)

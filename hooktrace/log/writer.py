@@ -73,7 +73,7 @@ class LogWriter:
             self._file: IO[bytes] | None = self._open_beside() if has_records(self.path) \
                 else self.path.open("wb", buffering=_BUFFER_BYTES)
         except OSError as e:
-            raise LogError(f"cannot write the log {self.path}: {e.strerror or e}") from None
+            raise LogError(self._cannot(e)) from None
         self._encoder = wire.Encoder()
         _open_writers.add(self)
 
@@ -120,8 +120,10 @@ class LogWriter:
                 f.close()
         except OSError:
             pass  # the buffer cannot go anywhere either
-        raise LogWriteError(f"cannot write the log {self.path}: "
-                            f"{error.strerror or error}") from None
+        raise LogWriteError(self._cannot(error)) from None
+
+    def _cannot(self, error: OSError) -> str:
+        return f"cannot write the log {self.path}: {error.strerror or error}"
 
     def detach(self) -> None:
         """Forget the file without writing (a forked child must not touch the parent's log)."""
@@ -137,8 +139,7 @@ class LogWriter:
                 f.close()
             except OSError as e:
                 _open_writers.discard(self)
-                raise LogWriteError(f"cannot write the log {self.path}: "
-                                    f"{e.strerror or e}") from None
+                raise LogWriteError(self._cannot(e)) from None
         _open_writers.discard(self)
         if self._pending is not None:
             self._pending.unlink(missing_ok=True)

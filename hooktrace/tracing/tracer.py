@@ -28,7 +28,7 @@ from torch import nn
 from hooktrace.hooks.core import CallTracker
 from hooktrace.hooks.naming import Naming
 from hooktrace.hooks.records import Observer
-from hooktrace.hooks.sites import error_site, source_line
+from hooktrace.hooks.sites import error_site
 from hooktrace.log.errors import plain
 from hooktrace.log.options import TraceOptions
 from hooktrace.observe.breakon import BreakOnNonfinite
@@ -177,16 +177,14 @@ class Tracer:
                 isinstance(error, SystemExit) and error.code in (0, None)):
             return described  # the script chose to stop: no place to point at
         try:
-            module, path, line = error_site(error)
+            module, path, line, code = error_site(error)
             info = self._naming.known(module) if module is not None and self._naming else None
             if info is not None:
                 described.update(model=info.model, module=info.fqn)
             if path is not None:
                 described.update(file=path, line=line)
-                if isinstance(error, SystemExit):  # where it exited, said by check and run
-                    code = source_line(error, line)
-                    if code:
-                        described["code"] = code
+                if isinstance(error, SystemExit) and code:  # where it exited: check and run say
+                    described["code"] = code
         except Exception:  # a frame that cannot be read: the type and message still say it
             pass
         return described

@@ -438,7 +438,8 @@ def test_operations_are_followed_only_inside_recorded_calls_under_no_grad(
 def test_the_fast_path_of_attention_is_unchanged(tmp_path: Path) -> None:
     """Under no_grad an eval ``TransformerEncoder`` with a padding mask takes its fast path
     (nested tensors: zeros at padded positions), traced as not: the follower of operations
-    runs below autograd, where no ``has_torch_function`` check sees it."""
+    runs below autograd, where no ``has_torch_function`` check sees it. Tracing stops inside it
+    (the statistics cannot sum a nested tensor): the follower goes with it."""
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
     model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=True).eval()
@@ -449,6 +450,7 @@ def test_the_fast_path_of_attention_is_unchanged(tmp_path: Path) -> None:
         with hooktrace.trace(tmp_path / "t.jsonl", model=model):
             traced = model(src, src_key_padding_mask=mask)
     assert torch.equal(plain, traced) and bool((traced[1, 3:] == 0).all())
+    assert not following()  # also where tracing stopped inside the call (a nested output)
 
 
 # -- the log: old logs, damaged keys, readers that do not ask for it ----------------------------

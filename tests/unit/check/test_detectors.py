@@ -11,12 +11,10 @@ from pathlib import Path
 import pytest
 
 from hooktrace.check.checklog import check_collected, run_checks
-from hooktrace.check.checks import DETECTORS, SETTLE
+from hooktrace.check.checks import DETECTORS, FINDINGS_OF_SIGNAL, SETTLE, summary_of
 from hooktrace.check.collect import Collector, collect
 from hooktrace.check.findings import WARNING, Finding
 from hooktrace.check.report import to_json
-from hooktrace.check.signals import FINDINGS_OF_SIGNAL
-from hooktrace.check.summary import summary_of
 from hooktrace.log.reader import LogReader
 
 LOGS = Path(__file__).resolve().parents[1] / "logs"

@@ -1,4 +1,4 @@
-"""Losses computed to train and let go (``unused.losses_dropped``), judged on set 6's fixed log
+"""Losses computed to train and let go (``reached.losses_dropped``), judged on set 6's fixed log
 of a gradient-accumulation loop whose one backward follows it: the model and its loss module
 run four times a step and the backward reaches the last call only. Its look-alike, the same
 run with the first three losses computed under no_grad (kept for a log), is silent."""

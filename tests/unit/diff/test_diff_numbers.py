@@ -1,6 +1,6 @@
 """The pieces ``diff`` is made of, on data built in the test: ``Tolerance`` (NaN agrees with NaN,
 an infinity with itself), the relative difference, parameter-gradient norms side by side,
-``Numbers.compare`` on two matched calls (NaN/Inf in one run first, then the largest relative
+``Tolerance.compare`` on two matched calls (NaN/Inf in one run first, then the largest relative
 difference), the growth profile's sampling, and the report's wording of steps and sections."""
 
 from __future__ import annotations
@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 
 from hooktrace.diff.compare import Difference, DiffReport, ParamDifference
-from hooktrace.diff.numbers import Growth, Numbers, Tolerance, param_differences, relative
+from hooktrace.diff.numbers import (
+    Found,
+    Growth,
+    Tolerance,
+    most_differing,
+    param_differences,
+    relative,
+)
 from hooktrace.diff.report import diff_text
 from hooktrace.log.align import Event
 from hooktrace.log.words import ranges
@@ -64,18 +71,18 @@ def test_param_differences() -> None:
     assert param_differences(a, a, DEFAULT) == []
 
 
-# -- Numbers.compare -------------------------------------------------------------------------------
+# -- Tolerance.compare ----------------------------------------------------------------------------
 
 def test_equal_calls_agree() -> None:
-    numbers = Numbers(DEFAULT)
+    numbers = DEFAULT
     assert numbers.compare(backward(), backward()) is None
     assert numbers.compare(forward(), forward()) is None
     assert numbers.compare(backward(out=[(1.0, 0.5)]), backward(out=[(1.001, 0.5)])) is None
 
 
 def test_the_largest_relative_difference_is_named() -> None:
-    found = Numbers(DEFAULT).compare(backward(out=[(1.0, 0.5)], ins=[(2.0, 1.0)]),
-                                     backward(out=[(1.1, 0.5)], ins=[(2.0, 2.0)]))
+    found = DEFAULT.compare(backward(out=[(1.0, 0.5)], ins=[(2.0, 1.0)]),
+                           backward(out=[(1.1, 0.5)], ins=[(2.0, 2.0)]))
     assert found is not None
     assert (found.kind, found.label, found.stat, found.relative) == ("value", "grad_input 0",
                                                                      "absmax", 0.5)
@@ -83,8 +90,8 @@ def test_the_largest_relative_difference_is_named() -> None:
 
 
 def test_nonfinite_in_one_run_outranks_any_value() -> None:
-    found = Numbers(DEFAULT).compare(backward(out=[(1.0, 0.5)], ins=[(1.0, 0.5)]),
-                                     backward(out=[(9.0, 0.5)], ins=[(NAN, NAN, 3, 0)]))
+    found = DEFAULT.compare(backward(out=[(1.0, 0.5)], ins=[(1.0, 0.5)]),
+                           backward(out=[(9.0, 0.5)], ins=[(NAN, NAN, 3, 0)]))
     assert found is not None
     assert (found.kind, found.label, found.relative) == ("nonfinite", "grad_input 0", None)
     assert found.words() == ("grad_input 0 has NaN/Inf in B only", "norm 1, absmax 0.5",
@@ -92,13 +99,13 @@ def test_nonfinite_in_one_run_outranks_any_value() -> None:
 
 
 def test_nonfinite_in_both_runs_is_no_difference() -> None:
-    numbers = Numbers(DEFAULT)
+    numbers = DEFAULT
     assert numbers.compare(backward(out=[(NAN, NAN, 3, 0)]), backward(out=[(NAN, NAN, 5, 1)])) \
         is None
 
 
 def test_a_gradient_in_one_run_only_is_left_to_shapes() -> None:
-    assert Numbers(DEFAULT).compare(backward(ins=[None]), backward(ins=[(2.0, 1.0)])) is None
+    assert DEFAULT.compare(backward(ins=[None]), backward(ins=[(2.0, 1.0)])) is None
 
 
 @pytest.mark.parametrize(("a", "b", "label"), [
@@ -106,36 +113,37 @@ def test_a_gradient_in_one_run_only_is_left_to_shapes() -> None:
     ([[0, 1, 0]], [[0, 1, 0], [2, 0, 1]], "output 2"),
 ])
 def test_forward_outputs_nonfinite_in_one_run(a: Any, b: Any, label: str) -> None:
-    found = Numbers(DEFAULT).compare(forward(nonfinite=a), forward(nonfinite=b))
+    found = DEFAULT.compare(forward(nonfinite=a), forward(nonfinite=b))
     assert found is not None and (found.kind, found.label) == ("nonfinite", label)
 
 
 def test_forward_outputs_nonfinite_in_both_agree() -> None:
-    assert Numbers(DEFAULT).compare(forward(nonfinite=[[0, 3, 0]]),
-                                    forward(nonfinite=[[0, 3, 0]])) is None
+    assert DEFAULT.compare(forward(nonfinite=[[0, 3, 0]]),
+                           forward(nonfinite=[[0, 3, 0]])) is None
 
 
 def test_largest_of_several_calls() -> None:
     pairs = [(backward("a", out=[(1.0, 0.5)]), backward("a", out=[(1.1, 0.5)])),
              (backward("b", out=[(1.0, 0.5)]), backward("b", out=[(2.0, 0.5)])),
              (backward("c"), backward("c"))]
-    largest = Numbers(DEFAULT).largest(pairs)
-    assert largest is not None and (largest[0].fqn, largest[1]) == ("b", 0.5)
-    assert Numbers(DEFAULT).largest([]) is None
+    worst = most_differing(DEFAULT.differing(pairs))
+    assert worst is not None and (worst[0].fqn, worst[1]) == ("b", 0.5)
+    assert most_differing(DEFAULT.differing([])) is None
+
+
+def differs(name: str, rel: float) -> tuple[Event, Found]:
+    return backward(name), Found("value", "grad_output 0", "norm", None, None, rel)
 
 
 # -- Growth ----------------------------------------------------------------------------------------
 
 def test_growth_samples_the_first_step_and_keeps_the_last() -> None:
     growth = Growth()
-    for i in range(9):  # nine calls differ in the first step
-        growth.add(2, backward(f"m{i}"), 0.1 * (i + 1))
-    growth.step_done(2)
+    growth.step(2, [differs(f"m{i}", 0.1 * (i + 1)) for i in range(9)])  # nine calls, step 2
     for step in range(3, 10):
         assert growth.wants(step) == (step < 7)
         if growth.wants(step):
-            growth.add(step, backward(f"s{step}"), 0.5)
-            growth.step_done(step)
+            growth.step(step, [differs(f"s{step}", 0.5)])
         else:
             growth.defer(step, lambda step=step: (backward(f"s{step}"), 0.9))  # type: ignore[misc]
     profile = growth.profile()
@@ -146,9 +154,8 @@ def test_growth_samples_the_first_step_and_keeps_the_last() -> None:
 
 def test_growth_notes_later_steps_that_agree() -> None:
     growth = Growth()
-    growth.add(0, backward("a"), 0.2)
-    growth.step_done(0)
-    growth.agree(1)
+    growth.step(0, [differs("a", 0.2)])
+    growth.step(1, [])
     assert growth.profile()[-1] == {"step": 1, "module": None, "phase": None, "relative": 0.0}
     assert Growth().profile() == []
 

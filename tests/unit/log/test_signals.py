@@ -33,11 +33,6 @@ def test_kinds_are_unique() -> None:
     assert len(schema.Anomaly.KINDS) == len(set(schema.Anomaly.KINDS))
 
 
-def test_every_kind_is_documented_in_the_docstring() -> None:
-    documented = re.findall(r"^\s*\* ``([a-z-]+)``:", Signal.__doc__ or "", re.MULTILINE)
-    assert sorted(documented) == sorted(Signal.KINDS)
-
-
 def test_every_kind_is_a_row_of_the_docs_table() -> None:
     text = DOCS.read_text(encoding="utf-8").split("## Signals", 1)[1]
     rows = re.findall(r"^\| `([a-z-]+)` \|", text, re.MULTILINE)
