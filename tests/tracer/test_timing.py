@@ -22,17 +22,18 @@ pytestmark = pytest.mark.slow
 SCRIPT = ROOT / "tests" / "scripts" / "timed_train.py"
 
 
-def traced(shared: Shared) -> Path:
+def traced(shared: Shared, model: str = "resnet18") -> Path:
     def make(folder: Path) -> str:
         run = hooktrace_cmd("run", "-o", folder / "run.jsonl", SCRIPT, folder / "measured.json",
-                            cwd=folder, timeout=600)
+                            model, cwd=folder, timeout=600)
         assert run.returncode == 0, run.stderr
         return str(folder)
-    return Path(shared("timed_resnet18", make))
+    return Path(shared(f"timed_{model}", make))
 
 
-def test_own_times_add_up_to_the_measured_forward(shared: Shared) -> None:
-    folder = traced(shared)
+@pytest.mark.parametrize("model", ["resnet18", "transformer"])
+def test_own_times_add_up_to_the_measured_forward(shared: Shared, model: str) -> None:
+    folder = traced(shared, model)
     measured = json.loads((folder / "measured.json").read_text())["forward_us"]
     records = list(LogReader(folder / "run.jsonl"))
     times = times_by_seq(records)
