@@ -12,8 +12,9 @@ from hooktrace.log.signals import Signal, SignalKind
 
 
 class CallTime(NamedTuple):
-    """One call's times in microseconds; ``start`` and ``backward_start`` on the run's clock (the
-    host's monotonic clock: comparable across the steps of one process)."""
+    """One call's times in microseconds (whole ones in the log); ``start`` and
+    ``backward_start`` on the run's clock (the host's monotonic clock: comparable across the
+    steps of one process)."""
 
     step: int
     model: int

@@ -135,7 +135,7 @@ class _Rank:
 def nested(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``spans`` by thread and start, each cut to end inside the span it starts in: a viewer
     draws only spans that nest (a backward's end is its inputs' last gradient, which a
-    branch beside it may come after; rounding to 0.1 us)."""
+    branch beside it may come after; rounding to 1 us)."""
     spans.sort(key=lambda e: (e["pid"], e["tid"], e["ts"], -e["dur"]))
     ends: list[tuple[Any, Any, float]] = []  # (pid, tid, end) of the spans open
     for e in spans:
