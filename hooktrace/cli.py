@@ -34,6 +34,12 @@ class _Group(click.Group):
             raise _UserError(str(e)) from None
 
 
+_EVERY_CALL = click.option(
+    "--every-call", is_flag=True,
+    help="Draw each call of a module as its own node. Default: a module called more than 16 "
+         "times in the step (an unrolled loop) is one node, 'LSTMCell x999'.")
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hooktrace")
 def cli() -> None:
@@ -81,18 +87,13 @@ def cli() -> None:
                    "padded ones.")
 @click.argument("target")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run_command(output: Path, as_module: bool, include: tuple[str, ...], exclude: tuple[str, ...],
-                steps: str, max_events: int, no_stats: bool, no_watch: bool, break_on: str | None,
-                capture: tuple[str, ...], capture_max_mb: int, strict: bool, ops: tuple[str, ...],
-                probe: bool, target: str, args: tuple[str, ...]) -> None:
+def run_command(output: Path, as_module: bool, no_stats: bool, no_watch: bool, target: str,
+                args: tuple[str, ...], **flags: Any) -> None:
     """Run the python script TARGET with ARGS, recording every module call to a log."""
     from hooktrace.tracing.target import Target, check_target, misplaced, set_path
 
-    options = TraceOptions.from_flags(
-        include=include, exclude=exclude, steps=steps, max_events=max_events,
-        stats=not no_stats, watch=not no_watch, break_on=break_on, capture=capture,
-        capture_max_mb=capture_max_mb, strict=strict, ops=ops, probe=probe,
-        run="module" if as_module else "script")
+    options = TraceOptions.from_flags(**flags, stats=not no_stats, watch=not no_watch,
+                                      run="module" if as_module else "script")
     traced = Target(target, args, as_module)
     set_path(traced)
     check_target(traced, output)  # before torch is imported: seconds sooner
@@ -139,9 +140,7 @@ def _runner() -> Any:
               show_default=True, help="The edges to draw.")
 @click.option("--no-findings", is_flag=True,
               help="Do not outline where check finds a problem (saves reading the whole log).")
-@click.option("--every-call", is_flag=True,
-              help="Draw each call of a module as its own node. Default: a module called more "
-                   "than 16 times in the step (an unrolled loop) is one node, 'LSTMCell x999'.")
+@_EVERY_CALL
 @click.option("--ops", "ops", is_flag=True,
               help="Draw the operations of zoomed calls (run --ops) inside their boxes, each "
                    "with its line.")
@@ -188,14 +187,13 @@ def show_command(log: Path, step: int | None, phase: str, model: str | None, mod
     """Print the events of one step of LOG in order, as an indented table (--edges: the
     edges of its picture)."""
     from hooktrace.show.render.text import show as show_step
+    from hooktrace.show.render.text import show_edges
 
     if depth is not None and not edges:
         raise click.UsageError("--depth folds the edges of --edges; the table has every event")
     if module is not None and edges:
         raise click.UsageError("--module picks rows of the table; --edges shows a whole picture")
     if edges:
-        from hooktrace.show.render.edges import show_edges
-
         shown = show_edges(log, step, phase, model, depth, limit)
     elif sort == "time":
         from hooktrace.show.render.times import by_time
@@ -294,9 +292,7 @@ def export_command(logs: tuple[Path, ...], fmt: str | None, output: str | None) 
                                       "parameter-gradient norm.")
 @click.option("--rank", type=int, help="with the logs of several ranks: the rank svg/png "
                                        "draws and the page opens at (default the first).")
-@click.option("--every-call", is_flag=True,
-              help="Draw each call of a module as its own node. Default: a module called more "
-                   "than 16 times in the step (an unrolled loop) is one node, 'LSTMCell x999'.")
+@_EVERY_CALL
 def view_command(logs: tuple[Path, ...], output: Path | None, fmt: str | None, values: str,
                  rank: int | None, every_call: bool) -> None:
     """Write one self-contained HTML page to explore LOGS offline: the call graph of each step

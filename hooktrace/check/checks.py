@@ -22,17 +22,14 @@ from hooktrace.check import (
     losses,
     lossterms,
     oplines,
-    scaling,
-    units,
+    trainable,
     updates,
 )
 from hooktrace.check.crash import check_crash, check_unseen
-from hooktrace.check.custom import check_custom, function_backward
 from hooktrace.check.findings import NOTE, SEVERITY_ORDER, Finding, FindingKind, Thresholds
 from hooktrace.check.grouped import copies as copies_of
 from hooktrace.check.grouped import copies_notes, evaluation_copies, inside, patterns
 from hooktrace.check.magnitudes import check_magnitudes, start, start_orders
-from hooktrace.check.modes import eval_backward
 from hooktrace.check.nonfinite import check_nonfinite
 from hooktrace.check.probed import check_probed
 from hooktrace.check.reached import (
@@ -43,8 +40,7 @@ from hooktrace.check.reached import (
     check_unused,
     losses_dropped,
 )
-from hooktrace.check.relations import check_relations
-from hooktrace.check.shared import check_shared_targets
+from hooktrace.check.relations import check_relations, check_shared_targets
 from hooktrace.check.stepexplained import optimizer_steps, step_sample
 from hooktrace.check.trainable import drop_frozen, frozen_from_start, frozen_since
 from hooktrace.log.names import ancestors
@@ -68,7 +64,7 @@ class LogSummary:
     c: Collected
     thresholds: Thresholds
     flowed: GradientFlow  # the gradient flow's boundaries, without those the run explains
-    turns: set[ModelFqn]  # trained in turns (``units.trained_in_turns``)
+    turns: set[ModelFqn]  # trained in turns (``trainable.trained_in_turns``)
     evaluation: set[ModelFqn]  # copies no optimizer that stepped holds (``grouped``)
     explained: set[ModelFqn]  # small or missing gradients that a boundary or a freeze explains
     starts: dict[ModelFqn, int]  # where each module starts in forward order (``start_orders``)
@@ -84,8 +80,8 @@ def summary_of(collected: Collected, thresholds: Thresholds | None = None) -> Lo
     flowed = flow.analyse([call for call in c.calls if call.step not in unjudged], c.modules,
                           thresholds)
     drop_frozen(c, flowed)
-    turns = units.trained_in_turns(c)
-    flowed.drop_victims(turns, units.MISSED)
+    turns = trainable.trained_in_turns(c)
+    flowed.drop_victims(turns, trainable.MISSED)
     evaluation = evaluation_copies(c)
     flowed.drop_victims(evaluation)
     starts = start_orders(c)
@@ -129,21 +125,21 @@ def _explained(c: Collected, found: GradientFlow, starts: dict[ModelFqn, int]
 # and those that only shape another finding (``nonfinite-inputs``, ...) are read where their
 # findings are made. "optimizers": the last such signal of each model only.
 FINDINGS_OF_SIGNAL: dict[str, Callable[[Collected, Signal], list[Finding]]] = {
-    SignalKind.EVAL_BACKWARD: eval_backward,
-    SignalKind.OPTIMIZERS: loop.not_held,
-    SignalKind.GRADS_CARRIED_OVER: loop.carried_over,
-    SignalKind.GRADS_CLEARED: loop.grads_cleared,
-    SignalKind.GRADS_ZEROED: loop.grads_zeroed,
-    SignalKind.PARAMS_RECREATED: loop.params_recreated,
+    SignalKind.EVAL_BACKWARD: trainable.eval_backward,
+    SignalKind.OPTIMIZERS: holds.not_held,
+    SignalKind.GRADS_CARRIED_OVER: holds.at_step,
+    SignalKind.GRADS_CLEARED: holds.at_step,
+    SignalKind.GRADS_ZEROED: holds.at_step,
+    SignalKind.PARAMS_RECREATED: holds.params_recreated,
     SignalKind.BACKWARD_HOOK: loop.backward_hook_only,
-    SignalKind.FROZEN_BN_TRAINING: loop.frozen_bn_training,
+    SignalKind.FROZEN_BN_TRAINING: trainable.frozen_bn_training,
     SignalKind.HALF_UPDATES: updates.updates_rounded,
     SignalKind.OPTIMIZER_LRS: updates.optimizer_lrs,
     SignalKind.STEP_SAMPLE: step_sample,
     SignalKind.OPTIMIZER_STEPS: optimizer_steps,
-    SignalKind.FUNCTION_BACKWARD: function_backward,
-    SignalKind.SCALED_STEP: scaling.scaled_step,
-    SignalKind.SCALED_CLIP: scaling.scaled_clip,
+    SignalKind.FUNCTION_BACKWARD: loop.function_backward,
+    SignalKind.SCALED_STEP: updates.scaled_step,
+    SignalKind.SCALED_CLIP: updates.scaled_clip,
     SignalKind.LOSS_TERM_CUT: lossterms.term_cut,
     SignalKind.LOSS_TARGET_GRAD: lossterms.target_grad,
     SignalKind.SHARED_STORAGE: holds.shared_storage,
@@ -171,7 +167,7 @@ DETECTORS: tuple[tuple[str, Detector], ...] = (
     ("non-finite", lambda s: check_nonfinite(s.c)),
     ("signals", lambda s: check_signals(s.c)),  # each signal a finding answers: one table
     ("training loop", lambda s: loop.check_loop(s.c)),
-    ("custom functions and hooks", lambda s: check_custom(s.c)),
+    ("custom functions and hooks", lambda s: loop.check_custom(s.c)),
     ("probed", lambda s: check_probed(s.c)),
     ("gradient flow", lambda s: causes.findings(s.flowed, s.c)),
     ("no gradient", lambda s: check_no_grad(s.c, s.copies, s.explained | s.turns)),
@@ -184,7 +180,7 @@ DETECTORS: tuple[tuple[str, Detector], ...] = (
     ("loss terms", lambda s: lossterms.check_loss_terms(s.c)),
     ("losses let go", lambda s: losses_dropped(s.c)),
     ("how modules ran", lambda s: check_info(s.c, s.evaluation)),
-    ("loss scaling", lambda s: scaling.check_scaling(s.c)),
+    ("loss scaling", lambda s: updates.check_scaling(s.c)),
     ("shared targets", lambda s: check_shared_targets(s.c)),
     ("model relations", lambda s: check_relations(s.c)),
     ("evaluation copies", lambda s: copies_notes(s.c, s.evaluation)),
@@ -271,9 +267,9 @@ SETTLE: tuple[tuple[str, Settler], ...] = (
     # a cut in the loss takes the no-grads it explains; an empty read, the zeros
     ("a cut in the loss, an empty read", lambda s, f: lossterms.absorb(s.c, f)),
     # zero weights in the passes before their first step with lr > 0: a note
-    ("zero weights not moved yet", lambda s, f: units.zero_before_moving(s.c, s.flowed, f)),
+    ("zero weights not moved yet", lambda s, f: trainable.zero_before_moving(s.c, s.flowed, f)),
     # what a scaled step makes (NaN, growing gradients) follows from it
-    ("what a scaled step makes", lambda s, f: scaling.after_scaling(f)),
+    ("what a scaled step makes", lambda s, f: updates.after_scaling(f)),
     ("the BatchNorms of frozen copies", _copies_bn),
     ("where to look: the forward", _with_sources),
     ("where to look: the op", lambda s, f: oplines.with_op_lines(f, s.c, s.flowed, s.model_of)),

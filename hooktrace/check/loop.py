@@ -1,19 +1,15 @@
-"""Training-loop findings: what the ``signal`` records say the loop did around the modules.
-
-Each is a frequent forum question that module hooks can answer: backward in eval mode,
-parameters no optimizer holds, gradients never cleared, the deprecated backward hook that sees
-only the last op, frozen BatchNorms still updating, a model no backward reaches, a parameter
-its module reads outside autograd, gradients zeroed before the step, a parameter created in
-forward, modules frozen during the run (an evaluation helper's ``requires_grad_(False)``) or
-unfrozen with no optimizer holding them; updates that do not happen or do harm (``updates``);
-and what the optimizer holds versus what the model is (``holds``). Pure: a ``Collected``
-in, findings out.
-"""
+"""Gradient-flow causes the user's loop and code make: a model an optimizer steps that no
+backward pass reached, or that ran only under ``torch.no_grad()``; parameters a forward uses
+outside autograd; the deprecated backward hook that sees only the last op; hooks that pile up
+step after step (``hooks-growing``); a custom ``autograd.Function`` whose backward disagrees
+with its forward (``function-backward``). Pure: a ``Collected`` in, findings out."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
+from hooktrace.check import holds
 from hooktrace.check.findings import (
     ERROR,
     NOTE,
@@ -23,18 +19,8 @@ from hooktrace.check.findings import (
     names_text,
     steps_text,
 )
-from hooktrace.check.holds import (
-    check_on_wrapper,
-    outside_text,
-    parametrized_hint,
-    twice_text,
-)
-from hooktrace.check.trainable import frozen_during_run, unfrozen_at
-from hooktrace.check.updates import (
-    norms_at,
-)
+from hooktrace.check.trainable import frozen_during_run
 from hooktrace.log.schema import SignalKind
-from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected
@@ -45,79 +31,14 @@ if TYPE_CHECKING:
 def check_loop(c: Collected) -> list[Finding]:
     """What the loop did around the modules, beyond what one signal says (``signals``)."""
     return (_never_reached(c) + _outside_autograd(c) + frozen_during_run(c)
-            + check_on_wrapper(c))
-
-
-def not_held(c: Collected, s: Signal) -> list[Finding]:
-    """The modules with trainable parameters that got a gradient and no optimizer holds."""
-    got = _got_gradient(c, s.model)
-    missing = [name for name in s.detail.get("not_held", []) if name in got]
-    if not missing:
-        return []
-    unfrozen = {name: step for name, step in unfrozen_at(c).items() if name[0] == s.model}
-    if not s.detail.get("held"):
-        return [Finding(
-            FindingKind.NOT_OPTIMIZED, WARNING, c.model_name(s.model), "", None,
-            f"no optimizer that steps holds any parameter of model '{c.model_name(s.model)}': "
-            f"its {plural(len(missing), 'module')} with trainable parameters "
-            f"({names_text(missing)}) get gradients and never train{twice_text(c)}",
-            {"modules": missing},
-            ("the loop steps another model's optimizer where this model's should step "
-             "(opt_g.step() after d_loss.backward()), or " if _others_held(c, s.model) else "")
-            + "the optimizer was built from another copy of the model (the model created again "
-            "after the optimizer, a deepcopy, a reloaded checkpoint): build it from the "
-            "parameters() of the model you train")]
-    thawed = [unfrozen[(s.model, name)] for name in missing if (s.model, name) in unfrozen]
-    if thawed:
-        return [Finding(
-            FindingKind.NOT_OPTIMIZED, WARNING, c.model_name(s.model), missing[0], min(thawed),
-            f"{names_text(missing)} ({plural(len(missing), 'module')} of model "
-            f"'{c.model_name(s.model)}') were unfrozen (requires_grad=True) at step "
-            f"{min(thawed)}, but no optimizer that steps holds their parameters: they get "
-            "gradients and never train",
-            {"modules": missing, "unfrozen_at": min(thawed)},
-            "the optimizer was built while they were frozen (from the parameters that "
-            "required a gradient then): add them when unfreezing "
-            "(optimizer.add_param_group({'params': module.parameters()})), or build it from "
-            "all of model.parameters(): frozen ones get no gradient and are not updated")]
-    return [Finding(
-        FindingKind.NOT_OPTIMIZED, WARNING, c.model_name(s.model), missing[0], None,
-        f"no optimizer that steps holds the parameters of {names_text(missing)} "
-        f"({plural(len(missing), 'module')} of model '{c.model_name(s.model)}'): they get "
-        "gradients and never train" + outside_text(s.detail),
-        {"modules": missing},
-        # "block.(Linear)": called inside a forward, not in the model's tree
-        "they are not registered submodules (kept in a plain list or dict, or built inside "
-        "forward), so model.parameters() misses them: use nn.ModuleList / nn.ModuleDict, or "
-        "assign them in __init__" if any("(" in name for name in missing) else
-        parametrized_hint(missing, bool(s.detail.get("outside_count"))) or _only_held_hint(s) or
-        "build the optimizer after adding layers (or add_param_group), from this model's "
-        "parameters(), not from another copy's")]
-
-
-def _others_held(c: Collected, model: int) -> bool:
-    """Whether an optimizer that steps holds parameters of another model (several models
-    trained side by side, each with its own optimizer)."""
-    return any(t.kind == SignalKind.OPTIMIZERS and t.model != model and t.detail.get("held")
-               for t in c.signals)
-
-
-def _only_held_hint(s: Signal) -> str:
-    """The optimizer holds one subtree of the model (its head) and not the modules beside it."""
-    held = s.detail.get("held") or []
-    tops = sorted({name.split(".")[0] for name in held if name})
-    if len(tops) != 1 or any(n.split(".")[0] == tops[0] for n in s.detail.get("not_held", [])):
-        return ""
-    return (f"the optimizer holds only {tops[0]}'s parameters: pass model.parameters() (or "
-            "freeze the others with requires_grad_(False) if intended)")
+            + holds.check_on_wrapper(c))
 
 
 def _outside_autograd(c: Collected) -> list[Finding]:
     """Modules an optimizer steps whose backward ran in every recorded step while their own
     parameters never got a gradient (others of their model did): forward uses the parameters
     through ``.item()``, ``float()``, ``.data`` or ``.detach()``."""
-    held = {(s.model, name) for s in c.signals if s.kind == SignalKind.OPTIMIZERS
-            for name in s.detail.get("held", [])}
+    held = holds.held(c)
     got: set[ModelFqn] = set()
     none: dict[ModelFqn, list[int]] = {}
     for step in sorted(c.param_norms):
@@ -176,73 +97,6 @@ def _params_outside_autograd(c: Collected, held: set[ModelFqn]) -> list[Finding]
     return out
 
 
-def _got_gradient(c: Collected, model: int) -> set[str]:
-    got = {name for keys in c.backward.values() for (m, name) in keys if m == model}
-    for records in c.param_norms.values():
-        for m, names, norms in records:
-            if m == model:
-                got.update(n for n, v in zip(names, norms, strict=True) if v is not None)
-    return got
-
-
-def carried_over(c: Collected, s: Signal) -> list[Finding]:
-    modules = sorted(s.detail.get("modules", []), key=lambda name: _order(c, s.model, name))
-    return [Finding(
-        FindingKind.GRADS_CARRIED_OVER, WARNING, c.model_name(s.model),
-        modules[0] if modules else "", s.step,
-        f"the gradients of {plural(len(modules), 'module')} of model "
-        f"'{c.model_name(s.model)}' ({names_text(modules)}) were not cleared after "
-        f"optimizer.step(): the backward of step {s.step} adds to the previous step's",
-        {"modules": modules},
-        "call optimizer.zero_grad() once per optimizer step (gradient accumulation: after "
-        "each optimizer.step(), not after each micro-batch)")]
-
-
-def grads_cleared(c: Collected, s: Signal) -> list[Finding]:
-    modules = sorted(s.detail.get("modules", []), key=lambda name: _order(c, s.model, name))
-    return [Finding(
-        FindingKind.GRADS_CLEARED, WARNING, c.model_name(s.model), modules[0] if modules else "",
-        s.step,
-        f"optimizer.step() after step {s.step} found every gradient of model "
-        f"'{c.model_name(s.model)}' already cleared ({plural(len(modules), 'module')} the "
-        f"backward reached: {names_text(modules)}): zero_grad() ran between backward() and "
-        "step(), so the weights do not change",
-        {"modules": modules},
-        "order the loop as optimizer.zero_grad(); loss.backward(); optimizer.step()")]
-
-
-def grads_zeroed(c: Collected, s: Signal) -> list[Finding]:
-    """An optimizer stepped with every gradient exactly zero: a problem when the backward of
-    that step gave them non-zero norms (without a ``params`` record of it, taken as given)."""
-    modules = sorted(s.detail.get("modules", []), key=lambda name: _order(c, s.model, name))
-    at_step = norms_at(c, s.model, s.step)
-    norms = [at_step[name] for name in modules if name in at_step]
-    if norms and not any(norms):
-        return []  # the backward gave zero gradients itself (a loss of 0): nothing was zeroed
-    return [Finding(
-        FindingKind.GRADS_ZEROED, WARNING, c.model_name(s.model), modules[0] if modules else "",
-        s.step,
-        f"optimizer.step() after step {s.step} found every gradient of model "
-        f"'{c.model_name(s.model)}' exactly zero, though its backward gave "
-        f"{plural(len(modules), 'module')} ({names_text(modules)}) non-zero ones: they were "
-        "zeroed between backward() and step(), so the weights do not change",
-        {"modules": modules},
-        "clip_grad_norm_ with max_norm=0 (it does not mean off: leave the call out), or "
-        "zero_grad() between backward() and step(): order the loop as "
-        "optimizer.zero_grad(); loss.backward(); optimizer.step()")]
-
-
-def params_recreated(c: Collected, s: Signal) -> list[Finding]:
-    params = s.detail.get("params", [])
-    quoted = ", ".join(f"'{p}'" for p in params)
-    return [Finding(
-        FindingKind.PARAMS_RECREATED, WARNING, c.model_name(s.model), s.fqn, s.step,
-        f"{c.label(s.model, s.fqn)} creates a new nn.Parameter {quoted} in its forward at every "
-        "call: no optimizer holds it, and it restarts from its initial value each step",
-        {"params": params},
-        "create it once, in __init__, and use it in forward")]
-
-
 def backward_hook_only(c: Collected, s: Signal) -> list[Finding]:
     hook = s.detail.get("hook", "?")
     return [Finding(
@@ -254,20 +108,11 @@ def backward_hook_only(c: Collected, s: Signal) -> list[Finding]:
         "use module.register_full_backward_hook(...) instead")]
 
 
-def frozen_bn_training(c: Collected, s: Signal) -> list[Finding]:
-    return [Finding(
-        FindingKind.FROZEN_BN_TRAINING, NOTE, c.model_name(s.model), s.fqn, s.step,
-        f"{c.label(s.model, s.fqn)} is frozen (no trainable parameters) but in train mode: "
-        "its running statistics still change with every batch",
-        {}, "call .eval() on frozen BatchNorm layers after model.train() if they should "
-        "stay as loaded")]
-
-
 def _never_reached(c: Collected) -> list[Finding]:
     """A model whose parameters an optimizer steps, run with gradients on, that no backward
     pass ever reached: the loss was computed from a detached output."""
     out = []
-    held = {s.model for s in c.signals if s.kind == SignalKind.OPTIMIZERS and s.detail.get("held")}
+    held = {model for model, _ in holds.held(c)}
     # (held by an optimizer at some point: a GAN's generator is, once its optimizer steps)
     backed = c.backward_models()
     ran = {key[0] for keys in c.grad.values() for key in keys}
@@ -292,6 +137,104 @@ def _never_reached(c: Collected) -> list[Finding]:
     return out
 
 
-def _order(c: Collected, model: int, name: str) -> int:
-    m = c.modules.get((model, name))
-    return m.first_seq or 0 if m is not None else 0
+_ON_GRADIENT = "each runs in every backward pass, so the gradient is changed once more every step"
+_HOOKS = {
+    "forward": ("forward hooks", "register_forward_hook", "each runs at every call, so what "
+                "they compute or collect is counted once more every step"),
+    "backward": ("module backward hooks", "register_full_backward_hook", _ON_GRADIENT),
+    "gradient": ("gradient hooks on their parameters", "register_hook", _ON_GRADIENT),
+}
+
+
+def check_custom(c: Collected) -> list[Finding]:
+    """Hooks that grew at every recorded step (``hooks-growing``), one finding a kind a step."""
+    growing: dict[tuple[int, str, int], list[Signal]] = {}
+    for s in c.signals:
+        if s.kind == SignalKind.HOOKS_GROWING:
+            growing.setdefault((s.model, s.detail.get("hooks", "?"), s.step), []).append(s)
+    return [_growing(c, *key, signals) for key, signals in sorted(growing.items())]
+
+
+def _growing(c: Collected, model: int, kind: str, step: int, signals: list[Signal]) -> Finding:
+    what, call, effect = _HOOKS.get(kind, (f"{kind} hooks", "register_hook", ""))
+    names = [s.fqn for s in signals]
+    first = signals[0].detail
+    counts = ", ".join(map(str, first.get("counts", [])))
+    steps = ", ".join(map(str, first.get("steps", [])))
+    whose = c.label(model, names[0]) if len(names) == 1 else names_text(names)
+    return Finding(
+        FindingKind.HOOKS_GROWING, WARNING, c.model_name(model), names[0], step,
+        f"{whose}: the {what} grew at every recorded step ({counts} at steps {steps}): a hook "
+        f"is registered in the training loop and never removed; {effect}",
+        {"modules": names, "hooks": kind, "counts": first.get("counts", []),
+         "steps": first.get("steps", [])},
+        f"call {call} once, before the loop, or keep the handle it returns and call "
+        "handle.remove() when the step is done")
+
+
+_SAYS = {
+    "ignores-grad": "returns the same gradient whatever grad_output it gets (twice the "
+                    "grad_output, the same result): it does not multiply by grad_output, so "
+                    "the layers before it get a gradient that does not depend on the loss",
+    "nonlinear": "is not linear in grad_output (twice the grad_output does not give twice the "
+                 "gradient), as a backward that clips or normalises the gradient is",
+    "scaled": "gives {ratio:.3g} times the finite-difference gradient of its forward: a "
+              "factor of the forward (a constant, a scale) is missing from it or added",
+    "reversed": "gives {ratio:.3g} times the finite-difference gradient of its forward: the "
+                "gradient comes back with its sign flipped",
+    "mismatch": "disagrees with the finite-difference gradient of its forward at {off} of "
+                "{elements} elements compared (worst: {backward:.3g} where the forward's slope "
+                "is {numeric:.3g})",
+    "modifier": "changes the gradient on purpose (its forward returns its input unchanged): "
+                "{change}",
+    "surrogate": "is a surrogate gradient: its forward is flat where the two differ (a "
+                 "straight-through estimator)",
+}
+_NOTES = {"nonlinear", "modifier", "surrogate"}
+
+
+def verdict(d: Mapping[str, Any]) -> str:
+    """What a ``function-backward`` signal's measurements say of the backward: one that does
+    not double with ``grad_output`` ignores it (the same result) or is not linear in it; a
+    forward that returns its input unchanged exists to alter the gradient (a reversal, a
+    multiplier: a ``modifier``); one flat where they disagree is a surrogate (a
+    straight-through estimator's ``round``); else the backward is wrong, ``scaled`` or
+    ``reversed`` when it is the true gradient times one factor, ``mismatch`` else."""
+    twice = d.get("twice", "double")
+    if twice != "double":
+        return "ignores-grad" if twice == "same" else "nonlinear"
+    if d.get("identity"):
+        return "modifier"
+    if d.get("flat"):
+        return "surrogate"
+    ratio = d.get("ratio")
+    if isinstance(ratio, (int, float)):
+        return "reversed" if ratio < 0 else "scaled"
+    return "mismatch"
+
+
+def function_backward(c: Collected, s: Signal) -> list[Finding]:
+    d: dict[str, Any] = dict(s.detail)
+    d["verdict"] = judged = verdict(s.detail)
+    ratio = d.get("ratio")
+    d.setdefault("ratio", 0.0)
+    d.setdefault("off", 0)
+    d.setdefault("elements", 0)
+    d.setdefault("backward", 0.0)
+    d.setdefault("numeric", 0.0)
+    d["change"] = (f"it multiplies it by {ratio:.3g}" if ratio is not None
+                   else "not by one factor")
+    fn = d.get("function", "?")
+    site = f"{d.get('file', '?')}:{d.get('line', '?')}"
+    says = _SAYS[judged].format(**d)
+    where = f"in {c.label(s.model, s.fqn)}" if s.fqn else f"in model '{c.model_name(s.model)}'"
+    severity = NOTE if judged in _NOTES else WARNING
+    hint = ("nothing to do if that is the intent" if severity is NOTE else
+            "backward must return grad_output times the derivative of forward (the chain "
+            "rule: a constant forward multiplies by, backward multiplies by too); check it "
+            "with torch.autograd.gradcheck on double inputs")
+    return [Finding(
+        FindingKind.FUNCTION_BACKWARD, severity, c.model_name(s.model), s.fqn, s.step,
+        f"the autograd.Function {fn} ({site}), used {where}: its backward {says}",
+        {k: d[k] for k in ("function", "file", "line", "verdict", "ratio", "elements", "off")
+         if k in s.detail or k == "verdict"}, hint)]

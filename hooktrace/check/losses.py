@@ -1,12 +1,10 @@
-"""Loss modules given the wrong inputs: a target of another shape that broadcasts (an
-``MSELoss`` of ``[16, 1]`` against ``[16]`` compares every prediction with every target), and
-probabilities where the loss wants scores (a model ending in ``Softmax`` fed to
-``CrossEntropyLoss``, which applies log_softmax itself). Pure: a ``Collected`` in. Seen where
-the loss is a module (``nn.MSELoss()``) from its call; where it is a function
-(``F.cross_entropy``), from the ops the tracer found between it and the model's output
-(``loss-ops`` signals): probabilities into a loss that wants scores, and raw scores into
-``nll_loss``, which wants log-probabilities. And a loss that diverges, from the loss ledger
-(``loss-values``): orders of magnitude up without NaN/Inf."""
+"""A loss given the wrong inputs, or that diverges. Wrong inputs: a target of another shape that
+broadcasts (an ``MSELoss`` of ``[16, 1]`` against ``[16]``), probabilities where the loss wants
+scores (a model ending in ``Softmax`` fed to ``CrossEntropyLoss``), raw scores into
+``nll_loss``: seen from a loss module's call, or for a function (``F.cross_entropy``) from the
+ops between it and the model's output (``loss-ops``). Diverging, from the loss ledger
+(``loss-values``): orders of magnitude up without NaN/Inf, or down below zero without a floor.
+Pure: a ``Collected`` in."""
 
 from __future__ import annotations
 
@@ -38,6 +36,7 @@ LOSSES = _ELEMENTWISE | _WANTS_SCORES.keys()
 # a loss diverges when it peaks this many times its first value and its second half's median
 # stays this many times above it, over this many passes at least
 _PEAK, _LATE, _PASSES = 100.0, 3.0, 8
+_SQUASHES = "probabilities where it wants scores; the loss can hardly move and the gradient shrinks"
 
 
 def check_losses(c: Collected) -> list[Finding]:
@@ -79,8 +78,7 @@ def _probabilities(c: Collected, cls: str, call: LossCall) -> list[Finding]:
     return [Finding(
         "loss-input", WARNING, c.model_name(model), last, call.step,
         f"model '{c.model_name(model)}' ends with {c.label(model, last)}, and its output goes "
-        f"to {cls}, which {does}: probabilities where it wants scores; the loss can hardly move "
-        "and the gradient shrinks", {"loss": cls, "last": last_cls}, hint)]
+        f"to {cls}, which {does}: {_SQUASHES}", {"loss": cls, "last": last_cls}, hint)]
 
 
 def _broadcast_shape(a: list[Any], b: list[Any]) -> list[int] | None:
@@ -122,8 +120,7 @@ _SQUASHED = {
 
 
 def check_loss_ops(c: Collected, module_found: set[str]) -> list[Finding]:
-    """The losses written as functions given the wrong inputs, as the ``loss-ops`` signals show
-    them; not for a model ``check_losses`` already named (``module_found``: model names)."""
+    """Functional losses given the wrong inputs; not for a model named in ``module_found``."""
     out: list[Finding] = []
     said: set[tuple[int, str]] = set()
     for s in c.signals:
@@ -158,8 +155,7 @@ def _squashed(c: Collected, s: Signal, op: str, in_model: bool) -> Finding:
              f"goes" if in_model else f"the output of {_output_of(c, s)} goes through {what}, then")
     return Finding(
         "loss-input", WARNING, c.model_name(s.model), name, s.step,
-        f"{where} to {loss}, which {does}: probabilities where it wants scores; the loss can "
-        "hardly move and the gradient shrinks",
+        f"{where} to {loss}, which {does}: {_SQUASHES}",
         {"loss": s.detail.get("loss"), "ops": s.detail.get("ops"), "out": s.detail.get("out")},
         hint_in_model if in_model else hint)
 

@@ -41,7 +41,7 @@ _CUTS = {
 
 
 def check_loss_terms(c: Collected) -> list[Finding]:
-    out: list[Finding] = []
+    """How much of its batch each loss reads (``loss-share``), one finding a loss."""
     shares: dict[tuple[int, str, int], list[Signal]] = {}
     for s in c.signals:
         if s.kind == SignalKind.LOSS_SHARE:
@@ -49,9 +49,7 @@ def check_loss_terms(c: Collected) -> list[Finding]:
             key = (s.model, f"{d.get('by')} {d.get('node')} {d.get('loss')} {d.get('file')}",
                    int(d.get("line", 0)))
             shares.setdefault(key, []).append(s)
-    for signals in shares.values():
-        out.append(_share(c, signals))
-    return out
+    return [_share(c, signals) for signals in shares.values()]
 
 
 def absorb(c: Collected, findings: list[Finding]) -> list[Finding]:
@@ -149,8 +147,10 @@ _MASKS = {"Mul": "loss * mask", "Index": "loss[mask]", "MaskedSelect": "masked_s
           "Where": "torch.where(mask, loss, ...)"}
 
 
-def _fact(signals: list[Signal]) -> dict[str, Any]:
-    return {**signals[0].detail, "read": [s.detail.get("read") for s in signals],
+def _fact(signals: list[Signal], keys: tuple[str, ...] | None = None) -> dict[str, Any]:
+    d = signals[0].detail
+    return {**(d if keys is None else {k: d.get(k) for k in keys}),
+            "read": [s.detail.get("read") for s in signals],
             "of": [s.detail.get("of") for s in signals], "steps": [s.step for s in signals]}
 
 
@@ -166,38 +166,32 @@ def _share(c: Collected, signals: list[Signal]) -> Finding:
     read, of = least.detail.get("read", 0), least.detail.get("of", 0)
     recorded = c.backward_steps or {s.step for s in signals}
     none = all(s.detail.get("read") == 0 for s in signals) and len(signals) >= len(recorded)
-    model = c.model_name(first.model)
     if by == "mask":
         how = _MASKS.get(str(d.get("node")), "a mask")
-        if none:
-            return Finding(
-                "loss-reads-nothing", WARNING, model, first.fqn, first.step,
-                f"the loss reads none of its {of} elements in every recorded step: a 0/1 mask "
-                f"({how}) keeps none of them, so the loss is 0 (NaN where divided by "
-                "mask.sum()) and gives the model no gradient", _fact(signals),
-                "check the comparison that builds the mask (ids != pad, lengths > position) "
-                "and its dtype and shape against the loss's")
-        return Finding(
-            FindingKind.LOSS_SHARE, NOTE, model, first.fqn, least.step,
-            f"the loss reads {read} of its {of} elements ({100 * read // max(of, 1)}%) at step "
-            f"{least.step}: a 0/1 mask ({how}) keeps them", _fact(signals))
-    where = f"at {_where(d.get('file'), d.get('line'))}" if d.get("file") else \
-        "inside the model's call (a loss it computes, model(..., labels=...).loss)"
-    fact = {"loss": d.get("loss"), "ignore_index": d.get("ignore_index"), "file": d.get("file"),
-            "line": d.get("line"), "read": [s.detail.get("read") for s in signals],
-            "of": [s.detail.get("of") for s in signals], "steps": [s.step for s in signals]}
+        fact = _fact(signals)
+        nothing = (f"the loss reads none of its {of} elements in every recorded step: a 0/1 mask "
+                   f"({how}) keeps none of them, so the loss is 0 (NaN where divided by "
+                   "mask.sum()) and gives the model no gradient",
+                   "check the comparison that builds the mask (ids != pad, lengths > position) "
+                   "and its dtype and shape against the loss's")
+        part = (f"the loss reads {read} of its {of} elements ({100 * read // max(of, 1)}%) at "
+                f"step {least.step}: a 0/1 mask ({how}) keeps them")
+    else:
+        where = f"at {_where(d.get('file'), d.get('line'))}" if d.get("file") else \
+            "inside the model's call (a loss it computes, model(..., labels=...).loss)"
+        fact = _fact(signals, ("loss", "ignore_index", "file", "line"))
+        nothing = (f"{d.get('loss')} {where} ignores every target of the batch in every "
+                   f"recorded step (all {of} equal ignore_index={d.get('ignore_index')}): the "
+                   "loss is NaN or 0 and gives the model no gradient",
+                   "check the labels and the ignore_index: padding or a wrong label mapping "
+                   "may have turned every target into the ignored value")
+        part = (f"{d.get('loss')} {where} reads part of its batch: {read} of {of} targets at "
+                f"step {least.step} (the others equal ignore_index={d.get('ignore_index')})")
+    model = c.model_name(first.model)
     if none:
-        return Finding(
-            "loss-reads-nothing", WARNING, model, first.fqn, first.step,
-            f"{d.get('loss')} {where} ignores every target of the batch in every recorded "
-            f"step (all {of} equal ignore_index={d.get('ignore_index')}): the loss is NaN or "
-            "0 and gives the model no gradient", fact,
-            "check the labels and the ignore_index: padding or a wrong label mapping may have "
-            "turned every target into the ignored value")
-    return Finding(
-        FindingKind.LOSS_SHARE, NOTE, model, first.fqn, least.step,
-        f"{d.get('loss')} {where} reads part of its batch: {read} of {of} targets at step "
-        f"{least.step} (the others equal ignore_index={d.get('ignore_index')})", fact)
+        return Finding("loss-reads-nothing", WARNING, model, first.fqn, first.step, nothing[0],
+                       fact, nothing[1])
+    return Finding(FindingKind.LOSS_SHARE, NOTE, model, first.fqn, least.step, part, fact)
 
 
 def _index(c: Collected, signals: list[Signal]) -> Finding:

@@ -23,26 +23,20 @@ _SIMILARITY = frozenset({"Mm", "Bmm", "Matmul", "Einsum"})
 
 
 def check_probed(c: Collected) -> list[Finding]:
-    out: list[Finding] = []
-    for s in c.signals:
-        if s.kind != SignalKind.PROBE:
-            continue
-        what = s.detail.get("what")
-        if what == "batch":
-            out.append(_batch(c, s))
-        elif what == "causal":
-            out.append(_causal(c, s))
-        elif what == "padding":
-            out.append(_padding(c, s))
-        else:
-            out.append(_note(c, s, f"the probe could not tell who sees whom in model "
-                                   f"'{c.model_name(s.model)}': {s.detail.get('why', '?')}"))
-    return out
+    return [_BY_WHAT.get(str(s.detail.get("what")), _unknown)(c, s) for s in c.signals
+            if s.kind == SignalKind.PROBE]
 
 
-def _note(c: Collected, s: Signal, message: str, kind: str = FindingKind.PROBE) -> Finding:
-    return Finding(kind, NOTE, c.model_name(s.model), s.fqn, s.step, message,
-                   dict(s.detail), "a fact the probe measured (run --probe)")
+def _unknown(c: Collected, s: Signal) -> Finding:
+    return _note(c, s, f"the probe could not tell who sees whom in model "
+                       f"'{c.model_name(s.model)}': {s.detail.get('why', '?')}")
+
+
+def _note(c: Collected, s: Signal, message: str, kind: str = FindingKind.PROBE,
+          hint: str | None = None) -> Finding:
+    """What the probe measured: a note, or with a ``hint`` a warning."""
+    return Finding(kind, NOTE if hint is None else WARNING, c.model_name(s.model), s.fqn, s.step,
+                   message, dict(s.detail), hint or "a fact the probe measured (run --probe)")
 
 
 def _listed(numbers: list[int], count: int) -> str:
@@ -74,25 +68,23 @@ def _batch(c: Collected, s: Signal) -> Finding:
                 f"of a batch through its statistics ({measured})")
         if not _compares_samples(c, s.model):
             return _note(c, s, f"the probe: {says}", "samples-mixed")
-        return Finding(
-            "samples-mixed", WARNING, model, s.fqn, s.step,
-            f"{says}, and the loss compares the model's outputs of one batch with each other "
-            f"(a matmul of outputs, as InfoNCE's q @ k.t()): the batch statistics leak "
+        return _note(
+            c, s, f"{says}, and the loss compares the model's outputs of one batch with each "
+            f"other (a matmul of outputs, as InfoNCE's q @ k.t()): the batch statistics leak "
             f"between the samples the loss tells apart, so the model can learn the task from "
-            f"the leak instead of the data", dict(d),
+            f"the leak instead of the data", "samples-mixed",
             "use a norm that keeps samples apart (GroupNorm, LayerNorm), or shuffle the "
             "samples across devices before BatchNorm (MoCo's shuffling BN)")
     if d.get("verdict") == "all":
         return _note(c, s, f"the probe: in model '{model}' {measured}: every sample sees the "
                            f"whole batch (attention or a similarity across samples, on purpose, "
                            f"or an axis mixed by mistake)", "samples-mixed")
-    return Finding(
-        "samples-mixed", WARNING, model, s.fqn, s.step,
-        f"in model '{model}' {measured} and not on the others, and no layer that mixes samples "
-        f"by design (BatchNorm) is in it: a view or reshape across the batch axis mixes "
+    return _note(
+        c, s, f"in model '{model}' {measured} and not on the others, and no layer that mixes "
+        f"samples by design (BatchNorm) is in it: a view or reshape across the batch axis mixes "
         f"samples (a (T, B, H) tensor reshaped to (B, -1) without moving the batch axis first)",
-        dict(d), "move the batch axis to the front (permute or transpose) before a reshape "
-                 "that folds other axes into it")
+        "samples-mixed", "move the batch axis to the front (permute or transpose) before a "
+        "reshape that folds other axes into it")
 
 
 def _causal(c: Collected, s: Signal) -> Finding:
@@ -120,8 +112,7 @@ def _causal(c: Collected, s: Signal) -> Finding:
                    f"very positions it learns to predict")
         hint = ("pass mask=nn.Transformer.generate_square_subsequent_mask(T) and "
                 "is_causal=True")
-    return Finding("sees-later", WARNING, c.model_name(s.model), s.fqn, s.step, message,
-                   dict(d), hint)
+    return _note(c, s, message, "sees-later", hint)
 
 
 def _padding(c: Collected, s: Signal) -> Finding:
@@ -140,13 +131,13 @@ def _padding(c: Collected, s: Signal) -> Finding:
         reads = ("inverted: True at the real positions and False at the padded ones, and "
                  "True means ignore" if m.get("reads") == "inverted" else
                  f"hiding {m.get('hidden')} positions, not the {padded} padded ones")
-        return Finding(
-            "sees-padding", WARNING, c.model_name(s.model), s.fqn, s.step,
-            f"{c.label(s.model, s.fqn)}: its {m.get('arg')} is {reads}; the output depends on "
-            f"{seen} ({where})", dict(d),
-            f"{m.get('arg')} must be True where padded: (ids == pad_id)")
-    return Finding(
-        "sees-padding", WARNING, c.model_name(s.model), s.fqn, s.step,
-        f"in model '{c.model_name(s.model)}' the output at real positions depends on {seen} "
-        f"({where}): a mean or sum over the sequence counts the padding", dict(d),
-        "weight the pooling by the mask: (h * mask).sum(1) / mask.sum(1)")
+        return _note(c, s, f"{c.label(s.model, s.fqn)}: its {m.get('arg')} is {reads}; the "
+                     f"output depends on {seen} ({where})", "sees-padding",
+                     f"{m.get('arg')} must be True where padded: (ids == pad_id)")
+    return _note(c, s, f"in model '{c.model_name(s.model)}' the output at real positions "
+                 f"depends on {seen} ({where}): a mean or sum over the sequence counts the "
+                 "padding", "sees-padding",
+                 "weight the pooling by the mask: (h * mask).sum(1) / mask.sum(1)")
+
+
+_BY_WHAT = {"batch": _batch, "causal": _causal, "padding": _padding}

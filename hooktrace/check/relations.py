@@ -1,4 +1,4 @@
-"""How models of one structure relate over the recorded steps (``twins`` signals), and the
+"""How models relate over the recorded steps (``twins`` signals, module aliases), and the
 relations that contradict each other. Pure: a ``Collected`` in.
 
 * ``weights-replaced``: a model an optimizer trains whose weights, between its step and its
@@ -11,11 +11,16 @@ relations that contradict each other. Pure: a ``Collected`` in.
 * ``copy-not-updated``: a copy that started with the trained model's weights, that the run
   calls, and whose name or class says it follows the model (``ema``, an average, momentum,
   shadow weights), never changes over three or more looks while the model does: its update
-  writes into nothing (a loop variable rebound).
+  writes into nothing (a loop variable rebound);
+* ``shared-target``: a BYOL, MoCo or mean-teacher target made without ``copy.deepcopy`` is the
+  online module under a second name: freezing the target froze the online network, which runs
+  with gradients and under ``torch.no_grad()`` with the same parameters and never trains.
 
 A copy updated as a moving average (a mean teacher, a soft-updated target), weights swapped in
 for validation and restored, a target copied every few steps, a frozen reference copy not named
-as a follower, and models of different structures (a teacher and its student) are not these.
+as a follower, models of different structures (a teacher and its student), a frozen module
+held under one name (a perceptual loss's features), shared parameters that train (tied
+embeddings) and one encoder run twice with gradients (a siamese network) are not these.
 """
 
 from __future__ import annotations
@@ -24,11 +29,14 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hooktrace.check.findings import WARNING, Finding, steps_text
+from hooktrace.check.findings import WARNING, Finding, names_text, steps_text
+from hooktrace.check.trainable import unfrozen_at
 from hooktrace.log.schema import SignalKind
+from hooktrace.log.words import plural
 
 if TYPE_CHECKING:
     from hooktrace.check.collected import Collected
+    from hooktrace.check.keys import ModelFqn
 
 RUN = 3  # looks in a row: a relation seen once or twice may be a schedule's (a copy every N)
 # the words of a copy meant to follow its model: in a variable's name (its words) or a class's
@@ -103,11 +111,13 @@ def _replaced(c: Collected, name: str, m: Looks, models: dict[str, Looks]) -> li
         f"itself")]
 
 
+def _trained(models: dict[str, Looks], names: set[str]) -> list[tuple[str, Looks]]:
+    """Of ``names``, in order, the models an optimizer trains, with their looks."""
+    return [(other, models[other]) for other in sorted(names) if models[other].trained]
+
+
 def _copied(c: Collected, name: str, m: Looks, models: dict[str, Looks]) -> list[Finding]:
-    for other in sorted({o for found in m.same.values() for o in found}):
-        o = models[other]
-        if not o.trained:
-            continue
+    for other, o in _trained(models, {o for found in m.same.values() for o in found}):
         run = _longest(m.looks, lambda step, o=o, other=other: other in m.same[step]
                        and o.changed.get(step) is True)
         if len(run) >= RUN:
@@ -129,10 +139,9 @@ def _not_updated(c: Collected, name: str, m: Looks, models: dict[str, Looks]
                  ) -> list[Finding]:
     if not m.looks or not _named_follower(c, name):
         return []
-    for other in sorted(m.same[m.looks[0]]):
-        o = models[other]
-        later = m.looks[1:]
-        if not o.trained or len(later) < RUN or any(
+    later = m.looks[1:]
+    for other, o in _trained(models, m.same[m.looks[0]]):
+        if len(later) < RUN or any(
                 m.changed.get(step) is not False or o.changed.get(step) is not True
                 for step in later):
             continue
@@ -151,8 +160,7 @@ def _not_updated(c: Collected, name: str, m: Looks, models: dict[str, Looks]
 
 
 def _named_follower(c: Collected, name: str) -> bool:
-    """A model the run called whose variable or class names a follower (``ema``,
-    ``model_ema``, ``ModelEmaV3``)."""
+    """A model the run called whose variable or class names a follower (``model_ema``)."""
     model = next((i for i, n in c.models.items() if n == name), None)
     if model is None:
         return False
@@ -171,3 +179,68 @@ def _longest(steps: list[int], holds: Any) -> list[int]:
         if len(run) > len(best):
             best = run
     return best
+
+
+def _aliases(c: Collected) -> dict[ModelFqn, list[str]]:
+    """Per module held under several names, its other fqns: from its module record (the
+    modules below it too) and from the freezes the run saw (``trainable-changed``)."""
+    out: dict[ModelFqn, list[str]] = {}
+    for m in c.modules.values():
+        for alias in m.aliases:
+            for o in c.modules.values():
+                if o.model == m.model and (o.fqn == m.fqn or o.fqn.startswith(m.fqn + ".")):
+                    out.setdefault((o.model, o.fqn), []).append(alias + o.fqn[len(m.fqn):])
+    for s in c.signals:
+        if s.kind == SignalKind.TRAINABLE_CHANGED:
+            for name, others in (s.detail.get("aliases") or {}).items():
+                out.setdefault((s.model, name), []).extend(others)
+    return out
+
+
+def _tops(name: str, alias: str) -> tuple[str, str]:
+    """The outermost pair of names under which one module is held: ``online_encoder`` and
+    ``target_encoder`` for ``online_encoder.net.0`` and ``target_encoder.net.0``."""
+    a, b = name.split("."), alias.split(".")
+    while len(a) > 1 and len(b) > 1 and a[-1] == b[-1]:
+        a, b = a[:-1], b[:-1]
+    return ".".join(a), ".".join(b)
+
+
+def check_shared_targets(c: Collected) -> list[Finding]:
+    """One finding per module held under two names whose parameters are frozen for good,
+    though an optimizer holds them (meant to train: a frozen network no optimizer holds is
+    frozen on purpose), and that ran, in one step, both with gradients (the online network)
+    and under no_grad (the target)."""
+    unfrozen = unfrozen_at(c)
+    held = {(s.model, name) for s in c.signals if s.kind == SignalKind.OPTIMIZERS
+            for name in s.detail.get("frozen_held") or ()}
+    groups: dict[tuple[int, str, str], list[tuple[str, list[int]]]] = {}
+    for key, others in sorted(_aliases(c).items()):
+        m = c.modules.get(key)
+        if m is None or not m.params or m.trainable or key in unfrozen or key not in held:
+            continue
+        steps = [step for step in sorted(c.backward_steps)
+                 if key in c.grad.get(step, ()) and key in c.no_grad.get(step, ())]
+        if steps:
+            top, alias = _tops(key[1], others[0])
+            groups.setdefault((key[0], top, alias), []).append((key[1], steps))
+    return [_shared(c, model, top, alias, found)
+            for (model, top, alias), found in sorted(groups.items())]
+
+
+def _shared(c: Collected, model: int, top: str, alias: str,
+            found: list[tuple[str, list[int]]]) -> Finding:
+    modules = sorted((name for name, _ in found), key=lambda name: c.first_seq(model, name))
+    steps = sorted({step for _, steps in found for step in steps})
+    return Finding(
+        "shared-target", WARNING, c.model_name(model), top, steps[0],
+        f"{c.label(model, top)} is also registered as {alias}: one module, not a copy, so "
+        f"the target network runs the online network's own parameters. "
+        f"{names_text(modules)} ({plural(len(modules), 'module')} of model "
+        f"'{c.model_name(model)}') ran with gradients and under torch.no_grad() in the same "
+        f"step, and their parameters are frozen (requires_grad=False): freezing the target "
+        f"froze the online network, which never trains",
+        {"modules": modules[:50], "aliases": {top: alias}, "steps": steps[:20]},
+        f"make the target a copy: {alias} = copy.deepcopy({top}), then freeze the copy and "
+        f"update it as a moving average of the online network, which keeps "
+        f"requires_grad=True")

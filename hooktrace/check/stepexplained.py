@@ -1,9 +1,9 @@
 """The step, explained: optimizer steps that broke an expectation of a training step, one
-finding each, saying which expectation and where: a param group's learning rate and the
-optimizer's state (the facts of ``optimizer-steps``), gradients cleared within one
-accumulation, a gradient's sign, the move itself (``step-sample``). The thresholds live here:
-two steps at least, and for the move half of the recorded steps judged or more. Pure: a
-``Collected`` in, findings out.
+finding each, saying which expectation and where: a param group's learning rate, the
+optimizer's state, the same gradients stepped again (the facts of ``optimizer-steps``),
+gradients cleared within one accumulation, a gradient's sign, the move itself
+(``step-sample``). The thresholds live here: two steps at least, and for the move half of the
+recorded steps judged or more. Pure: a ``Collected`` in, findings out.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hooktrace.check.findings import WARNING, Finding, FindingKind, names_text, steps_text
-from hooktrace.check.holds import stepped_twice
 from hooktrace.log.schema import SignalKind
 from hooktrace.log.words import plural
 
@@ -48,6 +47,34 @@ def _rebuilt(c: Collected, s: Signal) -> list[Finding]:
     steps = [int(o.detail["took_over"]["step"]) for o in taken]
     return [_finding(c, s.model, steps[0], "state", {
         "optimizer": s.detail.get("optimizer"), "steps": steps[:LISTED], "count": len(steps)})]
+
+
+def stepped_again(detail: dict[str, Any]) -> bool:
+    """Whether an optimizer (its ``optimizer-steps`` facts) stepped again with no backward pass
+    since its last step in two steps or more, half of those looked at or more."""
+    again = detail.get("again") or {}
+    count = int(again.get("count", 0))
+    return count >= 2 and 2 * count >= int(again.get("of", 0))
+
+
+def stepped_twice(c: Collected, s: Signal) -> list[Finding]:
+    """An optimizer that stepped again with no backward pass since its last step (its
+    ``optimizer-steps`` facts): each step applies the same gradients again."""
+    if not stepped_again(s.detail):
+        return []
+    optimizer = s.detail.get("optimizer") or "optimizer"
+    steps = [int(x) for x in s.detail["again"].get("steps", [])]
+    most = int(s.detail["again"].get("most", 2))
+    model = c.model_name(s.model)
+    times = "twice" if most == 2 else f"{most} times"
+    return [Finding(
+        FindingKind.STEPPED_TWICE, WARNING, model, "", steps[0],
+        f"the {optimizer} optimizer of model '{model}' stepped {times} after one backward "
+        f"pass, in {steps_text(steps)}: each step applies the same gradients again (about "
+        f"{most}x the learning rate)",
+        {"optimizer": optimizer, "steps": steps, "most": most},
+        "call optimizer.step() once per backward (once per accumulation cycle); a second "
+        "step() where another optimizer's should be is a copy-paste slip")]
 
 
 def step_sample(c: Collected, s: Signal) -> list[Finding]:
@@ -109,19 +136,20 @@ def _verdict(cosine: float, ratio: float, lr: float, moved: bool,
 
 def _finding(c: Collected, model: int, step: int, expectation: str,
              detail: dict[str, Any]) -> Finding:
-    message, hint = _BY_EXPECTATION[expectation](c.model_name(model), detail)
     modules = [str(m) for m in detail.get("modules", [])]
+    steps = [int(x) for x in detail.get("steps", [])]
+    message, hint = _BY_EXPECTATION[expectation](
+        c.model_name(model), detail, names_text(modules), steps)
     return Finding(FindingKind.STEP_UNEXPLAINED, WARNING, c.model_name(model),
                    modules[0] if modules else "", step, message,
                    {"expectation": expectation, **detail}, hint)
 
 
-def _group_lr(model: str, d: dict[str, Any]) -> tuple[str, str]:
-    modules = [str(m) for m in d.get("modules", [])]
+def _group_lr(model: str, d: dict[str, Any], names: str, steps: list[int]) -> tuple[str, str]:
     count, others = int(d.get("count", 0)), float(d.get("others", 0.0))
     return (
         f"param group {d.get('group', '?')} of the {d.get('optimizer', '?')} optimizer of model "
-        f"'{model}' ({names_text(modules)}) stepped at lr 0 in all "
+        f"'{model}' ({names}) stepped at lr 0 in all "
         f"{plural(count, 'step')} it had gradients in, while another group of it stepped at "
         f"lr {others:.3g}: its parameters get gradients and never move",
         "a learning rate set on one param group only: set it on each of them (param_group"
@@ -130,11 +158,9 @@ def _group_lr(model: str, d: dict[str, Any]) -> tuple[str, str]:
         "instead")
 
 
-def _state(model: str, d: dict[str, Any]) -> tuple[str, str]:
-    cls = d.get("optimizer", "?")
-    steps = [int(x) for x in d.get("steps", [])]
+def _state(model: str, d: dict[str, Any], names: str, steps: list[int]) -> tuple[str, str]:
     return (
-        f"a new {cls} optimizer took over the parameters of model '{model}' "
+        f"a new {d.get('optimizer', '?')} optimizer took over the parameters of model '{model}' "
         f"{plural(int(d.get('count', len(steps))), 'time')} ({steps_text(steps)}), each "
         "time from one that had stepped once or twice: the optimizer is built anew in the "
         "loop, so its state (moments, step count, momentum) starts empty at every step",
@@ -142,11 +168,10 @@ def _state(model: str, d: dict[str, Any]) -> tuple[str, str]:
         "must hold that one)")
 
 
-def _cleared(model: str, d: dict[str, Any]) -> tuple[str, str]:
+def _cleared(model: str, d: dict[str, Any], names: str, steps: list[int]) -> tuple[str, str]:
     passes, windows = int(d.get("passes", 0)), int(d.get("windows", 1))
-    modules = [str(m) for m in d.get("modules", [])]
     return (
-        f"the gradients of model '{model}' ({names_text(modules)}) were cleared between "
+        f"the gradients of model '{model}' ({names}) were cleared between "
         f"backward passes of one accumulation: {passes} passes before one optimizer step "
         f"began from no gradient ({plural(windows, 'accumulation')} so), so the step applies "
         "only the last micro-batch's gradient",
@@ -154,11 +179,9 @@ def _cleared(model: str, d: dict[str, Any]) -> tuple[str, str]:
         "the micro-batch loop")
 
 
-def _sign(model: str, d: dict[str, Any]) -> tuple[str, str]:
-    steps = [int(x) for x in d.get("steps", [])]
-    modules = [str(m) for m in d.get("modules", [])]
+def _sign(model: str, d: dict[str, Any], names: str, steps: list[int]) -> tuple[str, str]:
     return (
-        f"the gradients of model '{model}' ({names_text(modules)}) were multiplied by a "
+        f"the gradients of model '{model}' ({names}) were multiplied by a "
         f"negative factor ({float(d.get('factor', -1.0)):.3g}) between backward() and "
         f"optimizer.step() in {plural(int(d.get('count', len(steps))), 'step')} "
         f"({steps_text(steps)}): the step moves the weights along +g, up the loss",
@@ -166,12 +189,10 @@ def _sign(model: str, d: dict[str, Any]) -> tuple[str, str]:
         "negative max_norm flips their sign; give it a positive max_norm")
 
 
-def _update(model: str, d: dict[str, Any]) -> tuple[str, str]:
+def _update(model: str, d: dict[str, Any], names: str, steps: list[int]) -> tuple[str, str]:
     cls, verdict, cause = d.get("optimizer", "?"), d.get("verdict"), d.get("cause")
-    steps = [int(x) for x in d.get("steps", [])]
-    modules = [str(m) for m in d.get("modules", [])]
     count, judged = int(d.get("count", len(steps))), int(d.get("judged", len(steps)))
-    where = (f"the {cls} optimizer of model '{model}' ({names_text(modules)})")
+    where = f"the {cls} optimizer of model '{model}' ({names})"
     when = f"in {count} of {plural(judged, 'recorded step')} ({steps_text(steps)})"
     if cause == "lr":
         return (f"{where} stepped at a negative learning rate ({float(d.get('lr', 0)):.3g}) "

@@ -1,14 +1,17 @@
-"""Findings on updates that do not happen or do harm, from the parameter ledger's facts
-(``observe/ledger.py``): weights that never change, parameters that never move, updates that
-round away in half precision, a learning rate scheduled down to nothing, a weight decay that
-shrinks every weight. Pure: a ``Collected`` in, findings out.
+"""Updates that do not happen or do harm, from the parameter ledger's facts
+(``observe/ledger.py``) and the loss scaler's: weights that never change, parameters that never
+move, updates that round away in half precision, a learning rate scheduled down to nothing, a
+weight decay that shrinks every weight, gradients stepped still multiplied by the loss scale
+(the NaN/Inf and growing gradients that follow are said as its consequence), or clipped before
+they were unscaled. Pure: a ``Collected`` in, findings out.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from hooktrace.check.findings import WARNING, Finding, FindingKind, names_text
+from hooktrace.check.findings import ERROR, WARNING, Finding, FindingKind, names_text
 from hooktrace.log.schema import SignalKind
 from hooktrace.log.words import plural
 
@@ -27,15 +30,13 @@ DECAY_SHRINK = 0.01  # lr * weight_decay: 1% of every weight a step (SGD 0.1 x 5
 
 
 def modules_not_held(c: Collected, model: int) -> set[str]:
-    """The modules of ``model`` whose trainable parameters no optimizer that stepped holds, as
-    the model's last ``optimizers`` signal says (``loop.not_held`` says them)."""
+    """The modules of ``model`` no optimizer that stepped holds (``holds.not_held`` says them)."""
     optimizers = [t for t in c.signals if t.model == model and t.kind == SignalKind.OPTIMIZERS]
     return set(optimizers[-1].detail.get("not_held", [])) if optimizers else set()
 
 
 def _lrs_between(c: Collected, start: int, end: int) -> list[float]:
-    """The learning rates of the optimizer steps the ledger kept that came after a pass from
-    ``start`` up to ``end`` (not included)."""
+    """The learning rates of the optimizer steps after a pass in [``start``, ``end``)."""
     return sorted({lr for s in c.signals if s.kind == SignalKind.OPTIMIZER_LRS
                    for after, lr in zip(s.detail.get("after", []), s.detail.get("lr", []),
                                         strict=False)
@@ -143,8 +144,7 @@ def updates_rounded(c: Collected, s: Signal) -> list[Finding]:
 
 
 def optimizer_lrs(c: Collected, s: Signal) -> list[Finding]:
-    """An optimizer's learning rates (an ``optimizer-lrs`` signal): a schedule collapsed, a
-    weight decay that shrinks every weight; for each model of its parameters."""
+    """A schedule collapsed, a weight decay that shrinks every weight (``optimizer-lrs``)."""
     out: list[Finding] = []
     collapsed = collapse(s.detail)
     decay = s.detail.get("decay")
@@ -195,9 +195,6 @@ def collapse(d: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
 
 
 def lr_collapsed(c: Collected, model: int, step: int, d: dict[str, Any]) -> list[Finding]:
-    """An optimizer that spent half its steps or more with a learning rate below 1e-4 of its
-    peak, or got there by one constant factor at each step (``d["factor"]``): a schedule
-    meant per epoch stepped per batch."""
     low, steps, factor = d["low_steps"], d["optimizer_steps"], d.get("factor")
     fell = f", multiplied by {factor:.2g} at every optimizer step," if factor else ""
     return [Finding(
@@ -213,7 +210,6 @@ def lr_collapsed(c: Collected, model: int, step: int, d: dict[str, Any]) -> list
 
 def weight_decay(c: Collected, model: int, step: int, decay: dict[str, Any],
                  d: dict[str, Any]) -> list[Finding]:
-    """A weight decay that takes 1% or more of every weight at each step."""
     lr, wd = decay["lr"], decay["weight_decay"]
     return [Finding(
         FindingKind.WEIGHT_DECAY, WARNING, c.model_name(model), "", step,
@@ -226,20 +222,16 @@ def weight_decay(c: Collected, model: int, step: int, decay: dict[str, Any],
 
 
 def norms_at(c: Collected, model: int, step: int) -> dict[str, float | None]:
-    """The parameter-gradient norm of each of ``model``'s modules in ``step``'s params
-    records (empty without statistics)."""
+    """Each of ``model``'s modules' parameter-gradient norm at ``step`` (none: no statistics)."""
     return {name: norm for m, names, norms in c.param_norms.get(step, []) if m == model
             for name, norm in zip(names, norms, strict=True)}
 
 
 def params_unmoved(c: Collected, s: Signal) -> list[Finding]:
-    """The parameter ledger's parameters that never moved (``params-unmoved``), where the
-    optimizer steps since say why: held by no optimizer that stepped (a bias left out of the
-    groups), or held but with no ``.grad`` at any of its steps (set to None between backward
-    and step); where none of the model's parameters moved, ``weights-unchanged``. Not said
-    again of a module another finding names (a module no optimizer holds), nor where the
-    steps do not say why (an lr of 0 in a warm-up, a zero gradient: other findings' to
-    tell)."""
+    """The ledger's parameters that never moved (``params-unmoved``), where the steps say why:
+    held by no optimizer that stepped, or held with no ``.grad`` at any of its steps; none of
+    the model's: ``weights-unchanged``. Not where another finding names the module, nor where
+    the steps do not say why (an lr of 0 in a warm-up, a zero gradient)."""
     still = unchanged(c, s)
     if still is not None:
         return weights_unchanged(c, s, *still)
@@ -260,14 +252,93 @@ def params_unmoved(c: Collected, s: Signal) -> list[Finding]:
         if found:
             names = [p["param"] for p in found]
             model = c.model_name(s.model)
+            counted = found[0].get("steps")
+            more = " or more" if counted == 16 else ""  # the ledger counts 16 steps at most
             out.append(Finding(
                 cause, WARNING, model, names[0].rpartition(".")[0], found[0].get("since"),
                 f"{names_text(names)} ({plural(len(names), 'parameter')} of model '{model}') "
-                f"never moved through {_steps(found[0].get('steps'))}: {what}",
+                f"never moved through {counted} optimizer steps{more}: {what}",
                 {"params": names[:20]}, hint))
     return out
 
 
-def _steps(counted: object) -> str:
-    """The optimizer steps a ledger entry was counted in: the ledger counts 16 at most."""
-    return f"{counted} optimizer steps" + (" or more" if counted == 16 else "")
+# findings that gradients too large by the scale explain, in the same model from its step on
+_CONSEQUENCES = (FindingKind.NONFINITE_FORWARD, FindingKind.NONFINITE_BACKWARD, "exploding")
+
+
+def check_scaling(c: Collected) -> list[Finding]:
+    """A loss multiplied by the ``GradScaler``'s scale twice (``loss-scaled``), once a model."""
+    out: list[Finding] = []
+    twice: set[int] = set()
+    for s in c.signals:
+        if s.kind == SignalKind.LOSS_SCALED and int(s.detail.get("times") or 0) > 1 \
+                and s.model not in twice:
+            twice.add(s.model)
+            out.append(_twice(c, s))
+    return out
+
+
+def _scale(c: Collected, s: Signal) -> str:
+    """The scale in force at the signal's step, as the ``loss-scale`` signals say."""
+    scales = [x for x in c.signals if x.kind == SignalKind.LOSS_SCALE and x.model == s.model
+              and x.step <= s.step]
+    return f"{float(scales[-1].detail.get('scale') or 0):g}" if scales else "the scale"
+
+
+def _twice(c: Collected, s: Signal) -> Finding:
+    times, scale = int(s.detail["times"]), _scale(c, s)
+    return Finding(
+        "scaled-twice", ERROR, c.model_name(s.model), "", s.step,
+        f"the loss of model '{c.model_name(s.model)}' was multiplied by the GradScaler's scale "
+        f"({scale}) {'twice' if times == 2 else f'{times} times'} before backward: "
+        "scaler.step() divides the gradients by it once, so the optimizer applies gradients "
+        + (f"{scale}x" if times == 2 else f"{scale}^{times - 1} times") + " too large",
+        {"times": times}, "call scaler.scale(loss) once, right before .backward(): a helper "
+        "that returns scaler.scale(loss) gives a loss that must not be scaled again")
+
+
+def scaled_step(c: Collected, s: Signal) -> list[Finding]:
+    scale = _scale(c, s)
+    modules = [str(m) for m in s.detail.get("modules", [])]
+    return [Finding(
+        FindingKind.SCALED_STEP, ERROR, c.model_name(s.model), "", s.step,
+        f"{s.detail.get('optimizer', 'an optimizer')}.step() applied the gradients of model "
+        f"'{c.model_name(s.model)}' ({names_text(modules)}) still multiplied by the loss scale "
+        f"({scale}): scaler.scale(loss).backward() was followed by optimizer.step(), not "
+        f"scaler.step(optimizer), so each update is {scale}x too large and steps with inf/NaN "
+        "gradients are not skipped",
+        {"optimizer": s.detail.get("optimizer"), "modules": modules[:50]},
+        "step through the scaler: scaler.step(optimizer); scaler.update() (to clip, call "
+        "scaler.unscale_(optimizer) first)")]
+
+
+def scaled_clip(c: Collected, s: Signal) -> list[Finding]:
+    scale = _scale(c, s)
+    modules = [str(m) for m in s.detail.get("modules", [])]
+    max_norm = s.detail.get("max_norm")
+    return [Finding(
+        "clip-before-unscale", WARNING, c.model_name(s.model), "", s.step,
+        f"clip_grad_norm_(max_norm={max_norm}) clipped the gradients of model "
+        f"'{c.model_name(s.model)}' ({names_text(modules)}) while they were still multiplied "
+        f"by the loss scale ({scale}): scaler.step() divides them by it afterwards, so the "
+        f"update is at most max_norm/{scale} and the weights hardly move",
+        {"max_norm": max_norm, "modules": modules[:50]},
+        "unscale first: scaler.unscale_(optimizer); clip_grad_norm_(...); "
+        "scaler.step(optimizer); scaler.update()")]
+
+
+def after_scaling(findings: list[Finding]) -> list[Finding]:
+    """``findings`` with the NaN/Inf and growing-gradient findings of a model whose optimizer
+    applied gradients too large by the scale, from that step on, marked as following from it."""
+    causes = {(f.model, f.cause): f.step or 0 for f in findings
+              if f.cause in (FindingKind.SCALED_STEP, "scaled-twice")}
+    out = []
+    for f in findings:
+        cause = next((kind for (model, kind), step in causes.items()
+                      if model == f.model and (f.step or 0) >= step), None)
+        if f.cause in _CONSEQUENCES and cause is not None and "follows" not in f.evidence:
+            f = replace(f, evidence={**f.evidence, "follows": cause},
+                        hint=(f"gradients too large by the loss scale were applied (the {cause} "
+                              "finding): fix that first"))
+        out.append(f)
+    return out

@@ -54,7 +54,7 @@ class Capture:
     def __init__(self, log: Path, patterns: Sequence[str],
                  max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.dir = capture_dir(log)
-        self._patterns = tuple(patterns)
+        self.patterns = tuple(patterns)
         self._max_bytes = max_bytes
         self._bytes = 0
         self.files = 0
@@ -74,9 +74,6 @@ class Capture:
             shutil.rmtree(self.dir)
         self.dir.mkdir(parents=True)
         (self.dir / _MARKER).write_text("tensors captured by hooktrace run --capture\n")
-
-    def matches(self, fqn: str, cls: str) -> bool:
-        return selects(self._patterns, fqn, cls)
 
     def save(self, step: int, model: str, fqn: str, call: int, phase: str,
              tensors: Mapping[str, Sequence[torch.Tensor | None]]) -> None:
@@ -139,14 +136,15 @@ class CaptureObserver(Observer):
             self._in_pass.append(start.call)
 
     def grad_output(self, start: BackwardStart, index: int, grad: torch.Tensor) -> None:
-        saved = self._grads.get(start.call)
-        if saved is not None:
-            saved["grad_outputs"][index] = grad.detach().to("cpu", copy=True)
+        self._keep(start, "grad_outputs", index, grad)
 
     def grad_input(self, start: BackwardStart, index: int, grad: torch.Tensor) -> None:
+        self._keep(start, "grad_inputs", index, grad)
+
+    def _keep(self, start: BackwardStart, key: str, index: int, grad: torch.Tensor) -> None:
         saved = self._grads.get(start.call)
         if saved is not None:
-            saved["grad_inputs"][index] = grad.detach().to("cpu", copy=True)
+            saved[key][index] = grad.detach().to("cpu", copy=True)
 
     def backward_end(self, end: PassEnd) -> None:
         in_pass, self._in_pass = self._in_pass, []
@@ -157,7 +155,6 @@ class CaptureObserver(Observer):
                                    call.info.fqn, call.call_index, "backward", saved)
 
     def _captures(self, info: ModInfo) -> bool:
-        match = self._matches.get(info)
-        if match is None:
-            match = self._matches[info] = self._capture.matches(info.fqn, info.cls)
-        return match
+        if info not in self._matches:
+            self._matches[info] = selects(self._capture.patterns, info.fqn, info.cls)
+        return self._matches[info]

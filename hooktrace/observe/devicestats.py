@@ -8,14 +8,14 @@ numbers to the host in one transfer per device. NaN/Inf in a tensor kept until t
 pays; past the budget, they are counted at once, into two more slots. A deferred number allocates
 no Python object that outlives its hook but the list of events it fills: objects that live for a
 step make Python's full garbage collections (0.1-0.3 s each with torch loaded) frequent. So pending
-numbers wait in columns (``_Pending``), one queue per kind, not as a record each.
+numbers wait flat in one list, six items an entry, not as a record each.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,21 +23,27 @@ import torch
 _Fill = Callable[[list[float]], None]
 #: what a deferred gradient's numbers fill: [target, index, target, index, ...]
 Targets = list[Any]
+#: What a watched step's finite gradient gets instead of its numbers (no event is written)
+FINITE: tuple[float, ...] = (0.0, 0.0)
+# the kinds of deferred numbers, and what each fills (``who``): a gradient's norm and absmax
+# (targets), a watched gradient's one sum (targets), an output's one sum (its call's NaN/Inf
+# outputs), a count of non-zero elements (a list, at ``index``), ``index`` parameter norms (a
+# function of their values)
+_GRAD, _CHECK, _OUTPUT, _NONZERO, _PARAMS = range(5)
 
 
 class _Values:
     """Where a device's reductions of one step land: slots of one float32 buffer, written with
     ``out=`` (no tensor object per number, nothing for Python's garbage collector to follow),
-    read with one transfer when the step ends; plus the stacked parameter norms read with them.
-    The buffer and its slots are kept from step to step."""
+    read with one transfer when the step ends. The buffer and its slots are kept from step to
+    step."""
 
-    __slots__ = ("buffer", "slots", "used", "params", "read")
+    __slots__ = ("buffer", "slots", "used", "read")
 
     def __init__(self, device: torch.device) -> None:
         self.buffer = torch.empty(0, dtype=torch.float32, device=device)
         self.slots: list[torch.Tensor] = []  # 0-d views of the buffer, made once
         self.used = 0
-        self.params: list[tuple[torch.Tensor, Callable[[list[float]], None]]] = []
         self.read: list[float] = []  # the values, once resolve has read them
 
     def take(self, n: int) -> int:
@@ -52,64 +58,22 @@ class _Values:
         return pos
 
 
-class _Pending:
-    """Deferred numbers of one kind, a column per field: ``values`` (the buffer), ``pos`` (the
-    first slot), ``who`` (what they fill), ``index`` (an output's index), ``held`` (the tensor
-    kept for a second transfer, or None: its NaN/Inf counts follow the first slots)."""
-
-    __slots__ = ("values", "pos", "who", "index", "held")
-
-    def __init__(self) -> None:
-        self.values: list[_Values] = []
-        self.pos: list[int] = []
-        self.who: list[Any] = []
-        self.index: list[int] = []
-        self.held: list[torch.Tensor | None] = []
-
-    def add(self, values: _Values, pos: int, who: Any, index: int,
-            held: torch.Tensor | None) -> None:
-        self.values.append(values)
-        self.pos.append(pos)
-        self.who.append(who)
-        self.index.append(index)
-        self.held.append(held)
-
-    def __bool__(self) -> bool:
-        return bool(self.pos)
-
-    def take(self) -> Iterator[tuple[_Values, int, Any, int, torch.Tensor | None]]:
-        """The entries, in order; the queue is empty after."""
-        columns = zip(self.values, self.pos, self.who, self.index, self.held, strict=True)
-        self.values, self.pos, self.who, self.index, self.held = [], [], [], [], []
-        return columns
-
-
 class DeviceStats:
     """The accelerator's implementation of ``stats.TensorStats``'s reductions."""
 
     def __init__(self, hold_bytes: int) -> None:
         self._hold_bytes = hold_bytes
         self._values: dict[torch.device, _Values] = {}
-        self._grads = _Pending()  # a gradient's norm and absmax; who: targets to fill
-        self._checks = _Pending()  # a watched gradient's one sum; who: targets to fill
-        self._outputs = _Pending()  # an output's one sum; who: its call's NaN/Inf outputs
-        self._nonzero = _Pending()  # a gradient's count of non-zero elements; who: a list
-        self._params = False  # parameter norms wait in some _Values
+        # the step's deferred numbers: (kind, _Values, first slot, who, index, the tensor kept
+        # for a second transfer or None: its NaN/Inf counts follow the first slots), flat
+        self._queue: list[Any] = []
         self._held_bytes = 0
-        self._follow_ups: list[tuple[torch.Tensor, _Fill]] = []
+        self._follow_ups: list[tuple[list[torch.Tensor], _Fill]] = []  # the second transfer
         self.transfers = 0  # device-to-host transfers made by resolve (for the tests)
 
     @property
     def deferred(self) -> bool:
-        return bool(self._grads or self._checks or self._outputs or self._nonzero) or \
-            self._params
-
-    def _hold(self, t: torch.Tensor) -> torch.Tensor | None:
-        size = t.numel() * t.element_size()
-        if self._held_bytes + size > self._hold_bytes:
-            return None
-        self._held_bytes += size
-        return t
+        return bool(self._queue)
 
     def _slots_of(self, t: torch.Tensor) -> _Values:
         values = self._values.get(t.device)
@@ -117,43 +81,42 @@ class DeviceStats:
             values = self._values[t.device] = _Values(t.device)
         return values
 
-    def reduce(self, grad: torch.Tensor) -> Targets:
-        """Defer a gradient's norm and absmax; return the targets they will fill."""
-        held = self._hold(grad)
-        values = self._slots_of(grad)
-        if grad.requires_grad:  # a double backward (create_graph): out= ops take no such input
-            grad = grad.detach()
-        pos = values.take(2 if held is not None else 4)
-        slots = values.slots
-        _norm_into(grad, 2, slots[pos])
-        _norm_into(grad, math.inf, slots[pos + 1])
-        if held is None:
-            _count_into(grad, slots, pos + 2)
+    def reduce(self, grad: torch.Tensor, full: bool) -> Targets:
+        """Defer a gradient's norm and absmax (else one sum that says whether it is finite);
+        return the targets they will fill."""
         targets: Targets = []
-        self._grads.add(values, pos, targets, 0, held)
-        return targets
-
-    def check_finite(self, grad: torch.Tensor) -> Targets:
-        """Defer one sum that says whether a gradient is finite; return its targets."""
-        targets: Targets = []
-        self._sum(self._checks, grad, targets, 0)
+        self._defer(_GRAD if full else _CHECK, grad, targets, 0)
         return targets
 
     def nonfinite(self, t: torch.Tensor, target: list[list[int]], index: int) -> None:
-        self._sum(self._outputs, t, target, index)
+        self._defer(_OUTPUT, t, target, index)
 
-    def _sum(self, queue: _Pending, t: torch.Tensor, who: Any, index: int) -> None:
-        """Defer one number of ``t`` that is finite unless ``t`` holds NaN/Inf (or overflows),
-        and its NaN and Inf counts where ``t`` is not kept."""
-        held = self._hold(t)
+    def _defer(self, kind: int, t: torch.Tensor, who: Any, index: int) -> None:
+        """Defer ``t``'s numbers of ``kind`` (a number that is finite unless ``t`` holds NaN/Inf
+        or overflows: the L2 norm and the absmax of a gradient, else the L1 norm, as
+        ``torch.sum`` has no ``out=`` for a whole tensor), and its NaN and Inf counts where
+        ``t`` is not kept."""
+        size = t.numel() * t.element_size()
+        held: torch.Tensor | None = None
+        if self._held_bytes + size <= self._hold_bytes:
+            self._held_bytes += size
+            held = t
         values = self._slots_of(t)
-        pos = values.take(1 if held is not None else 3)
-        # the L1 norm (torch.sum has no out= for a whole tensor); detached: an out= op does not
-        # take a tensor that requires grad
-        _norm_into(t.detach(), 1, values.slots[pos])
+        first = 2 if kind == _GRAD else 1
+        pos = values.take(first if held is not None else first + 2)
+        slots = values.slots
+        if t.requires_grad:  # a double backward (create_graph): out= ops take no such input
+            t = t.detach()
+        if kind == _GRAD:
+            _norm_into(t, 2, slots[pos])
+            _norm_into(t, math.inf, slots[pos + 1])
+        else:
+            _norm_into(t, 1, slots[pos])
         if held is None:
-            _count_into(t, values.slots, pos + 1)
-        queue.add(values, pos, who, index, held)
+            nan, inf = _nan_inf(t)
+            slots[pos + first].copy_(nan)
+            slots[pos + first + 1].copy_(inf)
+        self._queue += (kind, values, pos, who, index, held)
 
     def nonzero(self, t: torch.Tensor, target: list[Any], index: int) -> None:
         """Defer the count of ``t``'s non-zero elements into ``target[index]``: one reduction
@@ -161,32 +124,33 @@ class DeviceStats:
         values = self._slots_of(t)
         pos = values.take(1)
         values.slots[pos].copy_(torch.count_nonzero(t))
-        self._nonzero.add(values, pos, target, index, None)
+        self._queue += (_NONZERO, values, pos, target, index, None)
 
     def param_norms(self, norms: list[torch.Tensor], grads: list[torch.Tensor],
                     fill: Callable[[list[int], list[float]], None], owners: list[int]) -> None:
         """Defer a batch of parameter norms (one device and dtype), read with the step's."""
-        self._slots_of(norms[0]).params.append((torch.stack(norms), functools.partial(
-            self._refill, grads, fill, owners)))
-        self._params = True
+        values = self._slots_of(norms[0])
+        pos = values.take(len(norms))
+        with torch.no_grad():  # a double backward's norms require grad: out= takes none
+            torch.stack(norms, out=values.buffer[pos: pos + len(norms)])
+        refill = functools.partial(self._refill, grads, fill, owners)
+        self._queue += (_PARAMS, values, pos, refill, len(norms), None)
 
     def _refill(self, grads: list[torch.Tensor], fill: Callable[[list[int], list[float]], None],
                 owners: list[int], values: list[float]) -> None:
         """Fill in parameter norms from the device; those that came back inf (maybe only their
         float32 sum of squares overflowed) are taken again in double, in the second transfer."""
         again = [j for j, value in enumerate(values) if value == math.inf]
-        left = [len(again)]
-
-        def redo(j: int, numbers: list[float]) -> None:
-            values[j] = numbers[0]
-            left[0] -= 1
-            if not left[0]:
-                fill(owners, values)
-
-        for j in again:
-            self._follow_ups.append((grads[j], functools.partial(redo, j)))
         if not again:
             fill(owners, values)
+            return
+
+        def redo(numbers: list[float]) -> None:
+            for j, norm in zip(again, numbers, strict=True):
+                values[j] = norm
+            fill(owners, values)
+
+        self._follow_ups.append(([_wide_norm(grads[j]) for j in again], redo))
 
     def resolve(self) -> None:
         """Fill in every deferred number: one device-to-host transfer per device, and a second
@@ -194,84 +158,41 @@ class DeviceStats:
         if not self.deferred:
             return
         # the step's state is taken first: a transfer that fails leaves none behind
-        grads, checks, outputs = self._grads.take(), self._checks.take(), self._outputs.take()
-        nonzero = self._nonzero.take()
-        self._params, self._held_bytes = False, 0
-        taken = [(values, values.used, values.params) for values in self._values.values()]
-        for values, _, _ in taken:
-            values.used, values.params = 0, []
-        params = []
-        for values, used, waiting in taken:
-            parts = [t for t, _ in waiting]
-            if used:
-                parts.insert(0, values.buffer[:used])
-            if parts:
-                values.read = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()
-                self.transfers += 1
-            offset = used
-            for t, then in waiting:
-                params.append((then, values.read[offset: offset + len(t)]))
-                offset += len(t)
-        for values, pos, targets, _, held in grads:
-            self._fill_grad(values.read, pos, targets, held)
-        for values, pos, targets, _, held in checks:
-            self._fill_check(values.read, pos, targets, held)
-        for values, pos, found, index, held in outputs:
-            self._fill_output(values.read, pos, found, index, held)
-        for values, pos, target, index, _ in nonzero:
-            target[index] = int(values.read[pos])
-        for then, read in params:
-            then(read)
+        queue, self._queue, self._held_bytes = self._queue, [], 0
+        taken = [(values, values.used) for values in self._values.values() if values.used]
+        for values, _ in taken:
+            values.used = 0
+        for values, used in taken:
+            values.read = values.buffer[:used].tolist()
+            self.transfers += 1
+        entries = iter(queue)
+        for kind, values, pos, who, index, held in zip(*[entries] * 6, strict=True):
+            self._fill(kind, values.read, pos, who, index, held)
         for values in self._values.values():
             values.read = []
         follow_ups, self._follow_ups = self._follow_ups, []
         if follow_ups:
-            self._transfer([_follow_up(t, then) for t, then in follow_ups])
+            self._transfer(follow_ups)
 
-    def _fill_grad(self, read: list[float], pos: int, targets: Targets,
-                   held: torch.Tensor | None) -> None:
-        norm, absmax = read[pos], read[pos + 1]
-        if math.isfinite(norm):
-            _fill_targets(targets, (norm, absmax))
-            return
-
-        def counted(norm: float, nan: float, inf: float) -> None:
-            _fill_targets(targets, (norm, absmax) if math.isfinite(norm) else
-                          (norm, absmax, int(nan), int(inf)))
-
-        self._count(read, pos + 2, norm, held, counted)
-
-    def _fill_check(self, read: list[float], pos: int, targets: Targets,
-                    held: torch.Tensor | None) -> None:
-        if math.isfinite(read[pos]):
-            _fill_targets(targets, FINITE)
-            return
-
-        def counted(norm: float, nan: float, inf: float) -> None:
-            _fill_targets(targets, (norm, math.nan, int(nan), int(inf)) if nan or inf else
-                          FINITE)  # no NaN/Inf: a float32 overflow
-
-        self._count(read, pos + 1, read[pos], held, counted)
-
-    def _fill_output(self, read: list[float], pos: int, found: list[list[int]], index: int,
-                     held: torch.Tensor | None) -> None:
-        if math.isfinite(read[pos]):
-            return
-
-        def counted(norm: float, nan: float, inf: float) -> None:
-            if nan or inf:
-                found.append([index, int(nan), int(inf)])
-
-        self._count(read, pos + 1, read[pos], held, counted)
-
-    def _count(self, read: list[float], at: int, first: float, held: torch.Tensor | None,
-               counted: Callable[[float, float, float], None]) -> None:
-        """A number came back not finite: its NaN/Inf counts are in the slots at ``at``, or,
-        for a kept tensor, come in the second transfer."""
-        if held is not None:  # the second transfer, that only a step with NaN/Inf pays
-            self._follow_ups.append((held, lambda v: counted(v[0], v[1], v[2])))
+    def _fill(self, kind: int, read: list[float], pos: int, who: Any, index: int,
+              held: torch.Tensor | None) -> None:
+        first = read[pos]
+        if kind == _PARAMS:
+            who(read[pos: pos + index])
+        elif kind == _NONZERO:
+            who[index] = int(first)
+        elif math.isfinite(first):
+            if kind != _OUTPUT:
+                _fill_targets(who, (first, read[pos + 1]) if kind == _GRAD else FINITE)
         else:
-            counted(first, read[at], read[at + 1])
+            absmax = read[pos + 1] if kind == _GRAD else math.nan
+            counted = functools.partial(_counted, kind, who, index, absmax)
+            if held is not None:  # the second transfer, that only a step with NaN/Inf pays
+                self._follow_ups.append(([_wide_norm(held), *_nan_inf(held, torch.float64)],
+                                         lambda v: counted(v[0], v[1], v[2])))
+            else:
+                at = pos + (2 if kind == _GRAD else 1)
+                counted(first, read[at], read[at + 1])
 
     def _transfer(self, deferred: list[tuple[list[torch.Tensor], _Fill]]) -> None:
         by_device: dict[torch.device, list[tuple[list[torch.Tensor], _Fill]]] = {}
@@ -286,8 +207,16 @@ class DeviceStats:
                 pos += len(numbers)
 
 
-#: What a watched step's finite gradient gets instead of its numbers (no event is written)
-FINITE: tuple[float, ...] = (0.0, 0.0)
+def _counted(kind: int, who: Any, index: int, absmax: float, norm: float, nan: float,
+             inf: float) -> None:
+    """Fill in numbers that came back not finite, with their NaN and Inf counts."""
+    if kind == _GRAD:
+        _fill_targets(who, (norm, absmax) if math.isfinite(norm) else
+                      (norm, absmax, int(nan), int(inf)))
+    elif kind == _CHECK:  # no NaN/Inf: a float32 overflow
+        _fill_targets(who, (norm, math.nan, int(nan), int(inf)) if nan or inf else FINITE)
+    elif nan or inf:
+        who.append([index, int(nan), int(inf)])
 
 
 def _fill_targets(targets: Targets, stats: tuple[float, ...]) -> None:
@@ -306,20 +235,14 @@ def _norm_into(t: torch.Tensor, order: float, slot: torch.Tensor) -> None:
         slot.copy_(torch.linalg.vector_norm(t, ord=order))
 
 
-def _count_into(t: torch.Tensor, slots: list[torch.Tensor], pos: int) -> None:
-    """NaN and Inf counts of ``t`` into ``slots[pos]`` and ``slots[pos + 1]``."""
-    nan, inf = _nan_inf(t)
-    slots[pos].copy_(nan)
-    slots[pos + 1].copy_(inf)
-
-
 def _nan_inf(t: torch.Tensor, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
     """NaN and Inf counts of ``t``, as 0-d tensors on its device."""
     return [torch.isnan(t).sum(dtype=dtype), torch.isinf(t).sum(dtype=dtype)]
 
 
-def _follow_up(t: torch.Tensor, then: _Fill) -> tuple[list[torch.Tensor], _Fill]:
-    """The second transfer, for a kept tensor whose reduction was not finite: its norm in
-    double (a float32 sum of squares overflows past 1.8e19) and its NaN and Inf counts."""
+def _wide_norm(t: torch.Tensor) -> torch.Tensor:
+    """The norm in double, for the second transfer: a float32 sum of squares overflows past
+    1.8e19."""
     wide = torch.complex128 if t.is_complex() else torch.float64  # the norm of a complex is real
-    return [torch.linalg.vector_norm(t, dtype=wide), *_nan_inf(t, torch.float64)], then
+    norm: torch.Tensor = torch.linalg.vector_norm(t, dtype=wide)
+    return norm

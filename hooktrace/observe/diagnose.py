@@ -15,7 +15,9 @@ module call):
 * parameters frozen or unfrozen during the run (``requires_grad_`` in an evaluation helper, a
   freeze schedule): in the same walk, each module's count of trainable own parameters against
   the last recorded step's (an int per module); a change is said once per model and step, and
-  the optimizers observer (``optimizers.py``, which follows the optimizer step) told.
+  the optimizers observer (``optimizers.py``, which follows the optimizer step) told; the other
+  names the model holds a frozen module under (a target network that is the online network
+  itself, not a copy of it: ``other_names``).
 """
 
 from __future__ import annotations
@@ -30,9 +32,7 @@ from hooktrace.hooks.records import Emit, Mode, Observer, PassEnd
 from hooktrace.hooks.sites import forward_site
 from hooktrace.log import schema
 from hooktrace.log.schema import SignalKind
-from hooktrace.observe.aliases import other_names
 from hooktrace.observe.optimizers import Optimizers
-from hooktrace.observe.paramlooks import ids_sum, trainable_count
 
 
 class Diagnosis(Observer):
@@ -73,7 +73,7 @@ class Diagnosis(Observer):
                     self._step, info.model, info.fqn, SignalKind.BACKWARD_HOOK,
                     {"hook": getattr(hook, "__qualname__", repr(hook))}))
         self._seen.append(info)
-        self._param_ids.append(ids_sum(module))
+        self._param_ids.append(sum(map(id, module._parameters.values())))
         # as its module record has it: a freeze between naming and the first call (inside the
         # first forward) is a change the next recorded step's end reports
         self._trainable.append(info.trainable if info.has_params else trainable_count(module))
@@ -180,3 +180,24 @@ class Diagnosis(Observer):
 
 
 _GONE = -2  # a dead module's ids sum at a look (-1: said)
+
+
+def trainable_count(module: nn.Module) -> int:
+    """How many of a module's own parameters require a gradient."""
+    return sum(1 for p in module._parameters.values() if p is not None and p.requires_grad)
+
+
+def other_names(entry: weakref.ref[nn.Module] | None, names: list[str]) -> dict[str, Any]:
+    """``{"aliases": ...}``, per fqn of ``names`` (frozen modules under the model's entry
+    module) that the model also holds under other names: those, in ``named_modules`` order;
+    ``{}`` where there is none. Asked only when a freeze is seen: it walks the whole tree."""
+    root = entry() if entry is not None and names else None
+    if root is None:
+        return {}
+    paths: dict[int, list[str]] = {}  # ids are stable here: every module of the tree is alive
+    for name, module in root.named_modules(remove_duplicate=False):
+        paths.setdefault(id(module), []).append(name)
+    held = {name: found for found in paths.values() if len(found) > 1 for name in found}
+    aliases = {name: [other for other in held[name] if other != name]
+               for name in names if name in held}
+    return {"aliases": aliases} if aliases else {}

@@ -27,8 +27,7 @@ KINDS = ("forward", "backward", "gradient")
 
 
 def hook_counts(module: nn.Module) -> tuple[int, int, int]:
-    """The module's forward hooks (pre and post), its module backward hooks, and the gradient
-    hooks of its own parameters."""
+    """The module's forward, module backward and own parameters' gradient hooks."""
     forward = len(module._forward_hooks) + len(module._forward_pre_hooks)
     backward = len(module._backward_hooks) + len(module._backward_pre_hooks)
     gradient = 0
@@ -46,33 +45,29 @@ class HookCount(Observer):
 
     def __init__(self, emit: Emit) -> None:
         self._emit = emit
-        self._seen: list[ModInfo] = []
-        # per module: the steps looked at and the counts then, while each kind grows
+        # per module seen, in the order first seen: the steps looked at and the counts then,
+        # while each kind grows
         self._history: dict[ModInfo, list[tuple[int, tuple[int, int, int]]]] = {}
         self._said: set[tuple[ModInfo, str]] = set()
 
     def module_seen(self, module: nn.Module, info: ModInfo) -> None:
-        self._seen.append(info)
+        self._history.setdefault(info, [])
 
     def backward_end(self, end: PassEnd) -> None:
         if end.mode is not Mode.RECORDED:
             return
-        alive = []
-        for info in self._seen:
+        for info, history in list(self._history.items()):
             module = info.ref()
             if module is None:
-                self._history.pop(info, None)
-                continue
-            alive.append(info)
-            self._look(end.step, info, hook_counts(module))
-        self._seen = alive
+                del self._history[info]
+            else:
+                self._look(end.step, info, history, hook_counts(module))
 
-    def _look(self, step: int, info: ModInfo, now: tuple[int, int, int]) -> None:
-        history = self._history.setdefault(info, [])
+    def _look(self, step: int, info: ModInfo, history: list[tuple[int, tuple[int, int, int]]],
+              now: tuple[int, int, int]) -> None:
         if history and history[-1][0] == step:
-            history[-1] = (step, now)  # several passes in one step: its last
-        else:
-            history.append((step, now))
+            history.pop()  # several passes in one step: its last
+        history.append((step, now))
         del history[:-(GROWTHS + 1)]
         if len(history) <= GROWTHS:
             return

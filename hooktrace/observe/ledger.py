@@ -1,23 +1,15 @@
 """The parameter ledger: per trainable parameter, whether it moved between looks and what the
-optimizer steps between held of it; per model with float16 or bfloat16 weights, how many of
-their sampled elements an update moved; per optimizer, its learning rates (``lrs.py``). Facts
-only: ``check`` says whether the weights train, and why not (``check/updates.py``).
+optimizer steps between held of it (``params-unmoved``); per model with float16 or bfloat16
+weights, how many of their sampled elements an update moved (``half-updates``); per optimizer,
+its learning rates (``optimizer-lrs``, ``Lrs``). Their fields: ``log/signals.py``. Facts only:
+``check`` says whether the weights train, and why not (``check/updates.py``).
 
 Looks: at the end of each recorded step's backward pass and of the watched steps numbered by a
 power of two (16, 32, 64, ...: a layer frozen for the first epochs, as DINO freezes its last
 layer, moves before the run's last look). At each, every trainable parameter with a gradient
 not yet seen moving is fingerprinted (``bit_sums``: exact, one read); once it changed it is no
-longer looked at. Per model, the looks at which some of its parameters had not moved are kept
-with the passes after which an optimizer stepped so far, and whether its gradients were cleared
-between looks (a new ``.grad``, or one not added to once a pass: a loop meant to train, not an
-analysis that sums gradients). The half-precision weights of a model (not an embedding's: a
-sparse update moves only the rows looked up) are sampled, ``SAMPLE`` elements a parameter, at a
-look and compared at the next look after an optimizer step: of the elements whose gradient was
-not zero, how many changed; ``_COMPARED`` times a model at most.
-
-When tracing stops: per model with parameters that never moved through two looks or more, a
-``params-unmoved`` signal; per model whose half-precision weights were compared, a
-``half-updates`` signal; per optimizer that stepped, an ``optimizer-lrs`` signal. Only where the
+longer looked at. Gradients count as cleared between looks at a new ``.grad``, or one not added
+to once a pass (a loop meant to train, not an analysis that sums gradients). Only where the
 parameters are on the CPU (``stats.on_host``): on a device each read would wait for it.
 
 Cost: one integer sum per parameter not yet moved at each look (none once all moved: the
@@ -39,7 +31,7 @@ from hooktrace.hooks.naming import ModInfo
 from hooktrace.hooks.records import Emit, Mode, Observer, OptimizerStep, PassEnd
 from hooktrace.log import schema
 from hooktrace.log.schema import SignalKind
-from hooktrace.observe.lrs import Lrs
+from hooktrace.observe.lossvalues import Thinned
 from hooktrace.observe.stats import on_host
 
 _SHOWN = 20  # parameters listed per model, at most
@@ -49,7 +41,7 @@ SAMPLE = 64  # elements per half-precision parameter
 _COMPARED = 8  # comparisons of a model's half-precision samples, at most
 _HALF = (torch.float16, torch.bfloat16)
 #: the integer type of each element size: a float tensor's bits, summed as integers
-_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def bit_sums(params: list[torch.Tensor]) -> list[int]:
@@ -62,9 +54,50 @@ def bit_sums(params: list[torch.Tensor]) -> list[int]:
         data = p.detach()
         if data.is_complex():
             data = torch.view_as_real(data)
-        sums.append(data.view(_BITS[data.element_size()]).sum(dtype=_BITS[data.element_size()]))
+        sums.append(data.view(BITS[data.element_size()]).sum(dtype=BITS[data.element_size()]))
     device = sums[0].device
     return torch.stack([s.to(device) for s in sums]).tolist()
+
+
+#: optimizers whose weight decay multiplies each weight by 1 - lr * weight_decay (and any group
+#: with ``decoupled_weight_decay``); Adam's coupled decay is scaled by its normalisation
+_SHRINKING = {"SGD", "AdamW"}
+
+
+class Lrs:
+    """One optimizer's learning rates so far (kept past the optimizer: a training function's
+    optimizer is gone when tracing stops). A long run keeps a bounded sample, evenly spread, the
+    last step always kept (``lossvalues.Thinned``); a tensor lr (capturable) is not read."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, models: list[int]) -> None:
+        self.cls = type(optimizer).__name__
+        self.models = models  # those its parameters belong to, at its first step
+        #: the backward pass each step came after, and the largest numeric lr of its groups
+        #: (None: none)
+        self.lrs = Thinned()
+        self.decay: dict[str, Any] | None = None  # the largest lr x weight_decay, where first
+
+    def stepped(self, optimizer: torch.optim.Optimizer, after: int) -> None:
+        groups = optimizer.param_groups
+        numbers = [float(g["lr"]) for g in groups if isinstance(g.get("lr"), (int, float))]
+        lr = max(numbers) if numbers else None
+        self.lrs.add(after, lr)
+        shrinking = self.cls in _SHRINKING
+        for g in groups:
+            lr_g, wd = g.get("lr"), g.get("weight_decay")
+            if (shrinking or g.get("decoupled_weight_decay")) and isinstance(
+                    lr_g, (int, float)) and isinstance(wd, (int, float)) and lr_g * wd > (
+                    self.decay["lr"] * self.decay["weight_decay"] if self.decay else 0):
+                self.decay = {"step": after, "lr": float(lr_g), "weight_decay": float(wd)}
+
+    def detail(self) -> dict[str, Any]:
+        after, lr = self.lrs.pairs()
+        detail: dict[str, Any] = {"optimizer": self.cls, "models": self.models,
+                                  "count": self.lrs.count, "every": self.lrs.every,
+                                  "after": after, "lr": lr}
+        if self.decay is not None:
+            detail["decay"] = self.decay
+        return detail
 
 
 class _Entry:
@@ -88,7 +121,7 @@ class _Sample:
 
     def __init__(self, step: int, params: list[torch.Tensor], stepped: int) -> None:
         self.step, self.params, self.stepped = step, params, stepped  # stepped: optimizer steps
-        self.indices = [_indices(p.numel()) for p in params]
+        self.indices = [spread(p.numel(), SAMPLE) for p in params]
         self.values = [p.detach().reshape(-1)[i].clone()
                        for p, i in zip(params, self.indices, strict=True)]
         # the sampled elements whose gradient is not zero: those an update must move
@@ -105,9 +138,9 @@ class _Sample:
         return moved, should
 
 
-def _indices(n: int) -> torch.Tensor:
-    """Up to ``SAMPLE`` positions spread evenly over a tensor of ``n`` elements."""
-    k = min(n, SAMPLE)
+def spread(n: int, most: int) -> torch.Tensor:
+    """Up to ``most`` positions spread evenly over a tensor of ``n`` elements."""
+    k = min(n, most)
     return torch.arange(k) * (n - 1) // max(k - 1, 1)  # distinct: n - 1 >= k - 1
 
 
@@ -144,12 +177,11 @@ class ParamLedger(Observer):
     """Writes the parameter ledger's facts when tracing stops (``params-unmoved``,
     ``half-updates``, ``optimizer-lrs``)."""
 
-    follows = ()  # no module call: first sights, passes and optimizer steps only
+    follows = ()  # no module call: passes and optimizer steps only
 
-    def __init__(self, emit: Emit) -> None:
+    def __init__(self, emit: Emit, modules: list[tuple[weakref.ref[nn.Module], ModInfo]]) -> None:
         self._emit = emit
-        # with parameters: (module, its identity, whether its half-precision weights are sampled)
-        self._modules: list[tuple[weakref.ref[nn.Module], ModInfo, bool]] = []
+        self._modules = modules  # the optimizers observer's: every module with parameters
         self._unmoved: dict[int, _Entry] = {}  # id(parameter) -> its entry
         self._moved: set[int] = set()
         self._models: dict[int, _Model] = {}
@@ -162,11 +194,6 @@ class ParamLedger(Observer):
         self._stepped_after: int | None = None
         self._counting = False  # some entry is counted in fewer than _COUNTED steps
         self._off = self._lrs_off = False
-
-    def module_seen(self, module: nn.Module, info: ModInfo) -> None:
-        if info.has_params:
-            self._modules.append((weakref.ref(module), info,
-                                  "Embedding" not in type(module).__name__))
 
     def backward_end(self, end: PassEnd) -> None:
         self._after = end.step
@@ -189,10 +216,13 @@ class ParamLedger(Observer):
     def _look(self, step: int) -> None:
         found: list[tuple[int, torch.Tensor, ModInfo, str]] = []
         half: dict[int, list[torch.Tensor]] = {}
-        for ref, info, sampled in self._modules:
+        for ref, info in self._modules:
             module = ref() if info.ref() is not None else None  # None: adopted by a later model
-            if module is None:
+            if module is None or not info.has_params:
                 continue
+            # an embedding's half-precision weights are not sampled: a sparse update moves only
+            # the rows looked up
+            sampled = "Embedding" not in type(module).__name__
             for name, p in module._parameters.items():
                 if p is None or not p.requires_grad or p.grad is None:
                     continue
@@ -271,8 +301,8 @@ class ParamLedger(Observer):
 
     def _models_of(self, optimizer: torch.optim.Optimizer) -> list[int]:
         """The models whose parameters ``optimizer`` holds (once per optimizer)."""
-        owner = {id(p): info.model for ref, info, _ in self._modules
-                 if (m := ref()) is not None for p in m._parameters.values() if p is not None}
+        owner = {id(p): info.model for ref, info in self._modules if info.has_params
+                 and (m := ref()) is not None for p in m._parameters.values() if p is not None}
         return sorted({owner[id(p)] for group in optimizer.param_groups
                        for p in group["params"] if id(p) in owner})
 

@@ -68,7 +68,8 @@ def _shares_said(step: int, shares: list[tuple[Share, int]]) -> list[schema.Sign
 def _ops_said(step: int, walks: list[GraphWalk], said: dict[Any, Any]) -> list[schema.Signal]:
     """``loss-ops`` of each loss function, ``loss-scaled`` of each model, where changed."""
     out = []
-    for loss in sorted({loss for w in walks for loss in w.losses},
+    # walk order breaks ties (a set's order would follow hashes: two runs could differ)
+    for loss in sorted(dict.fromkeys(loss for w in walks for loss in w.losses),
                        key=lambda x: (x.outer.model, x.outer.fqn, x.op)):
         key, now = (loss.outer.model, loss.outer.fqn, loss.op), (loss.ops, loss.out,
                                                                  loss.inner.fqn)

@@ -29,7 +29,7 @@ class Thinned:
     """A bounded sample of (key, value) pairs in arrival order: past ``_KEEP`` pairs every other
     one is dropped and one pair in ``every`` is taken, so the sample stays evenly spread over
     the run; the last pair is always among ``pairs()``. The loss ledger's values and the
-    optimizers' learning rates (``lrs.py``) are sampled so."""
+    optimizers' learning rates (``ledger.Lrs``) are sampled so."""
 
     def __init__(self) -> None:
         self.keys: list[int] = []

@@ -37,7 +37,7 @@ from hooktrace.log import schema
 from hooktrace.log.schema import SignalKind
 from hooktrace.observe.optimizer_view import Held, OptimizerView, sort_held
 from hooktrace.observe.optsteps import OptimizerSteps
-from hooktrace.observe.paramlooks import all_zero, optimizer_params
+from hooktrace.observe.stats import on_host
 
 
 class Optimizers(Observer):
@@ -225,6 +225,17 @@ class Optimizers(Observer):
             if self._sorted.get(model) != detail:
                 self._sorted[model] = detail
                 self._emit(schema.Signal(step, model, "", SignalKind.OPTIMIZERS, detail))
+
+
+def optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def all_zero(grads: list[torch.Tensor]) -> bool:
+    """Tensor by tensor until one is not zero, the last layers' first (the likeliest to be
+    non-zero), where that reads no device (``stats.on_host``); elsewhere not checked: a read per
+    optimizer step would wait for the device (weights-unchanged tells the same bug there)."""
+    return on_host(grads) and not any(g.any() for g in reversed(grads))
 
 
 _Tensors = list[torch.Tensor]

@@ -1,21 +1,11 @@
 """The one ledger of optimizer steps: per optimizer, which modules it holds, after which backward
 pass each step came, its learning rates, and what each step found (``Optimizers``, whose global
 optimizer step hooks call it). One ``optimizer-steps`` signal per optimizer and model when
-tracing stops, all facts; ``check`` decides what they mean:
-
-* its steps in the units training uses: after which pass (a step after every 16th: an
-  accumulation window), the largest lr of its groups, the pass after which it first stepped
-  with lr > 0 (a warmup from lr 0 leaves LoRA's zero ``lora_B`` zero after its first steps);
-* ``again``: the steps where it stepped with the very ``.grad`` tensor its last step left, not
-  added to since (version unchanged: no backward pass, no ``zero_grad``), looked at on one
-  parameter (the first with a ``.grad`` at its first step); a step with a closure (LBFGS)
-  recomputes them and is not looked at;
-* ``zero_lr``: its param groups with gradients that stepped at lr 0 while another group of it
-  stepped at lr > 0, and whether they ever stepped at lr > 0 themselves (a learning rate set on
-  one group only);
-* ``took_over``: where it took over the parameters another optimizer held (its first
-  parameter's last holder), that one's steps and whether it had state (an optimizer built anew
-  in the loop); ``resumed``: it stepped again after another took them over (optimizers in turns).
+tracing stops (its fields: ``log/signals.py``), all facts; ``check`` decides what they mean. A
+warmup from lr 0 leaves LoRA's zero ``lora_B`` zero after its first steps (``moving``); a step
+that applies the very ``.grad`` its last step left is looked for on one parameter, the first
+with a ``.grad`` at its first step, and not where a closure recomputes them (LBFGS); an
+optimizer built anew in the loop takes over another's parameters (``took_over``).
 
 Cost: at an optimizer's first step, a walk of its parameters (their modules); at each step, its
 groups' lrs read (a float per group), a look at their ``.grad`` until one has one, one

@@ -108,13 +108,14 @@ class LogRecorder(Observer):
             made=end.made, from_out=end.from_out if any(map(any, end.from_out)) else None,
             made_out=end.made_out or None, made_no_history=end.made_no_history,
         )
-        found = None
         if self._outputs is not None:
             event.output_nonfinite = self._outputs.check(end.outputs)
             if not self._weights_looked:
                 if event.output_nonfinite:
                     inputs = self._nonfinite_inputs(end)
                     found = self._look_at_weights(event, info)
+                    if found is not None:
+                        self._after_event.append(found)
                     if inputs:  # the NaN/Inf came in: not made by this call
                         self._after_event.append(schema.Signal(
                             event.step, event.model, event.fqn, SignalKind.NONFINITE_INPUTS,
@@ -146,9 +147,7 @@ class LogRecorder(Observer):
                 self._raise(self._write_pending())  # forward-only code: no backward will come
         else:
             self._sink.write(event)
-        if found is not None:
-            self.emit(found)  # after its event
-        if self._after_event:
+        if self._after_event:  # said of the event: after it
             for record in self._after_event:
                 self.emit(record)
             self._after_event.clear()

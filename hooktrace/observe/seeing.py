@@ -25,7 +25,7 @@ The copy's dropout (``Dropout`` layers, ``MultiheadAttention``'s) is off; everyt
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -54,7 +54,10 @@ class _Seen:
 
 def probe(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Fact]:
     """The facts about ``model`` called with ``args``, ``kwargs`` (measured on copies)."""
-    key = _input_key(args, kwargs)
+    # the input: the first positional argument (key None), else the first keyword argument
+    # that is a tensor (``input_ids=``)
+    key = None if args else next((k for k, v in kwargs.items() if isinstance(v, torch.Tensor)),
+                                 None)
     x = args[0] if key is None else kwargs.get(key)
     if not isinstance(x, torch.Tensor) or x.ndim < 1:
         return [{"what": "undecided", "why": "its first input is not a tensor"}]
@@ -84,14 +87,6 @@ def _drop_user_hooks(m: nn.Module) -> None:
             owner = getattr(hook, "__module__", None) or type(hook).__module__
             if not owner.startswith("torch"):
                 del hooks[key]
-
-
-def _input_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    """Where the input is: the first positional argument (None), else the first keyword
-    argument that is a tensor (``input_ids=``)."""
-    if args:
-        return None
-    return next((k for k, v in kwargs.items() if isinstance(v, torch.Tensor)), None)
 
 
 def _probe(twin: nn.Module, x: torch.Tensor, key: str | None, args: tuple[Any, ...],
@@ -352,14 +347,19 @@ def _padded(x: torch.Tensor, seen: _Seen) -> tuple[torch.Tensor, str] | None:
         pad = x == seen.pad_idx
         if pad.any() and not pad.all() and _aligned(pad):
             return pad, f"padding_idx {seen.pad_idx}"
-    for e in seen.attention.values():
+    for _, k, pad in _pad_masks(seen, x.shape[:2]):
+        if pad.any() and not pad.all():
+            return pad, k
+    return None
+
+
+def _pad_masks(seen: _Seen, shape: tuple[int, ...]) -> Iterator[tuple[str, str, torch.Tensor]]:
+    """(module, argument, padded positions on the CPU) of each key_padding_mask of ``shape``."""
+    for name, e in seen.attention.items():
         for k in _PAD_ARGS:
             m = e["masks"].get(k)
-            if isinstance(m, torch.Tensor) and tuple(m.shape) == tuple(x.shape[:2]):
-                pad = m if m.dtype == torch.bool else m != 0
-                if pad.any() and not pad.all():
-                    return pad.cpu(), k
-    return None
+            if isinstance(m, torch.Tensor) and tuple(m.shape) == tuple(shape):
+                yield name, k, (m if m.dtype == torch.bool else m != 0).cpu()
 
 
 def _padding(y: torch.Tensor, leaves: list[torch.Tensor], pad: torch.Tensor, source: str,
@@ -378,16 +378,11 @@ def _padding(y: torch.Tensor, leaves: list[torch.Tensor], pad: torch.Tensor, sou
     fact: Fact = {"what": "padding", "verdict": "leaks" if on_pad else "holds",
                   "source": source, "padded": int(pad.sum()), "positions": pad.numel(),
                   "seen": on_pad, "masks": [], "module": ""}
-    for name, e in seen.attention.items():
-        for k in _PAD_ARGS:
-            m = e["masks"].get(k)
-            if not isinstance(m, torch.Tensor) or tuple(m.shape) != tuple(pad.shape):
-                continue
-            hidden = (m if m.dtype == torch.bool else m != 0).cpu()
-            reads = ("same" if torch.equal(hidden, pad) else
-                     "inverted" if torch.equal(hidden, ~pad) else "other")
-            fact["masks"].append({"module": name, "arg": k, "reads": reads,
-                                  "hidden": int(hidden.sum())})
-            if reads != "same" and not fact["module"]:
-                fact["module"] = name
+    for name, k, hidden in _pad_masks(seen, pad.shape):
+        reads = ("same" if torch.equal(hidden, pad) else
+                 "inverted" if torch.equal(hidden, ~pad) else "other")
+        fact["masks"].append({"module": name, "arg": k, "reads": reads,
+                              "hidden": int(hidden.sum())})
+        if reads != "same" and not fact["module"]:
+            fact["module"] = name
     return fact

@@ -43,17 +43,10 @@ class HostStats:
     """Reductions read at once: NaN/Inf are counted only when a cheap reduction is not finite
     (they propagate into it)."""
 
-    def reduce(self, grad: torch.Tensor) -> _Numbers:
-        """(norm, absmax(, nan, inf)): a tuple of numbers, which the garbage collector does not
-        track."""
-        if grad.dtype is torch.float32 and grad.is_contiguous():
-            return _host_float32(grad)
-        return _host_any(grad)
-
-    def check_finite(self, grad: torch.Tensor) -> _Numbers:
-        """FINITE, or the full numbers where the float32 sum is not finite (NaN, Inf, or an
-        overflow)."""
-        return FINITE if math.isfinite(grad.sum().item()) else self.reduce(grad)
+    def reduce(self, grad: torch.Tensor, full: bool) -> _Numbers:
+        """(norm, absmax(, nan, inf)), a tuple the garbage collector does not track; not
+        ``full``: FINITE, or those where the float32 sum is not finite (NaN, Inf, overflow)."""
+        return FINITE if not full and math.isfinite(grad.sum().item()) else _host(grad)
 
     def nonfinite(self, t: torch.Tensor, target: list[list[int]], index: int) -> None:
         if not math.isfinite(torch.sum(t, dtype=torch.float32).item()):
@@ -74,9 +67,8 @@ class HostStats:
 
 
 def on_host(tensors: list[torch.Tensor]) -> bool:
-    """Whether numbers of ``tensors`` can be read now without waiting for a device: all on the
-    CPU, and the device path not forced (``HOOKTRACE_DEFER_STATS=1`` runs it on CPU tensors).
-    An observer outside the statistics reads its own numbers only then."""
+    """Whether numbers of ``tensors`` can be read now without waiting for a device (all on the
+    CPU, the device path not forced): an observer outside the statistics reads its own only then."""
     return os.environ.get(DEFER_ENV) != "1" and all(t.is_cpu for t in tensors)
 
 
@@ -109,8 +101,7 @@ class TensorStats:
 
     @property
     def transfers(self) -> int:
-        """Device-to-host transfers made by resolve (for the tests)."""
-        return self._device.transfers
+        return self._device.transfers  # device-to-host transfers made by resolve (for the tests)
 
     def _for(self, t: torch.Tensor) -> HostStats | DeviceStats:
         if self._immediate or (t.is_cpu and not self._defer_host):
@@ -119,10 +110,8 @@ class TensorStats:
         return self._device
 
     def grad(self, grad: torch.Tensor, target: list[Any], index: int, full: bool = True) -> None:
-        """Set ``target[index]`` to (norm, absmax) (+ (nan, inf) counts when not finite).
-
-        ``full=False`` (a watched step, which writes no event): only whether the gradient is
-        finite, by one sum; a finite gradient gets ``FINITE``, not its numbers."""
+        """Set ``target[index]`` to (norm, absmax) (+ (nan, inf) counts when not finite);
+        ``full=False`` (a watched step, which writes no event): ``FINITE`` if it is, by one sum."""
         if type(grad) is not torch.Tensor:  # a subclass: its local numbers, if any
             local = _local(grad)
             if local is None:
@@ -135,10 +124,8 @@ class TensorStats:
         else:
             if not grad.numel():
                 numbers = (0.0, 0.0) if full or grad.is_complex() else FINITE
-            elif full or grad.is_complex():
-                numbers = self._for(grad).reduce(grad)
             else:
-                numbers = self._for(grad).check_finite(grad)
+                numbers = self._for(grad).reduce(grad, full or grad.is_complex())
             self._last_grad, self._last_numbers = grad, numbers
         if isinstance(numbers, list):  # the targets of deferred numbers: [target, index, ...]
             numbers.append(target)
@@ -151,8 +138,7 @@ class TensorStats:
         self._last_grad = self._last_numbers = None
 
     def nonfinite(self, t: torch.Tensor, target: list[list[int]], index: int) -> None:
-        """Append [index, nan, inf] to ``target`` when ``t`` holds NaN or Inf (on a device, when
-        the step's numbers are resolved)."""
+        """Append [index, nan, inf] to ``target`` when ``t`` holds NaN or Inf."""
         if type(t) is not torch.Tensor:
             local = _local(t)
             if local is None:
@@ -163,8 +149,7 @@ class TensorStats:
         self._for(t).nonfinite(t, target, index)
 
     def nonzero(self, t: torch.Tensor, target: list[Any], index: int) -> None:
-        """Set ``target[index]`` to the number of ``t``'s non-zero elements (on a device, when
-        the step's numbers are resolved); left as it is for a meta tensor."""
+        """Set ``target[index]`` to the number of ``t``'s non-zero elements."""
         if not t.is_meta:
             self._for(t).nonzero(t, target, index)
 
@@ -192,9 +177,7 @@ class TensorStats:
         self._fused_norms(flat, fill)
 
     def norms(self, tensors: list[torch.Tensor], into: list[float | None]) -> None:
-        """``into[i]`` = the norm of ``tensors[i]`` (left as it is for one without numbers):
-        one fused norm per device and dtype, read now, or with the step's numbers on a
-        device."""
+        """``into[i]`` = the norm of ``tensors[i]`` (left as it is for one without numbers)."""
         def fill(positions: list[int], values: list[float]) -> None:
             for i, norm in zip(positions, values, strict=True):
                 into[i] = norm
@@ -215,7 +198,6 @@ class TensorStats:
             self._for(norms[0]).param_norms(norms, grads, fill, positions)
 
     def resolve(self) -> None:
-        """Fill in every deferred number (``DeviceStats.resolve``)."""
         self._device.resolve()
 
 
@@ -229,7 +211,7 @@ def _batches(tensors: list[torch.Tensor]) -> Iterable[tuple[list[torch.Tensor], 
         return [(tensors, list(range(len(tensors))))]
     batches: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[int]]] = {}
     for i, g in enumerate(tensors):
-        local = g if type(g) is torch.Tensor else _local(g)
+        local = _local(g)
         if local is None or local.is_meta:
             continue
         batch = batches.setdefault((local.device, local.dtype), ([], []))
@@ -264,41 +246,30 @@ def _local(t: torch.Tensor) -> torch.Tensor | None:
     return local if type(local).__torch_dispatch__ is _PLAIN_DISPATCH else None
 
 
-def _host_any(grad: torch.Tensor) -> tuple[float, ...]:
-    """(norm, absmax(, nan, inf)) of a CPU tensor that is not contiguous float32."""
-    if grad.is_complex():
-        norm = torch.linalg.vector_norm(grad)
-        m = torch.linalg.vector_norm(grad, ord=math.inf).item()
-    else:
-        # in double: a float32 (or half) sum of squares overflows long before the norm does
-        norm = torch.linalg.vector_norm(grad, dtype=torch.float64)
-        low, high = torch.aminmax(grad)  # one pass; 4x cheaper than the inf-norm on CPU
-        m = max(-low.item(), high.item())
-    n = norm.item()
-    if n == 0.0 or not math.isfinite(n):
-        _UNUSUAL[0] += 1
-    return (n, m) if math.isfinite(n) else (n, m, *_count_nonfinite(grad))
-
-
 _SMALL = 1e-15  # an absolute max below this: float32 squares may underflow; take the double path
 
 
-def _host_float32(grad: torch.Tensor) -> tuple[float, ...]:
-    """The common CPU case, a third cheaper: the absolute max, then the squared norm as a BLAS
-    dot product (also more accurate than vector_norm's float32 sum) unless its squares could
-    under- or overflow. An all-zero gradient (common where gradients vanish) costs one pass."""
-    flat = grad.view(-1)
-    low, high = torch.aminmax(flat)
-    m = max(-low.item(), high.item())
-    if m == 0.0:
-        _UNUSUAL[0] += 1
-        return (0.0, 0.0)
-    if m > _SMALL:  # NaN is not
-        square = torch.dot(flat, flat).item()
-        if square < math.inf:
-            return (math.sqrt(square), m)
-    n = torch.linalg.vector_norm(grad, dtype=torch.float64).item()
-    if not math.isfinite(n):
+def _host(grad: torch.Tensor) -> tuple[float, ...]:
+    """(norm, absmax(, nan, inf)) of a CPU tensor. An all-zero gradient (common where gradients
+    vanish) costs one pass; a contiguous float32 one, the common case, a third less than the
+    double norm: its squared norm as a BLAS dot product (also more accurate than vector_norm's
+    float32 sum) unless its squares could under- or overflow."""
+    if grad.dtype is not torch.float32 and grad.is_complex():
+        m = torch.linalg.vector_norm(grad, ord=math.inf).item()
+    else:
+        low, high = torch.aminmax(grad)  # one pass; 4x cheaper than the inf-norm on CPU
+        m = max(-low.item(), high.item())
+        if m == 0.0:
+            _UNUSUAL[0] += 1
+            return (0.0, 0.0)
+        if m > _SMALL and grad.dtype is torch.float32 and grad.is_contiguous():  # NaN is not
+            flat = grad.view(-1)
+            square = torch.dot(flat, flat).item()
+            if square < math.inf:
+                return (math.sqrt(square), m)
+    # in double: a float32 (or half) sum of squares overflows long before the norm does
+    n = torch.linalg.vector_norm(grad, dtype=None if grad.is_complex() else torch.float64).item()
+    if n == 0.0 or not math.isfinite(n):
         _UNUSUAL[0] += 1
     return (n, m) if math.isfinite(n) else (n, m, *_count_nonfinite(grad))
 

@@ -1,21 +1,14 @@
 """The step, explained: what the sampled parameters' gradients and weights did around each
 optimizer step, against the gradients of the passes before it (issue 36). The end of each
 backward pass and PyTorch's global optimizer step hooks look at a few things; one
-``step-sample`` signal of facts per model of the sample is written when tracing stops, and
-``check/stepexplained.py`` decides what they mean:
+``step-sample`` signal of facts per model of the sample is written when tracing stops (its
+fields: ``log/signals.py``), and ``check/stepexplained.py`` decides what they mean:
 
-* ``cleared``: between two backward passes with no optimizer step between (one accumulation),
-  how many times the sampled parameters' ``.grad`` was dropped (a new tensor, their weights
-  unchanged: their version the same) before a step that then applies the last pass's ``.grad``
-  as it left it (``zero_grad()`` per micro-batch applies the last micro-batch's only; PCGrad's
-  per-task passes set a combined ``.grad`` before the step: not counted; under an enabled
-  GradScaler not counted: a step it skips looks the same);
-* ``flips``: in recorded steps, ``SAMPLE`` elements of the gradients of ``PARAMS`` parameters
-  read at the end of the backward pass and again before the step that applies them: the steps
-  where each sampled gradient was multiplied by the same negative factor between them
-  (``clip_grad_norm_`` with a negative ``max_norm``);
-* ``moves`` (``stepmove.py``): the same sample's weights read just before and after the step,
-  their move against the update the optimizer's kind makes of their gradient, lr and state.
+* ``cleared``: ``zero_grad()`` per micro-batch applies the last micro-batch's gradient only;
+  PCGrad's per-task passes set a combined ``.grad`` before the step (not counted), and under an
+  enabled GradScaler a step it skips looks the same (not counted);
+* ``flips``: ``clip_grad_norm_`` with a negative ``max_norm`` negates every gradient;
+* ``moves`` (``stepmove.py``): the same sample's weights read just before and after the step.
 
 Cost: at each backward pass's end, ``PARAMS`` identity and version reads; in recorded steps on
 the CPU (``stats.on_host``: a read on a device would wait for it), two gathers of ``SAMPLE``
@@ -36,6 +29,7 @@ import torch
 from hooktrace.hooks.records import Emit, Mode, Observer, OptimizerStep, PassEnd
 from hooktrace.log import schema
 from hooktrace.log.schema import SignalKind
+from hooktrace.observe.ledger import spread
 from hooktrace.observe.lossscale import find_scaler
 from hooktrace.observe.optimizers import Optimizers
 from hooktrace.observe.optsteps import modules_of
@@ -113,7 +107,7 @@ class StepSample(Observer):
         if end.mode is Mode.RECORDED and params and on_host(params):
             self._values = [(p, i, g.reshape(-1)[i].clone()) for p in params
                             if (g := p.grad) is not None and g.layout is torch.strided
-                            and (i := _indices(g.numel())).numel()]
+                            and (i := spread(g.numel(), SAMPLE)).numel()]
             self._moving = [(weakref.ref(p), i) for p, i, _ in self._values]
 
     def _scaled(self) -> bool:
@@ -229,9 +223,3 @@ class StepSample(Observer):
                                          SignalKind.STEP_SAMPLE, detail))
         self._values = None
         self._moving = []
-
-
-def _indices(n: int) -> torch.Tensor:
-    """Up to ``SAMPLE`` positions spread evenly over a tensor of ``n`` elements."""
-    k = min(n, SAMPLE)
-    return torch.arange(k) * (n - 1) // max(k - 1, 1)

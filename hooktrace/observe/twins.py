@@ -1,27 +1,23 @@
-"""Models of one structure side by side (``twins`` signals): at each recorded step's end,
-which of them hold the same weights, which changed since the last look, which an optimizer
-steps, and which were changed between their optimizer's step and the pass into another's
-weights: what ``check`` needs to say how an EMA copy, a target network or a teacher relates to
-the model it copies.
-
-The models are the top-level models the tracer named and, found in the calling code's
-variables at a recorded step's optimizer step, modules never called that have one's structure
-(an EMA copy kept only to be copied back, ``ema`` beside ``model``). A structure is the
-parameters' shapes and dtypes, in order; a model with no twin costs nothing more.
+"""Models of one structure side by side (``twins`` signals, their fields in ``log/signals.py``):
+what ``check`` needs to say how an EMA copy, a target network or a teacher relates to the model
+it copies. The models are the top-level models the tracer named and, found in the calling
+code's variables at a recorded step's optimizer step, modules never called that have one's
+structure (an EMA copy kept only to be copied back, ``ema`` beside ``model``). A structure is
+the parameters' shapes and dtypes, in order; a model with no twin costs nothing more.
 
 Cost, where there are twins: per recorded step, an integer sum over up to ``SAMPLE`` elements
-of each of each twin's parameters at the pass's end, and the versions of the parameters of those
-an optimizer steps, after its step; a look at the calling frames' variables at each recorded
+of each twin's parameters at the pass's end, and the versions of the parameters of those an
+optimizer steps, after its step; a look at the calling frames' variables at each recorded
 optimizer step. A write through ``.data`` after the step (``p.data.copy_(q)``) leaves no version
-behind: a copy made so is seen as the same weights, not as weights replaced. Only
-where the parameters are on the CPU (``stats.on_host``), as the weights observer.
+behind: a copy made so is seen as the same weights, not as weights replaced. Only where the
+parameters are on the CPU (``stats.on_host``).
 """
 
 from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any
 
@@ -33,20 +29,16 @@ from hooktrace.hooks.owners import is_library
 from hooktrace.hooks.records import Emit, Mode, Observer, OptimizerStep, PassEnd
 from hooktrace.log import schema
 from hooktrace.log.schema import SignalKind
+from hooktrace.observe.ledger import BITS
 from hooktrace.observe.stats import on_host
 
 Structure = tuple[tuple[tuple[int, ...], torch.dtype], ...]
 _FRAMES = 4  # the user's calling frames looked at for modules never called
 
 
-def _params(module: nn.Module) -> list[torch.Tensor]:
-    return list(module.parameters())
-
-
 #: elements of a model read for its fingerprint: evenly spaced in each parameter, at most this
 #: many in all (at least 16 a parameter)
 SAMPLE = 65536
-_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def fingerprint(params: list[torch.Tensor]) -> list[int]:
@@ -64,7 +56,7 @@ def fingerprint(params: list[torch.Tensor]) -> list[int]:
             if flat.numel() > each:
                 flat = flat[::flat.numel() // each]
             by_width.setdefault(flat.element_size(), []).append(flat)
-        sums = [torch.cat(flats).view(_BITS[width]).sum(dtype=_BITS[width]).to(torch.int64)
+        sums = [torch.cat(flats).view(BITS[width]).sum(dtype=BITS[width]).to(torch.int64)
                 for width, flats in sorted(by_width.items())]
     return torch.stack(sums).tolist() if sums else []
 
@@ -74,9 +66,8 @@ def _versions(params: list[torch.Tensor]) -> int:
     return sum(p._version for p in params)
 
 
-def structure(module: nn.Module, params: list[torch.Tensor] | None = None) -> Structure:
-    return tuple((tuple(p.shape), p.dtype) for p in (
-        module.parameters() if params is None else params))
+def structure(params: Iterable[torch.Tensor]) -> Structure:
+    return tuple((tuple(p.shape), p.dtype) for p in params)
 
 
 class Twins(Observer):
@@ -137,10 +128,11 @@ class Twins(Observer):
             self._groups = []
             self._stepped.clear()
             return
-        every = {name: _params(module) for name, (_, module) in models.items()}
+        every: dict[str, list[torch.Tensor]] = {
+            name: list(module.parameters()) for name, (_, module) in models.items()}
         by_structure: dict[Structure, list[str]] = {}
-        for name, (_, module) in models.items():
-            by_structure.setdefault(structure(module, every[name]), []).append(name)
+        for name, of_model in every.items():
+            by_structure.setdefault(structure(of_model), []).append(name)
         self._groups = []
         for names in by_structure.values():
             params = {name: every[name] for name in names}
@@ -203,9 +195,9 @@ class Twins(Observer):
                         self._scanned.add(value)
                         if self._known(value) is None and key not in self._loose:
                             if roots is None:
-                                roots = {structure(m) for info in self._roots
+                                roots = {structure(m.parameters()) for info in self._roots
                                          if (m := info.ref()) is not None}
-                            if structure(value) in roots and structure(value):
+                            if (shape := structure(value.parameters())) in roots and shape:
                                 self._loose[key] = weakref.ref(value)
             frame = frame.f_back
 

@@ -3,15 +3,14 @@
 A 10,000-step run must not write gigabytes, yet a NaN that first appears at step 9,000 must still
 be found with its module. A watched step is cheap: the core follows each call's forward but only
 the model calls' backward (no hook per call's tensors). This observer checks each forward output
-for NaN/Inf (``outputs.HeldOutputs``: one check per model call, the held outputs checked one by
-one only when the model's are not finite) and, when the step ends, the gradient that reached
-each model call and the parameter gradients of the modules called with gradients on (one fused
-norm per device and dtype), and emits ``anomaly`` records: the first module whose output held
-NaN/Inf; the first NaN/Inf
-gradient (at a model's output, else the first module in backward order whose parameter
-gradient is NaN/Inf); modules with trainable parameters that got a gradient before and no
-longer do while the rest of their model does, for longer than they ever went without one
-(learnt from the recorded steps too: heads trained by losses in turns are periodic).
+for NaN/Inf (``outputs.HeldOutputs``: one check per model call) and, when the step ends, the
+gradient that reached each model call and the parameter gradients of the modules called with
+gradients on (one fused norm per device and dtype), and emits ``anomaly`` records: the first
+module whose output held NaN/Inf; the first NaN/Inf gradient (at a model's output, else the
+first module in backward order whose parameter gradient is NaN/Inf); modules with trainable
+parameters that got a gradient before and no longer do while the rest of their model does, for
+longer than they ever went without one (learnt from the recorded steps too: heads trained by
+losses in turns are periodic).
 
 A step whose model ran compiled code (``torch.compile``: no module hook fires inside it) ends at
 ``backward()``'s return (``core.CallTracker.backward_returned``) with no call seen: its
@@ -56,6 +55,8 @@ _SPELL = 10  # watched steps in a row that write the same NaN/Inf
 _Numbers = list[tuple[float, ...] | None]
 # a module's parameter gradients as a step left them: each tensor, and its version then
 _GradState = tuple[list[weakref.ref[torch.Tensor]], list[int]]
+# the step's modules whose parameter gradients changed, with their first call and gradients
+_Changed = list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]]
 
 
 class Watch(Observer):
@@ -116,14 +117,20 @@ class Watch(Observer):
         self._stats.norms([g for _, _, grads in changed for g in grads], norms)
         self._stats.end_pass()
         self._stats.resolve()
+        nonfinite = self._nonfinite_backward(end.step, changed, norms)
         if compiled:
-            self._judge_compiled(end.step, changed, norms)
-            return
-        anomalies = self._end_step(end.step, changed, norms)
-        if self._held:
-            anomalies = self._named(anomalies)
-        for anomaly in self._new_spells(anomalies):
-            self._emit(anomaly)
+            self._judge_compiled(end.step, changed, nonfinite)
+        else:
+            anomalies = self._forward_anomalies(end.step)
+            if nonfinite is not None:
+                anomalies.append(nonfinite)
+            anomalies += self._gaps.lost(end.step, changed, self._called)
+            if self._held:
+                anomalies = self._named(anomalies)
+            for anomaly in self._new_spells(anomalies):
+                self._emit(anomaly)
+        self._model_grads.clear()
+        self._called.clear()
 
     def _new_spells(self, anomalies: list[schema.Anomaly]) -> list[schema.Anomaly]:
         """``anomalies`` less the NaN/Inf of a model and kind that the last ``_SPELL`` watched
@@ -137,22 +144,18 @@ class Watch(Observer):
         return [a for a in anomalies
                 if a.kind not in _NONFINITE or spells[(a.kind, a.model)] <= _SPELL]
 
-    def _judge_compiled(self, step: int,
-                        changed: list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]],
-                        norms: list[float | None]) -> None:
+    def _judge_compiled(self, step: int, changed: _Changed,
+                        nonfinite: schema.Anomaly | None) -> None:
         """A step compiled code ran: a NaN/Inf gradient is held until the next step, run
         eagerly, names its module; a module that got no gradient while the rest of its model
         did makes the next step eager too (once per module: which modules a compiled step
         called is not known, and the eager step judges it as any watched step)."""
-        nonfinite = self._nonfinite_backward(step, changed, norms)
         got = {info for info, _, _ in changed}
         trained = {info.model for info in got}
         lost = [info for info in self._called if info not in got and info in self._gaps.had_grad
                 and info.model in trained and info not in self._looked]
         for info in got:
             self._gaps.got(info, step)
-        self._model_grads.clear()
-        self._called.clear()
         if self._nonfinite_held:
             nonfinite = None  # the first one only
         if nonfinite is not None:
@@ -172,12 +175,10 @@ class Watch(Observer):
         """The first of ``infos`` (in the order they were first called) whose own parameters
         hold NaN/Inf, as the anomaly of a forward that ran with them (a rare path: once)."""
         for info in infos:
-            weights = nonfinite_params(info.ref())
+            weights = _weights(info)
             if weights:
-                return schema.Anomaly(
-                    step, info.model, info.fqn, AnomalyKind.NONFINITE_FORWARD, 0, {
-                    "weights": list(weights), "weights_dtypes": sorted(set(weights.values())),
-                    "compiled": True})
+                return schema.Anomaly(step, info.model, info.fqn, AnomalyKind.NONFINITE_FORWARD,
+                                      0, {**weights, "compiled": True})
         return None
 
     def _named(self, anomalies: list[schema.Anomaly]) -> list[schema.Anomaly]:
@@ -205,7 +206,7 @@ class Watch(Observer):
             self._emit(anomaly)
         self._held = []
 
-    def _changed_params(self) -> list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]]:
+    def _changed_params(self) -> _Changed:
         """The step's modules whose parameter gradients changed since a step last judged them
         (a new tensor, or one added to): a backward reached them."""
         changed = []
@@ -234,27 +235,11 @@ class Watch(Observer):
         detail: dict[str, Any] = {
             "outputs": [{"index": i, "nan": nan, "inf": inf} for i, nan, inf in found],
             "modules_with_nonfinite_outputs": len(bad)}
-        weights = nonfinite_params(info.ref())  # as they are now: no optimizer step since
-        if weights:
-            detail["weights"] = list(weights)
-            detail["weights_dtypes"] = sorted(set(weights.values()))
+        detail.update(_weights(info))  # as they are now: no optimizer step since
         return [schema.Anomaly(step, info.model, info.fqn, AnomalyKind.NONFINITE_FORWARD,
                                call.call_index, detail)]
 
-    def _end_step(self, step: int, changed: list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]],
-                  norms: list[float | None]) -> list[schema.Anomaly]:
-        """Anomalies of ``step``; call after the step's statistics are resolved."""
-        out = self._forward_anomalies(step)
-        nonfinite = self._nonfinite_backward(step, changed, norms)
-        if nonfinite is not None:
-            out.append(nonfinite)
-        out += self._gaps.lost(step, changed, self._called)
-        self._model_grads.clear()
-        self._called.clear()
-        return out
-
-    def _nonfinite_backward(self, step: int,
-                            changed: list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]],
+    def _nonfinite_backward(self, step: int, changed: _Changed,
                             norms: list[float | None]) -> schema.Anomaly | None:
         """A NaN/Inf gradient reaching a model call, else the first module in backward order (the
         last called first) whose parameter gradient is NaN/Inf."""
@@ -290,11 +275,13 @@ class Gaps:
         self._gap: dict[ModInfo, int] = {}
 
     def got(self, info: ModInfo, step: int) -> None:
-        last = self._got_at.get(info)
-        if last is not None and step - last > self._gap.get(info, 1):
-            self._gap[info] = step - last
+        self._widen(info, self._got_at.get(info), step)
         self._got_at[info] = step
         self.had_grad.add(info)
+
+    def _widen(self, info: ModInfo, last: int | None, step: int) -> None:
+        if last is not None and step - last > self._gap.get(info, 1):
+            self._gap[info] = step - last
 
     def learn(self, reached: tuple[ModInfo, ...], step: int) -> None:
         """A recorded pass's modules with parameters whose backward began: ``got`` for each,
@@ -306,10 +293,9 @@ class Gaps:
         self.had_grad.update(infos)
         irregular = map(ne, before, repeat(step - 1))
         for info, last in compress(zip(infos, before, strict=True), irregular):
-            if last is not None and step - last > self._gap.get(info, 1):
-                self._gap[info] = step - last
+            self._widen(info, last, step)
 
-    def lost(self, step: int, changed: list[tuple[ModInfo, ForwardCall, list[torch.Tensor]]],
+    def lost(self, step: int, changed: _Changed,
              called: dict[ModInfo, ForwardCall]) -> list[schema.Anomaly]:
         """Modules called with gradients on that got a gradient before and none in this step,
         while other modules of their model did (a model trained in turns, as a GAN's
@@ -335,6 +321,14 @@ class Gaps:
 
 
 _has_params = attrgetter("has_params")
+
+
+def _weights(info: ModInfo) -> dict[str, list[str]]:
+    """The module's own parameters that hold NaN/Inf, and their dtypes, as an anomaly says."""
+    weights = nonfinite_params(info.ref())
+    if not weights:
+        return {}
+    return {"weights": list(weights), "weights_dtypes": sorted(set(weights.values()))}
 
 
 def _trainable(info: ModInfo) -> bool:

@@ -76,6 +76,15 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("grad_input_inf", "int", "backward: Inf elements in grad_input (empty in forward rows)"),
 )
 NAMES = tuple(name for name, _, _ in COLUMNS)
+_SIDES = ("grad_output", "grad_input")
+_SUMMED = ("norm", "absmax", "nan", "inf")
+# what a forward row holds of the backward's columns, and a backward row of the forward's
+_NO_BACKWARD: dict[str, Any] = {
+    "grad_output_len": 0, "grad_input_len": 0, "grad_output_shapes": "", "grad_input_shapes": "",
+    **dict.fromkeys(f"{side}_{what}" for side in _SIDES for what in _SUMMED)}
+_NO_FORWARD: dict[str, Any] = {
+    "no_grad": False, "input_shapes": "", "input_dtypes": "", "output_shapes": "",
+    "output_dtypes": "", "output_nan": None, "output_inf": None}
 _COUNTS = ("output_nan", "output_inf", "grad_output_nan", "grad_output_inf", "grad_input_nan",
            "grad_input_inf")
 
@@ -117,17 +126,15 @@ class _Rows:
         self.rank = reader.header.rank
         self.stats = TraceOptions.from_header(reader.header).stats
         self.names = LogNames()
-        self.models, self.classes, self.sources = (self.names.models, self.names.classes,
-                                                   self.names.sources)
         self.shapes = _Shapes()
 
     def row(self, e: schema.ForwardEvent | schema.BackwardEvent) -> dict[str, Any]:
-        cls = self.classes.get((e.model, e.fqn), "?")
+        names = self.names
+        cls = names.classes.get((e.model, e.fqn), "?")
         row: dict[str, Any] = {
             "rank": self.rank, "seq": e.seq, "step": e.step, "phase": e.phase,
-            "model": self.models.get(e.model, str(e.model)), "fqn": fqn_text(e.fqn),
-            "class": cls,
-            "source": self.sources.get(cls, ""), "depth": depth_of(e.fqn),
+            "model": names.models.get(e.model, str(e.model)), "fqn": fqn_text(e.fqn),
+            "class": cls, "source": names.sources.get(cls, ""), "depth": depth_of(e.fqn),
             "call": e.call, "recompute": e.recompute,
         }
         if isinstance(e, schema.ForwardEvent):
@@ -140,28 +147,19 @@ class _Rows:
 
     def _forward(self, row: dict[str, Any], e: schema.ForwardEvent) -> None:
         bad = e.output_nonfinite or []
-        row.update(
-            forward_seq=e.seq, no_grad=e.no_grad, input_shapes=self.shapes(e.input_shapes),
-            input_dtypes=", ".join(e.input_dtypes),
-            output_shapes=self.shapes(e.output_shapes), output_dtypes=", ".join(e.output_dtypes),
-            output_nan=sum(b[1] for b in bad), output_inf=sum(b[2] for b in bad),
-            grad_output_len=0, grad_input_len=0, grad_output_shapes="", grad_input_shapes="",
-            grad_output_norm=None, grad_output_absmax=None, grad_output_nan=None,
-            grad_output_inf=None, grad_input_norm=None, grad_input_absmax=None,
-            grad_input_nan=None, grad_input_inf=None)
+        row.update(_NO_BACKWARD, forward_seq=e.seq, no_grad=e.no_grad,
+                   input_shapes=self.shapes(e.input_shapes), input_dtypes=", ".join(e.input_dtypes),
+                   output_shapes=self.shapes(e.output_shapes),
+                   output_dtypes=", ".join(e.output_dtypes),
+                   output_nan=sum(b[1] for b in bad), output_inf=sum(b[2] for b in bad))
 
     def _backward(self, row: dict[str, Any], e: schema.BackwardEvent) -> None:
-        row.update(forward_seq=e.fwd, no_grad=False, input_shapes="", input_dtypes="",
-                   output_shapes="", output_dtypes="",
-                   output_nan=None, output_inf=None, grad_output_len=e.grad_output_len,
+        row.update(_NO_FORWARD, forward_seq=e.fwd, grad_output_len=e.grad_output_len,
                    grad_input_len=e.grad_input_len,
                    grad_output_shapes=self.shapes(e.grad_output_shapes),
                    grad_input_shapes=self.shapes(e.grad_input_shapes))
-        for side, stats in (("grad_output", e.grad_output_stats),
-                            ("grad_input", e.grad_input_stats)):
-            norm, absmax, nan, inf = _summed(stats)
-            row.update({f"{side}_norm": norm, f"{side}_absmax": absmax, f"{side}_nan": nan,
-                        f"{side}_inf": inf})
+        for side, stats in zip(_SIDES, (e.grad_output_stats, e.grad_input_stats), strict=True):
+            row.update(zip((f"{side}_{what}" for what in _SUMMED), _summed(stats), strict=True))
 
     def rows(self, reader: LogReader) -> Iterator[dict[str, Any]]:
         for record in reader:
@@ -186,33 +184,33 @@ def _csv_value(value: Any) -> Any:
     return value
 
 
-def _write_csv(out: IO[str], found: Iterator[dict[str, Any]]) -> int:
+def _csv(out: IO[str]) -> Callable[[dict[str, Any]], object]:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(NAMES)
-    n = 0
-    for row in found:
-        writer.writerow([_csv_value(row[name]) for name in NAMES])
-        n += 1
-    return n
+    return lambda row: writer.writerow([_csv_value(row[name]) for name in NAMES])
 
 
-def _write_jsonl(out: IO[str], found: Iterator[dict[str, Any]]) -> int:
-    n = 0
-    dumps, newline = orjson.dumps, orjson.OPT_APPEND_NEWLINE
-    for row in found:  # orjson writes NaN/Inf as null: the _nan/_inf counts say which
-        ordered = {name: row[name] for name in NAMES}
-        out.write(dumps(ordered, option=newline).decode("utf-8"))
-        n += 1
-    return n
+def _jsonl(out: IO[str]) -> Callable[[dict[str, Any]], object]:
+    # orjson writes NaN/Inf as null: the _nan/_inf counts say which
+    return lambda row: out.write(orjson.dumps({name: row[name] for name in NAMES},
+                                              option=orjson.OPT_APPEND_NEWLINE).decode("utf-8"))
 
 
-WRITERS: dict[str, Callable[[IO[str], Iterator[dict[str, Any]]], int]] = {
-    "csv": _write_csv, "jsonl": _write_jsonl}
+#: each format's writer: given the output, it writes the head and returns what writes a row
+WRITERS: dict[str, Callable[[IO[str]], Callable[[dict[str, Any]], object]]] = {
+    "csv": _csv, "jsonl": _jsonl}
 
 
 def _write(out: IO[str], fmt: str, readers: Sequence[LogReader]) -> int:
-    """Rows (csv, jsonl) or the timeline (trace: ``timeline.py``)."""
-    return write_trace(out, readers) if fmt == "trace" else WRITERS[fmt](out, rows(readers))
+    """Write the rows of ``readers`` in ``fmt`` (trace: the timeline, ``timeline.py``); how
+    many (a trace: its spans and instants)."""
+    if fmt == "trace":
+        return write_trace(out, readers)
+    put, n = WRITERS[fmt](out), 0
+    for row in rows(readers):
+        put(row)
+        n += 1
+    return n
 
 
 @dataclass(slots=True)
@@ -263,15 +261,17 @@ def write_rows(logs: Sequence[str | os.PathLike[str]], fmt: str | None = None,
     with the format's extension; csv unless ``fmt`` or the extension says jsonl). The file
     appears whole or not at all."""
     readers = open_ranks(logs)
-    paths = [r.path for r in readers]
+    path: Path | None = None
     if stream is not None:
         chosen = choose_format(fmt, None, FORMATS, "csv")
         n = _write(stream, chosen, readers)
-        return Exported(None, chosen, n, [w for r in readers for w in r.warnings])
-    chosen, path = _output(paths, fmt, Path(output) if output is not None else None)
-    try:
-        with whole(path) as temporary, temporary.open("w", encoding="utf-8", newline="") as f:
-            n = _write(f, chosen, readers)
-    except OSError as e:
-        raise cannot_write(path, e) from None
+    else:
+        chosen, path = _output([r.path for r in readers], fmt,
+                               Path(output) if output is not None else None)
+        try:
+            with whole(path) as temporary, temporary.open("w", encoding="utf-8",
+                                                          newline="") as f:
+                n = _write(f, chosen, readers)
+        except OSError as e:
+            raise cannot_write(path, e) from None
     return Exported(path, chosen, n, [w for r in readers for w in r.warnings])

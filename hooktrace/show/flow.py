@@ -1,25 +1,10 @@
-"""The edges of a drawn step that follow the data: from the call that made a tensor to each call
-that used it, and backward the same edges reversed, where the gradient went back along them.
-
-A log whose forward events name the calls that made their inputs (``ForwardEvent.inputs_from``)
-is drawn so; ``graph.build`` keeps the call order of older logs. At a depth, a producer drawn as
-a box of its calls (a cluster) stands for the calls that made its outputs
-(``ForwardEvent.made``: those inside it, and, one box back, those before it whose data it passed
-on: ``_Ends``; of a call with several outputs made by different calls, only the makers of the
-output the consumer used, ``ForwardEvent.from_out`` and ``made_out``, where the log says); a
-consumer drawn as a cluster is left to the calls inside it, which take in the same data. A call
-used by several later calls branches; a residual ``+`` of two calls' outputs is two edges into
-the call that uses the sum. An edge between two calls drawn in one node (folded by ``--depth``)
-is not drawn; one between two calls of a module drawn as one node for all its calls (an unrolled
-loop's cell feeding its next call) is a loop on that node.
-
-Forward edges are numbered in execution order: by the call that used the data, then the one
-that made it. A backward edge goes back along a forward one where the consumer's gradient of
-that input is in the log and the producer got a backward in the step; they are numbered in the
-order autograd ran them: by when the gradient reached the producer (its backward event), then
-when it left the consumer. An edge is numbered once however many calls it stands for; an edge
-to or from the node of a module's many calls counts its runs (``Edge.runs``). Standard library
-only: no torch.
+"""The edges of a drawn step that follow the data (``ForwardEvent.inputs_from``): from the call
+that made a tensor to each call that used it, and backward the same edges reversed where the
+gradient went back along them (docs/reading.md says what is drawn, and how boxes of calls stand
+for their makers: ``_Ends``). Forward edges are numbered by the call that used the data, then
+the one that made it; backward ones by when the gradient reached the producer, then when it left
+the consumer. An edge to or from the node of a module's many calls counts its runs
+(``Edge.runs``). Standard library only: no torch.
 """
 
 from __future__ import annotations
@@ -56,17 +41,22 @@ class Link:
         return any(i < len(grads) and grads[i] is not None for i in self.inputs)
 
 
-def grad_output_norm(e: schema.BackwardEvent) -> float | None:
-    """The L2 norm of all of ``e``'s grad_output tensors together (NaN/Inf when one is not
-    finite); None when the log has no statistics for them."""
-    return norm(e.grad_output_stats)
-
-
 def largest(events: Iterable[schema.BackwardEvent | None]) -> float | None:
     """The grad_output norm an edge run several times shows: the largest, or the first that
     is not finite (as a node's)."""
     return worst(n for e in events
                  if e is not None and (n := norm(e.grad_output_stats)) is not None)
+
+
+def make_edge(src: NodeKey, dst: NodeKey, phase: str, numbers: Sequence[int],
+              events: Sequence[schema.BackwardEvent] = (), mirrored: bool = True) -> Edge:
+    """The edge run as ``numbers`` (its first and last, how often); backward, the label's
+    tensor counts are those of its first event, its norm the largest of ``events``."""
+    if phase == "forward":
+        return Edge(src, dst, phase, numbers[0], runs=len(numbers), last=numbers[-1])
+    first = min(events, key=lambda e: e.seq)
+    return Edge(src, dst, phase, numbers[0], first.grad_input_len, first.grad_output_len,
+                mirrored, largest(events), len(numbers), numbers[-1])
 
 
 def has_flow(calls: Iterable[Call]) -> bool:
@@ -171,19 +161,13 @@ def data_edges(calls: dict[NodeKey, Call], keys: CallNodes, unfolded: CallNodes,
     found = links(calls, keys, unfolded)
     edges: list[Edge] = []
     if phase != "backward":
-        for (src, dst), runs in _numbered(found, fold).items():
-            numbers = sorted({n for n, _ in runs})
-            edges.append(Edge(src, dst, "forward", numbers[0], runs=len(numbers),
-                              last=numbers[-1]))
+        edges += [make_edge(src, dst, "forward", sorted({n for n, _ in runs}))
+                  for (src, dst), runs in _numbered(found, fold).items()]
     if phase != "forward":
         back = sorted((k for k in found if k.gradient()), key=_backward_order)
         for (src, dst), runs in _numbered(back, fold).items():
-            numbers = sorted({n for n, _ in runs})
             events = [k.producer.backward for _, k in runs if k.producer.backward is not None]
-            first = min(events, key=lambda e: e.seq)  # the label's tensor counts: the first
-            edges.append(Edge(dst, src, "backward", numbers[0], first.grad_input_len,
-                              first.grad_output_len, True, largest(events), len(numbers),
-                              numbers[-1]))
+            edges.append(make_edge(dst, src, "backward", sorted({n for n, _ in runs}), events))
     return edges
 
 

@@ -1,37 +1,19 @@
-"""One step of a log as a call graph: what ran, nested how, in which order forward and backward.
+"""One step of a log as a call graph (``build``: a ``View``): its nodes, the clusters they nest in
+(the fqn hierarchy) and the numbered forward and backward edges; what each means for the reader
+is in docs/reading.md. Standard library only: no torch.
 
-``build`` turns the events of one step (``hooktrace.show.steplog.load_step``) into a ``View``: the
-nodes to draw, the clusters they nest in (the fqn hierarchy, ``layer1`` > ``layer1.0``), and the
-numbered forward and backward edges between them. Standard library only (``View.graph`` gives
-networkx graphs): no torch.
-
-Node model: one node per module *call*, not one node per module with numbered visits. ResNet's
-blocks call their ``relu`` three times; as three nodes the forward order is a path that only
-moves on (``bn1 -> relu -> conv2 -> ... -> relu``), so ``dot`` ranks the picture top to bottom in
-execution order and every call keeps its own shapes and its own backward, or lack of one. One
-node with visits turns each shared module into a hub with three edges in and three out that cross
-the block, and cannot show that only its second call got no gradient.
-
-Which calls become nodes: the module tree of the step's calls is rebuilt from fqns and ``seq``
-(a call belongs to the nearest ancestor module's call that returned after it; forward events are
-written on return). Calls with child calls become clusters, the others nodes. ``depth`` D folds
-every call deeper than D into one node per call of its ancestor at depth D, labelled with the
-number of calls folded into it. A module called more than ``FOLD_CALLS`` times in the step (an
-``LSTMCell`` unrolled over 999 time steps, a decoder in a ``generate()`` loop) is one node for all
-its calls (``LSTMCell x999``, key call ``-1``) and the edges its calls repeat are one edge each,
-with the count: a picture of what the step does, not a wall of 3,000 boxes (``every_call``
-draws each call). Recomputes (activation checkpointing) are drawn on the call they re-ran, not
-as more nodes. The default depth is the deepest whose picture has at most
-``AUTO_MAX_NODES`` nodes and at most ``AUTO_MAX_DENSITY`` forward edges a node: the whole MNIST
-net, a two-layer transformer encoder to its Linear and LayerNorm calls, and resnet50 at depth 2
-(stem, 16 Bottleneck nodes in four layer clusters, fc), all at 1.2 edges a node or fewer; a
-top-k pooling graph network at depth 1 (its pooling and convolution blocks), where depth 2
-draws the edge index and batch vector into every module: 43 edges between 18 nodes.
+One node per module *call*, not per module with numbered visits: resnet's three calls of a
+block's ``relu`` as three nodes keep the forward order a path that only moves on, so ``dot``
+ranks the picture in execution order and each call keeps its own shapes and backward; one node
+with visits is a hub whose crossing edges cannot show that only its second call got no gradient.
+The call tree is rebuilt from fqns and ``seq`` (``calls.calls_of``); ``depth`` folds deeper calls
+into their ancestor's node, and a module called more than ``FOLD_CALLS`` times is one node.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,8 +22,7 @@ from hooktrace.log.errors import HooktraceError
 from hooktrace.log.gradstat import norms
 from hooktrace.log.names import ancestors
 from hooktrace.show.calls import Call, calls_of, depth_of
-from hooktrace.show.flow import data_edges, has_flow, largest, links
-from hooktrace.show.flow import grad_output_norm as grad_output_norm
+from hooktrace.show.flow import CallNodes, data_edges, has_flow, links, make_edge
 from hooktrace.show.picture import Cluster, Edge, Node, NodeKey, View
 from hooktrace.show.steplog import ModuleKey, StepLog
 
@@ -68,23 +49,23 @@ def node_key(c: Call, calls: dict[NodeKey, Call], depth: int) -> NodeKey | None:
     return (c.model, top, -1)
 
 
+def per_module(calls: dict[NodeKey, Call]) -> Counter[ModuleKey]:
+    """Each module's calls in the step."""
+    return Counter((c.model, c.fqn) for c in calls.values())
+
+
 def repeated(calls: dict[NodeKey, Call]) -> set[ModuleKey]:
     """The modules called more than FOLD_CALLS times in the step: one node each."""
-    count: dict[ModuleKey, int] = {}
-    for c in calls.values():
-        count[(c.model, c.fqn)] = count.get((c.model, c.fqn), 0) + 1
-    return {key for key, n in count.items() if n > FOLD_CALLS}
+    return {key for key, n in per_module(calls).items() if n > FOLD_CALLS}
 
 
 def node_keys(calls: dict[NodeKey, Call], depth: int, fold: set[ModuleKey]
-              ) -> dict[NodeKey, NodeKey | None]:
-    """Each call's node at ``depth`` (None: a cluster); the calls of a module in ``fold``
-    share the node ``(model, fqn, -1)``."""
-    keys = {key: node_key(c, calls, depth) for key, c in calls.items()}
-    if fold:
-        keys = {key: node if node is None or (node[0], node[1]) not in fold
-                else (node[0], node[1], -1) for key, node in keys.items()}
-    return keys
+              ) -> tuple[CallNodes, CallNodes]:
+    """Each call's node at ``depth`` (None: a cluster), where the calls of a module in ``fold``
+    share the node ``(model, fqn, -1)``; and without that."""
+    unfolded = {key: node_key(c, calls, depth) for key, c in calls.items()}
+    return {key: node if node is None or (node[0], node[1]) not in fold
+            else (node[0], node[1], -1) for key, node in unfolded.items()}, unfolded
 
 
 def auto_depth(calls: dict[NodeKey, Call], fold: set[ModuleKey] | None = None) -> int:
@@ -95,12 +76,11 @@ def auto_depth(calls: dict[NodeKey, Call], fold: set[ModuleKey] | None = None) -
     fold = fold or set()
     flow = has_flow(calls.values())
     for depth in range(2, deepest + 1):
-        keys = node_keys(calls, depth, fold)
+        keys, unfolded = node_keys(calls, depth, fold)
         nodes = len(set(keys.values()) - {None})
         if nodes > AUTO_MAX_NODES:
             break
         if flow:
-            unfolded = node_keys(calls, depth, set()) if fold else keys
             edges = len({(k.src, k.dst) for k in links(calls, keys, unfolded)})
             if edges > AUTO_MAX_DENSITY * nodes:
                 break
@@ -117,7 +97,7 @@ def build(log: StepLog, depth: int | None = None, phase: str = "both",
     calls, backward = calls_of(log)
     fold = set() if every_call else repeated(calls)
     chosen = auto_depth(calls, fold) if depth is None else depth
-    keys = node_keys(calls, chosen, fold)
+    keys, unfolded = node_keys(calls, chosen, fold)
     view = View(log, chosen, depth is None, max((c.depth for c in calls.values()), default=0),
                 phase, log.has_backward and phase != "forward")
     _add_nodes(view, calls, keys)
@@ -125,7 +105,6 @@ def build(log: StepLog, depth: int | None = None, phase: str = "both",
     visits = [(keys[c.key], e) for c, e in backward]
     if has_flow(calls.values()):  # the edges follow the data (hooktrace.show.flow)
         view.dataflow = True
-        unfolded = node_keys(calls, chosen, set()) if fold else keys
         view.edge_list += data_edges(calls, keys, unfolded,
                                      {(model, fqn, -1) for model, fqn in fold}, phase)
     else:  # a log from before: calls in call order
@@ -151,7 +130,7 @@ def _starts(visits: list[tuple[NodeKey | None, schema.BackwardEvent]],
     return list(starts.items())
 
 
-def _call_order(keys: dict[NodeKey, NodeKey | None], calls: dict[NodeKey, Call],
+def _call_order(keys: CallNodes, calls: dict[NodeKey, Call],
                 visits: list[tuple[NodeKey | None, schema.BackwardEvent]], fold: set[ModuleKey],
                 phase: str) -> list[Edge]:
     """The edges of a log without data flow: forward, between the nodes of consecutive calls;
@@ -159,17 +138,14 @@ def _call_order(keys: dict[NodeKey, NodeKey | None], calls: dict[NodeKey, Call],
     edges: list[Edge] = []
     forward = _chain([(keys[c.key], None) for c in calls.values()])
     if phase != "backward":
-        for (src, dst, *_), runs in _runs(forward, fold).items():
-            edges.append(Edge(src, dst, "forward", runs[0][0], runs=len(runs),
-                              last=runs[-1][0]))
+        edges += [make_edge(src, dst, "forward", [n for n, _ in runs])
+                  for (src, dst, *_), runs in _runs(forward, fold).items()]
     if phase != "forward":
         mirrors = {(dst, src) for src, dst, _ in forward}
         for (src, dst, *_), runs in _runs(_chain(visits), fold).items():
-            e = runs[0][1]
-            assert e is not None
-            edges.append(Edge(src, dst, "backward", runs[0][0], e.grad_input_len,
-                              e.grad_output_len, (src, dst) in mirrors,
-                              largest(r[1] for r in runs), len(runs), runs[-1][0]))
+            events = [e for _, e in runs if e is not None]
+            edges.append(make_edge(src, dst, "backward", [n for n, _ in runs], events,
+                                   (src, dst) in mirrors))
     return edges
 
 
@@ -202,12 +178,10 @@ def _runs(links: list[_Link], fold: set[ModuleKey]
     return found
 
 
-def _add_nodes(view: View, calls: dict[NodeKey, Call], keys: dict[NodeKey, NodeKey | None]
-               ) -> None:
+def _add_nodes(view: View, calls: dict[NodeKey, Call], keys: CallNodes) -> None:
     members: dict[NodeKey, list[Call]] = {}
-    per_module: dict[ModuleKey, int] = {}
+    counts = per_module(calls)
     for c in calls.values():
-        per_module[(c.model, c.fqn)] = per_module.get((c.model, c.fqn), 0) + 1
         key = keys[c.key]
         if key is not None:
             members.setdefault(key, []).append(c)
@@ -218,7 +192,7 @@ def _add_nodes(view: View, calls: dict[NodeKey, Call], keys: dict[NodeKey, NodeK
         node = Node(
             key, own.cls if own else view.log.cls(key[0], key[1]), min(c.seq for c in group),
             own.output_shapes if own else _shared_shapes(key, group),
-            per_module.get((key[0], key[1]), 0),
+            counts[key[0], key[1]],
             folded=sum((c.model, c.fqn) != key[:2] for c in group),
             grad_calls=sum(not c.no_grad for c in group),
             missing=sum(not c.no_grad and c.backward is None and c.later is None for c in group),

@@ -1,19 +1,16 @@
 """Loading one step of a log for a picture: ``load_step`` reads the log once and keeps the
-events of one step (by default the first step whose calls have a backward event) of the chosen
-models.
-
-The steps it will not draw are *skimmed* (``hooktrace.log.decoder``): ``StepChooser`` tells the
-reader, each time the events' step changes, whether that step may still be drawn. A
-``StepKeeper`` takes the items of a pass another reader makes (the view page's ``gather``,
-which keeps its ``FirstSteps``). Standard library only: no torch.
+events of one step (by default the first whose calls have a backward event) of the chosen
+models; the steps it will not draw are *skimmed* (``hooktrace.log.decoder``), as
+``StepChooser.may_draw`` says. Standard library only: no torch.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hooktrace.log import schema
 from hooktrace.log.align import Feed
@@ -21,7 +18,7 @@ from hooktrace.log.decoder import BackwardRows, ForwardRows
 from hooktrace.log.errors import HooktraceError, LogError
 from hooktrace.log.names import LogNames
 from hooktrace.log.reader import LogReader
-from hooktrace.log.words import plural, ranges
+from hooktrace.log.words import plural, printable, ranges
 from hooktrace.log.writer import capture_dir
 
 StepEvent = schema.ForwardEvent | schema.BackwardEvent
@@ -57,6 +54,15 @@ class StepLog:
 
     def cls(self, model: int, fqn: str) -> str:
         return self.classes.get((model, fqn), "?")
+
+    def names(self, models: Collection[int], unnamed: str = "") -> str:
+        """``mnist (Net), critic (Critic)``: the models, with their root's class."""
+        return ", ".join(f"{printable(self.models.get(m, f'{unnamed}{m}'))} "
+                         f"({printable(self.cls(m, ''))})" for m in sorted(models))
+
+    def heading(self) -> str:
+        """The start of the first line of ``show``'s tables."""
+        return f"step {self.step} (steps in the log: {ranges(self.steps)}): "
 
 
 def without_data_models(events: list[StepEvent], names: LogNames) -> list[StepEvent]:
@@ -143,21 +149,16 @@ class FirstSteps(StepChooser):
 
 class StepKeeper:
     """What a pass over the log keeps of the steps its ``chooser`` may draw: ``take`` is given
-    each item of a scan, in order (``load_step``'s own pass, or another reader's, like check's
-    ``Collector``); ``step_logs`` then gives them. ``model``: that model's events only.
-    ``names``: the names table of a reader that takes the same items (the view page's
-    ``Gatherer``), which fills it; by default the keeper fills its own."""
+    each item of a scan, in order (``load_step``'s pass, or the view page's ``Gatherer``'s);
+    ``step_logs`` then gives them. ``model``: that model's events only. ``names``: the table of
+    a reader that takes the same items, which fills it; by default the keeper fills its own."""
 
     def __init__(self, reader: LogReader, chooser: StepChooser, model: str | None = None,
-                 feed: Feed | None = None, names: LogNames | None = None) -> None:
-        self.reader = reader
-        self.feed = feed
-        self.chooser = chooser
-        self.model = model
+                 names: LogNames | None = None) -> None:
+        self.reader, self.chooser, self.model = reader, chooser, model
         self._fills_names = names is None
         self.names = LogNames() if names is None else names
-        self.models, self.classes, self.sources = (self.names.models, self.names.classes,
-                                                   self.names.sources)
+        self.models = self.names.models
         self.any_events = False
         self.step_starts: dict[int, int] = {}  # step -> its first seq
         self.later: dict[int, int] = {}
@@ -165,21 +166,13 @@ class StepKeeper:
         self._step: int | None = None  # of the last event, and its step's first seq:
         self._start = 0
 
-    def read(self) -> None:
-        """Its own pass over the log."""
-        feed = self.feed  # it reads every step in full: none is skimmed
-        for item in self.reader.scan(steps=None if feed else self.chooser.may_draw, flow=True):
-            if feed is not None:
-                feed(item)
-            self.take(item)
-
     def take(self, item: ForwardRows | BackwardRows | schema.Record) -> None:
         """One item of the scan: rows of one type, or a record (of a scan that reads the data
         flow, ``flow=True``, for pictures that draw it)."""
         if isinstance(item, ForwardRows):
-            self.forwards(item)
+            self._rows(item, self.reader.forward_event, False)
         elif isinstance(item, BackwardRows):
-            self.backwards(item)
+            self._rows(item, self.reader.backward_event, True)
         else:
             if self._fills_names:
                 self.names.take(item)
@@ -197,8 +190,7 @@ class StepKeeper:
                 if step in steps}
 
     def _check(self, model: str | None, steps: Collection[int]) -> None:
-        """Raise LogError when the log has no events, SelectionError when ``model`` names no
-        model of the log or ``steps`` (its steps with events) is empty."""
+        """LogError for a log without events; SelectionError for no ``model`` or no ``steps``."""
         models, path = self.models, self.reader.path
         if not self.any_events:
             raise LogError(f"{path} has no events: no module call was recorded")
@@ -208,43 +200,29 @@ class StepKeeper:
         if not steps:
             raise SelectionError(f"model {model!r} has no events in {path}")
 
-    # Rows in loops that do little for the steps not kept: nearly all of them (skimmed: read
-    # for their seq, step, module and fwd only)
-    def forwards(self, rows: ForwardRows) -> None:
+    def _rows(self, rows: Sequence[Any], event: Callable[[Any], StepEvent], backward: bool
+              ) -> None:
+        """Rows of one type, in a loop that does little for the steps not kept: nearly all of
+        them (skimmed: read for their seq, step, module and, backward, fwd only)."""
         self.any_events = True
         model, models, modules = self.model, self.models, self.reader.modules
         run: int | None = None  # the step of the events kept in target
         target: list[StepEvent] | None = None
         for row in rows:
-            seq, step, module, _, _, _, _ = row
+            seq, step, module = row[0], row[1], row[2]
             if step != self._step:
                 self._step, self._start = step, self.step_starts.setdefault(step, seq)
+            earlier = backward and row[4] < self._start  # the backward of an earlier call
+            if earlier:
+                self.later[row[4]] = step
             if model is not None and models.get(modules[module][0]) != model:
                 continue
+            if earlier:
+                self.chooser.backward_of_earlier_call(row[4])
             if step != run:
-                run, target = step, self.chooser.target(step, False)
+                run, target = step, self.chooser.target(step, backward)
             if target is not None:
-                target.append(self.reader.forward_event(row))
-
-    def backwards(self, rows: BackwardRows) -> None:
-        self.any_events = True
-        model, models, modules = self.model, self.models, self.reader.modules
-        run: int | None = None
-        target: list[StepEvent] | None = None
-        for row in rows:
-            seq, step, module, _, fwd, _, _, _, _, _ = row
-            if step != self._step:
-                self._step, self._start = step, self.step_starts.setdefault(step, seq)
-            if fwd < self._start:
-                self.later[fwd] = step
-            if model is not None and models.get(modules[module][0]) != model:
-                continue
-            if fwd < self._start:
-                self.chooser.backward_of_earlier_call(fwd)
-            if step != run:
-                run, target = step, self.chooser.target(step, True)
-            if target is not None:
-                target.append(self.reader.backward_event(row))
+                target.append(event(row))
 
 
 def load_step(path: str | os.PathLike[str] | LogReader, step: int | None = None,
@@ -254,20 +232,17 @@ def load_step(path: str | os.PathLike[str] | LogReader, step: int | None = None,
     ``feed``: hand every item of the pass on to another reader too (check's ``Collector``).
     Raises LogError / SelectionError."""
     reader = path if isinstance(path, LogReader) else LogReader(path)
-    loaded = _load(reader, StepChooser(step), model, feed)
+    loaded = StepKeeper(reader, StepChooser(step), model)
+    for item in reader.scan(steps=None if feed else loaded.chooser.may_draw, flow=True):
+        if feed is not None:  # it reads every step in full: none is skimmed
+            feed(item)
+        loaded.take(item)
+    loaded._check(model, loaded.chooser.steps)
     chosen = loaded.chooser.chosen()
     if chosen not in loaded.chooser.steps:
         raise SelectionError(f"no step {chosen} in {loaded.reader.path}; its steps: "
                              f"{ranges(sorted(loaded.chooser.steps))}")
     return _step_log(loaded, chosen, model, loaded.chooser.steps)
-
-
-def _load(reader: LogReader, chooser: StepChooser, model: str | None,
-          feed: Feed | None = None) -> StepKeeper:
-    loaded = StepKeeper(reader, chooser, model, feed)
-    loaded.read()
-    loaded._check(model, chooser.steps)
-    return loaded
 
 
 def _step_log(loaded: StepKeeper, chosen: int, model: str | None,
@@ -287,6 +262,6 @@ def _step_log(loaded: StepKeeper, chosen: int, model: str | None,
                         f"(model {', '.join(sorted(earlier))}); they are drawn in that step")
     captured = (f"{capture_dir(reader.path)} ({plural(reader.end.captured, 'file')})"
                 if reader.end is not None and reader.end.captured else None)
-    return StepLog(reader.path, chosen, sorted(steps), models, loaded.classes, events,
+    return StepLog(reader.path, chosen, sorted(steps), models, loaded.names.classes, events,
                    warnings, {f: s for f, s in loaded.later.items() if f in forward}, captured,
-                   loaded.sources, loaded.ops.get(chosen, {}))
+                   loaded.names.sources, loaded.ops.get(chosen, {}))

@@ -131,12 +131,9 @@ class Trace:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if error is None:
-            self.stop(EndStatus.OK)
-        elif isinstance(error, KeyboardInterrupt):
-            self.stop(EndStatus.INTERRUPTED, error)
-        else:
-            self.stop(EndStatus.ERROR, error)
+        interrupted = isinstance(error, KeyboardInterrupt)
+        self.stop(EndStatus.OK if error is None else
+                  EndStatus.INTERRUPTED if interrupted else EndStatus.ERROR, error)
 
 
 def trace(

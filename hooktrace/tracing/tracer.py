@@ -149,7 +149,7 @@ class Tracer:
                                   backward_began)
         observers.append(self._loss)
         observers.append(eager)
-        observers.append(ParamLedger(recorder.emit))
+        observers.append(ParamLedger(recorder.emit, optimizers.modules))
         observers.append(Twins(recorder.emit, naming.known, naming.model_name))
         observers.append(StepSample(recorder.emit, optimizers))
         if stats is not None:

@@ -1,4 +1,4 @@
-"""The other names a model holds a frozen module under (``observe/aliases.py``): a target that
+"""The other names a model holds a frozen module under (``observe/diagnose.py``): a target that
 is the online network itself has them, a copy made by ``deepcopy`` has none."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import weakref
 
 from torch import nn
 
-from hooktrace.observe.aliases import other_names
+from hooktrace.observe.diagnose import other_names
 
 
 class Learner(nn.Module):

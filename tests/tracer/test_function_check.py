@@ -17,7 +17,7 @@ from torch.autograd import Function
 from torch.nn import functional as F
 
 import hooktrace
-from hooktrace.check import custom
+from hooktrace.check import loop
 from hooktrace.log import schema
 from hooktrace.observe import functions
 
@@ -43,9 +43,9 @@ def _input(nonnegative: bool = False) -> torch.Tensor:
     (cases.RoundSTE, (), "surrogate"),
 ])
 def test_the_verdicts(fn: Any, args: tuple[Any, ...], verdict: str | None) -> None:
-    """The tracer measures; check's ``custom.verdict`` says what the measurements mean."""
+    """The tracer measures; check's ``loop.verdict`` says what the measurements mean."""
     found = functions.check_function(fn, (_input(), *args))
-    assert (None if found is None else custom.verdict(found)) == verdict
+    assert (None if found is None else loop.verdict(found)) == verdict
     assert found is None or "verdict" not in found
 
 
@@ -56,7 +56,7 @@ def test_a_kink_the_inputs_sit_on_is_skipped() -> None:
     it leaves unchanged is not an identity (a gradient modifier)."""
     assert functions.check_function(cases.LeakyReLU, (_input(nonnegative=True),)) is None
     found = functions.check_function(cases.SigmoidWrong, (_input(nonnegative=True),))
-    assert found is not None and custom.verdict(found) == "mismatch"
+    assert found is not None and loop.verdict(found) == "mismatch"
 
 
 def test_the_check_leaves_the_inputs_and_the_random_numbers_alone() -> None:
@@ -124,7 +124,7 @@ def test_tracing_with_the_check_changes_nothing(tmp_path: Path) -> None:
     signals = [r for r in read_log(log) if isinstance(r, schema.Signal)
                and r.kind == "function-backward"]
     # the noise layer is right (its draws are the same in every run of the check)
-    assert [(s.detail["function"], custom.verdict(s.detail)) for s in signals] == [
+    assert [(s.detail["function"], loop.verdict(s.detail)) for s in signals] == [
         ("MulConstantWrong", "scaled")]
 
 

@@ -21,8 +21,8 @@ from urllib.parse import quote
 
 from hooktrace.check.findings import Finding, Thresholds
 from hooktrace.log.errors import HooktraceError
+from hooktrace.log.gradstat import norm
 from hooktrace.log.words import plural, printable, shapes_text
-from hooktrace.show.graph import grad_output_norm
 from hooktrace.show.marks import Box
 from hooktrace.show.output import MARK
 from hooktrace.show.picture import Cluster, Edge, Node, NodeKey, View
@@ -174,21 +174,22 @@ def norm_text(norm: float) -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
-def backward_text(grad_norm: float | None, grad_input_len: int, grad_output_len: int) -> str:
+def backward_text(grad_norm: float | None, grad_input_len: int, grad_output_len: int,
+                  sep: str = " · ") -> str:
     """What a backward edge says besides its number: the size of the gradient that reached the
     call (``|g| 3.2e-2``, from the statistics) and its tensor counts where they are not 1/1."""
     parts = [] if grad_norm is None else [f"|g| {norm_text(grad_norm)}"]
     if (grad_input_len, grad_output_len) != (1, 1):
         parts.append(f"gi {grad_input_len} go {grad_output_len}")
-    return " · ".join(parts)
+    return sep.join(parts)
 
 
-def order_text(edge: Edge) -> str:
+def order_text(edge: Edge, dots: str = "\N{HORIZONTAL ELLIPSIS}", times: str = TIMES) -> str:
     """An edge's number in its phase: ``3``; for an edge run several times (between folded
-    calls), its first and last and how often: ``3…2996 x999`` (with a multiplication sign)."""
+    calls), its first and last and how often: ``3…2996 x999`` (with TIMES)."""
     if edge.runs == 1:
         return str(edge.order)
-    return f"{edge.order}\N{HORIZONTAL ELLIPSIS}{edge.last} {TIMES}{edge.runs}"
+    return f"{edge.order}{dots}{edge.last} {times}{edge.runs}"
 
 
 def _edge(edge: Edge, view: View) -> tuple[str, str, dict[str, str]]:
@@ -222,11 +223,11 @@ def _legend(view: View, states: set[str], marked: bool) -> str:
         rows.append((f'<FONT COLOR="{BACKWARD_COLOUR}">- - ▶ 1, 2, …</FONT>',
                      "backward: the gradient back along them, in the order autograd ran"
                      if view.dataflow else "backward: in the order it ran"))
-        backward = [(grad_output_norm(e), e.grad_input_len, e.grad_output_len)
+        backward = [(norm(e.grad_output_stats), e.grad_input_len, e.grad_output_len)
                     for _, e in view.backward_starts]
         backward += [(e.grad_norm, e.grad_input_len, e.grad_output_len)
                      for e in view.edges() if e.phase == "backward"]
-        if any(norm is not None for norm, _, _ in backward):
+        if any(n is not None for n, _, _ in backward):
             rows.append((f'<FONT COLOR="{BACKWARD_COLOUR}">|g| 3.2e-2</FONT>',
                          "norm of the gradient reaching the call (grad_output)"))
         if any((gi, go) != (1, 1) for _, gi, go in backward):
@@ -257,9 +258,7 @@ def _legend(view: View, states: set[str], marked: bool) -> str:
 
 def _title(view: View) -> str:
     log = view.log
-    models = sorted({key[0] for key in view.node_map})
-    names = ", ".join(_html(f"{log.models.get(m, f'model {m}')} ({log.cls(m, '')})")
-                      for m in models)
+    names = _html(log.names({key[0] for key in view.node_map}, "model "))
     names = names or "no forward call in this step"  # only the backward of earlier calls
     phase = "forward and backward" if view.phase == "both" else f"{view.phase} only"
     depth = f"depth {view.depth} of {view.deepest}{' (auto)' if view.auto_depth else ''}"
@@ -267,8 +266,8 @@ def _title(view: View) -> str:
 
 
 def to_dot(view: View, marks: Mapping[Box, Sequence[Finding]] | None = None) -> str:
-    """The DOT text of ``view``: the same view gives the same text, byte for byte. ``marks``
-    (``hooktrace.show.marks.marks``): the boxes outlined as where check finds a problem."""
+    """The DOT text of ``view``, byte for byte the same for the same view; ``marks``: the boxes
+    outlined as where check finds a problem (``hooktrace.show.marks.marks``)."""
     graphviz = _graphviz()
     g = graphviz.Digraph("hooktrace", graph_attr={
         "rankdir": "TB", "newrank": "true", "fontname": _FONT, "fontsize": "11",
@@ -283,7 +282,7 @@ def to_dot(view: View, marks: Mapping[Box, Sequence[Finding]] | None = None) -> 
         g.node("backward start", label="", shape="point", width="0.08",
                color=BACKWARD_COLOUR)
     for key, event in view.backward_starts:
-        more = backward_text(grad_output_norm(event), event.grad_input_len,
+        more = backward_text(norm(event.grad_output_stats), event.grad_input_len,
                              event.grad_output_len)
         g.edge("backward start", node_id(key),
                label=f"backward starts · {more}" if more else "backward starts",
@@ -312,8 +311,7 @@ _OUTLINE = {"color": PROBLEM_COLOUR, "penwidth": "2.5"}
 
 def _emit(graph: Any, cluster: Cluster | None, view: View, states: set[str],
           marks: Mapping[Box, Sequence[Finding]]) -> None:
-    """Write the clusters and nodes inside ``cluster`` into ``graph`` (a graphviz.Digraph or a
-    subgraph of one), nested, in forward order."""
+    """Write what is inside ``cluster`` into ``graph`` (a Digraph or subgraph), forward order."""
     for item in view.inside(cluster.key if cluster else None):
         found = marks.get(item.key, ())
         if isinstance(item, Node):
@@ -331,6 +329,23 @@ def _emit(graph: Any, cluster: Cluster | None, view: View, states: set[str],
                      fillcolor=fill, color=outline["color"], fontsize="10", labeljust="l",
                      penwidth=outline["penwidth"], **_tooltip(view, item.cls))
             _emit(sub, item, view, states, marks)
+
+
+class Laid:
+    """A picture's DOT ``source``, laid out by ``dot`` on demand; a notebook shows it as SVG."""
+
+    __slots__ = ()
+    source: str
+
+    def pipe(self, format: str = "svg") -> bytes:
+        """The picture laid out by Graphviz ``dot`` as svg, png or pdf."""
+        return run_dot(self.source, format)
+
+    def svg(self) -> str:
+        return self.pipe("svg").decode("utf-8")
+
+    def _repr_svg_(self) -> str:
+        return self.svg()
 
 
 def run_dot(source: str, fmt: str) -> bytes:

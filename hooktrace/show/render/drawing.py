@@ -50,7 +50,7 @@ class RenderOptions:
 
 
 @dataclass(slots=True)
-class Picture:
+class Picture(dot.Laid):
     """The DOT source of one step's call graph; a notebook shows it as SVG."""
 
     source: str
@@ -64,16 +64,6 @@ class Picture:
     captured: str | None = None  # the run's --capture folder, "<folder> (N files)"
     problems: int = 0  # check's problems outlined in the picture
     elsewhere: list[int] = field(default_factory=list)  # the steps of those not in it
-
-    def pipe(self, format: str = "svg") -> bytes:
-        """The picture laid out by Graphviz ``dot`` as svg, png or pdf."""
-        return dot.run_dot(self.source, format)
-
-    def svg(self) -> str:
-        return self.pipe("svg").decode("utf-8")
-
-    def _repr_svg_(self) -> str:
-        return self.svg()
 
     def summary(self) -> str:
         depth = f"depth {self.depth}{' (auto)' if self.auto_depth else ''}"
@@ -118,7 +108,7 @@ def _read_and_check(path: Path, step: int | None, model: str | None
     """The step to draw and check's problems in the whole log, in one pass over it (which then
     reads every step in full). Where that pass fails (a damaged line in a step not drawn, or
     one check cannot read), the log is read as before: the step alone, then check, whose
-    error (if any) is the picture's warning."""
+    error (if any) is the picture's warning: the picture is still drawn."""
     try:
         reader = LogReader(path)
         collector = Collector(reader)
@@ -126,25 +116,17 @@ def _read_and_check(path: Path, step: int | None, model: str | None
         return loaded, check_collected(collector.finish(), path=path).problems, []
     except HooktraceError:
         loaded = load_step(path, step, model)
-        return loaded, *_problems(path)
-
-
-def _problems(path: Path) -> tuple[list[Finding], list[str]]:
-    """check's problems in the log at ``path``; none, and why, where the steps the picture does
-    not draw cannot be checked (a damaged line): the picture is still drawn."""
     try:
-        return run_checks(path).problems, []
+        return loaded, run_checks(path).problems, []
     except HooktraceError as e:
-        return [], [f"problems of check not outlined: {e}"]
+        return loaded, [], [f"problems of check not outlined: {e}"]
 
 
 def picture(log: LogLike, *, step: int | None = None, model: str | None = None,
             depth: int | None = None, phase: str = "both", findings: bool = True,
             every_call: bool = False, ops: bool = False) -> Picture:
-    """The call graph of one step of ``log``; see ``hooktrace render --help`` for the options
-    and ``RenderOptions`` for what they mean."""
-    return draw(log, RenderOptions(step=step, model=model, depth=depth, phase=phase,
-                                   findings=findings, every_call=every_call, ops=ops))
+    """The call graph of one step of ``log``; the options are ``RenderOptions``'s."""
+    return draw(log, RenderOptions(step, model, depth, phase, findings, every_call, ops))
 
 
 def render(log: LogLike, *, step: int | None = None, model: str | None = None,
@@ -152,9 +134,7 @@ def render(log: LogLike, *, step: int | None = None, model: str | None = None,
            every_call: bool = False, ops: bool = False) -> Picture:
     """For notebooks: ``picture()``, with the log's warnings (a missing end record) raised as
     Python warnings. Displaying the result needs the Graphviz ``dot`` program."""
-    options = RenderOptions(step=step, model=model, depth=depth, phase=phase,
-                            findings=findings, every_call=every_call, ops=ops)
-    result = draw(log, options)
+    result = draw(log, RenderOptions(step, model, depth, phase, findings, every_call, ops))
     for message in result.warnings:
         warnings.warn(message, stacklevel=2)
     return result

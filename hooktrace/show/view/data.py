@@ -13,11 +13,11 @@ from typing import Any
 from hooktrace.log import schema
 from hooktrace.log.align import Feed
 from hooktrace.log.decoder import BackwardRows, ForwardRows
+from hooktrace.log.gradstat import norm, worst
 from hooktrace.log.names import LogNames, ancestors
 from hooktrace.log.options import TraceOptions
 from hooktrace.log.reader import LogReader
 from hooktrace.show.calls import depth_of
-from hooktrace.show.graph import grad_output_norm
 from hooktrace.show.steplog import FirstSteps, ModuleKey, StepKeeper, StepLog
 
 MAX_STEPS = 200  # heatmap columns: a longer run shows every n-th recorded step
@@ -38,13 +38,6 @@ class Cell:
     output_inf: int = 0
     param_norm: float | None = None  # its own parameters' gradient norm (params record)
     params_seen: bool = False  # the params record named it (a None norm: no gradient)
-
-    def add_norm(self, norm: float | None) -> None:
-        """Keep the largest norm; a NaN/Inf one, once seen, stays."""
-        current = self.grad_norm
-        if norm is not None and (current is None or (
-                math.isfinite(current) and (not math.isfinite(norm) or norm > current))):
-            self.grad_norm = norm
 
 
 @dataclass(slots=True)
@@ -75,13 +68,11 @@ class RunData:
         return self.names.classes
 
     def data_models(self) -> set[int]:
-        """The models that prepare data (``LogNames.data_models``), of the whole log: of the
-        models with forward events, those without parameters that no backward event names."""
+        """The models that prepare data in the whole log (``LogNames.data_models``)."""
         return self.names.data_models({model for model, _ in self.first_seq}, self.reached)
 
     def model_names(self) -> list[str]:
-        """The names of the models the page offers to choose, sorted: not those that prepare
-        data (``data_models``)."""
+        """The names of the models the page offers to choose (not ``data_models``), sorted."""
         data = self.data_models()
         return sorted(name for model, name in self.models.items() if model not in data)
 
@@ -125,17 +116,22 @@ class RunData:
         return sorted({*recorded, *(a.step for a in self.anomalies)})
 
 
-def _counts(stats: list[schema.GradStat | None] | None) -> tuple[int, int]:
-    found = [s for s in stats or [] if s is not None and len(s) == 4]
-    return sum(int(s[2]) for s in found), sum(int(s[3]) for s in found)
-
-
 def _record(data: RunData, r: Any) -> None:
-    if isinstance(r, schema.ForwardEvent):
+    if isinstance(r, (schema.ForwardEvent, schema.BackwardEvent)):
         data.steps.add(r.step)
         data.model_steps.setdefault(r.model, set()).add(r.step)
-        data.first_seq.setdefault((r.model, r.fqn), r.seq)
         cell = data.cell(r.model, r.fqn, r.step)
+        if isinstance(r, schema.BackwardEvent):
+            data.reached.add(r.model)
+            cell.backward += 1
+            if (grad := norm(r.grad_output_stats)) is not None:  # the largest; NaN/Inf stays
+                cell.grad_norm = worst([grad] if cell.grad_norm is None else [cell.grad_norm, grad])
+            for stat in [*(r.grad_output_stats or ()), *(r.grad_input_stats or ())]:
+                if stat is not None and len(stat) == 4:  # NaN/Inf counts: the norm is not finite
+                    cell.grad_nan += int(stat[2])
+                    cell.grad_inf += int(stat[3])
+            return
+        data.first_seq.setdefault((r.model, r.fqn), r.seq)
         if r.no_grad:
             cell.no_grad += 1
         elif not r.recompute:
@@ -143,21 +139,10 @@ def _record(data: RunData, r: Any) -> None:
         for _, nan, inf in r.output_nonfinite or []:
             cell.output_nan += nan
             cell.output_inf += inf
-    elif isinstance(r, schema.BackwardEvent):
-        data.steps.add(r.step)
-        data.model_steps.setdefault(r.model, set()).add(r.step)
-        cell = data.cell(r.model, r.fqn, r.step)
-        data.reached.add(r.model)
-        cell.backward += 1
-        cell.add_norm(grad_output_norm(r))
-        for stats in (r.grad_output_stats, r.grad_input_stats):
-            nan, inf = _counts(stats)
-            cell.grad_nan += nan
-            cell.grad_inf += inf
     elif isinstance(r, schema.ParamGrads):
-        for fqn, norm in r.grad_norm.items():
+        for fqn, value in r.grad_norm.items():
             cell = data.cell(r.model, fqn, r.step)
-            cell.param_norm, cell.params_seen = norm, True
+            cell.param_norm, cell.params_seen = value, True
     elif isinstance(r, schema.Anomaly):
         data.anomalies.append(r)
     else:

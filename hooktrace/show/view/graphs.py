@@ -38,24 +38,19 @@ MAX_UNFOLD_EDGES = 500
 
 
 def _norms(stats: list[schema.GradStat | None] | None) -> list[str]:
-    out = []
-    for s in stats or []:
-        if s is None:
-            out.append("-")
-        elif len(s) == 4:
-            out.append(f"{s[0]:.4g} (max |x| {s[1]:.4g}; {int(s[2])} NaN, {int(s[3])} Inf)")
-        else:
-            out.append(f"{s[0]:.4g} (max |x| {s[1]:.4g})")
-    return out
+    return ["-" if s is None else f"{s[0]:.4g} (max |x| {s[1]:.4g}"
+            + (f"; {int(s[2])} NaN, {int(s[3])} Inf)" if len(s) == 4 else ")")
+            for s in stats or []]
+
+
+def _tensors(shapes: Sequence[schema.Shape], dtypes: Sequence[str]) -> list[str]:
+    return [f"{shapes_text([s], most=1)} {d}" for s, d in zip(shapes, dtypes, strict=False)] \
+        or ["-"]
 
 
 def _forward_details(e: schema.ForwardEvent) -> dict[str, Any]:
-    ins = [f"{shapes_text([s], most=1)} {d}" for s, d in zip(e.input_shapes, e.input_dtypes,
-                                                                     strict=False)]
-    outs = [f"{shapes_text([s], most=1)} {d}" for s, d in zip(e.output_shapes,
-                                                                      e.output_dtypes,
-                                                                      strict=False)]
-    found: dict[str, Any] = {"inputs": ins or ["-"], "outputs": outs or ["-"]}
+    found: dict[str, Any] = {"inputs": _tensors(e.input_shapes, e.input_dtypes),
+                             "outputs": _tensors(e.output_shapes, e.output_dtypes)}
     if e.output_nonfinite:
         found["output NaN/Inf"] = [f"output {i}: {nan} NaN, {inf} Inf"
                                    for i, nan, inf in e.output_nonfinite]
@@ -95,8 +90,7 @@ def node_details(node: Node, view: View, events: dict[tuple[int, str, int], Any]
 
 def _drawing(view: View, events: dict[tuple[int, str, int], Any],
              findings: Sequence[Finding], draw: bool = True) -> dict[str, Any]:
-    """The step's picture as SVG (``draw`` False: none, there is no ``dot``) and each node's
-    details."""
+    """The step's picture as SVG (none without ``draw``: no ``dot``) and each node's details."""
     found = marks(view, findings)
     nodes = {node_id(n.key): node_details(n, view, events, found.get(n.key, []))
              for n in view.nodes()}

@@ -115,8 +115,7 @@ def _range(data: RunData, values: str) -> tuple[float | None, float | None]:
 
 def heatmap(data: RunData, findings: Sequence[Finding] = (), values: str = "grad_output"
             ) -> Heatmap:
-    """The cells of ``data``'s heatmap of ``values`` (grad_output or params), with
-    ``findings`` (of this rank) marked on their cells."""
+    """``data``'s heatmap of ``values``, with ``findings`` (of this rank) marked on their cells."""
     rows, steps = data.rows(), data.columns()
     low, high = _range(data, values)
     names = {name: index for index, name in data.models.items()}
@@ -160,8 +159,7 @@ def _cell(data: RunData, key: tuple[int, str, int], values: str, anomalies: list
                     exponent)
 
 
-def _e(text: str) -> str:
-    return html.escape(text, quote=True)
+_e = html.escape  # quotes too: the text goes into attributes
 
 
 def legend_items(heat: Heatmap) -> list[tuple[str, str, str]]:

@@ -22,7 +22,7 @@ from hooktrace.log.errors import HooktraceError
 from hooktrace.log.reader import LogReader
 from hooktrace.log.words import fqn_text, plural
 from hooktrace.show.output import choose_format, default_output, mark, write_file
-from hooktrace.show.render.dot import dot_missing, run_dot
+from hooktrace.show.render.dot import Laid, dot_missing
 from hooktrace.show.view.data import MAX_GRAPH_STEPS, Gatherer, RunData, gather
 from hooktrace.show.view.graphs import step_graphs
 from hooktrace.show.view.heatmap import VALUES, Heatmap, heatmap, heatmap_dot, legend_items, to_html
@@ -43,17 +43,11 @@ class Viewed:
 
 
 @dataclass(slots=True)
-class HeatmapPicture:
+class HeatmapPicture(Laid):
     """The heatmap as DOT; a notebook shows it as SVG."""
 
     source: str
     warnings: list[str] = field(default_factory=list)  # the log's: cut off, no end record
-
-    def pipe(self, fmt: str = "svg") -> bytes:
-        return run_dot(self.source, fmt)
-
-    def _repr_svg_(self) -> str:
-        return self.pipe("svg").decode("utf-8")
 
 
 def _mine(findings: Sequence[Finding], rank: int) -> list[Finding]:

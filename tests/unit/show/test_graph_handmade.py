@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hooktrace.show.render import picture
-from hooktrace.show.render.edges import show_edges
+from hooktrace.show.render.text import show_edges
 from unit.show.dotparse import Dot, parse
 from unit.show.handlog import Builder, chain
 

@@ -16,8 +16,7 @@ from click.testing import CliRunner
 from hooktrace.cli import cli
 from hooktrace.log import schema
 from hooktrace.log.reader import LogReader
-from hooktrace.show.render.edges import show_edges
-from hooktrace.show.render.text import show
+from hooktrace.show.render.text import show, show_edges
 from unit.logs import LOGS
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "reading.md"
