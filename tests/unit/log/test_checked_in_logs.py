@@ -151,7 +151,7 @@ def test_events_name_declared_modules_and_params_their_own(name: str) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_the_encoder_writes_each_record_read_to_its_line(name: str) -> None:
     """Read -> encode -> the same bytes, line by line (the data flow given as the tracer gives
-    it, tuples: see test_wire's xfail for lists)."""
+    it, tuples)."""
     log = read(name, flow=True)
     encoder = Encoder()
     written = [orjson.dumps(log.header.to_dict())]
