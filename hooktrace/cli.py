@@ -180,8 +180,10 @@ def render_command(logs: tuple[Path, ...], rank: int | None, output: Path | None
                    "back along them.")
 @click.option("--depth", type=click.IntRange(min=0), metavar="D",
               help="With --edges: fold calls deeper than D, as render does.")
+@click.option("--sort", type=click.Choice(["seq", "time"]), default="seq", show_default=True,
+              help="time: the step's calls by their own forward time, longest first.")
 def show_command(log: Path, step: int | None, phase: str, model: str | None, module: str | None,
-                 limit: int, edges: bool, depth: int | None) -> None:
+                 limit: int, edges: bool, depth: int | None, sort: str) -> None:
     """Print the events of one step of LOG in order, as an indented table (--edges: the
     edges of its picture)."""
     from hooktrace.show.render.text import show as show_step
@@ -193,6 +195,10 @@ def show_command(log: Path, step: int | None, phase: str, model: str | None, mod
         raise click.UsageError("--module picks rows of the table; --edges shows a whole picture")
     if edges:
         shown = show_edges(log, step, phase, model, depth, limit)
+    elif sort == "time":
+        from hooktrace.show.render.times import by_time
+
+        shown = by_time(log, step, model, limit, module)
     else:
         shown = show_step(log, step, None if phase == "both" else phase, model, limit, module)
     _say(shown.warnings)
@@ -255,8 +261,9 @@ def diff_command(a: Path, b: Path, as_json: bool, step: int | None, model: str |
 
 @cli.command("export")
 @click.argument("logs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--format", "fmt", metavar="csv|jsonl",
-              help="Default: the extension of -o, else csv.")
+@click.option("--format", "fmt", metavar="csv|jsonl|trace",
+              help="trace: the recorded calls on a time axis, for Perfetto or chrome://tracing "
+                   "(docs/timing.md). Default: the extension of -o, else csv.")
 @click.option("-o", "--output", metavar="FILE",
               help="Where to write the rows; - for standard output. Default: the log's name "
                    "with the format's extension, never over a file hooktrace did not write.")

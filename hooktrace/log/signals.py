@@ -51,6 +51,7 @@ class SignalKind:
     LOSS_VALUES: Final[str] = "loss-values"
     PARAMS_UNMOVED: Final[str] = "params-unmoved"
     OPTIMIZER_LRS: Final[str] = "optimizer-lrs"
+    CALL_TIMES: Final[str] = "call-times"
 
 
 def kinds_of(namespace: type) -> tuple[str, ...]:

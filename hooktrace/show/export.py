@@ -34,8 +34,9 @@ from hooktrace.show.output import (
     refuse_log,
     whole,
 )
+from hooktrace.show.timeline import MARK, write_trace
 
-FORMATS = ("csv", "jsonl")
+FORMATS = ("csv", "jsonl", "trace")
 
 #: (column, type, what it holds). Empty (CSV) / null (JSON) only where a column says so (pandas
 #: reads an int column with empty fields as float).
@@ -200,10 +201,13 @@ WRITERS: dict[str, Callable[[IO[str]], Callable[[dict[str, Any]], object]]] = {
     "csv": _csv, "jsonl": _jsonl}
 
 
-def _write(out: IO[str], fmt: str, found: Iterator[dict[str, Any]]) -> int:
-    """Write the rows of ``found`` in ``fmt``; how many."""
+def _write(out: IO[str], fmt: str, readers: Sequence[LogReader]) -> int:
+    """Write the rows of ``readers`` in ``fmt`` (trace: the timeline, ``timeline.py``); how
+    many (a trace: its spans and instants)."""
+    if fmt == "trace":
+        return write_trace(out, readers)
     put, n = WRITERS[fmt](out), 0
-    for row in found:
+    for row in rows(readers):
         put(row)
         n += 1
     return n
@@ -213,18 +217,21 @@ def _write(out: IO[str], fmt: str, found: Iterator[dict[str, Any]]) -> int:
 class Exported:
     path: Path | None  # None: written to the stream given
     format: str
-    rows: int
+    rows: int  # rows, or a trace's spans and instants
     warnings: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         where = f"wrote {self.path}" if self.path else "wrote"
-        return f"{where}: {plural(self.rows, 'row')} ({self.format})"
+        what = "event" if self.format == "trace" else "row"
+        return f"{where}: {plural(self.rows, what)} ({self.format})"
 
 
 def _exported(head: bytes) -> bool:
     """Whether a file starts as an export does: its header row (csv), or a first row with its
     columns in their order (jsonl)."""
     first = head.split(b"\n", 1)[0]
+    if first.startswith(MARK):
+        return True
     if first.decode("utf-8", "replace").startswith(",".join(NAMES[:5]) + ","):
         return True
     try:
@@ -235,8 +242,10 @@ def _exported(head: bytes) -> bool:
 
 
 def _output(logs: Sequence[Path], fmt: str | None, output: Path | None) -> tuple[str, Path]:
+    if fmt is None and output is not None and output.name.endswith(".trace.json"):
+        fmt = "trace"
     chosen = choose_format(fmt, output, FORMATS, "csv")
-    path = output or logs[0].with_suffix(f".{chosen}")
+    path = output or logs[0].with_suffix(".trace.json" if chosen == "trace" else f".{chosen}")
     for log in logs:
         refuse_log(path, log, "export")
     path = output or default_output(path, _exported)
@@ -255,14 +264,14 @@ def write_rows(logs: Sequence[str | os.PathLike[str]], fmt: str | None = None,
     path: Path | None = None
     if stream is not None:
         chosen = choose_format(fmt, None, FORMATS, "csv")
-        n = _write(stream, chosen, rows(readers))
+        n = _write(stream, chosen, readers)
     else:
         chosen, path = _output([r.path for r in readers], fmt,
                                Path(output) if output is not None else None)
         try:
             with whole(path) as temporary, temporary.open("w", encoding="utf-8",
                                                           newline="") as f:
-                n = _write(f, chosen, rows(readers))
+                n = _write(f, chosen, readers)
         except OSError as e:
             raise cannot_write(path, e) from None
     return Exported(path, chosen, n, [w for r in readers for w in r.warnings])

@@ -1,16 +1,8 @@
 """Assembles a tracing session: the hook core and its observers, in the order they must run.
 
-``core.py`` follows the module calls; the observers (``records.Observer``) do the rest, 17 at
-most, 12 in every run, in this order: capture (``--capture``), parameter-gradient norms
-(``paramnorms``), watch (steps after ``--steps``, with statistics and ``--watch``), the training
-loop around the modules (``diagnose``), the optimizers' steps (``optimizers``), hooks that pile
-up (``hookcount``), custom ``autograd.Function`` checks (``functions``), who may see whom
-(``--probe``), the loss (``loss``: its graph, terms, scaling and ledger), compiled code run
-eagerly in recorded steps (``eager``), the parameter ledger (``ledger``: which weights moved,
-the learning rates), models side by side (``twins``), the step explained (``stepcheck``),
-partly-zero gradients (``gradzeros``, with statistics), the op zoom's records (``ops``), the log
-writer (``recorder``: it writes what those before it emit after the step's events), and break on
-NaN/Inf (``--break-on nan``, after the writer: the NaN's own event is written first).
+``core.py`` follows the module calls; the observers (``records.Observer``) do the rest, in the
+order of ``Tracer.start``'s list, where each constraint on that order is said at its line (the
+records they emit at a step's end are written in that order too, so it is part of the log).
 Statistics (``stats.TensorStats``) are shared by the observers that read numbers. Observers hand
 records to the log writer's ``emit`` (naming's model and module records to its ``emit_now``);
 the log writer tells the ops observer what it meets (``recorder.Facts``), which asks the zoom
@@ -47,6 +39,7 @@ from hooktrace.observe.probe import Probe
 from hooktrace.observe.recorder import LogRecorder, Sink
 from hooktrace.observe.stats import TensorStats
 from hooktrace.observe.stepcheck import StepSample
+from hooktrace.observe.timing import CallTimes
 from hooktrace.observe.twins import Twins
 from hooktrace.observe.watch import Watch
 
@@ -156,6 +149,7 @@ class Tracer:
         core.zoom.connect(ops.take, stats.nonfinite if stats else None,
                           stats.grad if stats else None)
         observers.append(ops)
+        observers.append(CallTimes(recorder.emit))  # the writer's work at a call's end: not timed
         observers.append(recorder)  # after those that emit: their records precede the step's
         if stats is not None and self._options.break_on_nan:
             observers.append(BreakOnNonfinite(stats))  # the NaN's own event is written first
