@@ -14,9 +14,9 @@ its outputs as made by the calls that made its inputs. In recorded steps, inside
   gradients on runs inside that code: its operations are autograd's (following every operation
   of a recorded step cost W1 1.4x its CPU time).
 
-Never over a mode of the program, and never outside model calls (the training loop's: the
-follower would sit above the program's modes). Not followed: operations with gradients on
-whose inputs need one (autograd's), hooktrace's own.
+Never left on over a mode of the program in the code around a call, and never outside model
+calls (the training loop's: the follower would sit above the program's modes). Not followed:
+operations with gradients on whose inputs need one (autograd's), hooktrace's own.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ class Follower(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's i
         self.live = True
         self.error: Exception | None = None
         # on for the code around calls that returned data without autograd history, until the
-        # call around the first of them returns: the first call that began at or before this
-        # ``before`` (the seq of the last call returned when it began)
+        # call around the first of them returns: the first call to end whose ``before`` (the
+        # seq of the last call returned when it began) is at most this one's
         self._until = _AWAY
 
     @classmethod
