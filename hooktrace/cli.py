@@ -85,6 +85,9 @@ def cli() -> None:
               help="Once per model, on a copy: whether one sample's output depends on another "
                    "sample, and whether causal and padding masks keep positions from later or "
                    "padded ones.")
+@click.option("--time", is_flag=True,
+              help="Time each module call's forward (apart from its children's) and backward in "
+                   "the recorded steps: show --sort time, export --format trace.")
 @click.argument("target")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run_command(output: Path, as_module: bool, no_stats: bool, no_watch: bool, target: str,

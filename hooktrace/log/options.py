@@ -98,6 +98,8 @@ class TraceOptions:
     ops: Sequence[str] = ()  # fqn globs whose calls' tensor operations are recorded (--ops)
     #: --probe: who may see whom, measured once per model on a copy (samples, positions, pads)
     probe: bool = False
+    #: --time: each recorded call's forward and backward time (the ``call-times`` signal)
+    time: bool = False
     #: how ``hooktrace run`` ran the program, "script" or "module" (-m); None: the Python API
     run: str | None = None
 
@@ -120,7 +122,8 @@ class TraceOptions:
     def from_flags(cls, *, include: Sequence[str], exclude: Sequence[str], steps: str | None,
                    max_events: int, stats: bool, watch: bool, break_on: str | None,
                    capture: Sequence[str], capture_max_mb: int, strict: bool,
-                   ops: Sequence[str], probe: bool, run: str | None) -> TraceOptions:
+                   ops: Sequence[str], probe: bool, time: bool,
+                   run: str | None) -> TraceOptions:
         """The options as the user gives them (``hooktrace run``'s flags, ``hooktrace.trace``'s
         keywords): ``steps`` as text, ``break_on`` as ``"nan"`` or None."""
         if break_on not in (None, "nan"):
@@ -129,7 +132,7 @@ class TraceOptions:
                    max_events=max_events, stats=stats, watch=watch,
                    break_on_nan=break_on == "nan", capture=tuple(capture),
                    capture_max_mb=capture_max_mb, strict=strict, ops=tuple(ops), probe=probe,
-                   run=run)
+                   time=time, run=run)
 
     @classmethod
     def from_header(cls, header: Header) -> TraceOptions:
@@ -149,7 +152,7 @@ class TraceOptions:
             stats=bool(options.get("stats", True)), watch=bool(options.get("watch")),
             break_on_nan=options.get("break_on") == "nan", capture=_globs(options.get("capture")),
             ops=_globs(options.get("ops")), probe=bool(options.get("probe")),
-            run=run if isinstance(run, str) else None)
+            time=bool(options.get("time")), run=run if isinstance(run, str) else None)
 
     def to_header(self) -> dict[str, Any]:
         """The filters in force, for the log header (absent = everything recorded)."""
@@ -157,7 +160,7 @@ class TraceOptions:
                                "watch": self.watch and self.stats}
         more = {"include": list(self.include), "exclude": list(self.exclude),
                 "break_on": "nan" if self.break_on_nan else None, "capture": list(self.capture),
-                "ops": list(self.ops), "probe": self.probe, "run": self.run,
+                "ops": list(self.ops), "probe": self.probe, "time": self.time, "run": self.run,
                 "steps": self.steps.text}
         out.update((key, value) for key, value in more.items() if value)  # none at its default
         return out

@@ -6,8 +6,8 @@ is a complete (``X``) span, nested by time (a call inside its parent's span); it
 its class, step, call, shapes, its own time and, for a backward, its gradients' norms. An
 optimizer step is an instant event at the end of the pass it came after; a finding of ``check``
 an instant at its module's first call in its step (else that step's start). Times come from
-the ``call-times`` signal (``log/timing.py``): a log without it has no spans. Standard library
-and orjson only.
+the ``call-times`` signal (``log/timing.py``, ``run --time``): a log without it is an error.
+Standard library and orjson only.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import orjson
 
 from hooktrace.check.checklog import check_readers
 from hooktrace.log import schema
+from hooktrace.log.errors import HooktraceError
 from hooktrace.log.gradstat import norm
 from hooktrace.log.names import LogNames
 from hooktrace.log.reader import LogReader
@@ -153,6 +154,9 @@ def write_trace(out: IO[str], readers: Sequence[LogReader]) -> int:
     number of spans and instants written."""
     findings = check_readers(readers).findings  # TODO(issue 46): one read for both
     ranks = [_Rank(LogReader(reader.path)) for reader in readers]
+    if not any(r.times for r in ranks):
+        raise HooktraceError(f"{readers[0].path} has no call times: trace it with hooktrace run "
+                             "--time (its recorded steps hold them)")
     events = nested([s for r in ranks for s in r.spans])
     events += [i for r in ranks for i in r.instants(findings)]
     zero = min((e["ts"] for e in events), default=0.0)

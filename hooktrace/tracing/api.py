@@ -152,6 +152,7 @@ def trace(
     strict: bool = DEFAULTS.strict,
     ops: Sequence[str] = DEFAULTS.ops,
     probe: bool = DEFAULTS.probe,
+    time: bool = DEFAULTS.time,
 ) -> Trace:
     """Trace every module call (or those of ``model`` only) into the JSONL log at ``path``.
 
@@ -160,7 +161,7 @@ def trace(
     ``ops``: fqn globs of the modules whose calls' tensor operations are recorded, each with
     its line (``--ops``). ``probe``: once per model, on a copy, whether one sample's output
     depends on another sample, and whether masks keep positions from later or padded ones
-    (``--probe``).
+    (``--probe``). ``time``: each recorded call's forward and backward time (``--time``).
 
     >>> with hooktrace.trace("log.jsonl", model=net):
     ...     net(x).sum().backward()
@@ -169,5 +170,5 @@ def trace(
     options = TraceOptions.from_flags(
         include=include, exclude=exclude, steps=steps, max_events=max_events, stats=stats,
         watch=watch, break_on=break_on, capture=capture, capture_max_mb=capture_max_mb,
-        strict=strict, ops=ops, probe=probe, run=None)
+        strict=strict, ops=ops, probe=probe, time=time, run=None)
     return Trace(path, models, options)

@@ -149,7 +149,8 @@ class Tracer:
         core.zoom.connect(ops.take, stats.nonfinite if stats else None,
                           stats.grad if stats else None)
         observers.append(ops)
-        observers.append(CallTimes(recorder.emit))  # the writer's work at a call's end: not timed
+        if self._options.time:  # before the writer: its work at a call's end is not the call's
+            observers.append(CallTimes(recorder.emit))
         observers.append(recorder)  # after those that emit: their records precede the step's
         if stats is not None and self._options.break_on_nan:
             observers.append(BreakOnNonfinite(stats))  # the NaN's own event is written first

@@ -24,8 +24,8 @@ SCRIPT = ROOT / "tests" / "scripts" / "timed_train.py"
 
 def traced(shared: Shared, model: str = "resnet18") -> Path:
     def make(folder: Path) -> str:
-        run = hooktrace_cmd("run", "-o", folder / "run.jsonl", SCRIPT, folder / "measured.json",
-                            model, cwd=folder, timeout=600)
+        run = hooktrace_cmd("run", "--time", "-o", folder / "run.jsonl", SCRIPT,
+                            folder / "measured.json", model, cwd=folder, timeout=600)
         assert run.returncode == 0, run.stderr
         return str(folder)
     return Path(shared(f"timed_{model}", make))

@@ -37,8 +37,8 @@ def by_time(log: str | os.PathLike[str], step: int | None = None, model: str | N
     times = times_by_seq(signals)
     steps = sorted({t.step for t in times.values()})
     if not steps:
-        raise HooktraceError(f"{log} has no call times: trace it again with this hooktrace "
-                             "(recorded steps hold them)")
+        raise HooktraceError(f"{log} has no call times: trace it with hooktrace run --time "
+                             "(its recorded steps hold them)")
     chosen = steps[0] if step is None else step
     if chosen not in steps:
         raise HooktraceError(f"step {chosen} has no call times; steps with them: "

@@ -187,7 +187,8 @@ def options_from_header(header: dict[str, Any]) -> dict[str, Any]:
         "max_events": header["max_events"], "stats": header["stats"], "watch": header["watch"],
         "break_on_nan": header.get("break_on") == "nan",
         "capture": tuple(header.get("capture", ())), "ops": tuple(header.get("ops", ())),
-        "probe": header.get("probe", False), "run": header.get("run"),
+        "probe": header.get("probe", False), "time": header.get("time", False),
+        "run": header.get("run"),
     }
 
 
@@ -195,7 +196,7 @@ def test_every_option_survives_the_log_header(tmp_path: Path) -> None:
     options = TraceOptions(include=("fc*", "conv?"), exclude=("fc2",),
                            steps=Steps.parse("0,100:102"), max_events=5, stats=True, watch=True,
                            break_on_nan=True, capture=("conv1",), ops=("act*",), probe=True,
-                           run="module")
+                           time=True, run="module")
     path = tmp_path / "log.jsonl"
     writer = LogWriter(path)
     writer.write(schema.Header(schema=schema.SCHEMA_VERSION, hooktrace="0.2.0",
@@ -219,7 +220,7 @@ def test_default_options_survive_the_log_header(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("name", "options"), [
-    ("mnist", TraceOptions(run="script")),
+    ("mnist", TraceOptions(time=True, run="script")),
     ("crash", TraceOptions(run="script")),
     ("ops", TraceOptions(ops=("branch_b*",), run="script")),
     ("long_run", TraceOptions(steps=Steps.parse("0:2"), run="script")),
@@ -252,7 +253,7 @@ def test_from_header_reads_back_what_to_header_wrote(options: TraceOptions) -> N
 
 
 @pytest.mark.parametrize(("name", "options"), [
-    ("mnist", TraceOptions(run="script")),
+    ("mnist", TraceOptions(time=True, run="script")),
     ("ops", TraceOptions(ops=("branch_b*",), run="script")),
     ("diff_nostats", TraceOptions(stats=False, watch=False, steps=Steps.parse("0:3"),
                                   run="script")),
@@ -291,9 +292,9 @@ def test_from_flags_is_what_run_and_trace_give() -> None:
     flags: dict[str, Any] = {
         "include": ["fc*"], "exclude": (), "steps": "0,5", "max_events": 7, "stats": True,
         "watch": False, "break_on": "nan", "capture": (), "capture_max_mb": 3, "strict": True,
-        "ops": ["act*"], "probe": False, "run": "script"}
+        "ops": ["act*"], "probe": False, "time": True, "run": "script"}
     assert TraceOptions.from_flags(**flags) == TraceOptions(
         include=("fc*",), steps=Steps.parse("0,5"), max_events=7, watch=False,
-        break_on_nan=True, capture_max_mb=3, strict=True, ops=("act*",), run="script")
+        break_on_nan=True, capture_max_mb=3, strict=True, ops=("act*",), time=True, run="script")
     with pytest.raises(HooktraceError, match="break_on='inf': only 'nan' is supported"):
         TraceOptions.from_flags(**{**flags, "break_on": "inf"})

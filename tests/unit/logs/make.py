@@ -26,17 +26,17 @@ SCRIPTS = ROOT / "tests" / "scripts"
 
 #: name -> (folder the script runs in, script, hooktrace run options, script arguments)
 LOGS: dict[str, tuple[Path, str, tuple[str, ...], tuple[str, ...]]] = {
-    "mnist": (SAMPLES, "mnist_net.py", (), ()),
+    "mnist": (SAMPLES, "mnist_net.py", ("--time",), ()),
     "dead_relu": (SAMPLES, "dead_relu.py", (), ()),
     "detached": (SAMPLES, "detached_branch.py", (), ()),
     "exploding": (SAMPLES, "exploding.py", (), ()),
-    "eval_mode": (SAMPLES, "forgot_train_mode.py", (), ()),
+    "eval_mode": (SAMPLES, "forgot_train_mode.py", ("--time",), ()),
     "frozen": (SAMPLES, "frozen_by_mistake.py", (), ()),
-    "gan": (SAMPLES, "gan.py", (), ()),
-    "nan_layer": (SAMPLES, "nan_layer.py", (), ()),
+    "gan": (SAMPLES, "gan.py", ("--time",), ()),
+    "nan_layer": (SAMPLES, "nan_layer.py", ("--time",), ()),
     "stale_optimizer": (SAMPLES, "stale_optimizer.py", (), ()),
     "unused": (SAMPLES, "unused_module.py", (), ()),
-    "vae": (SAMPLES, "vae.py", (), ()),
+    "vae": (SAMPLES, "vae.py", ("--time",), ()),
     "long_run": (SAMPLES, "long_run.py", ("--steps", "0:2"), ("--steps", "60", "--nan-step", "50")),
     "ops": (SAMPLES, "detached_branch.py", ("--ops", "branch_b*"), ()),
     "crash": (SCRIPTS, "raise_error.py", (), ()),
