@@ -197,6 +197,8 @@ class CallTracker(Passes):
                     stack.pop()
             _, _, start, call, grad = stack.pop()
             if len(rest) != 2:  # forward raised: always_call hooks get no kwargs and no output
+                if not stack:  # a model call: the follower goes with it, as at its end
+                    self._flow.raised()
                 return None
             kwargs, output = rest
             if start is not None and call is not None:

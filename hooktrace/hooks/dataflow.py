@@ -226,6 +226,10 @@ class DataFlow:
                     address = 0
                 self._put(t, found, address)
 
+    def raised(self) -> None:
+        """A model call raised: its follower of operations off the program's stack."""
+        self._ops.stop()
+
     def clear(self) -> None:
         """The step ended: its outputs are no longer looked up."""
         self._stored.clear()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -164,3 +165,26 @@ def test_the_follower_is_on_only_in_the_code_around_data_without_history(
     assert critic.seen == [(False, True, True, True), (False,) * 4] and between == [False] * 4
     assert q_net.seen == [(False, False)] * 2
     assert plain.seen == [(False,) * 3] * 2 and plain.children_[1].seen == [(False,) * 2] * 2
+
+
+class Raises(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.flat = nn.Flatten()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.flat(x)  # no autograd history: the follower is on in the code after it
+        (f * 2).sum()
+        self.inside = following()
+        raise ValueError("the program's own error")
+
+
+def test_the_follower_is_off_once_a_model_call_raised(tmp_path: Path) -> None:
+    """A model call that raised after its follower went on leaves nothing on the program's
+    stack: the program that catches the error goes on without hooktrace's mode under its own."""
+    model = Raises()
+    with hooktrace.trace(tmp_path / "r.jsonl", steps="0"):
+        with pytest.raises(ValueError, match="the program's own error"):
+            model(torch.randn(3, 2, 2))
+        after = following()
+    assert model.inside and not after
